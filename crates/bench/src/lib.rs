@@ -1,0 +1,1 @@
+//! ferry-bench: being written (issue 4).

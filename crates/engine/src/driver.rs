@@ -1,0 +1,108 @@
+//! The completion-shaped I/O interface.
+//!
+//! A shard never calls `read` or `write` itself. It hands the driver
+//! sockets and send buffers, and the driver reports what finished. The
+//! ownership rules are those of io_uring, so that a kernel-driven back end
+//! can implement them without copies:
+//!
+//! - Receiving is armed per socket and stays armed (multishot) until paused
+//!   with [`Driver::set_recv`]. Received bytes are lent to the handler for
+//!   the duration of one [`Completion::Received`] call; the handler copies
+//!   what it must keep.
+//! - A send moves a `Vec<u8>` into the driver; at most one send is in flight
+//!   per socket. The buffer comes back, cleared, in [`Completion::Sent`] once
+//!   every byte was written (or the socket failed), so its capacity is
+//!   reused and steady-state sending allocates nothing.
+//! - Completions are delivered during [`Driver::turn`] to a callback that
+//!   cannot reach the driver; the handler records what it wants done and
+//!   submits it afterwards. All submissions of one loop turn therefore go
+//!   out together, which is what batching on io_uring needs.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+/// Index of a connection, chosen by the handler (its slab key).
+pub type Slot = usize;
+
+/// Something the driver finished.
+#[derive(Debug)]
+pub enum Completion<'a> {
+    /// A listener accepted a connection. The stream is not yet attached.
+    Accepted {
+        /// Index returned by [`Driver::add_listener`].
+        listener: usize,
+        /// The new connection, non-blocking.
+        stream: TcpStream,
+        /// The remote address.
+        peer: SocketAddr,
+    },
+    /// Bytes arrived on a connection.
+    Received {
+        /// The connection.
+        slot: Slot,
+        /// The bytes; valid only during this call.
+        data: &'a [u8],
+    },
+    /// The peer closed its side (`None`) or the socket failed. No further
+    /// `Received` completions follow for this slot.
+    RecvClosed {
+        /// The connection.
+        slot: Slot,
+        /// Why, when it was an error rather than an orderly end.
+        error: Option<io::Error>,
+    },
+    /// A send finished: all bytes were written, or the socket failed.
+    Sent {
+        /// The connection.
+        slot: Slot,
+        /// The buffer given to [`Driver::send`], cleared.
+        buf: Vec<u8>,
+        /// `Err` when the socket failed before every byte was written.
+        result: io::Result<()>,
+    },
+    /// Another thread rang this shard's doorbell.
+    Woken,
+}
+
+/// The I/O back end of one shard.
+pub trait Driver {
+    /// Starts accepting on a listener; returns its index for
+    /// [`Completion::Accepted`].
+    fn add_listener(&mut self, listener: TcpListener) -> io::Result<usize>;
+
+    /// Takes ownership of a connected socket under `slot` and arms
+    /// receiving on it.
+    fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()>;
+
+    /// Gives a socket back (to move it to another shard). Only valid while
+    /// no send is in flight on it; returns `None` if the slot is unknown or
+    /// a send is in flight.
+    fn detach(&mut self, slot: Slot) -> Option<TcpStream>;
+
+    /// Closes a socket. A send in flight is abandoned and its buffer
+    /// dropped; no completion follows for this slot.
+    fn close(&mut self, slot: Slot);
+
+    /// Pauses (`false`) or resumes (`true`) receiving. Bytes the kernel
+    /// already holds stay there, so TCP flow control reaches the sender.
+    fn set_recv(&mut self, slot: Slot, enabled: bool);
+
+    /// Queues `buf` to be written in full. At most one send per slot may be
+    /// in flight; the handler waits for [`Completion::Sent`] before the next.
+    fn send(&mut self, slot: Slot, buf: Vec<u8>);
+
+    /// Waits up to `timeout` (`None`: until something happens) and reports
+    /// completions. Returns after one batch; the caller loops.
+    fn turn(
+        &mut self,
+        timeout: Option<Duration>,
+        on: &mut dyn FnMut(Completion<'_>),
+    ) -> io::Result<()>;
+
+    /// A handle other threads use to interrupt [`Driver::turn`].
+    fn waker(&self) -> std::sync::Arc<dyn Fn() + Send + Sync>;
+
+    /// Short name for logs and metrics ("epoll", "uring").
+    fn name(&self) -> &'static str;
+}

@@ -1,0 +1,29 @@
+//! Ferry's shard runtime.
+//!
+//! A shard is one thread, pinned to one core, that owns its sockets, its
+//! buffers and its slice of the routing table. This crate holds what every
+//! shard needs and nothing DERP-specific:
+//!
+//! - [`driver`]: the completion-shaped I/O interface a shard is written
+//!   against ("these bytes arrived on slot 7", "the send on slot 3 finished,
+//!   here is your buffer back"), and [`epoll`], the back end that emulates it
+//!   on top of mio. An io_uring back end produces the same completions
+//!   natively and drops in behind the same trait.
+//! - [`mailbox`]: bounded single-producer/single-consumer rings between every
+//!   pair of shards — a byte ring for packets and a typed ring for control
+//!   messages — and the [`mailbox::Doorbell`] that wakes a parked shard once
+//!   per batch instead of once per packet.
+//! - [`runtime`]: the loop that ties a driver, a doorbell and a handler
+//!   together, and the helper that spawns pinned shard threads.
+
+#![deny(unsafe_code)]
+
+pub mod driver;
+pub mod epoll;
+pub mod mailbox;
+pub mod runtime;
+
+pub use driver::{Completion, Driver, Slot};
+pub use epoll::EpollDriver;
+pub use mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
+pub use runtime::{run_shard, Handler};

@@ -1,0 +1,437 @@
+//! Command line: derper's flag names and Go's flag syntax.
+
+use std::ffi::OsString;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use ferry_relay::tls::CertMode;
+
+/// Ferry: a DERP relay for Tailscale and WireGuard traffic.
+#[derive(Parser, Debug)]
+#[command(name = "ferry", version, about, long_about = None)]
+pub struct Args {
+    /// Listen address, as host:port; ":443" listens on every address.
+    /// TLS is used on port 443 or with --certmode; otherwise plain HTTP.
+    #[arg(short = 'a', long = "a", alias = "addr", default_value = ":443")]
+    pub addr: String,
+
+    /// Development mode: plain HTTP on 127.0.0.1:3340 (unless -a is given),
+    /// STUN on 127.0.0.1:3478, a fresh key, and a printed DERP map.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub dev: bool,
+
+    /// Server key file ({"PrivateKey":"privkey:…"}, as derper's); created if
+    /// missing.
+    #[arg(short = 'c', long = "c", alias = "config")]
+    pub config: Option<PathBuf>,
+
+    /// Certificate mode: "manual" (<certdir>/<hostname>.crt and .key; an IP
+    /// hostname without files gets a generated certificate) or "selfsigned".
+    #[arg(long)]
+    pub certmode: Option<String>,
+
+    /// Directory holding certificates for --certmode manual.
+    #[arg(long)]
+    pub certdir: Option<PathBuf>,
+
+    /// TLS host name (certificate file name and SNI to accept).
+    #[arg(long, default_value = "localhost")]
+    pub hostname: String,
+
+    /// Port of the plain-HTTP companion listener in TLS mode (captive-portal
+    /// checks, redirects to HTTPS); -1 disables.
+    #[arg(
+        long = "http-port",
+        default_value_t = 80,
+        allow_negative_numbers = true
+    )]
+    pub http_port: i32,
+
+    /// Run the STUN server.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub stun: bool,
+
+    /// UDP port for STUN (bound on the -a address).
+    #[arg(long = "stun-port", default_value_t = 3478)]
+    pub stun_port: u16,
+
+    /// Serve DERP (false keeps only STUN and the HTTP endpoints).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub derp: bool,
+
+    /// File holding the 64-hex-digit mesh key; clients presenting it get
+    /// mesh privileges (watchConns, forwardPacket, closePeer).
+    #[arg(long = "mesh-psk-file")]
+    pub mesh_psk_file: Option<PathBuf>,
+
+    /// Cut off a client that does not read for this long (Go duration; 0
+    /// disables).
+    #[arg(long = "tcp-write-timeout", default_value = "2s")]
+    pub tcp_write_timeout: String,
+
+    /// TCP keepalive idle time for client sockets (Go duration; 0: system default).
+    #[arg(long = "tcp-keepalive-time", default_value = "10m0s")]
+    pub tcp_keepalive_time: String,
+
+    /// TCP_USER_TIMEOUT for client sockets (Go duration; 0: system default).
+    #[arg(long = "tcp-user-timeout", default_value = "15s")]
+    pub tcp_user_timeout: String,
+
+    /// Root page: "" for the default page, "blank", or a URL to redirect to.
+    #[arg(long, default_value = "")]
+    pub home: String,
+
+    /// Shard threads (default: one per usable core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+
+    /// Pin each shard thread to its own core.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub pin: bool,
+
+    /// Extra listener serving Prometheus metrics at /metrics (any client;
+    /// /debug/varz on the main listener is loopback-only).
+    #[arg(long = "metrics-addr")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Time allowed from accept to a finished DERP handshake (Go duration).
+    #[arg(long = "handshake-timeout", default_value = "10s")]
+    pub handshake_timeout: String,
+
+    /// Bytes of packets queued per client before new ones are dropped.
+    #[arg(long = "send-queue-bytes", default_value_t = 1 << 20)]
+    pub send_queue_bytes: usize,
+
+    /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+/// Rewrites Go-style single-dash long flags (`-dev`, `-stun-port=1`) to
+/// clap's double-dash form. Short flags (`-a`, `-c`) and negative numbers
+/// are left alone.
+pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut rest_are_values = false;
+    for (i, arg) in args.into_iter().enumerate() {
+        if i == 0 || rest_are_values {
+            out.push(arg);
+            continue;
+        }
+        let Some(s) = arg.to_str() else {
+            out.push(arg);
+            continue;
+        };
+        if s == "--" {
+            rest_are_values = true;
+            out.push(arg);
+            continue;
+        }
+        let bytes = s.as_bytes();
+        let single_dash_long = bytes.len() > 2
+            && bytes[0] == b'-'
+            && bytes[1] != b'-'
+            && bytes[1].is_ascii_alphabetic()
+            && !(bytes[2] == b'=' && (bytes[1] == b'a' || bytes[1] == b'c'));
+        if single_dash_long {
+            let name_end = s.find('=').unwrap_or(s.len());
+            // "-a" and "-c" with an attached value ("-a:443") stay short.
+            if name_end > 2 || s.contains('=') {
+                out.push(OsString::from(format!("-{s}")));
+                continue;
+            }
+        }
+        out.push(arg);
+    }
+    out
+}
+
+/// Parses a Go duration ("2s", "10m0s", "1h30m", "250ms", "0").
+pub fn parse_go_duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        bail!("empty duration");
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_end == 0 {
+            bail!("invalid duration {s:?}");
+        }
+        let value: f64 = rest[..num_end]
+            .parse()
+            .with_context(|| format!("invalid duration {s:?}"))?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            unit => bail!("invalid duration {s:?}: unknown unit {unit:?}"),
+        };
+        total += value * scale;
+        rest = &rest[unit_end..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// Parses derper's -a syntax: "host:port", ":port", "[v6]:port".
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .with_context(|| format!("-a {s:?}: bad port"))?;
+        return Ok(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if let Some((host, port)) = s.rsplit_once(':') {
+        let port: u16 = port
+            .parse()
+            .with_context(|| format!("-a {s:?}: bad port"))?;
+        if host == "localhost" {
+            return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+        }
+        use std::net::ToSocketAddrs;
+        if let Some(a) = (host, port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut it| it.next())
+        {
+            return Ok(a);
+        }
+    }
+    bail!("-a {s:?}: expected host:port or :port")
+}
+
+fn opt_duration(flag: &str, s: &str) -> Result<Option<Duration>> {
+    let d = parse_go_duration(s).with_context(|| format!("--{flag}"))?;
+    Ok((!d.is_zero()).then_some(d))
+}
+
+/// What the flags resolve to.
+#[derive(Debug)]
+pub struct Plan {
+    /// DERP listener.
+    pub addr: SocketAddr,
+    /// TLS set-up, if TLS.
+    pub cert_mode: Option<CertMode>,
+    /// Port-80 companion listener.
+    pub port80: Option<SocketAddr>,
+    /// STUN socket.
+    pub stun: Option<SocketAddr>,
+    /// Write timeout.
+    pub write_timeout: Option<Duration>,
+    /// TCP keepalive.
+    pub tcp_keepalive: Option<Duration>,
+    /// TCP user timeout.
+    pub tcp_user_timeout: Option<Duration>,
+    /// Handshake deadline.
+    pub handshake_timeout: Duration,
+}
+
+impl Plan {
+    /// Resolves flags and their interplay (dev mode, TLS by port or mode).
+    pub fn from_args(args: &Args) -> Result<Plan> {
+        let addr_given = args.addr != ":443";
+        let addr = if args.dev && !addr_given {
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 3340))
+        } else {
+            parse_listen_addr(&args.addr)?
+        };
+        let cert_mode = match (args.dev, args.certmode.as_deref()) {
+            (true, None) => None,
+            (_, Some("manual")) => Some(CertMode::Manual {
+                certdir: certdir(args),
+                hostname: args.hostname.clone(),
+            }),
+            (_, Some("selfsigned")) => Some(CertMode::SelfSigned {
+                hostname: args.hostname.clone(),
+            }),
+            (_, Some(other @ ("letsencrypt" | "gcp"))) => {
+                bail!("--certmode {other}: ACME certificates are not supported yet; use manual or selfsigned")
+            }
+            (_, Some(other)) => bail!("--certmode {other:?}: expected manual or selfsigned"),
+            (false, None) if addr.port() == 443 => Some(CertMode::Manual {
+                certdir: certdir(args),
+                hostname: args.hostname.clone(),
+            }),
+            (false, None) => None,
+        };
+        let port80 = match (&cert_mode, args.http_port) {
+            (Some(_), p) if p > 0 => Some(SocketAddr::new(
+                addr.ip(),
+                u16::try_from(p).context("--http-port: out of range")?,
+            )),
+            (Some(_), -1 | 0) | (None, _) => None,
+            (Some(_), p) => bail!("--http-port {p}: expected a port or -1"),
+        };
+        let stun = args
+            .stun
+            .then(|| SocketAddr::new(addr.ip(), args.stun_port));
+        Ok(Plan {
+            addr,
+            cert_mode,
+            port80,
+            stun,
+            write_timeout: opt_duration("tcp-write-timeout", &args.tcp_write_timeout)?,
+            tcp_keepalive: opt_duration("tcp-keepalive-time", &args.tcp_keepalive_time)?,
+            tcp_user_timeout: opt_duration("tcp-user-timeout", &args.tcp_user_timeout)?,
+            handshake_timeout: opt_duration("handshake-timeout", &args.handshake_timeout)?
+                .context("--handshake-timeout must be positive")?,
+        })
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn certdir(args: &Args) -> PathBuf {
+    if let Some(d) = &args.certdir {
+        return d.clone();
+    }
+    if is_root() {
+        return PathBuf::from("/var/lib/ferry/certs");
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("ferry-certs")
+}
+
+/// Where the server key lives by default.
+pub fn default_key_path() -> PathBuf {
+    if is_root() {
+        PathBuf::from("/var/lib/ferry/ferry.key")
+    } else {
+        std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join("ferry")
+            .join("ferry.key")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Args {
+        let mut v = vec!["ferry"];
+        v.extend_from_slice(list);
+        Args::parse_from(normalize_go_flags(v.into_iter().map(OsString::from)))
+    }
+
+    #[test]
+    fn go_style_flags_parse() {
+        let a = args(&[
+            "-dev",
+            "-a",
+            "127.0.0.1:9",
+            "-stun-port=5",
+            "-stun=false",
+            "-http-port",
+            "-1",
+            "-c",
+            "k.json",
+        ]);
+        assert!(a.dev);
+        assert_eq!(a.addr, "127.0.0.1:9");
+        assert_eq!(a.stun_port, 5);
+        assert!(!a.stun);
+        assert_eq!(a.http_port, -1);
+        assert_eq!(a.config.as_deref(), Some(std::path::Path::new("k.json")));
+        let b = args(&["--dev", "--certmode", "manual", "--hostname", "h"]);
+        assert!(b.dev);
+        assert_eq!(b.certmode.as_deref(), Some("manual"));
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(
+            parse_go_duration("10m0s").unwrap(),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            parse_go_duration("1h30m").unwrap(),
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            parse_go_duration("250ms").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(parse_go_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_go_duration("5").is_err());
+        assert!(parse_go_duration("1x").is_err());
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen_addr(":443").unwrap(),
+            "[::]:443".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:3340").unwrap(),
+            "127.0.0.1:3340".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("[::1]:1").unwrap(),
+            "[::1]:1".parse().unwrap()
+        );
+        assert!(parse_listen_addr("nonsense").is_err());
+    }
+
+    #[test]
+    fn dev_mode_defaults_and_tls_choice() {
+        let p = Plan::from_args(&args(&["--dev"])).unwrap();
+        assert_eq!(p.addr, "127.0.0.1:3340".parse().unwrap());
+        assert!(p.cert_mode.is_none());
+        assert_eq!(p.stun, Some("127.0.0.1:3478".parse().unwrap()));
+        let p = Plan::from_args(&args(&["-a", "127.0.0.1:8443"])).unwrap();
+        assert!(
+            p.cert_mode.is_none(),
+            "non-443 without --certmode is plain HTTP, like derper"
+        );
+        let p = Plan::from_args(&args(&[
+            "-a",
+            "127.0.0.1:8443",
+            "--certmode",
+            "manual",
+            "--http-port",
+            "-1",
+        ]))
+        .unwrap();
+        assert!(p.cert_mode.is_some());
+        assert!(p.port80.is_none());
+        assert!(Plan::from_args(&args(&["--certmode", "letsencrypt"])).is_err());
+        let p = Plan::from_args(&args(&["-tcp-write-timeout", "0"])).unwrap();
+        assert!(p.write_timeout.is_none());
+    }
+}

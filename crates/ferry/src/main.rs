@@ -1,0 +1,220 @@
+//! `ferry`: the relay binary.
+//!
+//! Flags follow Tailscale's `derper` wherever the meaning is shared, and,
+//! like Go's flag package, accept a single dash (`-a`, `-dev`,
+//! `-stun-port=3478`) as well as two. `ferry --dev` runs a local relay with
+//! embedded defaults: plain HTTP DERP on 127.0.0.1:3340 and STUN on
+//! 127.0.0.1:3478, with a fresh key, printing what a client needs.
+
+mod cli;
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use ferry_proto::key::{MeshKey, NodePrivate};
+use ferry_relay::tls::{self, CertMode};
+use ferry_relay::{HomePage, ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
+
+use cli::Args;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("ferry: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse_from(cli::normalize_go_flags(std::env::args_os()));
+    init_logging(&args);
+
+    // Signals are handled by the main thread only: block them before any
+    // other thread exists so every thread inherits the mask.
+    ferry_sys::signal::block_termination_signals().context("blocking SIGINT/SIGTERM")?;
+    match ferry_sys::raise_nofile_limit() {
+        Ok(n) => tracing::debug!(limit = n, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+    }
+
+    let plan = cli::Plan::from_args(&args)?;
+    let key = load_key(&args)?;
+    let mut config = RelayConfig::new(key);
+    config.derp_enabled = args.derp;
+    config.write_timeout = plan.write_timeout;
+    config.tcp_keepalive = plan.tcp_keepalive;
+    config.tcp_user_timeout = plan.tcp_user_timeout;
+    config.handshake_timeout = plan.handshake_timeout;
+    config.send_queue_bytes = args.send_queue_bytes;
+    config.home = match args.home.as_str() {
+        "" => HomePage::Default,
+        "blank" => HomePage::Blank,
+        url if url.starts_with("http://") || url.starts_with("https://") => {
+            HomePage::Redirect(url.to_string())
+        }
+        other => bail!("--home: expected \"\", \"blank\" or an http(s) URL, got {other:?}"),
+    };
+    if let Some(path) = &args.mesh_psk_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--mesh-psk-file: reading {}", path.display()))?;
+        config.mesh_key = Some(
+            MeshKey::parse(&text)
+                .map_err(|e| anyhow::anyhow!("--mesh-psk-file {}: {e}", path.display()))?,
+        );
+    }
+
+    let mut cert_name = None;
+    if let Some(mode) = &plan.cert_mode {
+        let setup =
+            tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
+        cert_name = setup.cert_name.clone();
+        config.tls = Some(setup.config.clone());
+        if matches!(mode, CertMode::Manual { .. }) {
+            // Certificates renewed on disk are picked up without a restart.
+            setup
+                .spawn_reloader(Duration::from_secs(30))
+                .context("starting the certificate reloader")?;
+        }
+    }
+
+    let mut listeners = vec![ListenerSpec {
+        addr: plan.addr,
+        kind: ListenerKind::Derp,
+    }];
+    if let Some(addr) = plan.port80 {
+        listeners.push(ListenerSpec {
+            addr,
+            kind: ListenerKind::Port80,
+        });
+    }
+    let server = Server::start(ServerOptions {
+        config: config.clone(),
+        listeners,
+        workers: args
+            .workers
+            .unwrap_or_else(|| ferry_sys::available_cpus().len().max(1)),
+        pin: args.pin,
+        stun: plan.stun,
+        metrics_addr: args.metrics_addr,
+    })
+    .context("starting the relay")?;
+
+    let addr = server.listen_addrs[0];
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(
+        url = %format!("{scheme}://{addr}/derp"),
+        key = %config.public_key,
+        stun = ?server.stun_addr,
+        metrics = ?server.metrics_addr,
+        workers = server.metrics().shards.len(),
+        backend = server.metrics().backend,
+        "ferry relay running"
+    );
+    if let Some(name) = &cert_name {
+        tracing::info!(cert_name = %name, "self-signed certificate: clients must pin it with this CertName");
+    }
+    if args.dev {
+        print_dev_banner(&server, &config, scheme, cert_name.as_deref());
+    }
+
+    let sig = ferry_sys::signal::wait_termination_signal().context("waiting for a signal")?;
+    tracing::info!(
+        signal = sig,
+        "shutting down: telling clients, draining queues"
+    );
+    server.shutdown();
+    server.wait().context("stopping the relay")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn init_logging(args: &Args) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new(&args.log));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}
+
+/// Loads the server key from `-c` (derper's key-file format), creating it
+/// if missing. In dev mode without `-c`, a fresh key each run.
+fn load_key(args: &Args) -> Result<NodePrivate> {
+    let path = match (&args.config, args.dev) {
+        (Some(p), _) => p.clone(),
+        (None, true) => return Ok(NodePrivate::generate()),
+        (None, false) => cli::default_key_path(),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => NodePrivate::from_key_file_json(&text)
+            .map_err(|e| anyhow::anyhow!("-c {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = NodePrivate::generate();
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("-c: creating {}", dir.display()))?;
+            }
+            write_private(&path, key.to_key_file_json().as_bytes())
+                .with_context(|| format!("-c: writing {}", path.display()))?;
+            tracing::info!(path = %path.display(), "created a new server key");
+            Ok(key)
+        }
+        Err(e) => Err(e).with_context(|| format!("-c: reading {}", path.display())),
+    }
+}
+
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+fn print_dev_banner(server: &Server, config: &RelayConfig, scheme: &str, cert_name: Option<&str>) {
+    let addr = server.listen_addrs[0];
+    let host = addr.ip().to_string();
+    let stun_port = server.stun_addr.map_or(-1, |a| i64::from(a.port()));
+    let mut node = serde_json::json!({
+        "Name": "900a",
+        "RegionID": 900,
+        "HostName": host,
+        "DERPPort": addr.port(),
+        "STUNPort": stun_port,
+    });
+    if addr.is_ipv4() {
+        node["IPv4"] = host.clone().into();
+        node["IPv6"] = "none".into();
+    } else {
+        node["IPv6"] = host.clone().into();
+        node["IPv4"] = "none".into();
+    }
+    if let Some(name) = cert_name {
+        node["CertName"] = name.into();
+    }
+    let map = serde_json::json!({
+        "Regions": { "900": { "RegionID": 900, "RegionCode": "ferry", "RegionName": "Ferry (dev)", "Nodes": [node] } },
+        "omitDefaultRegions": true,
+    });
+    let plain_note = if scheme == "http" {
+        "\n  plain HTTP: Tailscale clients need TS_DEBUG_USE_DERP_HTTP=1 to use this map"
+    } else {
+        ""
+    };
+    println!(
+        "Ferry dev relay\n  DERP:    {scheme}://{addr}/derp\n  STUN:    {}\n  key:     {}\n  metrics: {scheme}://{addr}/debug/varz{plain_note}\nDERP map (JSON):\n{}",
+        server.stun_addr.map_or("off".to_string(), |a| a.to_string()),
+        config.public_key,
+        serde_json::to_string_pretty(&map).unwrap_or_default()
+    );
+}

@@ -1,0 +1,1070 @@
+//! DERP framing (§5, §6): frame types, builders, parsers, admission policy and
+//! the incremental [`Deframer`].
+//!
+//! Every frame is `type (1 B) ‖ length (u32 big-endian) ‖ payload`. Data flows
+//! through this module in three steps:
+//!
+//! 1. **Admission.** When the [`Deframer`] has read a header it asks a
+//!    [`FramePolicy`] what to do *before* reading the payload: buffer it,
+//!    skip it (unknown or ignored types: the payload is discarded as it streams
+//!    past and never stored), or reject the connection (oversized frames,
+//!    mesh-only frames from ordinary clients). [`ServerFramePolicy`] encodes the
+//!    Go server's rules (§5, §6, §8.11); [`ClientFramePolicy`] the client's.
+//! 2. **Delivery.** Admitted frames are handed to a callback as `(type,
+//!    payload)`. When no partial frame is held, payloads are subslices of the
+//!    caller's input: nothing is copied. Only a frame split across reads is
+//!    copied into the deframer's own buffer, which never grows beyond the
+//!    largest frame the policy admits.
+//! 3. **Parsing.** [`parse_client_frame`] (server side) and
+//!    [`parse_server_frame`] (client side) turn a payload into a typed,
+//!    borrowing value.
+//!
+//! Outgoing frames are built by the `put_*` functions, which append a whole
+//! frame to a caller-owned `Vec<u8>` so a connection's write buffer is reused
+//! and no allocation happens per frame.
+//!
+//! Builders take packets the caller has already bounded (a server relays only
+//! packets its policy admitted; a client must refuse packets larger than
+//! [`MAX_PACKET_SIZE`] itself). They panic only if a payload exceeds
+//! `u32::MAX` bytes, which no DERP frame can.
+
+use crate::key::NodePublic;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::ops::ControlFlow;
+
+/// Frame header length: type byte and big-endian u32 payload length.
+pub const HEADER_LEN: usize = 5;
+/// Length of a node public key inside frames.
+pub const KEY_LEN: usize = 32;
+/// Largest packet a client may send or receive in send/forward/recvPacket.
+pub const MAX_PACKET_SIZE: usize = 64 << 10;
+/// The `serverKey` magic, `DERP🔑`.
+pub const MAGIC: [u8; 8] = *b"DERP\xF0\x9F\x94\x91";
+/// Smallest `clientInfo` payload the server accepts (key + nonce).
+pub const MIN_CLIENT_INFO_LEN: usize = KEY_LEN + crate::nacl::NONCE_LEN;
+/// Largest `clientInfo` payload the server accepts (256 KiB).
+pub const MAX_CLIENT_INFO_LEN: usize = 256 << 10;
+/// Largest frame a Go client reads in steady state (1 MiB).
+pub const MAX_CLIENT_READ_FRAME: usize = 1 << 20;
+/// The disco packet magic, `TS💬`.
+pub const DISCO_MAGIC: [u8; 6] = *b"TS\xF0\x9F\x92\xAC";
+/// A disco packet is at least magic + sender disco key + nonce long.
+pub const DISCO_MIN_LEN: usize = DISCO_MAGIC.len() + KEY_LEN + crate::nacl::NONCE_LEN;
+/// Ping and pong carry 8 opaque bytes.
+pub const PING_LEN: usize = 8;
+/// Longest ping payload the server tolerates (extra bytes are ignored).
+pub const MAX_PING_LEN: usize = 1000;
+/// Length of the `peerPresent` payload current servers send.
+pub const PEER_PRESENT_LEN: usize = KEY_LEN + 16 + 2 + 1;
+/// The DERP protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// `peerPresent` flag: an ordinary client (none of the other flags apply).
+pub const PEER_PRESENT_IS_REGULAR: u8 = 1 << 0;
+/// `peerPresent` flag: the connection authenticated with the mesh key.
+pub const PEER_PRESENT_IS_MESH_PEER: u8 = 1 << 1;
+/// `peerPresent` flag: the client said it is a prober.
+pub const PEER_PRESENT_IS_PROBER: u8 = 1 << 2;
+/// `peerPresent` flag: the upgrade request carried a non-empty `Ideal-Node`.
+pub const PEER_PRESENT_NOT_IDEAL: u8 = 1 << 3;
+
+/// Whether `packet` is a disco message (§8.2): at least [`DISCO_MIN_LEN`]
+/// bytes starting with [`DISCO_MAGIC`].
+pub fn is_disco(packet: &[u8]) -> bool {
+    packet.len() >= DISCO_MIN_LEN && packet.starts_with(&DISCO_MAGIC)
+}
+
+/// The frame types of protocol version 2 (§6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameType {
+    /// S→C: magic ‖ server public key.
+    ServerKey = 0x01,
+    /// C→S: client public key ‖ sealed JSON.
+    ClientInfo = 0x02,
+    /// S→C: sealed JSON.
+    ServerInfo = 0x03,
+    /// C→S: destination key ‖ packet.
+    SendPacket = 0x04,
+    /// S→C: source key ‖ packet.
+    RecvPacket = 0x05,
+    /// S→C: empty no-op.
+    KeepAlive = 0x06,
+    /// C→S: one byte, whether this is the client's home server.
+    NotePreferred = 0x07,
+    /// S→C: peer key ‖ optional reason.
+    PeerGone = 0x08,
+    /// S→C (watchers): key ‖ IP ‖ port ‖ flags.
+    PeerPresent = 0x09,
+    /// C→S (mesh only): source key ‖ destination key ‖ packet.
+    ForwardPacket = 0x0a,
+    /// C→S (mesh only): empty subscription request.
+    WatchConns = 0x10,
+    /// C→S (mesh only): key of the peer to disconnect.
+    ClosePeer = 0x11,
+    /// Both: 8 opaque bytes.
+    Ping = 0x12,
+    /// Both: the 8 bytes of a ping.
+    Pong = 0x13,
+    /// S→C: problem text, empty when healthy again.
+    Health = 0x14,
+    /// S→C: reconnect-in ms ‖ try-for ms.
+    Restarting = 0x15,
+}
+
+impl FrameType {
+    /// Every frame type, in numeric order.
+    pub const ALL: [FrameType; 16] = [
+        FrameType::ServerKey,
+        FrameType::ClientInfo,
+        FrameType::ServerInfo,
+        FrameType::SendPacket,
+        FrameType::RecvPacket,
+        FrameType::KeepAlive,
+        FrameType::NotePreferred,
+        FrameType::PeerGone,
+        FrameType::PeerPresent,
+        FrameType::ForwardPacket,
+        FrameType::WatchConns,
+        FrameType::ClosePeer,
+        FrameType::Ping,
+        FrameType::Pong,
+        FrameType::Health,
+        FrameType::Restarting,
+    ];
+
+    /// The frame type with this wire value, if it is assigned.
+    pub fn from_u8(ty: u8) -> Option<FrameType> {
+        Some(match ty {
+            0x01 => FrameType::ServerKey,
+            0x02 => FrameType::ClientInfo,
+            0x03 => FrameType::ServerInfo,
+            0x04 => FrameType::SendPacket,
+            0x05 => FrameType::RecvPacket,
+            0x06 => FrameType::KeepAlive,
+            0x07 => FrameType::NotePreferred,
+            0x08 => FrameType::PeerGone,
+            0x09 => FrameType::PeerPresent,
+            0x0a => FrameType::ForwardPacket,
+            0x10 => FrameType::WatchConns,
+            0x11 => FrameType::ClosePeer,
+            0x12 => FrameType::Ping,
+            0x13 => FrameType::Pong,
+            0x14 => FrameType::Health,
+            0x15 => FrameType::Restarting,
+            _ => return None,
+        })
+    }
+
+    /// The wire value.
+    pub const fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    /// The Go name of the frame, as used in logs and errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FrameType::ServerKey => "serverKey",
+            FrameType::ClientInfo => "clientInfo",
+            FrameType::ServerInfo => "serverInfo",
+            FrameType::SendPacket => "sendPacket",
+            FrameType::RecvPacket => "recvPacket",
+            FrameType::KeepAlive => "keepAlive",
+            FrameType::NotePreferred => "notePreferred",
+            FrameType::PeerGone => "peerGone",
+            FrameType::PeerPresent => "peerPresent",
+            FrameType::ForwardPacket => "forwardPacket",
+            FrameType::WatchConns => "watchConns",
+            FrameType::ClosePeer => "closePeer",
+            FrameType::Ping => "ping",
+            FrameType::Pong => "pong",
+            FrameType::Health => "health",
+            FrameType::Restarting => "restarting",
+        }
+    }
+}
+
+impl From<FrameType> for u8 {
+    fn from(t: FrameType) -> u8 {
+        t as u8
+    }
+}
+
+/// Displays a raw frame type as `name (0xNN)` for error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLabel(pub u8);
+
+impl fmt::Display for FrameLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match FrameType::from_u8(self.0) {
+            Some(t) => write!(f, "{} frame (0x{:02x})", t.name(), self.0),
+            None => write!(f, "unknown frame (0x{:02x})", self.0),
+        }
+    }
+}
+
+/// A framing violation. On the server every one of these closes the
+/// connection (Go sends no error frame).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// A mesh-only frame (forwardPacket, watchConns, closePeer) arrived on a
+    /// connection that did not authenticate with the mesh key.
+    #[error("{} is mesh-only and this connection did not present the mesh key", FrameLabel(*.frame))]
+    MeshOnly {
+        /// Raw frame type.
+        frame: u8,
+    },
+    /// The payload is longer than the frame type allows.
+    #[error("{} too long: {len} bytes, limit {max}", FrameLabel(*.frame))]
+    TooLong {
+        /// Raw frame type.
+        frame: u8,
+        /// Payload length announced or seen.
+        len: usize,
+        /// Largest allowed payload length.
+        max: usize,
+    },
+    /// The payload is shorter than the frame type requires.
+    #[error("{} too short: {len} bytes, minimum {min}", FrameLabel(*.frame))]
+    TooShort {
+        /// Raw frame type.
+        frame: u8,
+        /// Payload length announced or seen.
+        len: usize,
+        /// Smallest allowed payload length.
+        min: usize,
+    },
+    /// The frame type has a fixed payload length and this is not it.
+    #[error("{} has length {len}, must be exactly {expected}", FrameLabel(*.frame))]
+    BadLength {
+        /// Raw frame type.
+        frame: u8,
+        /// Payload length announced or seen.
+        len: usize,
+        /// The only allowed payload length.
+        expected: usize,
+    },
+    /// A specific frame type was required (e.g. clientInfo first) and a
+    /// different one arrived.
+    #[error("expected {} but got {}", FrameLabel(*.expected), FrameLabel(*.frame))]
+    Unexpected {
+        /// Raw type that arrived.
+        frame: u8,
+        /// Raw type that was required.
+        expected: u8,
+    },
+}
+
+// ---------------------------------------------------------------------------
+// Headers
+
+/// Encodes a frame header.
+pub fn encode_header(ty: u8, len: u32) -> [u8; HEADER_LEN] {
+    let l = len.to_be_bytes();
+    [ty, l[0], l[1], l[2], l[3]]
+}
+
+/// Decodes a frame header from the first five bytes of `buf`, or `None` if
+/// fewer than five bytes are available.
+pub fn decode_header(buf: &[u8]) -> Option<(u8, u32)> {
+    let h: &[u8; HEADER_LEN] = buf.get(..HEADER_LEN)?.try_into().ok()?;
+    Some((h[0], u32::from_be_bytes([h[1], h[2], h[3], h[4]])))
+}
+
+fn frame_len(payload_len: usize) -> u32 {
+    u32::try_from(payload_len).expect("DERP frame payload exceeds u32::MAX bytes")
+}
+
+fn put_header(out: &mut Vec<u8>, ty: FrameType, payload_len: usize) {
+    out.extend_from_slice(&encode_header(ty as u8, frame_len(payload_len)));
+}
+
+// ---------------------------------------------------------------------------
+// Builders
+
+/// Appends a frame of any type with the given payload.
+pub fn put_frame(out: &mut Vec<u8>, ty: u8, payload: &[u8]) {
+    out.reserve(HEADER_LEN + payload.len());
+    out.extend_from_slice(&encode_header(ty, frame_len(payload.len())));
+    out.extend_from_slice(payload);
+}
+
+/// The header and source key of a `recvPacket` frame carrying a
+/// `packet_len`-byte packet, for writers that send the packet bytes from
+/// their own buffer (vectored writes).
+pub fn recv_packet_header(src: &NodePublic, packet_len: usize) -> [u8; HEADER_LEN + KEY_LEN] {
+    let mut h = [0u8; HEADER_LEN + KEY_LEN];
+    h[..HEADER_LEN].copy_from_slice(&encode_header(
+        FrameType::RecvPacket as u8,
+        frame_len(KEY_LEN + packet_len),
+    ));
+    h[HEADER_LEN..].copy_from_slice(src.as_bytes());
+    h
+}
+
+/// Appends `recvPacket`: a packet from `src` delivered to this client.
+pub fn put_recv_packet(out: &mut Vec<u8>, src: &NodePublic, packet: &[u8]) {
+    out.reserve(HEADER_LEN + KEY_LEN + packet.len());
+    out.extend_from_slice(&recv_packet_header(src, packet.len()));
+    out.extend_from_slice(packet);
+}
+
+/// Appends `sendPacket`: ask the server to deliver `packet` to `dst`.
+pub fn put_send_packet(out: &mut Vec<u8>, dst: &NodePublic, packet: &[u8]) {
+    out.reserve(HEADER_LEN + KEY_LEN + packet.len());
+    put_header(out, FrameType::SendPacket, KEY_LEN + packet.len());
+    out.extend_from_slice(dst.as_bytes());
+    out.extend_from_slice(packet);
+}
+
+/// Appends `forwardPacket`: a mesh peer hands over a packet from `src` for
+/// `dst`.
+pub fn put_forward_packet(out: &mut Vec<u8>, src: &NodePublic, dst: &NodePublic, packet: &[u8]) {
+    out.reserve(HEADER_LEN + 2 * KEY_LEN + packet.len());
+    put_header(out, FrameType::ForwardPacket, 2 * KEY_LEN + packet.len());
+    out.extend_from_slice(src.as_bytes());
+    out.extend_from_slice(dst.as_bytes());
+    out.extend_from_slice(packet);
+}
+
+/// Appends `keepAlive`.
+pub fn put_keepalive(out: &mut Vec<u8>) {
+    put_header(out, FrameType::KeepAlive, 0);
+}
+
+/// Appends `ping` with the given 8 bytes.
+pub fn put_ping(out: &mut Vec<u8>, data: &[u8; PING_LEN]) {
+    put_header(out, FrameType::Ping, PING_LEN);
+    out.extend_from_slice(data);
+}
+
+/// Appends `pong` echoing a ping's 8 bytes.
+pub fn put_pong(out: &mut Vec<u8>, data: &[u8; PING_LEN]) {
+    put_header(out, FrameType::Pong, PING_LEN);
+    out.extend_from_slice(data);
+}
+
+/// Why a peer is gone (§6.1, `peerGone`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerGoneReason {
+    /// `0x00`: the peer left the region (also assumed when the byte is absent).
+    Disconnected,
+    /// `0x01`: the server does not know the peer a disco packet was sent to.
+    NotHere,
+    /// Any other value; clients treat it as "gone". (`0xF0`,
+    /// MeshConnBroke, is synthesised locally by Go and never sent.)
+    Other(u8),
+}
+
+impl PeerGoneReason {
+    /// The wire byte.
+    pub const fn to_u8(self) -> u8 {
+        match self {
+            PeerGoneReason::Disconnected => 0x00,
+            PeerGoneReason::NotHere => 0x01,
+            PeerGoneReason::Other(b) => b,
+        }
+    }
+
+    /// The reason for a wire byte. `Other(0)` and `Other(1)` never result.
+    pub const fn from_u8(b: u8) -> Self {
+        match b {
+            0x00 => PeerGoneReason::Disconnected,
+            0x01 => PeerGoneReason::NotHere,
+            b => PeerGoneReason::Other(b),
+        }
+    }
+}
+
+impl From<u8> for PeerGoneReason {
+    fn from(b: u8) -> Self {
+        Self::from_u8(b)
+    }
+}
+
+impl From<PeerGoneReason> for u8 {
+    fn from(r: PeerGoneReason) -> u8 {
+        r.to_u8()
+    }
+}
+
+/// Appends `peerGone` for `key` with a reason byte.
+pub fn put_peer_gone(out: &mut Vec<u8>, key: &NodePublic, reason: PeerGoneReason) {
+    put_header(out, FrameType::PeerGone, KEY_LEN + 1);
+    out.extend_from_slice(key.as_bytes());
+    out.push(reason.to_u8());
+}
+
+/// Appends the 51-byte `peerPresent`: key, IP as 16 bytes (IPv4 as
+/// IPv4-mapped IPv6, all zero when `addr` is `None`), port, flags.
+pub fn put_peer_present(out: &mut Vec<u8>, key: &NodePublic, addr: Option<SocketAddr>, flags: u8) {
+    put_header(out, FrameType::PeerPresent, PEER_PRESENT_LEN);
+    out.extend_from_slice(key.as_bytes());
+    let (ip, port) = match addr {
+        None => ([0u8; 16], 0),
+        Some(SocketAddr::V4(a)) => (a.ip().to_ipv6_mapped().octets(), a.port()),
+        Some(SocketAddr::V6(a)) => (a.ip().octets(), a.port()),
+    };
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&port.to_be_bytes());
+    out.push(flags);
+}
+
+/// Appends `notePreferred`.
+pub fn put_note_preferred(out: &mut Vec<u8>, preferred: bool) {
+    put_header(out, FrameType::NotePreferred, 1);
+    out.push(u8::from(preferred));
+}
+
+/// Appends `watchConns`.
+pub fn put_watch_conns(out: &mut Vec<u8>) {
+    put_header(out, FrameType::WatchConns, 0);
+}
+
+/// Appends `closePeer` for `key`.
+pub fn put_close_peer(out: &mut Vec<u8>, key: &NodePublic) {
+    put_header(out, FrameType::ClosePeer, KEY_LEN);
+    out.extend_from_slice(key.as_bytes());
+}
+
+/// Appends `health` with a problem description (empty = healthy again).
+pub fn put_health(out: &mut Vec<u8>, problem: &str) {
+    put_header(out, FrameType::Health, problem.len());
+    out.extend_from_slice(problem.as_bytes());
+}
+
+/// Appends `restarting`.
+pub fn put_restarting(out: &mut Vec<u8>, reconnect_in_ms: u32, try_for_ms: u32) {
+    put_header(out, FrameType::Restarting, 8);
+    out.extend_from_slice(&reconnect_in_ms.to_be_bytes());
+    out.extend_from_slice(&try_for_ms.to_be_bytes());
+}
+
+// ---------------------------------------------------------------------------
+// Parsers
+
+fn key_at(payload: &[u8], at: usize) -> NodePublic {
+    let mut k = [0u8; KEY_LEN];
+    k.copy_from_slice(&payload[at..at + KEY_LEN]);
+    NodePublic(k)
+}
+
+fn eight(payload: &[u8]) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&payload[..8]);
+    b
+}
+
+fn check_range(ty: FrameType, len: usize, min: usize, max: usize) -> Result<(), FrameError> {
+    let frame = ty as u8;
+    if len < min {
+        Err(FrameError::TooShort { frame, len, min })
+    } else if len > max {
+        Err(FrameError::TooLong { frame, len, max })
+    } else {
+        Ok(())
+    }
+}
+
+fn check_exact(ty: FrameType, len: usize, expected: usize) -> Result<(), FrameError> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(FrameError::BadLength {
+            frame: ty as u8,
+            len,
+            expected,
+        })
+    }
+}
+
+/// A frame a client sends, as the server sees it. Borrows the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFrame<'a> {
+    /// Deliver `packet` to `dst`.
+    SendPacket {
+        /// Destination key.
+        dst: NodePublic,
+        /// The opaque packet.
+        packet: &'a [u8],
+    },
+    /// Mesh: deliver `packet` from `src` to the local client `dst`.
+    ForwardPacket {
+        /// Original sender's key.
+        src: NodePublic,
+        /// Destination key.
+        dst: NodePublic,
+        /// The opaque packet.
+        packet: &'a [u8],
+    },
+    /// Whether this server is the client's home.
+    NotePreferred(bool),
+    /// Ping data to echo in a pong (the first 8 bytes of the payload).
+    Ping([u8; PING_LEN]),
+    /// A pong (servers ignore these; see [`ServerFramePolicy`]).
+    Pong([u8; PING_LEN]),
+    /// Mesh: subscribe to the connection list.
+    WatchConns,
+    /// Mesh: disconnect every local connection of this key.
+    ClosePeer(NodePublic),
+    /// Any other type; the server ignores it.
+    Other {
+        /// Raw frame type.
+        ty: u8,
+    },
+}
+
+/// Parses a frame a client sent. Length rules are those of §6; mesh
+/// permission is not checked here (that is [`ServerFramePolicy`]'s job,
+/// before the payload is read). Every frame [`ServerFramePolicy`] admits
+/// parses successfully.
+pub fn parse_client_frame(ty: u8, payload: &[u8]) -> Result<ClientFrame<'_>, FrameError> {
+    let len = payload.len();
+    let Some(t) = FrameType::from_u8(ty) else {
+        return Ok(ClientFrame::Other { ty });
+    };
+    Ok(match t {
+        FrameType::SendPacket => {
+            check_range(t, len, KEY_LEN, KEY_LEN + MAX_PACKET_SIZE)?;
+            ClientFrame::SendPacket {
+                dst: key_at(payload, 0),
+                packet: &payload[KEY_LEN..],
+            }
+        }
+        FrameType::ForwardPacket => {
+            check_range(t, len, 2 * KEY_LEN, 2 * KEY_LEN + MAX_PACKET_SIZE)?;
+            ClientFrame::ForwardPacket {
+                src: key_at(payload, 0),
+                dst: key_at(payload, KEY_LEN),
+                packet: &payload[2 * KEY_LEN..],
+            }
+        }
+        FrameType::NotePreferred => {
+            check_exact(t, len, 1)?;
+            ClientFrame::NotePreferred(payload[0] != 0)
+        }
+        FrameType::Ping => {
+            check_range(t, len, PING_LEN, MAX_PING_LEN)?;
+            ClientFrame::Ping(eight(payload))
+        }
+        FrameType::Pong => {
+            check_range(t, len, PING_LEN, usize::MAX)?;
+            ClientFrame::Pong(eight(payload))
+        }
+        FrameType::WatchConns => {
+            check_exact(t, len, 0)?;
+            ClientFrame::WatchConns
+        }
+        FrameType::ClosePeer => {
+            check_exact(t, len, KEY_LEN)?;
+            ClientFrame::ClosePeer(key_at(payload, 0))
+        }
+        _ => ClientFrame::Other { ty },
+    })
+}
+
+/// A frame a server sends, as the client sees it. Borrows the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerFrame<'a> {
+    /// The server's public key (first frame of a connection).
+    ServerKey(NodePublic),
+    /// The sealed serverInfo box (`nonce ‖ tag ‖ ciphertext`); open it with
+    /// [`crate::handshake::open_server_info`].
+    ServerInfo(&'a [u8]),
+    /// A packet from `src`.
+    RecvPacket {
+        /// Sender's key.
+        src: NodePublic,
+        /// The opaque packet.
+        packet: &'a [u8],
+    },
+    /// No-op.
+    KeepAlive,
+    /// The peer is no longer reachable through this server.
+    PeerGone {
+        /// The peer.
+        key: NodePublic,
+        /// Why; `Disconnected` when the byte is absent.
+        reason: PeerGoneReason,
+    },
+    /// A client connected to the server (watchers only).
+    PeerPresent {
+        /// The client's key.
+        key: NodePublic,
+        /// Its remote address, `None` when the server sent none or zeros.
+        /// IPv4-mapped addresses are returned as IPv4.
+        addr: Option<SocketAddr>,
+        /// `PEER_PRESENT_*` flags; 0 when absent.
+        flags: u8,
+    },
+    /// The server pings; answer with a pong.
+    Ping([u8; PING_LEN]),
+    /// Answer to our ping.
+    Pong([u8; PING_LEN]),
+    /// Connection health text; empty means healthy.
+    Health(&'a [u8]),
+    /// The server is about to restart.
+    Restarting {
+        /// Wait this long before reconnecting.
+        reconnect_in_ms: u32,
+        /// Keep trying for this long.
+        try_for_ms: u32,
+    },
+    /// A frame to ignore: unknown type, or a known type too short to act on
+    /// (Go clients drop those rather than fail, §6.1).
+    Other {
+        /// Raw frame type.
+        ty: u8,
+    },
+}
+
+/// Parses a frame a server sent, tolerantly as Go clients do (§6.1):
+/// `peerPresent` of 32, 50 or 51+ bytes, `peerGone` without a reason byte,
+/// and short `recvPacket`/`peerGone`/`ping`/`pong`/`restarting` or a
+/// `serverKey` with a bad magic come back as [`ServerFrame::Other`]. This
+/// parser never fails; the `Result` leaves room for stricter rules.
+pub fn parse_server_frame(ty: u8, payload: &[u8]) -> Result<ServerFrame<'_>, FrameError> {
+    let len = payload.len();
+    let other = ServerFrame::Other { ty };
+    let Some(t) = FrameType::from_u8(ty) else {
+        return Ok(other);
+    };
+    Ok(match t {
+        FrameType::ServerKey => {
+            if len >= MAGIC.len() + KEY_LEN && payload.starts_with(&MAGIC) {
+                ServerFrame::ServerKey(key_at(payload, MAGIC.len()))
+            } else {
+                other
+            }
+        }
+        FrameType::ServerInfo => ServerFrame::ServerInfo(payload),
+        FrameType::RecvPacket if len >= KEY_LEN => ServerFrame::RecvPacket {
+            src: key_at(payload, 0),
+            packet: &payload[KEY_LEN..],
+        },
+        FrameType::KeepAlive => ServerFrame::KeepAlive,
+        FrameType::PeerGone if len >= KEY_LEN => ServerFrame::PeerGone {
+            key: key_at(payload, 0),
+            reason: payload
+                .get(KEY_LEN)
+                .map_or(PeerGoneReason::Disconnected, |&b| {
+                    PeerGoneReason::from_u8(b)
+                }),
+        },
+        FrameType::PeerPresent if len >= KEY_LEN => {
+            let addr = if len >= KEY_LEN + 18 {
+                let mut ip = [0u8; 16];
+                ip.copy_from_slice(&payload[KEY_LEN..KEY_LEN + 16]);
+                let port = u16::from_be_bytes([payload[KEY_LEN + 16], payload[KEY_LEN + 17]]);
+                if ip == [0; 16] && port == 0 {
+                    None
+                } else {
+                    let ip = Ipv6Addr::from(ip).to_canonical();
+                    Some(SocketAddr::new(ip, port))
+                }
+            } else {
+                None
+            };
+            ServerFrame::PeerPresent {
+                key: key_at(payload, 0),
+                addr,
+                flags: payload.get(KEY_LEN + 18).copied().unwrap_or(0),
+            }
+        }
+        FrameType::Ping if len >= PING_LEN => ServerFrame::Ping(eight(payload)),
+        FrameType::Pong if len >= PING_LEN => ServerFrame::Pong(eight(payload)),
+        FrameType::Health => ServerFrame::Health(payload),
+        FrameType::Restarting if len >= 8 => ServerFrame::Restarting {
+            reconnect_in_ms: u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]),
+            try_for_ms: u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]),
+        },
+        _ => other,
+    })
+}
+
+/// Canonical form of a socket address as carried in `peerPresent`:
+/// IPv4-mapped IPv6 addresses become IPv4.
+pub fn canonical_addr(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V6(v6) => SocketAddr::new(v6.to_canonical(), addr.port()),
+        IpAddr::V4(_) => addr,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Admission policy
+
+/// What the deframer does with a frame once its header is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Read the whole payload and deliver the frame.
+    Buffer,
+    /// Discard the payload as it streams past, without buffering it.
+    Skip,
+    /// Fail the connection.
+    Reject(FrameError),
+}
+
+/// Decides, from a header alone, whether a frame is delivered, skipped or
+/// fatal. Must be a pure function of its arguments.
+pub trait FramePolicy {
+    /// The disposition of a frame of raw type `ty` with payload length `len`.
+    fn check(&self, ty: u8, len: u32) -> Disposition;
+}
+
+fn range_disposition(ty: FrameType, len: u32, min: usize, max: usize) -> Disposition {
+    match check_range(ty, len as usize, min, max) {
+        Ok(()) => Disposition::Buffer,
+        Err(e) => Disposition::Reject(e),
+    }
+}
+
+fn exact_disposition(ty: FrameType, len: u32, expected: usize) -> Disposition {
+    match check_exact(ty, len as usize, expected) {
+        Ok(()) => Disposition::Buffer,
+        Err(e) => Disposition::Reject(e),
+    }
+}
+
+/// The Go server's rules for frames from a connected client (§5, §6, §8.11).
+///
+/// | Frame | Rule |
+/// |---|---|
+/// | sendPacket | 32 ..= 32 + 65 536 |
+/// | forwardPacket | mesh only; 64 ..= 64 + 65 536 |
+/// | watchConns | mesh only; exactly 0 |
+/// | closePeer | mesh only; exactly 32 |
+/// | notePreferred | exactly 1 |
+/// | ping | 8 ..= 1 000 |
+/// | anything else | skipped, whatever its length |
+///
+/// The mesh check comes first, as in Go (it happens before the payload is
+/// read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerFramePolicy {
+    /// Whether the connection authenticated with the mesh key.
+    pub mesh: bool,
+}
+
+impl FramePolicy for ServerFramePolicy {
+    fn check(&self, ty: u8, len: u32) -> Disposition {
+        let Some(t) = FrameType::from_u8(ty) else {
+            return Disposition::Skip;
+        };
+        let mesh_only = matches!(
+            t,
+            FrameType::ForwardPacket | FrameType::WatchConns | FrameType::ClosePeer
+        );
+        if mesh_only && !self.mesh {
+            return Disposition::Reject(FrameError::MeshOnly { frame: ty });
+        }
+        match t {
+            FrameType::SendPacket => range_disposition(t, len, KEY_LEN, KEY_LEN + MAX_PACKET_SIZE),
+            FrameType::ForwardPacket => {
+                range_disposition(t, len, 2 * KEY_LEN, 2 * KEY_LEN + MAX_PACKET_SIZE)
+            }
+            FrameType::WatchConns => exact_disposition(t, len, 0),
+            FrameType::ClosePeer => exact_disposition(t, len, KEY_LEN),
+            FrameType::NotePreferred => exact_disposition(t, len, 1),
+            FrameType::Ping => range_disposition(t, len, PING_LEN, MAX_PING_LEN),
+            _ => Disposition::Skip,
+        }
+    }
+}
+
+/// The server's rule for the first frame of a connection (§7.6): it must be
+/// `clientInfo` of [`MIN_CLIENT_INFO_LEN`] ..= [`MAX_CLIENT_INFO_LEN`] bytes.
+/// Use it for the first frame, break out of the callback, then continue with
+/// [`ServerFramePolicy`] via [`Deframer::resume`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClientInfoFramePolicy;
+
+impl FramePolicy for ClientInfoFramePolicy {
+    fn check(&self, ty: u8, len: u32) -> Disposition {
+        if ty != FrameType::ClientInfo as u8 {
+            return Disposition::Reject(FrameError::Unexpected {
+                frame: ty,
+                expected: FrameType::ClientInfo as u8,
+            });
+        }
+        range_disposition(
+            FrameType::ClientInfo,
+            len,
+            MIN_CLIENT_INFO_LEN,
+            MAX_CLIENT_INFO_LEN,
+        )
+    }
+}
+
+/// The Go client's rule: any frame up to [`MAX_CLIENT_READ_FRAME`] (1 MiB) is
+/// read; a larger one is a connection error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClientFramePolicy;
+
+impl FramePolicy for ClientFramePolicy {
+    fn check(&self, ty: u8, len: u32) -> Disposition {
+        if len as usize > MAX_CLIENT_READ_FRAME {
+            Disposition::Reject(FrameError::TooLong {
+                frame: ty,
+                len: len as usize,
+                max: MAX_CLIENT_READ_FRAME,
+            })
+        } else {
+            Disposition::Buffer
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deframer
+
+/// How a [`Deframer::feed`] or [`Deframer::resume`] call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fed {
+    /// All input was consumed: every complete frame was delivered, and any
+    /// trailing partial frame (or skip in progress) is held for next time.
+    Drained,
+    /// The callback returned `Break`. Unprocessed input has been copied into
+    /// the deframer; call [`Deframer::resume`] to continue.
+    Paused,
+}
+
+/// Incremental, mostly zero-copy frame splitter.
+///
+/// Feed it whatever a read returned; it calls back once per admitted frame.
+/// Frames wholly inside the input are delivered as subslices of it. A frame
+/// split across reads is assembled in an internal buffer that grows only to
+/// that frame's size (which the policy bounded). Skipped frames are never
+/// buffered: the deframer just counts down the bytes still to discard.
+///
+/// After an error the deframer is poisoned: every later call returns the same
+/// error, and its buffer is released.
+#[derive(Default)]
+pub struct Deframer {
+    /// Bytes of the stream not yet processed, from `pos` on: a partial frame,
+    /// or everything after the frame at which the callback paused.
+    buf: Vec<u8>,
+    pos: usize,
+    /// Payload bytes of a skipped frame still to be discarded.
+    skip_remaining: usize,
+    skipped_frames: u64,
+    poisoned: Option<FrameError>,
+}
+
+impl fmt::Debug for Deframer {
+    // Summarise rather than dump up to 64 KiB of held bytes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deframer")
+            .field("buffered_len", &self.buffered_len())
+            .field("capacity", &self.buf.capacity())
+            .field("skip_remaining", &self.skip_remaining)
+            .field("skipped_frames", &self.skipped_frames)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
+impl Deframer {
+    /// A deframer at the start of a stream, holding no memory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Processes `input` after anything already held. See the type docs.
+    pub fn feed<P: FramePolicy>(
+        &mut self,
+        input: &[u8],
+        policy: &P,
+        mut on_frame: impl FnMut(u8, &[u8]) -> ControlFlow<()>,
+    ) -> Result<Fed, FrameError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let result = self.run(input, policy, &mut on_frame);
+        if let Err(e) = &result {
+            self.poisoned = Some(e.clone());
+            self.buf = Vec::new();
+            self.pos = 0;
+            self.skip_remaining = 0;
+        }
+        result
+    }
+
+    /// Continues after [`Fed::Paused`] with the held bytes and no new input.
+    pub fn resume<P: FramePolicy>(
+        &mut self,
+        policy: &P,
+        on_frame: impl FnMut(u8, &[u8]) -> ControlFlow<()>,
+    ) -> Result<Fed, FrameError> {
+        self.feed(&[], policy, on_frame)
+    }
+
+    /// Number of stream bytes held internally (partial frame or paused input).
+    pub fn buffered_len(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Whether the deframer sits at a frame boundary: nothing held and no
+    /// skipped payload left to discard.
+    pub fn is_empty(&self) -> bool {
+        self.buffered_len() == 0 && self.skip_remaining == 0
+    }
+
+    /// Frames skipped (not delivered) so far because the policy said
+    /// [`Disposition::Skip`].
+    pub fn skipped_frames(&self) -> u64 {
+        self.skipped_frames
+    }
+
+    /// Payload bytes of the current skipped frame still to be discarded.
+    pub fn skip_remaining(&self) -> usize {
+        self.skip_remaining
+    }
+
+    /// Capacity of the internal buffer, in bytes (memory held per connection).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Releases the internal buffer's memory if nothing is held, so idle
+    /// connections cost no buffer space.
+    pub fn shrink_if_idle(&mut self) {
+        if self.buffered_len() == 0 {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+
+    fn run<P: FramePolicy>(
+        &mut self,
+        mut input: &[u8],
+        policy: &P,
+        on_frame: &mut impl FnMut(u8, &[u8]) -> ControlFlow<()>,
+    ) -> Result<Fed, FrameError> {
+        loop {
+            if self.skip_remaining > 0 {
+                let from_held = self.skip_remaining.min(self.buffered_len());
+                self.pos += from_held;
+                self.skip_remaining -= from_held;
+                self.release_if_consumed();
+                let from_input = self.skip_remaining.min(input.len());
+                input = &input[from_input..];
+                self.skip_remaining -= from_input;
+                if self.skip_remaining > 0 {
+                    return Ok(Fed::Drained);
+                }
+            }
+
+            if self.buffered_len() > 0 {
+                // Held bytes come first; complete the frame at `pos` from
+                // `input` if it is partial.
+                if !self.top_up(&mut input, HEADER_LEN) {
+                    return Ok(Fed::Drained);
+                }
+                let (ty, len) =
+                    decode_header(&self.buf[self.pos..]).expect("top_up guarantees a whole header");
+                match policy.check(ty, len) {
+                    Disposition::Reject(e) => return Err(e),
+                    Disposition::Skip => {
+                        self.pos += HEADER_LEN;
+                        self.skip_remaining = len as usize;
+                        self.skipped_frames += 1;
+                        self.release_if_consumed();
+                    }
+                    Disposition::Buffer => {
+                        let total = HEADER_LEN + len as usize;
+                        if !self.top_up(&mut input, total) {
+                            return Ok(Fed::Drained);
+                        }
+                        let start = self.pos;
+                        self.pos += total;
+                        let flow = on_frame(ty, &self.buf[start + HEADER_LEN..start + total]);
+                        if flow.is_break() {
+                            self.hold(input);
+                            return Ok(Fed::Paused);
+                        }
+                        self.release_if_consumed();
+                    }
+                }
+                continue;
+            }
+
+            // Nothing held: deliver whole frames straight out of `input`.
+            loop {
+                let Some((ty, len)) = decode_header(input) else {
+                    self.hold(input);
+                    return Ok(Fed::Drained);
+                };
+                match policy.check(ty, len) {
+                    Disposition::Reject(e) => return Err(e),
+                    Disposition::Skip => {
+                        input = &input[HEADER_LEN..];
+                        self.skip_remaining = len as usize;
+                        self.skipped_frames += 1;
+                        break;
+                    }
+                    Disposition::Buffer => {
+                        let total = HEADER_LEN + len as usize;
+                        if input.len() < total {
+                            // Size the buffer for the whole frame once.
+                            self.buf.reserve_exact(total);
+                            self.hold(input);
+                            return Ok(Fed::Drained);
+                        }
+                        let (frame, rest) = input.split_at(total);
+                        input = rest;
+                        if on_frame(ty, &frame[HEADER_LEN..]).is_break() {
+                            self.hold(input);
+                            return Ok(Fed::Paused);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves bytes from `input` into the buffer until `need` bytes are held
+    /// from `pos`. Returns whether that many are now held.
+    fn top_up(&mut self, input: &mut &[u8], need: usize) -> bool {
+        let have = self.buffered_len();
+        if have >= need {
+            return true;
+        }
+        self.compact();
+        self.buf.reserve_exact(need - have);
+        let take = (need - have).min(input.len());
+        self.buf.extend_from_slice(&input[..take]);
+        *input = &input[take..];
+        self.buffered_len() >= need
+    }
+
+    /// Appends unprocessed input to the held bytes.
+    fn hold(&mut self, input: &[u8]) {
+        if input.is_empty() {
+            self.release_if_consumed();
+            return;
+        }
+        self.compact();
+        self.buf.extend_from_slice(input);
+    }
+
+    /// Moves held bytes to the front of the buffer.
+    fn compact(&mut self) {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+    }
+
+    /// Resets the buffer (keeping its capacity) once everything is consumed.
+    fn release_if_consumed(&mut self) {
+        if self.pos == self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,322 @@
+//! Entry points for fuzzing the parsers of untrusted bytes.
+//!
+//! Each function drives real parsers with arbitrary input and asserts
+//! invariants that must hold for *every* input (round trips, agreement
+//! between equivalent ways of feeding the same bytes). A panic here is a bug.
+//! They are called by the `cargo fuzz` targets in `fuzz/` and by the corpus
+//! replay test, so the ordinary test suite exercises them too.
+
+use crate::frame::{
+    self, canonical_addr, parse_client_frame, ClientFrame, Deframer, Fed, FrameError,
+    ServerFramePolicy, HEADER_LEN, KEY_LEN, MAX_PACKET_SIZE,
+};
+use crate::handshake::{self, ClientInfo, HandshakeError};
+use crate::http;
+use crate::key::{NodePrivate, NodePublic};
+use crate::nacl::SharedKey;
+use crate::stun;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::ops::ControlFlow;
+use std::sync::OnceLock;
+
+/// Largest frame (header included) [`ServerFramePolicy`] ever buffers.
+const MAX_BUFFERED_FRAME: usize = HEADER_LEN + 2 * KEY_LEN + MAX_PACKET_SIZE;
+
+/// A tiny deterministic generator for chunk sizes and break decisions.
+struct XorShift(u32);
+
+impl XorShift {
+    fn next(&mut self) -> u32 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() as usize) % n.max(1)
+    }
+}
+
+type Frames = Vec<(u8, Vec<u8>)>;
+
+/// Checks one delivered frame: it parses (the policy admitted it), and frames
+/// with a canonical encoding re-encode to exactly the delivered bytes.
+fn check_delivered(ty: u8, payload: &[u8]) {
+    let parsed = parse_client_frame(ty, payload)
+        .unwrap_or_else(|e| panic!("admitted frame failed to parse: {e}"));
+    let mut again = Vec::new();
+    match parsed {
+        ClientFrame::SendPacket { dst, packet } => frame::put_send_packet(&mut again, &dst, packet),
+        ClientFrame::ForwardPacket { src, dst, packet } => {
+            frame::put_forward_packet(&mut again, &src, &dst, packet)
+        }
+        ClientFrame::ClosePeer(k) => frame::put_close_peer(&mut again, &k),
+        ClientFrame::WatchConns => frame::put_watch_conns(&mut again),
+        ClientFrame::NotePreferred(p) if payload[0] <= 1 => {
+            frame::put_note_preferred(&mut again, p)
+        }
+        ClientFrame::Ping(d) if payload.len() == 8 => frame::put_ping(&mut again, &d),
+        _ => return,
+    }
+    assert_eq!(again[0], ty);
+    assert_eq!(&again[HEADER_LEN..], payload);
+}
+
+/// Feeds `stream` in one call with no pauses: the reference result.
+fn reference(stream: &[u8], policy: &ServerFramePolicy) -> (Frames, Option<FrameError>) {
+    let mut frames = Vec::new();
+    let mut d = Deframer::new();
+    let r = d.feed(stream, policy, |ty, p| {
+        frames.push((ty, p.to_vec()));
+        ControlFlow::Continue(())
+    });
+    match r {
+        Ok(fed) => {
+            assert_eq!(fed, Fed::Drained);
+            assert!(d.buffered_len() < MAX_BUFFERED_FRAME);
+            (frames, None)
+        }
+        Err(e) => (frames, Some(e)),
+    }
+}
+
+/// Splits the stream (`data[1..]`) into frames under [`ServerFramePolicy`].
+///
+/// `data[0]` chooses: bit 0 mesh on/off; bits 1–2 the chunking (single
+/// bytes, up to 16, up to 4 096, up to the whole stream); bits 3–4 how often
+/// the callback breaks (never, 1 in 8, 1 in 2, always); it also seeds the
+/// generator. The frames delivered, and the error if any, must equal a
+/// single uninterrupted feed of the whole stream.
+pub fn deframer(data: &[u8]) {
+    let Some((&ctl, stream)) = data.split_first() else {
+        return;
+    };
+    let policy = ServerFramePolicy { mesh: ctl & 1 != 0 };
+    let (want_frames, want_err) = reference(stream, &policy);
+
+    let mut rng = XorShift(0x9e37_79b9 ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
+    let max_chunk = match (ctl >> 1) & 3 {
+        0 => 1,
+        1 => 16,
+        2 => 4096,
+        _ => stream.len().max(1),
+    };
+    let break_one_in = match (ctl >> 3) & 3 {
+        0 => 0,
+        1 => 8,
+        2 => 2,
+        _ => 1,
+    };
+
+    let mut got: Frames = Vec::new();
+    let mut d = Deframer::new();
+    let mut err = None;
+    let mut rest = stream;
+    let mut paused = false;
+    let mut brk = XorShift(rng.next() | 1);
+    let mut on_frame = |ty: u8, p: &[u8]| {
+        check_delivered(ty, p);
+        got.push((ty, p.to_vec()));
+        if break_one_in != 0 && brk.below(break_one_in) == 0 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    while err.is_none() {
+        // While paused, sometimes resume and sometimes feed more right away:
+        // held bytes must be processed first either way.
+        let result = if paused && rng.below(2) == 0 {
+            d.resume(&policy, &mut on_frame)
+        } else if rest.is_empty() {
+            if !paused {
+                break;
+            }
+            d.resume(&policy, &mut on_frame)
+        } else {
+            let n = 1 + rng.below(max_chunk.min(rest.len()));
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            d.feed(chunk, &policy, &mut on_frame)
+        };
+        match result {
+            Ok(Fed::Paused) => paused = true,
+            Ok(Fed::Drained) => {
+                paused = false;
+                assert!(d.buffered_len() < MAX_BUFFERED_FRAME);
+                if break_one_in == 0 {
+                    assert!(d.capacity() <= MAX_BUFFERED_FRAME.max(8));
+                }
+            }
+            Err(e) => err = Some(e),
+        }
+    }
+    if let Some(e) = &err {
+        // A poisoned deframer keeps failing the same way.
+        assert_eq!(
+            d.resume(&policy, |_, _| ControlFlow::Continue(())).as_ref(),
+            Err(e)
+        );
+        assert_eq!(d.buffered_len(), 0);
+    } else {
+        assert!(!paused);
+    }
+    assert_eq!(got, want_frames);
+    assert_eq!(err, want_err);
+    d.shrink_if_idle();
+}
+
+/// Parses an HTTP request head and checks that the head alone parses the
+/// same, that a truncated head is incomplete, and that responses built from
+/// its fields cannot be split by injected line breaks.
+pub fn http_request(data: &[u8]) {
+    match http::parse_request(data) {
+        Ok(Some(req)) => {
+            assert!(req.head_len <= data.len() && req.head_len <= http::MAX_HEAD);
+            assert_eq!(
+                http::parse_request(&data[..req.head_len]),
+                Ok(Some(req.clone()))
+            );
+            if req.head_len > 0 {
+                assert!(!matches!(
+                    http::parse_request(&data[..req.head_len - 1]),
+                    Ok(Some(_))
+                ));
+            }
+            let resp = http::generate_204(req.challenge.as_deref());
+            let echoed = req.challenge.as_deref().is_some_and(http::valid_challenge);
+            assert_eq!(
+                echoed,
+                resp.windows(b"X-Tailscale-Response".len())
+                    .any(|w| w == b"X-Tailscale-Response")
+            );
+            let host = req.host.as_deref().unwrap_or_default();
+            let resp = http::response(
+                404,
+                &req.method,
+                &[("X-Path", &req.path), ("X-Host", host)],
+                b"",
+            );
+            let blank_lines = resp.windows(4).filter(|w| w == b"\r\n\r\n").count();
+            assert_eq!(blank_lines, 1, "response head was split");
+        }
+        Ok(None) => assert!(data.len() < http::MAX_HEAD),
+        Err(_) => {}
+    }
+}
+
+struct Keys {
+    server: NodePrivate,
+    client: NodePublic,
+    client_to_server: SharedKey,
+}
+
+fn keys() -> &'static Keys {
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let server = NodePrivate::from_bytes(core::array::from_fn(|i| i as u8));
+        let client = NodePrivate::from_bytes(core::array::from_fn(|i| 0x20 + i as u8));
+        Keys {
+            client_to_server: SharedKey::new(&client, &server.public()),
+            client: client.public(),
+            server,
+        }
+    })
+}
+
+/// Decodes `data` as clientInfo JSON and as a raw clientInfo payload, and
+/// checks that sealing `data` in a real box and opening it on the server
+/// agrees with decoding it directly.
+pub fn client_info(data: &[u8]) {
+    let direct = ClientInfo::from_json(data);
+    if let Ok(info) = &direct {
+        let json = info.to_json();
+        assert_eq!(ClientInfo::from_json(&json).as_ref(), Ok(info));
+    }
+
+    let k = keys();
+    match handshake::open_client_info(&k.server, data) {
+        // Forging a box for a fixed key is infeasible for random input, but
+        // whatever opens must have come with a non-zero key.
+        Ok((who, _)) => assert!(!who.is_zero()),
+        Err(HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. }) => {
+            assert!(
+                data.len() < frame::MIN_CLIENT_INFO_LEN || data.len() > frame::MAX_CLIENT_INFO_LEN
+            )
+        }
+        Err(_) => {}
+    }
+
+    if KEY_LEN + crate::nacl::OVERHEAD + data.len() <= frame::MAX_CLIENT_INFO_LEN {
+        let mut payload = k.client.as_bytes().to_vec();
+        k.client_to_server
+            .seal_into(&mut payload, &[0x5a; 24], data);
+        match (handshake::open_client_info(&k.server, &payload), direct) {
+            (Ok((who, info)), Ok(want)) => {
+                assert_eq!(who, k.client);
+                assert_eq!(info, want);
+            }
+            (Err(HandshakeError::Json(_)), Err(HandshakeError::Json(_))) => {}
+            (sealed, direct) => panic!("sealed {sealed:?} vs direct {direct:?}"),
+        }
+    }
+}
+
+/// Parses `data` as a STUN binding request and response; an accepted
+/// request's answer must decode back to the same transaction and address,
+/// and a request built from `data`'s first 12 bytes must be accepted.
+pub fn stun(data: &[u8]) {
+    let addr = match data.len() {
+        n if n >= 18 && data[0] & 1 == 0 => {
+            let octets: [u8; 16] = core::array::from_fn(|i| data[i]);
+            SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::from(octets)),
+                u16::from_be_bytes([data[16], data[17]]),
+            )
+        }
+        n if n >= 6 => SocketAddr::new(
+            IpAddr::from([data[0], data[1], data[2], data[3]]),
+            u16::from_be_bytes([data[4], data[5]]),
+        ),
+        _ => "192.0.2.1:41641".parse().expect("literal address"),
+    };
+
+    if let Ok(txid) = stun::parse_binding_request(data) {
+        assert_eq!(&data[8..20], &txid);
+        let mut out = [0u8; stun::MAX_RESPONSE_LEN];
+        let n = stun::write_binding_response(&txid, addr, &mut out);
+        assert!(n == 32 || n == 44);
+        assert_eq!(
+            stun::parse_binding_response(&out[..n]),
+            Ok((txid, canonical_addr(addr)))
+        );
+    }
+    let _ = stun::parse_binding_response(data);
+
+    if let Some(head) = data.get(..12) {
+        let txid: [u8; 12] = head.try_into().expect("12 bytes");
+        assert_eq!(
+            stun::parse_binding_request(&stun::binding_request(&txid)),
+            Ok(txid)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smoke() {
+        for f in [deframer, http_request, client_info, stun] {
+            f(b"");
+            f(&[0]);
+            f(&[0xff; 100]);
+            f(b"GET /derp HTTP/1.1\r\nUpgrade: DERP\r\n\r\n");
+            f(br#"{"version":2,"CanAckPings":true}"#);
+        }
+    }
+}

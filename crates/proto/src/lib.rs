@@ -1,0 +1,41 @@
+//! The DERP wire protocol, without I/O.
+//!
+//! `ferry-proto` turns bytes into protocol values and back. It owns no sockets,
+//! reads no clocks and spawns nothing: the relay server, the client SDK and the
+//! test harness feed it bytes they have read and write out the bytes it
+//! produces. That keeps every rule of the protocol testable as a pure function.
+//!
+//! How data moves through the crate on a server connection:
+//!
+//! 1. [`http::parse_request`] reads the upgrade request head from the raw
+//!    stream and says how many bytes it consumed; everything after that belongs
+//!    to the DERP stream.
+//! 2. [`handshake`] builds the `serverKey` frame, opens the client's sealed
+//!    `clientInfo` and seals `serverInfo` (NaCl boxes from [`nacl`], keys from
+//!    [`key`]).
+//! 3. [`frame::Deframer`] splits the steady-state byte stream into frames,
+//!    consulting a [`frame::FramePolicy`] on every header so oversized or
+//!    forbidden frames are rejected before their payload is read and ignorable
+//!    frames are skipped without being buffered. [`frame::parse_client_frame`]
+//!    turns a delivered frame into a typed value.
+//! 4. The `frame::put_*` builders append outgoing frames to a caller-owned
+//!    `Vec<u8>`, so the hot path performs no allocation per frame.
+//!
+//! [`stun`] is the UDP STUN binding responder's codec, and [`fuzzing`] exposes
+//! the entry points the fuzz targets and the corpus-replay test drive.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod frame;
+pub mod fuzzing;
+pub mod handshake;
+pub mod http;
+pub mod key;
+pub mod nacl;
+pub mod stun;
+
+mod hex;
+mod json;
+#[cfg(test)]
+mod testutil;

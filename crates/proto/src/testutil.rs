@@ -1,0 +1,48 @@
+//! Shared helpers and the §17 test keys for unit tests.
+
+use crate::key::{NodePrivate, NodePublic};
+
+/// Decodes hex, ignoring whitespace and `|` separators as written in §17.
+pub(crate) fn unhex(s: &str) -> Vec<u8> {
+    let s: String = s
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '|')
+        .collect();
+    assert_eq!(s.len() & 1, 0, "odd hex length");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn private(hex: &str) -> NodePrivate {
+    format!("privkey:{hex}").parse().unwrap()
+}
+
+/// §17.1 server private key.
+pub(crate) fn server_private() -> NodePrivate {
+    private("0002030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f60")
+}
+
+/// §17.1 client private key.
+pub(crate) fn client_private() -> NodePrivate {
+    private("2022232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f40")
+}
+
+/// §17.1 server public key `S`.
+pub(crate) fn key_s() -> NodePublic {
+    NodePublic::from_hex("07a37cbc142093c8b755dc1b10e86cb426374ad16aa853ed0bdfc0b2b86d1c7c")
+        .unwrap()
+}
+
+/// §17.1 client public key `C`.
+pub(crate) fn key_c() -> NodePublic {
+    NodePublic::from_hex("5869aff450549732cbaaed5e5df9b30a6da31cb0e5742bad5ad4a1a768f1a67b")
+        .unwrap()
+}
+
+/// §17.1 peer public key `P`.
+pub(crate) fn key_p() -> NodePublic {
+    NodePublic::from_hex("64b101b1d0be5a8704bd078f9895001fc03e8e9f9522f188dd128d9846d48466")
+        .unwrap()
+}

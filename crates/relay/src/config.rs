@@ -1,0 +1,108 @@
+//! What a relay needs to know to run, fixed at start-up.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
+
+/// What the root page shows (derper's `--home`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HomePage {
+    /// A short page saying what this server is.
+    Default,
+    /// An empty page.
+    Blank,
+    /// A redirect to this URL.
+    Redirect(String),
+}
+
+/// What a listening socket serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// DERP and the HTTP endpoints around it; TLS when the relay has a TLS
+    /// configuration.
+    Derp,
+    /// The port-80 companion of a TLS listener: captive-portal checks and
+    /// redirects to HTTPS, never DERP.
+    Port80,
+}
+
+/// A socket to listen on.
+#[derive(Clone, Debug)]
+pub struct ListenerSpec {
+    /// Address (port 0 picks a free port).
+    pub addr: SocketAddr,
+    /// What it serves.
+    pub kind: ListenerKind,
+}
+
+/// The relay's settings.
+#[derive(Clone)]
+pub struct RelayConfig {
+    /// The server's node key (its DERP identity).
+    pub private_key: NodePrivate,
+    /// Its public half.
+    pub public_key: NodePublic,
+    /// Clients presenting this key are mesh peers.
+    pub mesh_key: Option<MeshKey>,
+    /// TLS for the DERP listener; plain HTTP when `None`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Serve `/derp` (derper's `--derp`).
+    pub derp_enabled: bool,
+    /// Cut off a client whose send has not finished in this long
+    /// (derper's `--tcp-write-timeout`); `None` disables.
+    pub write_timeout: Option<Duration>,
+    /// The same for mesh peers.
+    pub mesh_write_timeout: Duration,
+    /// Time allowed from accept to a registered DERP connection (TLS, HTTP
+    /// and DERP handshakes), and for a plain HTTP request to arrive.
+    pub handshake_timeout: Duration,
+    /// Interval between keepAlive frames (plus up to 5 s of jitter).
+    pub keepalive: Duration,
+    /// Bytes of data frames queued per client before new ones are dropped.
+    pub send_queue_bytes: usize,
+    /// Disco packets queued per client before new ones are dropped.
+    pub disco_queue_packets: usize,
+    /// Bytes per cross-shard packet ring.
+    pub ring_bytes: usize,
+    /// TCP keepalive idle time for client sockets (`None`: system default).
+    pub tcp_keepalive: Option<Duration>,
+    /// `TCP_USER_TIMEOUT` for client sockets (`None`: system default).
+    pub tcp_user_timeout: Option<Duration>,
+    /// Root page behaviour.
+    pub home: HomePage,
+    /// `restarting` frame sent on graceful shutdown: reconnect after this.
+    pub restart_reconnect_in: Duration,
+    /// … and keep trying for this long.
+    pub restart_try_for: Duration,
+    /// How long a graceful shutdown waits for queued frames to drain.
+    pub shutdown_grace: Duration,
+}
+
+impl RelayConfig {
+    /// Settings with derper's defaults for a server with this key.
+    pub fn new(private_key: NodePrivate) -> Self {
+        let public_key = private_key.public();
+        RelayConfig {
+            private_key,
+            public_key,
+            mesh_key: None,
+            tls: None,
+            derp_enabled: true,
+            write_timeout: Some(Duration::from_secs(2)),
+            mesh_write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            keepalive: Duration::from_secs(60),
+            send_queue_bytes: 1 << 20,
+            disco_queue_packets: 32,
+            ring_bytes: 4 << 20,
+            tcp_keepalive: Some(Duration::from_secs(600)),
+            tcp_user_timeout: Some(Duration::from_secs(15)),
+            home: HomePage::Default,
+            restart_reconnect_in: Duration::from_secs(1),
+            restart_try_for: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(2),
+        }
+    }
+}

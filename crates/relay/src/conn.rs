@@ -1,0 +1,233 @@
+//! One client connection as a shard sees it.
+//!
+//! A connection moves through phases: TLS handshake (if any), the HTTP
+//! request, the DERP handshake (waiting for clientInfo), and then either
+//! `Active` on the shard that owns its key or `Migrating` to that shard.
+//!
+//! Output is staged in three plaintext queues that are drained into one
+//! send buffer per flush, in this order: control frames (serverKey,
+//! serverInfo, pong, peerGone, keepAlive, peerPresent), disco packets, other
+//! packets. Control frames are never dropped and are bounded by what can
+//! cause them; disco and other packets have their own caps, so bulk data
+//! cannot crowd out NAT-traversal traffic.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
+
+use ferry_proto::frame::Deframer;
+use ferry_proto::key::NodePublic;
+
+use crate::config::ListenerKind;
+use crate::metrics::CloseReason;
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading the HTTP request head (after TLS, if any).
+    Http,
+    /// Upgraded; waiting for the clientInfo frame.
+    ClientInfo,
+    /// Handshake done; waiting to move to the shard that owns its key.
+    Migrating,
+    /// Registered and relaying.
+    Active,
+    /// A plain HTTP response is being written; the connection then closes.
+    Responding,
+}
+
+/// A packet record that could not enter a full cross-shard ring yet.
+pub struct Stalled {
+    /// Target shard.
+    pub shard: usize,
+    /// The record, ready to push.
+    pub record: Vec<u8>,
+}
+
+/// A client connection.
+pub struct Conn {
+    /// Distinguishes this connection from later ones in the same slot.
+    pub gen: u32,
+    /// The socket while it travels between shards (detached from a driver).
+    pub stream: Option<TcpStream>,
+    /// Remote address.
+    pub peer: SocketAddr,
+    /// What the listener that accepted it serves.
+    pub listener: ListenerKind,
+    /// TLS state, when the listener is TLS.
+    pub tls: Option<Box<rustls::ServerConnection>>,
+    /// Life phase.
+    pub phase: Phase,
+    /// The HTTP request head read so far.
+    pub head: Vec<u8>,
+    /// DERP frames read so far.
+    pub deframer: Deframer,
+    /// Raw bytes received while input was paused.
+    pub stash: Vec<u8>,
+    /// Input is paused (ring full, migrating).
+    pub paused: bool,
+    /// A record waiting for space in a cross-shard ring.
+    pub stalled: Option<Stalled>,
+
+    /// Client key (valid from the end of the handshake).
+    pub key: NodePublic,
+    /// Presented the mesh key.
+    pub mesh: bool,
+    /// Said it is a prober.
+    pub prober: bool,
+    /// The upgrade request carried an `Ideal-Node` header.
+    pub not_ideal: bool,
+    /// The client calls this server home.
+    pub preferred: bool,
+    /// Subscribed to connection changes (watchConns).
+    pub watcher: bool,
+    /// Member of a key with several connections.
+    pub dup: bool,
+    /// Activity sequence number for the duplicate policy.
+    pub last_active: u64,
+    /// When the connection was accepted.
+    pub accepted_at: Instant,
+    /// When it registered.
+    pub registered_at: Instant,
+    /// Handshake must finish by then (phases before `Active`).
+    pub deadline: Instant,
+    /// Next keepAlive is due then.
+    pub next_keepalive: Instant,
+
+    /// Control frames to write.
+    pub ctrl: Vec<u8>,
+    /// Disco packets to write, as recvPacket frames.
+    pub disco: Vec<u8>,
+    /// How many.
+    pub disco_n: u32,
+    /// Other packets to write, as recvPacket frames.
+    pub data: Vec<u8>,
+    /// How many.
+    pub data_n: u32,
+    /// The send buffer when no send is in flight.
+    pub spare: Vec<u8>,
+    /// A send is in flight since then.
+    pub in_flight: Option<Instant>,
+    /// On the shard's list of connections to flush.
+    pub dirty: bool,
+    /// A pong is queued and not yet flushed (further pings are ignored).
+    pub pong_pending: bool,
+    /// Close once everything queued is written.
+    pub close_after_flush: Option<CloseReason>,
+    /// Closed; waiting for the driver to let go of the socket.
+    pub closing: Option<CloseReason>,
+
+    /// Tokens for peerGone(NotHere) notices (1/s, burst 3).
+    pub not_here_tokens: f32,
+    /// When the tokens were last refilled.
+    pub not_here_at: Instant,
+    /// The last source this connection received from (skips the set lookup).
+    pub last_src: Option<NodePublic>,
+    /// Every source this connection received from, for peerGone.
+    pub recv_from: HashSet<NodePublic>,
+}
+
+/// Burst of peerGone(NotHere) notices per connection.
+pub const NOT_HERE_BURST: f32 = 3.0;
+
+impl Conn {
+    /// A freshly accepted connection.
+    pub fn new(
+        gen: u32,
+        peer: SocketAddr,
+        listener: ListenerKind,
+        now: Instant,
+        deadline: Instant,
+    ) -> Self {
+        Conn {
+            gen,
+            stream: None,
+            peer,
+            listener,
+            tls: None,
+            phase: Phase::Http,
+            head: Vec::new(),
+            deframer: Deframer::new(),
+            stash: Vec::new(),
+            paused: false,
+            stalled: None,
+            key: NodePublic::from_bytes([0; 32]),
+            mesh: false,
+            prober: false,
+            not_ideal: false,
+            preferred: false,
+            watcher: false,
+            dup: false,
+            last_active: 0,
+            accepted_at: now,
+            registered_at: now,
+            deadline,
+            next_keepalive: deadline,
+            ctrl: Vec::new(),
+            disco: Vec::new(),
+            disco_n: 0,
+            data: Vec::new(),
+            data_n: 0,
+            spare: Vec::new(),
+            in_flight: None,
+            dirty: false,
+            pong_pending: false,
+            close_after_flush: None,
+            closing: None,
+            not_here_tokens: NOT_HERE_BURST,
+            not_here_at: now,
+            last_src: None,
+            recv_from: HashSet::new(),
+        }
+    }
+
+    /// Whether anything waits to be written.
+    pub fn has_output(&self) -> bool {
+        !self.ctrl.is_empty()
+            || !self.disco.is_empty()
+            || !self.data.is_empty()
+            || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
+
+    /// Bytes of queued plaintext.
+    pub fn queued_bytes(&self) -> usize {
+        self.ctrl.len() + self.disco.len() + self.data.len()
+    }
+
+    /// Takes one peerGone(NotHere) token if available.
+    pub fn take_not_here_token(&mut self, now: Instant) -> bool {
+        let elapsed = now
+            .saturating_duration_since(self.not_here_at)
+            .as_secs_f32();
+        self.not_here_at = now;
+        self.not_here_tokens = (self.not_here_tokens + elapsed).min(NOT_HERE_BURST);
+        if self.not_here_tokens >= 1.0 {
+            self.not_here_tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The flags byte of peerPresent for this connection.
+    pub fn presence_flags(&self) -> u8 {
+        use ferry_proto::frame::{
+            PEER_PRESENT_IS_MESH_PEER, PEER_PRESENT_IS_PROBER, PEER_PRESENT_IS_REGULAR,
+            PEER_PRESENT_NOT_IDEAL,
+        };
+        let mut flags = 0;
+        if self.mesh {
+            flags |= PEER_PRESENT_IS_MESH_PEER;
+        }
+        if self.prober {
+            flags |= PEER_PRESENT_IS_PROBER;
+        }
+        if self.not_ideal {
+            flags |= PEER_PRESENT_NOT_IDEAL;
+        }
+        if flags == 0 {
+            flags = PEER_PRESENT_IS_REGULAR;
+        }
+        flags
+    }
+}

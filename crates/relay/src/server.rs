@@ -1,0 +1,386 @@
+//! Starting and stopping a relay: listeners, shard threads, STUN, metrics.
+//!
+//! [`Server::start`] binds every listener once per shard with
+//! `SO_REUSEPORT` (so the kernel spreads new connections and no shard's
+//! accept can hold up another's), builds the rings between every pair of
+//! shards, and starts one pinned thread per shard. Each thread creates its
+//! own driver (an io_uring ring must be created on the thread that drives
+//! it) and reports its waker; once all have, the doorbells are published
+//! and the shards start. STUN and the optional metrics listener get a
+//! thread each: they are low-rate and must not share a loop with relaying.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferry_engine::mailbox::{byte_ring, msg_ring, Doorbell};
+use ferry_engine::{run_shard, Driver, EpollDriver};
+
+use crate::config::{ListenerSpec, RelayConfig};
+use crate::metrics::Metrics;
+use crate::shard::{Rings, Shard, Shared, MSG_RING};
+
+/// Everything needed to start a relay.
+#[derive(Clone)]
+pub struct ServerOptions {
+    /// Relay settings.
+    pub config: RelayConfig,
+    /// Sockets to listen on.
+    pub listeners: Vec<ListenerSpec>,
+    /// Number of shard threads.
+    pub workers: usize,
+    /// Pin shard `i` to the `i`-th CPU this process may use.
+    pub pin: bool,
+    /// UDP address for STUN, if any.
+    pub stun: Option<SocketAddr>,
+    /// Extra address serving only `/metrics`, if any.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Why a relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listening socket could not be set up.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The STUN socket could not be bound.
+    #[error("cannot bind STUN on {addr}: {source}")]
+    Stun {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A shard thread could not start.
+    #[error("cannot start shard {shard}: {source}")]
+    Shard {
+        /// Which shard.
+        shard: usize,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// A running relay.
+pub struct Server {
+    shared: Arc<Shared>,
+    shards: Vec<JoinHandle<io::Result<()>>>,
+    aux: Vec<JoinHandle<()>>,
+    aux_stop: Arc<AtomicBool>,
+    /// Bound address of each listener, in the order given.
+    pub listen_addrs: Vec<SocketAddr>,
+    /// Bound STUN address.
+    pub stun_addr: Option<SocketAddr>,
+    /// Bound metrics address.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // `[::]` serves IPv4 too, like Go's ":port".
+        sock.set_only_v6(false)?;
+    }
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(4096)?;
+    Ok(sock.into())
+}
+
+impl Server {
+    /// Binds, spawns and starts the relay.
+    pub fn start(opts: ServerOptions) -> Result<Server, StartError> {
+        let n = opts.workers.max(1);
+        let cpus = ferry_sys::available_cpus();
+
+        // One listener per shard per spec, all on the same port.
+        let mut per_shard: Vec<Vec<TcpListener>> = (0..n).map(|_| Vec::new()).collect();
+        let mut listen_addrs = Vec::new();
+        for spec in &opts.listeners {
+            let mut addr = spec.addr;
+            for shard_listeners in per_shard.iter_mut() {
+                let l = bind_reuseport(addr).map_err(|source| StartError::Listen {
+                    addr: spec.addr,
+                    source,
+                })?;
+                addr = l.local_addr().map_err(|source| StartError::Listen {
+                    addr: spec.addr,
+                    source,
+                })?;
+                shard_listeners.push(l);
+            }
+            listen_addrs.push(addr);
+        }
+
+        let metrics = Metrics::new(
+            n,
+            "epoll",
+            "the io_uring back end is not built yet; epoll via mio".into(),
+        );
+        let shared = Arc::new(Shared {
+            config: Arc::new(opts.config.clone()),
+            metrics: metrics.clone(),
+            doorbells: OnceLock::new(),
+            hasher: std::hash::RandomState::new(),
+            shutdown: AtomicBool::new(false),
+            listener_kinds: opts.listeners.iter().map(|l| l.kind).collect(),
+        });
+
+        let mut rings: Vec<Rings> = (0..n)
+            .map(|_| Rings {
+                bytes_tx: (0..n).map(|_| None).collect(),
+                bytes_rx: (0..n).map(|_| None).collect(),
+                msg_tx: (0..n).map(|_| None).collect(),
+                msg_rx: (0..n).map(|_| None).collect(),
+            })
+            .collect();
+        for a in 0..n {
+            for b in 0..n {
+                if a == b {
+                    continue;
+                }
+                let (btx, brx) = byte_ring(opts.config.ring_bytes);
+                let (mtx, mrx) = msg_ring(MSG_RING);
+                rings[a].bytes_tx[b] = Some(btx);
+                rings[a].msg_tx[b] = Some(mtx);
+                rings[b].bytes_rx[a] = Some(brx);
+                rings[b].msg_rx[a] = Some(mrx);
+            }
+        }
+
+        let (ready_tx, ready_rx) =
+            mpsc::channel::<(usize, io::Result<Arc<dyn Fn() + Send + Sync>>)>();
+        let mut go = Vec::new();
+        let mut shards = Vec::new();
+        for (id, (listeners, rings)) in per_shard.into_iter().zip(rings).enumerate() {
+            let (go_tx, go_rx) = mpsc::channel::<bool>();
+            go.push(go_tx);
+            let shared = shared.clone();
+            let ready_tx = ready_tx.clone();
+            let cpu = if opts.pin {
+                cpus.get(id % cpus.len().max(1)).copied()
+            } else {
+                None
+            };
+            let handle =
+                ferry_engine::runtime::spawn_pinned(format!("ferry-shard-{id}"), cpu, move || {
+                    let mut driver = match EpollDriver::new() {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let _ = ready_tx.send((id, Err(e)));
+                            return Ok(());
+                        }
+                    };
+                    for l in listeners {
+                        if let Err(e) = driver.add_listener(l) {
+                            let _ = ready_tx.send((id, Err(e)));
+                            return Ok(());
+                        }
+                    }
+                    let _ = ready_tx.send((id, Ok(driver.waker())));
+                    if !go_rx.recv().unwrap_or(false) {
+                        return Ok(());
+                    }
+                    let bell = shared.doorbells.get().expect("doorbells published")[id].clone();
+                    let mut shard = Shard::new(id, n, shared, rings);
+                    let result = run_shard(&mut driver, &bell, &mut shard);
+                    if let Err(e) = &result {
+                        tracing::error!(shard = id, error = %e, "shard stopped on an I/O error");
+                    }
+                    result
+                })
+                .map_err(|source| StartError::Shard { shard: id, source })?;
+            shards.push(handle);
+        }
+        drop(ready_tx);
+
+        let mut wakers: Vec<Option<Arc<dyn Fn() + Send + Sync>>> = (0..n).map(|_| None).collect();
+        let mut failure = None;
+        for _ in 0..n {
+            match ready_rx.recv() {
+                Ok((id, Ok(w))) => wakers[id] = Some(w),
+                Ok((id, Err(source))) => failure = Some(StartError::Shard { shard: id, source }),
+                Err(_) => {
+                    failure.get_or_insert(StartError::Shard {
+                        shard: 0,
+                        source: io::Error::other("a shard thread exited during start-up"),
+                    });
+                    break;
+                }
+            }
+        }
+        if let Some(err) = failure {
+            for g in &go {
+                let _ = g.send(false);
+            }
+            for h in shards {
+                let _ = h.join();
+            }
+            return Err(err);
+        }
+        let bells: Vec<Arc<Doorbell>> = wakers
+            .into_iter()
+            .map(|w| Doorbell::new(w.expect("every shard reported")))
+            .collect();
+        let _ = shared.doorbells.set(bells);
+        for g in &go {
+            let _ = g.send(true);
+        }
+
+        let aux_stop = Arc::new(AtomicBool::new(false));
+        let mut aux = Vec::new();
+        let mut stun_addr = None;
+        if let Some(addr) = opts.stun {
+            let sock = UdpSocket::bind(addr).map_err(|source| StartError::Stun { addr, source })?;
+            stun_addr = sock.local_addr().ok();
+            let (metrics, stop) = (metrics.clone(), aux_stop.clone());
+            aux.push(
+                std::thread::Builder::new()
+                    .name("ferry-stun".into())
+                    .spawn(move || crate::stun::serve(sock, &metrics.stun, &stop))
+                    .map_err(|source| StartError::Stun { addr, source })?,
+            );
+        }
+        let mut metrics_addr = None;
+        if let Some(addr) = opts.metrics_addr {
+            let l =
+                TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;
+            metrics_addr = l.local_addr().ok();
+            let (metrics, stop) = (metrics.clone(), aux_stop.clone());
+            aux.push(
+                std::thread::Builder::new()
+                    .name("ferry-metrics".into())
+                    .spawn(move || serve_metrics(l, metrics, &stop))
+                    .map_err(|source| StartError::Listen { addr, source })?,
+            );
+        }
+
+        Ok(Server {
+            shared,
+            shards,
+            aux,
+            aux_stop,
+            listen_addrs,
+            stun_addr,
+            metrics_addr,
+        })
+    }
+
+    /// The relay's counters.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Starts a graceful shutdown: every client gets a `restarting` frame,
+    /// queued frames drain (up to the grace period), sockets close.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        if let Some(bells) = self.shared.doorbells.get() {
+            for b in bells {
+                b.ring();
+            }
+        }
+    }
+
+    /// Waits for the shards to finish (after [`Server::shutdown`]) and stops
+    /// the helper threads.
+    pub fn wait(self) -> io::Result<()> {
+        let mut result = Ok(());
+        for h in self.shards {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(_) => result = Err(io::Error::other("a shard thread panicked")),
+            }
+        }
+        self.aux_stop.store(true, Ordering::SeqCst);
+        for h in self.aux {
+            let _ = h.join();
+        }
+        result
+    }
+}
+
+/// Concurrent metrics requests served at once; more are turned away.
+const METRICS_CONCURRENCY: usize = 8;
+
+fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, stop: &AtomicBool) {
+    let _ = listener.set_nonblocking(true);
+    let busy = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                if busy.fetch_add(1, Ordering::SeqCst) >= METRICS_CONCURRENCY {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    continue; // dropped: closed
+                }
+                let (metrics, busy) = (metrics.clone(), busy.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("ferry-metrics-conn".into())
+                    .spawn(move || {
+                        let _ = answer_metrics(&mut stream, &metrics);
+                        busy.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    tracing::warn!("could not start a metrics request thread");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 2048];
+    let req = loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        match ferry_proto::http::parse_request(&head) {
+            Ok(Some(req)) => break req,
+            Ok(None) if head.len() < 16 * 1024 => continue,
+            _ => {
+                stream.write_all(&ferry_proto::http::response(
+                    400,
+                    "Bad Request",
+                    &[],
+                    b"bad request\n",
+                ))?;
+                return Ok(());
+            }
+        }
+    };
+    let resp = match req.path.as_str() {
+        "/metrics" | "/debug/varz" => ferry_proto::http::response(
+            200,
+            "OK",
+            &[("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+            metrics.render().as_bytes(),
+        ),
+        _ => ferry_proto::http::response(404, "Not Found", &[], b"try /metrics\n"),
+    };
+    stream.write_all(&resp)
+}

@@ -1,0 +1,1834 @@
+//! The DERP shard: one thread's connections, routing and timers.
+//!
+//! # Who owns a key
+//!
+//! Every client key has one owner shard, `hash(key) % shards`, with a hash
+//! seeded randomly at start-up so clients cannot aim at one shard. A
+//! connection is accepted by whichever shard the kernel's `SO_REUSEPORT`
+//! picks, runs its TLS, HTTP and DERP handshakes there, and as soon as its
+//! key is known moves (socket, TLS state, buffered bytes and all) to the
+//! owner shard, where it registers. So all connections of one key live on
+//! one shard: the duplicate-connection policy and the per-key tables are
+//! local, and routing a packet needs no shared table — the sender's shard
+//! computes the destination's owner and either delivers locally or copies
+//! the packet into the byte ring to that shard.
+//!
+//! # One packet
+//!
+//! `Received` bytes go through TLS (if any) into the connection's deframer,
+//! which hands out whole frames, in place when they lie whole in the read
+//! buffer. A `sendPacket` to a local key becomes a `recvPacket` frame
+//! appended to the destination's queue; to a remote key, a record in the
+//! ring to its owner, read there in place and appended the same way. After
+//! the turn, every connection with queued output gets one send.
+//!
+//! # Bounded everything
+//!
+//! Client queues have byte and packet caps (drops are counted with derper's
+//! reasons); a full cross-shard ring pauses the sending connection until
+//! the ring drains (its socket stops being read, so TCP pushes back); a
+//! client that does not read for the write timeout is cut off; a
+//! connection that has not finished its handshake by its deadline is
+//! closed. None of it waits on another connection.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferry_engine::mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
+use ferry_engine::{Completion, Driver, Handler, Slot};
+use ferry_proto::frame::{self, ClientFrame, PeerGoneReason, ServerFramePolicy};
+use ferry_proto::handshake::{self, HandshakeError, ServerInfo};
+use ferry_proto::key::NodePublic;
+use ferry_proto::{http, nacl};
+use slab::Slab;
+
+use crate::config::{ListenerKind, RelayConfig};
+use crate::conn::{Conn, Phase, Stalled};
+use crate::front::{self, Answer};
+use crate::metrics::{
+    CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
+};
+
+/// How often deadlines, keepalives and write timeouts are checked.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+/// How long a shard with paused senders waits before retrying its rings.
+const STALL_RETRY: Duration = Duration::from_millis(1);
+/// Largest HTTP request head accepted.
+const MAX_HEAD: usize = 16 * 1024;
+/// Bytes of plaintext pulled from TLS at a time.
+const PLAIN_CHUNK: usize = 64 * 1024;
+/// Jitter added to the keepalive interval, chosen once per connection.
+const KEEPALIVE_JITTER_MS: u64 = 5_000;
+/// Send buffers larger than this are released when a connection goes idle.
+const IDLE_BUFFER_KEEP: usize = 64 * 1024;
+/// How long a connection being closed for a protocol violation may take to
+/// receive what was queued for it.
+const FINISH_GRACE: Duration = Duration::from_secs(2);
+/// Messages per cross-shard control ring.
+pub const MSG_RING: usize = 4096;
+
+/// Bytes in front of a packet in a cross-shard record.
+const RECORD_HEADER: usize = 1 + 32 + 32 + 4 + 4;
+const RECORD_SEND: u8 = 0;
+const RECORD_FORWARD: u8 = 1;
+
+/// A reference to a connection on some shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnRef {
+    /// Shard id.
+    pub shard: usize,
+    /// Slot on that shard.
+    pub slot: Slot,
+    /// Generation of the connection in that slot.
+    pub gen: u32,
+}
+
+/// A presence change for a watcher.
+#[derive(Clone, Copy, Debug)]
+pub enum WatchEvent {
+    /// A connection of `key` registered.
+    Present {
+        /// The key.
+        key: NodePublic,
+        /// Its remote address.
+        addr: SocketAddr,
+        /// peerPresent flags.
+        flags: u8,
+    },
+    /// The last connection of `key` left.
+    Gone(NodePublic),
+}
+
+/// Control messages between shards.
+pub enum Mail {
+    /// A connection whose handshake finished elsewhere; register it here.
+    Migrate(Box<Conn>),
+    /// A disco packet from this connection had an unknown destination.
+    NotHere {
+        /// The sending connection.
+        to: ConnRef,
+        /// The unknown destination.
+        dst: NodePublic,
+    },
+    /// The last connection of a key left the server.
+    KeyGone(NodePublic),
+    /// Subscribe a watcher to this shard's connections.
+    AddWatcher(ConnRef),
+    /// Unsubscribe a watcher.
+    RemoveWatcher(ConnRef),
+    /// Deliver a presence change to a watcher on this shard.
+    Watch(ConnRef, WatchEvent),
+    /// Close every connection of this key (closePeer from a mesh peer).
+    ClosePeer(NodePublic),
+}
+
+/// What all shards share, read-only.
+pub struct Shared {
+    /// Settings.
+    pub config: Arc<RelayConfig>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// One per shard; filled once every shard's driver exists.
+    pub doorbells: OnceLock<Vec<Arc<Doorbell>>>,
+    /// Key-to-shard hash, seeded randomly.
+    pub hasher: RandomState,
+    /// Set to start a graceful shutdown.
+    pub shutdown: AtomicBool,
+    /// What each listener index serves (same order on every shard).
+    pub listener_kinds: Vec<ListenerKind>,
+}
+
+impl Shared {
+    /// The shard that owns `key`.
+    pub fn owner_of(&self, key: &NodePublic, shards: usize) -> usize {
+        if shards == 1 {
+            0
+        } else {
+            (self.hasher.hash_one(key.as_bytes()) % shards as u64) as usize
+        }
+    }
+}
+
+/// The rings of one shard: to (`tx`) and from (`rx`) every other shard,
+/// indexed by shard id (`None` at its own index).
+pub struct Rings {
+    /// Packet records to each shard.
+    pub bytes_tx: Vec<Option<ByteTx>>,
+    /// Packet records from each shard.
+    pub bytes_rx: Vec<Option<ByteRx>>,
+    /// Control messages to each shard.
+    pub msg_tx: Vec<Option<MsgTx<Mail>>>,
+    /// Control messages from each shard.
+    pub msg_rx: Vec<Option<MsgRx<Mail>>>,
+}
+
+#[derive(Default)]
+struct KeyEntry {
+    conns: Vec<Slot>,
+    active: Option<Slot>,
+}
+
+enum Op {
+    Attach(Slot, TcpStream),
+    SetRecv(Slot, bool),
+}
+
+/// Log lines per second per shard about misbehaving clients, beyond which
+/// they are counted but not printed.
+const LOG_BURST: u32 = 20;
+
+struct LogLimiter {
+    window: Instant,
+    lines: u32,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    fn allow(&mut self, now: Instant) -> bool {
+        if now.duration_since(self.window) >= Duration::from_secs(1) {
+            if self.suppressed > 0 {
+                tracing::info!(
+                    suppressed = self.suppressed,
+                    "connection log lines suppressed in the last second"
+                );
+            }
+            self.window = now;
+            self.lines = 0;
+            self.suppressed = 0;
+        }
+        self.lines += 1;
+        if self.lines > LOG_BURST {
+            self.suppressed += 1;
+            false
+        } else {
+            true
+        }
+    }
+}
+
+/// One shard's state; implements the engine's [`Handler`].
+pub struct Shard {
+    id: usize,
+    shards: usize,
+    shared: Arc<Shared>,
+    conns: Slab<Conn>,
+    next_gen: u32,
+    keys: HashMap<NodePublic, KeyEntry>,
+    /// Local connections that received from a key, for peerGone.
+    receivers: HashMap<NodePublic, Vec<(Slot, u32)>>,
+    watchers: Vec<ConnRef>,
+    rings: Rings,
+    notify: Vec<bool>,
+    ops: Vec<Op>,
+    dirty: Vec<Slot>,
+    closing: Vec<Slot>,
+    migrating: Vec<Slot>,
+    stalled: Vec<Slot>,
+    plain: Box<[u8]>,
+    record: Vec<u8>,
+    mail_batch: Vec<Mail>,
+    activity: u64,
+    now: Instant,
+    next_sweep: Instant,
+    turn_started: Option<Instant>,
+    draining: Option<Instant>,
+    done: bool,
+    log: LogLimiter,
+}
+
+macro_rules! conn_log {
+    ($shard:expr, $lvl:ident, $($arg:tt)*) => {
+        if $shard.log.allow($shard.now) {
+            tracing::$lvl!($($arg)*);
+        }
+    };
+}
+
+impl Shard {
+    /// A shard with its id, the shared state and its rings.
+    pub fn new(id: usize, shards: usize, shared: Arc<Shared>, rings: Rings) -> Self {
+        let now = Instant::now();
+        Shard {
+            id,
+            shards,
+            shared,
+            conns: Slab::new(),
+            next_gen: 0,
+            keys: HashMap::new(),
+            receivers: HashMap::new(),
+            watchers: Vec::new(),
+            rings,
+            notify: vec![false; shards],
+            ops: Vec::new(),
+            dirty: Vec::new(),
+            closing: Vec::new(),
+            migrating: Vec::new(),
+            stalled: Vec::new(),
+            plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
+            record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
+            mail_batch: Vec::new(),
+            activity: 0,
+            now,
+            next_sweep: now + SWEEP_EVERY,
+            turn_started: None,
+            draining: None,
+            done: false,
+            log: LogLimiter {
+                window: now,
+                lines: 0,
+                suppressed: 0,
+            },
+        }
+    }
+
+    fn m(&self) -> &ShardMetrics {
+        &self.shared.metrics.shards[self.id]
+    }
+
+    fn cfg(&self) -> &RelayConfig {
+        &self.shared.config
+    }
+
+    fn conn_ref(&self, slot: Slot) -> ConnRef {
+        ConnRef {
+            shard: self.id,
+            slot,
+            gen: self.conns[slot].gen,
+        }
+    }
+
+    fn live(&self, r: ConnRef) -> Option<Slot> {
+        match self.conns.get(r.slot) {
+            Some(c) if c.gen == r.gen && c.closing.is_none() => Some(r.slot),
+            _ => None,
+        }
+    }
+
+    fn mark_dirty(&mut self, slot: Slot) {
+        let c = &mut self.conns[slot];
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+
+    fn mail(&mut self, shard: usize, mail: Mail) {
+        if let Some(tx) = self.rings.msg_tx[shard].as_mut() {
+            tx.send(mail);
+            self.notify[shard] = true;
+        }
+    }
+
+    // ----- accepting and closing -----
+
+    fn accept(&mut self, listener: usize, stream: TcpStream, peer: SocketAddr) {
+        let m = self.m();
+        m.tcp_accepts.inc();
+        if self.draining.is_some() {
+            return; // dropping the stream closes it
+        }
+        let sock = socket2::SockRef::from(&stream);
+        let _ = sock.set_nodelay(true);
+        if let Some(idle) = self.cfg().tcp_keepalive {
+            let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(idle));
+        }
+        if let Some(t) = self.cfg().tcp_user_timeout {
+            let _ = sock.set_tcp_user_timeout(Some(t));
+        }
+        let kind = self
+            .shared
+            .listener_kinds
+            .get(listener)
+            .copied()
+            .unwrap_or(ListenerKind::Derp);
+        let deadline = self.now + self.cfg().handshake_timeout;
+        self.next_gen = self.next_gen.wrapping_add(1);
+        let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
+        if kind == ListenerKind::Derp {
+            if let Some(tls) = &self.shared.config.tls {
+                match rustls::ServerConnection::new(tls.clone()) {
+                    Ok(mut t) => {
+                        t.set_buffer_limit(None);
+                        conn.tls = Some(Box::new(t));
+                        self.m().tls_sockets.add(1);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "could not start TLS");
+                        return;
+                    }
+                }
+            }
+        }
+        self.m().open_sockets.add(1);
+        let slot = self.conns.insert(conn);
+        self.ops.push(Op::Attach(slot, stream));
+    }
+
+    /// Ends a connection now: it leaves every table at once, and its socket
+    /// is released after the turn.
+    fn close(&mut self, slot: Slot, reason: CloseReason) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        if conn.closing.is_some() {
+            return;
+        }
+        conn.closing = Some(reason);
+        let phase = conn.phase;
+        let (disco_n, data_n) = (conn.disco_n, conn.data_n);
+        let queued = conn.queued_bytes() as i64;
+        self.closing.push(slot);
+        let m = &self.shared.metrics.shards[self.id];
+        m.closes[reason as usize].inc();
+        m.queued_bytes.add(-queued);
+        m.packets_dropped[DropReason::GoneDisconnected as usize][PacketKind::Disco as usize]
+            .add(disco_n.into());
+        m.packets_dropped[DropReason::GoneDisconnected as usize][PacketKind::Other as usize]
+            .add(data_n.into());
+        if phase == Phase::Active {
+            self.unregister(slot);
+        }
+    }
+
+    /// Ends a connection after writing what is already queued for it (the
+    /// serverInfo a client waits for, say), as derper does when it hangs up
+    /// on a protocol violation. It stops being read and leaves the routing
+    /// tables at once; a client that does not take the bytes within
+    /// [`FINISH_GRACE`] is closed anyway.
+    fn finish(&mut self, slot: Slot, reason: CloseReason) {
+        let now = self.now;
+        let conn = &mut self.conns[slot];
+        if conn.closing.is_some() || conn.close_after_flush.is_some() {
+            return;
+        }
+        if !conn.has_output() && conn.in_flight.is_none() {
+            self.close(slot, reason);
+            return;
+        }
+        let was_active = conn.phase == Phase::Active;
+        conn.phase = Phase::Responding;
+        conn.close_after_flush = Some(reason);
+        conn.deadline = now + FINISH_GRACE;
+        conn.paused = true;
+        self.ops.push(Op::SetRecv(slot, false));
+        if was_active {
+            self.unregister(slot);
+        }
+        self.mark_dirty(slot);
+    }
+
+    /// Whether the connection is closed or on its way out.
+    fn ended(&self, slot: Slot) -> bool {
+        let conn = &self.conns[slot];
+        conn.closing.is_some() || conn.close_after_flush.is_some()
+    }
+
+    fn fail_handshake(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        detail: &dyn std::fmt::Display,
+    ) {
+        self.m().handshake_failures[why as usize].inc();
+        let peer = self.conns[slot].peer;
+        conn_log!(self, info, %peer, reason = why.label(), %detail, "handshake failed; closing connection");
+        self.close(slot, CloseReason::Handshake);
+    }
+
+    // ----- input -----
+
+    fn on_received(&mut self, slot: Slot, data: &[u8]) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        if conn.closing.is_some() {
+            return;
+        }
+        if conn.paused || !conn.stash.is_empty() {
+            conn.stash.extend_from_slice(data);
+            return;
+        }
+        self.ingest(slot, data);
+    }
+
+    /// Feeds raw socket bytes through TLS (if any) into the protocol.
+    /// Bytes not consumed because input paused are stashed.
+    fn ingest(&mut self, slot: Slot, data: &[u8]) {
+        let Some(mut tls) = self.conns[slot].tls.take() else {
+            // Without TLS, whatever is not consumed is kept by the phase
+            // that stopped (deframer or stash).
+            let _ = self.process_plain(slot, data);
+            return;
+        };
+        let mut rest = data;
+        let mut ok = true;
+        'feed: loop {
+            if !self.drain_tls(slot, &mut tls) {
+                break 'feed;
+            }
+            if rest.is_empty() {
+                break;
+            }
+            match tls.read_tls(&mut rest) {
+                Ok(_) => {}
+                Err(e) => {
+                    ok = false;
+                    self.tls_failed(slot, &e);
+                    break;
+                }
+            }
+            if let Err(e) = tls.process_new_packets() {
+                // Let rustls send its alert, then close.
+                ok = false;
+                let _ = tls.write_tls(&mut self.conns[slot].ctrl);
+                self.tls_failed(slot, &e);
+                break;
+            }
+        }
+        let conn = &mut self.conns[slot];
+        if ok && !rest.is_empty() && conn.closing.is_none() {
+            conn.stash.extend_from_slice(rest);
+        }
+        let wants_write = tls.wants_write();
+        conn.tls = Some(tls);
+        if wants_write {
+            self.mark_dirty(slot);
+        }
+    }
+
+    fn tls_failed(&mut self, slot: Slot, e: &dyn std::fmt::Display) {
+        if self.conns[slot].phase == Phase::Active {
+            let peer = self.conns[slot].peer;
+            conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
+            self.close(slot, CloseReason::IoError);
+        } else {
+            self.fail_handshake(slot, HandshakeFailure::Tls, e);
+        }
+    }
+
+    /// Moves decrypted bytes from TLS into the protocol. Returns `false`
+    /// when input paused or the connection closed.
+    fn drain_tls(&mut self, slot: Slot, tls: &mut rustls::ServerConnection) -> bool {
+        let mut plain = std::mem::take(&mut self.plain);
+        let mut go_on = true;
+        loop {
+            let conn = &self.conns[slot];
+            if conn.closing.is_some() || conn.paused {
+                go_on = false;
+                break;
+            }
+            match tls.reader().read(&mut plain) {
+                Ok(0) => {
+                    // close_notify: an orderly end.
+                    self.on_eof(slot);
+                    go_on = false;
+                    break;
+                }
+                Ok(n) => {
+                    if self.process_plain(slot, &plain[..n]).is_break() {
+                        go_on = false;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    self.tls_failed(slot, &e);
+                    go_on = false;
+                    break;
+                }
+            }
+        }
+        self.plain = plain;
+        go_on
+    }
+
+    /// Feeds decrypted bytes to the connection's current phase. Breaks when
+    /// input paused or the connection closed; unconsumed bytes are kept by
+    /// the connection (deframer or stash).
+    fn process_plain(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        match self.conns[slot].phase {
+            Phase::Http => self.read_head(slot, data),
+            Phase::ClientInfo | Phase::Active => self.deframe(slot, data),
+            Phase::Migrating => {
+                self.conns[slot].stash.extend_from_slice(data);
+                ControlFlow::Break(())
+            }
+            Phase::Responding => ControlFlow::Continue(()),
+        }
+    }
+
+    fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        let conn = &mut self.conns[slot];
+        conn.head.extend_from_slice(data);
+        let req = match http::parse_request(&conn.head) {
+            Ok(Some(req)) => req,
+            Ok(None) if conn.head.len() < MAX_HEAD => return ControlFlow::Continue(()),
+            Ok(None) | Err(http::HttpError::TooLarge { .. }) => {
+                self.reject_http(
+                    slot,
+                    HandshakeFailure::HttpTooLarge,
+                    431,
+                    "Request Header Fields Too Large",
+                );
+                return ControlFlow::Break(());
+            }
+            Err(e) => {
+                let detail = e.to_string();
+                self.m().handshake_failures[HandshakeFailure::HttpMalformed as usize].inc();
+                let peer = self.conns[slot].peer;
+                conn_log!(self, info, %peer, error = %detail, "malformed HTTP request");
+                self.respond(
+                    slot,
+                    http::response(400, "Bad Request", &[], b"bad request\n"),
+                );
+                return ControlFlow::Break(());
+            }
+        };
+        let head = std::mem::take(&mut conn.head);
+        let peer = conn.peer;
+        let kind = conn.listener;
+        match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
+            Answer::Respond(route, bytes) => {
+                self.m().http_requests[route as usize].inc();
+                self.respond(slot, bytes);
+                ControlFlow::Break(())
+            }
+            Answer::Upgrade { fast_start } => {
+                let m = self.m();
+                m.http_requests[crate::metrics::Route::Derp as usize].inc();
+                m.accepts.inc();
+                if fast_start {
+                    m.fast_starts.inc();
+                }
+                let public = self.cfg().public_key;
+                let deadline = self.now + self.cfg().handshake_timeout;
+                let conn = &mut self.conns[slot];
+                if !fast_start {
+                    conn.ctrl
+                        .extend_from_slice(&http::switching_protocols(&public));
+                }
+                conn.ctrl
+                    .extend_from_slice(&handshake::server_key_frame(&public));
+                conn.not_ideal = req.ideal_node.as_deref().is_some_and(|n| !n.is_empty());
+                conn.phase = Phase::ClientInfo;
+                conn.deadline = deadline;
+                self.mark_dirty(slot);
+                let rest = head.get(req.head_len..).unwrap_or_default();
+                if rest.is_empty() {
+                    ControlFlow::Continue(())
+                } else {
+                    self.deframe(slot, rest)
+                }
+            }
+        }
+    }
+
+    fn reject_http(&mut self, slot: Slot, why: HandshakeFailure, status: u16, reason: &str) {
+        self.m().handshake_failures[why as usize].inc();
+        let peer = self.conns[slot].peer;
+        conn_log!(self, info, %peer, reason = why.label(), "rejecting HTTP request");
+        self.respond(slot, http::response(status, reason, &[], b""));
+    }
+
+    fn respond(&mut self, slot: Slot, bytes: Vec<u8>) {
+        let conn = &mut self.conns[slot];
+        conn.ctrl.extend_from_slice(&bytes);
+        conn.phase = Phase::Responding;
+        conn.close_after_flush = Some(CloseReason::HttpDone);
+        self.mark_dirty(slot);
+    }
+
+    fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
+        let result = match self.conns[slot].phase {
+            Phase::ClientInfo => {
+                deframer.feed(data, &frame::ClientInfoFramePolicy, |ty, payload| {
+                    self.on_client_info(slot, ty, payload)
+                })
+            }
+            _ => {
+                let policy = ServerFramePolicy {
+                    mesh: self.conns[slot].mesh,
+                };
+                deframer.feed(data, &policy, |ty, payload| {
+                    self.on_frame(slot, ty, payload)
+                })
+            }
+        };
+        self.conns[slot].deframer = deframer;
+        if result == Ok(frame::Fed::Paused) && self.conns[slot].phase == Phase::Active {
+            // clientInfo registered the connection here: what followed it
+            // in the same read is held by the deframer and now read under
+            // the steady-state rules.
+            return self.resume_frames(slot);
+        }
+        self.after_deframe(slot, result)
+    }
+
+    /// Continues with frames the deframer holds (after a pause).
+    fn resume_frames(&mut self, slot: Slot) -> ControlFlow<()> {
+        let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
+        let policy = ServerFramePolicy {
+            mesh: self.conns[slot].mesh,
+        };
+        let result = deframer.resume(&policy, |ty, payload| self.on_frame(slot, ty, payload));
+        self.conns[slot].deframer = deframer;
+        self.after_deframe(slot, result)
+    }
+
+    fn after_deframe(
+        &mut self,
+        slot: Slot,
+        result: Result<frame::Fed, frame::FrameError>,
+    ) -> ControlFlow<()> {
+        match result {
+            Ok(frame::Fed::Drained) => {
+                if self.ended(slot) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            }
+            Ok(frame::Fed::Paused) => {
+                if self.conns[slot].phase == Phase::ClientInfo {
+                    // clientInfo was read; what follows waits for the
+                    // connection to register (here or on its owner shard).
+                }
+                ControlFlow::Break(())
+            }
+            Err(e) => {
+                let conn = &self.conns[slot];
+                let peer = conn.peer;
+                if !self.ended(slot) {
+                    if conn.phase == Phase::ClientInfo {
+                        self.fail_handshake(slot, HandshakeFailure::BadFirstFrame, &e);
+                    } else {
+                        let key = conn.key;
+                        conn_log!(self, info, %peer, client = %key, error = %e, "protocol violation; closing connection");
+                        self.finish(slot, CloseReason::FrameError);
+                    }
+                }
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    fn on_client_info(&mut self, slot: Slot, _ty: u8, payload: &[u8]) -> ControlFlow<()> {
+        let result = handshake::open_client_info(&self.shared.config.private_key, payload);
+        let (key, info) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let why = match &e {
+                    HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
+                    HandshakeError::Json(_) => HandshakeFailure::BadJson,
+                    HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. } => {
+                        HandshakeFailure::BadFirstFrame
+                    }
+                    _ => HandshakeFailure::BoxOpen,
+                };
+                self.fail_handshake(slot, why, &e);
+                return ControlFlow::Break(());
+            }
+        };
+        let mesh = match (&self.shared.config.mesh_key, &info.mesh_key) {
+            (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
+            _ => false,
+        };
+        let owner = self.shared.owner_of(&key, self.shards);
+        let conn = &mut self.conns[slot];
+        conn.key = key;
+        conn.mesh = mesh;
+        conn.prober = info.is_prober;
+        if owner == self.id {
+            conn.phase = Phase::Active;
+            self.register(slot);
+            // Stop here: the frames after clientInfo follow other rules.
+            ControlFlow::Break(())
+        } else {
+            // Frames after clientInfo stay in the deframer and travel along.
+            conn.phase = Phase::Migrating;
+            conn.paused = true;
+            self.ops.push(Op::SetRecv(slot, false));
+            self.migrating.push(slot);
+            ControlFlow::Break(())
+        }
+    }
+
+    // ----- registration -----
+
+    fn register(&mut self, slot: Slot) {
+        let now = self.now;
+        let cfg = self.shared.config.clone();
+        self.activity += 1;
+        let activity = self.activity;
+        let jitter = Duration::from_millis(rand::random::<u64>() % KEEPALIVE_JITTER_MS);
+        let conn = &mut self.conns[slot];
+        conn.phase = Phase::Active;
+        conn.registered_at = now;
+        conn.next_keepalive = now + cfg.keepalive + jitter;
+        conn.last_active = activity;
+        let key = conn.key;
+        let nonce = nacl::random_nonce();
+        let info = handshake::seal_server_info(
+            &cfg.private_key,
+            &key,
+            &ServerInfo {
+                version: 2,
+                ..Default::default()
+            },
+            &nonce,
+        );
+        conn.ctrl.extend_from_slice(&info);
+        let (addr, flags) = (conn.peer, conn.presence_flags());
+
+        let m = &self.shared.metrics.shards[self.id];
+        m.current_connections.add(1);
+        let entry = self.keys.entry(key).or_default();
+        match entry.conns.len() {
+            0 => {}
+            1 => {
+                m.total_dup_client_conns.inc();
+                m.current_dup_client_keys.add(1);
+                m.current_dup_client_conns.add(2);
+            }
+            _ => {
+                m.total_dup_client_conns.inc();
+                m.current_dup_client_conns.add(1);
+            }
+        }
+        entry.conns.push(slot);
+        entry.active = Some(slot);
+        if entry.conns.len() > 1 {
+            for &s in &entry.conns {
+                self.conns[s].dup = true;
+            }
+        }
+        self.mark_dirty(slot);
+        self.broadcast_watch(WatchEvent::Present { key, addr, flags });
+    }
+
+    fn unregister(&mut self, slot: Slot) {
+        let conn = &mut self.conns[slot];
+        let key = conn.key;
+        let (preferred, watcher) = (conn.preferred, conn.watcher);
+        let recv_from = std::mem::take(&mut conn.recv_from);
+        conn.last_src = None;
+        let metrics = self.shared.metrics.clone();
+        let m = &metrics.shards[self.id];
+        m.current_connections.add(-1);
+        if preferred {
+            m.current_home_connections.add(-1);
+        }
+        for src in recv_from {
+            if let Some(list) = self.receivers.get_mut(&src) {
+                list.retain(|&(s, _)| s != slot);
+                if list.is_empty() {
+                    self.receivers.remove(&src);
+                }
+            }
+        }
+        if watcher {
+            m.watchers.add(-1);
+            let me = self.conn_ref(slot);
+            for shard in 0..self.shards {
+                if shard == self.id {
+                    self.watchers.retain(|w| *w != me);
+                } else {
+                    self.mail(shard, Mail::RemoveWatcher(me));
+                }
+            }
+        }
+
+        let Some(entry) = self.keys.get_mut(&key) else {
+            return;
+        };
+        entry.conns.retain(|&s| s != slot);
+        match entry.conns.len() {
+            0 => {
+                self.keys.remove(&key);
+                self.broadcast_watch(WatchEvent::Gone(key));
+                for shard in 0..self.shards {
+                    if shard == self.id {
+                        self.key_gone(key);
+                    } else {
+                        self.mail(shard, Mail::KeyGone(key));
+                    }
+                }
+            }
+            1 => {
+                let last = entry.conns[0];
+                entry.active = Some(last);
+                self.conns[last].dup = false;
+                m.current_dup_client_keys.add(-1);
+                m.current_dup_client_conns.add(-2);
+            }
+            _ => {
+                m.current_dup_client_conns.add(-1);
+                if entry.active == Some(slot) {
+                    entry.active = entry
+                        .conns
+                        .iter()
+                        .copied()
+                        .max_by_key(|&s| self.conns[s].last_active);
+                }
+            }
+        }
+    }
+
+    /// Tells local receivers of `key` that it left.
+    fn key_gone(&mut self, key: NodePublic) {
+        let Some(list) = self.receivers.remove(&key) else {
+            return;
+        };
+        for (slot, gen) in list {
+            let Some(conn) = self.conns.get_mut(slot) else {
+                continue;
+            };
+            if conn.gen != gen || conn.closing.is_some() {
+                continue;
+            }
+            conn.recv_from.remove(&key);
+            if conn.last_src == Some(key) {
+                conn.last_src = None;
+            }
+            frame::put_peer_gone(&mut conn.ctrl, &key, PeerGoneReason::Disconnected);
+            self.shared.metrics.shards[self.id]
+                .peer_gone_disconnected_frames
+                .inc();
+            self.mark_dirty(slot);
+        }
+    }
+
+    fn broadcast_watch(&mut self, ev: WatchEvent) {
+        if self.watchers.is_empty() {
+            return;
+        }
+        let watchers = std::mem::take(&mut self.watchers);
+        for w in &watchers {
+            self.watch_event(*w, ev);
+        }
+        self.watchers = watchers;
+    }
+
+    fn watch_event(&mut self, w: ConnRef, ev: WatchEvent) {
+        if w.shard != self.id {
+            self.mail(w.shard, Mail::Watch(w, ev));
+            return;
+        }
+        let Some(slot) = self.live(w) else { return };
+        let conn = &mut self.conns[slot];
+        match ev {
+            WatchEvent::Present { key, addr, flags } => {
+                frame::put_peer_present(&mut conn.ctrl, &key, Some(addr), flags)
+            }
+            WatchEvent::Gone(key) => {
+                frame::put_peer_gone(&mut conn.ctrl, &key, PeerGoneReason::Disconnected)
+            }
+        }
+        self.mark_dirty(slot);
+    }
+
+    fn add_watcher(&mut self, w: ConnRef) {
+        if !self.watchers.contains(&w) {
+            self.watchers.push(w);
+        }
+        let present: Vec<WatchEvent> = self
+            .keys
+            .iter()
+            .filter_map(|(key, e)| e.active.map(|s| (key, s)))
+            .map(|(key, s)| {
+                let c = &self.conns[s];
+                WatchEvent::Present {
+                    key: *key,
+                    addr: c.peer,
+                    flags: c.presence_flags(),
+                }
+            })
+            .collect();
+        for ev in present {
+            self.watch_event(w, ev);
+        }
+    }
+
+    // ----- frames from an active client -----
+
+    fn on_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
+        if self.ended(slot) {
+            return ControlFlow::Break(());
+        }
+        let parsed = match frame::parse_client_frame(ty, payload) {
+            Ok(f) => f,
+            Err(e) => {
+                let peer = self.conns[slot].peer;
+                conn_log!(self, info, %peer, error = %e, "malformed frame; closing connection");
+                self.finish(slot, CloseReason::FrameError);
+                return ControlFlow::Break(());
+            }
+        };
+        if self.conns[slot].dup {
+            self.note_activity(slot);
+        }
+        let src = self.conns[slot].key;
+        match parsed {
+            ClientFrame::SendPacket { dst, packet } => {
+                let m = self.m();
+                m.packets_received.inc();
+                m.bytes_received.add(packet.len() as u64);
+                m.packets_received_kind[kind_of(packet) as usize].inc();
+                self.route(slot, RECORD_SEND, &src, &dst, packet)
+            }
+            ClientFrame::ForwardPacket { src, dst, packet } => {
+                self.m().packets_forwarded_in.inc();
+                self.route(slot, RECORD_FORWARD, &src, &dst, packet)
+            }
+            ClientFrame::NotePreferred(preferred) => {
+                let young = self.now.duration_since(self.conns[slot].registered_at)
+                    < Duration::from_secs(5);
+                let conn = &mut self.conns[slot];
+                if conn.preferred != preferred {
+                    conn.preferred = preferred;
+                    let m = &self.shared.metrics.shards[self.id];
+                    m.current_home_connections
+                        .add(if preferred { 1 } else { -1 });
+                    if !young {
+                        if preferred {
+                            m.home_moves_in.inc()
+                        } else {
+                            m.home_moves_out.inc()
+                        }
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::Ping(data) => {
+                self.m().got_ping.inc();
+                let conn = &mut self.conns[slot];
+                if !conn.pong_pending {
+                    conn.pong_pending = true;
+                    frame::put_pong(&mut conn.ctrl, &data);
+                    self.m().sent_pong.inc();
+                    self.mark_dirty(slot);
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::WatchConns => {
+                let conn = &mut self.conns[slot];
+                if conn.key != self.shared.config.public_key && !conn.watcher {
+                    conn.watcher = true;
+                    self.m().watchers.add(1);
+                    let me = self.conn_ref(slot);
+                    for shard in 0..self.shards {
+                        if shard == self.id {
+                            self.add_watcher(me);
+                        } else {
+                            self.mail(shard, Mail::AddWatcher(me));
+                        }
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::ClosePeer(key) => {
+                let owner = self.shared.owner_of(&key, self.shards);
+                if owner == self.id {
+                    self.close_peer(key);
+                } else {
+                    self.mail(owner, Mail::ClosePeer(key));
+                }
+                if self.ended(slot) {
+                    return ControlFlow::Break(());
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::Pong(_) | ClientFrame::Other { .. } => {
+                self.m().unknown_frames.inc();
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    fn note_activity(&mut self, slot: Slot) {
+        self.activity += 1;
+        let conn = &mut self.conns[slot];
+        conn.last_active = self.activity;
+        if let Some(entry) = self.keys.get_mut(&conn.key) {
+            entry.active = Some(slot);
+        }
+    }
+
+    fn close_peer(&mut self, key: NodePublic) {
+        let Some(entry) = self.keys.get(&key) else {
+            return;
+        };
+        for slot in entry.conns.clone() {
+            let peer = self.conns[slot].peer;
+            conn_log!(self, info, %peer, client = %key, "closing connection at a mesh peer's request");
+            self.close(slot, CloseReason::ClosePeer);
+        }
+    }
+
+    /// Sends a packet on its way: delivered here, or recorded into the ring
+    /// to the destination's owner. Breaks (pausing the sender) when that
+    /// ring is full.
+    fn route(
+        &mut self,
+        slot: Slot,
+        record_kind: u8,
+        src: &NodePublic,
+        dst: &NodePublic,
+        packet: &[u8],
+    ) -> ControlFlow<()> {
+        let owner = self.shared.owner_of(dst, self.shards);
+        if owner == self.id {
+            let from = self.conn_ref(slot);
+            self.deliver(record_kind, src, dst, packet, from);
+            return ControlFlow::Continue(());
+        }
+        let gen = self.conns[slot].gen;
+        let mut header = [0u8; RECORD_HEADER];
+        write_record_header(&mut header, record_kind, src, dst, slot as u32, gen);
+        let tx = self.rings.bytes_tx[owner]
+            .as_mut()
+            .expect("ring to another shard");
+        if tx.try_push(&[&header, packet]) {
+            self.notify[owner] = true;
+            self.shared.metrics.shards[self.id].cross_shard_out.inc();
+            return ControlFlow::Continue(());
+        }
+        // The owner is behind: keep this packet, stop reading the sender.
+        let mut record = std::mem::take(&mut self.record);
+        record.clear();
+        record.extend_from_slice(&header);
+        record.extend_from_slice(packet);
+        let conn = &mut self.conns[slot];
+        conn.stalled = Some(Stalled {
+            shard: owner,
+            record,
+        });
+        self.record = Vec::with_capacity(0);
+        conn.paused = true;
+        self.ops.push(Op::SetRecv(slot, false));
+        self.stalled.push(slot);
+        self.m().ring_stalls.inc();
+        ControlFlow::Break(())
+    }
+
+    /// Queues a packet to the local active connection of `dst`.
+    fn deliver(
+        &mut self,
+        record_kind: u8,
+        src: &NodePublic,
+        dst: &NodePublic,
+        packet: &[u8],
+        from: ConnRef,
+    ) {
+        let kind = kind_of(packet);
+        let m = &self.shared.metrics.shards[self.id];
+        let drop = |m: &ShardMetrics, reason: DropReason| {
+            m.packets_dropped[reason as usize][kind as usize].inc();
+            m.bytes_dropped[reason as usize][kind as usize].add(packet.len() as u64);
+        };
+        let Some(entry) = self.keys.get(dst) else {
+            drop(
+                m,
+                if record_kind == RECORD_FORWARD {
+                    DropReason::UnknownDestOnFwd
+                } else {
+                    DropReason::UnknownDest
+                },
+            );
+            if kind == PacketKind::Disco {
+                if from.shard == self.id {
+                    self.not_here(from, *dst);
+                } else {
+                    self.mail(
+                        from.shard,
+                        Mail::NotHere {
+                            to: from,
+                            dst: *dst,
+                        },
+                    );
+                }
+            }
+            return;
+        };
+        let Some(slot) = entry.active else {
+            drop(m, DropReason::DupClient);
+            return;
+        };
+        let cap_bytes = self.shared.config.send_queue_bytes;
+        let cap_disco = self.shared.config.disco_queue_packets as u32;
+        let conn = &mut self.conns[slot];
+        if conn.closing.is_some() {
+            drop(m, DropReason::GoneDisconnected);
+            return;
+        }
+        let frame_len = frame::HEADER_LEN + 32 + packet.len();
+        match kind {
+            PacketKind::Disco => {
+                if conn.disco_n >= cap_disco {
+                    drop(m, DropReason::QueueTail);
+                    return;
+                }
+                frame::put_recv_packet(&mut conn.disco, src, packet);
+                conn.disco_n += 1;
+            }
+            PacketKind::Other => {
+                if conn.data.len() + frame_len > cap_bytes {
+                    drop(m, DropReason::QueueTail);
+                    return;
+                }
+                frame::put_recv_packet(&mut conn.data, src, packet);
+                conn.data_n += 1;
+            }
+        }
+        m.packets_sent.inc();
+        m.bytes_sent.add(packet.len() as u64);
+        m.queued_bytes.add(frame_len as i64);
+        if conn.last_src != Some(*src) {
+            conn.last_src = Some(*src);
+            if conn.recv_from.insert(*src) {
+                let gen = conn.gen;
+                self.receivers.entry(*src).or_default().push((slot, gen));
+            }
+        }
+        self.mark_dirty(slot);
+    }
+
+    fn not_here(&mut self, to: ConnRef, dst: NodePublic) {
+        let Some(slot) = self.live(to) else { return };
+        let now = self.now;
+        let conn = &mut self.conns[slot];
+        if conn.take_not_here_token(now) {
+            frame::put_peer_gone(&mut conn.ctrl, &dst, PeerGoneReason::NotHere);
+            self.shared.metrics.shards[self.id]
+                .peer_gone_not_here_frames
+                .inc();
+            self.mark_dirty(slot);
+        }
+    }
+
+    fn on_eof(&mut self, slot: Slot) {
+        let conn = &self.conns[slot];
+        if conn.closing.is_some() || conn.close_after_flush.is_some() {
+            return;
+        }
+        match conn.phase {
+            Phase::Active => self.close(slot, CloseReason::Eof),
+            _ => {
+                self.m().handshake_failures[HandshakeFailure::Eof as usize].inc();
+                self.close(slot, CloseReason::Handshake);
+            }
+        }
+    }
+
+    // ----- after each turn -----
+
+    fn run_ops(&mut self, driver: &mut dyn DriverOps) {
+        for op in std::mem::take(&mut self.ops) {
+            match op {
+                Op::Attach(slot, stream) => {
+                    if let Err(e) = driver.attach(slot, stream) {
+                        tracing::warn!(error = %e, "could not register a socket");
+                        self.close(slot, CloseReason::IoError);
+                    }
+                }
+                Op::SetRecv(slot, on) => {
+                    if self.conns.get(slot).is_some_and(|c| c.closing.is_none()) {
+                        driver.set_recv(slot, on);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads everything shard `from` left for this one.
+    fn drain_from(&mut self, from: usize) {
+        // Take the control messages visible now before reading packets:
+        // every packet pushed before them is then visible too, so a KeyGone
+        // is never applied ahead of a packet its key sent earlier.
+        if let Some(rx) = self.rings.msg_rx[from].as_mut() {
+            while let Some(mail) = rx.recv() {
+                self.mail_batch.push(mail);
+            }
+        }
+        let mut rx = self.rings.bytes_rx[from]
+            .take()
+            .expect("ring from another shard");
+        let backed_up = rx.len() * 2 > rx.capacity();
+        let mut scratch = std::mem::take(&mut self.record);
+        while rx
+            .pop_with(|a, b| {
+                if b.is_empty() {
+                    self.on_record(from, a);
+                } else {
+                    scratch.clear();
+                    scratch.extend_from_slice(a);
+                    scratch.extend_from_slice(b);
+                    self.on_record(from, &scratch);
+                }
+            })
+            .is_some()
+        {}
+        self.record = scratch;
+        self.rings.bytes_rx[from] = Some(rx);
+        if backed_up {
+            // The producer may have paused senders on this ring.
+            self.notify[from] = true;
+        }
+        let batch = std::mem::take(&mut self.mail_batch);
+        for mail in batch {
+            self.on_mail(mail);
+        }
+    }
+
+    fn on_record(&mut self, from: usize, record: &[u8]) {
+        let Some((kind, src, dst, slot, gen, packet)) = read_record(record) else {
+            debug_assert!(false, "malformed cross-shard record");
+            return;
+        };
+        // The sender lives on the shard whose ring this is.
+        self.deliver(
+            kind,
+            &src,
+            &dst,
+            packet,
+            ConnRef {
+                shard: from,
+                slot: slot as usize,
+                gen,
+            },
+        );
+    }
+
+    fn on_mail(&mut self, mail: Mail) {
+        match mail {
+            Mail::Migrate(conn) => self.migrate_in(conn),
+            Mail::NotHere { to, dst } => self.not_here(to, dst),
+            Mail::KeyGone(key) => self.key_gone(key),
+            Mail::AddWatcher(w) => self.add_watcher(w),
+            Mail::RemoveWatcher(w) => self.watchers.retain(|x| *x != w),
+            Mail::Watch(w, ev) => self.watch_event(w, ev),
+            Mail::ClosePeer(key) => self.close_peer(key),
+        }
+    }
+
+    fn migrate_in(&mut self, mut conn: Box<Conn>) {
+        let Some(stream) = conn.stream.take() else {
+            return;
+        };
+        self.next_gen = self.next_gen.wrapping_add(1);
+        conn.gen = self.next_gen;
+        conn.dirty = false;
+        let m = self.m();
+        m.migrations_in.inc();
+        m.open_sockets.add(1);
+        m.queued_bytes.add(conn.queued_bytes() as i64);
+        if conn.tls.is_some() {
+            m.tls_sockets.add(1);
+        }
+        let slot = self.conns.insert(*conn);
+        self.ops.push(Op::Attach(slot, stream));
+        self.register(slot);
+        self.resume_input(slot);
+    }
+
+    /// Restarts input after a pause: frames held by the deframer, then
+    /// plaintext held by TLS, then stashed raw bytes.
+    fn resume_input(&mut self, slot: Slot) {
+        let conn = &mut self.conns[slot];
+        conn.paused = false;
+        if self.resume_frames(slot).is_break() {
+            return;
+        }
+        if let Some(mut tls) = self.conns[slot].tls.take() {
+            let go_on = self.drain_tls(slot, &mut tls);
+            self.conns[slot].tls = Some(tls);
+            if !go_on {
+                return;
+            }
+        }
+        let stash = std::mem::take(&mut self.conns[slot].stash);
+        if !stash.is_empty() {
+            self.ingest(slot, &stash);
+        }
+        let conn = &mut self.conns[slot];
+        if conn.stash.is_empty() {
+            // Keep the capacity for the next pause.
+            conn.stash = stash;
+            conn.stash.clear();
+        }
+        if !self.conns[slot].paused && self.conns[slot].closing.is_none() {
+            self.ops.push(Op::SetRecv(slot, true));
+        }
+    }
+
+    fn retry_stalled(&mut self) {
+        let mut i = 0;
+        while i < self.stalled.len() {
+            let slot = self.stalled[i];
+            let Some(conn) = self.conns.get_mut(slot) else {
+                self.stalled.swap_remove(i);
+                continue;
+            };
+            if conn.closing.is_some() {
+                conn.stalled = None;
+                self.stalled.swap_remove(i);
+                continue;
+            }
+            let Some(st) = conn.stalled.as_ref() else {
+                self.stalled.swap_remove(i);
+                continue;
+            };
+            let shard = st.shard;
+            let tx = self.rings.bytes_tx[shard].as_mut().expect("ring");
+            if !tx.try_push(&[&st.record]) {
+                i += 1;
+                continue;
+            }
+            self.notify[shard] = true;
+            self.shared.metrics.shards[self.id].cross_shard_out.inc();
+            let st = conn.stalled.take().expect("stalled");
+            if self.record.capacity() == 0 {
+                self.record = st.record;
+            }
+            self.stalled.swap_remove(i);
+            self.resume_input(slot);
+        }
+    }
+
+    fn finish_migrations(&mut self, driver: &mut dyn DriverOps) {
+        let mut i = 0;
+        while i < self.migrating.len() {
+            let slot = self.migrating[i];
+            let Some(conn) = self.conns.get(slot) else {
+                self.migrating.swap_remove(i);
+                continue;
+            };
+            if conn.closing.is_some() {
+                self.migrating.swap_remove(i);
+                continue;
+            }
+            // The socket moves once everything queued here (the 101 and
+            // serverKey) is written.
+            if conn.in_flight.is_some() || conn.has_output() {
+                i += 1;
+                continue;
+            }
+            let Some(stream) = driver.detach(slot) else {
+                i += 1;
+                continue;
+            };
+            self.migrating.swap_remove(i);
+            let mut conn = self.conns.remove(slot);
+            conn.stream = Some(stream);
+            conn.dirty = false;
+            let m = self.m();
+            m.open_sockets.add(-1);
+            m.queued_bytes.add(-(conn.queued_bytes() as i64));
+            if conn.tls.is_some() {
+                m.tls_sockets.add(-1);
+            }
+            let owner = self.shared.owner_of(&conn.key, self.shards);
+            self.mail(owner, Mail::Migrate(Box::new(conn)));
+        }
+    }
+
+    fn flush(&mut self, driver: &mut dyn DriverOps) {
+        let now = self.now;
+        for slot in std::mem::take(&mut self.dirty) {
+            let Some(conn) = self.conns.get_mut(slot) else {
+                continue;
+            };
+            conn.dirty = false;
+            if conn.closing.is_some() || conn.in_flight.is_some() || conn.stream.is_some() {
+                continue;
+            }
+            let mut buf = std::mem::take(&mut conn.spare);
+            buf.clear();
+            let moved = conn.queued_bytes() as i64;
+            if let Some(tls) = conn.tls.as_mut() {
+                if !tls.is_handshaking() {
+                    let mut w = tls.writer();
+                    let _ = w.write_all(&conn.ctrl);
+                    let _ = w.write_all(&conn.disco);
+                    let _ = w.write_all(&conn.data);
+                    conn.ctrl.clear();
+                    conn.disco.clear();
+                    conn.data.clear();
+                } else if conn.phase == Phase::Responding || !conn.ctrl.is_empty() {
+                    // A TLS alert (written into ctrl after a failure) goes out raw.
+                    buf.extend_from_slice(&conn.ctrl);
+                    conn.ctrl.clear();
+                }
+                while tls.wants_write() {
+                    if tls.write_tls(&mut buf).is_err() {
+                        break;
+                    }
+                }
+            } else {
+                buf.extend_from_slice(&conn.ctrl);
+                buf.extend_from_slice(&conn.disco);
+                buf.extend_from_slice(&conn.data);
+                conn.ctrl.clear();
+                conn.disco.clear();
+                conn.data.clear();
+            }
+            conn.disco_n = 0;
+            conn.data_n = 0;
+            conn.pong_pending = false;
+            self.shared.metrics.shards[self.id].queued_bytes.add(-moved);
+            if buf.is_empty() {
+                conn.spare = buf;
+                if let Some(reason) = conn.close_after_flush {
+                    self.close(slot, reason);
+                }
+                continue;
+            }
+            conn.in_flight = Some(now);
+            driver.send(slot, buf);
+        }
+    }
+
+    fn on_sent(&mut self, slot: Slot, buf: Vec<u8>, result: io::Result<()>) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        conn.in_flight = None;
+        conn.spare = buf;
+        if let Err(e) = result {
+            if conn.closing.is_none() {
+                let peer = conn.peer;
+                conn_log!(self, debug, %peer, error = %e, "write failed; closing connection");
+                self.close(slot, CloseReason::IoError);
+            }
+            return;
+        }
+        if conn.has_output() || conn.close_after_flush.is_some() {
+            self.mark_dirty(slot);
+        }
+    }
+
+    fn sweep(&mut self) {
+        let now = self.now;
+        let cfg = self.shared.config.clone();
+        let mut expired: Vec<(Slot, CloseReason, bool)> = Vec::new();
+        for (slot, conn) in self.conns.iter_mut() {
+            if conn.closing.is_some() || conn.stream.is_some() {
+                continue;
+            }
+            if conn.phase != Phase::Active {
+                if now >= conn.deadline {
+                    match conn.close_after_flush {
+                        // A response or farewell the client did not take.
+                        Some(reason) => expired.push((slot, reason, false)),
+                        None => expired.push((slot, CloseReason::Handshake, false)),
+                    }
+                }
+                continue;
+            }
+            if let Some(since) = conn.in_flight {
+                let limit = if conn.mesh {
+                    Some(cfg.mesh_write_timeout)
+                } else {
+                    cfg.write_timeout
+                };
+                if limit.is_some_and(|l| now.duration_since(since) >= l) {
+                    expired.push((slot, CloseReason::WriteTimeout, true));
+                    continue;
+                }
+            }
+            if now >= conn.next_keepalive {
+                conn.next_keepalive = now
+                    + cfg.keepalive
+                    + Duration::from_millis(rand::random::<u64>() % KEEPALIVE_JITTER_MS);
+                frame::put_keepalive(&mut conn.ctrl);
+                if !conn.dirty {
+                    conn.dirty = true;
+                    self.dirty.push(slot);
+                }
+                // A quiet moment: give back memory an earlier burst took.
+                if conn.in_flight.is_none() && conn.spare.capacity() > IDLE_BUFFER_KEEP {
+                    conn.spare = Vec::new();
+                }
+                if conn.data.is_empty() && conn.data.capacity() > IDLE_BUFFER_KEEP {
+                    conn.data = Vec::new();
+                }
+                conn.deframer.shrink_if_idle();
+            }
+        }
+        for (slot, reason, write_timeout) in expired {
+            let peer = self.conns[slot].peer;
+            if write_timeout {
+                self.m().sclient_write_timeouts.inc();
+                let key = self.conns[slot].key;
+                conn_log!(self, info, %peer, client = %key, "client stopped reading for the write timeout; closing connection");
+                self.close(slot, reason);
+            } else if reason != CloseReason::Handshake {
+                self.close(slot, reason);
+            } else {
+                let phase = self.conns[slot].phase;
+                self.fail_handshake(
+                    slot,
+                    HandshakeFailure::Timeout,
+                    &format_args!("no complete handshake within the deadline (phase {phase:?})"),
+                );
+            }
+        }
+    }
+
+    fn start_drain(&mut self) {
+        self.draining = Some(self.now + self.shared.config.shutdown_grace);
+        let reconnect = self.shared.config.restart_reconnect_in.as_millis() as u32;
+        let try_for = self.shared.config.restart_try_for.as_millis() as u32;
+        let slots: Vec<Slot> = self.conns.iter().map(|(s, _)| s).collect();
+        for slot in slots {
+            let conn = &mut self.conns[slot];
+            if conn.closing.is_some() || conn.stream.is_some() {
+                continue;
+            }
+            if conn.phase == Phase::Active {
+                frame::put_restarting(&mut conn.ctrl, reconnect, try_for);
+                conn.close_after_flush = Some(CloseReason::Shutdown);
+                self.mark_dirty(slot);
+            } else if conn.phase != Phase::Responding {
+                self.close(slot, CloseReason::Shutdown);
+            }
+        }
+    }
+
+    fn release_closed(&mut self, driver: &mut dyn DriverOps) {
+        for slot in std::mem::take(&mut self.closing) {
+            if let Some(conn) = self.conns.try_remove(slot) {
+                driver.close(slot);
+                let m = self.m();
+                m.open_sockets.add(-1);
+                if conn.tls.is_some() {
+                    m.tls_sockets.add(-1);
+                }
+            }
+        }
+    }
+
+    fn ring_doorbells(&mut self) {
+        let Some(bells) = self.shared.doorbells.get() else {
+            return;
+        };
+        for (shard, pending) in self.notify.iter_mut().enumerate() {
+            if *pending {
+                *pending = false;
+                if let Some(tx) = self.rings.msg_tx[shard].as_mut() {
+                    if tx.flush() {
+                        *pending = true; // still backlogged: try again next turn
+                    }
+                }
+                bells[shard].notify();
+            }
+        }
+    }
+}
+
+/// The driver operations the shard uses after a turn (object-safe subset).
+trait DriverOps {
+    fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()>;
+    fn detach(&mut self, slot: Slot) -> Option<TcpStream>;
+    fn close(&mut self, slot: Slot);
+    fn set_recv(&mut self, slot: Slot, enabled: bool);
+    fn send(&mut self, slot: Slot, buf: Vec<u8>);
+}
+
+impl<D: Driver> DriverOps for D {
+    fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()> {
+        Driver::attach(self, slot, stream)
+    }
+    fn detach(&mut self, slot: Slot) -> Option<TcpStream> {
+        Driver::detach(self, slot)
+    }
+    fn close(&mut self, slot: Slot) {
+        Driver::close(self, slot)
+    }
+    fn set_recv(&mut self, slot: Slot, enabled: bool) {
+        Driver::set_recv(self, slot, enabled)
+    }
+    fn send(&mut self, slot: Slot, buf: Vec<u8>) {
+        Driver::send(self, slot, buf)
+    }
+}
+
+impl<D: Driver> Handler<D> for Shard {
+    fn on_completion(&mut self, c: Completion<'_>) {
+        if self.turn_started.is_none() {
+            self.now = Instant::now();
+            self.turn_started = Some(self.now);
+        }
+        match c {
+            Completion::Accepted {
+                listener,
+                stream,
+                peer,
+            } => self.accept(listener, stream, peer),
+            Completion::Received { slot, data } => self.on_received(slot, data),
+            Completion::RecvClosed { slot, error } => {
+                if self.conns.get(slot).is_some_and(|c| c.closing.is_none()) {
+                    match error {
+                        None => {
+                            if self.conns[slot].paused || !self.conns[slot].stash.is_empty() {
+                                // Finish what was stashed first; the next
+                                // read after resuming reports the end again.
+                            } else {
+                                self.on_eof(slot);
+                            }
+                        }
+                        Some(e) => {
+                            let peer = self.conns[slot].peer;
+                            conn_log!(self, debug, %peer, error = %e, "read failed; closing connection");
+                            if self.conns[slot].phase == Phase::Active {
+                                self.close(slot, CloseReason::IoError);
+                            } else {
+                                self.fail_handshake(slot, HandshakeFailure::Eof, &e);
+                            }
+                        }
+                    }
+                }
+            }
+            Completion::Sent { slot, buf, result } => self.on_sent(slot, buf, result),
+            Completion::Woken => {}
+        }
+    }
+
+    fn after_turn(&mut self, driver: &mut D) {
+        if self.turn_started.is_none() {
+            self.now = Instant::now();
+            self.turn_started = Some(self.now);
+        }
+        self.run_ops(driver);
+        for from in 0..self.shards {
+            if from != self.id {
+                self.drain_from(from);
+            }
+        }
+        self.retry_stalled();
+        if self.shared.shutdown.load(Ordering::Relaxed) && self.draining.is_none() {
+            self.start_drain();
+        }
+        if self.now >= self.next_sweep {
+            self.next_sweep = self.now + SWEEP_EVERY;
+            self.sweep();
+        }
+        self.finish_migrations(driver);
+        self.run_ops(driver);
+        self.flush(driver);
+        self.release_closed(driver);
+        self.ring_doorbells();
+        if let Some(deadline) = self.draining {
+            if self.conns.is_empty() || self.now >= deadline {
+                let slots: Vec<Slot> = self.conns.iter().map(|(s, _)| s).collect();
+                for slot in slots {
+                    self.close(slot, CloseReason::Shutdown);
+                }
+                self.release_closed(driver);
+                self.done = true;
+            }
+        }
+        let m = &self.shared.metrics.shards[self.id];
+        m.turns.inc();
+        if let Some(start) = self.turn_started.take() {
+            m.busy_ns.add(start.elapsed().as_nanos() as u64);
+        }
+    }
+
+    fn timeout(&mut self) -> Option<Duration> {
+        if !self.dirty.is_empty() || !self.ops.is_empty() || !self.closing.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let now = Instant::now();
+        let mut t = self.next_sweep.saturating_duration_since(now);
+        if !self.stalled.is_empty() || !self.migrating.is_empty() || self.notify.iter().any(|&n| n)
+        {
+            t = t.min(STALL_RETRY);
+        }
+        if self.draining.is_some() {
+            t = t.min(Duration::from_millis(10));
+        }
+        Some(t)
+    }
+
+    fn has_mail(&self) -> bool {
+        (0..self.shards).any(|s| {
+            self.rings.bytes_rx[s]
+                .as_ref()
+                .is_some_and(|r| !r.is_empty())
+                || self.rings.msg_rx[s].as_ref().is_some_and(|r| !r.is_empty())
+        }) || self.shared.shutdown.load(Ordering::Relaxed) && self.draining.is_none()
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+fn kind_of(packet: &[u8]) -> PacketKind {
+    if frame::is_disco(packet) {
+        PacketKind::Disco
+    } else {
+        PacketKind::Other
+    }
+}
+
+fn write_record_header(
+    out: &mut [u8; RECORD_HEADER],
+    kind: u8,
+    src: &NodePublic,
+    dst: &NodePublic,
+    slot: u32,
+    gen: u32,
+) {
+    out[0] = kind;
+    out[1..33].copy_from_slice(src.as_bytes());
+    out[33..65].copy_from_slice(dst.as_bytes());
+    out[65..69].copy_from_slice(&slot.to_le_bytes());
+    out[69..73].copy_from_slice(&gen.to_le_bytes());
+}
+
+type Record<'a> = (u8, NodePublic, NodePublic, u32, u32, &'a [u8]);
+
+fn read_record(r: &[u8]) -> Option<Record<'_>> {
+    if r.len() < RECORD_HEADER {
+        return None;
+    }
+    let key = |b: &[u8]| NodePublic::from_bytes(b.try_into().expect("32 bytes"));
+    Some((
+        r[0],
+        key(&r[1..33]),
+        key(&r[33..65]),
+        u32::from_le_bytes(r[65..69].try_into().ok()?),
+        u32::from_le_bytes(r[69..73].try_into().ok()?),
+        &r[RECORD_HEADER..],
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_header_round_trips() {
+        let src = NodePublic::from_bytes([1; 32]);
+        let dst = NodePublic::from_bytes([2; 32]);
+        let mut h = [0u8; RECORD_HEADER];
+        write_record_header(&mut h, RECORD_FORWARD, &src, &dst, 7, 9);
+        let mut rec = h.to_vec();
+        rec.extend_from_slice(b"pkt");
+        let (k, s, d, slot, gen, p) = read_record(&rec).unwrap();
+        assert_eq!(
+            (k, s, d, slot, gen, p),
+            (RECORD_FORWARD, src, dst, 7, 9, &b"pkt"[..])
+        );
+        assert!(read_record(&rec[..10]).is_none());
+    }
+}

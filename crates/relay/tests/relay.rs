@@ -1,0 +1,626 @@
+//! The relay's behaviour seen from clients, with several shards so that
+//! packets, peerGone and watcher events cross between them.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use ferry_proto::frame::{self, PeerGoneReason, ServerFrame};
+use ferry_proto::key::{MeshKey, NodePrivate};
+use support::{eventually, metric, start, stop, Client};
+
+const T: Duration = Duration::from_secs(5);
+
+fn disco_packet(tag: u8) -> Vec<u8> {
+    let mut p = frame::DISCO_MAGIC.to_vec();
+    p.resize(80, tag);
+    p
+}
+
+#[test]
+fn packets_cross_every_pair_of_shards() {
+    for workers in [1, 2, 3] {
+        let (server, addr) = start(workers, |_| {});
+        let mut clients: Vec<Client> = (0..8).map(|_| Client::connect(addr)).collect();
+        for i in 0..clients.len() {
+            for j in 0..clients.len() {
+                let dst = clients[j].public;
+                let payload = format!("{i}->{j}");
+                clients[i].send(&dst, payload.as_bytes());
+            }
+        }
+        for (j, c) in clients.iter_mut().enumerate() {
+            let mut got: Vec<String> = (0..8)
+                .map(|_| {
+                    let (_, p) = c.recv_packet(T).expect("packet");
+                    String::from_utf8(p).unwrap()
+                })
+                .collect();
+            got.sort();
+            let mut want: Vec<String> = (0..8).map(|i| format!("{i}->{j}")).collect();
+            want.sort();
+            assert_eq!(got, want, "workers={workers}");
+        }
+        let sent = metric(addr, "derp_packets_sent");
+        assert_eq!(sent, 64.0, "workers={workers}");
+        stop(server);
+    }
+}
+
+#[test]
+fn source_key_and_sizes_are_exact() {
+    let (server, addr) = start(2, |_| {});
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    for size in [0usize, 1, 1400, frame::MAX_PACKET_SIZE] {
+        let payload: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
+        a.send(&b.public, &payload);
+        let (src, got) = b.recv_packet(T).expect("packet");
+        assert_eq!(src, a.public);
+        assert_eq!(got, payload, "size {size}");
+        b.send(&a.public, &payload);
+        let (src, got) = a.recv_packet(T).expect("packet");
+        assert_eq!(src, b.public);
+        assert_eq!(got, payload);
+    }
+    stop(server);
+}
+
+#[test]
+fn ping_gets_pong() {
+    let (server, addr) = start(2, |_| {});
+    let mut a = Client::connect(addr);
+    a.ping(*b"12345678");
+    let (ty, p) = a.next_meaningful(T).unwrap();
+    assert_eq!(ty, frame::FrameType::Pong as u8);
+    assert_eq!(p, b"12345678");
+    assert_eq!(metric(addr, "derp_got_ping"), 1.0);
+    stop(server);
+}
+
+#[test]
+fn peer_gone_when_sender_leaves() {
+    let (server, addr) = start(3, |_| {});
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    a.send(&b.public, b"hi");
+    b.recv_packet(T).unwrap();
+    let a_key = a.public;
+    drop(a);
+    let (ty, p) = b.next_meaningful(T).unwrap();
+    match frame::parse_server_frame(ty, &p).unwrap() {
+        ServerFrame::PeerGone { key, reason } => {
+            assert_eq!(key, a_key);
+            assert_eq!(reason, PeerGoneReason::Disconnected);
+        }
+        other => panic!("expected peerGone, got {other:?}"),
+    }
+    stop(server);
+}
+
+#[test]
+fn not_here_only_for_disco_and_rate_limited() {
+    let (server, addr) = start(2, |_| {});
+    let mut a = Client::connect(addr);
+    let nobody = NodePrivate::generate().public();
+    a.send(&nobody, b"wireguard bytes");
+    a.ping(*b"barrier1");
+    let (ty, _) = a.next_meaningful(T).unwrap();
+    assert_eq!(
+        ty,
+        frame::FrameType::Pong as u8,
+        "no peerGone for a non-disco packet"
+    );
+
+    for i in 0..10 {
+        let dst = NodePrivate::generate().public();
+        a.send(&dst, &disco_packet(i));
+    }
+    a.ping(*b"barrier2");
+    let mut not_here = 0;
+    loop {
+        let (ty, p) = a.next_meaningful(T).unwrap();
+        match frame::parse_server_frame(ty, &p).unwrap() {
+            ServerFrame::PeerGone {
+                reason: PeerGoneReason::NotHere,
+                ..
+            } => not_here += 1,
+            ServerFrame::Pong(_) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(not_here, 3, "burst of 3, then 1/s");
+    assert_eq!(
+        metric(
+            addr,
+            "derp_packets_dropped{kind=\"disco\",reason=\"unknown_dest\"}"
+        ),
+        10.0
+    );
+    stop(server);
+}
+
+#[test]
+fn duplicate_keys_last_writer_wins_and_survivor_keeps_receiving() {
+    let (server, addr) = start(2, |_| {});
+    let key = NodePrivate::generate();
+    let mut a1 = Client::connect_as(addr, key.clone(), support::info(None));
+    let mut a2 = Client::connect_as(addr, key.clone(), support::info(None));
+    let mut b = Client::connect(addr);
+    assert!(eventually(T, || metric(
+        addr,
+        "derp_current_dup_client_keys"
+    ) == 1.0));
+
+    b.send(&a1.public, b"to newest");
+    assert_eq!(a2.recv_packet(T).unwrap().1, b"to newest");
+
+    // a1 speaks: it becomes the active one.
+    a1.ping(*b"i am up!");
+    assert_eq!(
+        a1.next_meaningful(T).unwrap().0,
+        frame::FrameType::Pong as u8
+    );
+    b.send(&a1.public, b"to writer");
+    assert_eq!(a1.recv_packet(T).unwrap().1, b"to writer");
+
+    drop(a1);
+    assert!(eventually(T, || metric(
+        addr,
+        "derp_current_dup_client_keys"
+    ) == 0.0));
+    b.send(&a2.public, b"to survivor");
+    assert_eq!(a2.recv_packet(T).unwrap().1, b"to survivor");
+    stop(server);
+}
+
+#[test]
+fn mesh_only_frames_close_the_connection_without_the_key() {
+    let (server, addr) = start(2, |_| {});
+    let mut bystander_a = Client::connect(addr);
+    let mut bystander_b = Client::connect(addr);
+    let cases: [(&str, Vec<u8>); 3] = [
+        ("watchConns", {
+            let mut v = Vec::new();
+            frame::put_watch_conns(&mut v);
+            v
+        }),
+        ("closePeer", {
+            let mut v = Vec::new();
+            frame::put_close_peer(&mut v, &bystander_b.public);
+            v
+        }),
+        ("forwardPacket", {
+            let mut v = Vec::new();
+            frame::put_forward_packet(&mut v, &bystander_a.public, &bystander_b.public, b"spoof");
+            v
+        }),
+    ];
+    for (name, bytes) in cases {
+        let mut c = Client::connect(addr);
+        c.write(&bytes).unwrap();
+        assert!(
+            c.closed_within(T),
+            "{name} without the mesh key must close the connection"
+        );
+    }
+    bystander_a.send(&bystander_b.public, b"still here");
+    assert_eq!(
+        bystander_b.recv_packet(T).unwrap().1,
+        b"still here",
+        "nobody else noticed"
+    );
+    assert!(
+        metric(
+            addr,
+            "ferry_connections_closed_total{reason=\"frame_error\"}"
+        ) >= 3.0
+    );
+    stop(server);
+}
+
+#[test]
+fn mesh_peer_watches_forwards_and_closes() {
+    let mesh_key = MeshKey::parse(&"ab".repeat(32)).unwrap();
+    let mk = mesh_key.clone();
+    let (server, addr) = start(3, move |cfg| cfg.mesh_key = Some(mk));
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    let mut mesh = Client::connect_as(addr, NodePrivate::generate(), support::info(Some(mesh_key)));
+    let mut v = Vec::new();
+    frame::put_watch_conns(&mut v);
+    mesh.write(&v).unwrap();
+    let mut present = Vec::new();
+    while present.len() < 3 {
+        let (ty, p) = mesh.next_meaningful(T).unwrap();
+        if let ServerFrame::PeerPresent { key, flags, .. } =
+            frame::parse_server_frame(ty, &p).unwrap()
+        {
+            present.push((key, flags));
+        }
+    }
+    for k in [a.public, b.public] {
+        assert!(
+            present
+                .iter()
+                .any(|(p, f)| *p == k && *f == frame::PEER_PRESENT_IS_REGULAR),
+            "{present:?}"
+        );
+    }
+    assert!(present
+        .iter()
+        .any(|(p, f)| *p == mesh.public && *f == frame::PEER_PRESENT_IS_MESH_PEER));
+
+    // A new client is announced; its departure too.
+    let c = Client::connect(addr);
+    let c_key = c.public;
+    loop {
+        let (ty, p) = mesh.next_meaningful(T).unwrap();
+        if let ServerFrame::PeerPresent { key, .. } = frame::parse_server_frame(ty, &p).unwrap() {
+            if key == c_key {
+                break;
+            }
+        }
+    }
+    drop(c);
+    loop {
+        let (ty, p) = mesh.next_meaningful(T).unwrap();
+        if let ServerFrame::PeerGone { key, reason } = frame::parse_server_frame(ty, &p).unwrap() {
+            if key == c_key {
+                assert_eq!(reason, PeerGoneReason::Disconnected);
+                break;
+            }
+        }
+    }
+
+    // forwardPacket delivers with the original source key.
+    let mut v = Vec::new();
+    frame::put_forward_packet(&mut v, &a.public, &b.public, b"via mesh");
+    mesh.write(&v).unwrap();
+    let (src, p) = b.recv_packet(T).unwrap();
+    assert_eq!((src, p.as_slice()), (a.public, &b"via mesh"[..]));
+
+    // closePeer closes b.
+    let mut v = Vec::new();
+    frame::put_close_peer(&mut v, &b.public);
+    mesh.write(&v).unwrap();
+    assert!(b.closed_within(T));
+    a.ping(*b"alive?!!");
+    assert_eq!(
+        a.next_meaningful(T).unwrap().0,
+        frame::FrameType::Pong as u8
+    );
+    stop(server);
+}
+
+#[test]
+fn note_preferred_moves_the_home_gauge() {
+    let (server, addr) = start(2, |_| {});
+    let mut a = Client::connect(addr);
+    let mut v = Vec::new();
+    frame::put_note_preferred(&mut v, true);
+    a.write(&v).unwrap();
+    assert!(eventually(T, || metric(
+        addr,
+        "derp_current_home_connections"
+    ) == 1.0));
+    drop(a);
+    assert!(eventually(T, || metric(
+        addr,
+        "derp_current_home_connections"
+    ) == 0.0));
+    stop(server);
+}
+
+#[test]
+fn bad_handshakes_are_closed_and_counted() {
+    let (server, addr) = start(2, |cfg| cfg.handshake_timeout = Duration::from_millis(500));
+    let upgrade = b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: DERP\r\nConnection: Upgrade\r\n\r\n";
+
+    let case = |extra: &[u8]| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(upgrade).unwrap();
+        s.write_all(extra).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut sink = Vec::new();
+        let start = Instant::now();
+        let _ = s.read_to_end(&mut sink);
+        assert!(start.elapsed() < Duration::from_secs(3), "closed promptly");
+    };
+    // A sendPacket where clientInfo belongs.
+    let mut wrong_first = Vec::new();
+    frame::put_send_packet(&mut wrong_first, &NodePrivate::generate().public(), b"x");
+    case(&wrong_first);
+    // A clientInfo whose box does not open.
+    let mut bad_box = frame::encode_header(frame::FrameType::ClientInfo as u8, 100).to_vec();
+    bad_box.extend_from_slice(&[0x42; 100]);
+    case(&bad_box);
+    // An absurd length.
+    case(&frame::encode_header(
+        frame::FrameType::ClientInfo as u8,
+        u32::MAX,
+    ));
+    // Nothing at all: the deadline closes it.
+    case(b"");
+
+    assert!(eventually(T, || metric(
+        addr,
+        "ferry_handshake_failures_total{reason=\"bad_first_frame\"}"
+    ) == 2.0));
+    assert_eq!(
+        metric(addr, "ferry_handshake_failures_total{reason=\"box_open\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(addr, "ferry_handshake_failures_total{reason=\"timeout\"}"),
+        1.0
+    );
+    stop(server);
+}
+
+#[test]
+fn silent_sockets_do_not_delay_anyone() {
+    let (server, addr) = start(2, |cfg| cfg.handshake_timeout = Duration::from_secs(10));
+    let _silent: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut half: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for s in &mut half {
+        s.write_all(b"GET /derp HTTP/1.1\r\nHost: x\r\nUpg")
+            .unwrap();
+    }
+    let start = Instant::now();
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    a.send(&b.public, b"fast");
+    assert_eq!(b.recv_packet(T).unwrap().1, b"fast");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        start.elapsed()
+    );
+    stop(server);
+}
+
+#[test]
+fn oversize_and_unknown_frames() {
+    let (server, addr) = start(2, |_| {});
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    // Unknown type with a payload: skipped, connection lives.
+    let mut v = frame::encode_header(0x20, 100).to_vec();
+    v.extend_from_slice(&[9; 100]);
+    a.write(&v).unwrap();
+    a.ping(*b"after-uk");
+    assert_eq!(
+        a.next_meaningful(T).unwrap(),
+        (frame::FrameType::Pong as u8, b"after-uk".to_vec())
+    );
+    // A sendPacket one byte over the limit: closed.
+    let len = (32 + frame::MAX_PACKET_SIZE + 1) as u32;
+    a.write(&frame::encode_header(
+        frame::FrameType::SendPacket as u8,
+        len,
+    ))
+    .unwrap();
+    assert!(a.closed_within(T));
+    b.ping(*b"b-alive!");
+    assert_eq!(
+        b.next_meaningful(T).unwrap().0,
+        frame::FrameType::Pong as u8
+    );
+    stop(server);
+}
+
+#[test]
+fn reader_that_stops_reading_is_cut_off() {
+    let (server, addr) = start(2, |cfg| {
+        cfg.write_timeout = Some(Duration::from_millis(300))
+    });
+    let mut sender = Client::connect(addr);
+    let sleeper = Client::connect(addr);
+    sleeper.stream.set_nonblocking(false).unwrap();
+    let big = vec![1u8; 60_000];
+    let start = Instant::now();
+    while metric(addr, "derp_sclient_write_timeouts") == 0.0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "never cut off");
+        for _ in 0..20 {
+            sender.send(&sleeper.public, &big);
+        }
+    }
+    sender.ping(*b"sender-o");
+    loop {
+        let (ty, _) = sender.next_meaningful(T).unwrap();
+        if ty == frame::FrameType::Pong as u8 {
+            break;
+        }
+    }
+    assert!(
+        metric(addr, "ferry_queued_bytes") < (4 << 20) as f64,
+        "queues stay bounded"
+    );
+    drop(sleeper);
+    stop(server);
+}
+
+#[test]
+fn keepalives_arrive() {
+    let (server, addr) = start(1, |cfg| cfg.keepalive = Duration::from_millis(100));
+    let mut a = Client::connect(addr);
+    // Keepalive = 100 ms + up to 5 s jitter; the sweep runs every 250 ms.
+    let (ty, p) = a.next_frame(Duration::from_secs(8)).unwrap();
+    assert_eq!((ty, p.len()), (frame::FrameType::KeepAlive as u8, 0));
+    stop(server);
+}
+
+#[test]
+fn shutdown_sends_restarting() {
+    let (server, addr) = start(2, |_| {});
+    let mut a = Client::connect(addr);
+    server.shutdown();
+    let (ty, p) = a.next_meaningful(T).unwrap();
+    match frame::parse_server_frame(ty, &p).unwrap() {
+        ServerFrame::Restarting {
+            reconnect_in_ms,
+            try_for_ms,
+        } => {
+            assert!(reconnect_in_ms > 0 && try_for_ms > reconnect_in_ms);
+        }
+        other => panic!("expected restarting, got {other:?}"),
+    }
+    assert!(a.closed_within(T));
+    server.wait().unwrap();
+}
+
+#[test]
+fn http_endpoints() {
+    let (server, addr) = start(2, |_| {});
+    let r = support::http(
+        addr,
+        "GET /generate_204 HTTP/1.1\r\nHost: x\r\nX-Tailscale-Challenge: ts_1.2.3.4\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 204"), "{r}");
+    assert!(
+        r.contains("X-Tailscale-Response: response ts_1.2.3.4"),
+        "{r}"
+    );
+    let r = support::http(
+        addr,
+        "GET /generate_204 HTTP/1.1\r\nHost: x\r\nX-Tailscale-Challenge: bad/char\r\n\r\n",
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 204") && !r.contains("X-Tailscale-Response"),
+        "{r}"
+    );
+    let r = support::http(addr, "HEAD /derp/probe HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains("Access-Control-Allow-Origin: *"),
+        "{r}"
+    );
+    let r = support::http(
+        addr,
+        "POST /derp/latency-check HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    let r = support::http(addr, "GET /derp HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 426"), "{r}");
+    let r = support::http(addr, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    let r = support::http(addr, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains("X-Frame-Options: DENY"),
+        "{r}"
+    );
+    let r = support::http(
+        addr,
+        "GET /debug/varz HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n",
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 403"),
+        "proxied debug requests are refused: {r}"
+    );
+    let r = support::http(addr, "GARBAGE\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    stop(server);
+}
+
+#[test]
+fn stun_answers_tailscale_requests_only() {
+    let (server, _addr) = start(1, |_| {});
+    let stun_addr = server.stun_addr.unwrap();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let txid = [7u8; 12];
+    sock.send_to(&ferry_proto::stun::binding_request(&txid), stun_addr)
+        .unwrap();
+    let mut buf = [0u8; 128];
+    let (n, _) = sock.recv_from(&mut buf).unwrap();
+    let (got_tx, mapped) = ferry_proto::stun::parse_binding_response(&buf[..n]).unwrap();
+    assert_eq!(got_tx, txid);
+    assert_eq!(mapped, sock.local_addr().unwrap());
+    // A generic binding request without SOFTWARE=tailnode gets nothing.
+    let mut generic = [0u8; 20];
+    generic[1] = 1;
+    generic[4..8].copy_from_slice(&[0x21, 0x12, 0xa4, 0x42]);
+    sock.send_to(&generic, stun_addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(sock.recv_from(&mut buf).is_err());
+    stop(server);
+}
+
+#[test]
+fn ipv6_listener_relays() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        println!("skipping ipv6_listener_relays: this machine has no IPv6 loopback");
+        return;
+    }
+    let (server, addr) = support::start_on("[::1]:0".parse().unwrap(), 2, |_| {});
+    assert!(addr.is_ipv6());
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    a.send(&b.public, b"over v6");
+    assert_eq!(b.recv_packet(T).unwrap(), (a.public, b"over v6".to_vec()));
+    stop(server);
+}
+
+/// Go's mesh client sends watchConns (and tailscaled notePreferred) right
+/// after clientInfo, without waiting for serverInfo: those frames arrive in
+/// the same read as clientInfo and must be read as steady-state frames,
+/// whichever shard ends up owning the key.
+#[test]
+fn frames_in_the_same_write_as_client_info() {
+    use ferry_proto::handshake;
+    for workers in [1, 2, 3] {
+        let (server, addr) = start(workers, |_| {});
+        for _ in 0..6 {
+            let key = NodePrivate::generate();
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(
+                b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: DERP\r\nConnection: Upgrade\r\n\r\n",
+            )
+            .unwrap();
+            // Read the 101 and serverKey first, as a classic client does.
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut byte).unwrap();
+                head.push(byte[0]);
+            }
+            let mut sk = [0u8; handshake::SERVER_KEY_FRAME_LEN];
+            s.read_exact(&mut sk).unwrap();
+            let server_key = handshake::parse_server_key(&sk[frame::HEADER_LEN..]).unwrap();
+            let mut out = handshake::seal_client_info(
+                &key,
+                &server_key,
+                &support::info(None),
+                &ferry_proto::nacl::random_nonce(),
+            );
+            frame::put_note_preferred(&mut out, true);
+            frame::put_ping(&mut out, b"together");
+            s.write_all(&out).unwrap();
+            s.set_read_timeout(Some(T)).unwrap();
+            // serverInfo, then the pong.
+            let mut deframer = frame::Deframer::new();
+            let mut frames = Vec::new();
+            let mut buf = [0u8; 4096];
+            while frames.len() < 2 {
+                let n = s.read(&mut buf).expect("server answers");
+                assert!(n > 0, "closed (workers={workers})");
+                deframer
+                    .feed(&buf[..n], &frame::ClientFramePolicy, |ty, p| {
+                        frames.push((ty, p.to_vec()));
+                        std::ops::ControlFlow::Continue(())
+                    })
+                    .unwrap();
+            }
+            assert_eq!(frames[0].0, frame::FrameType::ServerInfo as u8);
+            assert_eq!(
+                frames[1],
+                (frame::FrameType::Pong as u8, b"together".to_vec()),
+                "workers={workers}"
+            );
+        }
+        stop(server);
+    }
+}

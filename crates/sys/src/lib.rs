@@ -1,0 +1,33 @@
+//! The one place in Ferry where `unsafe` code lives.
+//!
+//! Everything above this crate (protocol, engine, relay) stays in safe Rust;
+//! when one of them needs a syscall that `std`, `socket2` or `mio` do not
+//! cover, the call is wrapped here behind a safe function with an
+//! `io::Result` or `Option`. Every `unsafe` block carries a `// SAFETY:`
+//! comment stating what makes it sound, and `unsafe_op_in_unsafe_fn` is denied
+//! so that rule also holds inside any `unsafe fn`; clippy enforces the
+//! comments (`undocumented_unsafe_blocks`).
+//!
+//! Modules are named after what they control:
+//!
+//! - [`cpu`]: which CPUs this process may run on, and pinning a shard thread
+//!   to one of them.
+//! - [`limits`]: resource limits the relay raises at start-up.
+//! - [`signal`]: SIGINT/SIGTERM taken synchronously by the main thread.
+//! - [`process`]: cheap self-observation (resident memory, open descriptors)
+//!   for metrics.
+//!
+//! Ferry targets Linux only; this crate reads `/proc` and calls Linux-specific
+//! syscalls.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod cpu;
+pub mod limits;
+pub mod process;
+pub mod signal;
+
+pub use cpu::{available_cpus, pin_current_thread};
+pub use limits::raise_nofile_limit;
+pub use process::{open_fds, rss_bytes};

@@ -1,0 +1,1 @@
+//! ferry-udp: being written (issue 5).

@@ -1,0 +1,427 @@
+package interop
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tailscale.com/types/key"
+)
+
+// serverOpts selects how a server under test is started.
+type serverOpts struct {
+	tls  bool // serve TLS (manual cert for "localhost") instead of plain HTTP
+	mesh bool // configure a mesh pre-shared key
+}
+
+// server is one running DERP server process (derper or ferry).
+type server struct {
+	kind     string
+	tls      bool
+	port     int // TCP port of the DERP/HTTP(S) listener on 127.0.0.1
+	stunPort int // UDP port of the STUN listener on 127.0.0.1
+	dir      string
+	args     []string
+
+	certFile string         // PEM file of the self-signed cert (TLS only)
+	certPool *x509.CertPool // pool holding that cert (TLS only)
+
+	meshKey key.DERPMesh // zero unless opts.mesh
+	meshHex string
+	pskFile string
+
+	httpc *http.Client
+	logs  *lockedBuffer
+	cmd   *exec.Cmd
+	exitc chan struct{} // closed when the process has exited
+
+	stopOnce sync.Once
+}
+
+// lockedBuffer is a goroutine-safe bytes.Buffer used to capture logs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) Logf(format string, args ...any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fmt.Fprintf(&b.buf, "%s ", time.Now().Format("15:04:05.000"))
+	fmt.Fprintf(&b.buf, format, args...)
+	if !strings.HasSuffix(format, "\n") {
+		b.buf.WriteByte('\n')
+	}
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var (
+	portsMu   sync.Mutex
+	portsUsed = map[string]bool{}
+)
+
+// freePort returns a currently unused loopback port for network ("tcp" or
+// "udp"), never the same one twice within this process.
+func freePort(t testing.TB, network string) int {
+	t.Helper()
+	for range 50 {
+		var port int
+		switch network {
+		case "tcp":
+			ln, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port = ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
+		case "udp":
+			pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port = pc.LocalAddr().(*net.UDPAddr).Port
+			pc.Close()
+		default:
+			t.Fatalf("bad network %q", network)
+		}
+		k := network + "/" + strconv.Itoa(port)
+		portsMu.Lock()
+		used := portsUsed[k]
+		portsUsed[k] = true
+		portsMu.Unlock()
+		if !used {
+			return port
+		}
+	}
+	t.Fatalf("could not find a free %s port", network)
+	return 0
+}
+
+// startServer starts a server of the given kind and waits until it answers
+// GET /derp/probe. It is stopped (with its children) when t ends, and its
+// output is logged if t failed.
+func startServer(t *testing.T, kind string, opts serverOpts) *server {
+	t.Helper()
+	dir := t.TempDir()
+	var lastErr error
+	for attempt := range 3 {
+		s, err := tryStartServer(t, kind, opts, dir, attempt)
+		if err == nil {
+			return s
+		}
+		lastErr = err
+		// Only retry if the process died because a port was taken (a race
+		// with another test); anything else will not do better on a retry.
+		if !errors.Is(err, errExitedEarly) || !strings.Contains(strings.ToLower(err.Error()), "in use") {
+			break
+		}
+	}
+	t.Fatalf("starting %s: %v", kind, lastErr)
+	return nil
+}
+
+var errExitedEarly = errors.New("server process exited before becoming ready")
+
+func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, attempt int) (*server, error) {
+	s := &server{
+		kind:     kind,
+		tls:      opts.tls,
+		port:     freePort(t, "tcp"),
+		stunPort: freePort(t, "udp"),
+		dir:      dir,
+		logs:     new(lockedBuffer),
+		exitc:    make(chan struct{}),
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", s.port)
+	stun := strconv.Itoa(s.stunPort)
+	stateFile := filepath.Join(dir, "derper.key")
+
+	var bin string
+	switch kind {
+	case kindDerper:
+		bin = derperBin
+	case kindFerry:
+		if ferryBinErr != nil {
+			t.Fatal(ferryBinErr)
+		}
+		bin = ferryBin
+	default:
+		t.Fatalf("unknown server kind %q", kind)
+	}
+
+	if opts.tls {
+		if err := s.writeCert(); err != nil {
+			return nil, err
+		}
+		// Identical flags for both servers.
+		s.args = []string{
+			"-a", addr,
+			"--certmode", "manual",
+			"--certdir", dir,
+			"--hostname", "localhost",
+			"--http-port", "-1",
+			"--stun-port", stun,
+			"-c", stateFile,
+		}
+	} else if kind == kindFerry {
+		// Dev mode: plain HTTP, random key; -a overrides its default address.
+		s.args = []string{"--dev", "-a", addr, "--stun-port", stun}
+	} else {
+		// derper's --dev forces :3340, so run it plain on our own port instead
+		// (any port but 443 without --certmode manual serves plain HTTP).
+		s.args = []string{"-a", addr, "--http-port", "-1", "--stun-port", stun, "-c", stateFile}
+	}
+	if opts.mesh {
+		var raw [32]byte
+		rand.Read(raw[:])
+		s.meshHex = hex.EncodeToString(raw[:])
+		mk, err := key.ParseDERPMesh(s.meshHex)
+		if err != nil {
+			return nil, err
+		}
+		s.meshKey = mk
+		s.pskFile = filepath.Join(dir, "mesh.key")
+		if err := os.WriteFile(s.pskFile, []byte(s.meshHex+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		s.args = append(s.args, "--mesh-psk-file", s.pskFile)
+	}
+
+	s.httpc = s.newHTTPClient()
+
+	cmd := exec.Command(bin, s.args...)
+	cmd.Dir = dir
+	cmd.Stdout = s.logs
+	cmd.Stderr = s.logs
+	cmd.Env = append(os.Environ(), "RUST_BACKTRACE=1")
+	setProcAttrs(cmd)
+	fmt.Fprintf(s.logs, "=== attempt %d: %s %s\n", attempt, bin, strings.Join(s.args, " "))
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s.cmd = cmd
+	go func() {
+		err := cmd.Wait()
+		fmt.Fprintf(s.logs, "=== process exited: %v\n", err)
+		close(s.exitc)
+	}()
+	t.Cleanup(s.stop)
+
+	if err := s.waitReady(15 * time.Second); err != nil {
+		s.stop()
+		return nil, err
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s server (%s %s) output:\n%s", kind, filepath.Base(bin), strings.Join(s.args, " "), s.logs.String())
+		}
+	})
+	t.Logf("started %s: %s %s", kind, filepath.Base(bin), strings.Join(s.args, " "))
+	return s, nil
+}
+
+// stop terminates the server's process group: SIGTERM, then SIGKILL after a
+// grace period.
+func (s *server) stop() {
+	s.stopOnce.Do(s.doStop)
+}
+
+func (s *server) doStop() {
+	defer s.httpc.CloseIdleConnections()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	// Signal the group only while its leader is known to be alive (not yet
+	// reaped), so the process group ID cannot have been reused.
+	select {
+	case <-s.exitc:
+	default:
+		killGroup(s.cmd, syscall.SIGTERM)
+		select {
+		case <-s.exitc:
+		case <-time.After(3 * time.Second):
+			killGroup(s.cmd, syscall.SIGKILL)
+			select {
+			case <-s.exitc:
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}
+}
+
+func (s *server) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.exitc:
+			return fmt.Errorf("%w (status: %v); output:\n%s", errExitedEarly, s.cmd.ProcessState, s.logs.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "GET", s.baseURL()+"/derp/probe", nil)
+		resp, err := s.httpc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			cancel()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			lastErr = fmt.Errorf("GET /derp/probe: %s", resp.Status)
+		} else {
+			cancel()
+			lastErr = err
+		}
+		select {
+		case <-s.exitc:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("not ready after %v: %v", timeout, lastErr)
+}
+
+// addr is the listener's host:port.
+func (s *server) addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
+
+// baseURL is the HTTP(S) base URL. TLS uses the name "localhost", which the
+// certificate is issued for (and which derper requires as SNI).
+func (s *server) baseURL() string {
+	if s.tls {
+		return fmt.Sprintf("https://localhost:%d", s.port)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", s.port)
+}
+
+// derpURL is the URL given to derphttp.NewClient.
+func (s *server) derpURL() string { return s.baseURL() + "/derp" }
+
+// tlsConfig is the client TLS config that trusts this server's cert.
+func (s *server) tlsConfig() *tls.Config {
+	return &tls.Config{RootCAs: s.certPool, ServerName: "localhost"}
+}
+
+func (s *server) newHTTPClient() *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		// Always dial the loopback listener, whatever "localhost" resolves to.
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp4", s.addr())
+		},
+		ForceAttemptHTTP2:   false,
+		TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConns:        4,
+		IdleConnTimeout:     5 * time.Second,
+	}
+	if s.tls {
+		tr.TLSClientConfig = s.tlsConfig()
+	}
+	return &http.Client{
+		Transport: tr,
+		Timeout:   10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+// dial opens a raw connection to the listener: TCP, plus a TLS handshake
+// (SNI localhost, no ALPN) on TLS servers.
+func (s *server) dial(t testing.TB) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp4", s.addr(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", s.addr(), err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if !s.tls {
+		return c
+	}
+	tc := tls.Client(c, s.tlsConfig())
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("TLS handshake with %s: %v", s.addr(), err)
+	}
+	c.SetDeadline(time.Time{})
+	return tc
+}
+
+// writeCert creates a self-signed ECDSA certificate for "localhost" and
+// 127.0.0.1 as DIR/localhost.crt and DIR/localhost.key (PKCS#8).
+func (s *server) writeCert() error {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "localhost", Organization: []string{"ferry interop test"}},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		DNSNames:              []string{"localhost"},
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		return err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return err
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	s.certFile = filepath.Join(s.dir, "localhost.crt")
+	if err := os.WriteFile(s.certFile, certPEM, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "localhost.key"), keyPEM, 0o600); err != nil {
+		return err
+	}
+	s.certPool = x509.NewCertPool()
+	s.certPool.AddCert(cert)
+	return nil
+}
