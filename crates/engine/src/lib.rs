@@ -13,16 +13,20 @@
 //!   pair of shards — a byte ring for packets and a typed ring for control
 //!   messages — and the [`mailbox::Doorbell`] that wakes a parked shard once
 //!   per batch instead of once per packet.
+//! - [`backend`]: choosing io_uring or epoll at start-up, with the reason.
 //! - [`runtime`]: the loop that ties a driver, a doorbell and a handler
 //!   together, and the helper that spawns pinned shard threads.
 
 #![deny(unsafe_code)]
 
+pub mod backend;
 pub mod driver;
 pub mod epoll;
 pub mod mailbox;
 pub mod runtime;
+pub mod uring;
 
+pub use backend::{Backend, IoMode};
 pub use driver::{Completion, Driver, Slot};
 pub use epoll::EpollDriver;
 pub use mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};

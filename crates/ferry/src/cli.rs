@@ -92,6 +92,11 @@ pub struct Args {
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub pin: bool,
 
+    /// I/O back end: auto (io_uring where the kernel allows it, else
+    /// epoll), uring, or epoll.
+    #[arg(long, default_value = "auto")]
+    pub io: ferry_engine::IoMode,
+
     /// Extra listener serving Prometheus metrics at /metrics (any client;
     /// /debug/varz on the main listener is loopback-only).
     #[arg(long = "metrics-addr")]

@@ -96,6 +96,7 @@ fn run() -> Result<()> {
         pin: args.pin,
         stun: plan.stun,
         metrics_addr: args.metrics_addr,
+        io: args.io,
     })
     .context("starting the relay")?;
 

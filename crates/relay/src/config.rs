@@ -96,7 +96,7 @@ impl RelayConfig {
             keepalive: Duration::from_secs(60),
             send_queue_bytes: 1 << 20,
             disco_queue_packets: 32,
-            ring_bytes: 4 << 20,
+            ring_bytes: 1 << 20,
             tcp_keepalive: Some(Duration::from_secs(600)),
             tcp_user_timeout: Some(Duration::from_secs(15)),
             home: HomePage::Default,

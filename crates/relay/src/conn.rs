@@ -68,6 +68,11 @@ pub struct Conn {
     pub paused: bool,
     /// A record waiting for space in a cross-shard ring.
     pub stalled: Option<Stalled>,
+    /// Paused because a destination it sends to is backed up.
+    pub bp_paused: bool,
+    /// Senders paused because this connection's queue is over its cap;
+    /// resumed when it drains or goes away.
+    pub waiters: Vec<crate::shard::ConnRef>,
 
     /// Client key (valid from the end of the handshake).
     pub key: NodePublic,
@@ -108,6 +113,8 @@ pub struct Conn {
     pub spare: Vec<u8>,
     /// A send is in flight since then.
     pub in_flight: Option<Instant>,
+    /// Plaintext bytes in that send (for the queued-bytes gauge).
+    pub in_flight_bytes: usize,
     /// On the shard's list of connections to flush.
     pub dirty: bool,
     /// A pong is queued and not yet flushed (further pings are ignored).
@@ -151,6 +158,8 @@ impl Conn {
             stash: Vec::new(),
             paused: false,
             stalled: None,
+            bp_paused: false,
+            waiters: Vec::new(),
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,
             prober: false,
@@ -170,6 +179,7 @@ impl Conn {
             data_n: 0,
             spare: Vec::new(),
             in_flight: None,
+            in_flight_bytes: 0,
             dirty: false,
             pong_pending: false,
             close_after_flush: None,

@@ -246,6 +246,10 @@ pub struct ShardMetrics {
     pub cross_shard_out: Counter,
     /// Times a sender was paused because the ring to another shard was full.
     pub ring_stalls: Counter,
+    /// Times a sender was paused because a destination was backed up.
+    pub backpressure_pauses: Counter,
+    /// Senders paused right now for that reason.
+    pub senders_paused: Gauge,
     /// Connections moved here from the shard that accepted them.
     pub migrations_in: Counter,
     /// Bytes waiting in connections' send queues on this shard.
@@ -573,8 +577,20 @@ impl Metrics {
         gauge(
             w,
             "ferry_queued_bytes",
-            "Bytes waiting in client send queues.",
+            "Bytes queued for clients or being written to them.",
             self.sum_gauge(|s| s.queued_bytes.get()),
+        );
+        counter(
+            w,
+            "ferry_backpressure_pauses_total",
+            "Senders paused because a destination's queue was over its cap.",
+            self.sum(|s| s.backpressure_pauses.get()),
+        );
+        gauge(
+            w,
+            "ferry_senders_paused",
+            "Senders paused right now by backpressure.",
+            self.sum_gauge(|s| s.senders_paused.get()),
         );
         counter(
             w,

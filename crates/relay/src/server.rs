@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferry_engine::mailbox::{byte_ring, msg_ring, Doorbell};
-use ferry_engine::{run_shard, Driver, EpollDriver};
+use ferry_engine::{run_shard, Backend, Driver, EpollDriver, IoMode};
 
 use crate::config::{ListenerSpec, RelayConfig};
 use crate::metrics::Metrics;
@@ -38,6 +38,8 @@ pub struct ServerOptions {
     pub stun: Option<SocketAddr>,
     /// Extra address serving only `/metrics`, if any.
     pub metrics_addr: Option<SocketAddr>,
+    /// Which I/O back end to use.
+    pub io: IoMode,
 }
 
 /// Why a relay could not start.
@@ -59,6 +61,9 @@ pub enum StartError {
         /// The cause.
         source: io::Error,
     },
+    /// The requested I/O back end cannot run here.
+    #[error("{0}")]
+    Backend(String),
     /// A shard thread could not start.
     #[error("cannot start shard {shard}: {source}")]
     Shard {
@@ -123,11 +128,10 @@ impl Server {
             listen_addrs.push(addr);
         }
 
-        let metrics = Metrics::new(
-            n,
-            "epoll",
-            "the io_uring back end is not built yet; epoll via mio".into(),
-        );
+        let (backend, backend_reason) =
+            ferry_engine::backend::select(opts.io).map_err(StartError::Backend)?;
+        tracing::info!(backend = backend.name(), reason = %backend_reason, "I/O back end");
+        let metrics = Metrics::new(n, backend.name(), backend_reason);
         let shared = Arc::new(Shared {
             config: Arc::new(opts.config.clone()),
             metrics: metrics.clone(),
@@ -159,8 +163,7 @@ impl Server {
             }
         }
 
-        let (ready_tx, ready_rx) =
-            mpsc::channel::<(usize, io::Result<Arc<dyn Fn() + Send + Sync>>)>();
+        let (ready_tx, ready_rx) = mpsc::channel::<(usize, io::Result<WakerFn>)>();
         let mut go = Vec::new();
         let mut shards = Vec::new();
         for (id, (listeners, rings)) in per_shard.into_iter().zip(rings).enumerate() {
@@ -175,37 +178,26 @@ impl Server {
             };
             let handle =
                 ferry_engine::runtime::spawn_pinned(format!("ferry-shard-{id}"), cpu, move || {
-                    let mut driver = match EpollDriver::new() {
-                        Ok(d) => d,
-                        Err(e) => {
-                            let _ = ready_tx.send((id, Err(e)));
-                            return Ok(());
-                        }
+                    let start = ShardStart {
+                        id,
+                        shards: n,
+                        listeners,
+                        shared,
+                        rings,
+                        ready_tx,
+                        go_rx,
                     };
-                    for l in listeners {
-                        if let Err(e) = driver.add_listener(l) {
-                            let _ = ready_tx.send((id, Err(e)));
-                            return Ok(());
-                        }
+                    match backend {
+                        Backend::Epoll => start.run(EpollDriver::new()),
+                        Backend::Uring => start.run(ferry_engine::uring::UringDriver::new()),
                     }
-                    let _ = ready_tx.send((id, Ok(driver.waker())));
-                    if !go_rx.recv().unwrap_or(false) {
-                        return Ok(());
-                    }
-                    let bell = shared.doorbells.get().expect("doorbells published")[id].clone();
-                    let mut shard = Shard::new(id, n, shared, rings);
-                    let result = run_shard(&mut driver, &bell, &mut shard);
-                    if let Err(e) = &result {
-                        tracing::error!(shard = id, error = %e, "shard stopped on an I/O error");
-                    }
-                    result
                 })
                 .map_err(|source| StartError::Shard { shard: id, source })?;
             shards.push(handle);
         }
         drop(ready_tx);
 
-        let mut wakers: Vec<Option<Arc<dyn Fn() + Send + Sync>>> = (0..n).map(|_| None).collect();
+        let mut wakers: Vec<Option<WakerFn>> = (0..n).map(|_| None).collect();
         let mut failure = None;
         for _ in 0..n {
             match ready_rx.recv() {
@@ -307,6 +299,59 @@ impl Server {
         self.aux_stop.store(true, Ordering::SeqCst);
         for h in self.aux {
             let _ = h.join();
+        }
+        result
+    }
+}
+
+type WakerFn = Arc<dyn Fn() + Send + Sync>;
+
+/// What a shard thread needs to start, whatever its back end.
+struct ShardStart {
+    id: usize,
+    shards: usize,
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+    rings: Rings,
+    ready_tx: mpsc::Sender<(usize, io::Result<WakerFn>)>,
+    go_rx: mpsc::Receiver<bool>,
+}
+
+impl ShardStart {
+    /// Takes the driver created on this thread (io_uring requires that),
+    /// reports its waker, waits for the go, then runs the shard loop.
+    fn run<D: Driver>(self, driver: io::Result<D>) -> io::Result<()> {
+        let ShardStart {
+            id,
+            shards,
+            listeners,
+            shared,
+            rings,
+            ready_tx,
+            go_rx,
+        } = self;
+        let mut driver = match driver {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = ready_tx.send((id, Err(e)));
+                return Ok(());
+            }
+        };
+        for l in listeners {
+            if let Err(e) = driver.add_listener(l) {
+                let _ = ready_tx.send((id, Err(e)));
+                return Ok(());
+            }
+        }
+        let _ = ready_tx.send((id, Ok(driver.waker())));
+        if !go_rx.recv().unwrap_or(false) {
+            return Ok(());
+        }
+        let bell = shared.doorbells.get().expect("doorbells published")[id].clone();
+        let mut shard = Shard::new(id, shards, shared, rings);
+        let result = run_shard(&mut driver, &bell, &mut shard);
+        if let Err(e) = &result {
+            tracing::error!(shard = id, error = %e, "shard stopped on an I/O error");
         }
         result
     }

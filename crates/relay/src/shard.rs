@@ -126,6 +126,10 @@ pub enum Mail {
     Watch(ConnRef, WatchEvent),
     /// Close every connection of this key (closePeer from a mesh peer).
     ClosePeer(NodePublic),
+    /// Stop reading this sender: a destination it feeds is backed up.
+    Pause(ConnRef),
+    /// The destination drained (or left): the sender may read again.
+    Resume(ConnRef),
 }
 
 /// What all shards share, read-only.
@@ -239,6 +243,8 @@ pub struct Shard {
     turn_started: Option<Instant>,
     draining: Option<Instant>,
     done: bool,
+    /// Queue size past which even paused-sender overshoot is dropped.
+    hard_cap: usize,
     log: LogLimiter,
 }
 
@@ -254,6 +260,11 @@ impl Shard {
     /// A shard with its id, the shared state and its rings.
     pub fn new(id: usize, shards: usize, shared: Arc<Shared>, rings: Rings) -> Self {
         let now = Instant::now();
+        let cfg = &shared.config;
+        // Per other shard: a full ring plus one turn of reads.
+        let per_shard =
+            cfg.ring_bytes + ferry_engine::epoll::READ_CHUNK * ferry_engine::epoll::READ_BUDGET;
+        let hard_cap = cfg.send_queue_bytes + (shards - 1) * per_shard + frame::MAX_PACKET_SIZE;
         Shard {
             id,
             shards,
@@ -279,6 +290,7 @@ impl Shard {
             turn_started: None,
             draining: None,
             done: false,
+            hard_cap,
             log: LogLimiter {
                 window: now,
                 lines: 0,
@@ -382,11 +394,15 @@ impl Shard {
         conn.closing = Some(reason);
         let phase = conn.phase;
         let (disco_n, data_n) = (conn.disco_n, conn.data_n);
-        let queued = conn.queued_bytes() as i64;
+        let queued = (conn.queued_bytes() + conn.in_flight_bytes) as i64;
+        let bp_paused = std::mem::take(&mut conn.bp_paused);
         self.closing.push(slot);
         let m = &self.shared.metrics.shards[self.id];
         m.closes[reason as usize].inc();
         m.queued_bytes.add(-queued);
+        if bp_paused {
+            m.senders_paused.add(-1);
+        }
         m.packets_dropped[DropReason::GoneDisconnected as usize][PacketKind::Disco as usize]
             .add(disco_n.into());
         m.packets_dropped[DropReason::GoneDisconnected as usize][PacketKind::Other as usize]
@@ -646,6 +662,7 @@ impl Shard {
 
     fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
         let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
+        let was_handshake = self.conns[slot].phase == Phase::ClientInfo;
         let result = match self.conns[slot].phase {
             Phase::ClientInfo => {
                 deframer.feed(data, &frame::ClientInfoFramePolicy, |ty, payload| {
@@ -662,7 +679,10 @@ impl Shard {
             }
         };
         self.conns[slot].deframer = deframer;
-        if result == Ok(frame::Fed::Paused) && self.conns[slot].phase == Phase::Active {
+        if was_handshake
+            && result == Ok(frame::Fed::Paused)
+            && self.conns[slot].phase == Phase::Active
+        {
             // clientInfo registered the connection here: what followed it
             // in the same read is held by the deframer and now read under
             // the steady-state rules.
@@ -814,6 +834,7 @@ impl Shard {
     }
 
     fn unregister(&mut self, slot: Slot) {
+        self.release_waiters(slot);
         let conn = &mut self.conns[slot];
         let key = conn.key;
         let (preferred, watcher) = (conn.preferred, conn.watcher);
@@ -1086,7 +1107,10 @@ impl Shard {
         let owner = self.shared.owner_of(dst, self.shards);
         if owner == self.id {
             let from = self.conn_ref(slot);
-            self.deliver(record_kind, src, dst, packet, from);
+            if self.deliver(record_kind, src, dst, packet, from) {
+                self.pause_sender(slot);
+                return ControlFlow::Break(());
+            }
             return ControlFlow::Continue(());
         }
         let gen = self.conns[slot].gen;
@@ -1118,7 +1142,18 @@ impl Shard {
         ControlFlow::Break(())
     }
 
-    /// Queues a packet to the local active connection of `dst`.
+    /// Queues a packet to the local active connection of `dst`. Returns
+    /// `true` when the sender `from` must pause: the destination's data
+    /// queue went over its cap, and `from` is now among its waiters.
+    ///
+    /// Backpressure replaces derper's drops for ordinary senders: the
+    /// packet is taken, the sender stops being read until the destination
+    /// drains, and TCP carries the signal back to it. Only senders feeding
+    /// that destination pause. Mesh-forwarded packets are dropped instead
+    /// (a paused mesh link would stall a whole peer server). A sender on
+    /// another shard learns of its pause one turn later, so the queue may
+    /// overshoot by what its ring holds plus one turn of reading; the hard
+    /// cap (see [`Shard::new`]) is that bound, and drops only beyond it.
     fn deliver(
         &mut self,
         record_kind: u8,
@@ -1126,7 +1161,7 @@ impl Shard {
         dst: &NodePublic,
         packet: &[u8],
         from: ConnRef,
-    ) {
+    ) -> bool {
         let kind = kind_of(packet);
         let m = &self.shared.metrics.shards[self.id];
         let drop = |m: &ShardMetrics, reason: DropReason| {
@@ -1155,36 +1190,45 @@ impl Shard {
                     );
                 }
             }
-            return;
+            return false;
         };
         let Some(slot) = entry.active else {
             drop(m, DropReason::DupClient);
-            return;
+            return false;
         };
         let cap_bytes = self.shared.config.send_queue_bytes;
         let cap_disco = self.shared.config.disco_queue_packets as u32;
         let conn = &mut self.conns[slot];
         if conn.closing.is_some() {
             drop(m, DropReason::GoneDisconnected);
-            return;
+            return false;
         }
         let frame_len = frame::HEADER_LEN + 32 + packet.len();
+        let mut pause = false;
         match kind {
             PacketKind::Disco => {
                 if conn.disco_n >= cap_disco {
                     drop(m, DropReason::QueueTail);
-                    return;
+                    return false;
                 }
                 frame::put_recv_packet(&mut conn.disco, src, packet);
                 conn.disco_n += 1;
             }
             PacketKind::Other => {
-                if conn.data.len() + frame_len > cap_bytes {
+                let after = conn.data.len() + frame_len;
+                if after > cap_bytes && (record_kind == RECORD_FORWARD || after > self.hard_cap) {
                     drop(m, DropReason::QueueTail);
-                    return;
+                    return false;
                 }
                 frame::put_recv_packet(&mut conn.data, src, packet);
                 conn.data_n += 1;
+                if after > cap_bytes
+                    && record_kind != RECORD_FORWARD
+                    && !conn.waiters.contains(&from)
+                {
+                    conn.waiters.push(from);
+                    pause = true;
+                }
             }
         }
         m.packets_sent.inc();
@@ -1198,6 +1242,61 @@ impl Shard {
             }
         }
         self.mark_dirty(slot);
+        pause
+    }
+
+    /// Stops reading a local sender until every destination that paused
+    /// it has drained.
+    fn pause_sender(&mut self, slot: Slot) {
+        let conn = &mut self.conns[slot];
+        if !conn.bp_paused {
+            conn.bp_paused = true;
+            let m = &self.shared.metrics.shards[self.id];
+            m.backpressure_pauses.inc();
+            m.senders_paused.add(1);
+        }
+        if !conn.paused {
+            conn.paused = true;
+            self.ops.push(Op::SetRecv(slot, false));
+        }
+    }
+
+    /// A destination that paused `r` drained or left.
+    fn resume_sender(&mut self, r: ConnRef) {
+        if r.shard != self.id {
+            self.mail(r.shard, Mail::Resume(r));
+            return;
+        }
+        let Some(slot) = self.live(r) else { return };
+        let conn = &mut self.conns[slot];
+        if conn.bp_paused {
+            conn.bp_paused = false;
+            self.shared.metrics.shards[self.id].senders_paused.add(-1);
+        }
+        self.try_resume(slot);
+    }
+
+    /// Resumes input if nothing holds it any more.
+    fn try_resume(&mut self, slot: Slot) {
+        let conn = &self.conns[slot];
+        if conn.paused
+            && !conn.bp_paused
+            && conn.stalled.is_none()
+            && conn.phase == Phase::Active
+            && !self.ended(slot)
+        {
+            self.resume_input(slot);
+        }
+    }
+
+    /// Lets every sender waiting on `slot` go.
+    fn release_waiters(&mut self, slot: Slot) {
+        if self.conns[slot].waiters.is_empty() {
+            return;
+        }
+        for r in std::mem::take(&mut self.conns[slot].waiters) {
+            self.resume_sender(r);
+        }
     }
 
     fn not_here(&mut self, to: ConnRef, dst: NodePublic) {
@@ -1293,17 +1392,14 @@ impl Shard {
             return;
         };
         // The sender lives on the shard whose ring this is.
-        self.deliver(
-            kind,
-            &src,
-            &dst,
-            packet,
-            ConnRef {
-                shard: from,
-                slot: slot as usize,
-                gen,
-            },
-        );
+        let sender = ConnRef {
+            shard: from,
+            slot: slot as usize,
+            gen,
+        };
+        if self.deliver(kind, &src, &dst, packet, sender) {
+            self.mail(from, Mail::Pause(sender));
+        }
     }
 
     fn on_mail(&mut self, mail: Mail) {
@@ -1315,6 +1411,12 @@ impl Shard {
             Mail::RemoveWatcher(w) => self.watchers.retain(|x| *x != w),
             Mail::Watch(w, ev) => self.watch_event(w, ev),
             Mail::ClosePeer(key) => self.close_peer(key),
+            Mail::Pause(r) => {
+                if let Some(slot) = self.live(r) {
+                    self.pause_sender(slot);
+                }
+            }
+            Mail::Resume(r) => self.resume_sender(r),
         }
     }
 
@@ -1398,7 +1500,7 @@ impl Shard {
                 self.record = st.record;
             }
             self.stalled.swap_remove(i);
-            self.resume_input(slot);
+            self.try_resume(slot);
         }
     }
 
@@ -1482,7 +1584,6 @@ impl Shard {
             conn.disco_n = 0;
             conn.data_n = 0;
             conn.pong_pending = false;
-            self.shared.metrics.shards[self.id].queued_bytes.add(-moved);
             if buf.is_empty() {
                 conn.spare = buf;
                 if let Some(reason) = conn.close_after_flush {
@@ -1491,7 +1592,13 @@ impl Shard {
                 continue;
             }
             conn.in_flight = Some(now);
+            conn.in_flight_bytes = moved as usize;
             driver.send(slot, buf);
+            // The queue moved into this send: senders held back for this
+            // destination may go on.
+            if !conn.waiters.is_empty() {
+                self.release_waiters(slot);
+            }
         }
     }
 
@@ -1501,6 +1608,8 @@ impl Shard {
         };
         conn.in_flight = None;
         conn.spare = buf;
+        let sent = std::mem::take(&mut conn.in_flight_bytes) as i64;
+        self.shared.metrics.shards[self.id].queued_bytes.add(-sent);
         if let Err(e) = result {
             if conn.closing.is_none() {
                 let peer = conn.peer;

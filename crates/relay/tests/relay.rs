@@ -624,3 +624,103 @@ fn frames_in_the_same_write_as_client_info() {
         stop(server);
     }
 }
+
+/// A reader that falls behind slows its senders down instead of losing
+/// their packets: nothing is dropped, the sender is paused and resumed,
+/// and every packet arrives in order.
+#[test]
+fn slow_reader_gets_backpressure_not_loss() {
+    for workers in [1, 2] {
+        let (server, addr) = start(workers, |cfg| {
+            cfg.send_queue_bytes = 64 * 1024;
+            cfg.write_timeout = Some(Duration::from_secs(20));
+        });
+        let mut sender = Client::connect(addr);
+        let mut reader = Client::connect(addr);
+        let reader_key = reader.public;
+        const N: u32 = 3000;
+        let writer = std::thread::spawn(move || {
+            let mut payload = vec![0u8; 1200];
+            for i in 0..N {
+                payload[..4].copy_from_slice(&i.to_be_bytes());
+                sender.send(&reader_key, &payload);
+            }
+            sender
+        });
+        // Let the queue fill while the reader reads nothing.
+        assert!(
+            eventually(T, || metric(addr, "ferry_backpressure_pauses_total") >= 1.0),
+            "the sender was never paused (workers={workers})"
+        );
+        for i in 0..N {
+            let (_, p) = reader
+                .recv_packet(Duration::from_secs(20))
+                .expect("every packet arrives");
+            assert_eq!(
+                u32::from_be_bytes(p[..4].try_into().unwrap()),
+                i,
+                "in order (workers={workers})"
+            );
+        }
+        let _sender = writer.join().unwrap();
+        let dropped = metric(
+            addr,
+            "derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}",
+        ) + metric(
+            addr,
+            "derp_packets_dropped{kind=\"other\",reason=\"queue_head\"}",
+        );
+        assert_eq!(dropped, 0.0, "workers={workers}");
+        assert!(eventually(T, || metric(addr, "ferry_senders_paused") == 0.0));
+        stop(server);
+    }
+}
+
+/// One heavy sender stuck behind a slow reader does not hold up a pair
+/// that talks elsewhere.
+#[test]
+fn backpressure_is_per_sender() {
+    let (server, addr) = start(2, |cfg| {
+        cfg.send_queue_bytes = 32 * 1024;
+        cfg.write_timeout = Some(Duration::from_secs(30));
+    });
+    let mut heavy = Client::connect(addr);
+    let slow = Client::connect(addr);
+    let mut a = Client::connect(addr);
+    let mut b = Client::connect(addr);
+    let slow_key = slow.public;
+    let stop_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop_flag.clone();
+    let flood = std::thread::spawn(move || {
+        heavy
+            .stream
+            .set_write_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut out = Vec::new();
+        frame::put_send_packet(&mut out, &slow_key, &[7u8; 1300]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+            // Blocks (and times out) once the relay stops reading us.
+            let _ = heavy.write(&out);
+        }
+    });
+    assert!(
+        eventually(T, || metric(addr, "ferry_senders_paused") >= 1.0),
+        "heavy sender paused"
+    );
+    let start = Instant::now();
+    for i in 0..200u32 {
+        a.send(&b.public, &i.to_be_bytes());
+        let (_, p) = b.recv_packet(T).expect("the other pair is unaffected");
+        assert_eq!(p, i.to_be_bytes());
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    stop_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    drop(slow);
+    stop(server);
+}

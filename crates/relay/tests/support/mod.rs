@@ -38,10 +38,19 @@ pub fn start_on(
         pin: false,
         stun: Some(SocketAddr::new(addr.ip(), 0)),
         metrics_addr: None,
+        io: io_mode(),
     })
     .expect("server starts");
     let addr = server.listen_addrs[0];
     (server, addr)
+}
+
+/// The back end under test: `FERRY_IO` (auto, uring, epoll), default auto.
+pub fn io_mode() -> ferry_engine::IoMode {
+    std::env::var("FERRY_IO")
+        .ok()
+        .map(|v| v.parse().expect("FERRY_IO: auto, uring or epoll"))
+        .unwrap_or_default()
 }
 
 /// Stops a relay and waits for it.
