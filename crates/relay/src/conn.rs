@@ -36,14 +36,6 @@ pub enum Phase {
     Responding,
 }
 
-/// A packet record that could not enter a full cross-shard ring yet.
-pub struct Stalled {
-    /// Target shard.
-    pub shard: usize,
-    /// The record, ready to push.
-    pub record: Vec<u8>,
-}
-
 /// A client connection.
 pub struct Conn {
     /// Distinguishes this connection from later ones in the same slot.
@@ -66,8 +58,10 @@ pub struct Conn {
     pub stash: Vec<u8>,
     /// Input is paused (ring full, migrating).
     pub paused: bool,
-    /// A record waiting for space in a cross-shard ring.
-    pub stalled: Option<Stalled>,
+    /// A packet record waits for space in the ring to this shard.
+    pub stalled_to: Option<usize>,
+    /// That record (its memory is kept for the next stall).
+    pub stall_record: Vec<u8>,
     /// Paused because a destination it sends to is backed up.
     pub bp_paused: bool,
     /// Senders paused because this connection's queue is over its cap;
@@ -157,7 +151,8 @@ impl Conn {
             deframer: Deframer::new(),
             stash: Vec::new(),
             paused: false,
-            stalled: None,
+            stalled_to: None,
+            stall_record: Vec::new(),
             bp_paused: false,
             waiters: Vec::new(),
             key: NodePublic::from_bytes([0; 32]),

@@ -49,7 +49,7 @@ use ferry_proto::{http, nacl};
 use slab::Slab;
 
 use crate::config::{ListenerKind, RelayConfig};
-use crate::conn::{Conn, Phase, Stalled};
+use crate::conn::{Conn, Phase};
 use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
@@ -231,10 +231,12 @@ pub struct Shard {
     notify: Vec<bool>,
     ops: Vec<Op>,
     dirty: Vec<Slot>,
+    dirty_spare: Vec<Slot>,
     closing: Vec<Slot>,
     migrating: Vec<Slot>,
     stalled: Vec<Slot>,
     plain: Box<[u8]>,
+    plain_out: Vec<u8>,
     record: Vec<u8>,
     mail_batch: Vec<Mail>,
     activity: u64,
@@ -278,10 +280,12 @@ impl Shard {
             notify: vec![false; shards],
             ops: Vec::new(),
             dirty: Vec::new(),
+            dirty_spare: Vec::new(),
             closing: Vec::new(),
             migrating: Vec::new(),
             stalled: Vec::new(),
             plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
+            plain_out: Vec::new(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::new(),
             activity: 0,
@@ -1125,16 +1129,11 @@ impl Shard {
             return ControlFlow::Continue(());
         }
         // The owner is behind: keep this packet, stop reading the sender.
-        let mut record = std::mem::take(&mut self.record);
-        record.clear();
-        record.extend_from_slice(&header);
-        record.extend_from_slice(packet);
         let conn = &mut self.conns[slot];
-        conn.stalled = Some(Stalled {
-            shard: owner,
-            record,
-        });
-        self.record = Vec::with_capacity(0);
+        conn.stall_record.clear();
+        conn.stall_record.extend_from_slice(&header);
+        conn.stall_record.extend_from_slice(packet);
+        conn.stalled_to = Some(owner);
         conn.paused = true;
         self.ops.push(Op::SetRecv(slot, false));
         self.stalled.push(slot);
@@ -1281,7 +1280,7 @@ impl Shard {
         let conn = &self.conns[slot];
         if conn.paused
             && !conn.bp_paused
-            && conn.stalled.is_none()
+            && conn.stalled_to.is_none()
             && conn.phase == Phase::Active
             && !self.ended(slot)
         {
@@ -1294,9 +1293,15 @@ impl Shard {
         if self.conns[slot].waiters.is_empty() {
             return;
         }
-        for r in std::mem::take(&mut self.conns[slot].waiters) {
+        // Reuse the list's memory; senders resumed here may queue again
+        // (and wait again) while it is being walked.
+        let mut waiting = std::mem::take(&mut self.conns[slot].waiters);
+        for r in waiting.drain(..) {
             self.resume_sender(r);
         }
+        let conn = &mut self.conns[slot];
+        std::mem::swap(&mut conn.waiters, &mut waiting);
+        conn.waiters.append(&mut waiting);
     }
 
     fn not_here(&mut self, to: ConnRef, dst: NodePublic) {
@@ -1329,7 +1334,8 @@ impl Shard {
     // ----- after each turn -----
 
     fn run_ops(&mut self, driver: &mut dyn DriverOps) {
-        for op in std::mem::take(&mut self.ops) {
+        let mut ops = std::mem::take(&mut self.ops);
+        for op in ops.drain(..) {
             match op {
                 Op::Attach(slot, stream) => {
                     if let Err(e) = driver.attach(slot, stream) {
@@ -1344,6 +1350,8 @@ impl Shard {
                 }
             }
         }
+        std::mem::swap(&mut self.ops, &mut ops);
+        self.ops.append(&mut ops);
     }
 
     /// Reads everything shard `from` left for this one.
@@ -1380,10 +1388,11 @@ impl Shard {
             // The producer may have paused senders on this ring.
             self.notify[from] = true;
         }
-        let batch = std::mem::take(&mut self.mail_batch);
-        for mail in batch {
+        let mut batch = std::mem::take(&mut self.mail_batch);
+        for mail in batch.drain(..) {
             self.on_mail(mail);
         }
+        self.mail_batch = batch;
     }
 
     fn on_record(&mut self, from: usize, record: &[u8]) {
@@ -1479,26 +1488,22 @@ impl Shard {
                 continue;
             };
             if conn.closing.is_some() {
-                conn.stalled = None;
+                conn.stalled_to = None;
                 self.stalled.swap_remove(i);
                 continue;
             }
-            let Some(st) = conn.stalled.as_ref() else {
+            let Some(shard) = conn.stalled_to else {
                 self.stalled.swap_remove(i);
                 continue;
             };
-            let shard = st.shard;
             let tx = self.rings.bytes_tx[shard].as_mut().expect("ring");
-            if !tx.try_push(&[&st.record]) {
+            if !tx.try_push(&[&conn.stall_record]) {
                 i += 1;
                 continue;
             }
+            conn.stalled_to = None;
             self.notify[shard] = true;
             self.shared.metrics.shards[self.id].cross_shard_out.inc();
-            let st = conn.stalled.take().expect("stalled");
-            if self.record.capacity() == 0 {
-                self.record = st.record;
-            }
             self.stalled.swap_remove(i);
             self.try_resume(slot);
         }
@@ -1543,7 +1548,11 @@ impl Shard {
 
     fn flush(&mut self, driver: &mut dyn DriverOps) {
         let now = self.now;
-        for slot in std::mem::take(&mut self.dirty) {
+        // Connections marked while flushing go on the other list (both keep
+        // their memory from turn to turn).
+        let mut dirty = std::mem::take(&mut self.dirty);
+        std::mem::swap(&mut self.dirty, &mut self.dirty_spare);
+        for slot in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(slot) else {
                 continue;
             };
@@ -1556,10 +1565,21 @@ impl Shard {
             let moved = conn.queued_bytes() as i64;
             if let Some(tls) = conn.tls.as_mut() {
                 if !tls.is_handshaking() {
+                    // One plaintext write per flush: rustls cuts it into as
+                    // few records as the 16 KiB record limit allows, so many
+                    // small frames share records.
+                    let parts = [&conn.ctrl, &conn.disco, &conn.data];
                     let mut w = tls.writer();
-                    let _ = w.write_all(&conn.ctrl);
-                    let _ = w.write_all(&conn.disco);
-                    let _ = w.write_all(&conn.data);
+                    if parts.iter().filter(|p| !p.is_empty()).count() > 1 {
+                        let plain = &mut self.plain_out;
+                        plain.clear();
+                        for p in parts {
+                            plain.extend_from_slice(p);
+                        }
+                        let _ = w.write_all(plain);
+                    } else if let Some(p) = parts.into_iter().find(|p| !p.is_empty()) {
+                        let _ = w.write_all(p);
+                    }
                     conn.ctrl.clear();
                     conn.disco.clear();
                     conn.data.clear();
@@ -1600,6 +1620,7 @@ impl Shard {
                 self.release_waiters(slot);
             }
         }
+        self.dirty_spare = dirty;
     }
 
     fn on_sent(&mut self, slot: Slot, buf: Vec<u8>, result: io::Result<()>) {
@@ -1712,7 +1733,8 @@ impl Shard {
     }
 
     fn release_closed(&mut self, driver: &mut dyn DriverOps) {
-        for slot in std::mem::take(&mut self.closing) {
+        let mut closing = std::mem::take(&mut self.closing);
+        for slot in closing.drain(..) {
             if let Some(conn) = self.conns.try_remove(slot) {
                 driver.close(slot);
                 let m = self.m();
@@ -1722,6 +1744,8 @@ impl Shard {
                 }
             }
         }
+        std::mem::swap(&mut self.closing, &mut closing);
+        self.closing.append(&mut closing);
     }
 
     fn ring_doorbells(&mut self) {
