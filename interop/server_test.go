@@ -219,6 +219,12 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		s.args = append(s.args, "--mesh-psk-file", s.pskFile)
 	}
 
+	if kind == kindFerry {
+		// FERRY_ARGS adds flags to every ferry command line, so the suite
+		// can run once per I/O back end ("--io epoll", "--io uring").
+		s.args = append(s.args, strings.Fields(os.Getenv("FERRY_ARGS"))...)
+	}
+
 	s.httpc = s.newHTTPClient()
 
 	cmd := exec.Command(bin, s.args...)

@@ -1,7 +1,11 @@
 # The Go interop suite: Tailscale's own client code (derphttp, derpprobe,
-# stun) against ferry and derper side by side.
+# stun) against ferry and derper side by side — once with ferry on epoll,
+# once with its default back end (io_uring where the kernel allows it).
 set -euo pipefail
 cargo build --locked -p ferry
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 cd interop
-FERRY_BIN="$target_dir/debug/ferry" go test ./... -count=1 -timeout 10m
+echo "-- ferry --io epoll (and derper)"
+FERRY_BIN="$target_dir/debug/ferry" FERRY_ARGS="--io epoll" go test ./... -count=1 -timeout 10m
+echo "-- ferry --io auto"
+FERRY_BIN="$target_dir/debug/ferry" FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry go test ./... -count=1 -timeout 10m

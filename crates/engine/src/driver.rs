@@ -61,6 +61,18 @@ pub enum Completion<'a> {
         /// `Err` when the socket failed before every byte was written.
         result: io::Result<()>,
     },
+    /// A TLS record that is not application data arrived on a socket in
+    /// kernel-TLS receive mode (see [`Driver::set_ktls_rx`]): an alert, or a
+    /// post-handshake message such as KeyUpdate. Application data keeps
+    /// arriving as [`Completion::Received`].
+    Record {
+        /// The connection.
+        slot: Slot,
+        /// TLS record content type (21 alert, 22 handshake, ...).
+        record_type: u8,
+        /// The decrypted record body; valid only during this call.
+        data: &'a [u8],
+    },
     /// Another thread rang this shard's doorbell.
     Woken,
 }
@@ -105,4 +117,19 @@ pub trait Driver {
 
     /// Short name for logs and metrics ("epoll", "uring").
     fn name(&self) -> &'static str;
+
+    /// The socket of `slot`, for socket options (kernel TLS set-up).
+    /// `None` from a back end that does not expose its sockets, which then
+    /// keeps TLS in userspace.
+    fn fd(&self, _slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// From now on, read `slot` as a kernel-TLS socket: application data
+    /// as before, other records as [`Completion::Record`] (the kernel
+    /// refuses a plain read of a non-data record). Back ends that cannot
+    /// do this return `Unsupported`, and the relay keeps TLS in userspace.
+    fn set_ktls_rx(&mut self, _slot: Slot) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
 }

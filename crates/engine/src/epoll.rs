@@ -374,6 +374,9 @@ mod tests {
                     Completion::Sent { slot, result, .. } => {
                         format!("sent {slot} {}", result.is_ok())
                     }
+                    Completion::Record {
+                        slot, record_type, ..
+                    } => format!("record {slot} {record_type}"),
                     Completion::Woken => "woken".into(),
                 })
             })

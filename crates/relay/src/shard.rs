@@ -1317,6 +1317,18 @@ impl Shard {
         }
     }
 
+    /// A non-data TLS record on a kernel-TLS socket.
+    fn on_tls_record(&mut self, slot: Slot, record_type: u8, data: &[u8]) {
+        if self.conns.get(slot).is_none_or(|c| c.closing.is_some()) {
+            return;
+        }
+        // No socket is switched to kernel-TLS receive mode yet, so this
+        // can only be a back end bug; close rather than guess.
+        let peer = self.conns[slot].peer;
+        conn_log!(self, info, %peer, record_type, len = data.len(), "unexpected TLS control record; closing connection");
+        self.close(slot, CloseReason::IoError);
+    }
+
     fn on_eof(&mut self, slot: Slot) {
         let conn = &self.conns[slot];
         if conn.closing.is_some() || conn.close_after_flush.is_some() {
@@ -1593,6 +1605,11 @@ impl Shard {
                         break;
                     }
                 }
+            } else if conn.ctrl.is_empty() && conn.disco.is_empty() {
+                // The common case under load: only data frames. The queue
+                // itself becomes the send buffer and the spare becomes the
+                // queue — no copy.
+                std::mem::swap(&mut buf, &mut conn.data);
             } else {
                 buf.extend_from_slice(&conn.ctrl);
                 buf.extend_from_slice(&conn.disco);
@@ -1830,6 +1847,11 @@ impl<D: Driver> Handler<D> for Shard {
                 }
             }
             Completion::Sent { slot, buf, result } => self.on_sent(slot, buf, result),
+            Completion::Record {
+                slot,
+                record_type,
+                data,
+            } => self.on_tls_record(slot, record_type, data),
             Completion::Woken => {}
         }
     }
