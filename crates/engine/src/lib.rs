@@ -6,9 +6,11 @@
 //!
 //! - [`driver`]: the completion-shaped I/O interface a shard is written
 //!   against ("these bytes arrived on slot 7", "the send on slot 3 finished,
-//!   here is your buffer back"), and [`epoll`], the back end that emulates it
-//!   on top of mio. An io_uring back end produces the same completions
-//!   natively and drops in behind the same trait.
+//!   here is your buffer back"), with two back ends behind it: [`uring`],
+//!   where the kernel produces the completions (multishot receives into
+//!   provided buffers, one `io_uring_enter` per loop turn), and [`epoll`],
+//!   which emulates them on top of mio. `tests/driver.rs` holds one
+//!   conformance suite that both pass.
 //! - [`mailbox`]: bounded single-producer/single-consumer rings between every
 //!   pair of shards — a byte ring for packets and a typed ring for control
 //!   messages — and the [`mailbox::Doorbell`] that wakes a parked shard once
@@ -31,3 +33,4 @@ pub use driver::{Completion, Driver, Slot};
 pub use epoll::EpollDriver;
 pub use mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
 pub use runtime::{run_shard, Handler};
+pub use uring::UringDriver;

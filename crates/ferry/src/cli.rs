@@ -97,6 +97,11 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub io: ferry_engine::IoMode,
 
+    /// Kernel TLS: auto (move TLS sessions into the kernel where the TLS
+    /// ULP is available), on (fail to start without it), or off.
+    #[arg(long, default_value = "auto")]
+    pub ktls: ferry_relay::ktls::KtlsMode,
+
     /// Extra listener serving Prometheus metrics at /metrics (any client;
     /// /debug/varz on the main listener is loopback-only).
     #[arg(long = "metrics-addr")]

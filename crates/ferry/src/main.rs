@@ -68,7 +68,25 @@ fn run() -> Result<()> {
         let setup =
             tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
         cert_name = setup.cert_name.clone();
-        config.tls = Some(setup.config.clone());
+        match args.ktls.resolve() {
+            Ok(true) => {
+                // Same certificate resolver (and reloader), plus what a
+                // hand-off to the kernel needs.
+                let mut server_config = (*setup.config).clone();
+                ferry_relay::ktls::allow_kernel_tls(&mut server_config);
+                config.tls = Some(std::sync::Arc::new(server_config));
+                config.ktls = true;
+                tracing::info!("kernel TLS: sessions move into the kernel after the handshake");
+            }
+            Ok(false) => {
+                config.tls = Some(setup.config.clone());
+                let why = ferry_sys::ktls::tls_ulp_available()
+                    .err()
+                    .unwrap_or("--ktls off");
+                tracing::info!(reason = why, "kernel TLS not used: TLS stays in userspace");
+            }
+            Err(why) => bail!("--ktls on: {why}"),
+        }
         if matches!(mode, CertMode::Manual { .. }) {
             // Certificates renewed on disk are picked up without a restart.
             setup

@@ -48,6 +48,10 @@ pub struct RelayConfig {
     pub mesh_key: Option<MeshKey>,
     /// TLS for the DERP listener; plain HTTP when `None`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Move TLS sessions into the kernel after the handshake (the TLS
+    /// configuration must allow secret extraction; see
+    /// [`crate::ktls::allow_kernel_tls`]).
+    pub ktls: bool,
     /// Serve `/derp` (derper's `--derp`).
     pub derp_enabled: bool,
     /// Cut off a client whose send has not finished in this long
@@ -89,6 +93,7 @@ impl RelayConfig {
             public_key,
             mesh_key: None,
             tls: None,
+            ktls: false,
             derp_enabled: true,
             write_timeout: Some(Duration::from_secs(2)),
             mesh_write_timeout: Duration::from_secs(30),

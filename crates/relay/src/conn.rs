@@ -46,8 +46,17 @@ pub struct Conn {
     pub peer: SocketAddr,
     /// What the listener that accepted it serves.
     pub listener: ListenerKind,
-    /// TLS state, when the listener is TLS.
+    /// TLS state, when the listener is TLS and TLS runs in userspace.
     pub tls: Option<Box<rustls::ServerConnection>>,
+    /// TLS state once the record layer moved into the kernel: the socket
+    /// then carries plaintext both ways, and only control records (alerts,
+    /// KeyUpdate) come up as [`ferry_engine::Completion::Record`].
+    pub ktls: Option<Box<crate::ktls::KtlsSession>>,
+    /// While a move into the kernel is still possible: where the TLS
+    /// records read so far end (a move is only safe at a record boundary).
+    pub ktls_boundary: Option<crate::ktls::RecordBoundary>,
+    /// Non-data records waiting to be handled after the turn.
+    pub tls_records: Vec<(u8, Vec<u8>)>,
     /// Life phase.
     pub phase: Phase,
     /// The HTTP request head read so far.
@@ -146,6 +155,9 @@ impl Conn {
             peer,
             listener,
             tls: None,
+            ktls: None,
+            ktls_boundary: None,
+            tls_records: Vec::new(),
             phase: Phase::Http,
             head: Vec::new(),
             deframer: Deframer::new(),

@@ -17,6 +17,7 @@
 pub mod config;
 pub mod conn;
 pub mod front;
+pub mod ktls;
 pub mod metrics;
 pub mod server;
 pub mod shard;

@@ -178,6 +178,19 @@ labelled!(
     }
 );
 
+/// Why a TLS session stayed in userspace (labels of
+/// [`crate::ktls::RefuseReason::label`] plus the shard's own).
+pub const KTLS_REFUSALS: [&str; 8] = [
+    "handshaking",
+    "unsent_tls",
+    "pending_input",
+    "unsupported_suite",
+    "kernel",
+    "ulp",
+    "backend",
+    "failed",
+];
+
 /// The counters of one shard. Only that shard writes them.
 #[derive(Default, Debug)]
 #[repr(align(128))]
@@ -194,8 +207,12 @@ pub struct ShardMetrics {
     pub current_home_connections: Gauge,
     /// Open sockets of any phase on this shard.
     pub open_sockets: Gauge,
-    /// Of those, on TLS.
+    /// Of those, on TLS (in userspace or in the kernel).
     pub tls_sockets: Gauge,
+    /// Of those, with the TLS record layer in the kernel.
+    pub ktls_sockets: Gauge,
+    /// Moves into kernel TLS that did not happen, by reason.
+    pub ktls_refused: [Counter; KTLS_REFUSALS.len()],
     /// Keys with more than one connection.
     pub current_dup_client_keys: Gauge,
     /// Connections in such sets.
@@ -538,15 +555,29 @@ impl Metrics {
         );
         let _ = writeln!(w, "# HELP ferry_connections_by_transport Open client sockets by transport.\n# TYPE ferry_connections_by_transport gauge");
         let tls = self.sum_gauge(|s| s.tls_sockets.get());
+        let ktls = self.sum_gauge(|s| s.ktls_sockets.get());
         let _ = writeln!(
             w,
-            "ferry_connections_by_transport{{transport=\"tls\"}} {tls}"
+            "ferry_connections_by_transport{{transport=\"tls\"}} {}",
+            tls - ktls
+        );
+        let _ = writeln!(
+            w,
+            "ferry_connections_by_transport{{transport=\"ktls\"}} {ktls}"
         );
         let _ = writeln!(
             w,
             "ferry_connections_by_transport{{transport=\"plain\"}} {}",
             self.sum_gauge(|s| s.open_sockets.get()) - tls
         );
+        let _ = writeln!(w, "# HELP ferry_ktls_refused_total TLS sessions kept in userspace (or lost) when moving them into the kernel, by reason.\n# TYPE ferry_ktls_refused_total counter");
+        for (i, label) in KTLS_REFUSALS.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "ferry_ktls_refused_total{{reason=\"{label}\"}} {}",
+                self.sum(|s| s.ktls_refused[i].get())
+            );
+        }
         let _ = writeln!(w, "# HELP ferry_handshake_failures_total Connections that failed before registering, by reason.\n# TYPE ferry_handshake_failures_total counter");
         for r in HandshakeFailure::ALL {
             let _ = writeln!(

@@ -70,6 +70,11 @@ const IDLE_BUFFER_KEEP: usize = 64 * 1024;
 /// How long a connection being closed for a protocol violation may take to
 /// receive what was queued for it.
 const FINISH_GRACE: Duration = Duration::from_secs(2);
+/// Capacity a data queue gets when it first carries data.
+const QUEUE_START: usize = 64 * 1024;
+/// How long a TLS connection keeps trying to move into kernel TLS (it can
+/// only move between records, with nothing buffered).
+const KTLS_TRY_FOR: Duration = Duration::from_secs(5);
 /// Messages per cross-shard control ring.
 pub const MSG_RING: usize = 4096;
 
@@ -181,6 +186,8 @@ struct KeyEntry {
 enum Op {
     Attach(Slot, TcpStream),
     SetRecv(Slot, bool),
+    /// Read this socket in kernel-TLS mode (after a move between shards).
+    KtlsRx(Slot),
 }
 
 /// Log lines per second per shard about misbehaving clients, beyond which
@@ -234,6 +241,10 @@ pub struct Shard {
     dirty_spare: Vec<Slot>,
     closing: Vec<Slot>,
     migrating: Vec<Slot>,
+    /// TLS connections that may move into kernel TLS, with a deadline.
+    ktls_candidates: Vec<(Slot, u32, Instant)>,
+    /// Connections with control records to handle after the turn.
+    record_slots: Vec<Slot>,
     stalled: Vec<Slot>,
     plain: Box<[u8]>,
     plain_out: Vec<u8>,
@@ -283,6 +294,8 @@ impl Shard {
             dirty_spare: Vec::new(),
             closing: Vec::new(),
             migrating: Vec::new(),
+            ktls_candidates: Vec::new(),
+            record_slots: Vec::new(),
             stalled: Vec::new(),
             plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
             plain_out: Vec::new(),
@@ -372,6 +385,9 @@ impl Shard {
                     Ok(mut t) => {
                         t.set_buffer_limit(None);
                         conn.tls = Some(Box::new(t));
+                        if self.shared.config.ktls {
+                            conn.ktls_boundary = Some(crate::ktls::RecordBoundary::new());
+                        }
                         self.m().tls_sockets.add(1);
                     }
                     Err(e) => {
@@ -495,8 +511,13 @@ impl Shard {
             if rest.is_empty() {
                 break;
             }
+            let before = rest;
             match tls.read_tls(&mut rest) {
-                Ok(_) => {}
+                Ok(n) => {
+                    if let Some(b) = self.conns[slot].ktls_boundary.as_mut() {
+                        b.feed(&before[..n]);
+                    }
+                }
                 Err(e) => {
                     ok = false;
                     self.tls_failed(slot, &e);
@@ -516,9 +537,24 @@ impl Shard {
             conn.stash.extend_from_slice(rest);
         }
         let wants_write = tls.wants_write();
+        let handshaken = !tls.is_handshaking();
         conn.tls = Some(tls);
         if wants_write {
             self.mark_dirty(slot);
+        }
+        let conn = &self.conns[slot];
+        if handshaken && conn.ktls_boundary.is_some() && conn.closing.is_none() {
+            let gen = conn.gen;
+            if !self
+                .ktls_candidates
+                .iter()
+                .any(|&(s, g, _)| s == slot && g == gen)
+            {
+                // A move is tried between turns until it works, is refused
+                // for good, or this deadline passes.
+                let deadline = self.now + KTLS_TRY_FOR;
+                self.ktls_candidates.push((slot, gen, deadline));
+            }
         }
     }
 
@@ -1219,6 +1255,12 @@ impl Shard {
                     drop(m, DropReason::QueueTail);
                     return false;
                 }
+                if conn.data.capacity() < QUEUE_START {
+                    // A queue that carries data gets a working size at once
+                    // (it and the spare swap roles on every flush), so it
+                    // grows in a few large steps, never packet by packet.
+                    conn.data.reserve(QUEUE_START);
+                }
                 frame::put_recv_packet(&mut conn.data, src, packet);
                 conn.data_n += 1;
                 if after > cap_bytes
@@ -1317,16 +1359,25 @@ impl Shard {
         }
     }
 
-    /// A non-data TLS record on a kernel-TLS socket.
+    /// A non-data TLS record on a kernel-TLS socket: kept for after the
+    /// turn, when the driver (and so the socket) is at hand.
     fn on_tls_record(&mut self, slot: Slot, record_type: u8, data: &[u8]) {
-        if self.conns.get(slot).is_none_or(|c| c.closing.is_some()) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        if conn.closing.is_some() {
             return;
         }
-        // No socket is switched to kernel-TLS receive mode yet, so this
-        // can only be a back end bug; close rather than guess.
-        let peer = self.conns[slot].peer;
-        conn_log!(self, info, %peer, record_type, len = data.len(), "unexpected TLS control record; closing connection");
-        self.close(slot, CloseReason::IoError);
+        if conn.ktls.is_none() {
+            let peer = conn.peer;
+            conn_log!(self, info, %peer, record_type, "TLS control record on a connection without kernel TLS; closing");
+            self.close(slot, CloseReason::IoError);
+            return;
+        }
+        if conn.tls_records.is_empty() {
+            self.record_slots.push(slot);
+        }
+        conn.tls_records.push((record_type, data.to_vec()));
     }
 
     fn on_eof(&mut self, slot: Slot) {
@@ -1358,6 +1409,15 @@ impl Shard {
                 Op::SetRecv(slot, on) => {
                     if self.conns.get(slot).is_some_and(|c| c.closing.is_none()) {
                         driver.set_recv(slot, on);
+                    }
+                }
+                Op::KtlsRx(slot) => {
+                    if let Err(e) = driver.set_ktls_rx(slot) {
+                        // The session is in the kernel already: without
+                        // record-aware reads it cannot go on.
+                        let peer = self.conns[slot].peer;
+                        conn_log!(self, info, %peer, error = %e, "kernel TLS connection moved to a back end that cannot read it; closing");
+                        self.close(slot, CloseReason::IoError);
                     }
                 }
             }
@@ -1452,11 +1512,13 @@ impl Shard {
         m.migrations_in.inc();
         m.open_sockets.add(1);
         m.queued_bytes.add(conn.queued_bytes() as i64);
-        if conn.tls.is_some() {
-            m.tls_sockets.add(1);
-        }
+        count_transport(m, &conn, 1);
+        let ktls = conn.ktls.is_some();
         let slot = self.conns.insert(*conn);
         self.ops.push(Op::Attach(slot, stream));
+        if ktls {
+            self.ops.push(Op::KtlsRx(slot));
+        }
         self.register(slot);
         self.resume_input(slot);
     }
@@ -1550,12 +1612,129 @@ impl Shard {
             let m = self.m();
             m.open_sockets.add(-1);
             m.queued_bytes.add(-(conn.queued_bytes() as i64));
-            if conn.tls.is_some() {
-                m.tls_sockets.add(-1);
-            }
+            count_transport(m, &conn, -1);
             let owner = self.shared.owner_of(&conn.key, self.shards);
             self.mail(owner, Mail::Migrate(Box::new(conn)));
         }
+    }
+
+    /// Moves TLS sessions into the kernel where it is safe now: between
+    /// turns (no receive pending), no send in flight, nothing stashed, at a
+    /// record boundary, rustls holding nothing (see `crate::ktls`).
+    fn try_ktls(&mut self, driver: &mut dyn DriverOps) {
+        let mut i = 0;
+        while i < self.ktls_candidates.len() {
+            let (slot, gen, deadline) = self.ktls_candidates[i];
+            let Some(conn) = self.conns.get_mut(slot).filter(|c| c.gen == gen) else {
+                self.ktls_candidates.swap_remove(i);
+                continue;
+            };
+            let waiting = conn.in_flight.is_some()
+                || !conn.stash.is_empty()
+                || conn.phase == Phase::Migrating
+                || !conn.ktls_boundary.as_ref().is_some_and(|b| b.at_boundary());
+            if conn.closing.is_some() || conn.tls.is_none() || conn.phase == Phase::Responding {
+                conn.ktls_boundary = None;
+                self.ktls_candidates.swap_remove(i);
+                continue;
+            }
+            if waiting {
+                if self.now >= deadline {
+                    conn.ktls_boundary = None;
+                    self.ktls_candidates.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
+            use crate::ktls::Handoff;
+            if let Err(reason) = conn.tls.as_ref().expect("tls").ready() {
+                if reason.is_transient() && self.now < deadline {
+                    i += 1;
+                } else {
+                    self.ktls_refused(reason.label());
+                    self.conns[slot].ktls_boundary = None;
+                    self.ktls_candidates.swap_remove(i);
+                }
+                continue;
+            }
+            self.ktls_candidates.swap_remove(i);
+            self.conns[slot].ktls_boundary = None;
+            if driver.set_ktls_rx(slot).is_err() {
+                self.ktls_refused("backend");
+                continue;
+            }
+            let Some(fd) = driver.fd(slot) else {
+                self.ktls_refused("backend");
+                continue;
+            };
+            let tls = self.conns[slot].tls.take().expect("tls");
+            match crate::ktls::KtlsSession::start(*tls, fd) {
+                Ok(session) => {
+                    self.conns[slot].ktls = Some(Box::new(session));
+                    self.m().ktls_sockets.add(1);
+                }
+                Err(crate::ktls::Refused::Usable { conn: tls, reason }) => {
+                    self.conns[slot].tls = Some(Box::new(tls));
+                    self.ktls_refused(reason.label());
+                }
+                Err(crate::ktls::Refused::Dead(e)) => {
+                    self.ktls_refused("failed");
+                    let peer = self.conns[slot].peer;
+                    conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
+                    self.close(slot, CloseReason::IoError);
+                }
+            }
+        }
+    }
+
+    fn ktls_refused(&self, label: &str) {
+        if let Some(i) = crate::metrics::KTLS_REFUSALS
+            .iter()
+            .position(|l| *l == label)
+        {
+            self.m().ktls_refused[i].inc();
+        }
+    }
+
+    /// Handles alerts and KeyUpdates that arrived on kernel-TLS sockets.
+    fn handle_tls_records(&mut self, driver: &mut dyn DriverOps) {
+        let mut slots = std::mem::take(&mut self.record_slots);
+        for slot in slots.drain(..) {
+            let Some(conn) = self.conns.get_mut(slot) else {
+                continue;
+            };
+            let records = std::mem::take(&mut conn.tls_records);
+            let (Some(session), Some(fd)) = (conn.ktls.as_mut(), driver.fd(slot)) else {
+                continue;
+            };
+            let mut end: Option<Result<(), String>> = None;
+            for (record_type, data) in &records {
+                match session.on_record(fd, *record_type, data) {
+                    Ok(crate::ktls::RecordOutcome::KeyUpdated) => {}
+                    Ok(crate::ktls::RecordOutcome::Closed) => {
+                        end = Some(Ok(()));
+                        break;
+                    }
+                    Err(e) => {
+                        let _ = session.send_close_notify(fd);
+                        end = Some(Err(e.to_string()));
+                        break;
+                    }
+                }
+            }
+            match end {
+                None => {}
+                Some(Ok(())) => self.on_eof(slot),
+                Some(Err(e)) => {
+                    let peer = self.conns[slot].peer;
+                    conn_log!(self, info, %peer, error = %e, "kernel TLS session ended; closing connection");
+                    self.close(slot, CloseReason::IoError);
+                }
+            }
+        }
+        std::mem::swap(&mut self.record_slots, &mut slots);
+        self.record_slots.append(&mut slots);
     }
 
     fn flush(&mut self, driver: &mut dyn DriverOps) {
@@ -1571,6 +1750,23 @@ impl Shard {
             conn.dirty = false;
             if conn.closing.is_some() || conn.in_flight.is_some() || conn.stream.is_some() {
                 continue;
+            }
+            if let Some(session) = conn.ktls.as_mut() {
+                if session.key_update_due() {
+                    match driver.fd(slot).map(|fd| session.rekey_tx(fd)) {
+                        Some(Ok(true)) => {}
+                        // The socket cannot take our KeyUpdate now: next turn.
+                        Some(Ok(false)) => {
+                            self.dirty.push(slot);
+                            conn.dirty = true;
+                            continue;
+                        }
+                        Some(Err(_)) | None => {
+                            self.close(slot, CloseReason::IoError);
+                            continue;
+                        }
+                    }
+                }
             }
             let mut buf = std::mem::take(&mut conn.spare);
             buf.clear();
@@ -1630,6 +1826,14 @@ impl Shard {
             }
             conn.in_flight = Some(now);
             conn.in_flight_bytes = moved as usize;
+            if let Some(session) = conn.ktls.as_mut() {
+                // Counts records against the cipher's limit; where keys
+                // cannot be renewed in time, the session must end.
+                if session.note_sent(buf.len()).is_err() {
+                    self.close(slot, CloseReason::IoError);
+                    continue;
+                }
+            }
             driver.send(slot, buf);
             // The queue moved into this send: senders held back for this
             // destination may go on.
@@ -1756,9 +1960,7 @@ impl Shard {
                 driver.close(slot);
                 let m = self.m();
                 m.open_sockets.add(-1);
-                if conn.tls.is_some() {
-                    m.tls_sockets.add(-1);
-                }
+                count_transport(m, &conn, -1);
             }
         }
         std::mem::swap(&mut self.closing, &mut closing);
@@ -1790,6 +1992,8 @@ trait DriverOps {
     fn close(&mut self, slot: Slot);
     fn set_recv(&mut self, slot: Slot, enabled: bool);
     fn send(&mut self, slot: Slot, buf: Vec<u8>);
+    fn fd(&self, slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>>;
+    fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()>;
 }
 
 impl<D: Driver> DriverOps for D {
@@ -1807,6 +2011,12 @@ impl<D: Driver> DriverOps for D {
     }
     fn send(&mut self, slot: Slot, buf: Vec<u8>) {
         Driver::send(self, slot, buf)
+    }
+    fn fd(&self, slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Driver::fd(self, slot)
+    }
+    fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()> {
+        Driver::set_ktls_rx(self, slot)
     }
 }
 
@@ -1877,6 +2087,12 @@ impl<D: Driver> Handler<D> for Shard {
         }
         self.finish_migrations(driver);
         self.run_ops(driver);
+        if !self.record_slots.is_empty() {
+            self.handle_tls_records(driver);
+        }
+        if !self.ktls_candidates.is_empty() {
+            self.try_ktls(driver);
+        }
         self.flush(driver);
         self.release_closed(driver);
         self.ring_doorbells();
@@ -1924,6 +2140,16 @@ impl<D: Driver> Handler<D> for Shard {
 
     fn finished(&self) -> bool {
         self.done
+    }
+}
+
+/// Adds `sign` to the TLS gauges a connection counts in.
+fn count_transport(m: &ShardMetrics, conn: &Conn, sign: i64) {
+    if conn.tls.is_some() || conn.ktls.is_some() {
+        m.tls_sockets.add(sign);
+    }
+    if conn.ktls.is_some() {
+        m.ktls_sockets.add(sign);
     }
 }
 

@@ -16,6 +16,10 @@
 //! - [`signal`]: SIGINT/SIGTERM taken synchronously by the main thread.
 //! - [`process`]: cheap self-observation (resident memory, open descriptors)
 //!   for metrics.
+//! - [`uring`]: an io_uring instance with its provided-buffer ring, owning
+//!   all memory the kernel touches while operations are in flight.
+//! - [`ktls`]: kernel TLS: probing for it, handing a session's keys to a
+//!   socket, and typed record reads and writes (cmsg parsing in `cmsg`).
 //!
 //! Ferry targets Linux only; this crate reads `/proc` and calls Linux-specific
 //! syscalls.
@@ -23,10 +27,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod cmsg;
 pub mod cpu;
+pub mod ktls;
 pub mod limits;
 pub mod process;
 pub mod signal;
+pub mod uring;
 
 pub use cpu::{available_cpus, pin_current_thread};
 pub use limits::raise_nofile_limit;

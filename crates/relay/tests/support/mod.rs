@@ -221,6 +221,11 @@ pub fn metric(addr: SocketAddr, name_and_labels: &str) -> f64 {
         .unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
+    metric_in(&body, name_and_labels)
+}
+
+/// One metric (sum of matching lines) from a Prometheus text body.
+pub fn metric_in(body: &str, name_and_labels: &str) -> f64 {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))
