@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	go4.org/mem v0.0.0-20240501181205-ae6ca9944745
+	golang.org/x/sys v0.47.0
 	tailscale.com v1.102.5
 )
 
@@ -115,7 +116,6 @@ require (
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/term v0.45.0 // indirect
 	golang.org/x/text v0.40.0 // indirect
 	golang.org/x/time v0.15.0 // indirect

@@ -12,7 +12,12 @@ use ferry_relay::tls::CertMode;
 /// Ferry: a DERP relay for Tailscale and WireGuard traffic.
 #[derive(Parser, Debug)]
 #[command(name = "ferry", version, about, long_about = None)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// Another service instead of the DERP server (the default).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Listen address, as host:port; ":443" listens on every address.
     /// TLS is used on port 443 or with --certmode; otherwise plain HTTP.
     #[arg(short = 'a', long = "a", alias = "addr", default_value = ":443")]
@@ -118,6 +123,14 @@ pub struct Args {
     /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
     #[arg(long, default_value = "info")]
     pub log: String,
+}
+
+/// Services other than the DERP server.
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Relay stock WireGuard over UDP: a static bounce (--target) or a
+    /// receiver-index hub (--peer), never decrypting anything.
+    UdpRelay(crate::udp::UdpRelayArgs),
 }
 
 /// Rewrites Go-style single-dash long flags (`-dev`, `-stun-port=1`) to

@@ -7,6 +7,7 @@
 //! 127.0.0.1:3478, with a fresh key, printing what a client needs.
 
 mod cli;
+mod udp;
 
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ fn main() {
 
 fn run() -> Result<()> {
     let args = Args::parse_from(cli::normalize_go_flags(std::env::args_os()));
+    if let Some(cli::Command::UdpRelay(udp_args)) = &args.command {
+        return udp::run(udp_args);
+    }
     init_logging(&args);
 
     // Signals are handled by the main thread only: block them before any

@@ -305,13 +305,72 @@ pub fn stun(data: &[u8]) {
     }
 }
 
+/// Classifies `data` as a WireGuard datagram and checks what the relay
+/// relies on: accepted messages have their kind's exact size (transport: at
+/// least 32 bytes), the indices are the bytes at their offsets, MAC1 sealed
+/// with one key verifies with that key only and breaks when a covered byte
+/// changes; a text input that parses as a key prints back the same.
+pub fn wireguard(data: &[u8]) {
+    use crate::wireguard::{self as wg, Message};
+    let le = |at: usize| u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"));
+    let shaped = data.len() >= 4
+        && data[1..4] == [0; 3]
+        && match data[0] {
+            1 => data.len() == wg::INITIATION_LEN,
+            2 => data.len() == wg::RESPONSE_LEN,
+            3 => data.len() == wg::COOKIE_REPLY_LEN,
+            4 => data.len() >= wg::TRANSPORT_MIN_LEN,
+            _ => false,
+        };
+    let classified = wg::classify(data);
+    assert_eq!(classified.is_ok(), shaped, "{classified:?}");
+    match classified {
+        Ok(Message::Initiation { sender }) => assert_eq!(sender, le(4)),
+        Ok(Message::Response { sender, receiver }) => {
+            assert_eq!((sender, receiver), (le(4), le(8)))
+        }
+        Ok(Message::CookieReply { receiver }) => assert_eq!(receiver, le(4)),
+        Ok(Message::Transport { receiver, counter }) => {
+            assert_eq!(receiver, le(4));
+            assert_eq!(counter.to_le_bytes(), data[8..16]);
+        }
+        Err(_) => {}
+    }
+
+    static MAC_KEYS: OnceLock<[wg::Mac1Key; 2]> = OnceLock::new();
+    let [k1, k2] = MAC_KEYS.get_or_init(|| {
+        [1u8, 2].map(|seed| wg::Mac1Key::new(&wg::PublicKey::from_bytes([seed; 32])))
+    });
+    let _ = wg::verify_mac1(data, k1);
+    let mut sealed = data.to_vec();
+    if wg::seal_mac1(&mut sealed, k1) {
+        assert!(matches!(
+            wg::classify(&sealed),
+            Ok(Message::Initiation { .. } | Message::Response { .. })
+        ));
+        assert!(wg::verify_mac1(&sealed, k1));
+        assert!(!wg::verify_mac1(&sealed, k2));
+        let at = usize::from(data[data.len() - 1]) % 60;
+        sealed[at] ^= 0x80;
+        assert!(!wg::verify_mac1(&sealed, k1));
+    } else {
+        assert_eq!(sealed, data, "a refused seal leaves the bytes alone");
+    }
+
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(key) = wg::PublicKey::from_base64(text) {
+            assert_eq!(key.to_base64(), text.trim());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn smoke() {
-        for f in [deframer, http_request, client_info, stun] {
+        for f in [deframer, http_request, client_info, stun, wireguard] {
             f(b"");
             f(&[0]);
             f(&[0xff; 100]);

@@ -34,6 +34,7 @@ pub mod http;
 pub mod key;
 pub mod nacl;
 pub mod stun;
+pub mod wireguard;
 
 mod hex;
 mod json;

@@ -9,11 +9,12 @@ use std::sync::OnceLock;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 4] = [
+const TARGETS: [(&str, Target); 5] = [
     ("deframer", fuzzing::deframer),
     ("http_request", fuzzing::http_request),
     ("client_info", fuzzing::client_info),
     ("stun", fuzzing::stun),
+    ("wireguard", fuzzing::wireguard),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -60,8 +61,8 @@ fn replay_corpora() {
     }
 }
 
-fn all_seeds() -> &'static [Vec<Vec<u8>>; 4] {
-    static SEEDS: OnceLock<[Vec<Vec<u8>>; 4]> = OnceLock::new();
+fn all_seeds() -> &'static [Vec<Vec<u8>>; 5] {
+    static SEEDS: OnceLock<[Vec<Vec<u8>>; 5]> = OnceLock::new();
     SEEDS.get_or_init(|| TARGETS.map(|(t, _)| seeds(t).into_iter().map(|(_, d)| d).collect()))
 }
 
@@ -204,5 +205,10 @@ proptest! {
     #[test]
     fn mutated_stun(data in mutated(3)) {
         fuzzing::stun(&data);
+    }
+
+    #[test]
+    fn mutated_wireguard(data in mutated(4)) {
+        fuzzing::wireguard(&data);
     }
 }

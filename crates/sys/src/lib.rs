@@ -18,6 +18,12 @@
 //!   for metrics.
 //! - [`uring`]: an io_uring instance with its provided-buffer ring, owning
 //!   all memory the kernel touches while operations are in flight.
+//! - [`alloc_count`]: a counting global allocator for tests that prove a
+//!   path allocates nothing.
+//! - [`mmsg`]: batched UDP receive and send (`recvmmsg`/`sendmmsg`) with
+//!   source addresses, GRO segment sizes, GSO and the drop counter.
+//! - [`gso`]: probing and switching UDP GRO and GSO.
+//! - [`sockopt`]: forced socket buffer sizes and `SO_RXQ_OVFL`.
 //! - [`ktls`]: kernel TLS: probing for it, handing a session's keys to a
 //!   socket, and typed record reads and writes (cmsg parsing in `cmsg`).
 //!
@@ -27,12 +33,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod alloc_count;
 mod cmsg;
 pub mod cpu;
+pub mod gso;
 pub mod ktls;
 pub mod limits;
+pub mod mmsg;
 pub mod process;
 pub mod signal;
+pub mod sockopt;
 pub mod uring;
 
 pub use cpu::{available_cpus, pin_current_thread};

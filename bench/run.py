@@ -1,0 +1,1065 @@
+#!/usr/bin/env python3
+"""Ferry against derper, side by side: build, run the suites, report.
+
+    bench/run.sh quick            # smoke test (CI): seconds per point, one repeat
+    bench/run.sh full             # the real measurement (~25 min on 2 cores)
+
+Every server under test runs pinned to the same cores (--server-cpus,
+default 0) with the same settings; ferry-bench runs on the others
+(--client-cpus, default 1). Results go to bench/results/<date>/ (full) or a
+temporary directory (quick): one raw JSON per run, summary.json, results.md
+(medians, min-max spread, ratios) and PNG plots. bench/README.md explains the
+method and how to read the output.
+
+Only the Python standard library is needed to run; plots need matplotlib
+(python3-matplotlib on Debian) and are skipped with a warning without it.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+DERPER_VERSION = "v1.102.5"
+TUNED_QUEUE = 4096  # TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH of the tuned baseline
+
+# Servers. "plain_only" servers take no part in TLS suites.
+SERVERS = {
+    "ferry": {"label": "Ferry"},
+    "derper": {"label": "derper"},
+    "derper-q": {"label": f"derper (queue {TUNED_QUEUE})"},
+    "ceiling": {"label": "ceiling", "plain_only": True},
+}
+
+MBIT = 1e6
+
+# The two modes. Rates are total offered Mbit/s over all flows (None = unpaced).
+PLANS = {
+    "quick": {
+        "repeats": 1,
+        "retries": 1,
+        "retry_disturbed": False,
+        "warmup": "300ms",
+        "window": "1s",
+        "drain": "3s",
+        "rate": {
+            "servers": ["ferry", "derper", "derper-q", "ceiling"],
+            "plain": [500, None],
+            "tls": [500, None],
+        },
+        "latency": {"servers": ["ferry", "derper"], "levels": [0.5], "window": "1s", "fixed_base_mbps": 500},
+        "peers": {"servers": ["ferry", "derper", "ceiling"], "counts": [20, 100]},
+        "idle": {"servers": ["ferry", "derper"], "conns": 500, "hold": "500ms", "tls": True},
+        "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
+    },
+    "full": {
+        "repeats": 3,
+        "retries": 2,
+        "retry_disturbed": True,
+        "warmup": "1s",
+        "window": "2s",
+        "drain": "10s",
+        "rate": {
+            "servers": ["ferry", "derper", "derper-q", "ceiling"],
+            "plain": [500, 1000, 1500, 2000, 3000, 4000, 6000, 8000, None],
+            "tls": [500, 1000, 1500, 2000, 3000, 4000, None],
+        },
+        # Background load as a fraction of derper's plain saturation (its peak
+        # delivered rate in the rate suite), 0 = pings alone.
+        "latency": {"servers": ["ferry", "derper", "derper-q"], "levels": [0, 0.25, 0.5, 0.75, 1.0, 1.5], "window": "3s"},
+        "peers": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "counts": [20, 100, 200, 1000]},
+        "idle": {"servers": ["ferry", "derper"], "conns": 10000, "hold": "2s", "tls": True},
+        "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
+    },
+}
+
+PEERS = 20  # the 20 peers in 10 pairs of issue #3
+SIZE = 1400
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    log("$ " + " ".join(str(c) for c in cmd))
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, timeout=15.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+# ---------------------------------------------------------------------------
+# Build
+
+
+def build(args):
+    profile = args.profile
+    flag = ["--release"] if profile == "release" else []
+    run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=ROOT)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    out = target / ("release" if profile == "release" else "debug")
+    bins = {"ferry": out / "ferry", "ferry-bench": out / "ferry-bench"}
+    derper = BENCH / "bin" / "derper"
+    if not derper_is_current(derper):
+        (BENCH / "bin").mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, GOBIN=str(BENCH / "bin"), GOFLAGS="-mod=mod")
+        run(["go", "install", f"tailscale.com/cmd/derper@{DERPER_VERSION}"], env=env, cwd=BENCH)
+    bins["derper"] = derper
+    return bins
+
+
+def derper_is_current(path):
+    if not path.exists():
+        return False
+    try:
+        out = subprocess.run(["go", "version", "-m", str(path)], capture_output=True, text=True).stdout
+    except OSError:
+        return False
+    return f"tailscale.com\t{DERPER_VERSION}" in out
+
+
+def make_cert(tmp):
+    certdir = tmp / "certs"
+    certdir.mkdir()
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-days", "30", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+            "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth",
+            "-keyout", str(certdir / "localhost.key"), "-out", str(certdir / "localhost.crt"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return certdir
+
+
+# ---------------------------------------------------------------------------
+# Servers
+
+
+class Server:
+    """One server process, pinned and niced like every other."""
+
+    def __init__(self, ctx, name, tls):
+        self.ctx, self.name, self.tls = ctx, name, tls
+        self.port = free_port()
+        self.proc = None
+
+    def command(self):
+        c = self.ctx
+        addr = f"127.0.0.1:{self.port}"
+        state = c.tmp / f"{self.name}-{self.port}"
+        state.mkdir()
+        env = dict(os.environ)
+        if self.name == "ferry":
+            cmd = [str(c.bins["ferry"]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
+                   "--workers", str(c.args.workers), "--log", "warn"]
+            if self.tls:
+                cmd += ["--certmode", "manual", "--certdir", str(c.certdir), "--hostname", "localhost", "--http-port", "-1"]
+        elif self.name in ("derper", "derper-q"):
+            cmd = [str(c.bins["derper"]), "-a", addr, "-http-port", "-1", "-stun=false", "-c", str(state / "derper.json")]
+            if self.tls:
+                cmd += ["-certmode", "manual", "-certdir", str(c.certdir), "-hostname", "localhost"]
+            if self.name == "derper-q":
+                env["TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH"] = str(TUNED_QUEUE)
+        elif self.name == "ceiling":
+            assert not self.tls, "the ceiling speaks plain DERP only"
+            cmd = [str(c.bins["ferry-bench"]), "ceiling-server", "-a", addr]
+        else:
+            raise ValueError(self.name)
+        return c.pin(c.args.server_cpus) + cmd, env
+
+    def __enter__(self):
+        cmd, env = self.command()
+        logf = open(self.ctx.tmp / f"{self.name}-{self.port}.log", "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)
+        wait_port(self.port, self.proc)
+        time.sleep(0.2)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def url(self):
+        return f"{'https://localhost' if self.tls else 'http://127.0.0.1'}:{self.port}"
+
+    def metrics(self):
+        """--metrics for servers that serve /debug/varz (not the ceiling)."""
+        return [] if self.name == "ceiling" else ["--metrics"]
+
+    def client_args(self):
+        a = ["-s", self.url(), "--server-pid", str(self.proc.pid)]
+        if self.tls:
+            a += ["--connect", f"127.0.0.1:{self.port}", "--ca", str(self.ctx.certdir / "localhost.crt")]
+        return a
+
+
+# ---------------------------------------------------------------------------
+# Running ferry-bench
+
+
+class Context:
+    def __init__(self, args, bins, out, tmp, certdir, plan):
+        self.args, self.bins, self.out, self.tmp, self.certdir, self.plan = args, bins, out, tmp, certdir, plan
+        self.records = []
+        self.nice = os.geteuid() == 0 and not args.no_nice
+        self.transports = [t for t in getattr(args, "transports", "plain,tls").split(",") if t]
+
+    def pin(self, cpus):
+        prefix = []
+        if self.nice:
+            prefix += ["nice", "-n", "-20"]
+        if cpus and shutil.which("taskset"):
+            prefix += ["taskset", "-c", cpus]
+        return prefix
+
+    def bench(self, server, suite, point, repeat, mode, extra):
+        """Runs ferry-bench once (retrying disturbed runs) and records it."""
+        name = f"{suite}/{server.name}-{'tls' if server.tls else 'plain'}-{point}-r{repeat}"
+        raw = self.out / "raw" / f"{name}.json"
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        attempts = 0
+        report, error = None, None
+        tried = []  # (report, disturbed, insane) of every attempt that ran
+        for attempts in range(1, self.plan["retries"] + 2):
+            cmd = self.pin(self.args.client_cpus) + [str(self.bins["ferry-bench"]), mode, "-q", "-o", str(raw)]
+            cmd += server.client_args() + extra
+            started = time.time()
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                error = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+                log(f"{name}: FAILED: {error}")
+                if server.proc.poll() is not None:
+                    break
+                continue
+            attempt = json.loads(raw.read_text())
+            disturbed = (attempt.get("machine") or {}).get("disturbed", False)
+            why = insane(attempt)
+            tried.append((attempt, disturbed, why))
+            log(f"{name}: {headline(attempt)} ({time.time() - started:.1f} s{', disturbed' if disturbed else ''}"
+                f"{', NOT SANE: ' + why if why else ''})")
+            # Full runs retry what other work on the machine disturbed; quick
+            # runs only what came out unusable.
+            if not why and not (disturbed and self.plan["retry_disturbed"]):
+                break
+        if tried:
+            # Keep the first clean attempt; failing that the sane one the
+            # rest of the machine disturbed least; failing that the last.
+            clean = [t for t in tried if not t[1] and not t[2]]
+            sane = sorted((t for t in tried if not t[2]), key=lambda t: disturbance(t[0]))
+            report = (clean or sane or tried[-1:])[0][0]
+            report.setdefault("bench", {})["disturbed_attempts"] = sum(1 for t in tried if t[1])
+            error = None
+        rec = {
+            "suite": suite,
+            "server": server.name,
+            "transport": "tls" if server.tls else "plain",
+            "point": point,
+            "repeat": repeat,
+            "attempts": attempts,
+            "error": error,
+            "raw": str(raw.relative_to(self.out)) if report else None,
+            "report": report,
+        }
+        if report:
+            report.setdefault("bench", {}).update({k: rec[k] for k in ("suite", "server", "transport", "point", "repeat", "attempts")})
+            raw.write_text(json.dumps(report, indent=1) + "\n")
+        self.records.append(rec)
+        return report
+
+
+def disturbance(r):
+    """How much a run was disturbed: other work and steal (cores), plus how
+    far a spinning generator fell short of its core."""
+    m = r.get("machine") or {}
+    c = r.get("client") or {}
+    starved = max(0.0, 0.9 - c.get("cpu_util_per_thread", 1.0)) if c.get("busy_fraction") is not None else 0.0
+    return m.get("other_cpu", 0.0) + m.get("steal", 0.0) + starved
+
+
+def headline(r):
+    res = r["result"]
+    m = res["mode"]
+    if m == "throughput":
+        return f"{res['delivered_mbps']:.0f} Mbit/s, loss {res['loss'] * 100:.3f}%"
+    if m == "latency":
+        return f"rtt p50 {res['rtt_us']['p50']:.0f} p99 {res['rtt_us']['p99']:.0f} µs"
+    if m == "idle":
+        b = res.get("server_bytes_per_conn")
+        return f"{res['established']}/{res['requested']} held, {b / 1024 if b else float('nan'):.1f} KiB/conn"
+    if m == "churn":
+        return f"{res['handshakes_per_s']:.0f} handshakes/s, {res['failed']} failed"
+    return m
+
+
+def engine_args(plan, window=None):
+    return ["--warmup", plan["warmup"], "-d", window or plan["window"], "--drain", plan["drain"]]
+
+
+def rate_arg(total_mbps):
+    return ["--rate", "max"] if total_mbps is None else ["--total-rate", f"{total_mbps}M"]
+
+
+def point_name(total_mbps):
+    return "max" if total_mbps is None else f"{total_mbps}M"
+
+
+# ---------------------------------------------------------------------------
+# Suites
+
+
+def suite_rate(ctx):
+    p = ctx.plan["rate"]
+    for rep in range(ctx.plan["repeats"]):
+        for transport in ctx.transports:
+            for name in p["servers"]:
+                if transport == "tls" and SERVERS[name].get("plain_only"):
+                    continue
+                with Server(ctx, name, transport == "tls") as srv:
+                    for rate in p[transport]:
+                        ctx.bench(srv, "rate", point_name(rate), rep, "throughput",
+                                  ["-n", str(PEERS), "--size", str(SIZE), *srv.metrics(), *rate_arg(rate),
+                                   *engine_args(ctx.plan)])
+
+
+def peak_delivered(ctx, server, transport):
+    """A server's saturation throughput: the highest median delivered rate
+    over the offered-rate sweep."""
+    best = 0.0
+    for point in {r["point"] for r in ctx.records if r["suite"] == "rate"}:
+        vals = values(ctx.records, "rate", server, transport, point, lambda r: r["result"]["delivered_mbps"])
+        if vals:
+            best = max(best, statistics.median(vals))
+    return best
+
+
+def suite_latency(ctx):
+    p = ctx.plan["latency"]
+    base = p.get("fixed_base_mbps") or peak_delivered(ctx, "derper", "plain")
+    if base <= 0:
+        log("latency: no derper saturation figure; using 1000 Mbit/s as the base load")
+        base = 1000.0
+    ctx.latency_base = base
+    log(f"latency: base load (derper plain saturation) = {base:.0f} Mbit/s")
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, False) as srv:
+                for level in p["levels"]:
+                    extra = ["--ping-pairs", "1", "--ping-rate", "1000", "--ping-size", str(SIZE), *srv.metrics(),
+                             *engine_args(ctx.plan, p["window"])]
+                    if level > 0:
+                        extra += ["--load-peers", str(PEERS), "--size", str(SIZE), "--load-total-rate", f"{base * level:.0f}M"]
+                    ctx.bench(srv, "latency", f"{int(level * 100)}%", rep, "latency", extra)
+
+
+def suite_peers(ctx):
+    p = ctx.plan["peers"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, False) as srv:
+                for n in p["counts"]:
+                    # Keep the generator's buffering per peer modest with many peers.
+                    cap = str(max(64 * 1024, min(256 * 1024, 16 * 1024 * 1024 // n)))
+                    ctx.bench(srv, "peers", str(n), rep, "throughput",
+                              ["-n", str(n), "--size", str(SIZE), "--rate", "max", "--out-cap", cap, *srv.metrics(),
+                               "--timeout", "30s", *engine_args(ctx.plan)])
+
+
+def suite_idle(ctx):
+    p = ctx.plan["idle"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, p["tls"]) as srv:
+                ctx.bench(srv, "idle", str(p["conns"]), rep, "idle",
+                          ["-n", str(p["conns"]), "--hold", p["hold"], "--concurrency", "256", "--timeout", "30s"])
+
+
+def suite_churn(ctx):
+    p = ctx.plan["churn"]
+    for rep in range(ctx.plan["repeats"]):
+        for transport in [t for t in p["transports"] if t in ctx.transports]:
+            for name in p["servers"]:
+                with Server(ctx, name, transport == "tls") as srv:
+                    ctx.bench(srv, "churn", "max", rep, "churn",
+                              ["-d", p["duration"], "--concurrency", "64", "--keys", str(p["keys"])])
+
+
+SUITES = {
+    "rate": suite_rate,
+    "latency": suite_latency,
+    "peers": suite_peers,
+    "idle": suite_idle,
+    "churn": suite_churn,
+}
+
+
+# ---------------------------------------------------------------------------
+# Summaries
+
+
+def values(records, suite, server, transport, point, get):
+    out = []
+    for r in records:
+        if (r["suite"], r["server"], r["transport"], r["point"]) == (suite, server, transport, point) and r["report"]:
+            v = get(r["report"])
+            if v is not None:
+                out.append(v)
+    return out
+
+
+def stat(vals):
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def fmt(s, digits=0, scale=1.0):
+    if not s:
+        return "–"
+    m, lo, hi = s["median"] * scale, s["min"] * scale, s["max"] * scale
+    if s["n"] == 1:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def ratio(a, b):
+    if not a or not b or not b["median"]:
+        return "–"
+    return f"{a['median'] / b['median']:.2f}×"
+
+
+def points_of(records, suite):
+    seen = []
+    for r in records:
+        if r["suite"] == suite and r["point"] not in seen:
+            seen.append(r["point"])
+    return seen
+
+
+def summarize(ctx):
+    rec = ctx.records
+    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}}
+    tp = lambda r: r["result"]["delivered_mbps"]  # noqa: E731
+    for transport in ("plain", "tls"):
+        for name in SERVERS:
+            for point in points_of(rec, "rate"):
+                d = stat(values(rec, "rate", name, transport, point, tp))
+                if d:
+                    s["rate"].setdefault(transport, {}).setdefault(name, {})[point] = {
+                        "delivered_mbps": d,
+                        "sent_mbps": stat(values(rec, "rate", name, transport, point, lambda r: r["result"]["sent_mbps"])),
+                        "loss": stat(values(rec, "rate", name, transport, point, lambda r: r["result"]["loss"])),
+                        "latency_p99_us": stat(values(rec, "rate", name, transport, point, lambda r: r["result"]["latency_us"]["p99"])),
+                        "server_cpu": stat(values(rec, "rate", name, transport, point, lambda r: (r.get("server") or {}).get("cpu_util"))),
+                        "client_busy": stat(values(rec, "rate", name, transport, point, lambda r: r["client"].get("busy_fraction"))),
+                    }
+    for name in SERVERS:
+        for point in points_of(rec, "latency"):
+            q = {}
+            for pct in ("p50", "p90", "p99", "p999", "max"):
+                q[pct] = stat(values(rec, "latency", name, "plain", point, lambda r, pct=pct: r["result"]["rtt_us"][pct]))
+            if q["p50"]:
+                q["ping_loss"] = stat(values(rec, "latency", name, "plain", point, lambda r: r["result"]["ping_loss"]))
+                q["background_mbps"] = stat(values(rec, "latency", name, "plain", point,
+                                                   lambda r: (r["result"].get("background") or {}).get("delivered_mbps")))
+                s["latency"].setdefault(name, {})[point] = q
+        for point in points_of(rec, "peers"):
+            d = stat(values(rec, "peers", name, "plain", point, tp))
+            if d:
+                s["peers"].setdefault(name, {})[point] = {
+                    "delivered_mbps": d,
+                    "loss": stat(values(rec, "peers", name, "plain", point, lambda r: r["result"]["loss"])),
+                }
+        for transport in ("plain", "tls"):
+            for point in points_of(rec, "idle"):
+                b = stat(values(rec, "idle", name, transport, point, lambda r: r["result"].get("server_bytes_per_conn")))
+                if b:
+                    s["idle"].setdefault(transport, {})[name] = {
+                        "bytes_per_conn": b,
+                        "established": stat(values(rec, "idle", name, transport, point, lambda r: r["result"]["established"])),
+                        "connect_rate": stat(values(rec, "idle", name, transport, point, lambda r: r["result"]["connect_rate"])),
+                        "conns": int(point),
+                    }
+            h = stat(values(rec, "churn", name, transport, "max", lambda r: r["result"]["handshakes_per_s"]))
+            if h:
+                s["churn"].setdefault(transport, {})[name] = {
+                    "handshakes_per_s": h,
+                    "p99_ms": stat(values(rec, "churn", name, transport, "max", lambda r: r["result"]["handshake_ms"]["p99"])),
+                    "failed": stat(values(rec, "churn", name, transport, "max", lambda r: r["result"]["failed"])),
+                }
+    s["headline"] = headline_rows(ctx, s)
+    return s
+
+
+def peak(s, transport, name):
+    """(median delivered at the best point, that point's stats)."""
+    pts = s["rate"].get(transport, {}).get(name, {})
+    best = None
+    for point, v in pts.items():
+        if best is None or v["delivered_mbps"]["median"] > best[1]["delivered_mbps"]["median"]:
+            best = (point, v)
+    return best
+
+
+def offered_of(point):
+    return None if point == "max" else float(point.rstrip("M"))
+
+
+def headline_rows(ctx, s):
+    """The issue-3 bar, row by row."""
+    rows = []
+
+    def peak_stat(transport, name):
+        b = peak(s, transport, name)
+        return b[1]["delivered_mbps"] if b else None
+
+    def div(a, b):
+        return a["median"] / b["median"] if a and b and b["median"] else None
+
+    for transport, bar in (("plain", 3.0), ("tls", 2.0)):
+        vals = {n: peak_stat(transport, n) for n in SERVERS}
+        r = div(vals.get("ferry"), vals.get("derper"))
+        rows.append({
+            "metric": f"{'Plain' if transport == 'plain' else 'TLS'} throughput, 20 peers / 10 pairs, 1400 B: peak delivered, Mbit/s",
+            "values": vals, "ratio": r, "ratio_q": div(vals.get("ferry"), vals.get("derper-q")),
+            "bar": f"≥ {bar:.0f}× derper", "met": r is not None and r >= bar, "unit": "Mbit/s"})
+
+    # Loss at the highest offered rate where Ferry is not saturated.
+    fer = s["rate"].get("plain", {}).get("ferry", {})
+    cand = [(offered_of(p), v) for p, v in fer.items() if offered_of(p)]
+    unsat = [(o, v) for o, v in cand if v["delivered_mbps"]["median"] >= 0.95 * o]
+    if unsat:
+        o, v = max(unsat, key=lambda x: x[0])
+        loss = v["loss"]
+        others = {n: s["rate"].get("plain", {}).get(n, {}).get(f"{o:.0f}M", {}).get("loss") for n in SERVERS}
+        rows.append({
+            "metric": f"Plain loss at {o:.0f} Mbit/s offered (the highest rate Ferry carries unsaturated)",
+            "values": others, "ratio": None, "bar": "< 0.1 %", "met": loss["median"] < 0.001, "unit": "loss"})
+
+    lat = s["latency"]
+    if "150%" in lat.get("ferry", {}) and "150%" in lat.get("derper", {}):
+        f99, d99 = lat["ferry"]["150%"]["p99"], lat["derper"]["150%"]["p99"]
+        r = div(f99, d99)
+        rows.append({
+            "metric": f"p99 RTT at 150 % of derper's saturation ({1.5 * getattr(ctx, 'latency_base', 0):.0f} Mbit/s offered), µs",
+            "values": {n: lat.get(n, {}).get("150%", {}).get("p99") for n in SERVERS},
+            "ratio": r, "ratio_q": div(f99, lat.get("derper-q", {}).get("150%", {}).get("p99")),
+            "bar": "≤ 0.5× derper", "met": r is not None and r <= 0.5, "unit": "µs"})
+
+    pe = s["peers"]
+    counts = sorted({int(p) for n in pe for p in pe[n]})
+    if counts and 20 in counts and max(counts) > 20:
+        top = str(max(counts))
+        vals = {n: pe.get(n, {}).get(top, {}).get("delivered_mbps") for n in SERVERS}
+        keep = div(vals.get("ferry"), pe.get("ferry", {}).get("20", {}).get("delivered_mbps"))
+        kept = f"{keep * 100:.0f} %" if keep is not None else "?"
+        rows.append({
+            "metric": f"{top} peers (plain, unpaced): delivered Mbit/s; Ferry keeps {kept} of its 20-peer rate",
+            "values": vals, "ratio": div(vals.get("ferry"), vals.get("derper")),
+            "ratio_q": div(vals.get("ferry"), vals.get("derper-q")),
+            "bar": "≥ 95 % of the 20-peer rate", "met": keep is not None and keep >= 0.95, "unit": "Mbit/s"})
+
+    idle = s["idle"].get("tls", {})
+    if idle.get("ferry"):
+        b = idle["ferry"]["bytes_per_conn"]
+        rows.append({
+            "metric": f"Server memory per idle TLS connection ({idle['ferry']['conns']} held), KiB",
+            "values": {n: idle.get(n, {}).get("bytes_per_conn") for n in SERVERS},
+            "ratio": (b["median"] / idle["derper"]["bytes_per_conn"]["median"]) if idle.get("derper") else None,
+            "bar": "≤ 16 KiB", "met": b["median"] <= 16 * 1024, "unit": "KiB"})
+
+    for transport in ("plain", "tls"):
+        ch = s["churn"].get(transport, {})
+        if ch.get("ferry"):
+            vals = {n: ch.get(n, {}).get("handshakes_per_s") for n in SERVERS}
+            rows.append({"metric": f"{'Plain' if transport == 'plain' else 'TLS'} churn: connect + handshake + close, per second",
+                         "values": vals, "ratio": div(vals.get("ferry"), vals.get("derper")), "bar": "–", "met": None,
+                         "unit": "/s"})
+    return rows
+
+
+def cell(v, unit):
+    if not v:
+        return "–"
+    if unit == "loss":
+        return fmt(v, 3, 100.0) + " %"
+    if unit == "KiB":
+        return fmt(v, 1, 1 / 1024)
+    return fmt(v, 0)
+
+
+def headline_table(s, servers):
+    lines = ["| Metric | " + " | ".join(SERVERS[n]["label"] for n in servers) +
+             f" | Ferry / derper | Ferry / derper (queue {TUNED_QUEUE}) | Bar (issue #3) | Met |",
+             "|---|" + "---|" * len(servers) + "---|---|---|---|"]
+    for row in s["headline"]:
+        vals = " | ".join(cell(row["values"].get(n), row["unit"]) for n in servers)
+        r = f"{row['ratio']:.2f}" if row["ratio"] is not None else "–"
+        rq = f"{row['ratio_q']:.2f}" if row.get("ratio_q") is not None else "–"
+        met = {True: "yes", False: "**no**", None: "–"}[row["met"]]
+        lines.append(f"| {row['metric']} | {vals} | {r} | {rq} | {row['bar']} | {met} |")
+    return "\n".join(lines)
+
+
+def markdown(ctx, s, machine):
+    out = []
+    w = out.append
+    w(f"# Ferry vs derper — {ctx.args.mode} run, {machine['date']}\n")
+    w(f"Machine: {machine['cpu']}, {machine['cpus']} CPUs, {machine['mem_gib']:.0f} GiB, Linux {machine['kernel']}. "
+      f"Servers on CPU {ctx.args.server_cpus}, ferry-bench on CPU {ctx.args.client_cpus}"
+      f"{', both at nice -20' if ctx.nice else ''}. Ferry {machine['ferry_rev']} (`--workers {ctx.args.workers}`, "
+      f"I/O back end: {machine.get('ferry_backend', '?')}), derper {DERPER_VERSION} ({machine['go']}), "
+      f"tuned derper: `TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH={TUNED_QUEUE}`.\n")
+    w(f"Cells: median over {ctx.plan['repeats']} repeat(s) (min–max). Rates: Mbit/s of DERP packet payload. "
+      f"Window {ctx.plan['window']} after {ctx.plan['warmup']} warm-up. See bench/README.md.\n")
+    disturbed = sum(1 for r in ctx.records if r["report"] and (r["report"].get("machine") or {}).get("disturbed"))
+    failed = sum(1 for r in ctx.records if r["error"])
+    w(f"Runs: {len(ctx.records)}, failed: {failed}, still disturbed after retries: {disturbed}.\n")
+    servers = [n for n in SERVERS if any(r["server"] == n for r in ctx.records)]
+    w("## Headline\n")
+    w(headline_table(s, servers) + "\n")
+
+    for transport in ("plain", "tls"):
+        rs = s["rate"].get(transport)
+        if not rs:
+            continue
+        names = [n for n in SERVERS if n in rs]
+        w(f"## Throughput vs offered rate — {transport}, {PEERS} peers / {PEERS // 2} pairs, {SIZE} B\n")
+        w("Delivered Mbit/s.\n")
+        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " | Ferry/derper | Ferry/derper (q) |")
+        w("|---|" + "---|" * (len(names) + 2))
+        for point in points_of(ctx.records, "rate"):
+            row = [rs.get(n, {}).get(point, {}).get("delivered_mbps") for n in names]
+            f = rs.get("ferry", {}).get(point, {}).get("delivered_mbps")
+            d = rs.get("derper", {}).get(point, {}).get("delivered_mbps")
+            q = rs.get("derper-q", {}).get(point, {}).get("delivered_mbps")
+            if any(row):
+                w(f"| {point} | " + " | ".join(fmt(v) for v in row) + f" | {ratio(f, d)} | {ratio(f, q)} |")
+        w("\nLoss (% of the window's packets):\n")
+        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " |")
+        w("|---|" + "---|" * len(names))
+        for point in points_of(ctx.records, "rate"):
+            row = [rs.get(n, {}).get(point, {}).get("loss") for n in names]
+            if any(row):
+                w(f"| {point} | " + " | ".join(fmt(v, 3, 100.0) for v in row) + " |")
+        w("\nServer CPU (cores busy) / ferry-bench busy fraction:\n")
+        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " |")
+        w("|---|" + "---|" * len(names))
+        for point in points_of(ctx.records, "rate"):
+            cells = []
+            for n in names:
+                v = rs.get(n, {}).get(point, {})
+                cells.append(f"{fmt(v.get('server_cpu'), 2)} / {fmt(v.get('client_busy'), 2)}" if v else "–")
+            w(f"| {point} | " + " | ".join(cells) + " |")
+        w("")
+
+    lat = s["latency"]
+    if lat:
+        names = [n for n in SERVERS if n in lat]
+        base = getattr(ctx, "latency_base", 0)
+        w(f"## Round-trip latency under load — plain, 1 ping pair at 1000/s, {SIZE} B\n")
+        w(f"Load: {PEERS} background peers, as a share of derper's saturation throughput ({base:.0f} Mbit/s). "
+          "RTT in µs, p50 / p99 / p99.9 (medians over repeats).\n")
+        w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | p99 Ferry/derper |")
+        w("|---|" + "---|" * (len(names) + 1))
+        for point in points_of(ctx.records, "latency"):
+            cells = []
+            for n in names:
+                q = lat[n].get(point)
+                cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}" if q else "–")
+            f, d = lat.get("ferry", {}).get(point), lat.get("derper", {}).get(point)
+            w(f"| {point} | " + " | ".join(cells) + f" | {ratio(f and f['p99'], d and d['p99'])} |")
+        w("")
+
+    pe = s["peers"]
+    if pe:
+        names = [n for n in SERVERS if n in pe]
+        w(f"## Throughput vs peer count — plain, unpaced, {SIZE} B\n")
+        w("| Peers | " + " | ".join(SERVERS[n]["label"] for n in names) + " | Ferry/derper |")
+        w("|---|" + "---|" * (len(names) + 1))
+        for point in points_of(ctx.records, "peers"):
+            row = [pe[n].get(point, {}).get("delivered_mbps") for n in names]
+            w(f"| {point} | " + " | ".join(fmt(v) for v in row) +
+              f" | {ratio(pe.get('ferry', {}).get(point, {}).get('delivered_mbps'), pe.get('derper', {}).get(point, {}).get('delivered_mbps'))} |")
+        w("")
+
+    for transport, idle in s["idle"].items():
+        w(f"## Idle connections — {transport}\n")
+        w("| Server | Held | Connects/s | Server KiB per connection |")
+        w("|---|---|---|---|")
+        for n, v in idle.items():
+            w(f"| {SERVERS[n]['label']} | {fmt(v['established'])} of {v['conns']} | {fmt(v['connect_rate'])} | {fmt(v['bytes_per_conn'], 1, 1 / 1024)} |")
+        w("")
+    if s["churn"]:
+        w("## Churn — connect, handshake, close, 64 in flight\n")
+        w("| Transport | Server | Handshakes/s | p99 handshake ms | Failed |")
+        w("|---|---|---|---|---|")
+        for transport, ch in s["churn"].items():
+            for n, v in ch.items():
+                w(f"| {transport} | {SERVERS[n]['label']} | {fmt(v['handshakes_per_s'])} | {fmt(v['p99_ms'], 1)} | {fmt(v['failed'])} |")
+        w("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Plots
+
+
+STYLE = {"ferry": ("tab:blue", "o"), "derper": ("tab:red", "s"), "derper-q": ("tab:orange", "^"), "ceiling": ("tab:gray", "D")}
+
+
+def plots(ctx, s):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is missing: no plots (apt-get install python3-matplotlib)")
+        return []
+    made = []
+
+    def err(stats):
+        med = [v["median"] for v in stats]
+        return med, [[m - v["min"] for m, v in zip(med, stats)], [v["max"] - m for m, v in zip(med, stats)]]
+
+    def save(fig, name):
+        path = ctx.out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        made.append(path)
+
+    rate_pts = [p for p in points_of(ctx.records, "rate")]
+    paced = [p for p in rate_pts if p != "max"]
+    for key, ylabel, fname, scale in (("delivered_mbps", "delivered (Gbit/s)", "throughput_vs_rate.png", 1e-3),
+                                      ("loss", "loss (%)", "loss_vs_rate.png", 100.0)):
+        transports = [t for t in ("plain", "tls") if s["rate"].get(t)]
+        if not transports:
+            continue
+        fig, axes = plt.subplots(1, len(transports), figsize=(6 * len(transports), 4.2), squeeze=False)
+        for ax, t in zip(axes[0], transports):
+            for n, pts in s["rate"][t].items():
+                xs = [offered_of(p) / 1e3 for p in paced if p in pts]
+                if not xs:
+                    continue
+                stats = [pts[p][key] for p in paced if p in pts]
+                med, e = err(stats)
+                color, marker = STYLE[n]
+                ax.errorbar(xs, [m * scale for m in med], yerr=[[x * scale for x in e[0]], [x * scale for x in e[1]]],
+                            label=SERVERS[n]["label"], color=color, marker=marker, capsize=3)
+                if "max" in pts:
+                    ax.scatter([max(xs) * 1.15], [pts["max"][key]["median"] * scale], color=color, marker=marker,
+                               facecolors="none", s=70)
+            if key == "delivered_mbps":
+                lim = max(offered_of(p) for p in paced) / 1e3
+                ax.plot([0, lim], [0, lim], ls=":", color="black", lw=0.8, label="offered")
+            else:
+                ax.set_yscale("symlog", linthresh=0.1)
+            ax.set_xlabel("offered load (Gbit/s); hollow marker at right: unpaced")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{t.upper() if t == 'tls' else 'plain'} DERP, {PEERS} peers / {PEERS // 2} pairs, {SIZE} B")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        save(fig, fname)
+
+    lat = s["latency"]
+    if lat:
+        pts = points_of(ctx.records, "latency")
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        for ax, pct in zip(axes, ("p50", "p99", "p999")):
+            for n, q in lat.items():
+                xs = [float(p.rstrip("%")) for p in pts if p in q]
+                stats = [q[p][pct] for p in pts if p in q]
+                med, e = err(stats)
+                color, marker = STYLE[n]
+                ax.errorbar(xs, [m / 1e3 for m in med], yerr=[[x / 1e3 for x in e[0]], [x / 1e3 for x in e[1]]],
+                            label=SERVERS[n]["label"], color=color, marker=marker, capsize=3)
+            ax.set_yscale("log")
+            ax.set_xlabel("background load (% of derper's saturation)")
+            ax.set_ylabel(f"RTT {pct} (ms)")
+            ax.set_title(f"round trip {pct}")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=8)
+        save(fig, "latency_vs_load.png")
+
+    pe = s["peers"]
+    if pe:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for n, q in pe.items():
+            xs = sorted(int(p) for p in q)
+            med, e = err([q[str(x)]["delivered_mbps"] for x in xs])
+            color, marker = STYLE[n]
+            ax.errorbar(xs, [m / 1e3 for m in med], yerr=[[x / 1e3 for x in e[0]], [x / 1e3 for x in e[1]]],
+                        label=SERVERS[n]["label"], color=color, marker=marker, capsize=3)
+        ax.set_xscale("log")
+        ax.set_xlabel("peers (half send, half receive)")
+        ax.set_ylabel("delivered (Gbit/s)")
+        ax.set_title(f"unpaced throughput vs peer count, plain, {SIZE} B")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        save(fig, "throughput_vs_peers.png")
+    return made
+
+
+# ---------------------------------------------------------------------------
+# Sanity (quick mode: the tool works and the numbers make sense)
+
+
+def insane(report):
+    """Why a report's numbers do not make sense, or None."""
+    res = report["result"]
+    m = res["mode"]
+    if m == "throughput":
+        lat = res["latency_us"]
+        if not (res["packets_delivered"] > 0 and 0.0 <= res["loss"] <= 1.0 and lat["count"] > 0):
+            return f"nothing delivered or loss out of range ({res['loss']})"
+        if not lat["min"] <= lat["p50"] <= lat["p99"] <= lat["max"]:
+            return "percentiles out of order"
+    elif m == "latency":
+        q = res["rtt_us"]
+        if not (res["pongs_received"] > 0 and q["min"] <= q["p50"] <= q["p99"] <= q["p999"] <= q["max"]):
+            return "no pongs, or percentiles out of order"
+    elif m == "idle":
+        if res["established"] < res["requested"] * 0.9:
+            return f"only {res['established']} of {res['requested']} connections held"
+    elif m == "churn":
+        if res["completed"] <= 0:
+            return "no handshake completed"
+    return None
+
+
+def sanity(ctx):
+    problems = []
+    for r in ctx.records:
+        name = f"{r['suite']}/{r['server']}-{r['transport']}-{r['point']}"
+        if r["error"] or not r["report"]:
+            problems.append(f"{name}: {r['error']}")
+        elif insane(r["report"]):
+            problems.append(f"{name}: {insane(r['report'])}")
+    return problems
+
+
+# ---------------------------------------------------------------------------
+
+
+def machine_info(ctx):
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        except OSError:
+            return "?"
+
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    rev = sh(["git", "rev-parse", "--short", "HEAD"]) or "uncommitted"
+    dirty = " (with uncommitted changes)" if sh(["git", "status", "--porcelain"]) else ""
+    backend = "?"
+    for r in ctx.records:
+        for k in (r["report"] or {}).get("metrics_delta", {}):
+            if k.startswith("ferry_io_backend") and r["server"] == "ferry":
+                backend = k.split('backend="', 1)[1].split('"', 1)[0] if 'backend="' in k else backend
+    return {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "mem_gib": mem,
+        "kernel": platform.release(),
+        "ferry_rev": (rev or "?") + dirty,
+        "ferry_backend": backend,
+        "go": sh(["go", "version"]).replace("go version ", ""),
+        "rustc": sh(["rustc", "--version"]),
+        "server_cpus": ctx.args.server_cpus,
+        "client_cpus": ctx.args.client_cpus,
+        "nice": ctx.nice,
+        "workers": ctx.args.workers,
+        "derper": DERPER_VERSION,
+        "tuned_queue": TUNED_QUEUE,
+    }
+
+
+def write_outputs(ctx, machine):
+    out = ctx.out
+    s = summarize(ctx)
+    (out / "summary.json").write_text(json.dumps({"machine": machine, "plan": ctx.plan, "summary": s,
+                                                  "latency_base_mbps": getattr(ctx, "latency_base", None),
+                                                  "runs": [{k: v for k, v in r.items() if k != "report"} for r in ctx.records]},
+                                                 indent=1, default=str) + "\n")
+    (out / "results.md").write_text(markdown(ctx, s, machine) + "\n")
+    servers = [n for n in SERVERS if any(r["server"] == n for r in ctx.records)]
+    (out / "headline.md").write_text(headline_table(s, servers) + "\n")
+    made = plots(ctx, s)
+    log(f"wrote {out / 'results.md'}, {out / 'summary.json'}, {len(made)} plots, {len(ctx.records)} raw reports")
+
+
+def load_records(out):
+    """The runs recorded in an output directory: its raw reports, plus the
+    failures its summary lists."""
+    records = []
+    for path in sorted((out / "raw").rglob("*.json")) if (out / "raw").exists() else []:
+        report = json.loads(path.read_text())
+        b = report.get("bench", {})
+        records.append({**{k: b.get(k) for k in ("suite", "server", "transport", "point", "repeat", "attempts")},
+                        "error": None, "raw": str(path.relative_to(out)), "report": report})
+    summary = out / "summary.json"
+    if summary.exists():
+        present = {r["raw"] for r in records}
+        for r in json.loads(summary.read_text()).get("runs", []):
+            if r.get("error") and r.get("raw") not in present and (out / "raw" / r["suite"]).exists():
+                records.append({**r, "report": None})
+    return records
+
+
+def rerender(args, plan):
+    """Rebuilds the outputs of an earlier run from its raw reports."""
+    out = args.out
+    old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    plan = old.get("plan", plan)
+    ctx = Context(args, {}, out, None, None, plan)
+    ctx.nice = old.get("machine", {}).get("nice", ctx.nice)
+    ctx.records.extend(load_records(out))
+    ctx.latency_base = old.get("latency_base_mbps") or peak_delivered(ctx, "derper", "plain")
+    machine = old.get("machine") or machine_info(ctx)
+    write_outputs(ctx, machine)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=sorted(PLANS), help="quick (smoke test) or full (measurement)")
+    ap.add_argument("--out", type=Path, help="output directory (full: bench/results/<date>; quick: a temporary directory)")
+    ap.add_argument("--suites", default="rate,latency,peers,idle,churn", help="comma-separated subset of " + ",".join(SUITES))
+    ap.add_argument("--profile", choices=["release", "dev"], default="release", help="cargo profile to build and measure")
+    ap.add_argument("--server-cpus", default="0", help="taskset CPU list for the servers")
+    ap.add_argument("--client-cpus", default="1", help="taskset CPU list for ferry-bench")
+    ap.add_argument("--workers", type=int, default=1, help="ferry --workers")
+    ap.add_argument("--repeats", type=int, help="override the plan's repeat count")
+    ap.add_argument("--no-nice", action="store_true", help="do not raise the priority of servers and generator")
+    ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
+    ap.add_argument("--transports", default="plain,tls",
+                    help="rate and churn suites: which transports to run (plain, tls or both)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep --out's raw reports of suites not being run (run suites one at a time into one directory)")
+    ap.add_argument("--rerender", action="store_true",
+                    help="rebuild results.md, summary.json and the plots from --out's raw reports, running nothing")
+    args = ap.parse_args()
+
+    plan = json.loads(json.dumps(PLANS[args.mode]))
+    if args.repeats:
+        plan["repeats"] = args.repeats
+    suites = [x for x in args.suites.split(",") if x]
+    for x in suites:
+        if x not in SUITES:
+            ap.error(f"unknown suite {x!r}")
+    for tool in ("cargo", "go", "openssl"):
+        if not shutil.which(tool):
+            sys.exit(f"bench: {tool} is required")
+    if args.profile == "dev" and args.mode == "full":
+        log("warning: measuring debug builds; numbers are not representative")
+
+    if args.rerender:
+        if not args.out:
+            ap.error("--rerender needs --out DIR")
+        rerender(args, plan)
+        return
+
+    started = time.time()
+    if args.no_build:
+        target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / ("release" if args.profile == "release" else "debug")
+        bins = {"ferry": target / "ferry", "ferry-bench": target / "ferry-bench", "derper": BENCH / "bin" / "derper"}
+    else:
+        bins = build(args)
+    for k, v in bins.items():
+        if not Path(v).exists():
+            sys.exit(f"bench: {k} not found at {v}")
+
+    out = args.out or (BENCH / "results" / datetime.date.today().isoformat() if args.mode == "full"
+                       else Path(tempfile.mkdtemp(prefix="ferry-bench-quick-")))
+    out.mkdir(parents=True, exist_ok=True)
+    earlier = []
+    if args.keep:
+        transports = [t for t in args.transports.split(",") if t]
+        for x in suites:
+            for f in (out / "raw" / x).glob("*.json") if (out / "raw" / x).exists() else []:
+                if x in ("idle", "latency", "peers") or any(f"-{t}-" in f.name for t in transports):
+                    f.unlink()
+        earlier = load_records(out)
+    elif (out / "raw").exists():
+        shutil.rmtree(out / "raw")
+    log(f"results go to {out}")
+    with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmpname:
+        tmp = Path(tmpname)
+        ctx = Context(args, bins, out, tmp, make_cert(tmp), plan)
+        ctx.records.extend(earlier)
+        if earlier and (out / "summary.json").exists():
+            prev = json.loads((out / "summary.json").read_text()).get("latency_base_mbps")
+            ctx.latency_base = prev or peak_delivered(ctx, "derper", "plain")
+        t_build = time.time() - started
+        for x in suites:
+            t0 = time.time()
+            log(f"== suite {x}")
+            SUITES[x](ctx)
+            log(f"== suite {x} done in {time.time() - t0:.0f} s")
+        machine = machine_info(ctx)
+        machine["build_s"] = round(t_build)
+        machine["run_s"] = round(time.time() - started - t_build)
+        write_outputs(ctx, machine)
+        problems = sanity(ctx)
+        if problems:
+            for p in problems:
+                log(f"NOT SANE: {p}")
+            if args.mode == "quick":
+                sys.exit(1)
+        log(f"total {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One command for the Ferry-vs-derper suite: builds Ferry (release) and
+# derper (tailscale.com v1.102.5), runs the suites, writes raw JSON, a
+# markdown table and PNG plots. See bench/README.md.
+#
+#   bench/run.sh quick     # smoke test, a couple of minutes
+#   bench/run.sh full      # the real measurement, about 25 minutes
+#
+# Any further arguments go to bench/run.py (--help lists them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Plots need matplotlib; Debian's python3-matplotlib lives with /usr/bin/python3,
+# which may not be the first python3 on PATH.
+py=python3
+for cand in python3 /usr/bin/python3; do
+  if command -v "$cand" >/dev/null && "$cand" -c 'import matplotlib' 2>/dev/null; then
+    py=$cand
+    break
+  fi
+done
+exec "$py" bench/run.py "$@"

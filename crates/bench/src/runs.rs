@@ -1,0 +1,775 @@
+//! Turning command lines into runs and runs into reports.
+//!
+//! Each mode builds its plan, runs it, and assembles a [`Report`] with the
+//! client's and (given `--server-pid`) the server's CPU and memory over the
+//! measured window, so every report says whether the generator or the
+//! server was the busy one.
+
+use crate::ceiling::CeilingServer;
+use crate::churn::{self, ChurnPlan};
+use crate::cli::{
+    CeilingArgs, ChurnArgs, Command, CommonArgs, EngineArgs, IdleArgs, LatencyArgs, ThroughputArgs,
+};
+use crate::clock::{self, now_ns};
+use crate::idle::{self, IdlePlan};
+use crate::pairs::Topology;
+use crate::procstat;
+use crate::progress::Progress;
+use crate::report::{self, ClientUsage, ModeResult, Report, ServerUsage, TargetInfo, Throughput};
+use crate::stamp::{Kind, STAMP_LEN};
+use crate::target::Target;
+use crate::traffic::{self, FlowPlan, FlowStats, TrafficOutcome, TrafficPlan};
+use crate::varz;
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Runs one command.
+pub fn run(command: Command) -> Result<()> {
+    clock::now_ns(); // start the run clock
+    match command {
+        Command::Throughput(a) => finish(&a.common.clone(), throughput(a)),
+        Command::Latency(a) => finish(&a.common.clone(), latency(a)),
+        Command::Idle(a) => finish(&a.common.clone(), idle(a)),
+        Command::Churn(a) => finish(&a.common.clone(), churn(a)),
+        Command::CeilingServer(a) => ceiling(a),
+    }
+}
+
+/// Writes the report and a one-line summary.
+fn finish(common: &CommonArgs, report: Result<Report>) -> Result<()> {
+    let report = report?;
+    let text = serde_json::to_string_pretty(&report)? + "\n";
+    match &common.output {
+        Some(path) => std::fs::write(path, &text)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => std::io::stdout().write_all(text.as_bytes())?,
+    }
+    if !common.quiet {
+        eprintln!("{}", summary(&report));
+        for w in &report.warnings {
+            eprintln!("warning: {w}");
+        }
+    }
+    Ok(())
+}
+
+/// One human line per report.
+pub fn summary(r: &Report) -> String {
+    let tp = |t: &Throughput| {
+        format!(
+            "delivered {:.0} Mbit/s ({:.0} kpps) of {} offered, sent {:.0}, loss {:.3}%, one-way p50 {:.0} µs p99 {:.0} µs",
+            t.delivered_mbps,
+            t.delivered_pps / 1e3,
+            t.offered_mbps.map_or("unpaced".to_owned(), |o| format!("{o:.0}")),
+            t.sent_mbps,
+            t.loss * 100.0,
+            t.latency_us.p50,
+            t.latency_us.p99
+        )
+    };
+    let server = r
+        .server
+        .as_ref()
+        .map(|s| format!("; server CPU {:.0}%", s.cpu_util * 100.0))
+        .unwrap_or_default();
+    let body =
+        match &r.result {
+            ModeResult::Throughput(t) => tp(t),
+            ModeResult::Latency(l) => format!(
+            "rtt p50 {:.0} µs p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0} ({} pongs, loss {:.3}%){}",
+            l.rtt_us.p50,
+            l.rtt_us.p90,
+            l.rtt_us.p99,
+            l.rtt_us.p999,
+            l.rtt_us.max,
+            l.pongs_received,
+            l.ping_loss * 100.0,
+            l.background.as_ref().map(|b| format!("; background {}", tp(b))).unwrap_or_default()
+        ),
+            ModeResult::Idle(i) => format!(
+                "{} of {} connections held, {:.0} connects/s{}",
+                i.established,
+                i.requested,
+                i.connect_rate,
+                i.server_bytes_per_conn
+                    .map(|b| format!(", server {:.1} KiB per connection", b / 1024.0))
+                    .unwrap_or_default()
+            ),
+            ModeResult::Churn(c) => format!(
+                "{:.0} handshakes/s, {} failed, handshake p50 {:.2} ms p99 {:.2} ms",
+                c.handshakes_per_s, c.failed, c.handshake_ms.p50, c.handshake_ms.p99
+            ),
+        };
+    let client = match r.client.busy_fraction {
+        Some(b) => format!("client busy {:.0}%", b * 100.0),
+        None => format!("client CPU {:.0}%", r.client.cpu_util_per_thread * 100.0),
+    };
+    format!("{}: {body}; {client}{server}", r.result.mode())
+}
+
+fn target(common: &CommonArgs) -> Result<Arc<Target>> {
+    if let Some(pid) = common.server_pid {
+        if !procstat::exists(pid) {
+            bail!("--server-pid {pid}: no such process");
+        }
+    }
+    Ok(Arc::new(Target::new(
+        &common.server,
+        common.connect,
+        common.ca.as_deref(),
+        common.insecure,
+    )?))
+}
+
+fn base_report(target: &Target, config: serde_json::Value, result: ModeResult) -> Report {
+    let mut warnings = Vec::new();
+    if target.insecure {
+        warnings.push("TLS certificate verification was disabled (--insecure)".to_owned());
+    }
+    Report {
+        tool: "ferry-bench".to_owned(),
+        schema: report::SCHEMA,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        target: TargetInfo {
+            url: target.url.clone(),
+            addr: target.addr.to_string(),
+            tls: target.tls.is_some(),
+            insecure: target.insecure,
+            tls_version: None,
+            cipher_suite: None,
+        },
+        config,
+        client: ClientUsage {
+            threads: 1,
+            cpu_seconds: 0.0,
+            cpu_util_per_thread: 0.0,
+            busy_fraction: None,
+            rss_bytes: procstat::rss_bytes(None).unwrap_or(0),
+        },
+        server: None,
+        machine: None,
+        metrics_delta: BTreeMap::new(),
+        warnings,
+        result,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Traffic modes
+
+/// What was observed around a traffic run's window.
+struct Observed {
+    outcome: TrafficOutcome,
+    client_cpu_s: f64,
+    machine: Option<(procstat::MachineCpu, procstat::MachineCpu)>,
+    spin: bool,
+    server: Option<ServerUsage>,
+    metrics: BTreeMap<String, f64>,
+    warnings: Vec<String>,
+}
+
+fn engine_plan(
+    engine: &EngineArgs,
+    peers: usize,
+    flows: Vec<FlowPlan>,
+    timeout: Duration,
+) -> Result<TrafficPlan> {
+    if engine.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    if engine.duration.is_zero() {
+        bail!("--duration must be positive");
+    }
+    Ok(TrafficPlan {
+        peers,
+        flows,
+        threads: engine.threads,
+        warmup: engine.warmup,
+        duration: engine.duration,
+        drain: engine.drain,
+        connect_timeout: timeout,
+        out_cap: engine.out_cap.max(64 * 1024),
+        spin: !engine.no_spin,
+        batch_ns: crate::clock::ns(engine.batch),
+    })
+}
+
+fn run_engine(
+    target: Arc<Target>,
+    plan: TrafficPlan,
+    common: &CommonArgs,
+    what: &str,
+) -> Result<Observed> {
+    let mut progress = Progress::new(!common.quiet);
+    let peers = plan.peers;
+    let connect_started = now_ns();
+    let running = traffic::spawn(target.clone(), plan.clone());
+    let shared = running.shared.clone();
+    // Wait for every peer (bounded by the handshake timeout plus slack).
+    let connect_deadline = connect_started + clock::ns(plan.connect_timeout) + 5_000_000_000;
+    loop {
+        if let Some(e) = running.error() {
+            running.abort();
+            let _ = running.join(connect_started);
+            bail!("{e}");
+        }
+        let ready = shared.live.ready.load(Ordering::SeqCst);
+        if ready >= peers {
+            break;
+        }
+        if now_ns() > connect_deadline || running.finished() {
+            running.abort();
+            let _ = running.join(connect_started);
+            bail!(
+                "only {ready} of {peers} peers connected to {} in time",
+                target.url
+            );
+        }
+        progress.show(&format!("{what}: connecting {ready}/{peers}"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let tl = running.start_at(now_ns() + 20_000_000);
+    let pid = common.server_pid;
+
+    // Metrics are read just before the window and just after it, the CPU
+    // samples exactly at its edges, so a slow scrape cannot shift them.
+    clock::sleep_until(tl.ws.saturating_sub(50_000_000));
+    let metrics_before = if common.metrics {
+        Some(scrape(&target))
+    } else {
+        None
+    };
+    clock::sleep_until(tl.ws);
+    let machine0 = procstat::machine_cpu();
+    let client0 = procstat::sample(None);
+    let server0 = pid.map(|p| procstat::sample(Some(p)));
+    let rss_before_server = server0.map(|s| s.rss).unwrap_or(0);
+
+    // Progress during the window.
+    let (mut last_t, mut last_sent, mut last_recv) = (now_ns(), 0u64, 0u64);
+    while now_ns() < tl.we {
+        if running.error().is_some() || running.finished() {
+            break;
+        }
+        std::thread::sleep(
+            Duration::from_millis(100).min(Duration::from_nanos(tl.we.saturating_sub(now_ns()))),
+        );
+        let (t, s, r) = (
+            now_ns(),
+            shared.live.sent_bytes.load(Ordering::Relaxed),
+            shared.live.recv_bytes.load(Ordering::Relaxed),
+        );
+        let dt = t.saturating_sub(last_t).max(1) as f64 / 1e9;
+        if dt > 0.25 {
+            let el = t.saturating_sub(tl.ws) as f64 / 1e9;
+            progress.show(&format!(
+                "{what}: {el:.1}/{:.1} s  sent {:.0} Mbit/s  received {:.0} Mbit/s",
+                plan.duration.as_secs_f64(),
+                (s - last_sent) as f64 * 8.0 / dt / 1e6,
+                (r - last_recv) as f64 * 8.0 / dt / 1e6,
+            ));
+            (last_t, last_sent, last_recv) = (t, s, r);
+        }
+    }
+    clock::sleep_until(tl.we);
+    let machine1 = procstat::machine_cpu();
+    let client1 = procstat::sample(None);
+    let server1 = pid.map(|p| procstat::sample(Some(p)));
+    let server_fds = pid.and_then(|p| procstat::open_fds(Some(p)));
+    let metrics_after = if common.metrics {
+        Some(scrape(&target))
+    } else {
+        None
+    };
+    progress.show(&format!("{what}: draining"));
+    // Workers end on their own after the drain; bounded by the timeline.
+    let join_deadline = tl.end + 5_000_000_000;
+    while !running.finished() && now_ns() < join_deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !running.finished() {
+        running.abort();
+    }
+    progress.finish();
+    let outcome = running.join(connect_started).map_err(anyhow::Error::msg)?;
+    let window_s = plan.duration.as_secs_f64();
+    let server = pid
+        .zip(server0)
+        .zip(server1)
+        .map(|((pid, a), b)| ServerUsage {
+            pid,
+            cpu_seconds: b.cpu_s - a.cpu_s,
+            cpu_util: (b.cpu_s - a.cpu_s) / window_s,
+            rss_before: rss_before_server,
+            rss_after: b.rss,
+            open_fds: server_fds,
+        });
+    let mut warnings = Vec::new();
+    let metrics = match (metrics_before, metrics_after) {
+        (Some(Ok(a)), Some(Ok(b))) => varz::delta(&a, &b),
+        (Some(Err(e)), _) | (_, Some(Err(e))) => {
+            warnings.push(format!("could not read server metrics: {e:#}"));
+            BTreeMap::new()
+        }
+        _ => BTreeMap::new(),
+    };
+    if outcome.disconnects > 0 {
+        warnings.push(format!(
+            "{} connections were lost during the run (first: {})",
+            outcome.disconnects,
+            outcome.first_disconnect.as_deref().unwrap_or("?")
+        ));
+    }
+    if outcome.foreign_packets > 0 {
+        warnings.push(format!(
+            "{} packets arrived that ferry-bench did not send",
+            outcome.foreign_packets
+        ));
+    }
+    Ok(Observed {
+        outcome,
+        client_cpu_s: client1.cpu_s - client0.cpu_s,
+        machine: machine0.zip(machine1),
+        spin: plan.spin,
+        server,
+        metrics,
+        warnings,
+    })
+}
+
+fn scrape(target: &Target) -> Result<BTreeMap<String, f64>> {
+    varz::scrape(target, "/debug/varz")
+}
+
+/// The throughput figures of one kind of flow.
+#[allow(clippy::too_many_arguments)]
+fn throughput_result(
+    st: &FlowStats,
+    per_flow: &[u64],
+    peers: usize,
+    size: usize,
+    offered_mbps: Option<f64>,
+    outcome: &TrafficOutcome,
+) -> Throughput {
+    let w = outcome.window_s.max(1e-9);
+    let size = size.max(STAMP_LEN);
+    let flow_mbps: Vec<f64> = per_flow
+        .iter()
+        .map(|&n| n as f64 * size as f64 * 8.0 / w / 1e6)
+        .collect();
+    let loss = if st.sent_window == 0 {
+        0.0
+    } else {
+        (1.0 - st.delivered_of_window as f64 / st.sent_window as f64).clamp(0.0, 1.0)
+    };
+    Throughput {
+        peers,
+        flows: per_flow.len(),
+        size,
+        offered_mbps,
+        sent_mbps: st.sent_bytes_window as f64 * 8.0 / w / 1e6,
+        delivered_mbps: st.arrived_bytes_in_window as f64 * 8.0 / w / 1e6,
+        delivered_pps: st.arrived_in_window as f64 / w,
+        packets_sent: st.sent_window,
+        packets_delivered: st.delivered_of_window,
+        loss,
+        packets_backpressured: st.skipped_window,
+        latency_us: st.latency.percentiles(),
+        flow_min_mbps: if flow_mbps.is_empty() {
+            0.0
+        } else {
+            flow_mbps.iter().copied().fold(f64::INFINITY, f64::min)
+        },
+        flow_max_mbps: flow_mbps.iter().copied().fold(0.0, f64::max),
+        fairness: report::jain(&flow_mbps),
+        window_s: outcome.window_s,
+        connect_s: outcome.connect_s,
+        disconnects: outcome.disconnects,
+        other_frames: outcome.other_frames,
+    }
+}
+
+fn assemble(
+    target: &Target,
+    config: serde_json::Value,
+    threads: usize,
+    obs: Observed,
+    result: ModeResult,
+) -> Report {
+    let mut r = base_report(target, config, result);
+    let window = obs.outcome.window_s.max(1e-9);
+    r.client.threads = threads;
+    r.client.cpu_seconds = obs.client_cpu_s;
+    r.client.cpu_util_per_thread = obs.client_cpu_s / window / threads.max(1) as f64;
+    let busy = obs.outcome.work_s / window / threads.max(1) as f64;
+    r.client.busy_fraction = Some(busy);
+    if busy > 0.9 {
+        r.warnings.push(format!(
+            "ferry-bench's {threads} thread(s) were busy {:.0}% of the window: the load generator may have limited this run",
+            busy * 100.0
+        ));
+    }
+    if let Some((v, s)) = &obs.outcome.tls {
+        r.target.tls_version = Some(v.clone());
+        r.target.cipher_suite = Some(s.clone());
+    }
+    let server_cpu = obs.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
+    r.machine = obs.machine.map(|(a, b)| {
+        machine_usage(
+            a,
+            b,
+            obs.client_cpu_s + server_cpu,
+            window,
+            obs.spin.then_some(r.client.cpu_util_per_thread),
+        )
+    });
+    r.server = obs.server;
+    r.metrics_delta = obs.metrics;
+    r.warnings.extend(obs.warnings);
+    add_disturbance_warning(&mut r);
+    r
+}
+
+/// The rest of the machine between two samples; `ours_s` is what the
+/// server and ferry-bench used. `spin_util` is the per-thread CPU use of a
+/// spinning generator, which should be close to 1.
+fn machine_usage(
+    a: procstat::MachineCpu,
+    b: procstat::MachineCpu,
+    ours_s: f64,
+    window_s: f64,
+    spin_util: Option<f64>,
+) -> report::MachineUsage {
+    let w = window_s.max(1e-9);
+    let other_cpu = ((b.busy_s - a.busy_s - ours_s) / w).max(0.0);
+    let steal = ((b.steal_s - a.steal_s) / w).max(0.0);
+    let starved = spin_util.is_some_and(|u| u < 0.8);
+    report::MachineUsage {
+        other_cpu,
+        steal,
+        disturbed: other_cpu > 0.1 || steal > 0.05 || starved,
+    }
+}
+
+fn add_disturbance_warning(r: &mut Report) {
+    if let Some(m) = &r.machine {
+        if m.disturbed {
+            r.warnings.push(format!(
+                "the machine was busy with other work during this run ({:.2} cores used by other processes, {:.2} stolen, client CPU {:.0}%/thread): treat the figures with caution",
+                m.other_cpu,
+                m.steal,
+                r.client.cpu_util_per_thread * 100.0
+            ));
+        }
+    }
+}
+
+fn check_size(size: usize, what: &str) -> Result<()> {
+    if !(STAMP_LEN..=ferry_proto::frame::MAX_PACKET_SIZE).contains(&size) {
+        bail!(
+            "{what} {size}: must be between {STAMP_LEN} and {} bytes",
+            ferry_proto::frame::MAX_PACKET_SIZE
+        );
+    }
+    Ok(())
+}
+
+fn throughput(a: ThroughputArgs) -> Result<Report> {
+    check_size(a.size, "--size")?;
+    let topo = match &a.pairs_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read pair file {}", path.display()))?;
+            Topology::parse(&path.display().to_string(), &text)?
+        }
+        None => Topology::pairs(a.peers, a.bidirectional)?,
+    };
+    let per_flow = match a.total_rate {
+        Some(total) => total.split(topo.flows.len()),
+        None => a.rate,
+    };
+    let pps = per_flow.pps(a.size);
+    let offered_mbps = per_flow.mbps(a.size).map(|m| m * topo.flows.len() as f64);
+    let flows: Vec<FlowPlan> = topo
+        .flows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| FlowPlan {
+            id: i as u32,
+            src: f.src,
+            dst: f.dst,
+            kind: Kind::Data,
+            pps,
+            size: a.size,
+        })
+        .collect();
+    let target = target(&a.common)?;
+    let plan = engine_plan(&a.engine, topo.peers, flows, a.common.timeout)?;
+    let obs = run_engine(target.clone(), plan, &a.common, "throughput")?;
+    let t = throughput_result(
+        &obs.outcome.data,
+        &obs.outcome.per_flow_delivered,
+        topo.peers,
+        a.size,
+        offered_mbps,
+        &obs.outcome,
+    );
+    let config = serde_json::json!({
+        "label": a.common.label,
+        "peers": topo.peers,
+        "flows": topo.flows.len(),
+        "pairs_file": a.pairs_file,
+        "bidirectional": a.bidirectional,
+        "size": a.size,
+        "rate_per_flow": per_flow.to_string(),
+        "warmup_s": a.engine.warmup.as_secs_f64(),
+        "duration_s": a.engine.duration.as_secs_f64(),
+        "threads": a.engine.threads,
+        "out_cap": a.engine.out_cap,
+    });
+    Ok(assemble(
+        &target,
+        config,
+        a.engine.threads,
+        obs,
+        ModeResult::Throughput(t),
+    ))
+}
+
+fn latency(a: LatencyArgs) -> Result<Report> {
+    check_size(a.ping_size, "--ping-size")?;
+    check_size(a.size, "--size")?;
+    if a.ping_pairs == 0 {
+        bail!("--ping-pairs must be at least 1");
+    }
+    if !(a.ping_rate.is_finite() && a.ping_rate > 0.0) {
+        bail!("--ping-rate must be a positive number of pings per second");
+    }
+    let load = if a.load_peers > 0 {
+        Some(Topology::pairs(a.load_peers, false)?)
+    } else {
+        None
+    };
+    let load_flows = load.as_ref().map_or(0, |t| t.flows.len());
+    let per_flow = match a.load_total_rate {
+        Some(total) => total.split(load_flows),
+        None => a.load_rate,
+    };
+    let mut flows: Vec<FlowPlan> = Vec::new();
+    if let Some(t) = &load {
+        for (i, f) in t.flows.iter().enumerate() {
+            flows.push(FlowPlan {
+                id: i as u32,
+                src: f.src,
+                dst: f.dst,
+                kind: Kind::Data,
+                pps: per_flow.pps(a.size),
+                size: a.size,
+            });
+        }
+    }
+    // Ping peers come after the load peers.
+    let base = a.load_peers;
+    for p in 0..a.ping_pairs {
+        flows.push(FlowPlan {
+            id: (load_flows + p) as u32,
+            src: base + 2 * p,
+            dst: base + 2 * p + 1,
+            kind: Kind::Ping,
+            pps: Some(a.ping_rate),
+            size: a.ping_size,
+        });
+    }
+    let peers = base + 2 * a.ping_pairs;
+    let target = target(&a.common)?;
+    let plan = engine_plan(&a.engine, peers, flows, a.common.timeout)?;
+    let obs = run_engine(target.clone(), plan, &a.common, "latency")?;
+    let o = &obs.outcome;
+    let background = load.as_ref().map(|t| {
+        throughput_result(
+            &o.data,
+            &o.per_flow_delivered[..load_flows],
+            t.peers,
+            a.size,
+            per_flow.mbps(a.size).map(|m| m * load_flows as f64),
+            o,
+        )
+    });
+    let pings = o.ping.sent_window;
+    let l = report::Latency {
+        ping_pairs: a.ping_pairs,
+        ping_rate: a.ping_rate,
+        ping_size: a.ping_size,
+        pings_sent: pings,
+        pongs_received: o.ping.delivered_of_window,
+        ping_loss: if pings == 0 {
+            0.0
+        } else {
+            (1.0 - o.ping.delivered_of_window as f64 / pings as f64).clamp(0.0, 1.0)
+        },
+        rtt_us: o.ping.latency.percentiles(),
+        background,
+    };
+    let config = serde_json::json!({
+        "label": a.common.label,
+        "ping_pairs": a.ping_pairs,
+        "ping_rate": a.ping_rate,
+        "ping_size": a.ping_size,
+        "load_peers": a.load_peers,
+        "load_rate_per_flow": per_flow.to_string(),
+        "size": a.size,
+        "warmup_s": a.engine.warmup.as_secs_f64(),
+        "duration_s": a.engine.duration.as_secs_f64(),
+        "threads": a.engine.threads,
+    });
+    Ok(assemble(
+        &target,
+        config,
+        a.engine.threads,
+        obs,
+        ModeResult::Latency(l),
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Connection modes
+
+fn idle(a: IdleArgs) -> Result<Report> {
+    if a.conns == 0 || a.concurrency == 0 {
+        bail!("--conns and --concurrency must be at least 1");
+    }
+    let _ = ferry_sys::raise_nofile_limit();
+    let target = target(&a.common)?;
+    let mut progress = Progress::new(!a.common.quiet);
+    let plan = IdlePlan {
+        conns: a.conns,
+        concurrency: a.concurrency,
+        hold: a.hold,
+        timeout: a.common.timeout,
+    };
+    let server0 = a.common.server_pid.map(|p| procstat::sample(Some(p)));
+    let machine0 = procstat::machine_cpu();
+    let out = idle::run(&target, &plan, a.common.server_pid, &mut |l| {
+        progress.show(&l)
+    })?;
+    progress.finish();
+    let config = serde_json::json!({
+        "label": a.common.label,
+        "conns": a.conns,
+        "concurrency": a.concurrency,
+        "hold_s": a.hold.as_secs_f64(),
+    });
+    let mut r = base_report(&target, config, ModeResult::Idle(out.result.clone()));
+    r.client.cpu_seconds = out.client_cpu_s;
+    r.client.cpu_util_per_thread = out.client_cpu_s / out.wall_s.max(1e-9);
+    if let Some((v, s)) = out.tls {
+        r.target.tls_version = Some(v);
+        r.target.cipher_suite = Some(s);
+    }
+    if let (Some(pid), Some(s0)) = (a.common.server_pid, server0) {
+        let s1 = procstat::sample(Some(pid));
+        let (rss_before, rss_after) = out.server_rss.unwrap_or((s0.rss, s1.rss));
+        r.server = Some(ServerUsage {
+            pid,
+            cpu_seconds: s1.cpu_s - s0.cpu_s,
+            cpu_util: (s1.cpu_s - s0.cpu_s) / out.wall_s.max(1e-9),
+            rss_before,
+            rss_after,
+            open_fds: out.server_fds,
+        });
+    }
+    let server_cpu = r.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
+    r.machine = machine0
+        .zip(procstat::machine_cpu())
+        .map(|(m0, m1)| machine_usage(m0, m1, out.client_cpu_s + server_cpu, out.wall_s, None));
+    add_disturbance_warning(&mut r);
+    if out.result.established < out.result.requested {
+        r.warnings.push(format!(
+            "only {} of {} connections were established (first error: {})",
+            out.result.established,
+            out.result.requested,
+            out.result.first_error.as_deref().unwrap_or("?")
+        ));
+    }
+    Ok(r)
+}
+
+fn churn(a: ChurnArgs) -> Result<Report> {
+    if a.concurrency == 0 || a.keys == 0 || a.duration.is_zero() {
+        bail!("--concurrency, --keys and --duration must be positive");
+    }
+    let _ = ferry_sys::raise_nofile_limit();
+    let target = target(&a.common)?;
+    let mut progress = Progress::new(!a.common.quiet);
+    let plan = ChurnPlan {
+        rate: a.rate.0,
+        concurrency: a.concurrency,
+        duration: a.duration,
+        hold: a.hold,
+        keys: a.keys,
+        timeout: a.common.timeout,
+    };
+    let out = churn::run(&target, &plan, a.common.server_pid, &mut |l| {
+        progress.show(&l)
+    })?;
+    progress.finish();
+    let config = serde_json::json!({
+        "label": a.common.label,
+        "rate": a.rate.0,
+        "concurrency": a.concurrency,
+        "duration_s": a.duration.as_secs_f64(),
+        "hold_s": a.hold.as_secs_f64(),
+        "keys": a.keys,
+    });
+    let mut r = base_report(&target, config, ModeResult::Churn(out.result.clone()));
+    let window = a.duration.as_secs_f64();
+    r.client.cpu_seconds = out.client_cpu_s;
+    r.client.cpu_util_per_thread = out.client_cpu_s / window;
+    if r.client.cpu_util_per_thread > 0.9 {
+        r.warnings.push(format!(
+            "ferry-bench kept its thread {:.0}% busy: the load generator may have limited this run",
+            r.client.cpu_util_per_thread * 100.0
+        ));
+    }
+    if let Some((v, s)) = out.tls {
+        r.target.tls_version = Some(v);
+        r.target.cipher_suite = Some(s);
+    }
+    if let (Some(pid), Some((s0, s1))) = (a.common.server_pid, out.server) {
+        r.server = Some(ServerUsage {
+            pid,
+            cpu_seconds: s1.cpu_s - s0.cpu_s,
+            cpu_util: (s1.cpu_s - s0.cpu_s) / window,
+            rss_before: s0.rss,
+            rss_after: s1.rss,
+            open_fds: procstat::open_fds(Some(pid)),
+        });
+    }
+    let server_cpu = r.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
+    r.machine = out
+        .machine
+        .map(|(m0, m1)| machine_usage(m0, m1, out.client_cpu_s + server_cpu, window, None));
+    add_disturbance_warning(&mut r);
+    Ok(r)
+}
+
+fn ceiling(a: CeilingArgs) -> Result<()> {
+    let _ = ferry_sys::raise_nofile_limit();
+    let server = CeilingServer::bind(a.addr, a.out_cap)
+        .with_context(|| format!("ceiling-server: cannot listen on {}", a.addr))?;
+    eprintln!(
+        "ceiling-server: plain DERP forwarder on http://{}/derp (one thread; SIGTERM stops it)",
+        server.local_addr()?
+    );
+    let stop = AtomicBool::new(false);
+    server.run(&stop)?;
+    Ok(())
+}

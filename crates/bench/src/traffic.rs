@@ -1,0 +1,901 @@
+//! The traffic engine behind `throughput` and `latency`.
+//!
+//! A run is a set of peers (one DERP connection each) and flows between
+//! them. Peers are spread over worker threads; each worker runs its own mio
+//! event loop over its connections and never shares a lock with the others.
+//! The run goes through fixed phases on one clock:
+//!
+//! ```text
+//! connect ─ all ready ─ start ─ warm-up ─ ws ─ measured window ─ we ─ drain ─ done
+//! ```
+//!
+//! Senders stamp every packet with its flow, sequence number and send time
+//! ([`crate::stamp`]). Statistics are keyed by the *send* time: a packet
+//! counts as offered in the window if it was stamped inside it, and as
+//! delivered if such a packet arrives at all (the drain phase waits for
+//! stragglers), so loss is `1 − delivered / sent` over the same packets.
+//! Delivered throughput counts the bytes that *arrived* inside the window,
+//! which is what a receiver experiences. One-way latency is `arrival −
+//! stamp`; ping flows are echoed by their receiver and give round trips.
+//!
+//! Per loop turn a worker: polls, reads every readable socket, appends all
+//! due packets to their connections' output buffers from pre-built frames,
+//! and flushes each connection once. Nothing on the packet path allocates.
+//!
+//! By default the poll never sleeps (`spin`): on a virtual machine an idle
+//! vCPU can take milliseconds to wake, which would add the generator's own
+//! wake-ups to every latency it measures and stall the pipelines it feeds.
+//! The generator has a core of its own, so spinning costs the server
+//! nothing. Because CPU use then says nothing, each worker counts the time
+//! of the turns that did work; that busy fraction is what shows whether the
+//! generator was the bottleneck. Without spinning the poll waits at most
+//! 1 ms, or not at all while an unpaced flow can write more.
+//!
+//! Paced flows are served once per batch interval (200 µs by default):
+//! everything that fell due meanwhile is written at once. Spinning alone
+//! would write every packet separately, which at gigabits per second costs
+//! the generator (and the server) a system call per packet; real clients
+//! write in bursts too. Packets are stamped when written, so the interval
+//! does not enter the measured latency.
+
+use crate::clock::{self, now_ns};
+use crate::conn::{Link, LinkError, PeerKey, Scratch, Stage};
+use crate::histogram::Histogram;
+use crate::pacing::Pacer;
+use crate::stamp::{self, Kind, Template};
+use crate::target::Target;
+use ferry_proto::frame::FrameType;
+use mio::{Events, Poll, Token};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Read budget per socket per turn, so one busy socket cannot starve the
+/// others.
+const READ_BUDGET: usize = 1 << 20;
+/// Connects in flight per worker while setting up.
+const CONNECT_CONCURRENCY: usize = 256;
+/// A worker's drain ends after this long without receiving anything.
+const QUIET_NS: u64 = 300_000_000;
+/// Largest late burst after a stall, in packets (see [`Pacer`]).
+const MAX_BURST: u32 = 64;
+
+/// One directed flow of the plan.
+#[derive(Debug, Clone)]
+pub struct FlowPlan {
+    /// Index into the report's per-flow figures.
+    pub id: u32,
+    /// Sending peer.
+    pub src: usize,
+    /// Receiving peer.
+    pub dst: usize,
+    /// Data (one-way) or ping (echoed).
+    pub kind: Kind,
+    /// Packets per second; `None` for unpaced.
+    pub pps: Option<f64>,
+    /// Packet size in bytes.
+    pub size: usize,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct TrafficPlan {
+    /// Number of peers.
+    pub peers: usize,
+    /// Flows between them.
+    pub flows: Vec<FlowPlan>,
+    /// Worker threads.
+    pub threads: usize,
+    /// Warm-up before the window.
+    pub warmup: Duration,
+    /// The measured window.
+    pub duration: Duration,
+    /// Longest wait for in-flight packets after the window.
+    pub drain: Duration,
+    /// Longest time for all peers to connect.
+    pub connect_timeout: Duration,
+    /// Bytes a connection may hold queued before its flows wait.
+    pub out_cap: usize,
+    /// Poll without sleeping: the generator reacts at once instead of
+    /// paying the wake-up latency of an idle CPU (see the crate docs).
+    pub spin: bool,
+    /// Paced flows send what fell due at most this often (nanoseconds), so
+    /// packets leave in small bursts rather than one write each.
+    pub batch_ns: u64,
+}
+
+/// Counters for one kind of traffic, summed over workers.
+#[derive(Debug, Default, Clone)]
+pub struct FlowStats {
+    /// Packets stamped inside the window.
+    pub sent_window: u64,
+    /// Payload bytes stamped inside the window.
+    pub sent_bytes_window: u64,
+    /// Packets the schedule skipped inside the window because the
+    /// connection was blocked (paced flows only).
+    pub skipped_window: u64,
+    /// Packets sent over the whole run.
+    pub sent_total: u64,
+    /// Packets stamped inside the window that arrived (for pings: whose
+    /// pong came back).
+    pub delivered_of_window: u64,
+    /// Packets that arrived inside the window (by arrival time).
+    pub arrived_in_window: u64,
+    /// Payload bytes that arrived inside the window.
+    pub arrived_bytes_in_window: u64,
+    /// Packets received over the whole run.
+    pub received_total: u64,
+    /// One-way latency (data) or round-trip time (pings) of the window's
+    /// packets, nanoseconds.
+    pub latency: Histogram,
+}
+
+impl FlowStats {
+    fn merge(&mut self, o: &FlowStats) {
+        self.sent_window += o.sent_window;
+        self.sent_bytes_window += o.sent_bytes_window;
+        self.skipped_window += o.skipped_window;
+        self.sent_total += o.sent_total;
+        self.delivered_of_window += o.delivered_of_window;
+        self.arrived_in_window += o.arrived_in_window;
+        self.arrived_bytes_in_window += o.arrived_bytes_in_window;
+        self.received_total += o.received_total;
+        self.latency.merge(&o.latency);
+    }
+}
+
+/// Everything a run measured.
+#[derive(Debug, Default)]
+pub struct TrafficOutcome {
+    /// Data flows.
+    pub data: FlowStats,
+    /// Ping flows (round trips).
+    pub ping: FlowStats,
+    /// Pings echoed by receivers.
+    pub echoed: u64,
+    /// Per data flow: packets of the window delivered.
+    pub per_flow_delivered: Vec<u64>,
+    /// Window length, seconds.
+    pub window_s: f64,
+    /// Frames other than recvPacket (keepalives, peerGone, …).
+    pub other_frames: u64,
+    /// recvPacket frames that were not ours.
+    pub foreign_packets: u64,
+    /// Connections lost after the handshake, with the first error.
+    pub disconnects: u64,
+    /// First disconnect error, if any.
+    pub first_disconnect: Option<String>,
+    /// Negotiated TLS version and suite.
+    pub tls: Option<(String, String)>,
+    /// Time for all peers to connect, seconds.
+    pub connect_s: f64,
+    /// Seconds the workers spent working (not waiting for, or spinning on,
+    /// an empty poll) during the window, summed over threads.
+    pub work_s: f64,
+}
+
+/// Live counters for the progress line.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Peers connected.
+    pub ready: AtomicUsize,
+    /// Payload bytes sent.
+    pub sent_bytes: AtomicU64,
+    /// Payload bytes received.
+    pub recv_bytes: AtomicU64,
+    /// Pongs received.
+    pub pongs: AtomicU64,
+}
+
+/// State shared by the coordinator and the workers.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// When sending starts (run clock); 0 until every peer is ready.
+    pub start_ns: AtomicU64,
+    /// Stop now (an error elsewhere, or the coordinator gave up).
+    pub abort: AtomicBool,
+    /// First fatal error.
+    pub error: Mutex<Option<String>>,
+    /// Progress counters.
+    pub live: Live,
+}
+
+impl Shared {
+    fn fail(&self, msg: String) {
+        let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if e.is_none() {
+            *e = Some(msg);
+        }
+        self.abort.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Phase boundaries on the run clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeline {
+    /// Sending starts.
+    pub start: u64,
+    /// Window start.
+    pub ws: u64,
+    /// Window end.
+    pub we: u64,
+    /// Latest end of the drain.
+    pub end: u64,
+}
+
+impl Timeline {
+    /// The phases of `plan` from `start`.
+    pub fn new(plan: &TrafficPlan, start: u64) -> Self {
+        let ws = start + clock::ns(plan.warmup);
+        let we = ws + clock::ns(plan.duration).max(1);
+        Timeline {
+            start,
+            ws,
+            we,
+            end: we + clock::ns(plan.drain),
+        }
+    }
+
+    #[inline]
+    fn in_window(&self, t: u64) -> bool {
+        t >= self.ws && t < self.we
+    }
+
+    /// How much of `[a, b)` lies inside the window.
+    fn overlap(&self, a: u64, b: u64) -> u64 {
+        b.min(self.we).saturating_sub(a.max(self.ws))
+    }
+}
+
+/// A handle on a running traffic run.
+pub struct Running {
+    /// Shared state (progress, abort).
+    pub shared: Arc<Shared>,
+    workers: Vec<std::thread::JoinHandle<WorkerResult>>,
+    plan: TrafficPlan,
+}
+
+struct WorkerResult {
+    data: FlowStats,
+    ping: FlowStats,
+    echoed: u64,
+    per_flow: Vec<u64>,
+    other_frames: u64,
+    foreign: u64,
+    disconnects: u64,
+    first_disconnect: Option<String>,
+    tls: Option<(String, String)>,
+    ready_at: u64,
+    work_ns: u64,
+}
+
+/// Generates the peers' keys and starts the workers, which connect at once.
+pub fn spawn(target: Arc<Target>, plan: TrafficPlan) -> Running {
+    let shared = Arc::new(Shared::default());
+    let keys: Arc<Vec<Arc<PeerKey>>> =
+        Arc::new((0..plan.peers).map(|_| PeerKey::generate()).collect());
+    let threads = plan.threads.clamp(1, plan.peers.max(1));
+    let mut workers = Vec::with_capacity(threads);
+    for w in 0..threads {
+        let my_peers: Vec<usize> = (0..plan.peers).filter(|p| p % threads == w).collect();
+        let flows: Vec<FlowPlan> = plan
+            .flows
+            .iter()
+            .filter(|f| f.src % threads == w)
+            .cloned()
+            .collect();
+        let ctx = WorkerCtx {
+            target: target.clone(),
+            keys: keys.clone(),
+            shared: shared.clone(),
+            my_peers,
+            flows,
+            total_flows: plan.flows.len(),
+            plan: plan.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("bench-{w}"))
+            .spawn(move || worker(ctx))
+            .expect("spawn worker thread");
+        workers.push(handle);
+    }
+    Running {
+        shared,
+        workers,
+        plan,
+    }
+}
+
+impl Running {
+    /// The plan being run.
+    pub fn plan(&self) -> &TrafficPlan {
+        &self.plan
+    }
+
+    /// Whether every worker has finished.
+    pub fn finished(&self) -> bool {
+        self.workers.iter().all(|w| w.is_finished())
+    }
+
+    /// Starts sending at `start` (run clock) and returns the phases.
+    pub fn start_at(&self, start: u64) -> Timeline {
+        self.shared.start_ns.store(start, Ordering::SeqCst);
+        Timeline::new(&self.plan, start)
+    }
+
+    /// Stops every worker.
+    pub fn abort(&self) {
+        self.shared.abort.store(true, Ordering::SeqCst);
+    }
+
+    /// The first fatal error, if any.
+    pub fn error(&self) -> Option<String> {
+        self.shared
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits for the workers and merges what they measured.
+    pub fn join(self, connect_started: u64) -> Result<TrafficOutcome, String> {
+        let mut out = TrafficOutcome {
+            per_flow_delivered: vec![0; self.plan.flows.len()],
+            window_s: self.plan.duration.as_secs_f64(),
+            ..TrafficOutcome::default()
+        };
+        let mut ready_at = 0;
+        for w in self.workers {
+            let r = w
+                .join()
+                .map_err(|_| "a worker thread panicked".to_owned())?;
+            out.data.merge(&r.data);
+            out.ping.merge(&r.ping);
+            out.echoed += r.echoed;
+            for (a, b) in out.per_flow_delivered.iter_mut().zip(&r.per_flow) {
+                *a += b;
+            }
+            out.other_frames += r.other_frames;
+            out.foreign_packets += r.foreign;
+            out.disconnects += r.disconnects;
+            if out.first_disconnect.is_none() {
+                out.first_disconnect = r.first_disconnect;
+            }
+            if out.tls.is_none() {
+                out.tls = r.tls;
+            }
+            ready_at = ready_at.max(r.ready_at);
+            out.work_s += r.work_ns as f64 / 1e9;
+        }
+        if let Some(e) = self
+            .shared
+            .error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(e);
+        }
+        out.connect_s = ready_at.saturating_sub(connect_started) as f64 / 1e9;
+        Ok(out)
+    }
+}
+
+struct WorkerCtx {
+    target: Arc<Target>,
+    keys: Arc<Vec<Arc<PeerKey>>>,
+    shared: Arc<Shared>,
+    my_peers: Vec<usize>,
+    flows: Vec<FlowPlan>,
+    total_flows: usize,
+    plan: TrafficPlan,
+}
+
+/// A flow as its sending worker holds it.
+struct LocalFlow {
+    link: usize,
+    kind: Kind,
+    template: Template,
+    payload_len: u64,
+    pacer: Option<Pacer>,
+    pps: Option<f64>,
+    seq: u64,
+    skipped_at_ws: Option<u64>,
+    skipped_at_we: Option<u64>,
+}
+
+/// The receive side's statistics, borrowed by the frame callback.
+struct RecvStats {
+    data: FlowStats,
+    ping: FlowStats,
+    echoed: u64,
+    per_flow: Vec<u64>,
+    other_frames: u64,
+    foreign: u64,
+    recv_bytes: u64,
+    pongs: u64,
+    last_arrival: u64,
+}
+
+fn worker(ctx: WorkerCtx) -> WorkerResult {
+    let WorkerCtx {
+        target,
+        keys,
+        shared,
+        my_peers,
+        flows,
+        total_flows,
+        plan,
+    } = ctx;
+    let mut stats = RecvStats {
+        data: FlowStats::default(),
+        ping: FlowStats::default(),
+        echoed: 0,
+        per_flow: vec![0; total_flows],
+        other_frames: 0,
+        foreign: 0,
+        recv_bytes: 0,
+        pongs: 0,
+        last_arrival: 0,
+    };
+    let mut result = WorkerResult {
+        data: FlowStats::default(),
+        ping: FlowStats::default(),
+        echoed: 0,
+        per_flow: Vec::new(),
+        other_frames: 0,
+        foreign: 0,
+        disconnects: 0,
+        first_disconnect: None,
+        tls: None,
+        ready_at: 0,
+        work_ns: 0,
+    };
+    let mut poll = match Poll::new() {
+        Ok(p) => p,
+        Err(e) => {
+            shared.fail(format!("cannot create an event loop: {e}"));
+            return result;
+        }
+    };
+    let mut events = Events::with_capacity(1024);
+    let mut scratch = Scratch::default();
+    let local_of: HashMap<usize, usize> =
+        my_peers.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+    let mut links: Vec<Option<Link>> = (0..my_peers.len()).map(|_| None).collect();
+    let mut next_connect = 0usize;
+    let mut connecting = 0usize;
+    let mut ready = 0usize;
+    let connect_deadline = now_ns() + clock::ns(plan.connect_timeout);
+    let mut local_flows: Vec<LocalFlow> = flows
+        .iter()
+        .map(|f| LocalFlow {
+            link: local_of[&f.src],
+            kind: f.kind,
+            template: Template::new(&keys[f.dst].public, f.kind, f.id, f.size),
+            payload_len: f.size.max(stamp::STAMP_LEN) as u64,
+            pacer: None,
+            pps: f.pps,
+            seq: 0,
+            skipped_at_ws: None,
+            skipped_at_we: None,
+        })
+        .collect();
+    let mut timeline: Option<Timeline> = None;
+    let mut again: Vec<usize> = Vec::new();
+    let mut todo: Vec<(usize, bool, bool)> = Vec::with_capacity(1024);
+    let mut last_live = 0u64;
+    let (mut live_sent, mut live_recv, mut live_pongs) = (0u64, 0u64, 0u64);
+    let mut sent_bytes = 0u64;
+    let mut work_ns = 0u64;
+    let mut last_batch = 0u64;
+    let mut pending_work_since: Option<u64> = None;
+    let max_turns: u64 = 1 << 40; // a bound no run reaches; the clock ends runs.
+
+    for _turn in 0..max_turns {
+        if shared.abort.load(Ordering::Relaxed) {
+            break;
+        }
+        let now = now_ns();
+
+        // Connect more peers, up to the concurrency limit.
+        while connecting < CONNECT_CONCURRENCY && next_connect < links.len() {
+            let i = next_connect;
+            next_connect += 1;
+            match Link::connect(&target, keys[my_peers[i]].clone(), now) {
+                Ok(mut l) => {
+                    if let Err(e) = l.register(poll.registry(), Token(i)) {
+                        shared.fail(format!("peer {}: cannot register socket: {e}", my_peers[i]));
+                        break;
+                    }
+                    links[i] = Some(l);
+                    connecting += 1;
+                }
+                Err(e) => {
+                    shared.fail(unreachable_message(&target, my_peers[i], &e));
+                    break;
+                }
+            }
+        }
+        if ready < links.len() && now > connect_deadline {
+            let stuck = links
+                .iter()
+                .flatten()
+                .find(|l| !l.is_ready())
+                .map(|l| l.stage());
+            shared.fail(format!(
+                "only {ready} of {} peers on this thread connected within {:?} (one is still {})",
+                links.len(),
+                plan.connect_timeout,
+                stuck.unwrap_or(Stage::Connecting).describe()
+            ));
+            break;
+        }
+
+        // Phases.
+        if timeline.is_none() {
+            let s = shared.start_ns.load(Ordering::SeqCst);
+            if s != 0 {
+                let tl = Timeline::new(&plan, s);
+                let n = local_flows.len().max(1) as f64;
+                for (k, f) in local_flows.iter_mut().enumerate() {
+                    // Spread the flows' first packets over one interval so
+                    // they do not all fire in the same turn.
+                    let offset = f.pps.map_or(0, |pps| (1e9 / pps * k as f64 / n) as u64);
+                    f.pacer = Some(Pacer::new(f.pps, s + offset, MAX_BURST));
+                }
+                timeline = Some(tl);
+            }
+        }
+        let sending = timeline.is_some_and(|tl| now >= tl.start && now < tl.we);
+        if let Some(tl) = timeline {
+            if now >= tl.end {
+                break;
+            }
+            if now >= tl.we {
+                let drained = links.iter().flatten().all(|l| l.pending_out() == 0);
+                if drained && now.saturating_sub(stats.last_arrival.max(tl.we)) > QUIET_NS {
+                    break;
+                }
+            }
+        }
+
+        // Generate due packets.
+        let mut can_write_more = false;
+        let mut generated = 0u64;
+        // Paced flows are served once per batch interval, so what fell due
+        // meanwhile leaves in one write; unpaced flows whenever there is room.
+        let batch_due = now.saturating_sub(last_batch) >= plan.batch_ns;
+        if batch_due {
+            last_batch = now;
+        }
+        if sending {
+            let tl = timeline.expect("sending implies a timeline");
+            let in_window = tl.in_window(now);
+            for f in local_flows.iter_mut() {
+                let Some(link) = links[f.link].as_mut().filter(|l| l.is_ready()) else {
+                    continue;
+                };
+                let pacer = f.pacer.as_mut().expect("pacers exist once started");
+                if pacer.is_paced() && !batch_due {
+                    continue;
+                }
+                if now >= tl.ws && f.skipped_at_ws.is_none() {
+                    f.skipped_at_ws = Some(pacer.skipped());
+                }
+                let frame_len = f.template.len();
+                let room = plan.out_cap.saturating_sub(link.pending_out()) / frame_len;
+                let due = pacer.due(now);
+                let n = due.min(room as u64);
+                if !pacer.is_paced() && room > 0 && link.is_writable() {
+                    can_write_more = true;
+                }
+                if n == 0 {
+                    continue;
+                }
+                let out = link.out_mut();
+                out.reserve(n as usize * frame_len);
+                for _ in 0..n {
+                    f.template.append(out, f.seq, now);
+                    f.seq += 1;
+                }
+                pacer.sent(n);
+                generated += n;
+                let st = if f.kind == Kind::Ping {
+                    &mut stats.ping
+                } else {
+                    &mut stats.data
+                };
+                st.sent_total += n;
+                if in_window {
+                    st.sent_window += n;
+                    st.sent_bytes_window += n * f.payload_len;
+                }
+                sent_bytes += n * f.payload_len;
+            }
+        }
+        if let Some(tl) = timeline {
+            if now >= tl.we {
+                for f in local_flows.iter_mut() {
+                    if f.skipped_at_we.is_none() {
+                        f.skipped_at_we = f.pacer.as_ref().map(|p| p.skipped());
+                    }
+                }
+            }
+        }
+
+        // Flush everything queued this turn (and last turn's leftovers).
+        for i in 0..links.len() {
+            let Some(link) = links[i].as_mut() else {
+                continue;
+            };
+            if link.wants_flush() {
+                if let Err(e) = link.flush() {
+                    lose(
+                        &mut links,
+                        i,
+                        e,
+                        &mut result,
+                        &shared,
+                        (&target, &my_peers),
+                        &poll,
+                        ready < my_peers.len(),
+                    );
+                }
+            }
+        }
+
+        // Progress counters, every 50 ms.
+        if now.saturating_sub(last_live) > 50_000_000 {
+            shared
+                .live
+                .sent_bytes
+                .fetch_add(sent_bytes - live_sent, Ordering::Relaxed);
+            shared
+                .live
+                .recv_bytes
+                .fetch_add(stats.recv_bytes - live_recv, Ordering::Relaxed);
+            shared
+                .live
+                .pongs
+                .fetch_add(stats.pongs - live_pongs, Ordering::Relaxed);
+            (live_sent, live_recv, live_pongs) = (sent_bytes, stats.recv_bytes, stats.pongs);
+            last_live = now;
+        }
+
+        // Wait for readiness (or, spinning, just look).
+        let timeout = if plan.spin || can_write_more || !again.is_empty() {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(1)
+        };
+        let before_poll = now_ns();
+        if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                shared.fail(format!("event loop: {e}"));
+                break;
+            }
+        }
+        let after_poll = now_ns();
+        // Busy time: the work of turns that did something, within the window.
+        if let Some(tl) = timeline {
+            if generated > 0 || !events.is_empty() || !again.is_empty() {
+                work_ns += tl.overlap(now, before_poll);
+                pending_work_since = Some(after_poll);
+            }
+        }
+        todo.clear();
+        todo.extend(events.iter().map(|ev| {
+            (
+                ev.token().0,
+                ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                ev.is_writable(),
+            )
+        }));
+        todo.extend(again.drain(..).map(|i| (i, true, false)));
+        for &(i, readable, writable) in &todo {
+            let Some(link) = links.get_mut(i).and_then(|l| l.as_mut()) else {
+                continue;
+            };
+            let was_ready = link.is_ready();
+            if writable {
+                if let Err(e) = link.on_writable() {
+                    lose(
+                        &mut links,
+                        i,
+                        e,
+                        &mut result,
+                        &shared,
+                        (&target, &my_peers),
+                        &poll,
+                        ready < my_peers.len(),
+                    );
+                    continue;
+                }
+            }
+            if readable {
+                let arrival = now_ns();
+                let tl = timeline;
+                let mut on_frame = |out: &mut Vec<u8>, ty: u8, payload: &[u8]| {
+                    on_server_frame(&mut stats, tl, arrival, out, ty, payload);
+                };
+                match link.on_readable(&mut scratch, READ_BUDGET, &mut on_frame) {
+                    Ok(o) => {
+                        if o.more {
+                            again.push(i);
+                        }
+                    }
+                    Err(e) => {
+                        lose(
+                            &mut links,
+                            i,
+                            e,
+                            &mut result,
+                            &shared,
+                            (&target, &my_peers),
+                            &poll,
+                            ready < my_peers.len(),
+                        );
+                        continue;
+                    }
+                }
+            }
+            let link = links[i].as_ref().expect("still present");
+            if !was_ready && link.is_ready() {
+                ready += 1;
+                connecting -= 1;
+                if result.tls.is_none() {
+                    result.tls = link.tls_parameters();
+                }
+                shared.live.ready.fetch_add(1, Ordering::SeqCst);
+                if ready == links.len() {
+                    result.ready_at = now_ns();
+                }
+            }
+        }
+        if let (Some(since), Some(tl)) = (pending_work_since.take(), timeline) {
+            work_ns += tl.overlap(since, now_ns());
+        }
+        if shared.abort.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+
+    // Skipped packets attributed to the window.
+    for f in &local_flows {
+        if let (Some(a), Some(b)) = (f.skipped_at_ws, f.skipped_at_we) {
+            let st = if f.kind == Kind::Ping {
+                &mut stats.ping
+            } else {
+                &mut stats.data
+            };
+            st.skipped_window += b.saturating_sub(a);
+        }
+    }
+    shared
+        .live
+        .sent_bytes
+        .fetch_add(sent_bytes - live_sent, Ordering::Relaxed);
+    shared
+        .live
+        .recv_bytes
+        .fetch_add(stats.recv_bytes - live_recv, Ordering::Relaxed);
+    result.work_ns = work_ns;
+    result.data = stats.data;
+    result.ping = stats.ping;
+    result.echoed = stats.echoed;
+    result.per_flow = stats.per_flow;
+    result.other_frames = stats.other_frames;
+    result.foreign = stats.foreign;
+    result
+}
+
+/// The error message for a peer that could not connect at all.
+fn unreachable_message(target: &Target, peer: usize, e: &LinkError) -> String {
+    if matches!(e, LinkError::Connect(_)) {
+        format!(
+            "cannot reach the server at {} ({}): {e} (is it running?)",
+            target.addr, target.url
+        )
+    } else {
+        format!("peer {peer}: {e} (server {})", target.url)
+    }
+}
+
+/// Drops a failed link. Before every peer is connected that is fatal (the
+/// run would not be the one asked for); afterwards it is counted.
+#[allow(clippy::too_many_arguments)]
+fn lose(
+    links: &mut [Option<Link>],
+    i: usize,
+    e: LinkError,
+    result: &mut WorkerResult,
+    shared: &Shared,
+    (target, my_peers): (&Target, &[usize]),
+    poll: &Poll,
+    setting_up: bool,
+) {
+    if let Some(mut l) = links[i].take() {
+        let _ = l.deregister(poll.registry());
+        let was_ready = l.is_ready();
+        if setting_up || !was_ready {
+            shared.fail(unreachable_message(target, my_peers[i], &e));
+        } else {
+            result.disconnects += 1;
+            if result.first_disconnect.is_none() {
+                result.first_disconnect = Some(format!("peer {}: {e}", my_peers[i]));
+            }
+        }
+    }
+}
+
+/// Accounts one frame from the server; echoes pings.
+#[inline]
+fn on_server_frame(
+    stats: &mut RecvStats,
+    tl: Option<Timeline>,
+    arrival: u64,
+    out: &mut Vec<u8>,
+    ty: u8,
+    payload: &[u8],
+) {
+    if ty != FrameType::RecvPacket as u8 {
+        stats.other_frames += 1;
+        answer_ping(out, ty, payload);
+        return;
+    }
+    if payload.len() < 32 {
+        stats.foreign += 1;
+        return;
+    }
+    let (src, packet) = payload.split_at(32);
+    let Some(s) = stamp::read(packet) else {
+        stats.foreign += 1;
+        return;
+    };
+    stats.last_arrival = arrival;
+    match s.kind {
+        Kind::Ping => {
+            stamp::append_echo(out, src, packet);
+            stats.echoed += 1;
+        }
+        Kind::Data | Kind::Pong => {
+            let is_pong = s.kind == Kind::Pong;
+            let st = if is_pong {
+                &mut stats.ping
+            } else {
+                &mut stats.data
+            };
+            st.received_total += 1;
+            stats.recv_bytes += packet.len() as u64;
+            if is_pong {
+                stats.pongs += 1;
+            }
+            let Some(tl) = tl else { return };
+            if tl.in_window(arrival) {
+                st.arrived_in_window += 1;
+                st.arrived_bytes_in_window += packet.len() as u64;
+            }
+            if tl.in_window(s.sent_ns) {
+                st.delivered_of_window += 1;
+                st.latency.record(arrival.saturating_sub(s.sent_ns));
+                if !is_pong {
+                    if let Some(c) = stats.per_flow.get_mut(s.flow as usize) {
+                        *c += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Answers a server ping (we told the server `CanAckPings`).
+#[inline]
+pub fn answer_ping(out: &mut Vec<u8>, ty: u8, payload: &[u8]) {
+    if ty == FrameType::Ping as u8 {
+        if let Some(data) = payload.get(..8) {
+            ferry_proto::frame::put_pong(out, data.try_into().expect("8 bytes"));
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! Sans-IO tests of the hub: real wireguard-go handshake bytes where the
+//! scenario allows, synthetic messages sealed with real MAC1 otherwise.
+
+use super::*;
+use std::sync::Mutex;
+
+fn hex(text: &str) -> Vec<u8> {
+    let t = text.trim().as_bytes();
+    t.chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
+        .collect()
+}
+
+const INIT: &str = include_str!("../../../proto/src/wireguard/fixtures/a_to_b_initiation_0.hex");
+const RESP: &str = include_str!("../../../proto/src/wireguard/fixtures/b_to_a_response_0.hex");
+const COOKIE: &str =
+    include_str!("../../../proto/src/wireguard/fixtures/b_to_flood_cookie_reply_0.hex");
+const A_KEEPALIVE: &str =
+    include_str!("../../../proto/src/wireguard/fixtures/a_to_b_keepalive_0.hex");
+const B_PING: &str = include_str!("../../../proto/src/wireguard/fixtures/b_to_a_transport_0.hex");
+const A_PUB: &str = include_str!("../../../proto/src/wireguard/fixtures/a.public");
+const B_PUB: &str = include_str!("../../../proto/src/wireguard/fixtures/b.public");
+
+fn key(text: &str) -> PublicKey {
+    PublicKey::from_base64(text).unwrap()
+}
+
+fn synthetic_key(n: u8) -> PublicKey {
+    PublicKey::from_bytes([n; 32])
+}
+
+fn peer(name: &str, key: PublicKey) -> PeerInfo {
+    PeerInfo {
+        name: name.into(),
+        key,
+        mac1: Mac1Key::new(&key),
+        allow: None,
+        fixed: None,
+    }
+}
+
+fn settings(peers: Vec<PeerInfo>) -> Arc<HubSettings> {
+    Arc::new(HubSettings {
+        peers,
+        max_indices: 1024,
+        handshake_rate: 1000.0,
+        handshake_burst: 1000.0,
+    })
+}
+
+fn ep(s: &str) -> Endpoint {
+    Endpoint {
+        addr: s.parse().unwrap(),
+        via: 0,
+    }
+}
+
+const XA: &str = "10.77.1.2:51820";
+const XB: &str = "10.77.2.2:51820";
+
+/// A (fixture key), B (fixture key, fixed endpoint XB), C (synthetic).
+fn abc() -> Hub {
+    let mut b = peer("b", key(B_PUB));
+    b.fixed = Some(ep(XB));
+    Hub::new(
+        0,
+        settings(vec![peer("a", key(A_PUB)), b, peer("c", synthetic_key(3))]),
+        Box::new(NoInbox),
+    )
+}
+
+fn go(h: &mut Hub, now: Instant, from: &str, msg: &[u8]) -> Verdict {
+    h.route(now, from.parse().unwrap(), 0, msg)
+}
+
+fn transport(receiver: Index, counter: u64) -> Vec<u8> {
+    let mut m = vec![0u8; 48];
+    m[0] = 4;
+    m[4..8].copy_from_slice(&receiver.to_le_bytes());
+    m[8..16].copy_from_slice(&counter.to_le_bytes());
+    m
+}
+
+fn indices() -> (Index, Index) {
+    match wg::classify(&hex(RESP)).unwrap() {
+        Message::Response { sender, receiver } => (receiver, sender),
+        m => panic!("{m:?}"),
+    }
+}
+
+/// A handshake message with a random sender index, sealed for `to`.
+fn initiation(sender: Index, to: &PublicKey) -> Vec<u8> {
+    let mut m = vec![0x55u8; wg::INITIATION_LEN];
+    m[..4].copy_from_slice(&[1, 0, 0, 0]);
+    m[4..8].copy_from_slice(&sender.to_le_bytes());
+    assert!(wg::seal_mac1(&mut m, &Mac1Key::new(to)));
+    m
+}
+
+fn response(sender: Index, receiver: Index, to: &PublicKey) -> Vec<u8> {
+    let mut m = vec![0x66u8; wg::RESPONSE_LEN];
+    m[..4].copy_from_slice(&[2, 0, 0, 0]);
+    m[4..8].copy_from_slice(&sender.to_le_bytes());
+    m[8..12].copy_from_slice(&receiver.to_le_bytes());
+    assert!(wg::seal_mac1(&mut m, &Mac1Key::new(to)));
+    m
+}
+
+#[test]
+fn learns_a_session_from_a_real_handshake() {
+    let t = Instant::now();
+    let mut h = abc();
+    let (a_index, b_index) = indices();
+
+    assert_eq!(go(&mut h, t, XA, &hex(INIT)), Verdict::Forward(ep(XB)));
+    let evs: Vec<_> = h.take_events().collect();
+    assert!(
+        matches!(evs[..], [Event::Candidate { .. }, Event::Pending { index, responder: 1, initiator: None, .. }] if index == a_index),
+        "{evs:?}"
+    );
+    assert_eq!(h.counts().pending, 1);
+
+    assert_eq!(go(&mut h, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
+    let c = h.counts();
+    assert_eq!((c.sessions, c.pending, c.known_peers), (2, 0, 2));
+    assert_eq!(
+        h.endpoint(0),
+        Some(ep(XA)),
+        "A identified by the response's MAC1"
+    );
+
+    // A speaks first, to B's index; B answers to A's.
+    assert_eq!(
+        go(&mut h, t, XA, &hex(A_KEEPALIVE)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(go(&mut h, t, XB, &hex(B_PING)), Verdict::Forward(ep(XA)));
+    assert_eq!(
+        go(&mut h, t, XA, &transport(a_index ^ b_index ^ 1, 5)),
+        Verdict::Drop(DropReason::UnknownIndex)
+    );
+    // A known peer cannot use an index of a session it is not in.
+    assert_eq!(
+        go(&mut h, t, XB, &hex(A_KEEPALIVE)),
+        Verdict::Drop(DropReason::WrongSource)
+    );
+    // The response cannot be replayed into a second session.
+    assert_eq!(
+        go(&mut h, t, XB, &hex(RESP)),
+        Verdict::Drop(DropReason::UnknownIndex)
+    );
+}
+
+#[test]
+fn initiation_mac1_names_the_recipient() {
+    let t = Instant::now();
+    // Without B in the configuration nobody matches.
+    let mut h = Hub::new(
+        0,
+        settings(vec![peer("a", key(A_PUB)), peer("c", synthetic_key(3))]),
+        Box::new(NoInbox),
+    );
+    assert_eq!(
+        go(&mut h, t, XA, &hex(INIT)),
+        Verdict::Drop(DropReason::UnknownRecipient)
+    );
+    let mut bad = hex(INIT);
+    bad[40] ^= 1;
+    assert_eq!(
+        go(&mut abc(), t, XA, &bad),
+        Verdict::Drop(DropReason::UnknownRecipient)
+    );
+}
+
+#[test]
+fn cookie_reply_goes_back_to_the_initiator_only_from_the_responder() {
+    let t = Instant::now();
+    let mut h = abc();
+    go(&mut h, t, XA, &hex(INIT));
+    assert_eq!(
+        go(&mut h, t, "10.77.9.9:1", &hex(COOKIE)),
+        Verdict::Drop(DropReason::WrongSource)
+    );
+    assert_eq!(go(&mut h, t, XB, &hex(COOKIE)), Verdict::Forward(ep(XA)));
+}
+
+#[test]
+fn roaming_commits_only_after_fresh_counters() {
+    let t = Instant::now();
+    let mut h = abc();
+    let (a_index, b_index) = indices();
+    go(&mut h, t, XA, &hex(INIT));
+    go(&mut h, t, XB, &hex(RESP));
+    for c in 0..10 {
+        assert_eq!(
+            go(&mut h, t, XA, &transport(b_index, c)),
+            Verdict::Forward(ep(XB))
+        );
+    }
+    h.take_events().for_each(drop);
+
+    // A replay from elsewhere is dropped and moves nothing.
+    let xa2 = "10.77.1.3:40000";
+    assert_eq!(
+        go(&mut h, t, xa2, &transport(b_index, 7)),
+        Verdict::Drop(DropReason::StaleCounter)
+    );
+    // Fresh data is forwarded at once; the endpoint moves on the second.
+    assert_eq!(
+        go(&mut h, t, xa2, &transport(b_index, 10)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(h.endpoint(0), Some(ep(XA)));
+    assert_eq!(
+        go(&mut h, t, xa2, &transport(b_index, 10)),
+        Verdict::Drop(DropReason::StaleCounter),
+        "the same counter twice is a replay"
+    );
+    assert_eq!(
+        go(&mut h, t, xa2, &transport(b_index, 11)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(h.endpoint(0), Some(ep(xa2)));
+    let evs: Vec<_> = h.take_events().collect();
+    assert!(
+        matches!(evs[..], [Event::Endpoint { peer: 0, .. }]),
+        "{evs:?}"
+    );
+    // B's replies follow A.
+    assert_eq!(
+        go(&mut h, t, XB, &transport(a_index, 1)),
+        Verdict::Forward(ep(xa2))
+    );
+    // The old address is nobody now; its stale packets are dropped.
+    assert_eq!(
+        go(&mut h, t, XA, &transport(b_index, 5)),
+        Verdict::Drop(DropReason::StaleCounter)
+    );
+}
+
+#[test]
+fn unknown_peers_bootstrap_through_flood_candidates() {
+    let t = Instant::now();
+    let (k1, k2) = (synthetic_key(1), synthetic_key(2));
+    let mut h = Hub::new(
+        0,
+        settings(vec![peer("p1", k1), peer("p2", k2)]),
+        Box::new(NoInbox),
+    );
+    let (x1, x2) = ("10.77.5.1:1000", "10.77.5.2:2000");
+    // p1 calls p2: nobody knows where p2 is, and there is nobody to ask.
+    assert_eq!(
+        go(&mut h, t, x1, &initiation(0x11, &k2)),
+        Verdict::Drop(DropReason::NoEndpoint)
+    );
+    // p2 calls p1: p1 is unknown too, but x1 is a candidate.
+    assert_eq!(go(&mut h, t, x2, &initiation(0x22, &k1)), Verdict::Flood);
+    assert_eq!(h.flood_targets(), &[ep(x1)]);
+    // p1 answers (MAC1 keyed with p2's key): both are identified.
+    assert_eq!(
+        go(&mut h, t, x1, &response(0x33, 0x22, &k2)),
+        Verdict::Forward(ep(x2))
+    );
+    assert_eq!(h.endpoint(0), Some(ep(x1)));
+    assert_eq!(h.endpoint(1), Some(ep(x2)));
+    assert_eq!(
+        go(&mut h, t, x2, &transport(0x33, 0)),
+        Verdict::Forward(ep(x1))
+    );
+    assert_eq!(
+        go(&mut h, t, x1, &transport(0x22, 0)),
+        Verdict::Forward(ep(x2))
+    );
+    // Now p1's retry reaches p2 directly.
+    assert_eq!(
+        go(&mut h, t, x1, &initiation(0x44, &k2)),
+        Verdict::Forward(ep(x2))
+    );
+}
+
+#[test]
+fn pairs_must_be_allowed() {
+    let t = Instant::now();
+    let (k1, k2, k3) = (synthetic_key(1), synthetic_key(2), synthetic_key(3));
+    let mut p1 = peer("p1", k1);
+    p1.allow = Some(vec![2]);
+    let mut p2 = peer("p2", k2);
+    p2.fixed = Some(ep(XB));
+    let mut h = Hub::new(0, settings(vec![p1, p2, peer("p3", k3)]), Box::new(NoInbox));
+    let x1 = "10.77.5.1:1000";
+    // Unknown source: forwarded, but the response reveals p1 and is refused.
+    assert_eq!(
+        go(&mut h, t, x1, &initiation(7, &k2)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(
+        go(&mut h, t, XB, &response(8, 7, &k1)),
+        Verdict::Drop(DropReason::NotAllowed)
+    );
+    assert_eq!(h.counts().sessions, 0);
+    assert!(!h.settings.allowed(0, 1) && h.settings.allowed(0, 2) && h.settings.allowed(1, 2));
+}
+
+#[test]
+fn indices_expire_on_wireguards_clock() {
+    let t = Instant::now();
+    let mut h = abc();
+    let (a_index, b_index) = indices();
+    go(&mut h, t, XA, &hex(INIT));
+    h.expire(t + PENDING_LIFETIME + Duration::from_millis(1));
+    assert_eq!(h.counts().pending, 0);
+    assert_eq!(
+        go(&mut h, t, XB, &hex(RESP)),
+        Verdict::Drop(DropReason::UnknownIndex)
+    );
+
+    go(&mut h, t, XA, &hex(INIT));
+    go(&mut h, t, XB, &hex(RESP));
+    h.expire(t + SESSION_LIFETIME - Duration::from_secs(1));
+    assert_eq!(
+        go(&mut h, t, XB, &transport(a_index, 1)),
+        Verdict::Forward(ep(XA))
+    );
+    h.expire(t + SESSION_LIFETIME + Duration::from_millis(1));
+    assert_eq!(h.counts().sessions, 0);
+    assert_eq!(
+        go(&mut h, t, XA, &transport(b_index, 2)),
+        Verdict::Drop(DropReason::UnknownIndex)
+    );
+    assert_eq!(h.entries, 0, "entry count follows the tables");
+}
+
+#[test]
+fn colliding_indices_are_told_apart_by_source() {
+    let t = Instant::now();
+    let keys: Vec<_> = (1..=4).map(synthetic_key).collect();
+    let peers = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let mut p = peer(&format!("p{i}"), *k);
+            p.fixed = Some(ep(&format!("10.77.6.{}:1", i + 1)));
+            p
+        })
+        .collect();
+    let mut h = Hub::new(0, settings(peers), Box::new(NoInbox));
+    let x = |i: u8| format!("10.77.6.{i}:1");
+    // p0→p1 and p2→p3 both end up with index 0xAAAA on the responder side.
+    go(&mut h, t, &x(1), &initiation(0x10, &keys[1]));
+    go(&mut h, t, &x(2), &response(0xAAAA, 0x10, &keys[0]));
+    go(&mut h, t, &x(3), &initiation(0x20, &keys[3]));
+    go(&mut h, t, &x(4), &response(0xAAAA, 0x20, &keys[2]));
+    assert_eq!(h.counts().sessions, 4);
+    assert_eq!(
+        go(&mut h, t, &x(1), &transport(0xAAAA, 1)),
+        Verdict::Forward(ep(&x(2)))
+    );
+    assert_eq!(
+        go(&mut h, t, &x(3), &transport(0xAAAA, 1)),
+        Verdict::Forward(ep(&x(4)))
+    );
+    assert_eq!(
+        go(&mut h, t, "10.77.6.99:1", &transport(0xAAAA, 5)),
+        Verdict::Drop(DropReason::IndexCollision)
+    );
+    // A third session on the same index evicts the oldest.
+    go(&mut h, t, &x(2), &initiation(0x30, &keys[2]));
+    go(&mut h, t, &x(3), &response(0xAAAA, 0x30, &keys[1]));
+    assert_eq!(h.counts().collisions, 1);
+}
+
+#[test]
+fn handshakes_are_rate_limited_per_source() {
+    let t = Instant::now();
+    let mut b = peer("b", key(B_PUB));
+    b.fixed = Some(ep(XB));
+    let mut h = Hub::new(
+        0,
+        Arc::new(HubSettings {
+            peers: vec![peer("a", key(A_PUB)), b],
+            max_indices: 1024,
+            handshake_rate: 1.0,
+            handshake_burst: 3.0,
+        }),
+        Box::new(NoInbox),
+    );
+    for _ in 0..3 {
+        assert_eq!(go(&mut h, t, XA, &hex(INIT)), Verdict::Forward(ep(XB)));
+    }
+    assert_eq!(
+        go(&mut h, t, XA, &hex(INIT)),
+        Verdict::Drop(DropReason::RateLimited)
+    );
+    assert_eq!(
+        go(&mut h, t, "10.77.1.9:1", &hex(INIT)),
+        Verdict::Forward(ep(XB)),
+        "another source is not affected"
+    );
+    assert_eq!(
+        go(&mut h, t + Duration::from_secs(1), XA, &hex(INIT)),
+        Verdict::Forward(ep(XB))
+    );
+}
+
+#[test]
+fn only_wireguard_shaped_datagrams_pass() {
+    let t = Instant::now();
+    let mut h = abc();
+    for bad in [
+        &b"hello"[..],
+        &[1, 0, 0, 0],
+        &[4; 100],
+        &hex(INIT)[..147],
+        &[0u8; 0],
+    ] {
+        assert_eq!(
+            go(&mut h, t, XA, bad),
+            Verdict::Drop(DropReason::NotWireGuard)
+        );
+    }
+}
+
+#[test]
+fn full_table_refuses_new_handshakes() {
+    let t = Instant::now();
+    let (k1, k2) = (synthetic_key(1), synthetic_key(2));
+    let mut p2 = peer("p2", k2);
+    p2.fixed = Some(ep(XB));
+    let mut h = Hub::new(
+        0,
+        Arc::new(HubSettings {
+            peers: vec![peer("p1", k1), p2],
+            max_indices: 16,
+            handshake_rate: 1e6,
+            handshake_burst: 1e6,
+        }),
+        Box::new(NoInbox),
+    );
+    for i in 0..16 {
+        assert_eq!(
+            go(&mut h, t, XA, &initiation(i, &k2)),
+            Verdict::Forward(ep(XB))
+        );
+    }
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(99, &k2)),
+        Verdict::Drop(DropReason::TableFull)
+    );
+}
+
+/// Events between replicas through a shared queue per destination.
+struct TestInbox(Arc<Mutex<VecDeque<Event>>>);
+
+impl Inbox for TestInbox {
+    fn drain(&mut self, apply: &mut dyn FnMut(Event)) {
+        let evs: Vec<_> = self.0.lock().unwrap().drain(..).collect();
+        evs.into_iter().for_each(apply);
+    }
+}
+
+#[test]
+fn replicas_on_two_shards_agree() {
+    let t = Instant::now();
+    let mut b = peer("b", key(B_PUB));
+    b.fixed = Some(ep(XB));
+    let s = settings(vec![peer("a", key(A_PUB)), b]);
+    let to0 = Arc::new(Mutex::new(VecDeque::new()));
+    let to1 = Arc::new(Mutex::new(VecDeque::new()));
+    let mut h0 = Hub::new(0, s.clone(), Box::new(TestInbox(to0.clone())));
+    let mut h1 = Hub::new(1, s, Box::new(TestInbox(to1.clone())));
+    let ship = |from: &mut Hub, to: &Arc<Mutex<VecDeque<Event>>>| {
+        let evs: Vec<_> = from.take_events().collect();
+        to.lock().unwrap().extend(evs);
+    };
+    let (a_index, b_index) = indices();
+
+    // The initiation lands on shard 0, the response on shard 1.
+    assert_eq!(go(&mut h0, t, XA, &hex(INIT)), Verdict::Forward(ep(XB)));
+    ship(&mut h0, &to1);
+    assert_eq!(go(&mut h1, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
+    ship(&mut h1, &to0);
+    // Shard 0 learns the session when its lookup misses.
+    assert_eq!(
+        go(&mut h0, t, XA, &hex(A_KEEPALIVE)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(
+        go(&mut h1, t, XB, &transport(a_index, 3)),
+        Verdict::Forward(ep(XA))
+    );
+    assert_eq!(h0.counts(), h1.counts());
+
+    // Both shards see A roam at once (its new address hashes to either):
+    // each commits with its own version; after exchanging, they agree.
+    for c in 10..12 {
+        go(&mut h0, t, "10.77.1.50:1", &transport(b_index, c));
+        go(&mut h1, t, "10.77.1.51:1", &transport(b_index, c));
+    }
+    ship(&mut h0, &to1);
+    ship(&mut h1, &to0);
+    h0.sync();
+    h1.sync();
+    assert_eq!(h0.endpoint(0), h1.endpoint(0));
+    assert_eq!(
+        h0.endpoint(0),
+        Some(ep("10.77.1.51:1")),
+        "shard 1 wins the tie"
+    );
+}

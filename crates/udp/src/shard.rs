@@ -1,0 +1,749 @@
+//! One shard: a thread, pinned to a core, that owns one socket of every
+//! listening group, the bounce sessions whose clients the kernel sends to
+//! it, and its replica of the hub.
+//!
+//! A turn: wait for readiness (epoll through mio, bounded so timers run),
+//! apply the other shards' hub events, then for each ready socket receive
+//! up to [`ROUNDS`] batches. Each batch is received into one buffer by a
+//! single `recvmmsg`; every datagram (or GRO run) in it is routed and
+//! queued as a span of that buffer in the outbox of the socket it leaves
+//! through; then the hub's new events go to the other shards, and every
+//! outbox touched is flushed with `sendmmsg` (GSO-coalesced). Nothing is
+//! copied in user space and nothing is allocated per packet: buffers,
+//! outboxes and tables are reused, and maps only grow when a new client or
+//! session appears.
+//!
+//! A socket still full after [`ROUNDS`] batches is revisited next turn
+//! without waiting, so one busy socket cannot starve the others (mio is
+//! edge-triggered: a socket is drained before it can signal again).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_engine::mailbox::{MsgRx, MsgTx};
+use ferry_proto::wireguard as wg;
+use ferry_sys::mmsg::{RecvBatch, RecvMeta, SendBatch, MAX_BATCH};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+
+use crate::hub::{DropReason, Event, Hub, HubSettings, Inbox, Verdict};
+use crate::metrics::{Drop, ShardMetrics};
+use crate::outbox::{Flushed, Outbox};
+use crate::ratelimit::SourceLimiter;
+use crate::socket::{self, SocketOptions};
+
+/// Batches read from one socket per turn before moving on.
+pub const ROUNDS: usize = 8;
+/// Timer period: idle sweeps, index expiry, gauges, target changes.
+const TICK: Duration = Duration::from_millis(250);
+const WAKER: Token = Token(usize::MAX - 1);
+/// Tokens from here on are bounce sessions (slab key + base).
+const SESSION_BASE: usize = 1 << 20;
+
+/// A bounce target's current address, updated by the resolver thread and
+/// read by shards when its generation changes.
+#[derive(Debug)]
+pub struct TargetCell {
+    generation: AtomicU64,
+    addr: Mutex<SocketAddr>,
+}
+
+impl TargetCell {
+    /// A cell holding `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        TargetCell {
+            generation: AtomicU64::new(0),
+            addr: Mutex::new(addr),
+        }
+    }
+
+    /// Publishes a new address.
+    pub fn set(&self, addr: SocketAddr) {
+        *self.addr.lock().unwrap_or_else(|e| e.into_inner()) = addr;
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The current address.
+    pub fn get(&self) -> SocketAddr {
+        *self.addr.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+/// A bounce route as every shard sees it.
+#[derive(Debug)]
+pub struct Route {
+    /// Where clients are relayed to.
+    pub target: Arc<TargetCell>,
+    /// Session idle timeout.
+    pub idle_timeout: Duration,
+    /// Forward only WireGuard-shaped datagrams.
+    pub wireguard_only: bool,
+    /// Session limit for this shard.
+    pub max_sessions: usize,
+}
+
+/// What a listening socket is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Clients of bounce route `n`.
+    Bounce(usize),
+    /// The hub, through its listening address `via`.
+    Hub(u16),
+}
+
+/// A shard's share of the hub: settings, and the rings to and from every
+/// other shard.
+pub struct HubPart {
+    /// The hub's settings.
+    pub settings: Arc<HubSettings>,
+    /// Rings to the other shards.
+    pub tx: Vec<MsgTx<Event>>,
+    /// Rings from the other shards.
+    pub rx: Vec<MsgRx<Event>>,
+}
+
+/// Everything a shard is built from.
+pub struct ShardSetup {
+    /// Shard number.
+    pub id: usize,
+    /// This shard's socket of each listening group, with its role.
+    pub listeners: Vec<(UdpSocket, Role)>,
+    /// Bounce routes, by index.
+    pub routes: Arc<Vec<Route>>,
+    /// The hub's part, if the relay runs a hub.
+    pub hub: Option<HubPart>,
+    /// Options for upstream sockets.
+    pub socket_options: SocketOptions,
+    /// Use GSO.
+    pub gso: bool,
+    /// Per source IP: new bounce sessions, and initiations through a
+    /// bounce, per second and burst (each has its own buckets).
+    pub source_rate: (f64, f64),
+    /// Counters.
+    pub metrics: Arc<ShardMetrics>,
+    /// Set to stop.
+    pub stop: Arc<AtomicBool>,
+    /// The shard's poller (made by the starter so it can hand out the waker).
+    pub poll: Poll,
+}
+
+struct Listener {
+    sock: UdpSocket,
+    role: Role,
+    outbox: Outbox,
+    drops_seen: u32,
+}
+
+struct Session {
+    sock: UdpSocket,
+    route: usize,
+    listener: usize,
+    client: SocketAddr,
+    target: SocketAddr,
+    last_active: Instant,
+    outbox: Outbox,
+    touched: bool,
+    drops_seen: u32,
+}
+
+struct RingInbox(Vec<MsgRx<Event>>);
+
+impl Inbox for RingInbox {
+    fn drain(&mut self, apply: &mut dyn FnMut(Event)) {
+        for rx in &mut self.0 {
+            while let Some(ev) = rx.recv() {
+                apply(ev);
+            }
+        }
+    }
+}
+
+/// A running shard's state.
+pub struct Shard {
+    id: usize,
+    poll: Poll,
+    listeners: Vec<Listener>,
+    /// Listener index of each hub `via`.
+    hub_listeners: Vec<usize>,
+    routes: Arc<Vec<Route>>,
+    route_generation: Vec<u64>,
+    route_targets: Vec<SocketAddr>,
+    route_sessions: Vec<usize>,
+    sessions: Slab<Session>,
+    by_client: HashMap<(usize, SocketAddr), usize>,
+    touched: Vec<usize>,
+    hub: Option<Hub>,
+    repl_tx: Vec<MsgTx<Event>>,
+    socket_options: SocketOptions,
+    gso: bool,
+    session_limiter: SourceLimiter,
+    handshake_limiter: SourceLimiter,
+    buf: Vec<u8>,
+    slot: usize,
+    meta: Vec<RecvMeta>,
+    rx: RecvBatch,
+    tx: SendBatch,
+    again: Vec<Token>,
+    metrics: Arc<ShardMetrics>,
+    stop: Arc<AtomicBool>,
+    now: Instant,
+    last_warning: Option<Instant>,
+}
+
+impl Shard {
+    /// Registers the sockets; call on the shard's own thread.
+    pub fn new(setup: ShardSetup) -> io::Result<Shard> {
+        let gro = setup.socket_options.gro;
+        // A GRO slot holds up to 64 KiB of coalesced datagrams; without GRO
+        // a slot only needs one datagram (jumbo frames included).
+        let slot = if gro { 65536 } else { 9216 };
+        let mut listeners = Vec::new();
+        let mut hub_listeners = Vec::new();
+        for (i, (sock, role)) in setup.listeners.into_iter().enumerate() {
+            setup.poll.registry().register(
+                &mut SourceFd(&sock.as_raw_fd()),
+                Token(i),
+                Interest::READABLE,
+            )?;
+            if let Role::Hub(via) = role {
+                let via = usize::from(via);
+                if hub_listeners.len() <= via {
+                    hub_listeners.resize(via + 1, usize::MAX);
+                }
+                hub_listeners[via] = i;
+            }
+            listeners.push(Listener {
+                sock,
+                role,
+                outbox: Outbox::default(),
+                drops_seen: 0,
+            });
+        }
+        let (hub, repl_tx) = match setup.hub {
+            Some(HubPart { settings, tx, rx }) => (
+                Some(Hub::new(setup.id as u8, settings, Box::new(RingInbox(rx)))),
+                tx,
+            ),
+            None => (None, Vec::new()),
+        };
+        let n_routes = setup.routes.len();
+        let route_targets = setup.routes.iter().map(|r| r.target.get()).collect();
+        let route_generation = setup.routes.iter().map(|r| r.target.generation()).collect();
+        Ok(Shard {
+            id: setup.id,
+            poll: setup.poll,
+            listeners,
+            hub_listeners,
+            routes: setup.routes,
+            route_generation,
+            route_targets,
+            route_sessions: vec![0; n_routes],
+            sessions: Slab::new(),
+            by_client: HashMap::new(),
+            touched: Vec::with_capacity(MAX_BATCH),
+            hub,
+            repl_tx,
+            socket_options: setup.socket_options,
+            gso: setup.gso,
+            session_limiter: SourceLimiter::new(4096, setup.source_rate.0, setup.source_rate.1),
+            handshake_limiter: SourceLimiter::new(4096, setup.source_rate.0, setup.source_rate.1),
+            buf: vec![0u8; slot * MAX_BATCH],
+            slot,
+            meta: vec![RecvMeta::default(); MAX_BATCH],
+            rx: RecvBatch::new(),
+            tx: SendBatch::new(),
+            again: Vec::new(),
+            metrics: setup.metrics,
+            stop: setup.stop,
+            now: Instant::now(),
+            last_warning: None,
+        })
+    }
+
+    /// Makes a waker for a poller (before it moves into its shard).
+    pub fn waker(poll: &Poll) -> io::Result<Waker> {
+        Waker::new(poll.registry(), WAKER)
+    }
+
+    /// Runs until the stop flag is set.
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        let mut ready: Vec<Token> = Vec::with_capacity(256);
+        let mut next_tick = Instant::now() + TICK;
+        while !self.stop.load(Ordering::Relaxed) {
+            let timeout = if self.again.is_empty() {
+                next_tick.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(shard = self.id, error = %e, "poll failed; shard stops");
+                    return;
+                }
+            }
+            self.now = Instant::now();
+            if let Some(hub) = &mut self.hub {
+                hub.sync();
+            }
+            ready.clear();
+            ready.append(&mut self.again);
+            ready.extend(events.iter().map(|e| e.token()).filter(|&t| t != WAKER));
+            for &token in &ready {
+                let more = if token.0 < SESSION_BASE {
+                    match self.listeners.get(token.0).map(|l| l.role) {
+                        Some(Role::Bounce(route)) => self.bounce_in(token.0, route),
+                        Some(Role::Hub(via)) => self.hub_in(token.0, via),
+                        None => false,
+                    }
+                } else {
+                    self.bounce_out(token.0 - SESSION_BASE)
+                };
+                if more && !self.again.contains(&token) {
+                    self.again.push(token);
+                }
+            }
+            for tx in &mut self.repl_tx {
+                tx.flush();
+            }
+            if self.now >= next_tick {
+                self.tick();
+                next_tick = self.now + TICK;
+            }
+        }
+    }
+
+    fn warn(&mut self, what: &str, error: &io::Error) {
+        let quiet = self
+            .last_warning
+            .is_some_and(|t| self.now.saturating_duration_since(t) < Duration::from_secs(10));
+        if !quiet {
+            self.last_warning = Some(self.now);
+            tracing::warn!(shard = self.id, error = %error, "{what}");
+        }
+    }
+
+    /// One `recvmmsg` on `sock` into the shard buffer. `Ok(0)`: nothing.
+    fn recv(&mut self, which: Option<usize>, session: Option<usize>) -> usize {
+        let sock = match (which, session) {
+            (Some(l), _) => &self.listeners[l].sock,
+            (None, Some(k)) => &self.sessions[k].sock,
+            _ => return 0,
+        };
+        match self
+            .rx
+            .recv(sock.as_fd(), &mut self.buf, self.slot, &mut self.meta)
+        {
+            Ok(n) => {
+                self.metrics.recv_calls.add(1);
+                // The drop counter is cumulative per socket: count the growth.
+                let seen = match (which, session) {
+                    (Some(l), _) => &mut self.listeners[l].drops_seen,
+                    (None, Some(k)) => &mut self.sessions[k].drops_seen,
+                    _ => unreachable!(),
+                };
+                for m in &self.meta[..n] {
+                    if let Some(d) = m.drops {
+                        if d > *seen {
+                            self.metrics.socket_drops.add(u64::from(d - *seen));
+                            *seen = d;
+                        }
+                    }
+                    if m.segment < m.len {
+                        self.metrics
+                            .gro_datagrams
+                            .add(m.len.div_ceil(m.segment.max(1)) as u64);
+                    }
+                }
+                n
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            // A connected upstream socket reports ICMP errors here; the
+            // error is consumed, the socket stays usable.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => usize::MAX,
+            Err(e) => {
+                self.warn("receiving failed", &e);
+                0
+            }
+        }
+    }
+
+    fn account(&mut self, f: &Flushed, to_client: Option<bool>) {
+        self.metrics.send_calls.add(f.calls);
+        self.metrics.gso_messages.add(f.gso_messages);
+        match to_client {
+            Some(true) => self.metrics.to_client.add(f.sent, f.bytes),
+            Some(false) => self.metrics.to_target.add(f.sent, f.bytes),
+            None => self.metrics.hub_out.add(f.sent, f.bytes),
+        }
+        if f.buffer_full > 0 {
+            self.metrics.count_drop(Drop::SendBufferFull, f.buffer_full);
+        }
+        if f.failed > 0 {
+            self.metrics.count_drop(Drop::SendFailed, f.failed);
+        }
+        if f.gso_refused && self.gso {
+            self.gso = false;
+            tracing::warn!(
+                shard = self.id,
+                "the network device refused a GSO send: sending datagrams one by one from now on"
+            );
+        }
+    }
+
+    /// Client datagrams arriving on a bounce listener.
+    fn bounce_in(&mut self, li: usize, route: usize) -> bool {
+        for _ in 0..ROUNDS {
+            let n = self.recv(Some(li), None);
+            if n == 0 || n == usize::MAX {
+                return false;
+            }
+            for i in 0..n {
+                let m = self.meta[i];
+                let Some(src) = m.src else { continue };
+                if m.truncated {
+                    self.metrics.count_drop(Drop::Truncated, 1);
+                    continue;
+                }
+                let key = match self.by_client.get(&(route, src)) {
+                    Some(&k) => k,
+                    None => match self.open_session(route, li, src) {
+                        Some(k) => k,
+                        None => continue,
+                    },
+                };
+                let start = i * self.slot;
+                let seg = m.segment.max(1);
+                let s = &mut self.sessions[key];
+                s.last_active = self.now;
+                // Datagrams are looked at one by one only when they have to
+                // be: to filter non-WireGuard ones, or when they may be
+                // initiations (148 bytes), which are rate-limited per source
+                // so one client cannot use up the server's handshake budget
+                // for everyone behind the relay.
+                let wg_only = self.routes[route].wireguard_only;
+                if wg_only || seg == wg::INITIATION_LEN {
+                    let mut at = start;
+                    while at < start + m.len {
+                        let len = seg.min(start + m.len - at);
+                        let dgram = &self.buf[at..at + len];
+                        let verdict = match wg::classify(dgram) {
+                            Ok(wg::Message::Initiation { .. })
+                                if !self.handshake_limiter.allow(src.ip(), self.now) =>
+                            {
+                                Err(DropReason::RateLimited)
+                            }
+                            Err(_) if wg_only => Err(DropReason::NotWireGuard),
+                            _ => Ok(()),
+                        };
+                        match verdict {
+                            Ok(()) => s.outbox.push(None, at, len, len, self.gso),
+                            Err(why) => self.metrics.count_drop(Drop::Hub(why), 1),
+                        }
+                        at += len;
+                    }
+                } else {
+                    s.outbox.push(None, start, m.len, seg, self.gso);
+                }
+                if !s.touched {
+                    s.touched = true;
+                    self.touched.push(key);
+                }
+            }
+            let mut touched = std::mem::take(&mut self.touched);
+            for &key in &touched {
+                let s = &mut self.sessions[key];
+                s.touched = false;
+                let f = s.outbox.flush(s.sock.as_fd(), &self.buf, &mut self.tx);
+                self.account(&f, Some(false));
+            }
+            touched.clear();
+            self.touched = touched;
+            if n < MAX_BATCH {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn open_session(&mut self, route: usize, li: usize, client: SocketAddr) -> Option<usize> {
+        if self.route_sessions[route] >= self.routes[route].max_sessions {
+            self.metrics.count_drop(Drop::SessionLimit, 1);
+            return None;
+        }
+        if !self.session_limiter.allow(client.ip(), self.now) {
+            self.metrics.count_drop(Drop::SessionRate, 1);
+            return None;
+        }
+        let target = self.route_targets[route];
+        let sock = match socket::upstream(target, 0, &self.socket_options) {
+            Ok(s) => s,
+            Err(e) => {
+                self.metrics.count_drop(Drop::SessionFailed, 1);
+                self.warn("cannot open an upstream socket for a new client", &e);
+                return None;
+            }
+        };
+        let entry = self.sessions.vacant_entry();
+        let key = entry.key();
+        if let Err(e) = self.poll.registry().register(
+            &mut SourceFd(&sock.as_raw_fd()),
+            Token(SESSION_BASE + key),
+            Interest::READABLE,
+        ) {
+            self.metrics.count_drop(Drop::SessionFailed, 1);
+            self.warn("cannot register an upstream socket", &e);
+            return None;
+        }
+        tracing::debug!(shard = self.id, %client, %target, upstream = ?sock.local_addr().ok(), "new bounce session");
+        entry.insert(Session {
+            sock,
+            route,
+            listener: li,
+            client,
+            target,
+            last_active: self.now,
+            outbox: Outbox::default(),
+            touched: false,
+            drops_seen: 0,
+        });
+        self.by_client.insert((route, client), key);
+        self.route_sessions[route] += 1;
+        self.metrics.sessions_opened.add(1);
+        Some(key)
+    }
+
+    /// Target datagrams arriving on a session's upstream socket.
+    fn bounce_out(&mut self, key: usize) -> bool {
+        if !self.sessions.contains(key) {
+            return false;
+        }
+        for _ in 0..ROUNDS {
+            let n = self.recv(None, Some(key));
+            if n == usize::MAX {
+                continue;
+            }
+            if n == 0 {
+                return false;
+            }
+            let s = &mut self.sessions[key];
+            s.last_active = self.now;
+            let (li, client) = (s.listener, s.client);
+            let l = &mut self.listeners[li];
+            for (i, m) in self.meta[..n].iter().enumerate() {
+                if m.truncated {
+                    self.metrics.count_drop(Drop::Truncated, 1);
+                    continue;
+                }
+                l.outbox.push(
+                    Some(client),
+                    i * self.slot,
+                    m.len,
+                    m.segment.max(1),
+                    self.gso,
+                );
+            }
+            let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
+            self.account(&f, Some(true));
+            if n < MAX_BATCH {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Peer datagrams arriving on a hub listener.
+    fn hub_in(&mut self, li: usize, via: u16) -> bool {
+        for _ in 0..ROUNDS {
+            let n = self.recv(Some(li), None);
+            if n == 0 || n == usize::MAX {
+                return false;
+            }
+            let Some(hub) = self.hub.as_mut() else {
+                return false;
+            };
+            for i in 0..n {
+                let m = self.meta[i];
+                let Some(src) = m.src else { continue };
+                if m.truncated {
+                    self.metrics.count_drop(Drop::Truncated, 1);
+                    continue;
+                }
+                let start = i * self.slot;
+                let seg = m.segment.max(1);
+                let mut at = start;
+                while at < start + m.len {
+                    let len = seg.min(start + m.len - at);
+                    let dgram = &self.buf[at..at + len];
+                    self.metrics.hub_in.add(1, len as u64);
+                    if let Some(&t) = dgram.first() {
+                        if (1..=4).contains(&t) {
+                            self.metrics.hub_kinds[usize::from(t)].add(1);
+                        }
+                    }
+                    match hub.route(self.now, src, via, dgram) {
+                        Verdict::Forward(ep) => {
+                            if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
+                                self.listeners[out].outbox.push(
+                                    Some(ep.addr),
+                                    at,
+                                    len,
+                                    len,
+                                    self.gso,
+                                );
+                            }
+                        }
+                        Verdict::Flood => {
+                            for ep in hub.flood_targets() {
+                                if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
+                                    self.listeners[out].outbox.push(
+                                        Some(ep.addr),
+                                        at,
+                                        len,
+                                        len,
+                                        self.gso,
+                                    );
+                                }
+                            }
+                        }
+                        Verdict::Drop(why) => self.metrics.count_drop(Drop::Hub(why), 1),
+                    }
+                    at += len;
+                }
+            }
+            // Other shards must know what this batch taught us before its
+            // datagrams leave: replies to them may land there.
+            if hub.has_events() {
+                for ev in hub.take_events() {
+                    for tx in &mut self.repl_tx {
+                        tx.send(ev);
+                    }
+                }
+            }
+            for k in 0..self.hub_listeners.len() {
+                let out = self.hub_listeners[k];
+                if out == usize::MAX || self.listeners[out].outbox.is_empty() {
+                    continue;
+                }
+                let l = &mut self.listeners[out];
+                let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
+                self.account(&f, None);
+            }
+            if n < MAX_BATCH {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Timers: target changes, idle sessions, hub expiry, gauges.
+    fn tick(&mut self) {
+        for r in 0..self.routes.len() {
+            let generation = self.routes[r].target.generation();
+            if generation != self.route_generation[r] {
+                self.route_generation[r] = generation;
+                self.route_targets[r] = self.routes[r].target.get();
+                self.retarget(r);
+            }
+        }
+        let mut expired = Vec::new();
+        for (key, s) in &self.sessions {
+            if self.now.saturating_duration_since(s.last_active) > self.routes[s.route].idle_timeout
+            {
+                expired.push(key);
+            }
+        }
+        for key in expired {
+            self.close_session(key);
+            self.metrics.sessions_expired.add(1);
+        }
+        self.metrics.sessions.set(self.sessions.len() as i64);
+        if let Some(hub) = &mut self.hub {
+            hub.expire(self.now);
+            let c = hub.counts();
+            self.metrics.hub_sessions.set(c.sessions as i64);
+            self.metrics.hub_pending.set(c.pending as i64);
+            self.metrics.hub_known_peers.set(c.known_peers as i64);
+            self.metrics.hub_collisions.set(c.collisions as i64);
+        }
+    }
+
+    fn close_session(&mut self, key: usize) {
+        let s = self.sessions.remove(key);
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&s.sock.as_raw_fd()));
+        self.by_client.remove(&(s.route, s.client));
+        self.route_sessions[s.route] -= 1;
+        self.again.retain(|t| t.0 != SESSION_BASE + key);
+        tracing::debug!(shard = self.id, client = %s.client, "bounce session closed");
+    }
+
+    /// Points every session of route `r` at its new target. The upstream
+    /// socket keeps its local port, so the server's view of the client
+    /// does not change: it is re-connected in place when the kernel would
+    /// send from the same local address, and replaced by a socket on the
+    /// same port otherwise (a connected UDP socket keeps the source
+    /// address it was first given, which the new route may not reach).
+    fn retarget(&mut self, r: usize) {
+        let target = self.route_targets[r];
+        let source = socket::route_source(target).ok();
+        let keys: Vec<usize> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.route == r && s.target != target)
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            let s = &mut self.sessions[key];
+            let local = s.sock.local_addr().ok();
+            let same_source = local.is_some_and(|l| Some(l.ip()) == source);
+            if same_source
+                && socket2::SockRef::from(&s.sock)
+                    .connect(&target.into())
+                    .is_ok()
+            {
+                s.target = target;
+                self.metrics.sessions_retargeted.add(1);
+                continue;
+            }
+            let port = local.map_or(0, |l| l.port());
+            match self.replace_upstream(key, target, port) {
+                Ok(()) => self.metrics.sessions_retargeted.add(1),
+                Err(e) => self.warn("cannot move a session to the new target", &e),
+            }
+        }
+        tracing::info!(shard = self.id, %target, "bounce sessions now go to the re-resolved target");
+    }
+
+    /// Gives session `key` a new upstream socket connected to `target`, on
+    /// local port `port` if it can be had, else on any port. The old
+    /// socket is closed first, to free its port.
+    fn replace_upstream(&mut self, key: usize, target: SocketAddr, port: u16) -> io::Result<()> {
+        let token = Token(SESSION_BASE + key);
+        let registry = self.poll.registry();
+        let s = &mut self.sessions[key];
+        registry.deregister(&mut SourceFd(&s.sock.as_raw_fd()))?;
+        // An unconnected stand-in takes the old socket's place meanwhile;
+        // if everything below fails, the session idles out.
+        let stand_in = UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+        drop(std::mem::replace(&mut s.sock, stand_in));
+        let sock = socket::upstream(target, port, &self.socket_options)
+            .or_else(|_| socket::upstream(target, 0, &self.socket_options))?;
+        registry.register(&mut SourceFd(&sock.as_raw_fd()), token, Interest::READABLE)?;
+        s.sock = sock;
+        s.target = target;
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+//! "No per-packet allocation": once a bounce session or a hub session is
+//! set up, relaying more datagrams must not allocate at all. A counting
+//! global allocator (from ferry-sys, where unsafe code lives) watches every
+//! thread of this test process, the relay's shards included, while traffic
+//! flows; the test's own sockets use pre-allocated buffers.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
+use ferry_udp::config::{Bounce, Config, Hub, HubPeer, Listen, Tuning};
+use ferry_udp::Relay;
+
+#[global_allocator]
+static GLOBAL: ferry_sys::alloc_count::Counting = ferry_sys::alloc_count::Counting;
+
+fn tuning() -> Tuning {
+    Tuning {
+        workers: 2,
+        pin: false,
+        recv_buffer: 4 << 20,
+        send_buffer: 4 << 20,
+        ..Tuning::default()
+    }
+}
+
+fn socket() -> UdpSocket {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s
+}
+
+/// Sends `msg` from `from` to `to` through the relay and receives it on
+/// `at`, `n` times, without allocating in this thread.
+fn pump(
+    from: &UdpSocket,
+    to: SocketAddr,
+    at: &UdpSocket,
+    msg: &mut [u8],
+    n: u64,
+    counter_at: Option<usize>,
+) {
+    let mut buf = [0u8; 2048];
+    for i in 0..n {
+        if let Some(off) = counter_at {
+            msg[off..off + 8].copy_from_slice(&(1000 + i).to_le_bytes());
+        }
+        from.send_to(msg, to).unwrap();
+        let (len, _) = at.recv_from(&mut buf).expect("relayed");
+        assert_eq!(len, msg.len());
+    }
+}
+
+/// Both tests share the global counter: run them in one test so they
+/// cannot overlap.
+#[test]
+fn relaying_does_not_allocate_per_packet() {
+    bounce_steady_state();
+    hub_steady_state();
+}
+
+fn bounce_steady_state() {
+    let server = socket();
+    let cfg = Config {
+        bounce: vec![Bounce {
+            listen: vec![Listen {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                field: "--listen".into(),
+            }],
+            target: server.local_addr().unwrap().to_string(),
+            target_field: "--target".into(),
+            idle_timeout: Duration::from_secs(60),
+            resolve_interval: Duration::ZERO,
+            wireguard_only: true,
+            max_sessions: 10,
+        }],
+        hub: None,
+        tuning: tuning(),
+        metrics_addr: None,
+    };
+    let relay = Relay::start(&cfg).unwrap();
+    assert!(
+        ferry_sys::alloc_count::allocations() > 0,
+        "the counting allocator is in place"
+    );
+    let at = relay.bound()[0].1;
+    let client = socket();
+    let mut msg = vec![0u8; 1452];
+    msg[0] = 4;
+    // The first datagram opens the session; learn the upstream address.
+    client.send_to(&msg, at).unwrap();
+    let mut buf = [0u8; 2048];
+    let (_, upstream) = server.recv_from(&mut buf).unwrap();
+    // Warm up both directions (outboxes reach their working size).
+    for _ in 0..200 {
+        pump(&client, at, &server, &mut msg, 1, None);
+        pump(&server, upstream, &client, &mut msg, 1, None);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = ferry_sys::alloc_count::allocations();
+    for _ in 0..1000 {
+        pump(&client, at, &server, &mut msg, 1, None);
+        pump(&server, upstream, &client, &mut msg, 1, None);
+    }
+    let allocated = ferry_sys::alloc_count::allocations() - before;
+    assert_eq!(
+        allocated,
+        0,
+        "2000 datagrams through the bounce made {allocated} allocations (last of {} bytes)",
+        ferry_sys::alloc_count::last_size()
+    );
+    relay.shutdown();
+}
+
+fn hub_steady_state() {
+    let keys: Vec<PublicKey> = (1..=2).map(|n| PublicKey::from_bytes([n; 32])).collect();
+    let (p0, p1) = (socket(), socket());
+    let cfg = Config {
+        bounce: vec![],
+        hub: Some(Hub {
+            listen: vec![Listen {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                field: "--listen".into(),
+            }],
+            peers: keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| HubPeer {
+                    name: format!("p{i}"),
+                    public_key: *k,
+                    allow: None,
+                    // p1 has a known address, so p0's initiation goes straight to it.
+                    endpoint: (i == 1).then(|| p1.local_addr().unwrap()),
+                    field: format!("--peer {i}"),
+                })
+                .collect(),
+            max_indices: 1024,
+        }),
+        tuning: tuning(),
+        metrics_addr: None,
+    };
+    let relay = Relay::start(&cfg).unwrap();
+    let hub = relay.bound()[0].1;
+    let mut init = vec![0x11u8; wg::INITIATION_LEN];
+    init[..8].copy_from_slice(&[1, 0, 0, 0, 0xaa, 0, 0, 0]);
+    wg::seal_mac1(&mut init, &Mac1Key::new(&keys[1]));
+    pump(&p0, hub, &p1, &mut init, 1, None);
+    let mut resp = vec![0x22u8; wg::RESPONSE_LEN];
+    resp[..12].copy_from_slice(&[2, 0, 0, 0, 0xbb, 0, 0, 0, 0xaa, 0, 0, 0]);
+    wg::seal_mac1(&mut resp, &Mac1Key::new(&keys[0]));
+    pump(&p1, hub, &p0, &mut resp, 1, None);
+    let mut to_p1 = vec![0u8; 1452];
+    to_p1[..8].copy_from_slice(&[4, 0, 0, 0, 0xbb, 0, 0, 0]);
+    let mut to_p0 = to_p1.clone();
+    to_p0[4] = 0xaa;
+    pump(&p0, hub, &p1, &mut to_p1, 200, Some(8));
+    pump(&p1, hub, &p0, &mut to_p0, 200, Some(8));
+    std::thread::sleep(Duration::from_millis(300));
+    let before = ferry_sys::alloc_count::allocations();
+    pump(&p0, hub, &p1, &mut to_p1, 1000, Some(8));
+    pump(&p1, hub, &p0, &mut to_p0, 1000, Some(8));
+    let allocated = ferry_sys::alloc_count::allocations() - before;
+    assert_eq!(
+        allocated,
+        0,
+        "2000 datagrams through the hub made {allocated} allocations (last of {} bytes)",
+        ferry_sys::alloc_count::last_size()
+    );
+    relay.shutdown();
+}

@@ -1,0 +1,137 @@
+# Network-namespace helpers shared by the UDP relay's integration test
+# (crates/udp/tests/netns/run.sh), its benchmark (bench/udp/run.sh) and the
+# fixture capture (capture-fixtures.sh). Source it; it defines functions
+# only. Every namespace is named fu-<something>, every address is inside
+# 10.77.0.0/16, every WireGuard interface name starts with fu, and
+# everything started here is recorded so fu_cleanup can undo it (call it
+# from an EXIT trap).
+
+FU_NAMESPACES=()
+FU_PIDS=()
+FU_TMP=""
+
+fu_log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+
+# Prints why the namespace tests cannot run here, or nothing when they can.
+# Tools: pass the commands the caller needs.
+fu_why_not() {
+  if [ "$(id -u)" != 0 ]; then echo "not root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"; return; fi
+  local t
+  for t in ip "$@"; do
+    command -v "$t" >/dev/null 2>&1 || { echo "missing tool: $t"; return; }
+  done
+  if ! ip netns add fu-probe-$$ >/dev/null 2>&1; then echo "cannot create network namespaces"; return; fi
+  ip netns del fu-probe-$$ >/dev/null 2>&1 || true
+  if [ ! -c /dev/net/tun ]; then echo "no /dev/net/tun (wireguard-go needs TUN)"; return; fi
+}
+
+# Finds the wireguard-go binary (named "wireguard" by go install).
+fu_wireguard_go() {
+  local c
+  for c in "${WIREGUARD_GO:-}" "$(command -v wireguard-go 2>/dev/null)" "$(command -v wireguard 2>/dev/null)" \
+           "$(go env GOPATH 2>/dev/null)/bin/wireguard" "$HOME/go/bin/wireguard"; do
+    [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+# fu_init: creates the scratch directory; call once, not in a subshell.
+fu_init() { FU_TMP=$(mktemp -d /tmp/fu-udp.XXXXXX); }
+fu_tmpdir() { echo "$FU_TMP"; }
+
+fu_ns() { # fu_ns NAME...: creates namespaces with loopback up
+  local n
+  for n in "$@"; do
+    ip netns del "$n" >/dev/null 2>&1 || true
+    ip netns add "$n"
+    FU_NAMESPACES+=("$n")
+    ip -n "$n" link set lo up
+  done
+}
+
+# fu_link NS_A ADDR_A/PLEN NS_B ADDR_B/PLEN: a veth pair between two
+# namespaces, named after the last part of their names: in fu-x, the end
+# towards fu-y is vx-y.
+fu_link() {
+  local a=$1 aa=$2 b=$3 ba=$4
+  local ia="v${a##*-}-${b##*-}" ib="v${b##*-}-${a##*-}"
+  ia=${ia:0:15}; ib=${ib:0:15}
+  ip link add "$ia" netns "$a" type veth peer name "$ib" netns "$b"
+  ip -n "$a" addr add "$aa" dev "$ia"
+  ip -n "$b" addr add "$ba" dev "$ib"
+  ip -n "$a" link set "$ia" up
+  ip -n "$b" link set "$ib" up
+}
+
+fu_route() { ip -n "$1" route add "$2" via "$3"; }
+
+# fu_bg NS LOGFILE CMD...: runs CMD in namespace NS in the background and
+# records its pid in FU_PIDS and FU_LAST_PID (do not call in a subshell).
+FU_LAST_PID=""
+fu_bg() {
+  local ns=$1 log=$2; shift 2
+  ip netns exec "$ns" "$@" >"$log" 2>&1 &
+  FU_LAST_PID=$!
+  FU_PIDS+=("$FU_LAST_PID")
+}
+
+fu_stop() { # fu_stop PID: stops one process we started
+  local pid=$1 i
+  kill "$pid" 2>/dev/null || return 0
+  for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# fu_wg NS IFNAME KEYFILE PORT ADDR/PLEN: a wireguard-go interface.
+fu_wg() {
+  local ns=$1 ifn=$2 key=$3 port=$4 addr=$5 wg_go
+  wg_go=$(fu_wireguard_go) || { fu_log "wireguard-go not found"; return 1; }
+  rm -f "/var/run/wireguard/$ifn.sock"
+  fu_bg "$ns" "$FU_TMP/$ifn.log" env WG_PROCESS_FOREGROUND=1 LOG_LEVEL=error "$wg_go" -f "$ifn"
+  local i
+  for i in $(seq 1 100); do [ -S "/var/run/wireguard/$ifn.sock" ] && break; sleep 0.05; done
+  [ -S "/var/run/wireguard/$ifn.sock" ] || { fu_log "wireguard-go $ifn did not start"; cat "$FU_TMP/$ifn.log" >&2; return 1; }
+  ip netns exec "$ns" wg set "$ifn" private-key "$key" listen-port "$port"
+  ip -n "$ns" addr add "$addr" dev "$ifn"
+  ip -n "$ns" link set "$ifn" mtu 1420 up
+}
+
+# fu_wg_peer NS IFNAME PUBKEY ALLOWED [ENDPOINT]: adds a peer.
+fu_wg_peer() {
+  local ns=$1 ifn=$2 pub=$3 allowed=$4 ep=${5:-}
+  if [ -n "$ep" ]; then
+    ip netns exec "$ns" wg set "$ifn" peer "$pub" allowed-ips "$allowed" endpoint "$ep" persistent-keepalive 1
+  else
+    ip netns exec "$ns" wg set "$ifn" peer "$pub" allowed-ips "$allowed"
+  fi
+}
+
+fu_key() { # fu_key NAME: writes NAME.key/NAME.pub in the scratch directory
+  (umask 077; wg genkey >"$FU_TMP/$1.key")
+  wg pubkey <"$FU_TMP/$1.key" >"$FU_TMP/$1.pub"
+}
+fu_pub() { cat "$FU_TMP/$1.pub"; }
+
+# fu_wait_handshake NS IFNAME SECONDS: waits until every peer of IFNAME has
+# completed a handshake.
+fu_wait_handshake() {
+  local ns=$1 ifn=$2 secs=$3 end=$((SECONDS + $3))
+  while [ $SECONDS -lt $end ]; do
+    if ip netns exec "$ns" wg show "$ifn" latest-handshakes | awk '{ if ($2 == 0) bad=1 } END { exit bad }'; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  fu_log "no handshake on $ns/$ifn within ${secs}s"
+  return 1
+}
+
+fu_cleanup() {
+  local pid ns
+  for pid in "${FU_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  sleep 0.2
+  for pid in "${FU_PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for ns in "${FU_NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  FU_PIDS=(); FU_NAMESPACES=()
+  if [ -n "$FU_TMP" ] && [ -z "${FU_KEEP_TMP:-}" ]; then rm -rf "$FU_TMP"; fi
+}

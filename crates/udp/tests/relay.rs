@@ -1,0 +1,460 @@
+//! The relay over loopback, in process: bounce sessions, idle expiry,
+//! target re-resolution, start-up errors, the hub learning and forwarding
+//! across shards, and the metrics endpoint. (Real WireGuard peers in
+//! network namespaces are in `tests/netns/run.sh`.)
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
+use ferry_udp::config::{Bounce, Config, Hub, HubPeer, Listen, Tuning};
+use ferry_udp::metrics::Drop;
+use ferry_udp::{Relay, Resolve, StartError};
+
+fn listen(s: &str) -> Listen {
+    Listen {
+        addr: s.parse().unwrap(),
+        field: "--listen".into(),
+    }
+}
+
+fn tuning(workers: usize) -> Tuning {
+    Tuning {
+        workers,
+        pin: false,
+        recv_buffer: 4 << 20,
+        send_buffer: 4 << 20,
+        ..Tuning::default()
+    }
+}
+
+fn bounce(target: &str, idle: Duration, resolve: Duration) -> Config {
+    Config {
+        bounce: vec![Bounce {
+            listen: vec![listen("127.0.0.1:0")],
+            target: target.into(),
+            target_field: "--target".into(),
+            idle_timeout: idle,
+            resolve_interval: resolve,
+            wireguard_only: false,
+            max_sessions: 1000,
+        }],
+        hub: None,
+        tuning: tuning(2),
+        metrics_addr: None,
+    }
+}
+
+/// A UDP server that echoes every datagram and remembers who sent it.
+struct Echo {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<SocketAddr>>>,
+    count: Arc<AtomicUsize>,
+}
+
+fn echo() -> Echo {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = sock.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    let (s2, c2) = (seen.clone(), count.clone());
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok((n, from)) = sock.recv_from(&mut buf) {
+                c2.fetch_add(1, Ordering::Relaxed);
+                let mut seen = s2.lock().unwrap();
+                if !seen.contains(&from) {
+                    seen.push(from);
+                }
+                let _ = sock.send_to(&buf[..n], from);
+            }
+        }
+    });
+    Echo { addr, seen, count }
+}
+
+fn client() -> UdpSocket {
+    let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    c
+}
+
+fn round_trip(c: &UdpSocket, to: SocketAddr, msg: &[u8]) -> Vec<u8> {
+    c.send_to(msg, to).unwrap();
+    let mut buf = [0u8; 65536];
+    let (n, from) = c.recv_from(&mut buf).expect("reply through the relay");
+    assert_eq!(from, to, "replies come from the relay's address");
+    buf[..n].to_vec()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn each_client_gets_its_own_upstream_socket() {
+    let server = echo();
+    let relay = Relay::start(&bounce(
+        &server.addr.to_string(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let at = relay.bound()[0].1;
+    let clients: Vec<_> = (0..4).map(|_| client()).collect();
+    for (i, c) in clients.iter().enumerate() {
+        for k in 0..3 {
+            let msg = format!("client {i} message {k}");
+            assert_eq!(round_trip(c, at, msg.as_bytes()), msg.as_bytes());
+        }
+    }
+    let seen: HashSet<_> = server.seen.lock().unwrap().iter().copied().collect();
+    assert_eq!(seen.len(), 4, "one upstream socket per client: {seen:?}");
+    for c in &clients {
+        assert!(
+            !seen.contains(&c.local_addr().unwrap()),
+            "the server never sees a client"
+        );
+    }
+    let m = relay.metrics();
+    assert_eq!(m.sum(|s| s.to_target.packets.get()), 12);
+    // Counted right after the send the client may already have seen.
+    wait_for("the last reply to be counted", || {
+        m.sum(|s| s.to_client.packets.get()) == 12
+    });
+    assert_eq!(m.sum(|s| s.sessions_opened.get()), 4);
+    relay.shutdown();
+}
+
+#[test]
+fn bursts_of_full_size_datagrams_arrive_intact() {
+    let server = echo();
+    let relay = Relay::start(&bounce(
+        &server.addr.to_string(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let at = relay.bound()[0].1;
+    let c = client();
+    c.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut got = 0usize;
+    let mut buf = [0u8; 2048];
+    for burst in 0..20u8 {
+        for k in 0..32u8 {
+            let msg = [burst ^ k; 1400];
+            c.send_to(&msg, at).unwrap();
+        }
+        for _ in 0..32 {
+            match c.recv_from(&mut buf) {
+                Ok((n, _)) => {
+                    assert_eq!(n, 1400);
+                    assert!(buf[..n].iter().all(|&b| b == buf[0]));
+                    got += 1;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    // Loopback with large buffers does not lose datagrams in practice.
+    assert!(got >= 600, "only {got} of 640 came back");
+    let m = relay.metrics();
+    eprintln!(
+        "recvmmsg calls {}, sendmmsg calls {}, GRO datagrams {}, GSO messages {}",
+        m.sum(|s| s.recv_calls.get()),
+        m.sum(|s| s.send_calls.get()),
+        m.sum(|s| s.gro_datagrams.get()),
+        m.sum(|s| s.gso_messages.get())
+    );
+    relay.shutdown();
+}
+
+#[test]
+fn one_client_cannot_flood_the_server_with_initiations() {
+    let server = echo();
+    let mut cfg = bounce(
+        &server.addr.to_string(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    );
+    cfg.tuning.handshake_rate = 1;
+    cfg.tuning.handshake_burst = 5;
+    let relay = Relay::start(&cfg).unwrap();
+    let at = relay.bound()[0].1;
+    let c = client();
+    let mut init = [0x77u8; wg::INITIATION_LEN];
+    init[..4].copy_from_slice(&[1, 0, 0, 0]);
+    for _ in 0..20 {
+        c.send_to(&init, at).unwrap();
+    }
+    // The burst's worth passes (and is echoed back).
+    let mut buf = [0u8; 256];
+    for _ in 0..5 {
+        let (n, _) = c.recv_from(&mut buf).expect("an initiation echoed");
+        assert_eq!(n, wg::INITIATION_LEN);
+    }
+    // Other traffic of the same client is not limited.
+    assert_eq!(round_trip(&c, at, b"data"), b"data");
+    let m = relay.metrics().clone();
+    wait_for("the flood to be counted", || {
+        m.drops(Drop::Hub(ferry_udp::hub::DropReason::RateLimited)) == 15
+    });
+    let passed = m.sum(|s| s.to_target.packets.get());
+    assert_eq!(passed, 6, "5 initiations (the burst) and the data");
+    relay.shutdown();
+}
+
+#[test]
+fn idle_sessions_expire() {
+    let server = echo();
+    let relay = Relay::start(&bounce(
+        &server.addr.to_string(),
+        Duration::from_millis(300),
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let at = relay.bound()[0].1;
+    let c = client();
+    round_trip(&c, at, b"one");
+    let m = relay.metrics().clone();
+    wait_for("the session to expire", || {
+        m.sum(|s| s.sessions_expired.get()) == 1
+    });
+    assert_eq!(m.sum(|s| s.sessions.get() as u64), 0);
+    round_trip(&c, at, b"two");
+    assert_eq!(
+        server.seen.lock().unwrap().len(),
+        2,
+        "a new session, a new upstream port"
+    );
+    relay.shutdown();
+}
+
+/// A resolver whose answer the test changes.
+struct Switch(Mutex<Result<Vec<SocketAddr>, String>>);
+
+impl Resolve for Switch {
+    fn resolve(&self, _: &str) -> std::io::Result<Vec<SocketAddr>> {
+        self.0
+            .lock()
+            .unwrap()
+            .clone()
+            .map_err(std::io::Error::other)
+    }
+}
+
+#[test]
+fn sessions_follow_a_moved_target_without_changing_port() {
+    let (old, new) = (echo(), echo());
+    let dns = Arc::new(Switch(Mutex::new(Ok(vec![old.addr]))));
+    let relay = Relay::start_with(
+        &bounce(
+            "server.test:51820",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+        ),
+        dns.clone(),
+    )
+    .unwrap();
+    let at = relay.bound()[0].1;
+    let c = client();
+    round_trip(&c, at, b"before");
+    // A failed lookup keeps the old address.
+    *dns.0.lock().unwrap() = Err("temporary failure".into());
+    let m = relay.metrics().clone();
+    wait_for("a failed resolution", || {
+        m.resolves_failed.load(Ordering::Relaxed) > 0
+    });
+    round_trip(&c, at, b"still old");
+    *dns.0.lock().unwrap() = Ok(vec![new.addr]);
+    wait_for("the target to move", || {
+        m.sum(|s| s.sessions_retargeted.get()) == 1
+    });
+    assert_eq!(round_trip(&c, at, b"after"), b"after");
+    assert_eq!(old.count.load(Ordering::Relaxed), 2);
+    assert_eq!(new.count.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        old.seen.lock().unwrap()[..],
+        new.seen.lock().unwrap()[..],
+        "the session kept its upstream port"
+    );
+    assert_eq!(m.sum(|s| s.sessions_opened.get()), 1);
+    relay.shutdown();
+}
+
+#[test]
+fn start_errors_name_the_field() {
+    struct Nowhere;
+    impl Resolve for Nowhere {
+        fn resolve(&self, _: &str) -> std::io::Result<Vec<SocketAddr>> {
+            Err(std::io::Error::other("Name or service not known"))
+        }
+    }
+    let e = Relay::start_with(
+        &bounce(
+            "nosuch.invalid:51820",
+            Duration::from_secs(1),
+            Duration::ZERO,
+        ),
+        Arc::new(Nowhere),
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, StartError::Resolve { .. }));
+    assert!(
+        e.to_string()
+            .starts_with("--target: cannot resolve \"nosuch.invalid:51820\""),
+        "{e}"
+    );
+
+    let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut c = bounce("127.0.0.1:9", Duration::from_secs(1), Duration::ZERO);
+    c.bounce[0].listen = vec![Listen {
+        addr: taken.local_addr().unwrap(),
+        field: "bounce[0].listen[0]".into(),
+    }];
+    let e = Relay::start(&c).err().unwrap();
+    assert!(
+        e.to_string().starts_with("bounce[0].listen[0]:") && e.to_string().contains("in use"),
+        "{e}"
+    );
+}
+
+fn hub_config(keys: &[PublicKey], workers: usize) -> Config {
+    Config {
+        bounce: vec![],
+        hub: Some(Hub {
+            listen: vec![listen("127.0.0.1:0")],
+            peers: keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| HubPeer {
+                    name: format!("p{i}"),
+                    public_key: *k,
+                    allow: None,
+                    endpoint: None,
+                    field: format!("--peer {i}"),
+                })
+                .collect(),
+            max_indices: 1024,
+        }),
+        tuning: tuning(workers),
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+    }
+}
+
+fn handshake(kind: u8, sender: u32, receiver: u32, to: &PublicKey) -> Vec<u8> {
+    let mut m = vec![
+        0x5a;
+        if kind == 1 {
+            wg::INITIATION_LEN
+        } else {
+            wg::RESPONSE_LEN
+        }
+    ];
+    m[..4].copy_from_slice(&[kind, 0, 0, 0]);
+    m[4..8].copy_from_slice(&sender.to_le_bytes());
+    if kind == 2 {
+        m[8..12].copy_from_slice(&receiver.to_le_bytes());
+    }
+    assert!(wg::seal_mac1(&mut m, &Mac1Key::new(to)));
+    m
+}
+
+fn data(receiver: u32, counter: u64, len: usize) -> Vec<u8> {
+    let mut m = vec![0xd0; len];
+    m[..4].copy_from_slice(&[4, 0, 0, 0]);
+    m[4..8].copy_from_slice(&receiver.to_le_bytes());
+    m[8..16].copy_from_slice(&counter.to_le_bytes());
+    m
+}
+
+fn expect(peer: &UdpSocket, want: &[u8]) {
+    let mut buf = [0u8; 2048];
+    let (n, _) = peer
+        .recv_from(&mut buf)
+        .expect("a datagram through the hub");
+    assert_eq!(&buf[..n], want);
+}
+
+#[test]
+fn hub_learns_indices_and_forwards_across_shards() {
+    let keys: Vec<PublicKey> = (1..=3).map(|n| PublicKey::from_bytes([n; 32])).collect();
+    let relay = Relay::start(&hub_config(&keys, 2)).unwrap();
+    let hub = relay.bound()[0].1;
+    let peers: Vec<UdpSocket> = (0..3).map(|_| client()).collect();
+    let m = relay.metrics().clone();
+
+    // p0 calls p1 before anyone is known: dropped, p0 becomes a candidate.
+    peers[0]
+        .send_to(&handshake(1, 0x100, 0, &keys[1]), hub)
+        .unwrap();
+    wait_for("the first drop", || {
+        m.drops(Drop::Hub(ferry_udp::hub::DropReason::NoEndpoint)) == 1
+    });
+    // The shard that saw it publishes the candidate right after its batch.
+    std::thread::sleep(Duration::from_millis(50));
+    // p1 calls p0: flooded to the candidate, which is p0.
+    let init = handshake(1, 0x200, 0, &keys[0]);
+    peers[1].send_to(&init, hub).unwrap();
+    expect(&peers[0], &init);
+    // p0 answers; MAC1 keyed with p1's key identifies the initiator.
+    let resp = handshake(2, 0x300, 0x200, &keys[1]);
+    peers[0].send_to(&resp, hub).unwrap();
+    expect(&peers[1], &resp);
+    // Data both ways, many times, whichever shard each peer hashes to.
+    for c in 0..50u64 {
+        let d = data(0x300, c, 48 + 16 * (c as usize % 4));
+        peers[1].send_to(&d, hub).unwrap();
+        expect(&peers[0], &d);
+        let d = data(0x200, c, 1452);
+        peers[0].send_to(&d, hub).unwrap();
+        expect(&peers[1], &d);
+    }
+    // p2 calls p0, now known: straight through.
+    let init = handshake(1, 0x400, 0, &keys[0]);
+    peers[2].send_to(&init, hub).unwrap();
+    expect(&peers[0], &init);
+    let resp = handshake(2, 0x500, 0x400, &keys[2]);
+    peers[0].send_to(&resp, hub).unwrap();
+    expect(&peers[2], &resp);
+    let d = data(0x500, 0, 64);
+    peers[2].send_to(&d, hub).unwrap();
+    expect(&peers[0], &d);
+
+    // Garbage and unknown indices go nowhere.
+    peers[2].send_to(b"not wireguard", hub).unwrap();
+    peers[2].send_to(&data(0xdead, 1, 64), hub).unwrap();
+    wait_for("drops to be counted", || {
+        m.drops(Drop::Hub(ferry_udp::hub::DropReason::NotWireGuard)) == 1
+            && m.drops(Drop::Hub(ferry_udp::hub::DropReason::UnknownIndex)) == 1
+    });
+
+    // The metrics endpoint serves the counters.
+    let mut conn = TcpStream::connect(relay.metrics_addr().unwrap()).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(
+        text.contains("ferry_udp_packets_total{mode=\"hub\",direction=\"out\"} 105"),
+        "{text}"
+    );
+    assert!(text.contains("ferry_udp_hub_messages_total{kind=\"initiation\"} 3"));
+    assert!(text.contains("ferry_udp_drops_total{reason=\"not_wireguard\"} 1"));
+    relay.shutdown();
+}

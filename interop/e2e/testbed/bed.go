@@ -1,0 +1,189 @@
+//go:build linux
+
+package testbed
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config describes one bed.
+type Config struct {
+	Bins  Binaries
+	Relay RelayOptions
+	// NodePlace places tailscaled, iperf3 and ping (CPUs, nice value).
+	NodePlace Placement
+	// AllowDirectUDP leaves UDP between the nodes open, so that they find
+	// a direct WireGuard path and the relay carries only their first
+	// packets: the benchmark's baseline (WireGuard's own limit).
+	AllowDirectUDP bool
+	Logf           Logf
+}
+
+// Bed is a running network: relay, Headscale and two logged-in nodes.
+type Bed struct {
+	Cfg       Config
+	Netns     Netns
+	Dir       string
+	Relay     *Relay
+	Headscale *Headscale
+	A, B      *Node
+
+	procs     []*Proc
+	closeOnce sync.Once
+}
+
+var bedSeq atomic.Int32
+
+// New prepares a bed; nothing is created until Up. Always Close it.
+func New(cfg Config) *Bed {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	seq := bedSeq.Add(1)
+	base := fmt.Sprintf("%s%d-%d-", nsPrefix, os.Getpid(), seq)
+	return &Bed{
+		Cfg:   cfg,
+		Netns: Netns{Relay: base + "r", A: base + "a", B: base + "b"},
+	}
+}
+
+// Up creates the namespaces, starts the relay and Headscale, starts both
+// nodes, logs them in and waits until each sees the other online. On error
+// the bed is half-built: Close still cleans up whatever exists.
+func (b *Bed) Up() error {
+	logf := b.Cfg.Logf
+	start := time.Now()
+	if b.Cfg.Bins.Ferry == "" && b.Cfg.Relay.Kind == Ferry {
+		return fmt.Errorf("no ferry binary")
+	}
+	dir, err := os.MkdirTemp("", "fe-bed-")
+	if err != nil {
+		return err
+	}
+	b.Dir = dir
+	for _, d := range []string{"relay", "headscale", "a", "b"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := createTopology(b.Netns, b.Cfg.AllowDirectUDP); err != nil {
+		return fmt.Errorf("network namespaces: %w", err)
+	}
+
+	relayBin := b.Cfg.Bins.Derper
+	if b.Cfg.Relay.Kind == Ferry {
+		relayBin = b.Cfg.Bins.Ferry
+	}
+	b.Relay, err = startRelay(relayBin, b.Netns.Relay, filepath.Join(dir, "relay"), b.Cfg.Relay)
+	if b.Relay != nil && b.Relay.Proc != nil {
+		b.procs = append(b.procs, b.Relay.Proc)
+	}
+	if err != nil {
+		return err
+	}
+
+	b.Headscale, err = startHeadscale(b.Cfg.Bins.Headscale, b.Netns.Relay, filepath.Join(dir, "headscale"), b.Relay.Port)
+	if b.Headscale != nil && b.Headscale.Proc != nil {
+		b.procs = append(b.procs, b.Headscale.Proc)
+	}
+	if err != nil {
+		return err
+	}
+	authKey, err := b.Headscale.PreAuthKey("fe")
+	if err != nil {
+		return err
+	}
+
+	// How the nodes reach the relay: trust its certificate, or plain HTTP.
+	var env []string
+	if b.Cfg.Relay.TLS {
+		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
+	} else {
+		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
+	}
+	for _, spec := range []struct {
+		dst      **Node
+		name, ns string
+		dir, tun string
+	}{
+		{&b.A, "fe-a", b.Netns.A, filepath.Join(dir, "a"), "fe-ts-a"},
+		{&b.B, "fe-b", b.Netns.B, filepath.Join(dir, "b"), "fe-ts-b"},
+	} {
+		n, err := startNode(b.Cfg.Bins, spec.name, spec.ns, spec.dir, spec.tun, env, b.Cfg.NodePlace)
+		if n != nil {
+			*spec.dst = n
+			b.procs = append(b.procs, n.Proc)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	upErrs := make(chan error, 2)
+	for _, n := range []*Node{b.A, b.B} {
+		go func() { upErrs <- n.Up(b.Headscale.LoginServer(), authKey) }()
+	}
+	if err := errJoin(<-upErrs, <-upErrs); err != nil {
+		return err
+	}
+	logf("%s: nodes up (%s %s, %s %s) in %.1f s", b.Cfg.Relay.Name(), b.A.Name, b.A.IP, b.B.Name, b.B.IP, time.Since(start).Seconds())
+	return b.WaitPeersOnline(45 * time.Second)
+}
+
+// WaitPeersOnline waits until each node lists the other as online (right
+// after login the peer shows offline for a second or two).
+func (b *Bed) WaitPeersOnline(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, pair := range [][2]*Node{{b.A, b.B}, {b.B, b.A}} {
+			st, err := pair[0].Status()
+			if err != nil {
+				ok, last = false, err.Error()
+				break
+			}
+			p := st.PeerNamed(pair[1].Name)
+			if p == nil || !p.Online {
+				ok, last = false, fmt.Sprintf("%s does not see %s online (peer: %+v)", pair[0].Name, pair[1].Name, p)
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	return fmt.Errorf("peers not online after %v: %s", timeout, last)
+}
+
+// Logs returns the output of every process the bed started, each cut to
+// its last n lines.
+func (b *Bed) Logs(n int) string {
+	var s string
+	for _, p := range b.procs {
+		s += fmt.Sprintf("----- %s (last %d lines) -----\n%s\n", p.Name, n, tailLines(p.Logs(), n))
+	}
+	return s
+}
+
+// Close stops every process (nodes first, so they log out of a live relay
+// and control server), deletes the namespaces and the work directory.
+func (b *Bed) Close() {
+	b.closeOnce.Do(func() {
+		for i := len(b.procs) - 1; i >= 0; i-- {
+			b.procs[i].Stop(5 * time.Second)
+		}
+		deleteTopology(b.Netns)
+		if b.Dir != "" && os.Getenv("FERRY_E2E_KEEP") == "" {
+			os.RemoveAll(b.Dir)
+		}
+	})
+}
+
+// AddProc registers an extra process (an iperf3 server) to stop on Close.
+func (b *Bed) AddProc(p *Proc) { b.procs = append(b.procs, p) }

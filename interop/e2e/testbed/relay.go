@@ -1,0 +1,313 @@
+//go:build linux
+
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Relay kinds.
+const (
+	Ferry  = "ferry"
+	Derper = "derper"
+)
+
+// RelayHostname is the relay's name in the DERP map and its certificate;
+// nodes dial its IPv4 address from the map and send this name as SNI.
+const RelayHostname = "derp.fe.test"
+
+// Relay ports inside the relay namespace.
+const (
+	TLSPort   = 443
+	PlainPort = 3340
+	STUNPort  = 3478
+)
+
+// RelayOptions select the relay under test.
+type RelayOptions struct {
+	Kind string // Ferry or Derper
+	TLS  bool   // TLS with a self-signed certificate the nodes trust; else plain HTTP
+	// Place pins the relay (taskset) and sets its nice value.
+	Place Placement
+	// Workers sets ferry's --workers (0: its default, one per usable core).
+	Workers int
+	// ExtraArgs are appended to the relay's command line.
+	ExtraArgs []string
+}
+
+// Name is a short label: "ferry-tls", "derper-http", ...
+func (o RelayOptions) Name() string {
+	if o.TLS {
+		return o.Kind + "-tls"
+	}
+	return o.Kind + "-http"
+}
+
+// Relay is the running DERP server.
+type Relay struct {
+	Opts     RelayOptions
+	Port     int
+	CertFile string // PEM certificate the nodes trust (TLS only)
+	Proc     *Proc
+	ns       string
+	httpc    *http.Client
+	scheme   string
+}
+
+// startRelay starts the relay in namespace ns. Both kinds get the same
+// derper flags; the relay listens on all addresses of its namespace so
+// that /debug/varz (served to loopback clients only) can be read through
+// 127.0.0.1.
+func startRelay(bin, ns, dir string, o RelayOptions) (*Relay, error) {
+	r := &Relay{Opts: o, ns: ns}
+	keyFile := filepath.Join(dir, o.Kind+".key")
+	var args []string
+	if o.TLS {
+		r.Port = TLSPort
+		r.scheme = "https"
+		var err error
+		r.CertFile, err = writeCert(dir, RelayHostname, RelayIP)
+		if err != nil {
+			return nil, err
+		}
+		args = []string{
+			"-a", fmt.Sprintf(":%d", r.Port),
+			"--certmode", "manual", "--certdir", dir, "--hostname", RelayHostname,
+			"--http-port", "-1",
+			"--stun-port", strconv.Itoa(STUNPort),
+			"-c", keyFile,
+		}
+	} else {
+		r.Port = PlainPort
+		r.scheme = "http"
+		// Any port but 443 without --certmode serves plain HTTP (derper's
+		// rule, which ferry follows).
+		args = []string{
+			"-a", fmt.Sprintf(":%d", r.Port),
+			"--http-port", "-1",
+			"--stun-port", strconv.Itoa(STUNPort),
+			"-c", keyFile,
+		}
+	}
+	if o.Kind == Ferry && o.Workers > 0 {
+		args = append(args, "--workers", strconv.Itoa(o.Workers))
+	}
+	args = append(args, o.ExtraArgs...)
+	argv := o.Place.wrap(append([]string{bin}, args...))
+	var env []string
+	if o.Kind == Ferry {
+		env = append(env, "RUST_BACKTRACE=1")
+	}
+	pool := x509.NewCertPool()
+	if o.TLS {
+		pem, err := os.ReadFile(r.CertFile)
+		if err != nil {
+			return nil, err
+		}
+		pool.AppendCertsFromPEM(pem)
+	}
+	r.httpc = &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return dialInNamespace(ctx, ns, net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)))
+			},
+			TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: RelayHostname},
+			DisableKeepAlives: true,
+		},
+	}
+	var err error
+	r.Proc, err = startProc("relay ("+o.Name()+")", ns, env, argv...)
+	if err != nil {
+		return nil, err
+	}
+	return r, r.waitReady(30 * time.Second)
+}
+
+// waitReady polls GET /derp/probe until it answers 200.
+func (r *Relay) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		if done, err := r.Proc.Exited(); done {
+			return fmt.Errorf("relay exited during start-up: %v", err)
+		}
+		resp, err := r.httpc.Get(r.url("/derp/probe"))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("GET /derp/probe: %s", resp.Status)
+		}
+		lastErr = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("relay not ready after %v: %v", timeout, lastErr)
+}
+
+func (r *Relay) url(path string) string {
+	return fmt.Sprintf("%s://%s%s", r.scheme, RelayHostname, path)
+}
+
+// Metrics is one scrape of the relay's Prometheus text: series (name with
+// its labels, as printed) to value.
+type Metrics map[string]float64
+
+// Metrics reads /debug/varz from inside the relay's namespace.
+func (r *Relay) Metrics() (Metrics, error) {
+	resp, err := r.httpc.Get(r.url("/debug/varz"))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /debug/varz: %s", resp.Status)
+	}
+	return parseMetrics(resp.Body)
+}
+
+// parseMetrics reads Prometheus text: "series value" lines, # comments.
+func parseMetrics(r io.Reader) (Metrics, error) {
+	m := Metrics{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i <= 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		m[line[:i]] = v
+	}
+	return m, sc.Err()
+}
+
+// Sum adds every series of metric name (all label sets).
+func (m Metrics) Sum(name string) float64 {
+	var s float64
+	for k, v := range m {
+		if k == name || strings.HasPrefix(k, name+"{") {
+			s += v
+		}
+	}
+	return s
+}
+
+// Delta returns after.Sum(name) - before.Sum(name).
+func Delta(before, after Metrics, name string) float64 {
+	return after.Sum(name) - before.Sum(name)
+}
+
+// NonZero lists the series of metric name whose value changed between
+// before and after, as "labels=delta".
+func NonZero(before, after Metrics, name string) []string {
+	var out []string
+	for k, v := range after {
+		if k == name || strings.HasPrefix(k, name+"{") {
+			if d := v - before[k]; d != 0 {
+				out = append(out, fmt.Sprintf("%s=%g", strings.TrimPrefix(k, name), d))
+			}
+		}
+	}
+	return out
+}
+
+// CPUSeconds is the relay process's user+system CPU time so far.
+func (r *Relay) CPUSeconds() (float64, error) {
+	return procCPUSeconds(r.Proc.Pid())
+}
+
+// procCPUSeconds reads utime+stime of pid from /proc (all threads).
+func procCPUSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields resume after ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("bad /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	ut, err1 := strconv.ParseFloat(f[11], 64)
+	st, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("bad /proc/%d/stat", pid)
+	}
+	const clockTicks = 100 // USER_HZ on Linux
+	return (ut + st) / clockTicks, nil
+}
+
+// writeCert writes a self-signed ECDSA certificate for host (and ip) as
+// dir/host.crt and dir/host.key, the layout of --certmode manual, and
+// returns the certificate's path.
+func writeCert(dir, host, ip string) (string, error) {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		return "", err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: host},
+		DNSNames:              []string{host},
+		IPAddresses:           []net.IP{net.ParseIP(ip)},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		return "", err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return "", err
+	}
+	certFile := filepath.Join(dir, host+".crt")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, host+".key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return "", err
+	}
+	return certFile, nil
+}
