@@ -118,6 +118,9 @@ pub struct Conn {
     pub in_flight: Option<Instant>,
     /// Plaintext bytes in that send (for the queued-bytes gauge).
     pub in_flight_bytes: usize,
+    /// What this connection adds to its shard's queued-bytes gauge now.
+    /// The gauge is the sum of these, so it cannot go below zero.
+    pub gauged_bytes: usize,
     /// On the shard's list of connections to flush.
     pub dirty: bool,
     /// A pong is queued and not yet flushed (further pings are ignored).
@@ -187,6 +190,7 @@ impl Conn {
             spare: Vec::new(),
             in_flight: None,
             in_flight_bytes: 0,
+            gauged_bytes: 0,
             dirty: false,
             pong_pending: false,
             close_after_flush: None,
@@ -209,6 +213,20 @@ impl Conn {
     /// Bytes of queued plaintext.
     pub fn queued_bytes(&self) -> usize {
         self.ctrl.len() + self.disco.len() + self.data.len()
+    }
+
+    /// Brings this connection's share of the queued-bytes gauge up to date
+    /// (queued plus in flight; nothing once it is closing) and returns the
+    /// change to apply to the gauge.
+    pub fn regauge(&mut self) -> i64 {
+        let now = if self.closing.is_some() {
+            0
+        } else {
+            self.queued_bytes() + self.in_flight_bytes
+        };
+        let delta = now as i64 - self.gauged_bytes as i64;
+        self.gauged_bytes = now;
+        delta
     }
 
     /// Takes one peerGone(NotHere) token if available.

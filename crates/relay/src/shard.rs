@@ -414,12 +414,12 @@ impl Shard {
         conn.closing = Some(reason);
         let phase = conn.phase;
         let (disco_n, data_n) = (conn.disco_n, conn.data_n);
-        let queued = (conn.queued_bytes() + conn.in_flight_bytes) as i64;
+        let queued = conn.regauge();
         let bp_paused = std::mem::take(&mut conn.bp_paused);
         self.closing.push(slot);
         let m = &self.shared.metrics.shards[self.id];
         m.closes[reason as usize].inc();
-        m.queued_bytes.add(-queued);
+        m.queued_bytes.add(queued);
         if bp_paused {
             m.senders_paused.add(-1);
         }
@@ -1274,6 +1274,7 @@ impl Shard {
         }
         m.packets_sent.inc();
         m.bytes_sent.add(packet.len() as u64);
+        conn.gauged_bytes += frame_len;
         m.queued_bytes.add(frame_len as i64);
         if conn.last_src != Some(*src) {
             conn.last_src = Some(*src);
@@ -1511,7 +1512,8 @@ impl Shard {
         let m = self.m();
         m.migrations_in.inc();
         m.open_sockets.add(1);
-        m.queued_bytes.add(conn.queued_bytes() as i64);
+        conn.gauged_bytes = 0;
+        m.queued_bytes.add(conn.regauge());
         count_transport(m, &conn, 1);
         let ktls = conn.ktls.is_some();
         let slot = self.conns.insert(*conn);
@@ -1611,7 +1613,8 @@ impl Shard {
             conn.dirty = false;
             let m = self.m();
             m.open_sockets.add(-1);
-            m.queued_bytes.add(-(conn.queued_bytes() as i64));
+            m.queued_bytes
+                .add(-(std::mem::take(&mut conn.gauged_bytes) as i64));
             count_transport(m, &conn, -1);
             let owner = self.shared.owner_of(&conn.key, self.shards);
             self.mail(owner, Mail::Migrate(Box::new(conn)));
@@ -1819,6 +1822,8 @@ impl Shard {
             conn.pong_pending = false;
             if buf.is_empty() {
                 conn.spare = buf;
+                let delta = conn.regauge();
+                self.shared.metrics.shards[self.id].queued_bytes.add(delta);
                 if let Some(reason) = conn.close_after_flush {
                     self.close(slot, reason);
                 }
@@ -1826,6 +1831,8 @@ impl Shard {
             }
             conn.in_flight = Some(now);
             conn.in_flight_bytes = moved as usize;
+            let delta = conn.regauge();
+            self.shared.metrics.shards[self.id].queued_bytes.add(delta);
             if let Some(session) = conn.ktls.as_mut() {
                 // Counts records against the cipher's limit; where keys
                 // cannot be renewed in time, the session must end.
@@ -1850,8 +1857,9 @@ impl Shard {
         };
         conn.in_flight = None;
         conn.spare = buf;
-        let sent = std::mem::take(&mut conn.in_flight_bytes) as i64;
-        self.shared.metrics.shards[self.id].queued_bytes.add(-sent);
+        conn.in_flight_bytes = 0;
+        let delta = conn.regauge();
+        self.shared.metrics.shards[self.id].queued_bytes.add(delta);
         if let Err(e) = result {
             if conn.closing.is_none() {
                 let peer = conn.peer;
