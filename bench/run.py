@@ -17,6 +17,7 @@ Only the Python standard library is needed to run; plots need matplotlib
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -742,6 +743,12 @@ def markdown(ctx, s, machine):
 
 
 STYLE = {"ferry": ("tab:blue", "o"), "derper": ("tab:red", "s"), "derper-q": ("tab:orange", "^"), "ceiling": ("tab:gray", "D")}
+# Drawing order and a small horizontal nudge, so coinciding lines stay visible.
+LAYER = {"ferry": (4, 0.0), "derper": (3, -0.012), "derper-q": (3, 0.012), "ceiling": (2, 0.0)}
+
+
+def line_style(n):
+    return {"linestyle": "--", "alpha": 0.75} if n == "ceiling" else {}
 
 
 def plots(ctx, s):
@@ -782,8 +789,10 @@ def plots(ctx, s):
                 stats = [pts[p][key] for p in paced if p in pts]
                 med, e = err(stats)
                 color, marker = STYLE[n]
+                z, nudge = LAYER[n]
+                xs = [x * (1 + nudge) for x in xs]
                 ax.errorbar(xs, [m * scale for m in med], yerr=[[x * scale for x in e[0]], [x * scale for x in e[1]]],
-                            label=SERVERS[n]["label"], color=color, marker=marker, capsize=3)
+                            label=SERVERS[n]["label"], color=color, marker=marker, capsize=3, zorder=z, **line_style(n))
                 if "max" in pts:
                     ax.scatter([max(xs) * 1.15], [pts["max"][key]["median"] * scale], color=color, marker=marker,
                                facecolors="none", s=70)
@@ -809,8 +818,10 @@ def plots(ctx, s):
                 stats = [q[p][pct] for p in pts if p in q]
                 med, e = err(stats)
                 color, marker = STYLE[n]
-                ax.errorbar(xs, [m / 1e3 for m in med], yerr=[[x / 1e3 for x in e[0]], [x / 1e3 for x in e[1]]],
-                            label=SERVERS[n]["label"], color=color, marker=marker, capsize=3)
+                z, nudge = LAYER[n]
+                ax.errorbar([x + 100 * nudge for x in xs], [m / 1e3 for m in med],
+                            yerr=[[x / 1e3 for x in e[0]], [x / 1e3 for x in e[1]]],
+                            label=SERVERS[n]["label"], color=color, marker=marker, capsize=3, zorder=z, **line_style(n))
             ax.set_yscale("log")
             ax.set_xlabel("background load (% of derper's saturation)")
             ax.set_ylabel(f"RTT {pct} (ms)")
@@ -826,8 +837,10 @@ def plots(ctx, s):
             xs = sorted(int(p) for p in q)
             med, e = err([q[str(x)]["delivered_mbps"] for x in xs])
             color, marker = STYLE[n]
-            ax.errorbar(xs, [m / 1e3 for m in med], yerr=[[x / 1e3 for x in e[0]], [x / 1e3 for x in e[1]]],
-                        label=SERVERS[n]["label"], color=color, marker=marker, capsize=3)
+            z, nudge = LAYER[n]
+            ax.errorbar([x * (1 + 3 * nudge) for x in xs], [m / 1e3 for m in med],
+                        yerr=[[x / 1e3 for x in e[0]], [x / 1e3 for x in e[1]]],
+                        label=SERVERS[n]["label"], color=color, marker=marker, capsize=3, zorder=z, **line_style(n))
         ax.set_xscale("log")
         ax.set_xlabel("peers (half send, half receive)")
         ax.set_ylabel("delivered (Gbit/s)")
@@ -901,6 +914,12 @@ def machine_info(ctx):
                 mem = int(line.split()[1]) / 1024 / 1024
     except OSError:
         pass
+    digests = {}
+    for k, path in (ctx.bins or {}).items():
+        try:
+            digests[k] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        except OSError:
+            pass
     rev = sh(["git", "rev-parse", "--short", "HEAD"]) or "uncommitted"
     dirty = " (with uncommitted changes)" if sh(["git", "status", "--porcelain"]) else ""
     backend = "?"
@@ -924,6 +943,7 @@ def machine_info(ctx):
         "workers": ctx.args.workers,
         "derper": DERPER_VERSION,
         "tuned_queue": TUNED_QUEUE,
+        "binary_sha256": digests,
     }
 
 
@@ -1035,8 +1055,15 @@ def main():
     elif (out / "raw").exists():
         shutil.rmtree(out / "raw")
     log(f"results go to {out}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmpname:
         tmp = Path(tmpname)
+        # Measure copies: the shared target directory may be rebuilt while
+        # the suite runs, and every run of one suite must use the same build.
+        (tmp / "bin").mkdir()
+        for k in list(bins):
+            shutil.copy2(bins[k], tmp / "bin" / k)
+            bins[k] = tmp / "bin" / k
         ctx = Context(args, bins, out, tmp, make_cert(tmp), plan)
         ctx.records.extend(earlier)
         if earlier and (out / "summary.json").exists():

@@ -10,7 +10,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 cargo build --release --locked -p ferry
+target_dir=${CARGO_TARGET_DIR:-$root/target}
 mkdir -p bench/tunnel/results
 out="$root/bench/tunnel/results/$(date -u +%Y-%m-%dT%H%M%SZ).json"
 cd interop
-go run ./e2e/tunnelbench -ferry "$root/target/release/ferry" -out "$out" "$@"
+go run ./e2e/tunnelbench -ferry "$target_dir/release/ferry" -out "$out" "$@"

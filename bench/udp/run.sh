@@ -122,6 +122,11 @@ stop_relay() {
   sleep 0.5
 }
 
+# RcvbufErrors of a namespace's UDP counters.
+udp_rcvbuf_errors() {
+  ip netns exec "$1" awk '/^Udp:/ { n++; if (n == 1) { for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i } else print $c }' /proc/net/snmp
+}
+
 # Until the tunnel works through the current relay (WireGuard roams to the
 # relay's new source port after authenticated data).
 wait_tunnel() {
@@ -149,9 +154,13 @@ for rep in $(seq 1 "$repeats"); do
     tcp_mbits=$(jq '.end.sum_received.bits_per_second / 1e6' <<<"$tcp")
     tcp_retr=$(jq '.end.sum_sent.retransmits' <<<"$tcp")
     sleep 1
+    # Where UDP loss happens: the relay namespace's receive-buffer drops
+    # (ferry, socat) or the WireGuard receiver's (B).
+    rbe0=$(udp_rcvbuf_errors $R) bbe0=$(udp_rcvbuf_errors $B)
     udp=$(ip netns exec $A timeout $((secs + 20)) iperf3 -c 10.77.110.2 -u -b 200M -l 1360 -t "$secs" -J)
     udp_mbits=$(jq '.end.sum.bits_per_second / 1e6 * (1 - .end.sum.lost_percent / 100)' <<<"$udp")
     udp_loss=$(jq '.end.sum.lost_percent' <<<"$udp")
+    relay_drops=$(($(udp_rcvbuf_errors $R) - rbe0)) receiver_drops=$(($(udp_rcvbuf_errors $B) - bbe0))
     sleep 1
     rps on
     fu_bg $B "$T/sink.log" taskset -c 0 "$load" sink --listen 10.77.12.2:6000 --seconds $((secs + 10))
@@ -188,7 +197,9 @@ for rep in $(seq 1 "$repeats"); do
       --argjson udp "$udp_mbits" --argjson loss "$udp_loss" --argjson pps "$pps" --argjson sent "$sent_pps" \
       --argjson cores "$cores" --argjson gpps "$gso_pps" --argjson gcores "$gso_cores" \
       --argjson load0 "$load0" --argjson load1 "$load1" \
+      --argjson rdrops "$relay_drops" --argjson bdrops "$receiver_drops" \
       '{relay: $relay, repeat: $rep, tcp_mbits: $tcp, tcp_retransmits: $retr, udp_mbits: $udp, udp_loss_percent: $loss,
+        udp_drops_at_relay: $rdrops, udp_drops_at_wireguard_receiver: $bdrops,
         pps_1400: $pps, offered_pps: $sent, relay_core_busy: $cores,
         pps_per_core: (if $cores > 0.05 then ($pps / $cores) else null end),
         gso_pps_1400: $gpps, gso_relay_core_busy: $gcores,

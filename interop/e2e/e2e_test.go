@@ -81,9 +81,17 @@ func relayConfigs(t *testing.T) []testbed.RelayOptions {
 			}
 		}
 	}
+	// FERRY_ARGS: extra ferry flags, as in the interop suite ("--io epoll").
+	ferryArgs := strings.Fields(os.Getenv("FERRY_ARGS"))
 	var out []testbed.RelayOptions
 	for _, k := range kinds {
-		out = append(out, testbed.RelayOptions{Kind: k, TLS: true}, testbed.RelayOptions{Kind: k, TLS: false})
+		for _, tls := range []bool{true, false} {
+			o := testbed.RelayOptions{Kind: k, TLS: tls}
+			if k == testbed.Ferry {
+				o.ExtraArgs = ferryArgs
+			}
+			out = append(out, o)
+		}
 	}
 	return out
 }

@@ -95,8 +95,12 @@ pub struct MachineUsage {
     pub other_cpu: f64,
     /// CPU seconds per second stolen by the hypervisor (cores).
     pub steal: f64,
+    /// Share of the window during which the machine accounted no CPU time
+    /// at all (the whole virtual machine was paused).
+    #[serde(default)]
+    pub lost: f64,
     /// Whether the run looks disturbed: other work above 0.1 core, steal
-    /// above 0.05 core, or a spinning generator that did not get its core.
+    /// above 0.05 core, or more than 20 % of the window lost.
     pub disturbed: bool,
 }
 
@@ -350,6 +354,7 @@ mod tests {
             machine: Some(MachineUsage {
                 other_cpu: 0.02,
                 steal: 0.0,
+                lost: 0.0,
                 disturbed: false,
             }),
             metrics_delta: BTreeMap::from([(

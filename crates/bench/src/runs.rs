@@ -170,7 +170,6 @@ struct Observed {
     outcome: TrafficOutcome,
     client_cpu_s: f64,
     machine: Option<(procstat::MachineCpu, procstat::MachineCpu)>,
-    spin: bool,
     server: Option<ServerUsage>,
     metrics: BTreeMap<String, f64>,
     warnings: Vec<String>,
@@ -338,7 +337,6 @@ fn run_engine(
         outcome,
         client_cpu_s: client1.cpu_s - client0.cpu_s,
         machine: machine0.zip(machine1),
-        spin: plan.spin,
         server,
         metrics,
         warnings,
@@ -422,15 +420,9 @@ fn assemble(
         r.target.cipher_suite = Some(s.clone());
     }
     let server_cpu = obs.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
-    r.machine = obs.machine.map(|(a, b)| {
-        machine_usage(
-            a,
-            b,
-            obs.client_cpu_s + server_cpu,
-            window,
-            obs.spin.then_some(r.client.cpu_util_per_thread),
-        )
-    });
+    r.machine = obs
+        .machine
+        .map(|(a, b)| machine_usage(a, b, obs.client_cpu_s + server_cpu, window));
     r.server = obs.server;
     r.metrics_delta = obs.metrics;
     r.warnings.extend(obs.warnings);
@@ -439,23 +431,23 @@ fn assemble(
 }
 
 /// The rest of the machine between two samples; `ours_s` is what the
-/// server and ferry-bench used. `spin_util` is the per-thread CPU use of a
-/// spinning generator, which should be close to 1.
+/// server and ferry-bench used.
 fn machine_usage(
     a: procstat::MachineCpu,
     b: procstat::MachineCpu,
     ours_s: f64,
     window_s: f64,
-    spin_util: Option<f64>,
 ) -> report::MachineUsage {
     let w = window_s.max(1e-9);
     let other_cpu = ((b.busy_s - a.busy_s - ours_s) / w).max(0.0);
     let steal = ((b.steal_s - a.steal_s) / w).max(0.0);
-    let starved = spin_util.is_some_and(|u| u < 0.8);
+    let accounted = (b.total_s - a.total_s) / b.cpus.max(1) as f64;
+    let lost = (1.0 - accounted / w).clamp(0.0, 1.0);
     report::MachineUsage {
         other_cpu,
         steal,
-        disturbed: other_cpu > 0.1 || steal > 0.05 || starved,
+        lost,
+        disturbed: other_cpu > 0.1 || steal > 0.05 || lost > 0.2,
     }
 }
 
@@ -463,10 +455,10 @@ fn add_disturbance_warning(r: &mut Report) {
     if let Some(m) = &r.machine {
         if m.disturbed {
             r.warnings.push(format!(
-                "the machine was busy with other work during this run ({:.2} cores used by other processes, {:.2} stolen, client CPU {:.0}%/thread): treat the figures with caution",
+                "the machine was busy with other work during this run ({:.2} cores used by other processes, {:.2} stolen, {:.0}% of the window lost to a paused machine): treat the figures with caution",
                 m.other_cpu,
                 m.steal,
-                r.client.cpu_util_per_thread * 100.0
+                m.lost * 100.0
             ));
         }
     }
@@ -689,7 +681,7 @@ fn idle(a: IdleArgs) -> Result<Report> {
     let server_cpu = r.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
     r.machine = machine0
         .zip(procstat::machine_cpu())
-        .map(|(m0, m1)| machine_usage(m0, m1, out.client_cpu_s + server_cpu, out.wall_s, None));
+        .map(|(m0, m1)| machine_usage(m0, m1, out.client_cpu_s + server_cpu, out.wall_s));
     add_disturbance_warning(&mut r);
     if out.result.established < out.result.requested {
         r.warnings.push(format!(
@@ -756,7 +748,7 @@ fn churn(a: ChurnArgs) -> Result<Report> {
     let server_cpu = r.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
     r.machine = out
         .machine
-        .map(|(m0, m1)| machine_usage(m0, m1, out.client_cpu_s + server_cpu, window, None));
+        .map(|(m0, m1)| machine_usage(m0, m1, out.client_cpu_s + server_cpu, window));
     add_disturbance_warning(&mut r);
     Ok(r)
 }

@@ -67,10 +67,26 @@ fn report(args: &[&str]) -> Report {
     })
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferry-bench-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A file in a per-test scratch directory, removed when the guard drops.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("ferry-bench-test-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[test]
@@ -211,9 +227,10 @@ fn idle_and_churn() {
 #[test]
 fn pair_file_and_output_file() {
     let c = Ceiling::start();
-    let pairs = scratch("pairs.txt");
+    let dir = Scratch::new("pairs");
+    let pairs = dir.file("pairs.txt");
     std::fs::write(&pairs, "# fan-in\n0 2\n1 2\n").unwrap();
-    let out = scratch("out.json");
+    let out = dir.file("out.json");
     let o = bench(&[
         "throughput",
         "-q",
@@ -265,7 +282,8 @@ fn clear_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot reach the server"), "{err}");
 
-    let bad = scratch("bad-pairs.txt");
+    let dir = Scratch::new("errors");
+    let bad = dir.file("bad-pairs.txt");
     std::fs::write(&bad, "0 1\n1 one\n").unwrap();
     let o = bench(&["throughput", "-q", "--pairs-file", bad.to_str().unwrap()]);
     assert!(!o.status.success());

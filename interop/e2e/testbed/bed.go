@@ -3,6 +3,7 @@
 package testbed
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -127,7 +128,7 @@ func (b *Bed) Up() error {
 	for _, n := range []*Node{b.A, b.B} {
 		go func() { upErrs <- n.Up(b.Headscale.LoginServer(), authKey) }()
 	}
-	if err := errJoin(<-upErrs, <-upErrs); err != nil {
+	if err := errors.Join(<-upErrs, <-upErrs); err != nil {
 		return err
 	}
 	logf("%s: nodes up (%s %s, %s %s) in %.1f s", b.Cfg.Relay.Name(), b.A.Name, b.A.IP, b.B.Name, b.B.IP, time.Since(start).Seconds())

@@ -122,7 +122,10 @@ func buildHeadscale(ctx context.Context, binDir, out string, logf Logf) error {
 	if err := os.CopyFS(src, os.DirFS(mod.Dir)); err != nil {
 		return fmt.Errorf("copying the headscale source: %w", err)
 	}
-	defer os.RemoveAll(src)
+	defer func() {
+		os.RemoveAll(src)
+		os.Remove(filepath.Dir(src)) // bin/src, if nothing else is in it
+	}()
 	return buildOnce(ctx, src, "./cmd/headscale", out, logf)
 }
 

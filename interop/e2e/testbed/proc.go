@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -255,6 +254,3 @@ func tailLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// errJoin joins non-nil errors.
-func errJoin(errs ...error) error { return errors.Join(errs...) }

@@ -1,0 +1,24 @@
+# End to end: real tailscaled nodes, logged in to a real Headscale, talking
+# through ferry (TLS and plain HTTP) and derper in network namespaces with
+# direct UDP between them blocked (interop/e2e). Needs root; without it the
+# test skips and says why. Builds tailscaled, tailscale, derper and
+# Headscale into interop/bin the first time (about 6 minutes), reuses them
+# after.
+set -euo pipefail
+cargo build --locked -p ferry
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+cd interop
+# Namespaces named fe-<pid>-* belong to a test process; if it was killed
+# (go test's -timeout does not run cleanups), delete them and whatever runs
+# inside them once it is gone. The next run does the same on start.
+reap() {
+  for ns in $(ip netns list 2>/dev/null | awk '/^fe-[0-9]+-/ {print $1}'); do
+    pid=${ns#fe-}; pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null && continue
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+}
+trap reap EXIT
+FERRY_E2E=1 FERRY_BIN="$target_dir/debug/ferry" \
+  go test ./e2e -run TestTailscaleThroughRelay -count=1 -v -timeout 15m
