@@ -95,12 +95,13 @@ pub struct MachineUsage {
     pub other_cpu: f64,
     /// CPU seconds per second stolen by the hypervisor (cores).
     pub steal: f64,
-    /// Share of the window during which the machine accounted no CPU time
-    /// at all (the whole virtual machine was paused).
+    /// Share of the window for which `/proc/stat` accounted no CPU time.
+    /// Informational only: on this kind of VM it also grows under heavy
+    /// softirq load with nothing else running.
     #[serde(default)]
     pub lost: f64,
-    /// Whether the run looks disturbed: other work above 0.1 core, steal
-    /// above 0.05 core, or more than 20 % of the window lost.
+    /// Whether the run looks disturbed: other work above 0.1 core or steal
+    /// above 0.05 core.
     pub disturbed: bool,
 }
 

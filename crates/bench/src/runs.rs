@@ -447,7 +447,10 @@ fn machine_usage(
         other_cpu,
         steal,
         lost,
-        disturbed: other_cpu > 0.1 || steal > 0.05 || lost > 0.2,
+        // `lost` is reported but decides nothing: under heavy softirq load
+        // this VM's /proc/stat falls behind the wall clock by 20 % or more
+        // with nothing else running, so it cannot tell a paused machine.
+        disturbed: other_cpu > 0.1 || steal > 0.05,
     }
 }
 
@@ -455,10 +458,9 @@ fn add_disturbance_warning(r: &mut Report) {
     if let Some(m) = &r.machine {
         if m.disturbed {
             r.warnings.push(format!(
-                "the machine was busy with other work during this run ({:.2} cores used by other processes, {:.2} stolen, {:.0}% of the window lost to a paused machine): treat the figures with caution",
+                "the machine was busy with other work during this run ({:.2} cores used by other processes, {:.2} stolen): treat the figures with caution",
                 m.other_cpu,
                 m.steal,
-                m.lost * 100.0
             ));
         }
     }
