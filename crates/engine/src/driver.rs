@@ -132,4 +132,22 @@ pub trait Driver {
     fn set_ktls_rx(&mut self, _slot: Slot) -> std::io::Result<()> {
         Err(std::io::ErrorKind::Unsupported.into())
     }
+
+    /// The receive buffers this back end owns, for metrics. Back ends
+    /// whose sockets are read into the caller's memory by the kernel on
+    /// demand (epoll) own none and report zeros.
+    fn recv_buffers(&self) -> RecvBuffers {
+        RecvBuffers::default()
+    }
+}
+
+/// Receive buffers a back end owns (io_uring's provided-buffer ring).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvBuffers {
+    /// Bytes of receive buffers held now.
+    pub bytes: u64,
+    /// Receives that found every buffer in use and were re-armed.
+    pub exhausted: u64,
+    /// Times the pool grew.
+    pub growths: u64,
 }

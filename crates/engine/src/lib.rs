@@ -29,7 +29,7 @@ pub mod runtime;
 pub mod uring;
 
 pub use backend::{Backend, IoMode};
-pub use driver::{Completion, Driver, Slot};
+pub use driver::{Completion, Driver, RecvBuffers, Slot};
 pub use epoll::EpollDriver;
 pub use mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
 pub use runtime::{run_shard, Handler};

@@ -762,6 +762,15 @@ impl Driver for UringDriver {
     fn name(&self) -> &'static str {
         "uring"
     }
+
+    fn recv_buffers(&self) -> crate::RecvBuffers {
+        let s = self.stats();
+        crate::RecvBuffers {
+            bytes: u64::from(s.buffers) * u64::from(s.buffer_size),
+            exhausted: s.enobufs,
+            growths: s.buffer_growths,
+        }
+    }
 }
 
 impl UringDriver {

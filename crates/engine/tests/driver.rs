@@ -768,6 +768,14 @@ fn uring_buffer_ring_grows_when_receives_run_dry() {
     assert!(stats.enobufs > 0, "{stats:?}");
     assert!(stats.buffer_growths > 0 && stats.buffers > 2, "{stats:?}");
     assert!(stats.buffers <= 8, "{stats:?}");
+    // What the relay exports as metrics is the same, through the trait.
+    let b = d.recv_buffers();
+    assert_eq!(b.exhausted, stats.enobufs);
+    assert_eq!(b.growths, stats.buffer_growths);
+    assert_eq!(
+        b.bytes,
+        u64::from(stats.buffers) * u64::from(stats.buffer_size)
+    );
 }
 
 #[test]

@@ -271,6 +271,12 @@ pub struct ShardMetrics {
     pub migrations_in: Counter,
     /// Bytes waiting in connections' send queues on this shard.
     pub queued_bytes: Gauge,
+    /// Bytes of receive buffers the I/O back end holds (io_uring).
+    pub recv_buffer_bytes: Gauge,
+    /// Receives that found every back-end buffer in use (io_uring ENOBUFS).
+    pub recv_buffer_exhausted: Gauge,
+    /// Times the back end's receive-buffer pool grew.
+    pub recv_buffer_growths: Gauge,
     /// Loop turns.
     pub turns: Counter,
     /// Nanoseconds spent outside the wait for I/O.
@@ -630,7 +636,7 @@ impl Metrics {
             self.sum(|s| s.ring_stalls.get()),
         );
 
-        let per_shard: [ShardSeries; 6] = [
+        let per_shard: [ShardSeries; 9] = [
             (
                 "ferry_shard_connections",
                 "gauge",
@@ -666,6 +672,24 @@ impl Metrics {
                 "counter",
                 "Connections moved onto the shard after their handshake.",
                 |s| s.migrations_in.get() as i64,
+            ),
+            (
+                "ferry_shard_recv_buffer_bytes",
+                "gauge",
+                "Receive buffers the I/O back end holds (io_uring's provided buffers; 0 on epoll, where the kernel keeps received bytes).",
+                |s| s.recv_buffer_bytes.get(),
+            ),
+            (
+                "ferry_shard_recv_buffer_exhausted_total",
+                "counter",
+                "Receives that found every provided buffer in use and were re-armed (io_uring ENOBUFS).",
+                |s| s.recv_buffer_exhausted.get(),
+            ),
+            (
+                "ferry_shard_recv_buffer_growths_total",
+                "counter",
+                "Times the provided-buffer pool grew after running out.",
+                |s| s.recv_buffer_growths.get(),
             ),
         ];
         for (name, ty, help, f) in per_shard {

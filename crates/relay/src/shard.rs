@@ -2092,6 +2092,11 @@ impl<D: Driver> Handler<D> for Shard {
         if self.now >= self.next_sweep {
             self.next_sweep = self.now + SWEEP_EVERY;
             self.sweep();
+            let b = driver.recv_buffers();
+            let m = self.m();
+            m.recv_buffer_bytes.set(b.bytes as i64);
+            m.recv_buffer_exhausted.set(b.exhausted as i64);
+            m.recv_buffer_growths.set(b.growths as i64);
         }
         self.finish_migrations(driver);
         self.run_ops(driver);

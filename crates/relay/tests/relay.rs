@@ -504,6 +504,36 @@ fn queued_bytes_gauge_returns_to_zero() {
 }
 
 #[test]
+fn recv_buffer_metrics_follow_the_backend() {
+    let (server, addr) = start(1, |_| {});
+    let mut a = Client::connect(addr);
+    a.ping(*b"buffers!");
+    assert_eq!(
+        a.next_meaningful(T).unwrap().0,
+        frame::FrameType::Pong as u8
+    );
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /debug/varz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    let uring = body.contains("ferry_io_backend{backend=\"uring\"");
+    let bytes = "ferry_shard_recv_buffer_bytes{shard=\"0\"}";
+    if uring {
+        // The shard copies the figures into its metrics on its 250 ms sweep.
+        assert!(
+            eventually(T, || metric(addr, bytes) > 0.0),
+            "io_uring holds provided buffers, yet {bytes} stays 0"
+        );
+    } else {
+        assert!(body.contains(bytes), "{bytes} is missing");
+        assert_eq!(metric(addr, bytes), 0.0, "epoll owns no receive buffers");
+    }
+    assert!(body.contains("ferry_shard_recv_buffer_exhausted_total{shard=\"0\"}"));
+    stop(server);
+}
+
+#[test]
 fn keepalives_arrive() {
     let (server, addr) = start(1, |cfg| cfg.keepalive = Duration::from_millis(100));
     let mut a = Client::connect(addr);
