@@ -83,7 +83,7 @@ pub fn read(packet: &[u8]) -> Option<Stamp> {
 pub const PACKET_IN_FRAME: usize = FRAME_HEADER + KEY_LEN;
 
 /// A complete `sendPacket` frame for one flow, copied into the send buffer
-/// and then patched with [`Template::patch`]: building a packet costs one
+/// and then stamped by [`Template::append`]: building a packet costs one
 /// `memcpy` and two stores, never an allocation.
 #[derive(Debug, Clone)]
 pub struct Template {

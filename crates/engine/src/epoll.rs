@@ -88,8 +88,10 @@ impl EpollDriver {
             waker,
             listeners: Vec::new(),
             socks: Vec::new(),
-            ready: Vec::new(),
-            done: Vec::new(),
+            // Sized so that a turn with many ready sockets or finished sends
+            // does not allocate in the middle of forwarding.
+            ready: Vec::with_capacity(256),
+            done: Vec::with_capacity(256),
             scratch: vec![0u8; READ_CHUNK].into_boxed_slice(),
         })
     }

@@ -242,11 +242,11 @@ impl UringDriver {
                 closing: HashMap::new(),
                 listeners: Vec::new(),
                 next_gen: 0,
-                local: Vec::new(),
                 // Sized so that steady state never grows them.
+                local: Vec::with_capacity(64),
                 to_arm: Vec::with_capacity(1024),
                 resend: Vec::with_capacity(256),
-                recancel: Vec::new(),
+                recancel: Vec::with_capacity(64),
                 accept_now: Vec::with_capacity(16),
                 accept_later: Vec::with_capacity(16),
                 dry_now: 0,

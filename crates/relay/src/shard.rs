@@ -57,6 +57,9 @@ use crate::metrics::{
 
 /// How often deadlines, keepalives and write timeouts are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
+/// Starting capacity of a shard's per-turn work lists (slots to flush,
+/// stalled senders, pending operations, outgoing mail).
+const WORK_LIST_START: usize = 256;
 /// How long a shard with paused senders waits before retrying its rings.
 const STALL_RETRY: Duration = Duration::from_millis(1);
 /// Largest HTTP request head accepted.
@@ -289,18 +292,21 @@ impl Shard {
             watchers: Vec::new(),
             rings,
             notify: vec![false; shards],
-            ops: Vec::new(),
-            dirty: Vec::new(),
-            dirty_spare: Vec::new(),
-            closing: Vec::new(),
-            migrating: Vec::new(),
+            // The per-turn work lists start at a working size, so that the
+            // first turn needing one (a ring stall, say, which depends on
+            // scheduling) does not allocate in the middle of forwarding.
+            ops: Vec::with_capacity(WORK_LIST_START),
+            dirty: Vec::with_capacity(WORK_LIST_START),
+            dirty_spare: Vec::with_capacity(WORK_LIST_START),
+            closing: Vec::with_capacity(WORK_LIST_START),
+            migrating: Vec::with_capacity(WORK_LIST_START),
             ktls_candidates: Vec::new(),
-            record_slots: Vec::new(),
-            stalled: Vec::new(),
+            record_slots: Vec::with_capacity(WORK_LIST_START),
+            stalled: Vec::with_capacity(WORK_LIST_START),
             plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
             plain_out: Vec::new(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
-            mail_batch: Vec::new(),
+            mail_batch: Vec::with_capacity(WORK_LIST_START),
             activity: 0,
             now,
             next_sweep: now + SWEEP_EVERY,

@@ -24,7 +24,7 @@
 //! the meta-certificate, because `sha256-raw:` pinning clients accept exactly
 //! one non-meta certificate.
 //!
-//! The chain lives in an [`ArcSwap`](arc_swap::ArcSwap) read by the
+//! The chain lives in an [`arc_swap::ArcSwap`] read by the
 //! certificate resolver on every handshake; a [`CertReloader`] re-reads the
 //! manual files when they change and swaps a new chain in. The handshake path
 //! never touches the file system.

@@ -22,21 +22,22 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use ferry_engine::{Completion, Driver, EpollDriver};
 use ferry_relay::ktls::{
     allow_kernel_tls, crypto_info, Handoff, KernelSocket, KtlsError, KtlsSession, RecordBoundary,
     RecordOutcome, RefuseReason, Refused,
 };
 use ferry_sys::ktls::{self as sys, Cipher, CryptoInfo, Direction, Version};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::UnbufferedClientConnection;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{PrivateKeyDer, ServerName};
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, UnbufferedStatus};
 use rustls::{
-    ClientConfig, ClientConnection, ConnectionTrafficSecrets, DigitallySignedStruct, ServerConfig,
-    ServerConnection, SignatureScheme, SupportedCipherSuite, SupportedProtocolVersion,
+    ClientConfig, ClientConnection, ConnectionTrafficSecrets, ServerConfig, ServerConnection,
+    SupportedCipherSuite, SupportedProtocolVersion,
 };
 
 // ----- configurations -----
@@ -115,58 +116,10 @@ fn client_config(suite: SupportedCipherSuite) -> Arc<ClientConfig> {
         .with_protocol_versions(version_of(suite).0)
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+        .with_custom_certificate_verifier(Arc::new(support::AcceptAnyCert(provider)))
         .with_no_client_auth();
     config.enable_secret_extraction = true;
     Arc::new(config)
-}
-
-#[derive(Debug)]
-struct AcceptAnyCert(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 fn localhost() -> ServerName<'static> {

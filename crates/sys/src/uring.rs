@@ -6,7 +6,7 @@
 //! owned by the ring until the kernel has finished with it:
 //!
 //! - receives name no memory: a multishot receive takes buffers from the
-//!   ring's provided-buffer group ([`bufring`]), and a completion lends the
+//!   ring's provided-buffer group (the private `bufring` module), and a completion lends the
 //!   filled bytes to the caller for one callback before they are recycled;
 //! - a send moves its `Vec<u8>` into the ring, which hands it back in
 //!   [`Event::Sent`] only after the send's completion;
