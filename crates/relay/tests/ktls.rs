@@ -22,8 +22,6 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod support;
-
 use ferry_engine::{Completion, Driver, EpollDriver};
 use ferry_relay::ktls::{
     allow_kernel_tls, crypto_info, Handoff, KernelSocket, KtlsError, KtlsSession, RecordBoundary,
@@ -116,7 +114,7 @@ fn client_config(suite: SupportedCipherSuite) -> Arc<ClientConfig> {
         .with_protocol_versions(version_of(suite).0)
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(support::AcceptAnyCert(provider)))
+        .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(provider)))
         .with_no_client_auth();
     config.enable_secret_extraction = true;
     Arc::new(config)

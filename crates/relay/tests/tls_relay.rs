@@ -32,7 +32,9 @@ impl TlsClient {
             .with_safe_default_protocol_versions()
             .unwrap()
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(support::AcceptAnyCert(provider)))
+            .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(
+                provider,
+            )))
             .with_no_client_auth();
         let conn = rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap())
             .unwrap();
