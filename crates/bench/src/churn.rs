@@ -148,11 +148,8 @@ pub fn run(
             }
         }
         if completed == 0 && failed >= 16 && failed == attempted {
-            bail!(
-                "cannot reach the server at {} ({}): {}",
-                target.addr,
-                target.url,
-                first_error.as_deref().unwrap_or("every connection failed")
+            return Err(
+                target.unreachable(first_error.as_deref().unwrap_or("every connection failed"))
             );
         }
         if now.saturating_sub(last_progress) > 200_000_000 {
@@ -215,11 +212,7 @@ fn warm_keys(
         }
         while next < keys.len() && pool.in_flight() < concurrency.max(1) {
             if let Err(e) = pool.connect(target, keys[next].clone()) {
-                bail!(
-                    "cannot reach the server at {} ({}): {e}",
-                    target.addr,
-                    target.url
-                );
+                return Err(target.unreachable(e));
             }
             next += 1;
         }
@@ -237,12 +230,7 @@ fn warm_keys(
             }
         }
         if ok == 0 && failed >= keys.len().min(16) {
-            bail!(
-                "cannot reach the server at {} ({}): {}",
-                target.addr,
-                target.url,
-                first_error.unwrap_or_default()
-            );
+            return Err(target.unreachable(first_error.unwrap_or_default()));
         }
     }
     Ok(())

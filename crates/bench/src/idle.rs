@@ -104,11 +104,8 @@ pub fn run(
             }
         }
         if established == 0 && failed >= plan.conns.min(16) {
-            bail!(
-                "cannot reach the server at {} ({}): {}",
-                target.addr,
-                target.url,
-                first_error.as_deref().unwrap_or("every connection failed")
+            return Err(
+                target.unreachable(first_error.as_deref().unwrap_or("every connection failed"))
             );
         }
         if now.saturating_sub(last_progress) > 200_000_000 {

@@ -108,6 +108,15 @@ pub fn parse_url(url: &str) -> Result<ParsedUrl> {
 }
 
 impl Target {
+    /// The error for a server that cannot be reached at all, with `why`.
+    pub fn unreachable(&self, why: impl std::fmt::Display) -> anyhow::Error {
+        anyhow!(
+            "cannot reach the server at {} ({}): {why}",
+            self.addr,
+            self.url
+        )
+    }
+
     /// Resolves `url` (or dials `connect` instead) and builds the TLS
     /// configuration for `https`: trusting the certificates in `ca`, or
     /// none at all with `insecure`.

@@ -699,47 +699,36 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                 continue;
             };
             let was_ready = link.is_ready();
+            let mut io = Ok(());
             if writable {
-                if let Err(e) = link.on_writable() {
-                    lose(
-                        &mut links,
-                        i,
-                        e,
-                        &mut result,
-                        &shared,
-                        (&target, &my_peers),
-                        &poll,
-                        ready < my_peers.len(),
-                    );
-                    continue;
-                }
+                io = link.on_writable();
             }
-            if readable {
+            if readable && io.is_ok() {
                 let arrival = now_ns();
                 let tl = timeline;
                 let mut on_frame = |out: &mut Vec<u8>, ty: u8, payload: &[u8]| {
                     on_server_frame(&mut stats, tl, arrival, out, ty, payload);
                 };
-                match link.on_readable(&mut scratch, READ_BUDGET, &mut on_frame) {
-                    Ok(o) => {
+                io = link
+                    .on_readable(&mut scratch, READ_BUDGET, &mut on_frame)
+                    .map(|o| {
                         if o.more {
                             again.push(i);
                         }
-                    }
-                    Err(e) => {
-                        lose(
-                            &mut links,
-                            i,
-                            e,
-                            &mut result,
-                            &shared,
-                            (&target, &my_peers),
-                            &poll,
-                            ready < my_peers.len(),
-                        );
-                        continue;
-                    }
-                }
+                    });
+            }
+            if let Err(e) = io {
+                lose(
+                    &mut links,
+                    i,
+                    e,
+                    &mut result,
+                    &shared,
+                    (&target, &my_peers),
+                    &poll,
+                    ready < my_peers.len(),
+                );
+                continue;
             }
             let link = links[i].as_ref().expect("still present");
             if !was_ready && link.is_ready() {
@@ -794,10 +783,9 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
 /// The error message for a peer that could not connect at all.
 fn unreachable_message(target: &Target, peer: usize, e: &LinkError) -> String {
     if matches!(e, LinkError::Connect(_)) {
-        format!(
-            "cannot reach the server at {} ({}): {e} (is it running?)",
-            target.addr, target.url
-        )
+        target
+            .unreachable(format_args!("{e} (is it running?)"))
+            .to_string()
     } else {
         format!("peer {peer}: {e} (server {})", target.url)
     }

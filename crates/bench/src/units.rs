@@ -100,28 +100,20 @@ fn split_si(body: &str) -> (&str, f64) {
     }
 }
 
-/// Parses `5s`, `500ms`, `250us`, `2m`, `1.5s`; a bare number is seconds.
+/// Parses `5s`, `500ms`, `250us`, `2m`, `1.5s` (Go's syntax); a bare
+/// number is seconds. At most 24 h.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
-    let units: [(&str, f64); 5] = [
-        ("ms", 1e-3),
-        ("us", 1e-6),
-        ("ns", 1e-9),
-        ("s", 1.0),
-        ("m", 60.0),
-    ];
-    let (num, scale) = units
-        .iter()
-        .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
-        .unwrap_or((t, 1.0));
-    let value: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("duration {t:?}: expected a number with s, ms, us or m"))?;
-    if !(value.is_finite() && value >= 0.0) || value * scale > 86_400.0 {
+    let d = match t.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::try_from_secs_f64(secs).ok(),
+        Ok(_) => None,
+        Err(_) => ferry_proto::godur::parse(t),
+    }
+    .ok_or_else(|| format!("duration {t:?}: expected a number with s, ms, us, m or h"))?;
+    if d > Duration::from_secs(86_400) {
         return Err(format!("duration {t:?}: out of range (0 ..= 24 h)"));
     }
-    Ok(Duration::from_secs_f64(value * scale))
+    Ok(d)
 }
 
 #[cfg(test)]

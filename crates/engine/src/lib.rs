@@ -18,6 +18,7 @@
 //! - [`backend`]: choosing io_uring or epoll at start-up, with the reason.
 //! - [`runtime`]: the loop that ties a driver, a doorbell and a handler
 //!   together, and the helper that spawns pinned shard threads.
+//! - [`stat`]: single-writer counters and gauges for shard metrics.
 
 #![deny(unsafe_code)]
 
@@ -26,6 +27,7 @@ pub mod driver;
 pub mod epoll;
 pub mod mailbox;
 pub mod runtime;
+pub mod stat;
 pub mod uring;
 
 pub use backend::{Backend, IoMode};

@@ -174,42 +174,9 @@ pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStr
 
 /// Parses a Go duration ("2s", "10m0s", "1h30m", "250ms", "0").
 pub fn parse_go_duration(s: &str) -> Result<Duration> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if s.is_empty() {
-        bail!("empty duration");
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_end == 0 {
-            bail!("invalid duration {s:?}");
-        }
-        let value: f64 = rest[..num_end]
-            .parse()
-            .with_context(|| format!("invalid duration {s:?}"))?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            unit => bail!("invalid duration {s:?}: unknown unit {unit:?}"),
-        };
-        total += value * scale;
-        rest = &rest[unit_end..];
-    }
-    Ok(Duration::from_secs_f64(total))
+    ferry_proto::godur::parse(s).with_context(|| {
+        format!("invalid duration {s:?} (Go syntax: a number and a unit h, m, s, ms, us or ns, as in 10s or 1h30m)")
+    })
 }
 
 /// Parses derper's -a syntax: "host:port", ":port", "[v6]:port".

@@ -36,7 +36,7 @@ fn run() -> Result<()> {
     if let Some(cli::Command::UdpRelay(udp_args)) = &args.command {
         return udp::run(udp_args);
     }
-    init_logging(&args);
+    init_logging(&args.log);
 
     // Signals are handled by the main thread only: block them before any
     // other thread exists so every thread inherits the mask.
@@ -160,10 +160,12 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-fn init_logging(args: &Args) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new(&args.log));
+/// Logs to standard error at `level`, or as `FERRY_LOG` says (tracing's
+/// filter syntax); colours only on a terminal.
+fn init_logging(level: &str) {
     use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new(level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

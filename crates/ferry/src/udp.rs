@@ -263,7 +263,7 @@ fn cli_config(args: &UdpRelayArgs) -> Result<Config, ConfigError> {
 
 /// Runs the relay until SIGINT or SIGTERM.
 pub fn run(args: &UdpRelayArgs) -> Result<()> {
-    init_logging(&args.log);
+    crate::init_logging(&args.log);
     ferry_sys::signal::block_termination_signals().context("blocking SIGINT/SIGTERM")?;
     let cfg = build_config(args)?;
     let relay = ferry_udp::Relay::start(&cfg)?;
@@ -277,18 +277,6 @@ pub fn run(args: &UdpRelayArgs) -> Result<()> {
     tracing::info!(signal = sig, "shutting down");
     relay.shutdown();
     Ok(())
-}
-
-fn init_logging(level: &str) {
-    use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
 }
 
 #[cfg(test)]

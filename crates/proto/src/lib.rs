@@ -29,6 +29,7 @@
 
 pub mod frame;
 pub mod fuzzing;
+pub mod godur;
 pub mod handshake;
 pub mod http;
 pub mod key;

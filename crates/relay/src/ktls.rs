@@ -215,20 +215,21 @@ impl<T: KernelSocket + ?Sized> KernelSocket for &mut T {
 mod sealed {
     use super::*;
 
+    /// The secrets, and rustls's key schedule where the type keeps one.
+    pub type IntoKernel = Result<
+        (
+            ExtractedSecrets,
+            Option<KernelConnection<ServerConnectionData>>,
+        ),
+        rustls::Error,
+    >;
+
     /// What [`super::KtlsSession::start`] needs from a rustls server
     /// connection; implemented for the two rustls types only.
     pub trait Sealed {
         fn common(&self) -> &CommonState;
         /// The secrets, and rustls's key schedule where this type keeps it.
-        fn into_kernel(
-            self,
-        ) -> Result<
-            (
-                ExtractedSecrets,
-                Option<KernelConnection<ServerConnectionData>>,
-            ),
-            rustls::Error,
-        >;
+        fn into_kernel(self) -> IntoKernel;
     }
 
     impl Sealed for ServerConnection {
@@ -236,15 +237,7 @@ mod sealed {
             self
         }
 
-        fn into_kernel(
-            self,
-        ) -> Result<
-            (
-                ExtractedSecrets,
-                Option<KernelConnection<ServerConnectionData>>,
-            ),
-            rustls::Error,
-        > {
+        fn into_kernel(self) -> IntoKernel {
             // rustls 0.23 offers `dangerous_into_kernel_connection` on the
             // unbuffered connection only.
             Ok((self.dangerous_extract_secrets()?, None))
@@ -256,15 +249,7 @@ mod sealed {
             self
         }
 
-        fn into_kernel(
-            self,
-        ) -> Result<
-            (
-                ExtractedSecrets,
-                Option<KernelConnection<ServerConnectionData>>,
-            ),
-            rustls::Error,
-        > {
+        fn into_kernel(self) -> IntoKernel {
             let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
             Ok((secrets, Some(kernel)))
         }

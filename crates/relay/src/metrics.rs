@@ -13,52 +13,10 @@
 //! and the exposition format is a few lines.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// A counter written by one thread only.
-#[derive(Default, Debug)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n`. Only the owning thread may call this.
-    #[inline]
-    pub fn add(&self, n: u64) {
-        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
-    }
-    /// Adds one.
-    #[inline]
-    pub fn inc(&self) {
-        self.add(1);
-    }
-    /// Current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Relaxed)
-    }
-}
-
-/// A gauge written by one thread only (may go negative per shard when a
-/// value moves between shards; sums are exact).
-#[derive(Default, Debug)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    /// Adds `n` (may be negative). Only the owning thread may call this.
-    #[inline]
-    pub fn add(&self, n: i64) {
-        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
-    }
-    /// Sets the value. Only the owning thread may call this.
-    #[inline]
-    pub fn set(&self, n: i64) {
-        self.0.store(n, Relaxed);
-    }
-    /// Current value.
-    pub fn get(&self) -> i64 {
-        self.0.load(Relaxed)
-    }
-}
+pub use ferry_engine::stat::{Counter, Gauge};
 
 macro_rules! labelled {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $label:literal),+ $(,)? }) => {

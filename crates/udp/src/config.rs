@@ -260,44 +260,8 @@ pub enum ConfigError {
     },
 }
 
-/// Parses a Go-style duration: a sequence of numbers with units `h`, `m`,
-/// `s`, `ms`, `us`, `ns` ("3m", "1m30s", "250ms"), or "0".
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    if s == "0" {
-        return Some(Duration::ZERO);
-    }
-    if s.is_empty() {
-        return None;
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_end == 0 {
-            return None;
-        }
-        let value: f64 = rest[..num_end].parse().ok()?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        total += value * scale;
-        rest = &rest[unit_end..];
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
+/// Parses a Go-style duration ("3m", "1m30s", "250ms", "0").
+pub use ferry_proto::godur::parse as parse_duration;
 
 /// Parses a listening address: `:port` (every address), `ip:port`,
 /// `[ipv6]:port` or `localhost:port`.

@@ -13,44 +13,14 @@
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::hub::DropReason;
 
-/// A counter written by one thread only.
-#[derive(Default, Debug)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n`. Only the owning thread may call this.
-    #[inline]
-    pub fn add(&self, n: u64) {
-        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
-    }
-    /// Current value.
-    pub fn get(&self) -> u64 {
-        self.0.load(Relaxed)
-    }
-}
-
-/// A gauge written by one thread only.
-#[derive(Default, Debug)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    /// Sets the value. Only the owning thread may call this.
-    #[inline]
-    pub fn set(&self, n: i64) {
-        self.0.store(n, Relaxed);
-    }
-    /// Current value.
-    pub fn get(&self) -> i64 {
-        self.0.load(Relaxed)
-    }
-}
+pub use ferry_engine::stat::{Counter, Gauge};
 
 /// Packets and bytes in one direction.
 #[derive(Default, Debug)]

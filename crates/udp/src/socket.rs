@@ -114,6 +114,14 @@ pub fn bind_group(
         addr,
         source,
     };
+    let bind = |s: &Socket, addr: SocketAddr| match s.bind(&addr.into()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(BindError::PortInUse {
+            field: field.to_string(),
+            addr,
+        }),
+        Err(e) => Err(other(addr, e)),
+    };
     let mut addr = addr;
     if addr.port() != 0 {
         let probe = match new_socket(&addr) {
@@ -127,32 +135,14 @@ pub fn bind_group(
             r => r,
         }
         .map_err(|e| other(addr, e))?;
-        match probe.bind(&addr.into()) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                return Err(BindError::PortInUse {
-                    field: field.to_string(),
-                    addr,
-                })
-            }
-            Err(e) => return Err(other(addr, e)),
-        }
+        bind(&probe, addr)?;
     }
     let mut socks = Vec::with_capacity(n);
     let mut granted = Granted::default();
     for _ in 0..n.max(1) {
         let s = new_socket(&addr).map_err(|e| other(addr, e))?;
         s.set_reuse_port(true).map_err(|e| other(addr, e))?;
-        match s.bind(&addr.into()) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                return Err(BindError::PortInUse {
-                    field: field.to_string(),
-                    addr,
-                })
-            }
-            Err(e) => return Err(other(addr, e)),
-        }
+        bind(&s, addr)?;
         let s: UdpSocket = s.into();
         if addr.port() == 0 {
             addr = s.local_addr().map_err(|e| other(addr, e))?;

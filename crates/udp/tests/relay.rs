@@ -32,6 +32,14 @@ fn tuning(workers: usize) -> Tuning {
     }
 }
 
+/// A bounce relay to `target` with sessions idle after `idle`, and the
+/// address it listens on.
+fn start_bounce(target: SocketAddr, idle: Duration) -> (Relay, SocketAddr) {
+    let relay = Relay::start(&bounce(&target.to_string(), idle, Duration::ZERO)).unwrap();
+    let at = relay.bound()[0].1;
+    (relay, at)
+}
+
 fn bounce(target: &str, idle: Duration, resolve: Duration) -> Config {
     Config {
         bounce: vec![Bounce {
@@ -106,13 +114,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 #[test]
 fn each_client_gets_its_own_upstream_socket() {
     let server = echo();
-    let relay = Relay::start(&bounce(
-        &server.addr.to_string(),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    ))
-    .unwrap();
-    let at = relay.bound()[0].1;
+    let (relay, at) = start_bounce(server.addr, Duration::from_secs(60));
     let clients: Vec<_> = (0..4).map(|_| client()).collect();
     for (i, c) in clients.iter().enumerate() {
         for k in 0..3 {
@@ -141,13 +143,7 @@ fn each_client_gets_its_own_upstream_socket() {
 #[test]
 fn bursts_of_full_size_datagrams_arrive_intact() {
     let server = echo();
-    let relay = Relay::start(&bounce(
-        &server.addr.to_string(),
-        Duration::from_secs(60),
-        Duration::ZERO,
-    ))
-    .unwrap();
-    let at = relay.bound()[0].1;
+    let (relay, at) = start_bounce(server.addr, Duration::from_secs(60));
     let c = client();
     c.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
@@ -220,13 +216,7 @@ fn one_client_cannot_flood_the_server_with_initiations() {
 #[test]
 fn idle_sessions_expire() {
     let server = echo();
-    let relay = Relay::start(&bounce(
-        &server.addr.to_string(),
-        Duration::from_millis(300),
-        Duration::ZERO,
-    ))
-    .unwrap();
-    let at = relay.bound()[0].1;
+    let (relay, at) = start_bounce(server.addr, Duration::from_millis(300));
     let c = client();
     round_trip(&c, at, b"one");
     let m = relay.metrics().clone();
