@@ -70,6 +70,29 @@ func TestHostileInput(t *testing.T) {
 			healthy(t)
 		})
 
+		t.Run("unknown-frame-too-long", func(t *testing.T) {
+			// An unknown frame announcing nearly 4 GiB. derper v1.102.5
+			// skips it byte by byte (v1.104 closes: longer than 64 KiB +
+			// 32 bytes); Ferry closes at once. Both pinned here.
+			r := s.rawUpgrade(t)
+			r.handshake()
+			r.pingPong()
+			hdr := make([]byte, 5)
+			hdr[0] = 0x20
+			binary.BigEndian.PutUint32(hdr[1:], 0xffff_fff0)
+			if err := r.writeRaw(append(hdr, randBytes(1000)...)); err != nil {
+				t.Fatal(err)
+			}
+			if kind == kindDerper {
+				// Still reading the skipped payload: the socket stays open
+				// and nothing comes back.
+				r.expectOpenAndQuiet(500 * time.Millisecond)
+			} else {
+				r.expectClosed(5 * time.Second)
+			}
+			healthy(t)
+		})
+
 		t.Run("ping-too-short", func(t *testing.T) {
 			r := s.rawUpgrade(t)
 			r.handshake()

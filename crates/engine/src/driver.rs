@@ -133,6 +133,16 @@ pub trait Driver {
         Err(std::io::ErrorKind::Unsupported.into())
     }
 
+    /// Bytes of `slot`'s outgoing stream the peer has acknowledged so far
+    /// (TCP's `bytes_acked`). Two readings some time apart tell a peer that
+    /// takes bytes slowly (the count moves) from one that takes none (it
+    /// stands still), which a send's completion cannot: a large send to a
+    /// slow reader stays in flight for a long time too. `None` for an
+    /// unknown slot or where the kernel does not say.
+    fn bytes_acked(&self, _slot: Slot) -> Option<u64> {
+        None
+    }
+
     /// The receive buffers this back end owns, for metrics. Back ends
     /// whose sockets are read into the caller's memory by the kernel on
     /// demand (epoll) own none and report zeros.

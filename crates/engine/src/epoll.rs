@@ -403,6 +403,12 @@ impl Driver for EpollDriver {
         self.socks.get(slot)?.as_ref().map(|s| s.stream.as_fd())
     }
 
+    fn bytes_acked(&self, slot: Slot) -> Option<u64> {
+        use std::os::fd::AsFd;
+        let sock = self.socks.get(slot)?.as_ref()?;
+        ferry_sys::sockopt::tcp_bytes_acked(sock.stream.as_fd()).ok()
+    }
+
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()> {
         let sock = self
             .sock(slot)

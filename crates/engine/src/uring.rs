@@ -763,6 +763,12 @@ impl Driver for UringDriver {
         "uring"
     }
 
+    fn bytes_acked(&self, slot: Slot) -> Option<u64> {
+        use std::os::fd::AsFd;
+        let sock = self.st.socks.get(slot)?.as_ref()?;
+        ferry_sys::sockopt::tcp_bytes_acked(sock.stream.as_fd()).ok()
+    }
+
     fn recv_buffers(&self) -> crate::RecvBuffers {
         let s = self.stats();
         crate::RecvBuffers {

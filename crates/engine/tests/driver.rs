@@ -395,6 +395,71 @@ fn large_send_completes_after_peer_drains<D: Driver>(make: Make<D>) {
     assert!(reader.join().unwrap() == payload);
 }
 
+/// `bytes_acked` moves while a large send is partly taken and stands still
+/// while the peer reads nothing: the shard tells a slow reader from a
+/// stopped one by it.
+fn bytes_acked_follows_the_reader<D: Driver>(make: Make<D>) {
+    const TOTAL: usize = 32 << 20;
+    const FIRST: usize = 4 << 20;
+    let mut d = make().unwrap();
+    let (client, server) = pair();
+    d.attach(1, server).unwrap();
+    assert_eq!(d.bytes_acked(1), Some(0));
+    assert_eq!(d.bytes_acked(2), None);
+    let payload = pattern(TOTAL, 5);
+    d.send(1, payload.clone());
+    // The peer reads nothing: the count rises until its window is full,
+    // then stands still for a whole 100 ms.
+    let start = Instant::now();
+    let mut last = (d.bytes_acked(1).unwrap(), Instant::now());
+    let stalled = loop {
+        assert!(start.elapsed() < LONG, "bytes_acked never settled");
+        let evs = turn(&mut d, Some(Duration::from_millis(10)));
+        assert!(sent(&evs, 1).is_empty(), "the send cannot finish yet");
+        let now = d.bytes_acked(1).unwrap();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= Duration::from_millis(100) {
+            break now;
+        }
+    };
+    assert!(stalled > 0 && (stalled as usize) < TOTAL, "{stalled}");
+    // The peer takes 4 MiB: the count moves on, the send stays in flight.
+    let mut client = client;
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0u8; FIRST];
+        client.read_exact(&mut got).unwrap();
+        (client, got)
+    });
+    let evs = pump(&mut d, LONG, |_| reader.is_finished());
+    assert!(sent(&evs, 1).is_empty());
+    let (mut client, first) = reader.join().unwrap();
+    assert!(first == payload[..FIRST]);
+    let start = Instant::now();
+    while d.bytes_acked(1).unwrap() <= stalled {
+        assert!(
+            start.elapsed() < LONG,
+            "bytes_acked did not move after a read"
+        );
+        let evs = turn(&mut d, Some(Duration::from_millis(10)));
+        assert!(sent(&evs, 1).is_empty());
+    }
+    // The rest: the send completes and every byte is acknowledged.
+    let reader = std::thread::spawn(move || {
+        let mut rest = vec![0u8; TOTAL - FIRST];
+        client.read_exact(&mut rest).unwrap();
+        rest
+    });
+    let evs = pump(&mut d, LONG, |e| !sent(e, 1).is_empty());
+    assert_eq!(sent(&evs, 1), [&Ok(())]);
+    assert!(reader.join().unwrap() == payload[FIRST..]);
+    let start = Instant::now();
+    while d.bytes_acked(1) != Some(TOTAL as u64) {
+        assert!(start.elapsed() < LONG, "not every byte was acknowledged");
+        turn(&mut d, Some(Duration::from_millis(10)));
+    }
+}
+
 fn send_to_a_vanished_peer_fails<D: Driver>(make: Make<D>) {
     let mut d = make().unwrap();
     let (client, server) = pair();
@@ -731,6 +796,7 @@ conformance!(
     waker_interrupts_turn,
     turn_honours_its_timeout,
     large_send_completes_after_peer_drains,
+    bytes_acked_follows_the_reader,
     send_to_a_vanished_peer_fails,
     close_cancels_and_slot_reuse_is_clean,
     detach_waits_for_the_send,

@@ -120,6 +120,13 @@ pub struct Args {
     #[arg(long = "send-queue-bytes", default_value_t = 1 << 20)]
     pub send_queue_bytes: usize,
 
+    /// How long a client over its queue cap may hold its senders paused
+    /// without taking anything from its socket before its own packets are
+    /// dropped instead (Go duration; 0 never pauses a sender for longer
+    /// than one turn).
+    #[arg(long = "backpressure-budget", default_value = "50ms")]
+    pub backpressure_budget: String,
+
     /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -233,6 +240,8 @@ pub struct Plan {
     pub tcp_user_timeout: Option<Duration>,
     /// Handshake deadline.
     pub handshake_timeout: Duration,
+    /// How long a non-draining client may hold its senders paused.
+    pub backpressure_budget: Duration,
 }
 
 impl Plan {
@@ -284,6 +293,8 @@ impl Plan {
             tcp_user_timeout: opt_duration("tcp-user-timeout", &args.tcp_user_timeout)?,
             handshake_timeout: opt_duration("handshake-timeout", &args.handshake_timeout)?
                 .context("--handshake-timeout must be positive")?,
+            backpressure_budget: parse_go_duration(&args.backpressure_budget)
+                .context("--backpressure-budget")?,
         })
     }
 }

@@ -55,6 +55,7 @@ fn run() -> Result<()> {
     config.tcp_user_timeout = plan.tcp_user_timeout;
     config.handshake_timeout = plan.handshake_timeout;
     config.send_queue_bytes = args.send_queue_bytes;
+    config.backpressure_budget = plan.backpressure_budget;
     config.home = match args.home.as_str() {
         "" => HomePage::Default,
         "blank" => HomePage::Blank,

@@ -737,10 +737,13 @@ fn exact_disposition(ty: FrameType, len: u32, expected: usize) -> Disposition {
 /// | closePeer | mesh only; exactly 32 |
 /// | notePreferred | exactly 1 |
 /// | ping | 8 ..= 1 000 |
-/// | anything else | skipped, whatever its length |
+/// | anything else | skipped, up to [`MAX_SKIPPED_FRAME`]; longer is fatal |
 ///
 /// The mesh check comes first, as in Go (it happens before the payload is
-/// read).
+/// read). derper since v1.104 also closes a connection that announces an
+/// unknown frame longer than [`MAX_SKIPPED_FRAME`]: no client can send one
+/// legitimately, and skipping nearly 4 GiB byte by byte only serves the
+/// sender. (derper v1.102, the interop suite's reference, still skips it.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ServerFramePolicy {
     /// Whether the connection authenticated with the mesh key.
@@ -750,7 +753,7 @@ pub struct ServerFramePolicy {
 impl FramePolicy for ServerFramePolicy {
     fn check(&self, ty: u8, len: u32) -> Disposition {
         let Some(t) = FrameType::from_u8(ty) else {
-            return Disposition::Skip;
+            return skip_disposition(ty, len);
         };
         let mesh_only = matches!(
             t,
@@ -768,8 +771,31 @@ impl FramePolicy for ServerFramePolicy {
             FrameType::ClosePeer => exact_disposition(t, len, KEY_LEN),
             FrameType::NotePreferred => exact_disposition(t, len, 1),
             FrameType::Ping => range_disposition(t, len, PING_LEN, MAX_PING_LEN),
-            _ => Disposition::Skip,
+            _ => skip_disposition(ty, len),
         }
+    }
+}
+
+/// Longest frame a server skips without reading it (a sendPacket's largest
+/// payload: 64 KiB of packet after a 32-byte key); a longer frame of a type
+/// the server ignores closes the connection.
+pub const MAX_SKIPPED_FRAME: usize = KEY_LEN + MAX_PACKET_SIZE;
+
+fn skip_disposition(ty: u8, len: u32) -> Disposition {
+    up_to(ty, len, MAX_SKIPPED_FRAME, Disposition::Skip)
+}
+
+/// `within` for a frame of raw type `ty` no longer than `max`; fatal
+/// otherwise.
+fn up_to(ty: u8, len: u32, max: usize, within: Disposition) -> Disposition {
+    if len as usize > max {
+        Disposition::Reject(FrameError::TooLong {
+            frame: ty,
+            len: len as usize,
+            max,
+        })
+    } else {
+        within
     }
 }
 
@@ -804,15 +830,7 @@ pub struct ClientFramePolicy;
 
 impl FramePolicy for ClientFramePolicy {
     fn check(&self, ty: u8, len: u32) -> Disposition {
-        if len as usize > MAX_CLIENT_READ_FRAME {
-            Disposition::Reject(FrameError::TooLong {
-                frame: ty,
-                len: len as usize,
-                max: MAX_CLIENT_READ_FRAME,
-            })
-        } else {
-            Disposition::Buffer
-        }
+        up_to(ty, len, MAX_CLIENT_READ_FRAME, Disposition::Buffer)
     }
 }
 

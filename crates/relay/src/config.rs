@@ -64,8 +64,16 @@ pub struct RelayConfig {
     pub handshake_timeout: Duration,
     /// Interval between keepAlive frames (plus up to 5 s of jitter).
     pub keepalive: Duration,
-    /// Bytes of data frames queued per client before new ones are dropped.
+    /// Bytes of data frames queued per client; past it the senders feeding
+    /// the client are paused (backpressure) rather than their packets
+    /// dropped.
     pub send_queue_bytes: usize,
+    /// How long a client over its queue cap may hold its senders paused
+    /// while taking nothing from its socket. Past it, its queue stops
+    /// pausing senders and drops its own new packets (`queue_tail`) until
+    /// a write to it completes, so one receiver that does not read cannot
+    /// stall its senders' traffic to everyone else.
+    pub backpressure_budget: Duration,
     /// Disco packets queued per client before new ones are dropped.
     pub disco_queue_packets: usize,
     /// Bytes per cross-shard packet ring.
@@ -100,6 +108,7 @@ impl RelayConfig {
             handshake_timeout: Duration::from_secs(10),
             keepalive: Duration::from_secs(60),
             send_queue_bytes: 1 << 20,
+            backpressure_budget: Duration::from_millis(50),
             disco_queue_packets: 32,
             ring_bytes: 1 << 20,
             tcp_keepalive: Some(Duration::from_secs(600)),

@@ -76,6 +76,20 @@ pub struct Conn {
     /// Senders paused because this connection's queue is over its cap;
     /// resumed when it drains or goes away.
     pub waiters: Vec<crate::shard::ConnRef>,
+    /// On the shard's list of connections holding senders (`waiters` may
+    /// have emptied since; the list is pruned lazily).
+    pub holding: bool,
+    /// When `waiters` last went from empty to not empty, or when the
+    /// socket was last seen taking bytes while holding them.
+    pub held_since: Instant,
+    /// The socket's acknowledged-bytes count, read once half the
+    /// backpressure budget has passed while holding senders: `None` until
+    /// read in this hold, `Some(None)` where the back end cannot tell.
+    pub acked_mark: Option<Option<u64>>,
+    /// Held its senders for the whole backpressure budget without its
+    /// socket taking a byte: until a write to it completes, its queue
+    /// drops its own new packets over the cap instead of pausing senders.
+    pub not_draining: bool,
 
     /// Client key (valid from the end of the handshake).
     pub key: NodePublic,
@@ -170,6 +184,10 @@ impl Conn {
             stall_record: Vec::new(),
             bp_paused: false,
             waiters: Vec::new(),
+            holding: false,
+            held_since: now,
+            acked_mark: None,
+            not_draining: false,
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,
             prober: false,

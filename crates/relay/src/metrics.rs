@@ -225,6 +225,9 @@ pub struct ShardMetrics {
     pub backpressure_pauses: Counter,
     /// Senders paused right now for that reason.
     pub senders_paused: Gauge,
+    /// Destinations that held senders for the backpressure budget without
+    /// taking a byte, and switched to dropping their own packets.
+    pub backpressure_expired: Counter,
     /// Connections moved here from the shard that accepted them.
     pub migrations_in: Counter,
     /// Bytes waiting in connections' send queues on this shard.
@@ -580,6 +583,12 @@ impl Metrics {
             "ferry_backpressure_pauses_total",
             "Senders paused because a destination's queue was over its cap.",
             self.sum(|s| s.backpressure_pauses.get()),
+        );
+        counter(
+            w,
+            "ferry_backpressure_budget_expired_total",
+            "Destinations that held paused senders for the backpressure budget while taking nothing from their sockets, and switched to dropping their own packets.",
+            self.sum(|s| s.backpressure_expired.get()),
         );
         gauge(
             w,

@@ -30,6 +30,29 @@
 //! client that does not read for the write timeout is cut off; a
 //! connection that has not finished its handshake by its deadline is
 //! closed. None of it waits on another connection.
+//!
+//! # Backpressure has a budget
+//!
+//! A destination over its queue cap pauses the senders feeding it, so a
+//! relay or a reader that is merely slower than its senders slows them
+//! through TCP instead of dropping. But a tailscaled node sends everything
+//! it relays over one connection: a destination that does not read at all
+//! must not hold that connection's traffic to everyone else. So a
+//! destination may hold senders only while its socket keeps taking bytes.
+//! Half the budget (`backpressure_budget`) into a hold, the shard notes the
+//! socket's acknowledged-bytes count (TCP's `bytes_acked`, which moves when
+//! the peer reads, however slowly); at the full budget, a count that has not
+//! moved marks the destination `not_draining`: its senders are released at
+//! once and its queue drops its own new packets over the cap
+//! (`queue_tail`) until a write to it completes. A count that moved starts
+//! the next half-budget window. The write timeout still cuts off a
+//! destination that never reads. The check runs every turn but reads the
+//! socket only for holds that last half a budget, which a busy relay whose
+//! readers read never reaches (every flush releases the holds). Cross-shard
+//! rings need no rule of their own: a shard empties its incoming rings
+//! every turn whatever its clients do, so a ring is only ever full while
+//! its consumer's core is busy; mesh-forwarded packets never pause their
+//! link (they are dropped over the cap instead).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -249,6 +272,9 @@ pub struct Shard {
     /// Connections with control records to handle after the turn.
     record_slots: Vec<Slot>,
     stalled: Vec<Slot>,
+    /// Destinations holding paused senders, watched against the
+    /// backpressure budget.
+    holders: Vec<(Slot, u32)>,
     plain: Box<[u8]>,
     plain_out: Vec<u8>,
     record: Vec<u8>,
@@ -303,6 +329,7 @@ impl Shard {
             ktls_candidates: Vec::new(),
             record_slots: Vec::with_capacity(WORK_LIST_START),
             stalled: Vec::with_capacity(WORK_LIST_START),
+            holders: Vec::with_capacity(WORK_LIST_START),
             plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
             plain_out: Vec::new(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
@@ -1257,7 +1284,9 @@ impl Shard {
             }
             PacketKind::Other => {
                 let after = conn.data.len() + frame_len;
-                if after > cap_bytes && (record_kind == RECORD_FORWARD || after > self.hard_cap) {
+                if after > cap_bytes
+                    && (record_kind == RECORD_FORWARD || conn.not_draining || after > self.hard_cap)
+                {
                     drop(m, DropReason::QueueTail);
                     return false;
                 }
@@ -1273,6 +1302,15 @@ impl Shard {
                     && record_kind != RECORD_FORWARD
                     && !conn.waiters.contains(&from)
                 {
+                    if conn.waiters.is_empty() {
+                        // A new hold: its budget starts now.
+                        conn.held_since = self.now;
+                        conn.acked_mark = None;
+                        if !conn.holding {
+                            conn.holding = true;
+                            self.holders.push((slot, conn.gen));
+                        }
+                    }
                     conn.waiters.push(from);
                     pause = true;
                 }
@@ -1351,6 +1389,79 @@ impl Shard {
         let conn = &mut self.conns[slot];
         std::mem::swap(&mut conn.waiters, &mut waiting);
         conn.waiters.append(&mut waiting);
+    }
+
+    /// Releases the senders held by destinations that took nothing from
+    /// their sockets for the backpressure budget (see the module doc).
+    fn enforce_budget(&mut self, driver: &mut dyn DriverOps) {
+        let now = self.now;
+        let budget = self.shared.config.backpressure_budget;
+        let half = budget / 2;
+        let mut i = 0;
+        while i < self.holders.len() {
+            let (slot, gen) = self.holders[i];
+            let conn = match self.conns.get_mut(slot) {
+                Some(c) if c.gen == gen && c.closing.is_none() && !c.waiters.is_empty() => c,
+                Some(c) if c.gen == gen => {
+                    c.holding = false;
+                    self.holders.swap_remove(i);
+                    continue;
+                }
+                _ => {
+                    self.holders.swap_remove(i);
+                    continue;
+                }
+            };
+            let held = now.saturating_duration_since(conn.held_since);
+            if held < half {
+                i += 1;
+                continue;
+            }
+            let Some(mark) = conn.acked_mark else {
+                // Half the budget gone: note how far the peer has read.
+                conn.acked_mark = Some(driver.bytes_acked(slot));
+                i += 1;
+                continue;
+            };
+            if held < budget {
+                i += 1;
+                continue;
+            }
+            let acked = driver.bytes_acked(slot);
+            if mark.is_some() && acked.is_some() && acked != mark {
+                // It reads, just slowly: a new half-budget window.
+                conn.held_since = now - half;
+                conn.acked_mark = Some(acked);
+                i += 1;
+                continue;
+            }
+            conn.not_draining = true;
+            conn.holding = false;
+            self.holders.swap_remove(i);
+            let (peer, key, held_for) = (conn.peer, conn.key, held);
+            self.m().backpressure_expired.inc();
+            conn_log!(self, info, %peer, client = %key, held_ms = held_for.as_millis() as u64,
+                "client is taking nothing from its socket; dropping its packets instead of pausing the senders feeding it");
+            self.release_waiters(slot);
+        }
+    }
+
+    /// When the next hold reaches a point [`Shard::enforce_budget`] acts on.
+    fn next_budget_check(&self) -> Option<Instant> {
+        let budget = self.shared.config.backpressure_budget;
+        self.holders
+            .iter()
+            .filter_map(|&(slot, _)| self.conns.get(slot))
+            .filter(|c| !c.waiters.is_empty())
+            .map(|c| {
+                c.held_since
+                    + if c.acked_mark.is_none() {
+                        budget / 2
+                    } else {
+                        budget
+                    }
+            })
+            .min()
     }
 
     fn not_here(&mut self, to: ConnRef, dst: NodePublic) {
@@ -1874,6 +1985,8 @@ impl Shard {
             }
             return;
         }
+        // The socket took a whole send: it drains again.
+        conn.not_draining = false;
         if conn.has_output() || conn.close_after_flush.is_some() {
             self.mark_dirty(slot);
         }
@@ -2008,6 +2121,7 @@ trait DriverOps {
     fn send(&mut self, slot: Slot, buf: Vec<u8>);
     fn fd(&self, slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>>;
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()>;
+    fn bytes_acked(&self, slot: Slot) -> Option<u64>;
 }
 
 impl<D: Driver> DriverOps for D {
@@ -2031,6 +2145,9 @@ impl<D: Driver> DriverOps for D {
     }
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()> {
         Driver::set_ktls_rx(self, slot)
+    }
+    fn bytes_acked(&self, slot: Slot) -> Option<u64> {
+        Driver::bytes_acked(self, slot)
     }
 }
 
@@ -2112,6 +2229,9 @@ impl<D: Driver> Handler<D> for Shard {
         if !self.ktls_candidates.is_empty() {
             self.try_ktls(driver);
         }
+        if !self.holders.is_empty() {
+            self.enforce_budget(driver);
+        }
         self.flush(driver);
         self.release_closed(driver);
         self.ring_doorbells();
@@ -2144,6 +2264,9 @@ impl<D: Driver> Handler<D> for Shard {
         }
         if self.draining.is_some() {
             t = t.min(Duration::from_millis(10));
+        }
+        if let Some(at) = self.next_budget_check() {
+            t = t.min(at.saturating_duration_since(now));
         }
         Some(t)
     }

@@ -396,6 +396,24 @@ fn oversize_and_unknown_frames() {
         a.next_meaningful(T).unwrap(),
         (frame::FrameType::Pong as u8, b"after-uk".to_vec())
     );
+    // Unknown type at the longest skippable length: skipped.
+    let mut v = frame::encode_header(0x20, frame::MAX_SKIPPED_FRAME as u32).to_vec();
+    v.resize(v.len() + frame::MAX_SKIPPED_FRAME, 7);
+    a.write(&v).unwrap();
+    a.ping(*b"after-lg");
+    assert_eq!(
+        a.next_meaningful(T).unwrap(),
+        (frame::FrameType::Pong as u8, b"after-lg".to_vec())
+    );
+    // Unknown type announcing nearly 4 GiB: closed at once, not skipped.
+    let mut c = Client::connect(addr);
+    c.write(&frame::encode_header(0x20, 0xffff_fff0)).unwrap();
+    c.write(&[0; 1000]).unwrap();
+    assert!(c.closed_within(T));
+    assert!(eventually(T, || metric(
+        addr,
+        "ferry_connections_closed_total{reason=\"frame_error\"}"
+    ) == 1.0));
     // A sendPacket one byte over the limit: closed.
     let len = (32 + frame::MAX_PACKET_SIZE + 1) as u32;
     a.write(&frame::encode_header(

@@ -46,6 +46,39 @@ pub fn get_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
     }
 }
 
+/// Bytes of a TCP connection's outgoing stream that the peer has
+/// acknowledged (`tcpi_bytes_acked` from `TCP_INFO`, Linux 4.1 and later).
+///
+/// A receiver that stops reading fills its window, and the count stands
+/// still; one that reads slowly keeps moving it. That is what tells the two
+/// apart while a large send is in flight for a long time either way.
+pub fn tcp_bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: `tcp_info` is a plain C struct of integers, for which all
+    // zero bytes are a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are live, writable and correctly sized; the
+    // kernel writes at most `len` bytes into `info` and updates `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + std::mem::size_of::<u64>();
+    if (len as usize) < end {
+        // A kernel older than the field.
+        return Err(io::ErrorKind::Unsupported.into());
+    }
+    Ok(info.tcpi_bytes_acked)
+}
+
 /// Which buffer [`set_buffer`] sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buffer {

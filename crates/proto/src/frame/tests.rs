@@ -430,12 +430,24 @@ fn server_policy_table() {
         assert_eq!(p.check(0x12, 1000), Buffer);
         assert!(matches!(p.check(0x12, 7), Reject(_)));
         assert!(matches!(p.check(0x12, 1001), Reject(_)));
-        // Ignored frames are skipped whatever their length.
+        // Ignored frames are skipped up to 64 KiB + 32 bytes; a longer one
+        // closes the connection (derper since v1.104).
         for ty in [
             0x01, 0x02, 0x03, 0x05, 0x06, 0x08, 0x09, 0x13, 0x14, 0x15, 0x0b, 0x16, 0xff,
         ] {
             assert_eq!(p.check(ty, 0), Skip, "type {ty:#x}");
-            assert_eq!(p.check(ty, u32::MAX), Skip, "type {ty:#x}");
+            assert_eq!(p.check(ty, 65_568), Skip, "type {ty:#x}");
+            for len in [65_569, u32::MAX] {
+                assert_eq!(
+                    p.check(ty, len),
+                    Reject(FrameError::TooLong {
+                        frame: ty,
+                        len: len as usize,
+                        max: MAX_SKIPPED_FRAME
+                    }),
+                    "type {ty:#x}"
+                );
+            }
         }
     }
     for ty in [0x0a, 0x10, 0x11] {
@@ -576,25 +588,36 @@ fn partial_frame_is_buffered_exactly() {
     assert_eq!(d.capacity(), 0);
 }
 
+/// Skips every frame, whatever its length: the deframer's own limit on a
+/// skipped frame is the policy's business.
+struct SkipAll;
+
+impl FramePolicy for SkipAll {
+    fn check(&self, _ty: u8, _len: u32) -> Disposition {
+        Disposition::Skip
+    }
+}
+
 #[test]
 fn skipped_frames_stream_by_unbuffered() {
     let mut d = Deframer::new();
     let mut got = Vec::new();
-    // An unknown frame announcing 4 GiB - 1 bytes.
+    // A frame announcing 4 GiB - 1 bytes, which a policy skips (the
+    // server's policy rejects it instead: see `server_policy_table`).
     let header = encode_header(0x42, u32::MAX);
     assert_eq!(
-        collect(&mut d, &header[..2], &ORDINARY, &mut got),
+        collect(&mut d, &header[..2], &SkipAll, &mut got),
         Ok(Fed::Drained)
     );
     assert_eq!(
-        collect(&mut d, &header[2..], &ORDINARY, &mut got),
+        collect(&mut d, &header[2..], &SkipAll, &mut got),
         Ok(Fed::Drained)
     );
     assert_eq!(d.skipped_frames(), 1);
     assert_eq!(d.skip_remaining(), u32::MAX as usize);
     let junk = vec![0xabu8; 1 << 16];
     for _ in 0..4 {
-        collect(&mut d, &junk, &ORDINARY, &mut got).unwrap();
+        collect(&mut d, &junk, &SkipAll, &mut got).unwrap();
         assert_eq!(d.buffered_len(), 0);
         assert!(d.capacity() <= 8);
     }

@@ -3,6 +3,8 @@
 //! client would, so the tests check the server rather than shared code.
 #![allow(dead_code)]
 
+pub mod peer;
+
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
