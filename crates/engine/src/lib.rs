@@ -19,6 +19,8 @@
 //! - [`runtime`]: the loop that ties a driver, a doorbell and a handler
 //!   together, and the helper that spawns pinned shard threads.
 //! - [`stat`]: single-writer counters and gauges for shard metrics.
+//! - [`sim`]: a simulated driver whose completions a test scripts, for
+//!   handlers driven with simulated time.
 
 #![deny(unsafe_code)]
 
@@ -27,6 +29,7 @@ pub mod driver;
 pub mod epoll;
 pub mod mailbox;
 pub mod runtime;
+pub mod sim;
 pub mod stat;
 pub mod uring;
 

@@ -9,24 +9,33 @@
 
 use std::io;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::driver::{Completion, Driver};
 use crate::mailbox::Doorbell;
 
 /// The per-shard logic a driver's completions are fed to.
+///
+/// Time is passed in: the loop reads the clock once per turn, when the
+/// driver delivers the turn's first completion (or, for a turn without
+/// any, when it returns), and hands the same `now` to every call of that
+/// turn. A handler never reads the clock itself, so a test can drive it
+/// with simulated time (see [`crate::sim`]).
 pub trait Handler<D: Driver> {
     /// One completion. The driver is busy: record what must be done.
-    fn on_completion(&mut self, c: Completion<'_>);
+    fn on_completion(&mut self, c: Completion<'_>, now: Instant);
     /// After each turn: drain mail, run timers, submit sends and closes.
-    fn after_turn(&mut self, driver: &mut D);
+    fn after_turn(&mut self, driver: &mut D, now: Instant);
     /// How long the next turn may block: `None` until something happens,
     /// `Some(Duration::ZERO)` when work is already pending.
-    fn timeout(&mut self) -> Option<Duration>;
+    fn timeout(&mut self, now: Instant) -> Option<Duration>;
     /// Whether another shard left mail (checked after parking).
     fn has_mail(&self) -> bool;
     /// Whether the shard is done and its loop should return.
     fn finished(&self) -> bool;
+    /// How long the turn just ended kept the thread busy: from its `now`
+    /// to the end of [`Handler::after_turn`]. For load metrics.
+    fn turn_done(&mut self, _busy: Duration) {}
 }
 
 /// Runs a shard until its handler says it is finished.
@@ -36,17 +45,23 @@ pub fn run_shard<D: Driver, H: Handler<D>>(
     handler: &mut H,
 ) -> io::Result<()> {
     while !handler.finished() {
-        let mut timeout = handler.timeout();
+        let mut timeout = handler.timeout(Instant::now());
         if timeout != Some(Duration::ZERO) {
             bell.park();
             if handler.has_mail() {
                 timeout = Some(Duration::ZERO);
             }
         }
-        let result = driver.turn(timeout, &mut |c| handler.on_completion(c));
+        let mut now = None;
+        let result = driver.turn(timeout, &mut |c| {
+            let at = *now.get_or_insert_with(Instant::now);
+            handler.on_completion(c, at)
+        });
         bell.unpark();
         result?;
-        handler.after_turn(driver);
+        let now = now.unwrap_or_else(Instant::now);
+        handler.after_turn(driver, now);
+        handler.turn_done(now.elapsed());
     }
     Ok(())
 }

@@ -348,7 +348,14 @@ impl ShardStart {
             return Ok(());
         }
         let bell = shared.doorbells.get().expect("doorbells published")[id].clone();
-        let mut shard = Shard::new(id, shards, shared, rings);
+        let mut shard = Shard::new(
+            id,
+            shards,
+            shared,
+            rings,
+            std::time::Instant::now(),
+            rand::random(),
+        );
         let result = run_shard(&mut driver, &bell, &mut shard);
         if let Err(e) = &result {
             tracing::error!(shard = id, error = %e, "shard stopped on an I/O error");

@@ -69,6 +69,8 @@ use ferry_proto::frame::{self, ClientFrame, PeerGoneReason, ServerFramePolicy};
 use ferry_proto::handshake::{self, HandshakeError, ServerInfo};
 use ferry_proto::key::NodePublic;
 use ferry_proto::{http, nacl};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use slab::Slab;
 
 use crate::config::{ListenerKind, RelayConfig};
@@ -280,9 +282,10 @@ pub struct Shard {
     record: Vec<u8>,
     mail_batch: Vec<Mail>,
     activity: u64,
+    /// Keepalive jitter (seeded by the caller, so tests can fix it).
+    jitter: StdRng,
     now: Instant,
     next_sweep: Instant,
-    turn_started: Option<Instant>,
     draining: Option<Instant>,
     done: bool,
     /// Queue size past which even paused-sender overshoot is dropped.
@@ -299,9 +302,16 @@ macro_rules! conn_log {
 }
 
 impl Shard {
-    /// A shard with its id, the shared state and its rings.
-    pub fn new(id: usize, shards: usize, shared: Arc<Shared>, rings: Rings) -> Self {
-        let now = Instant::now();
+    /// A shard with its id, the shared state and its rings, created at
+    /// `now`. `seed` seeds its keepalive jitter.
+    pub fn new(
+        id: usize,
+        shards: usize,
+        shared: Arc<Shared>,
+        rings: Rings,
+        now: Instant,
+        seed: u64,
+    ) -> Self {
         let cfg = &shared.config;
         // Per other shard: a full ring plus one turn of reads.
         let per_shard =
@@ -335,9 +345,9 @@ impl Shard {
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             activity: 0,
+            jitter: StdRng::seed_from_u64(seed),
             now,
             next_sweep: now + SWEEP_EVERY,
-            turn_started: None,
             draining: None,
             done: false,
             hard_cap,
@@ -860,7 +870,7 @@ impl Shard {
         let cfg = self.shared.config.clone();
         self.activity += 1;
         let activity = self.activity;
-        let jitter = Duration::from_millis(rand::random::<u64>() % KEEPALIVE_JITTER_MS);
+        let jitter = Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
         let conn = &mut self.conns[slot];
         conn.phase = Phase::Active;
         conn.registered_at = now;
@@ -2024,7 +2034,7 @@ impl Shard {
             if now >= conn.next_keepalive {
                 conn.next_keepalive = now
                     + cfg.keepalive
-                    + Duration::from_millis(rand::random::<u64>() % KEEPALIVE_JITTER_MS);
+                    + Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
                 frame::put_keepalive(&mut conn.ctrl);
                 if !conn.dirty {
                     conn.dirty = true;
@@ -2152,11 +2162,8 @@ impl<D: Driver> DriverOps for D {
 }
 
 impl<D: Driver> Handler<D> for Shard {
-    fn on_completion(&mut self, c: Completion<'_>) {
-        if self.turn_started.is_none() {
-            self.now = Instant::now();
-            self.turn_started = Some(self.now);
-        }
+    fn on_completion(&mut self, c: Completion<'_>, now: Instant) {
+        self.now = now;
         match c {
             Completion::Accepted {
                 listener,
@@ -2197,11 +2204,8 @@ impl<D: Driver> Handler<D> for Shard {
         }
     }
 
-    fn after_turn(&mut self, driver: &mut D) {
-        if self.turn_started.is_none() {
-            self.now = Instant::now();
-            self.turn_started = Some(self.now);
-        }
+    fn after_turn(&mut self, driver: &mut D, now: Instant) {
+        self.now = now;
         self.run_ops(driver);
         for from in 0..self.shards {
             if from != self.id {
@@ -2245,18 +2249,17 @@ impl<D: Driver> Handler<D> for Shard {
                 self.done = true;
             }
         }
-        let m = &self.shared.metrics.shards[self.id];
-        m.turns.inc();
-        if let Some(start) = self.turn_started.take() {
-            m.busy_ns.add(start.elapsed().as_nanos() as u64);
-        }
+        self.m().turns.inc();
     }
 
-    fn timeout(&mut self) -> Option<Duration> {
+    fn turn_done(&mut self, busy: Duration) {
+        self.m().busy_ns.add(busy.as_nanos() as u64);
+    }
+
+    fn timeout(&mut self, now: Instant) -> Option<Duration> {
         if !self.dirty.is_empty() || !self.ops.is_empty() || !self.closing.is_empty() {
             return Some(Duration::ZERO);
         }
-        let now = Instant::now();
         let mut t = self.next_sweep.saturating_duration_since(now);
         if !self.stalled.is_empty() || !self.migrating.is_empty() || self.notify.iter().any(|&n| n)
         {

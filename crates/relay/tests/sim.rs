@@ -1,0 +1,413 @@
+//! The shard's timers and policies, exactly, on a simulated driver with
+//! simulated time (`ferry_engine::sim`): no sockets are read or written,
+//! nothing sleeps, and every deadline is checked to the sweep that acts on
+//! it. The real-socket tests in `relay.rs` and `stuck.rs` cover the same
+//! behaviour end to end, with bounds loose enough for a busy machine.
+
+mod support;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferry_engine::sim::{Reader, SimDriver};
+use ferry_engine::Slot;
+use ferry_proto::frame::{self, ClientFramePolicy, Deframer, FrameType, ServerFrame};
+use ferry_proto::handshake;
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_relay::metrics::Metrics;
+use ferry_relay::shard::{Rings, Shard, Shared};
+use ferry_relay::{ListenerKind, RelayConfig};
+
+/// The shard's sweep period: deadlines are acted on at the first sweep at
+/// or after them.
+const SWEEP: Duration = Duration::from_millis(250);
+const MS: Duration = Duration::from_millis(1);
+
+/// One shard on a simulated driver, and the clients the test plays.
+struct Sim {
+    shard: Shard,
+    d: SimDriver,
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    now: Instant,
+    /// Per slot: the client's frame reader and whether the HTTP response
+    /// head was consumed.
+    readers: HashMap<Slot, (Deframer, bool)>,
+    next_port: u16,
+}
+
+impl Sim {
+    fn new(tweak: impl FnOnce(&mut RelayConfig)) -> Sim {
+        let mut cfg = RelayConfig::new(NodePrivate::generate());
+        tweak(&mut cfg);
+        let metrics = Metrics::new(1, "sim", "simulated driver".into());
+        let shared = Arc::new(Shared {
+            config: Arc::new(cfg),
+            metrics: metrics.clone(),
+            doorbells: OnceLock::new(),
+            hasher: std::hash::RandomState::new(),
+            shutdown: AtomicBool::new(false),
+            listener_kinds: vec![ListenerKind::Derp],
+        });
+        let rings = Rings {
+            bytes_tx: vec![None],
+            bytes_rx: vec![None],
+            msg_tx: vec![None],
+            msg_rx: vec![None],
+        };
+        let now = Instant::now();
+        Sim {
+            shard: Shard::new(0, 1, shared.clone(), rings, now, 7),
+            d: SimDriver::new().unwrap(),
+            shared,
+            metrics,
+            now,
+            readers: HashMap::new(),
+            next_port: 40_000,
+        }
+    }
+
+    fn step(&mut self) -> Option<Duration> {
+        self.d.step(&mut self.shard, self.now)
+    }
+
+    /// One turn, then the turns that would follow at once in the real
+    /// loop: the shard asks for one (zero timeout: operations to submit,
+    /// output to flush), or the driver has completions to report.
+    fn settle(&mut self) {
+        for _ in 0..100 {
+            if self.step() != Some(Duration::ZERO) && !self.d.has_pending() {
+                return;
+            }
+        }
+        panic!("the shard keeps asking for another turn");
+    }
+
+    /// Moves time on by `by` in steps of at most 1 ms, settling the shard
+    /// at each (as a loop whose timeouts fire on time would).
+    fn advance(&mut self, by: Duration) {
+        let end = self.now + by;
+        while self.now < end {
+            self.now = (self.now + MS).min(end);
+            self.settle();
+        }
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        support::metric_in(&self.metrics.render(), name)
+    }
+
+    /// A TCP connection arrives; returns its slot.
+    fn connect(&mut self) -> Slot {
+        let before = self.d.slots();
+        self.next_port += 1;
+        let peer = SocketAddr::from(([192, 0, 2, 1], self.next_port));
+        self.d.connect(0, peer).unwrap();
+        self.settle();
+        let slot = *self
+            .d
+            .slots()
+            .iter()
+            .find(|s| !before.contains(s))
+            .expect("the shard attached the new connection");
+        self.readers.insert(slot, (Deframer::new(), false));
+        slot
+    }
+
+    /// A client with `key` connects and finishes the DERP handshake.
+    fn client(&mut self, key: &NodePrivate) -> Slot {
+        let slot = self.connect();
+        let server = self.shared.config.public_key;
+        let mut hello =
+            b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: DERP\r\nConnection: Upgrade\r\n\r\n"
+                .to_vec();
+        hello.extend_from_slice(&handshake::seal_client_info(
+            key,
+            &server,
+            &support::info(None),
+            &[9; 24],
+        ));
+        self.d.receive(slot, &hello);
+        self.settle();
+        let frames = self.frames(slot);
+        let types: Vec<u8> = frames.iter().map(|f| f.0).collect();
+        assert_eq!(
+            types,
+            [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
+        );
+        slot
+    }
+
+    /// Frames the client on `slot` has read since the last call.
+    fn frames(&mut self, slot: Slot) -> Vec<(u8, Vec<u8>)> {
+        let mut out = self.d.take_output(slot);
+        let (deframer, head_done) = self.readers.get_mut(&slot).expect("known slot");
+        if !*head_done {
+            let end = out
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .expect("an HTTP response head first");
+            assert!(out.starts_with(b"HTTP/1.1 101"));
+            out.drain(..end + 4);
+            *head_done = true;
+        }
+        let mut frames = Vec::new();
+        deframer
+            .feed(&out, &ClientFramePolicy, |ty, p| {
+                frames.push((ty, p.to_vec()));
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        frames
+    }
+
+    /// Packets the client on `slot` has read since the last call.
+    fn packets(&mut self, slot: Slot) -> Vec<(NodePublic, Vec<u8>)> {
+        self.frames(slot)
+            .into_iter()
+            .filter_map(|(ty, p)| match frame::parse_server_frame(ty, &p) {
+                Ok(ServerFrame::RecvPacket { src, packet }) => Some((src, packet.to_vec())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn send(&mut self, from: Slot, to: &NodePublic, packet: &[u8]) {
+        let mut out = Vec::new();
+        frame::put_send_packet(&mut out, to, packet);
+        self.d.receive(from, &out);
+    }
+}
+
+#[test]
+fn handshake_deadline_closes_at_the_first_sweep_after_it() {
+    let mut s = Sim::new(|cfg| cfg.handshake_timeout = Duration::from_secs(10));
+    let silent = s.connect();
+    let half = s.connect();
+    s.d.receive(half, b"GET /derp HTTP/1.1\r\nHost: x\r\nUpg");
+    s.advance(Duration::from_secs(10) - MS);
+    assert!(
+        s.d.is_open(silent) && s.d.is_open(half),
+        "open before the deadline"
+    );
+    s.advance(SWEEP + MS);
+    assert!(
+        !s.d.is_open(silent) && !s.d.is_open(half),
+        "closed after it"
+    );
+    assert_eq!(
+        s.metric("ferry_handshake_failures_total{reason=\"timeout\"}"),
+        2.0
+    );
+}
+
+#[test]
+fn keepalive_comes_after_the_interval_plus_at_most_five_seconds() {
+    let mut s = Sim::new(|cfg| cfg.keepalive = Duration::from_secs(60));
+    let a = s.client(&NodePrivate::generate());
+    s.advance(Duration::from_secs(60) - MS);
+    assert!(s.frames(a).is_empty(), "nothing before the interval");
+    let mut waited = Duration::from_secs(60) - MS;
+    loop {
+        s.advance(SWEEP);
+        waited += SWEEP;
+        let frames = s.frames(a);
+        if !frames.is_empty() {
+            assert_eq!(frames, [(FrameType::KeepAlive as u8, Vec::new())]);
+            break;
+        }
+        assert!(
+            waited <= Duration::from_secs(65) + SWEEP,
+            "no keepAlive after {waited:?}"
+        );
+    }
+}
+
+#[test]
+fn write_timeout_cuts_off_a_reader_that_takes_nothing() {
+    let mut s = Sim::new(|cfg| cfg.write_timeout = Some(Duration::from_secs(2)));
+    let a = s.client(&NodePrivate::generate());
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    s.d.set_reader(b, Reader::Stuck);
+    s.send(a, &bk.public(), b"stuck?");
+    s.settle();
+    assert!(s.d.send_in_flight(b));
+    s.advance(Duration::from_secs(2) - 2 * MS);
+    assert!(s.d.is_open(b), "open before the write timeout");
+    s.advance(SWEEP + MS);
+    assert!(!s.d.is_open(b), "cut off after it");
+    assert!(s.d.is_open(a), "the sender stays");
+    assert_eq!(s.metric("derp_sclient_write_timeouts"), 1.0);
+}
+
+#[test]
+fn duplicate_key_packets_go_to_the_most_recently_active_connection() {
+    let mut s = Sim::new(|_| {});
+    let a = s.client(&NodePrivate::generate());
+    let dk = NodePrivate::generate();
+    let first = s.client(&dk);
+    let second = s.client(&dk);
+    s.send(a, &dk.public(), b"one");
+    s.settle();
+    assert!(s.packets(first).is_empty());
+    assert_eq!(s.packets(second).len(), 1, "the newest connection gets it");
+    // The first connection says something: now it is the active one.
+    let mut ping = Vec::new();
+    frame::put_ping(&mut ping, b"i-am-up!");
+    s.d.receive(first, &ping);
+    s.settle();
+    s.send(a, &dk.public(), b"two");
+    s.settle();
+    assert_eq!(s.packets(first).len(), 1);
+    assert!(s.packets(second).is_empty());
+    assert_eq!(s.metric("derp_current_dup_client_keys"), 1.0);
+}
+
+/// Fills `b`'s queue from `a` until `a` is paused; returns how many
+/// packets of `size` bytes were sent.
+fn fill_until_paused(s: &mut Sim, a: Slot, b: &NodePublic, size: usize) -> usize {
+    let mut sent = 0;
+    while s.d.receiving(a) {
+        assert!(sent < 1000, "never paused");
+        s.send(a, b, &vec![sent as u8; size]);
+        sent += 1;
+        s.settle();
+    }
+    sent
+}
+
+#[test]
+fn backpressure_pauses_the_sender_and_resumes_it_when_the_queue_moves() {
+    let mut s = Sim::new(|cfg| {
+        cfg.send_queue_bytes = 8 * 1024;
+        cfg.backpressure_budget = Duration::from_secs(10);
+    });
+    let a = s.client(&NodePrivate::generate());
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    s.d.set_reader(b, Reader::Stuck);
+    let sent = fill_until_paused(&mut s, a, &bk.public(), 1000);
+    assert!(!s.d.receiving(a), "paused");
+    assert_eq!(s.metric("ferry_senders_paused"), 1.0);
+    // Still paused a while later (budget far away, nothing moves).
+    s.advance(Duration::from_millis(500));
+    assert!(!s.d.receiving(a));
+    // The reader takes the send in flight: the queue moves into the next
+    // send and the sender goes on.
+    s.d.complete_send(b, Ok(()));
+    s.settle();
+    s.settle();
+    assert!(s.d.receiving(a), "resumed");
+    assert_eq!(s.metric("ferry_senders_paused"), 0.0);
+    s.d.set_reader(b, Reader::Reads);
+    s.settle();
+    s.settle();
+    assert_eq!(s.packets(b).len(), sent, "nothing lost");
+    assert_eq!(
+        s.metric("derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn budget_releases_senders_of_a_reader_that_takes_nothing() {
+    let budget = Duration::from_millis(50);
+    let mut s = Sim::new(|cfg| {
+        cfg.send_queue_bytes = 8 * 1024;
+        cfg.backpressure_budget = budget;
+    });
+    let a = s.client(&NodePrivate::generate());
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    let ck = NodePrivate::generate();
+    let c = s.client(&ck);
+    s.d.set_reader(b, Reader::Stuck);
+    fill_until_paused(&mut s, a, &bk.public(), 1000);
+    // The hold starts now; a sender blocked behind b for the whole budget,
+    // not a millisecond longer.
+    s.advance(budget - MS);
+    assert!(!s.d.receiving(a), "held within the budget");
+    s.advance(MS);
+    assert!(s.d.receiving(a), "released at the budget");
+    assert_eq!(s.metric("ferry_backpressure_budget_expired_total"), 1.0);
+    // b is over its cap and does not drain: its packets are dropped, the
+    // sender's traffic to c flows.
+    let dropped = "derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}";
+    let before = s.metric(dropped);
+    s.send(a, &bk.public(), &[1; 1000]);
+    s.send(a, &ck.public(), b"to c");
+    s.settle();
+    assert_eq!(s.metric(dropped), before + 1.0);
+    assert!(s.d.receiving(a), "no new pause");
+    assert_eq!(s.packets(c).len(), 1);
+    // Once a write to b completes, b may hold senders again.
+    s.d.complete_send(b, Ok(()));
+    s.settle();
+    s.settle();
+    fill_until_paused(&mut s, a, &bk.public(), 1000);
+    assert!(!s.d.receiving(a));
+}
+
+#[test]
+fn budget_keeps_holding_for_a_reader_that_takes_something() {
+    let budget = Duration::from_millis(50);
+    let mut s = Sim::new(|cfg| {
+        cfg.send_queue_bytes = 8 * 1024;
+        cfg.backpressure_budget = budget;
+    });
+    let a = s.client(&NodePrivate::generate());
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    s.d.set_reader(b, Reader::Stuck);
+    // A first packet goes out as b's send in flight; it is large enough
+    // that b can keep reading from it for a while.
+    s.send(a, &bk.public(), &[0; 60_000]);
+    s.settle();
+    assert!(s.d.send_in_flight(b));
+    fill_until_paused(&mut s, a, &bk.public(), 1000);
+    // b takes a little every 20 ms: slow, but reading. The sender stays
+    // paused (no loss), far past the budget.
+    for _ in 0..10 {
+        s.advance(Duration::from_millis(20));
+        assert_eq!(s.d.take_part(b, 1000), 1000);
+        assert!(!s.d.receiving(a), "still held: the reader reads");
+    }
+    assert_eq!(s.metric("ferry_backpressure_budget_expired_total"), 0.0);
+    // It stops reading: released within one budget.
+    s.advance(budget + MS);
+    assert!(s.d.receiving(a));
+    assert_eq!(s.metric("ferry_backpressure_budget_expired_total"), 1.0);
+}
+
+#[test]
+fn graceful_drain_sends_restarting_and_finishes() {
+    let mut s = Sim::new(|cfg| {
+        cfg.restart_reconnect_in = Duration::from_secs(1);
+        cfg.restart_try_for = Duration::from_secs(30);
+    });
+    let a = s.client(&NodePrivate::generate());
+    let b = s.client(&NodePrivate::generate());
+    s.shared.shutdown.store(true, Ordering::Relaxed);
+    s.settle();
+    s.settle();
+    for slot in [a, b] {
+        let frames = s.frames(slot);
+        let restarting: Vec<_> = frames
+            .iter()
+            .filter(|(ty, _)| *ty == FrameType::Restarting as u8)
+            .collect();
+        assert_eq!(restarting.len(), 1, "one restarting frame");
+        let p = &restarting[0].1;
+        assert_eq!(u32::from_be_bytes(p[..4].try_into().unwrap()), 1000);
+        assert_eq!(u32::from_be_bytes(p[4..8].try_into().unwrap()), 30_000);
+    }
+    s.advance(Duration::from_millis(20));
+    assert!(!s.d.is_open(a) && !s.d.is_open(b), "closed once written");
+    use ferry_engine::Handler;
+    assert!(Handler::<SimDriver>::finished(&s.shard));
+}
