@@ -281,16 +281,23 @@ fn fill_until_paused(s: &mut Sim, a: Slot, b: &NodePublic, size: usize) -> usize
     sent
 }
 
-#[test]
-fn backpressure_pauses_the_sender_and_resumes_it_when_the_queue_moves() {
+/// A relay with 8 KiB queues and `budget`, a sender `a`, and a client `b`
+/// (key `bk`) that reads nothing.
+fn sender_and_stuck_reader(budget: Duration) -> (Sim, Slot, NodePrivate, Slot) {
     let mut s = Sim::new(|cfg| {
         cfg.send_queue_bytes = 8 * 1024;
-        cfg.backpressure_budget = Duration::from_secs(10);
+        cfg.backpressure_budget = budget;
     });
     let a = s.client(&NodePrivate::generate());
     let bk = NodePrivate::generate();
     let b = s.client(&bk);
     s.d.set_reader(b, Reader::Stuck);
+    (s, a, bk, b)
+}
+
+#[test]
+fn backpressure_pauses_the_sender_and_resumes_it_when_the_queue_moves() {
+    let (mut s, a, bk, b) = sender_and_stuck_reader(Duration::from_secs(10));
     let sent = fill_until_paused(&mut s, a, &bk.public(), 1000);
     assert!(!s.d.receiving(a), "paused");
     assert_eq!(s.metric("ferry_senders_paused"), 1.0);
@@ -301,11 +308,9 @@ fn backpressure_pauses_the_sender_and_resumes_it_when_the_queue_moves() {
     // send and the sender goes on.
     s.d.complete_send(b, Ok(()));
     s.settle();
-    s.settle();
     assert!(s.d.receiving(a), "resumed");
     assert_eq!(s.metric("ferry_senders_paused"), 0.0);
     s.d.set_reader(b, Reader::Reads);
-    s.settle();
     s.settle();
     assert_eq!(s.packets(b).len(), sent, "nothing lost");
     assert_eq!(
@@ -317,16 +322,9 @@ fn backpressure_pauses_the_sender_and_resumes_it_when_the_queue_moves() {
 #[test]
 fn budget_releases_senders_of_a_reader_that_takes_nothing() {
     let budget = Duration::from_millis(50);
-    let mut s = Sim::new(|cfg| {
-        cfg.send_queue_bytes = 8 * 1024;
-        cfg.backpressure_budget = budget;
-    });
-    let a = s.client(&NodePrivate::generate());
-    let bk = NodePrivate::generate();
-    let b = s.client(&bk);
+    let (mut s, a, bk, b) = sender_and_stuck_reader(budget);
     let ck = NodePrivate::generate();
     let c = s.client(&ck);
-    s.d.set_reader(b, Reader::Stuck);
     fill_until_paused(&mut s, a, &bk.public(), 1000);
     // The hold starts now; a sender blocked behind b for the whole budget,
     // not a millisecond longer.
@@ -348,7 +346,6 @@ fn budget_releases_senders_of_a_reader_that_takes_nothing() {
     // Once a write to b completes, b may hold senders again.
     s.d.complete_send(b, Ok(()));
     s.settle();
-    s.settle();
     fill_until_paused(&mut s, a, &bk.public(), 1000);
     assert!(!s.d.receiving(a));
 }
@@ -356,14 +353,7 @@ fn budget_releases_senders_of_a_reader_that_takes_nothing() {
 #[test]
 fn budget_keeps_holding_for_a_reader_that_takes_something() {
     let budget = Duration::from_millis(50);
-    let mut s = Sim::new(|cfg| {
-        cfg.send_queue_bytes = 8 * 1024;
-        cfg.backpressure_budget = budget;
-    });
-    let a = s.client(&NodePrivate::generate());
-    let bk = NodePrivate::generate();
-    let b = s.client(&bk);
-    s.d.set_reader(b, Reader::Stuck);
+    let (mut s, a, bk, b) = sender_and_stuck_reader(budget);
     // A first packet goes out as b's send in flight; it is large enough
     // that b can keep reading from it for a while.
     s.send(a, &bk.public(), &[0; 60_000]);
@@ -393,7 +383,6 @@ fn graceful_drain_sends_restarting_and_finishes() {
     let a = s.client(&NodePrivate::generate());
     let b = s.client(&NodePrivate::generate());
     s.shared.shutdown.store(true, Ordering::Relaxed);
-    s.settle();
     s.settle();
     for slot in [a, b] {
         let frames = s.frames(slot);
