@@ -15,11 +15,23 @@ use std::collections::HashSet;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
+use ferry_engine::Slot;
 use ferry_proto::frame::Deframer;
 use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
 use crate::metrics::CloseReason;
+
+/// A reference to a connection on some shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnRef {
+    /// Shard id.
+    pub shard: usize,
+    /// Slot on that shard.
+    pub slot: Slot,
+    /// Generation of the connection in that slot.
+    pub gen: u32,
+}
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +87,7 @@ pub struct Conn {
     pub bp_paused: bool,
     /// Senders paused because this connection's queue is over its cap;
     /// resumed when it drains or goes away.
-    pub waiters: Vec<crate::shard::ConnRef>,
+    pub waiters: Vec<ConnRef>,
     /// On the shard's list of connections holding senders (`waiters` may
     /// have emptied since; the list is pruned lazily).
     pub holding: bool,

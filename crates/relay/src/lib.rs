@@ -3,8 +3,19 @@
 //!
 //! - [`server`] starts and stops a relay: listeners, one pinned shard
 //!   thread per core, STUN and metrics threads.
-//! - [`shard`] is the per-core state machine: handshakes, routing by key
-//!   owner, queues, timers. See its module doc for the data path.
+//! - [`shard`] is the per-core state machine. Its `mod.rs` holds the
+//!   shard's state and the order of one loop turn (intake, mail, timers,
+//!   flush); each concern is a child module that adds methods to the shard:
+//!   `front_door` (accept, HTTP, the DERP handshake), `input` (TLS and
+//!   frames in), `registry` (keys, duplicates, peerGone, closing),
+//!   `router` (delivery, caps and drops, cross-shard records and mail),
+//!   `gate` (backpressure and its budget), `presence` (watchers),
+//!   `migrate` (moving a connection to its key's owner), `kernel_tls`,
+//!   `output` (one send per connection per turn) and `timers` (the sweep,
+//!   the start of a drain). A new feature adds a module there, not lines to
+//!   the turn loop. See its module doc for the data path. The shard never
+//!   reads the clock: `now` comes from the loop, so `tests/sim.rs` drives
+//!   it on `ferry_engine::sim` with simulated time.
 //! - [`conn`] is one client connection; [`front`] answers plain HTTP
 //!   requests; [`tls`] sets up certificates; [`stun`] answers STUN;
 //!   [`metrics`] counts everything; [`config`] holds the settings.

@@ -1,0 +1,197 @@
+//! The front door: accepting a socket, the HTTP request, and the DERP
+//! handshake up to a registered (or migrating) connection.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn accept(&mut self, listener: usize, stream: TcpStream, peer: SocketAddr) {
+        let m = self.m();
+        m.tcp_accepts.inc();
+        if self.draining.is_some() {
+            return; // dropping the stream closes it
+        }
+        let sock = socket2::SockRef::from(&stream);
+        let _ = sock.set_nodelay(true);
+        if let Some(idle) = self.cfg().tcp_keepalive {
+            let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(idle));
+        }
+        if let Some(t) = self.cfg().tcp_user_timeout {
+            let _ = sock.set_tcp_user_timeout(Some(t));
+        }
+        let kind = self
+            .shared
+            .listener_kinds
+            .get(listener)
+            .copied()
+            .unwrap_or(ListenerKind::Derp);
+        let deadline = self.now + self.cfg().handshake_timeout;
+        self.next_gen = self.next_gen.wrapping_add(1);
+        let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
+        if kind == ListenerKind::Derp {
+            if let Some(tls) = &self.shared.config.tls {
+                match rustls::ServerConnection::new(tls.clone()) {
+                    Ok(mut t) => {
+                        t.set_buffer_limit(None);
+                        conn.tls = Some(Box::new(t));
+                        if self.shared.config.ktls {
+                            conn.ktls_boundary = Some(crate::ktls::RecordBoundary::new());
+                        }
+                        self.m().tls_sockets.add(1);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "could not start TLS");
+                        return;
+                    }
+                }
+            }
+        }
+        self.m().open_sockets.add(1);
+        let slot = self.conns.insert(conn);
+        self.ops.push(Op::Attach(slot, stream));
+    }
+
+    pub(super) fn fail_handshake(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        detail: &dyn std::fmt::Display,
+    ) {
+        self.m().handshake_failures[why as usize].inc();
+        let peer = self.conns[slot].peer;
+        conn_log!(self, info, %peer, reason = why.label(), %detail, "handshake failed; closing connection");
+        self.close(slot, CloseReason::Handshake);
+    }
+
+    pub(super) fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        let conn = &mut self.conns[slot];
+        conn.head.extend_from_slice(data);
+        let req = match http::parse_request(&conn.head) {
+            Ok(Some(req)) => req,
+            Ok(None) if conn.head.len() < MAX_HEAD => return ControlFlow::Continue(()),
+            Ok(None) | Err(http::HttpError::TooLarge { .. }) => {
+                self.reject_http(
+                    slot,
+                    HandshakeFailure::HttpTooLarge,
+                    431,
+                    "Request Header Fields Too Large",
+                );
+                return ControlFlow::Break(());
+            }
+            Err(e) => {
+                let detail = e.to_string();
+                self.m().handshake_failures[HandshakeFailure::HttpMalformed as usize].inc();
+                let peer = self.conns[slot].peer;
+                conn_log!(self, info, %peer, error = %detail, "malformed HTTP request");
+                self.respond(
+                    slot,
+                    http::response(400, "Bad Request", &[], b"bad request\n"),
+                );
+                return ControlFlow::Break(());
+            }
+        };
+        let head = std::mem::take(&mut conn.head);
+        let peer = conn.peer;
+        let kind = conn.listener;
+        match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
+            Answer::Respond(route, bytes) => {
+                self.m().http_requests[route as usize].inc();
+                self.respond(slot, bytes);
+                ControlFlow::Break(())
+            }
+            Answer::Upgrade { fast_start } => {
+                let m = self.m();
+                m.http_requests[crate::metrics::Route::Derp as usize].inc();
+                m.accepts.inc();
+                if fast_start {
+                    m.fast_starts.inc();
+                }
+                let public = self.cfg().public_key;
+                let deadline = self.now + self.cfg().handshake_timeout;
+                let conn = &mut self.conns[slot];
+                if !fast_start {
+                    conn.ctrl
+                        .extend_from_slice(&http::switching_protocols(&public));
+                }
+                conn.ctrl
+                    .extend_from_slice(&handshake::server_key_frame(&public));
+                conn.not_ideal = req.ideal_node.as_deref().is_some_and(|n| !n.is_empty());
+                conn.phase = Phase::ClientInfo;
+                conn.deadline = deadline;
+                self.mark_dirty(slot);
+                let rest = head.get(req.head_len..).unwrap_or_default();
+                if rest.is_empty() {
+                    ControlFlow::Continue(())
+                } else {
+                    self.deframe(slot, rest)
+                }
+            }
+        }
+    }
+
+    pub(super) fn reject_http(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        status: u16,
+        reason: &str,
+    ) {
+        self.m().handshake_failures[why as usize].inc();
+        let peer = self.conns[slot].peer;
+        conn_log!(self, info, %peer, reason = why.label(), "rejecting HTTP request");
+        self.respond(slot, http::response(status, reason, &[], b""));
+    }
+
+    pub(super) fn respond(&mut self, slot: Slot, bytes: Vec<u8>) {
+        let conn = &mut self.conns[slot];
+        conn.ctrl.extend_from_slice(&bytes);
+        conn.phase = Phase::Responding;
+        conn.close_after_flush = Some(CloseReason::HttpDone);
+        self.mark_dirty(slot);
+    }
+
+    pub(super) fn on_client_info(
+        &mut self,
+        slot: Slot,
+        _ty: u8,
+        payload: &[u8],
+    ) -> ControlFlow<()> {
+        let result = handshake::open_client_info(&self.shared.config.private_key, payload);
+        let (key, info) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let why = match &e {
+                    HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
+                    HandshakeError::Json(_) => HandshakeFailure::BadJson,
+                    HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. } => {
+                        HandshakeFailure::BadFirstFrame
+                    }
+                    _ => HandshakeFailure::BoxOpen,
+                };
+                self.fail_handshake(slot, why, &e);
+                return ControlFlow::Break(());
+            }
+        };
+        let mesh = match (&self.shared.config.mesh_key, &info.mesh_key) {
+            (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
+            _ => false,
+        };
+        let owner = self.shared.owner_of(&key, self.shards);
+        let conn = &mut self.conns[slot];
+        conn.key = key;
+        conn.mesh = mesh;
+        conn.prober = info.is_prober;
+        if owner == self.id {
+            conn.phase = Phase::Active;
+            self.register(slot);
+            // Stop here: the frames after clientInfo follow other rules.
+            ControlFlow::Break(())
+        } else {
+            // Frames after clientInfo stay in the deframer and travel along.
+            conn.phase = Phase::Migrating;
+            conn.paused = true;
+            self.ops.push(Op::SetRecv(slot, false));
+            self.migrating.push(slot);
+            ControlFlow::Break(())
+        }
+    }
+}

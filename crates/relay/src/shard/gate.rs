@@ -1,0 +1,139 @@
+//! What holds a connection's input: backpressure from the destinations
+//! it feeds, with its budget (see the shard module's doc), and resuming.
+
+use super::*;
+
+impl Shard {
+    /// Stops reading a local sender until every destination that paused
+    /// it has drained.
+    pub(super) fn pause_sender(&mut self, slot: Slot) {
+        let conn = &mut self.conns[slot];
+        if !conn.bp_paused {
+            conn.bp_paused = true;
+            let m = &self.shared.metrics.shards[self.id];
+            m.backpressure_pauses.inc();
+            m.senders_paused.add(1);
+        }
+        if !conn.paused {
+            conn.paused = true;
+            self.ops.push(Op::SetRecv(slot, false));
+        }
+    }
+
+    /// A destination that paused `r` drained or left.
+    pub(super) fn resume_sender(&mut self, r: ConnRef) {
+        if r.shard != self.id {
+            self.mail(r.shard, Mail::Resume(r));
+            return;
+        }
+        let Some(slot) = self.live(r) else { return };
+        let conn = &mut self.conns[slot];
+        if conn.bp_paused {
+            conn.bp_paused = false;
+            self.shared.metrics.shards[self.id].senders_paused.add(-1);
+        }
+        self.try_resume(slot);
+    }
+
+    /// Resumes input if nothing holds it any more.
+    pub(super) fn try_resume(&mut self, slot: Slot) {
+        let conn = &self.conns[slot];
+        if conn.paused
+            && !conn.bp_paused
+            && conn.stalled_to.is_none()
+            && conn.phase == Phase::Active
+            && !self.ended(slot)
+        {
+            self.resume_input(slot);
+        }
+    }
+
+    /// Lets every sender waiting on `slot` go.
+    pub(super) fn release_waiters(&mut self, slot: Slot) {
+        if self.conns[slot].waiters.is_empty() {
+            return;
+        }
+        // Reuse the list's memory; senders resumed here may queue again
+        // (and wait again) while it is being walked.
+        let mut waiting = std::mem::take(&mut self.conns[slot].waiters);
+        for r in waiting.drain(..) {
+            self.resume_sender(r);
+        }
+        let conn = &mut self.conns[slot];
+        std::mem::swap(&mut conn.waiters, &mut waiting);
+        conn.waiters.append(&mut waiting);
+    }
+
+    /// Releases the senders held by destinations that took nothing from
+    /// their sockets for the backpressure budget (see the module doc).
+    pub(super) fn enforce_budget(&mut self, driver: &mut dyn DriverOps) {
+        let now = self.now;
+        let budget = self.shared.config.backpressure_budget;
+        let half = budget / 2;
+        let mut i = 0;
+        while i < self.holders.len() {
+            let (slot, gen) = self.holders[i];
+            let conn = match self.conns.get_mut(slot) {
+                Some(c) if c.gen == gen && c.closing.is_none() && !c.waiters.is_empty() => c,
+                Some(c) if c.gen == gen => {
+                    c.holding = false;
+                    self.holders.swap_remove(i);
+                    continue;
+                }
+                _ => {
+                    self.holders.swap_remove(i);
+                    continue;
+                }
+            };
+            let held = now.saturating_duration_since(conn.held_since);
+            if held < half {
+                i += 1;
+                continue;
+            }
+            let Some(mark) = conn.acked_mark else {
+                // Half the budget gone: note how far the peer has read.
+                conn.acked_mark = Some(driver.bytes_acked(slot));
+                i += 1;
+                continue;
+            };
+            if held < budget {
+                i += 1;
+                continue;
+            }
+            let acked = driver.bytes_acked(slot);
+            if mark.is_some() && acked.is_some() && acked != mark {
+                // It reads, just slowly: a new half-budget window.
+                conn.held_since = now - half;
+                conn.acked_mark = Some(acked);
+                i += 1;
+                continue;
+            }
+            conn.not_draining = true;
+            conn.holding = false;
+            self.holders.swap_remove(i);
+            let (peer, key, held_for) = (conn.peer, conn.key, held);
+            self.m().backpressure_expired.inc();
+            conn_log!(self, info, %peer, client = %key, held_ms = held_for.as_millis() as u64,
+                "client is taking nothing from its socket; dropping its packets instead of pausing the senders feeding it");
+            self.release_waiters(slot);
+        }
+    }
+
+    /// When the next hold reaches a point [`Shard::enforce_budget`] acts on.
+    pub(super) fn next_budget_check(&self) -> Option<Instant> {
+        let budget = self.shared.config.backpressure_budget;
+        self.holders
+            .iter()
+            .filter_map(|&(slot, _)| self.conns.get(slot))
+            .filter(|c| !c.waiters.is_empty())
+            .map(|c| {
+                c.held_since
+                    + if c.acked_mark.is_none() {
+                        budget / 2
+                    } else {
+                        budget
+                    }
+            })
+            .min()
+    }
+}

@@ -1,0 +1,363 @@
+//! Bytes in: raw socket bytes through TLS (if any) into the connection's
+//! phase, frames from active clients, and resuming input after a pause.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn on_received(&mut self, slot: Slot, data: &[u8]) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        if conn.closing.is_some() {
+            return;
+        }
+        if conn.paused || !conn.stash.is_empty() {
+            conn.stash.extend_from_slice(data);
+            return;
+        }
+        self.ingest(slot, data);
+    }
+
+    /// Feeds raw socket bytes through TLS (if any) into the protocol.
+    /// Bytes not consumed because input paused are stashed.
+    pub(super) fn ingest(&mut self, slot: Slot, data: &[u8]) {
+        let Some(mut tls) = self.conns[slot].tls.take() else {
+            // Without TLS, whatever is not consumed is kept by the phase
+            // that stopped (deframer or stash).
+            let _ = self.process_plain(slot, data);
+            return;
+        };
+        let mut rest = data;
+        let mut ok = true;
+        'feed: loop {
+            if !self.drain_tls(slot, &mut tls) {
+                break 'feed;
+            }
+            if rest.is_empty() {
+                break;
+            }
+            let before = rest;
+            match tls.read_tls(&mut rest) {
+                Ok(n) => {
+                    if let Some(b) = self.conns[slot].ktls_boundary.as_mut() {
+                        b.feed(&before[..n]);
+                    }
+                }
+                Err(e) => {
+                    ok = false;
+                    self.tls_failed(slot, &e);
+                    break;
+                }
+            }
+            if let Err(e) = tls.process_new_packets() {
+                // Let rustls send its alert, then close.
+                ok = false;
+                let _ = tls.write_tls(&mut self.conns[slot].ctrl);
+                self.tls_failed(slot, &e);
+                break;
+            }
+        }
+        let conn = &mut self.conns[slot];
+        if ok && !rest.is_empty() && conn.closing.is_none() {
+            conn.stash.extend_from_slice(rest);
+        }
+        let wants_write = tls.wants_write();
+        let handshaken = !tls.is_handshaking();
+        conn.tls = Some(tls);
+        if wants_write {
+            self.mark_dirty(slot);
+        }
+        let conn = &self.conns[slot];
+        if handshaken && conn.ktls_boundary.is_some() && conn.closing.is_none() {
+            let gen = conn.gen;
+            if !self
+                .ktls_candidates
+                .iter()
+                .any(|&(s, g, _)| s == slot && g == gen)
+            {
+                // A move is tried between turns until it works, is refused
+                // for good, or this deadline passes.
+                let deadline = self.now + KTLS_TRY_FOR;
+                self.ktls_candidates.push((slot, gen, deadline));
+            }
+        }
+    }
+
+    pub(super) fn tls_failed(&mut self, slot: Slot, e: &dyn std::fmt::Display) {
+        if self.conns[slot].phase == Phase::Active {
+            let peer = self.conns[slot].peer;
+            conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
+            self.close(slot, CloseReason::IoError);
+        } else {
+            self.fail_handshake(slot, HandshakeFailure::Tls, e);
+        }
+    }
+
+    /// Moves decrypted bytes from TLS into the protocol. Returns `false`
+    /// when input paused or the connection closed.
+    pub(super) fn drain_tls(&mut self, slot: Slot, tls: &mut rustls::ServerConnection) -> bool {
+        let mut plain = std::mem::take(&mut self.plain);
+        let mut go_on = true;
+        loop {
+            let conn = &self.conns[slot];
+            if conn.closing.is_some() || conn.paused {
+                go_on = false;
+                break;
+            }
+            match tls.reader().read(&mut plain) {
+                Ok(0) => {
+                    // close_notify: an orderly end.
+                    self.on_eof(slot);
+                    go_on = false;
+                    break;
+                }
+                Ok(n) => {
+                    if self.process_plain(slot, &plain[..n]).is_break() {
+                        go_on = false;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    self.tls_failed(slot, &e);
+                    go_on = false;
+                    break;
+                }
+            }
+        }
+        self.plain = plain;
+        go_on
+    }
+
+    /// Feeds decrypted bytes to the connection's current phase. Breaks when
+    /// input paused or the connection closed; unconsumed bytes are kept by
+    /// the connection (deframer or stash).
+    pub(super) fn process_plain(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        match self.conns[slot].phase {
+            Phase::Http => self.read_head(slot, data),
+            Phase::ClientInfo | Phase::Active => self.deframe(slot, data),
+            Phase::Migrating => {
+                self.conns[slot].stash.extend_from_slice(data);
+                ControlFlow::Break(())
+            }
+            Phase::Responding => ControlFlow::Continue(()),
+        }
+    }
+
+    pub(super) fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
+        let was_handshake = self.conns[slot].phase == Phase::ClientInfo;
+        let result = match self.conns[slot].phase {
+            Phase::ClientInfo => {
+                deframer.feed(data, &frame::ClientInfoFramePolicy, |ty, payload| {
+                    self.on_client_info(slot, ty, payload)
+                })
+            }
+            _ => {
+                let policy = ServerFramePolicy {
+                    mesh: self.conns[slot].mesh,
+                };
+                deframer.feed(data, &policy, |ty, payload| {
+                    self.on_frame(slot, ty, payload)
+                })
+            }
+        };
+        self.conns[slot].deframer = deframer;
+        if was_handshake
+            && result == Ok(frame::Fed::Paused)
+            && self.conns[slot].phase == Phase::Active
+        {
+            // clientInfo registered the connection here: what followed it
+            // in the same read is held by the deframer and now read under
+            // the steady-state rules.
+            return self.resume_frames(slot);
+        }
+        self.after_deframe(slot, result)
+    }
+
+    /// Continues with frames the deframer holds (after a pause).
+    pub(super) fn resume_frames(&mut self, slot: Slot) -> ControlFlow<()> {
+        let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
+        let policy = ServerFramePolicy {
+            mesh: self.conns[slot].mesh,
+        };
+        let result = deframer.resume(&policy, |ty, payload| self.on_frame(slot, ty, payload));
+        self.conns[slot].deframer = deframer;
+        self.after_deframe(slot, result)
+    }
+
+    pub(super) fn after_deframe(
+        &mut self,
+        slot: Slot,
+        result: Result<frame::Fed, frame::FrameError>,
+    ) -> ControlFlow<()> {
+        match result {
+            Ok(frame::Fed::Drained) => {
+                if self.ended(slot) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            }
+            Ok(frame::Fed::Paused) => {
+                if self.conns[slot].phase == Phase::ClientInfo {
+                    // clientInfo was read; what follows waits for the
+                    // connection to register (here or on its owner shard).
+                }
+                ControlFlow::Break(())
+            }
+            Err(e) => {
+                let conn = &self.conns[slot];
+                let peer = conn.peer;
+                if !self.ended(slot) {
+                    if conn.phase == Phase::ClientInfo {
+                        self.fail_handshake(slot, HandshakeFailure::BadFirstFrame, &e);
+                    } else {
+                        let key = conn.key;
+                        conn_log!(self, info, %peer, client = %key, error = %e, "protocol violation; closing connection");
+                        self.finish(slot, CloseReason::FrameError);
+                    }
+                }
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    pub(super) fn on_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
+        if self.ended(slot) {
+            return ControlFlow::Break(());
+        }
+        let parsed = match frame::parse_client_frame(ty, payload) {
+            Ok(f) => f,
+            Err(e) => {
+                let peer = self.conns[slot].peer;
+                conn_log!(self, info, %peer, error = %e, "malformed frame; closing connection");
+                self.finish(slot, CloseReason::FrameError);
+                return ControlFlow::Break(());
+            }
+        };
+        if self.conns[slot].dup {
+            self.note_activity(slot);
+        }
+        let src = self.conns[slot].key;
+        match parsed {
+            ClientFrame::SendPacket { dst, packet } => {
+                let m = self.m();
+                m.packets_received.inc();
+                m.bytes_received.add(packet.len() as u64);
+                m.packets_received_kind[kind_of(packet) as usize].inc();
+                self.route(slot, RECORD_SEND, &src, &dst, packet)
+            }
+            ClientFrame::ForwardPacket { src, dst, packet } => {
+                self.m().packets_forwarded_in.inc();
+                self.route(slot, RECORD_FORWARD, &src, &dst, packet)
+            }
+            ClientFrame::NotePreferred(preferred) => {
+                let young = self.now.duration_since(self.conns[slot].registered_at)
+                    < Duration::from_secs(5);
+                let conn = &mut self.conns[slot];
+                if conn.preferred != preferred {
+                    conn.preferred = preferred;
+                    let m = &self.shared.metrics.shards[self.id];
+                    m.current_home_connections
+                        .add(if preferred { 1 } else { -1 });
+                    if !young {
+                        if preferred {
+                            m.home_moves_in.inc()
+                        } else {
+                            m.home_moves_out.inc()
+                        }
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::Ping(data) => {
+                self.m().got_ping.inc();
+                let conn = &mut self.conns[slot];
+                if !conn.pong_pending {
+                    conn.pong_pending = true;
+                    frame::put_pong(&mut conn.ctrl, &data);
+                    self.m().sent_pong.inc();
+                    self.mark_dirty(slot);
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::WatchConns => {
+                let conn = &mut self.conns[slot];
+                if conn.key != self.shared.config.public_key && !conn.watcher {
+                    conn.watcher = true;
+                    self.m().watchers.add(1);
+                    let me = self.conn_ref(slot);
+                    for shard in 0..self.shards {
+                        if shard == self.id {
+                            self.add_watcher(me);
+                        } else {
+                            self.mail(shard, Mail::AddWatcher(me));
+                        }
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::ClosePeer(key) => {
+                let owner = self.shared.owner_of(&key, self.shards);
+                if owner == self.id {
+                    self.close_peer(key);
+                } else {
+                    self.mail(owner, Mail::ClosePeer(key));
+                }
+                if self.ended(slot) {
+                    return ControlFlow::Break(());
+                }
+                ControlFlow::Continue(())
+            }
+            ClientFrame::Pong(_) | ClientFrame::Other { .. } => {
+                self.m().unknown_frames.inc();
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    pub(super) fn on_eof(&mut self, slot: Slot) {
+        let conn = &self.conns[slot];
+        if conn.closing.is_some() || conn.close_after_flush.is_some() {
+            return;
+        }
+        match conn.phase {
+            Phase::Active => self.close(slot, CloseReason::Eof),
+            _ => {
+                self.m().handshake_failures[HandshakeFailure::Eof as usize].inc();
+                self.close(slot, CloseReason::Handshake);
+            }
+        }
+    }
+
+    /// Restarts input after a pause: frames held by the deframer, then
+    /// plaintext held by TLS, then stashed raw bytes.
+    pub(super) fn resume_input(&mut self, slot: Slot) {
+        let conn = &mut self.conns[slot];
+        conn.paused = false;
+        if self.resume_frames(slot).is_break() {
+            return;
+        }
+        if let Some(mut tls) = self.conns[slot].tls.take() {
+            let go_on = self.drain_tls(slot, &mut tls);
+            self.conns[slot].tls = Some(tls);
+            if !go_on {
+                return;
+            }
+        }
+        let stash = std::mem::take(&mut self.conns[slot].stash);
+        if !stash.is_empty() {
+            self.ingest(slot, &stash);
+        }
+        let conn = &mut self.conns[slot];
+        if conn.stash.is_empty() {
+            // Keep the capacity for the next pause.
+            conn.stash = stash;
+            conn.stash.clear();
+        }
+        if !self.conns[slot].paused && self.conns[slot].closing.is_none() {
+            self.ops.push(Op::SetRecv(slot, true));
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Routing a packet: delivered to a local queue (caps and drop
+//! accounting) or recorded into the ring to the key's owner shard; mail
+//! between shards.
+
+use super::*;
+
+impl Shard {
+    /// Sends a packet on its way: delivered here, or recorded into the ring
+    /// to the destination's owner. Breaks (pausing the sender) when that
+    /// ring is full.
+    pub(super) fn route(
+        &mut self,
+        slot: Slot,
+        record_kind: u8,
+        src: &NodePublic,
+        dst: &NodePublic,
+        packet: &[u8],
+    ) -> ControlFlow<()> {
+        let owner = self.shared.owner_of(dst, self.shards);
+        if owner == self.id {
+            let from = self.conn_ref(slot);
+            if self.deliver(record_kind, src, dst, packet, from) {
+                self.pause_sender(slot);
+                return ControlFlow::Break(());
+            }
+            return ControlFlow::Continue(());
+        }
+        let gen = self.conns[slot].gen;
+        let mut header = [0u8; RECORD_HEADER];
+        write_record_header(&mut header, record_kind, src, dst, slot as u32, gen);
+        let tx = self.rings.bytes_tx[owner]
+            .as_mut()
+            .expect("ring to another shard");
+        if tx.try_push(&[&header, packet]) {
+            self.notify[owner] = true;
+            self.shared.metrics.shards[self.id].cross_shard_out.inc();
+            return ControlFlow::Continue(());
+        }
+        // The owner is behind: keep this packet, stop reading the sender.
+        let conn = &mut self.conns[slot];
+        conn.stall_record.clear();
+        conn.stall_record.extend_from_slice(&header);
+        conn.stall_record.extend_from_slice(packet);
+        conn.stalled_to = Some(owner);
+        conn.paused = true;
+        self.ops.push(Op::SetRecv(slot, false));
+        self.stalled.push(slot);
+        self.m().ring_stalls.inc();
+        ControlFlow::Break(())
+    }
+
+    /// Queues a packet to the local active connection of `dst`. Returns
+    /// `true` when the sender `from` must pause: the destination's data
+    /// queue went over its cap, and `from` is now among its waiters.
+    ///
+    /// Backpressure replaces derper's drops for ordinary senders: the
+    /// packet is taken, the sender stops being read until the destination
+    /// drains, and TCP carries the signal back to it. Only senders feeding
+    /// that destination pause. Mesh-forwarded packets are dropped instead
+    /// (a paused mesh link would stall a whole peer server). A sender on
+    /// another shard learns of its pause one turn later, so the queue may
+    /// overshoot by what its ring holds plus one turn of reading; the hard
+    /// cap (see [`Shard::new`]) is that bound, and drops only beyond it.
+    pub(super) fn deliver(
+        &mut self,
+        record_kind: u8,
+        src: &NodePublic,
+        dst: &NodePublic,
+        packet: &[u8],
+        from: ConnRef,
+    ) -> bool {
+        let kind = kind_of(packet);
+        let m = &self.shared.metrics.shards[self.id];
+        let drop = |m: &ShardMetrics, reason: DropReason| {
+            m.packets_dropped[reason as usize][kind as usize].inc();
+            m.bytes_dropped[reason as usize][kind as usize].add(packet.len() as u64);
+        };
+        let Some(entry) = self.keys.get(dst) else {
+            drop(
+                m,
+                if record_kind == RECORD_FORWARD {
+                    DropReason::UnknownDestOnFwd
+                } else {
+                    DropReason::UnknownDest
+                },
+            );
+            if kind == PacketKind::Disco {
+                if from.shard == self.id {
+                    self.not_here(from, *dst);
+                } else {
+                    self.mail(
+                        from.shard,
+                        Mail::NotHere {
+                            to: from,
+                            dst: *dst,
+                        },
+                    );
+                }
+            }
+            return false;
+        };
+        let Some(slot) = entry.active else {
+            drop(m, DropReason::DupClient);
+            return false;
+        };
+        let cap_bytes = self.shared.config.send_queue_bytes;
+        let cap_disco = self.shared.config.disco_queue_packets as u32;
+        let conn = &mut self.conns[slot];
+        if conn.closing.is_some() {
+            drop(m, DropReason::GoneDisconnected);
+            return false;
+        }
+        let frame_len = frame::HEADER_LEN + 32 + packet.len();
+        let mut pause = false;
+        match kind {
+            PacketKind::Disco => {
+                if conn.disco_n >= cap_disco {
+                    drop(m, DropReason::QueueTail);
+                    return false;
+                }
+                frame::put_recv_packet(&mut conn.disco, src, packet);
+                conn.disco_n += 1;
+            }
+            PacketKind::Other => {
+                let after = conn.data.len() + frame_len;
+                if after > cap_bytes
+                    && (record_kind == RECORD_FORWARD || conn.not_draining || after > self.hard_cap)
+                {
+                    drop(m, DropReason::QueueTail);
+                    return false;
+                }
+                if conn.data.capacity() < QUEUE_START {
+                    // A queue that carries data gets a working size at once
+                    // (it and the spare swap roles on every flush), so it
+                    // grows in a few large steps, never packet by packet.
+                    conn.data.reserve(QUEUE_START);
+                }
+                frame::put_recv_packet(&mut conn.data, src, packet);
+                conn.data_n += 1;
+                if after > cap_bytes
+                    && record_kind != RECORD_FORWARD
+                    && !conn.waiters.contains(&from)
+                {
+                    if conn.waiters.is_empty() {
+                        // A new hold: its budget starts now.
+                        conn.held_since = self.now;
+                        conn.acked_mark = None;
+                        if !conn.holding {
+                            conn.holding = true;
+                            self.holders.push((slot, conn.gen));
+                        }
+                    }
+                    conn.waiters.push(from);
+                    pause = true;
+                }
+            }
+        }
+        m.packets_sent.inc();
+        m.bytes_sent.add(packet.len() as u64);
+        conn.gauged_bytes += frame_len;
+        m.queued_bytes.add(frame_len as i64);
+        if conn.last_src != Some(*src) {
+            conn.last_src = Some(*src);
+            if conn.recv_from.insert(*src) {
+                let gen = conn.gen;
+                self.receivers.entry(*src).or_default().push((slot, gen));
+            }
+        }
+        self.mark_dirty(slot);
+        pause
+    }
+
+    pub(super) fn not_here(&mut self, to: ConnRef, dst: NodePublic) {
+        let Some(slot) = self.live(to) else { return };
+        let now = self.now;
+        let conn = &mut self.conns[slot];
+        if conn.take_not_here_token(now) {
+            frame::put_peer_gone(&mut conn.ctrl, &dst, PeerGoneReason::NotHere);
+            self.shared.metrics.shards[self.id]
+                .peer_gone_not_here_frames
+                .inc();
+            self.mark_dirty(slot);
+        }
+    }
+
+    /// Reads everything shard `from` left for this one.
+    pub(super) fn drain_from(&mut self, from: usize) {
+        // Take the control messages visible now before reading packets:
+        // every packet pushed before them is then visible too, so a KeyGone
+        // is never applied ahead of a packet its key sent earlier.
+        if let Some(rx) = self.rings.msg_rx[from].as_mut() {
+            while let Some(mail) = rx.recv() {
+                self.mail_batch.push(mail);
+            }
+        }
+        let mut rx = self.rings.bytes_rx[from]
+            .take()
+            .expect("ring from another shard");
+        let backed_up = rx.len() * 2 > rx.capacity();
+        let mut scratch = std::mem::take(&mut self.record);
+        while rx
+            .pop_with(|a, b| {
+                if b.is_empty() {
+                    self.on_record(from, a);
+                } else {
+                    scratch.clear();
+                    scratch.extend_from_slice(a);
+                    scratch.extend_from_slice(b);
+                    self.on_record(from, &scratch);
+                }
+            })
+            .is_some()
+        {}
+        self.record = scratch;
+        self.rings.bytes_rx[from] = Some(rx);
+        if backed_up {
+            // The producer may have paused senders on this ring.
+            self.notify[from] = true;
+        }
+        let mut batch = std::mem::take(&mut self.mail_batch);
+        for mail in batch.drain(..) {
+            self.on_mail(mail);
+        }
+        self.mail_batch = batch;
+    }
+
+    pub(super) fn on_record(&mut self, from: usize, record: &[u8]) {
+        let Some((kind, src, dst, slot, gen, packet)) = read_record(record) else {
+            debug_assert!(false, "malformed cross-shard record");
+            return;
+        };
+        // The sender lives on the shard whose ring this is.
+        let sender = ConnRef {
+            shard: from,
+            slot: slot as usize,
+            gen,
+        };
+        if self.deliver(kind, &src, &dst, packet, sender) {
+            self.mail(from, Mail::Pause(sender));
+        }
+    }
+
+    pub(super) fn on_mail(&mut self, mail: Mail) {
+        match mail {
+            Mail::Migrate(conn) => self.migrate_in(conn),
+            Mail::NotHere { to, dst } => self.not_here(to, dst),
+            Mail::KeyGone(key) => self.key_gone(key),
+            Mail::AddWatcher(w) => self.add_watcher(w),
+            Mail::RemoveWatcher(w) => self.watchers.retain(|x| *x != w),
+            Mail::Watch(w, ev) => self.watch_event(w, ev),
+            Mail::ClosePeer(key) => self.close_peer(key),
+            Mail::Pause(r) => {
+                if let Some(slot) = self.live(r) {
+                    self.pause_sender(slot);
+                }
+            }
+            Mail::Resume(r) => self.resume_sender(r),
+        }
+    }
+
+    pub(super) fn retry_stalled(&mut self) {
+        let mut i = 0;
+        while i < self.stalled.len() {
+            let slot = self.stalled[i];
+            let Some(conn) = self.conns.get_mut(slot) else {
+                self.stalled.swap_remove(i);
+                continue;
+            };
+            if conn.closing.is_some() {
+                conn.stalled_to = None;
+                self.stalled.swap_remove(i);
+                continue;
+            }
+            let Some(shard) = conn.stalled_to else {
+                self.stalled.swap_remove(i);
+                continue;
+            };
+            let tx = self.rings.bytes_tx[shard].as_mut().expect("ring");
+            if !tx.try_push(&[&conn.stall_record]) {
+                i += 1;
+                continue;
+            }
+            conn.stalled_to = None;
+            self.notify[shard] = true;
+            self.shared.metrics.shards[self.id].cross_shard_out.inc();
+            self.stalled.swap_remove(i);
+            self.try_resume(slot);
+        }
+    }
+}
+
+pub(super) fn write_record_header(
+    out: &mut [u8; RECORD_HEADER],
+    kind: u8,
+    src: &NodePublic,
+    dst: &NodePublic,
+    slot: u32,
+    gen: u32,
+) {
+    out[0] = kind;
+    out[1..33].copy_from_slice(src.as_bytes());
+    out[33..65].copy_from_slice(dst.as_bytes());
+    out[65..69].copy_from_slice(&slot.to_le_bytes());
+    out[69..73].copy_from_slice(&gen.to_le_bytes());
+}
+
+type Record<'a> = (u8, NodePublic, NodePublic, u32, u32, &'a [u8]);
+
+pub(super) fn read_record(r: &[u8]) -> Option<Record<'_>> {
+    if r.len() < RECORD_HEADER {
+        return None;
+    }
+    let key = |b: &[u8]| NodePublic::from_bytes(b.try_into().expect("32 bytes"));
+    Some((
+        r[0],
+        key(&r[1..33]),
+        key(&r[33..65]),
+        u32::from_le_bytes(r[65..69].try_into().ok()?),
+        u32::from_le_bytes(r[69..73].try_into().ok()?),
+        &r[RECORD_HEADER..],
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_header_round_trips() {
+        let src = NodePublic::from_bytes([1; 32]);
+        let dst = NodePublic::from_bytes([2; 32]);
+        let mut h = [0u8; RECORD_HEADER];
+        write_record_header(&mut h, RECORD_FORWARD, &src, &dst, 7, 9);
+        let mut rec = h.to_vec();
+        rec.extend_from_slice(b"pkt");
+        let (k, s, d, slot, gen, p) = read_record(&rec).unwrap();
+        assert_eq!(
+            (k, s, d, slot, gen, p),
+            (RECORD_FORWARD, src, dst, 7, 9, &b"pkt"[..])
+        );
+        assert!(read_record(&rec[..10]).is_none());
+    }
+}

@@ -1,0 +1,94 @@
+//! The sweep (handshake deadlines, write timeouts, keepalives, memory
+//! given back when idle) and the start of a graceful drain.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn sweep(&mut self) {
+        let now = self.now;
+        let cfg = self.shared.config.clone();
+        let mut expired: Vec<(Slot, CloseReason, bool)> = Vec::new();
+        for (slot, conn) in self.conns.iter_mut() {
+            if conn.closing.is_some() || conn.stream.is_some() {
+                continue;
+            }
+            if conn.phase != Phase::Active {
+                if now >= conn.deadline {
+                    match conn.close_after_flush {
+                        // A response or farewell the client did not take.
+                        Some(reason) => expired.push((slot, reason, false)),
+                        None => expired.push((slot, CloseReason::Handshake, false)),
+                    }
+                }
+                continue;
+            }
+            if let Some(since) = conn.in_flight {
+                let limit = if conn.mesh {
+                    Some(cfg.mesh_write_timeout)
+                } else {
+                    cfg.write_timeout
+                };
+                if limit.is_some_and(|l| now.duration_since(since) >= l) {
+                    expired.push((slot, CloseReason::WriteTimeout, true));
+                    continue;
+                }
+            }
+            if now >= conn.next_keepalive {
+                conn.next_keepalive = now
+                    + cfg.keepalive
+                    + Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
+                frame::put_keepalive(&mut conn.ctrl);
+                if !conn.dirty {
+                    conn.dirty = true;
+                    self.dirty.push(slot);
+                }
+                // A quiet moment: give back memory an earlier burst took.
+                if conn.in_flight.is_none() && conn.spare.capacity() > IDLE_BUFFER_KEEP {
+                    conn.spare = Vec::new();
+                }
+                if conn.data.is_empty() && conn.data.capacity() > IDLE_BUFFER_KEEP {
+                    conn.data = Vec::new();
+                }
+                conn.deframer.shrink_if_idle();
+            }
+        }
+        for (slot, reason, write_timeout) in expired {
+            let peer = self.conns[slot].peer;
+            if write_timeout {
+                self.m().sclient_write_timeouts.inc();
+                let key = self.conns[slot].key;
+                conn_log!(self, info, %peer, client = %key, "client stopped reading for the write timeout; closing connection");
+                self.close(slot, reason);
+            } else if reason != CloseReason::Handshake {
+                self.close(slot, reason);
+            } else {
+                let phase = self.conns[slot].phase;
+                self.fail_handshake(
+                    slot,
+                    HandshakeFailure::Timeout,
+                    &format_args!("no complete handshake within the deadline (phase {phase:?})"),
+                );
+            }
+        }
+    }
+
+    pub(super) fn start_drain(&mut self) {
+        self.draining = Some(self.now + self.shared.config.shutdown_grace);
+        let reconnect = self.shared.config.restart_reconnect_in.as_millis() as u32;
+        let try_for = self.shared.config.restart_try_for.as_millis() as u32;
+        let slots: Vec<Slot> = self.conns.iter().map(|(s, _)| s).collect();
+        for slot in slots {
+            let conn = &mut self.conns[slot];
+            if conn.closing.is_some() || conn.stream.is_some() {
+                continue;
+            }
+            if conn.phase == Phase::Active {
+                frame::put_restarting(&mut conn.ctrl, reconnect, try_for);
+                conn.close_after_flush = Some(CloseReason::Shutdown);
+                self.mark_dirty(slot);
+            } else if conn.phase != Phase::Responding {
+                self.close(slot, CloseReason::Shutdown);
+            }
+        }
+    }
+}
