@@ -133,6 +133,11 @@ pub trait Driver {
         Err(std::io::ErrorKind::Unsupported.into())
     }
 
+    /// The most bytes one turn can report as received for one socket. A
+    /// handler that pauses a socket may still be handed this much from the
+    /// turn in which it paused, and sizes its overshoot bounds with it.
+    fn max_turn_bytes(&self) -> usize;
+
     /// Bytes of `slot`'s outgoing stream the peer has acknowledged so far
     /// (TCP's `bytes_acked`). Two readings some time apart tell a peer that
     /// takes bytes slowly (the count moves) from one that takes none (it

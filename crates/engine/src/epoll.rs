@@ -403,6 +403,10 @@ impl Driver for EpollDriver {
         self.socks.get(slot)?.as_ref().map(|s| s.stream.as_fd())
     }
 
+    fn max_turn_bytes(&self) -> usize {
+        READ_CHUNK * READ_BUDGET
+    }
+
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {
         use std::os::fd::AsFd;
         let sock = self.socks.get(slot)?.as_ref()?;

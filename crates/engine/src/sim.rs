@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 use crate::driver::{Completion, Driver, Slot};
 use crate::runtime::Handler;
 
+/// What [`SimDriver`] reports as [`Driver::max_turn_bytes`].
+pub const SIM_TURN_BYTES: usize = 256 * 1024;
+
 /// What a simulated peer does with what the handler sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reader {
@@ -334,6 +337,11 @@ impl Driver for SimDriver {
 
     fn name(&self) -> &'static str {
         "sim"
+    }
+
+    fn max_turn_bytes(&self) -> usize {
+        // A test queues what it likes; this is what the shard plans for.
+        SIM_TURN_BYTES
     }
 
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {

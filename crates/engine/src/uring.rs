@@ -215,6 +215,8 @@ pub struct UringDriver {
     ring: Ring,
     st: State,
     waker: Waker,
+    /// See [`Driver::max_turn_bytes`].
+    max_turn_bytes: usize,
 }
 
 impl UringDriver {
@@ -235,7 +237,12 @@ impl UringDriver {
             "io_uring ring ready"
         );
         let waker = ring.waker();
+        // One socket's receives in one turn fill at most the whole buffer
+        // pool, and never more than the socket's receive buffer held.
+        let pool = usize::from(opts.bufs_max) * opts.buf_size as usize;
+        let max_turn_bytes = ferry_sys::sockopt::tcp_rmem_max().map_or(pool, |r| r.min(pool));
         Ok(UringDriver {
+            max_turn_bytes,
             ring,
             st: State {
                 socks: Vec::new(),
@@ -761,6 +768,10 @@ impl Driver for UringDriver {
 
     fn name(&self) -> &'static str {
         "uring"
+    }
+
+    fn max_turn_bytes(&self) -> usize {
+        self.max_turn_bytes
     }
 
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {

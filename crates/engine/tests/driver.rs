@@ -460,6 +460,34 @@ fn bytes_acked_follows_the_reader<D: Driver>(make: Make<D>) {
     }
 }
 
+/// One turn never reports more for one socket than the driver says it
+/// can (the shard sizes its queues' overshoot by it).
+fn one_turn_stays_within_max_turn_bytes<D: Driver>(make: Make<D>) {
+    let mut d = make().unwrap();
+    let bound = d.max_turn_bytes();
+    assert!(bound > 0);
+    let (client, server) = pair();
+    d.attach(1, server).unwrap();
+    let total = 3 * bound.min(16 << 20) + 1;
+    let writer = write_in_background(client, pattern(total, 9), 1 << 20);
+    let mut got = 0;
+    let start = Instant::now();
+    while got < total {
+        assert!(
+            start.elapsed() < LONG,
+            "only {got} of {total} bytes arrived"
+        );
+        let evs = turn(&mut d, Some(Duration::from_millis(20)));
+        let this_turn = bytes_for(&evs, 1).len();
+        assert!(
+            this_turn <= bound,
+            "{this_turn} bytes in one turn; bound {bound}"
+        );
+        got += this_turn;
+    }
+    writer.join().unwrap();
+}
+
 fn send_to_a_vanished_peer_fails<D: Driver>(make: Make<D>) {
     let mut d = make().unwrap();
     let (client, server) = pair();
@@ -797,6 +825,7 @@ conformance!(
     turn_honours_its_timeout,
     large_send_completes_after_peer_drains,
     bytes_acked_follows_the_reader,
+    one_turn_stays_within_max_turn_bytes,
     send_to_a_vanished_peer_fails,
     close_cancels_and_slot_reuse_is_clean,
     detach_waits_for_the_send,

@@ -355,6 +355,7 @@ impl ShardStart {
             rings,
             std::time::Instant::now(),
             rand::random(),
+            driver.max_turn_bytes(),
         );
         let result = run_shard(&mut driver, &bell, &mut shard);
         if let Err(e) = &result {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use ferry_engine::sim::{Reader, SimDriver};
+use ferry_engine::sim::{Reader, SimDriver, SIM_TURN_BYTES};
 use ferry_engine::Slot;
 use ferry_proto::frame::{self, ClientFramePolicy, Deframer, FrameType, ServerFrame};
 use ferry_proto::handshake;
@@ -61,7 +61,7 @@ impl Sim {
         };
         let now = Instant::now();
         Sim {
-            shard: Shard::new(0, 1, shared.clone(), rings, now, 7),
+            shard: Shard::new(0, 1, shared.clone(), rings, now, 7, SIM_TURN_BYTES),
             d: SimDriver::new().unwrap(),
             shared,
             metrics,

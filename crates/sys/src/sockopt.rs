@@ -79,6 +79,17 @@ pub fn tcp_bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(info.tcpi_bytes_acked)
 }
 
+/// The largest receive buffer the kernel grows a TCP socket to (the third
+/// field of `net.ipv4.tcp_rmem`), or `None` where it cannot be read.
+pub fn tcp_rmem_max() -> Option<usize> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+        .ok()?
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
 /// Which buffer [`set_buffer`] sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buffer {

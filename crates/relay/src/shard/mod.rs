@@ -305,7 +305,8 @@ mod timers;
 
 impl Shard {
     /// A shard with its id, the shared state and its rings, created at
-    /// `now`. `seed` seeds its keepalive jitter.
+    /// `now`. `seed` seeds its keepalive jitter; `max_turn_bytes` is its
+    /// driver's [`Driver::max_turn_bytes`] (every shard's is the same).
     pub fn new(
         id: usize,
         shards: usize,
@@ -313,11 +314,11 @@ impl Shard {
         rings: Rings,
         now: Instant,
         seed: u64,
+        max_turn_bytes: usize,
     ) -> Self {
         let cfg = &shared.config;
         // Per other shard: a full ring plus one turn of reads.
-        let per_shard =
-            cfg.ring_bytes + ferry_engine::epoll::READ_CHUNK * ferry_engine::epoll::READ_BUDGET;
+        let per_shard = cfg.ring_bytes + max_turn_bytes;
         let hard_cap = cfg.send_queue_bytes + (shards - 1) * per_shard + frame::MAX_PACKET_SIZE;
         Shard {
             id,
