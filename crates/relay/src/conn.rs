@@ -21,6 +21,7 @@ use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
 use crate::metrics::CloseReason;
+use crate::transport::Transport;
 
 /// A reference to a connection on some shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,17 +59,8 @@ pub struct Conn {
     pub peer: SocketAddr,
     /// What the listener that accepted it serves.
     pub listener: ListenerKind,
-    /// TLS state, when the listener is TLS and TLS runs in userspace.
-    pub tls: Option<Box<rustls::ServerConnection>>,
-    /// TLS state once the record layer moved into the kernel: the socket
-    /// then carries plaintext both ways, and only control records (alerts,
-    /// KeyUpdate) come up as [`ferry_engine::Completion::Record`].
-    pub ktls: Option<Box<crate::ktls::KtlsSession>>,
-    /// While a move into the kernel is still possible: where the TLS
-    /// records read so far end (a move is only safe at a record boundary).
-    pub ktls_boundary: Option<crate::ktls::RecordBoundary>,
-    /// Non-data records waiting to be handled after the turn.
-    pub tls_records: Vec<(u8, Vec<u8>)>,
+    /// Plain, TLS in userspace, or kernel TLS.
+    pub transport: Transport,
     /// Life phase.
     pub phase: Phase,
     /// The HTTP request head read so far.
@@ -183,10 +175,7 @@ impl Conn {
             stream: None,
             peer,
             listener,
-            tls: None,
-            ktls: None,
-            ktls_boundary: None,
-            tls_records: Vec::new(),
+            transport: Transport::Plain,
             phase: Phase::Http,
             head: Vec::new(),
             deframer: Deframer::new(),
@@ -237,7 +226,7 @@ impl Conn {
         !self.ctrl.is_empty()
             || !self.disco.is_empty()
             || !self.data.is_empty()
-            || self.tls.as_ref().is_some_and(|t| t.wants_write())
+            || self.transport.wants_write()
     }
 
     /// Bytes of queued plaintext.

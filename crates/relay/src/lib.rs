@@ -17,7 +17,8 @@
 //!   reads the clock: `now` comes from the loop, so `tests/sim.rs` drives
 //!   it on `ferry_engine::sim` with simulated time.
 //! - [`conn`] is one client connection; [`front`] answers plain HTTP
-//!   requests; [`tls`] sets up certificates; [`stun`] answers STUN;
+//!   requests; [`transport`] carries a connection's bytes (plain, TLS,
+//!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
 //!   [`metrics`] counts everything; [`config`] holds the settings.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
@@ -34,6 +35,7 @@ pub mod server;
 pub mod shard;
 pub mod stun;
 pub mod tls;
+pub mod transport;
 
 pub use config::{HomePage, ListenerKind, ListenerSpec, RelayConfig};
 pub use server::{Server, ServerOptions, StartError};

@@ -32,10 +32,7 @@ impl Shard {
                 match rustls::ServerConnection::new(tls.clone()) {
                     Ok(mut t) => {
                         t.set_buffer_limit(None);
-                        conn.tls = Some(Box::new(t));
-                        if self.shared.config.ktls {
-                            conn.ktls_boundary = Some(crate::ktls::RecordBoundary::new());
-                        }
+                        conn.transport = Transport::tls(t, self.shared.config.ktls);
                         self.m().tls_sockets.add(1);
                     }
                     Err(e) => {

@@ -21,7 +21,7 @@ impl Shard {
     /// Feeds raw socket bytes through TLS (if any) into the protocol.
     /// Bytes not consumed because input paused are stashed.
     pub(super) fn ingest(&mut self, slot: Slot, data: &[u8]) {
-        let Some(mut tls) = self.conns[slot].tls.take() else {
+        let Some(mut user) = self.conns[slot].transport.take_user() else {
             // Without TLS, whatever is not consumed is kept by the phase
             // that stopped (deframer or stash).
             let _ = self.process_plain(slot, data);
@@ -30,16 +30,16 @@ impl Shard {
         let mut rest = data;
         let mut ok = true;
         'feed: loop {
-            if !self.drain_tls(slot, &mut tls) {
+            if !self.drain_tls(slot, &mut user.conn) {
                 break 'feed;
             }
             if rest.is_empty() {
                 break;
             }
             let before = rest;
-            match tls.read_tls(&mut rest) {
+            match user.conn.read_tls(&mut rest) {
                 Ok(n) => {
-                    if let Some(b) = self.conns[slot].ktls_boundary.as_mut() {
+                    if let Some(b) = user.boundary.as_mut() {
                         b.feed(&before[..n]);
                     }
                 }
@@ -49,10 +49,10 @@ impl Shard {
                     break;
                 }
             }
-            if let Err(e) = tls.process_new_packets() {
+            if let Err(e) = user.conn.process_new_packets() {
                 // Let rustls send its alert, then close.
                 ok = false;
-                let _ = tls.write_tls(&mut self.conns[slot].ctrl);
+                let _ = user.conn.write_tls(&mut self.conns[slot].ctrl);
                 self.tls_failed(slot, &e);
                 break;
             }
@@ -61,14 +61,15 @@ impl Shard {
         if ok && !rest.is_empty() && conn.closing.is_none() {
             conn.stash.extend_from_slice(rest);
         }
-        let wants_write = tls.wants_write();
-        let handshaken = !tls.is_handshaking();
-        conn.tls = Some(tls);
+        let wants_write = user.conn.wants_write();
+        let handshaken = !user.conn.is_handshaking();
+        let may_move = user.boundary.is_some();
+        conn.transport.put_user(user);
         if wants_write {
             self.mark_dirty(slot);
         }
         let conn = &self.conns[slot];
-        if handshaken && conn.ktls_boundary.is_some() && conn.closing.is_none() {
+        if handshaken && may_move && conn.closing.is_none() {
             let gen = conn.gen;
             if !self
                 .ktls_candidates
@@ -339,9 +340,9 @@ impl Shard {
         if self.resume_frames(slot).is_break() {
             return;
         }
-        if let Some(mut tls) = self.conns[slot].tls.take() {
-            let go_on = self.drain_tls(slot, &mut tls);
-            self.conns[slot].tls = Some(tls);
+        if let Some(mut user) = self.conns[slot].transport.take_user() {
+            let go_on = self.drain_tls(slot, &mut user.conn);
+            self.conns[slot].transport.put_user(user);
             if !go_on {
                 return;
             }

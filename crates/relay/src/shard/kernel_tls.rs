@@ -13,16 +13,16 @@ impl Shard {
         if conn.closing.is_some() {
             return;
         }
-        if conn.ktls.is_none() {
+        let Some(kernel) = conn.transport.kernel() else {
             let peer = conn.peer;
             conn_log!(self, info, %peer, record_type, "TLS control record on a connection without kernel TLS; closing");
             self.close(slot, CloseReason::IoError);
             return;
-        }
-        if conn.tls_records.is_empty() {
+        };
+        if kernel.records.is_empty() {
             self.record_slots.push(slot);
         }
-        conn.tls_records.push((record_type, data.to_vec()));
+        kernel.records.push((record_type, data.to_vec()));
     }
 
     /// Moves TLS sessions into the kernel where it is safe now: between
@@ -36,18 +36,22 @@ impl Shard {
                 self.ktls_candidates.swap_remove(i);
                 continue;
             };
-            let waiting = conn.in_flight.is_some()
+            let busy = conn.in_flight.is_some()
                 || !conn.stash.is_empty()
-                || conn.phase == Phase::Migrating
-                || !conn.ktls_boundary.as_ref().is_some_and(|b| b.at_boundary());
-            if conn.closing.is_some() || conn.tls.is_none() || conn.phase == Phase::Responding {
-                conn.ktls_boundary = None;
+                || conn.phase == Phase::Migrating;
+            let (closing, responding) = (conn.closing.is_some(), conn.phase == Phase::Responding);
+            let Some(user) = conn.transport.user() else {
+                self.ktls_candidates.swap_remove(i);
+                continue;
+            };
+            if closing || responding {
+                user.boundary = None;
                 self.ktls_candidates.swap_remove(i);
                 continue;
             }
-            if waiting {
+            if busy || !user.boundary.as_ref().is_some_and(|b| b.at_boundary()) {
                 if self.now >= deadline {
-                    conn.ktls_boundary = None;
+                    user.boundary = None;
                     self.ktls_candidates.swap_remove(i);
                 } else {
                     i += 1;
@@ -55,18 +59,18 @@ impl Shard {
                 continue;
             }
             use crate::ktls::Handoff;
-            if let Err(reason) = conn.tls.as_ref().expect("tls").ready() {
+            if let Err(reason) = user.conn.ready() {
                 if reason.is_transient() && self.now < deadline {
                     i += 1;
                 } else {
+                    user.boundary = None;
                     self.ktls_refused(reason.label());
-                    self.conns[slot].ktls_boundary = None;
                     self.ktls_candidates.swap_remove(i);
                 }
                 continue;
             }
+            user.boundary = None;
             self.ktls_candidates.swap_remove(i);
-            self.conns[slot].ktls_boundary = None;
             if driver.set_ktls_rx(slot).is_err() {
                 self.ktls_refused("backend");
                 continue;
@@ -75,14 +79,20 @@ impl Shard {
                 self.ktls_refused("backend");
                 continue;
             };
-            let tls = self.conns[slot].tls.take().expect("tls");
-            match crate::ktls::KtlsSession::start(*tls, fd) {
+            let user = self.conns[slot].transport.take_user().expect("tls");
+            match crate::ktls::KtlsSession::start(user.conn, fd) {
                 Ok(session) => {
-                    self.conns[slot].ktls = Some(Box::new(session));
+                    self.conns[slot].transport = Transport::Kernel(Box::new(KernelTls {
+                        session,
+                        records: Vec::new(),
+                    }));
                     self.m().ktls_sockets.add(1);
                 }
-                Err(crate::ktls::Refused::Usable { conn: tls, reason }) => {
-                    self.conns[slot].tls = Some(Box::new(tls));
+                Err(crate::ktls::Refused::Usable { conn, reason }) => {
+                    self.conns[slot].transport.put_user(Box::new(UserTls {
+                        conn,
+                        boundary: None,
+                    }));
                     self.ktls_refused(reason.label());
                 }
                 Err(crate::ktls::Refused::Dead(e)) => {
@@ -111,10 +121,11 @@ impl Shard {
             let Some(conn) = self.conns.get_mut(slot) else {
                 continue;
             };
-            let records = std::mem::take(&mut conn.tls_records);
-            let (Some(session), Some(fd)) = (conn.ktls.as_mut(), driver.fd(slot)) else {
+            let (Some(kernel), Some(fd)) = (conn.transport.kernel(), driver.fd(slot)) else {
                 continue;
             };
+            let records = std::mem::take(&mut kernel.records);
+            let session = &mut kernel.session;
             let mut end: Option<Result<(), String>> = None;
             for (record_type, data) in &records {
                 match session.on_record(fd, *record_type, data) {

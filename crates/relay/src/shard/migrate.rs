@@ -17,7 +17,7 @@ impl Shard {
         conn.gauged_bytes = 0;
         m.queued_bytes.add(conn.regauge());
         count_transport(m, &conn, 1);
-        let ktls = conn.ktls.is_some();
+        let ktls = conn.transport.is_kernel();
         let slot = self.conns.insert(*conn);
         self.ops.push(Op::Attach(slot, stream));
         if ktls {

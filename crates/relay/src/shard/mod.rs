@@ -79,6 +79,7 @@ use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
+use crate::transport::{KernelTls, Transport, UserTls};
 
 /// How often deadlines, keepalives and write timeouts are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -616,10 +617,10 @@ impl<D: Driver> Handler<D> for Shard {
 
 /// Adds `sign` to the TLS gauges a connection counts in.
 fn count_transport(m: &ShardMetrics, conn: &Conn, sign: i64) {
-    if conn.tls.is_some() || conn.ktls.is_some() {
+    if conn.transport.is_tls() {
         m.tls_sockets.add(sign);
     }
-    if conn.ktls.is_some() {
+    if conn.transport.is_kernel() {
         m.ktls_sockets.add(sign);
     }
 }

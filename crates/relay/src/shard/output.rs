@@ -18,7 +18,7 @@ impl Shard {
             if conn.closing.is_some() || conn.in_flight.is_some() || conn.stream.is_some() {
                 continue;
             }
-            if let Some(session) = conn.ktls.as_mut() {
+            if let Some(KernelTls { session, .. }) = conn.transport.kernel() {
                 if session.key_update_due() {
                     match driver.fd(slot).map(|fd| session.rekey_tx(fd)) {
                         Some(Ok(true)) => {}
@@ -38,7 +38,7 @@ impl Shard {
             let mut buf = std::mem::take(&mut conn.spare);
             buf.clear();
             let moved = conn.queued_bytes() as i64;
-            if let Some(tls) = conn.tls.as_mut() {
+            if let Some(UserTls { conn: tls, .. }) = conn.transport.user() {
                 if !tls.is_handshaking() {
                     // One plaintext write per flush: rustls cuts it into as
                     // few records as the 16 KiB record limit allows, so many
@@ -97,7 +97,7 @@ impl Shard {
             conn.in_flight_bytes = moved as usize;
             let delta = conn.regauge();
             self.shared.metrics.shards[self.id].queued_bytes.add(delta);
-            if let Some(session) = conn.ktls.as_mut() {
+            if let Some(KernelTls { session, .. }) = conn.transport.kernel() {
                 // Counts records against the cipher's limit; where keys
                 // cannot be renewed in time, the session must end.
                 if session.note_sent(buf.len()).is_err() {

@@ -1,0 +1,99 @@
+//! How a connection's bytes are carried: plain TCP, TLS in userspace
+//! (rustls), or TLS whose record layer moved into the kernel (kTLS).
+//!
+//! One enum instead of a set of `Option`s, so that a connection is always
+//! exactly one of them: a TLS connection starts in [`Transport::Tls`] and
+//! may move to [`Transport::Kernel`] (see `shard::kernel_tls`), never
+//! back. WebSocket will be a fourth kind under the same DERP code.
+
+use crate::ktls::{KtlsSession, RecordBoundary};
+
+/// A connection's transport.
+pub enum Transport {
+    /// Plain TCP: HTTP, or DERP on a plain listener.
+    Plain,
+    /// TLS in userspace.
+    Tls(Box<UserTls>),
+    /// TLS whose record layer is in the kernel: the socket carries
+    /// plaintext both ways, and only control records (alerts, KeyUpdate)
+    /// come up as `ferry_engine::Completion::Record`.
+    Kernel(Box<KernelTls>),
+}
+
+/// rustls in userspace.
+pub struct UserTls {
+    /// The session.
+    pub conn: rustls::ServerConnection,
+    /// While a move into the kernel is still possible: where the TLS
+    /// records read so far end (a move is only safe at a record boundary).
+    pub boundary: Option<RecordBoundary>,
+}
+
+/// A session whose record layer moved into the kernel.
+pub struct KernelTls {
+    /// What the kernel cannot do on its own (KeyUpdate, alerts, limits).
+    pub session: KtlsSession,
+    /// Control records that arrived in a turn, handled after it.
+    pub records: Vec<(u8, Vec<u8>)>,
+}
+
+impl Transport {
+    /// A userspace TLS session; `ktls` keeps the record boundary so that
+    /// it may move into the kernel later.
+    pub fn tls(conn: rustls::ServerConnection, ktls: bool) -> Transport {
+        Transport::Tls(Box::new(UserTls {
+            conn,
+            boundary: ktls.then(RecordBoundary::new),
+        }))
+    }
+
+    /// Whether bytes are TLS-protected (in userspace or in the kernel).
+    pub fn is_tls(&self) -> bool {
+        !matches!(self, Transport::Plain)
+    }
+
+    /// The userspace session, if that is what this is.
+    pub fn user(&mut self) -> Option<&mut UserTls> {
+        match self {
+            Transport::Tls(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The kernel session, if that is what this is.
+    pub fn kernel(&mut self) -> Option<&mut KernelTls> {
+        match self {
+            Transport::Kernel(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Whether the record layer is in the kernel.
+    pub fn is_kernel(&self) -> bool {
+        matches!(self, Transport::Kernel(_))
+    }
+
+    /// Takes the userspace session out (leaving [`Transport::Plain`]) so
+    /// that it can be driven while the connection is borrowed elsewhere;
+    /// [`Transport::put_user`] puts it back.
+    pub fn take_user(&mut self) -> Option<Box<UserTls>> {
+        match std::mem::replace(self, Transport::Plain) {
+            Transport::Tls(t) => Some(t),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
+    /// Puts back what [`Transport::take_user`] took.
+    pub fn put_user(&mut self, tls: Box<UserTls>) {
+        *self = Transport::Tls(tls);
+    }
+
+    /// Whether the userspace session has bytes of its own to write (a
+    /// handshake message, an alert).
+    pub fn wants_write(&self) -> bool {
+        matches!(self, Transport::Tls(t) if t.conn.wants_write())
+    }
+}
