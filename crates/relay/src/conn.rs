@@ -34,6 +34,50 @@ pub struct ConnRef {
     pub gen: u32,
 }
 
+/// A reason to hold a connection's input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Hold {
+    /// A packet waits for room in the ring to another shard.
+    Ring = 1,
+    /// A destination it feeds is over its queue cap (backpressure).
+    Backpressure = 2,
+    /// Moving to the shard that owns its key.
+    Migrating = 4,
+    /// On its way out: writing a last response or farewell.
+    Closing = 8,
+}
+
+/// The reasons holding a connection's input; input flows when there are
+/// none. Each reason is set and lifted by the code that owns it, so one
+/// reason going away never lets input through while another holds it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gate(u8);
+
+impl Gate {
+    /// Adds a reason.
+    pub fn hold(&mut self, why: Hold) {
+        self.0 |= why as u8;
+    }
+
+    /// Lifts a reason; `true` if it was held.
+    pub fn release(&mut self, why: Hold) -> bool {
+        let held = self.holds(why);
+        self.0 &= !(why as u8);
+        held
+    }
+
+    /// Whether `why` holds input now.
+    pub fn holds(&self, why: Hold) -> bool {
+        self.0 & why as u8 != 0
+    }
+
+    /// Whether nothing holds input.
+    pub fn is_open(&self) -> bool {
+        self.0 == 0
+    }
+}
+
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
@@ -69,14 +113,17 @@ pub struct Conn {
     pub deframer: Deframer,
     /// Raw bytes received while input was paused.
     pub stash: Vec<u8>,
-    /// Input is paused (ring full, migrating).
+    /// Input is stopped: the socket is not read (TCP pushes back on the
+    /// peer) and bytes already read wait in `stash`. It restarts once
+    /// `gate` holds nothing.
     pub paused: bool,
-    /// A packet record waits for space in the ring to this shard.
+    /// Why input is held.
+    pub gate: Gate,
+    /// With [`Hold::Ring`]: the shard whose ring had no room ...
     pub stalled_to: Option<usize>,
-    /// That record (its memory is kept for the next stall).
+    /// ... and the packet record that waits for it (its memory is kept for
+    /// the next stall).
     pub stall_record: Vec<u8>,
-    /// Paused because a destination it sends to is backed up.
-    pub bp_paused: bool,
     /// Senders paused because this connection's queue is over its cap;
     /// resumed when it drains or goes away.
     pub waiters: Vec<ConnRef>,
@@ -181,9 +228,9 @@ impl Conn {
             deframer: Deframer::new(),
             stash: Vec::new(),
             paused: false,
+            gate: Gate::default(),
             stalled_to: None,
             stall_record: Vec::new(),
-            bp_paused: false,
             waiters: Vec::new(),
             holding: false,
             held_since: now,

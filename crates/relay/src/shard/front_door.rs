@@ -185,8 +185,7 @@ impl Shard {
         } else {
             // Frames after clientInfo stay in the deframer and travel along.
             conn.phase = Phase::Migrating;
-            conn.paused = true;
-            self.ops.push(Op::SetRecv(slot, false));
+            self.hold_input(slot, Hold::Migrating);
             self.migrating.push(slot);
             ControlFlow::Break(())
         }

@@ -1,23 +1,37 @@
-//! What holds a connection's input: backpressure from the destinations
-//! it feeds, with its budget (see the shard module's doc), and resuming.
+//! What holds a connection's input ([`Gate`](crate::conn::Gate): a ring stall, backpressure
+//! from the destinations it feeds, migration, closing), the backpressure
+//! budget (see the shard module's doc), and resuming input once nothing
+//! holds it.
 
 use super::*;
 
 impl Shard {
-    /// Stops reading a local sender until every destination that paused
-    /// it has drained.
-    pub(super) fn pause_sender(&mut self, slot: Slot) {
+    /// Holds `slot`'s input for `why`, stopping its socket's reads.
+    pub(super) fn hold_input(&mut self, slot: Slot, why: Hold) {
         let conn = &mut self.conns[slot];
-        if !conn.bp_paused {
-            conn.bp_paused = true;
-            let m = &self.shared.metrics.shards[self.id];
-            m.backpressure_pauses.inc();
-            m.senders_paused.add(1);
-        }
+        conn.gate.hold(why);
         if !conn.paused {
             conn.paused = true;
             self.ops.push(Op::SetRecv(slot, false));
         }
+    }
+
+    /// Lifts `why` from `slot`'s input; reading resumes if nothing else
+    /// holds it.
+    pub(super) fn release_input(&mut self, slot: Slot, why: Hold) {
+        self.conns[slot].gate.release(why);
+        self.try_resume(slot);
+    }
+
+    /// Stops reading a local sender until every destination that paused
+    /// it has drained.
+    pub(super) fn pause_sender(&mut self, slot: Slot) {
+        if !self.conns[slot].gate.holds(Hold::Backpressure) {
+            let m = &self.shared.metrics.shards[self.id];
+            m.backpressure_pauses.inc();
+            m.senders_paused.add(1);
+        }
+        self.hold_input(slot, Hold::Backpressure);
     }
 
     /// A destination that paused `r` drained or left.
@@ -27,23 +41,16 @@ impl Shard {
             return;
         }
         let Some(slot) = self.live(r) else { return };
-        let conn = &mut self.conns[slot];
-        if conn.bp_paused {
-            conn.bp_paused = false;
+        if self.conns[slot].gate.holds(Hold::Backpressure) {
             self.shared.metrics.shards[self.id].senders_paused.add(-1);
         }
-        self.try_resume(slot);
+        self.release_input(slot, Hold::Backpressure);
     }
 
-    /// Resumes input if nothing holds it any more.
+    /// Resumes input if it is stopped and nothing holds it any more.
     pub(super) fn try_resume(&mut self, slot: Slot) {
         let conn = &self.conns[slot];
-        if conn.paused
-            && !conn.bp_paused
-            && conn.stalled_to.is_none()
-            && conn.phase == Phase::Active
-            && !self.ended(slot)
-        {
+        if conn.paused && conn.gate.is_open() && conn.phase == Phase::Active && !self.ended(slot) {
             self.resume_input(slot);
         }
     }

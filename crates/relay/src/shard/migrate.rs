@@ -8,6 +8,8 @@ impl Shard {
         let Some(stream) = conn.stream.take() else {
             return;
         };
+        // Arrived: the move no longer holds its input.
+        conn.gate.release(Hold::Migrating);
         self.next_gen = self.next_gen.wrapping_add(1);
         conn.gen = self.next_gen;
         conn.dirty = false;

@@ -74,7 +74,7 @@ use rand::{Rng, SeedableRng};
 use slab::Slab;
 
 use crate::config::{ListenerKind, RelayConfig};
-use crate::conn::{Conn, Phase};
+use crate::conn::{Conn, Hold, Phase};
 use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,

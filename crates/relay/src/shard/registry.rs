@@ -17,7 +17,7 @@ impl Shard {
         let phase = conn.phase;
         let (disco_n, data_n) = (conn.disco_n, conn.data_n);
         let queued = conn.regauge();
-        let bp_paused = std::mem::take(&mut conn.bp_paused);
+        let bp_paused = conn.gate.release(Hold::Backpressure);
         self.closing.push(slot);
         let m = &self.shared.metrics.shards[self.id];
         m.closes[reason as usize].inc();
@@ -53,8 +53,7 @@ impl Shard {
         conn.phase = Phase::Responding;
         conn.close_after_flush = Some(reason);
         conn.deadline = now + FINISH_GRACE;
-        conn.paused = true;
-        self.ops.push(Op::SetRecv(slot, false));
+        self.hold_input(slot, Hold::Closing);
         if was_active {
             self.unregister(slot);
         }

@@ -42,8 +42,7 @@ impl Shard {
         conn.stall_record.extend_from_slice(&header);
         conn.stall_record.extend_from_slice(packet);
         conn.stalled_to = Some(owner);
-        conn.paused = true;
-        self.ops.push(Op::SetRecv(slot, false));
+        self.hold_input(slot, Hold::Ring);
         self.stalled.push(slot);
         self.m().ring_stalls.inc();
         ControlFlow::Break(())
@@ -268,6 +267,7 @@ impl Shard {
             };
             if conn.closing.is_some() {
                 conn.stalled_to = None;
+                conn.gate.release(Hold::Ring);
                 self.stalled.swap_remove(i);
                 continue;
             }
@@ -284,7 +284,7 @@ impl Shard {
             self.notify[shard] = true;
             self.shared.metrics.shards[self.id].cross_shard_out.inc();
             self.stalled.swap_remove(i);
-            self.try_resume(slot);
+            self.release_input(slot, Hold::Ring);
         }
     }
 }
