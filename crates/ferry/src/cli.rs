@@ -29,20 +29,26 @@ pub struct Args {
     pub dev: bool,
 
     /// Server key file ({"PrivateKey":"privkey:…"}, as derper's); created if
-    /// missing.
+    /// missing. Default: /var/lib/ferry/ferry.key as root, else
+    /// $XDG_CONFIG_HOME/ferry/ferry.key (~/.config/ferry/ferry.key).
     #[arg(short = 'c', long = "c", alias = "config")]
     pub config: Option<PathBuf>,
 
     /// Certificate mode: "manual" (<certdir>/<hostname>.crt and .key; an IP
-    /// hostname without files gets a generated certificate) or "selfsigned".
+    /// hostname without files gets a generated certificate) or "selfsigned"
+    /// (generated once, kept in --certdir). derper's "letsencrypt" and
+    /// "gcp" are not supported yet. Default: manual on port 443.
     #[arg(long)]
     pub certmode: Option<String>,
 
-    /// Directory holding certificates for --certmode manual.
+    /// Directory holding the certificate files (--certmode manual) or the
+    /// generated certificate (selfsigned). Default: /var/lib/ferry/certs as
+    /// root, else $XDG_CACHE_HOME/ferry-certs (~/.cache/ferry-certs).
     #[arg(long)]
     pub certdir: Option<PathBuf>,
 
-    /// TLS host name (certificate file name and SNI to accept).
+    /// TLS host name (certificate file name and SNI to accept). derper's
+    /// default is derp.tailscale.com; ferry's is localhost.
     #[arg(long, default_value = "localhost")]
     pub hostname: String,
 
@@ -73,15 +79,17 @@ pub struct Args {
     pub mesh_psk_file: Option<PathBuf>,
 
     /// Cut off a client that does not read for this long (Go duration; 0
-    /// disables).
+    /// disables; otherwise 10ms to 1h). Mesh peers get 30s.
     #[arg(long = "tcp-write-timeout", default_value = "2s")]
     pub tcp_write_timeout: String,
 
-    /// TCP keepalive idle time for client sockets (Go duration; 0: system default).
+    /// TCP keepalive idle time for client sockets (Go duration; 0: system
+    /// default; otherwise 1s to 9h6m7s, the kernel's limit).
     #[arg(long = "tcp-keepalive-time", default_value = "10m0s")]
     pub tcp_keepalive_time: String,
 
-    /// TCP_USER_TIMEOUT for client sockets (Go duration; 0: system default).
+    /// TCP_USER_TIMEOUT for client sockets (Go duration; 0: system default;
+    /// otherwise 1s to 24h).
     #[arg(long = "tcp-user-timeout", default_value = "15s")]
     pub tcp_user_timeout: String,
 
@@ -89,7 +97,8 @@ pub struct Args {
     #[arg(long, default_value = "")]
     pub home: String,
 
-    /// Shard threads (default: one per usable core).
+    /// Shard threads, 1 to 1024 (default: one per usable core; more than
+    /// that is allowed, with a warning, and makes shards share cores).
     #[arg(long)]
     pub workers: Option<usize>,
 
@@ -112,15 +121,20 @@ pub struct Args {
     #[arg(long = "metrics-addr")]
     pub metrics_addr: Option<SocketAddr>,
 
-    /// Time allowed from accept to a finished DERP handshake (Go duration).
+    /// Time allowed from accept to a finished DERP handshake (Go duration,
+    /// more than 0 and at most 10m).
     #[arg(long = "handshake-timeout", default_value = "10s")]
     pub handshake_timeout: String,
 
-    /// Bytes of packets queued per client before new ones are dropped.
+    /// Bytes of packets queued per client (64 KiB to 1 GiB); a client over
+    /// it pauses the senders feeding it until it drains (backpressure), so
+    /// nothing is dropped.
     #[arg(long = "send-queue-bytes", default_value_t = 1 << 20)]
     pub send_queue_bytes: usize,
 
-    /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
+    /// Log filter: a level (error, warn, info, debug, trace, off) and/or
+    /// target=level directives, comma-separated (tracing's EnvFilter
+    /// syntax); FERRY_LOG overrides. A bad directive stops the start.
     #[arg(long, default_value = "info")]
     pub log: String,
 }
@@ -172,6 +186,158 @@ pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStr
     out
 }
 
+/// A derper flag that ferry does not implement yet.
+struct Unsupported {
+    /// Its name, without dashes.
+    name: &'static str,
+    /// It is a Go boolean flag (`-flag` or `-flag=false`, never a separate
+    /// value).
+    boolean: bool,
+    /// derper's default, which changes nothing and is therefore accepted;
+    /// `None` when no value is harmless.
+    harmless: Option<&'static str>,
+    /// What it does in derper.
+    what: &'static str,
+}
+
+/// derper v1.102.5's flags that ferry does not implement. Each is refused
+/// at start (unless given derper's own default, which does nothing): a
+/// flag accepted and ignored would leave an operator believing in a
+/// behaviour the relay does not have.
+const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
+    Unsupported {
+        name: "mesh-with",
+        boolean: false,
+        harmless: Some(""),
+        what: "meshing with other DERP servers",
+    },
+    Unsupported {
+        name: "secrets-url",
+        boolean: false,
+        harmless: Some(""),
+        what: "the mesh key from a setec secrets server",
+    },
+    Unsupported {
+        name: "secrets-path-prefix",
+        boolean: false,
+        harmless: None,
+        what: "the mesh key from a setec secrets server",
+    },
+    Unsupported {
+        name: "secrets-cache-dir",
+        boolean: false,
+        harmless: None,
+        what: "the mesh key from a setec secrets server",
+    },
+    Unsupported {
+        name: "verify-clients",
+        boolean: true,
+        harmless: Some("false"),
+        what: "admitting only clients the local tailscaled knows",
+    },
+    Unsupported {
+        name: "socket",
+        boolean: false,
+        harmless: None,
+        what: "the tailscaled socket for --verify-clients",
+    },
+    Unsupported {
+        name: "verify-client-url",
+        boolean: false,
+        harmless: Some(""),
+        what: "an admission webhook",
+    },
+    Unsupported {
+        name: "verify-client-url-fail-open",
+        boolean: true,
+        harmless: None,
+        what: "the admission webhook's failure policy",
+    },
+    Unsupported {
+        name: "bootstrap-dns-names",
+        boolean: false,
+        harmless: Some(""),
+        what: "the /bootstrap-dns endpoint",
+    },
+    Unsupported {
+        name: "unpublished-bootstrap-dns-names",
+        boolean: false,
+        harmless: Some(""),
+        what: "the /bootstrap-dns endpoint",
+    },
+    Unsupported {
+        name: "accept-connection-limit",
+        boolean: false,
+        harmless: Some("+Inf"),
+        what: "a rate limit on accepted connections",
+    },
+    Unsupported {
+        name: "accept-connection-burst",
+        boolean: false,
+        harmless: Some("9223372036854775807"),
+        what: "a rate limit on accepted connections",
+    },
+    Unsupported {
+        name: "rate-config",
+        boolean: false,
+        harmless: Some(""),
+        what: "per-client receive rate limits",
+    },
+    Unsupported {
+        name: "acme-ip-certs",
+        boolean: true,
+        harmless: Some("false"),
+        what: "Let's Encrypt certificates for IP addresses",
+    },
+    Unsupported {
+        name: "ace",
+        boolean: true,
+        harmless: Some("false"),
+        what: "the CONNECT proxy",
+    },
+];
+
+/// Refuses derper flags that ferry does not implement, naming the flag,
+/// before anything else happens. `args` are in clap's double-dash form
+/// (after [`normalize_go_flags`]).
+pub fn refuse_unsupported_derper_flags(args: &[OsString]) -> Result<()> {
+    let mut it = args.iter().skip(1);
+    while let Some(arg) = it.next() {
+        let Some(s) = arg.to_str() else { continue };
+        if s == "--" {
+            break;
+        }
+        let Some(body) = s.strip_prefix("--") else {
+            continue;
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (body, None),
+        };
+        let Some(flag) = UNSUPPORTED_DERPER_FLAGS.iter().find(|f| f.name == name) else {
+            continue;
+        };
+        let value = match (inline, flag.boolean) {
+            (Some(v), _) => v,
+            (None, true) => "true".to_string(),
+            (None, false) => it
+                .next()
+                .map(|v| v.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        let harmless = flag
+            .harmless
+            .is_some_and(|d| d == value || (d == "+Inf" && value.eq_ignore_ascii_case("inf")));
+        if !harmless {
+            bail!(
+                "--{name}: derper's flag for {} is not supported by ferry yet (see \"Differences from derper\" in the README)",
+                flag.what
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Parses a Go duration ("2s", "10m0s", "1h30m", "250ms", "0").
 pub fn parse_go_duration(s: &str) -> Result<Duration> {
     ferry_proto::godur::parse(s).with_context(|| {
@@ -209,10 +375,73 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
     bail!("-a {s:?}: expected host:port or :port")
 }
 
-fn opt_duration(flag: &str, s: &str) -> Result<Option<Duration>> {
+/// A duration flag: `0` means "off" (returns `None`) where `zero_ok`,
+/// anything else must lie within `min..=max`.
+fn duration_flag(
+    flag: &str,
+    s: &str,
+    zero_ok: bool,
+    min: Duration,
+    max: Duration,
+) -> Result<Option<Duration>> {
     let d = parse_go_duration(s).with_context(|| format!("--{flag}"))?;
-    Ok((!d.is_zero()).then_some(d))
+    if d.is_zero() {
+        if zero_ok {
+            return Ok(None);
+        }
+        bail!("--{flag} {s}: must be more than 0");
+    }
+    if d < min || d > max {
+        bail!(
+            "--{flag} {s}: must be between {} and {}{}",
+            go_duration(min),
+            go_duration(max),
+            if zero_ok { " (or 0)" } else { "" }
+        );
+    }
+    Ok(Some(d))
 }
+
+/// A duration as Go prints one, for messages: "10ms", "1h0m0s".
+fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec}s"),
+        (h, m, sec) => format!("{h}h{m}m{sec}s"),
+    }
+}
+
+/// Most shard threads either service accepts.
+pub const MAX_WORKERS: usize = 1024;
+
+/// Checks a shard count against the usable CPUs. Zero and more than
+/// [`MAX_WORKERS`] are refused; more than `cpus` is allowed (a test box,
+/// a container whose CPU quota is not its CPU set) but returns a warning
+/// to log, since shards then share cores and pinned ones double up.
+pub fn check_workers(flag: &str, workers: usize, cpus: usize) -> Result<Option<String>> {
+    if workers == 0 {
+        bail!("{flag} 0: at least one shard is needed (omit {flag} for one per usable core)");
+    }
+    if workers > MAX_WORKERS {
+        bail!("{flag} {workers}: at most {MAX_WORKERS}");
+    }
+    Ok((workers > cpus).then(|| {
+        format!(
+            "{flag} {workers} is more than the {cpus} usable CPU(s): shards will share cores \
+             (pinned shards double up), which costs latency and throughput"
+        )
+    }))
+}
+
+/// Smallest --send-queue-bytes: one maximum-size DERP packet (64 KiB).
+pub const MIN_SEND_QUEUE_BYTES: usize = 64 << 10;
+/// Largest --send-queue-bytes.
+pub const MAX_SEND_QUEUE_BYTES: usize = 1 << 30;
 
 /// What the flags resolve to.
 #[derive(Debug)]
@@ -233,6 +462,13 @@ pub struct Plan {
     pub tcp_user_timeout: Option<Duration>,
     /// Handshake deadline.
     pub handshake_timeout: Duration,
+    /// Shard threads.
+    pub workers: usize,
+    /// A warning about the shard count, to log once logging is up.
+    pub workers_warning: Option<String>,
+    /// No --certmode was given, and TLS was implied by port 443: derper
+    /// would use Let's Encrypt here, ferry uses manual mode.
+    pub cert_mode_implied: bool,
 }
 
 impl Plan {
@@ -252,9 +488,10 @@ impl Plan {
             }),
             (_, Some("selfsigned")) => Some(CertMode::SelfSigned {
                 hostname: args.hostname.clone(),
+                certdir: Some(certdir(args)),
             }),
             (_, Some(other @ ("letsencrypt" | "gcp"))) => {
-                bail!("--certmode {other}: ACME certificates are not supported yet; use manual or selfsigned")
+                bail!("--certmode {other}: not supported by ferry yet (it has no ACME client); use --certmode manual with certificates from an ACME client such as certbot or lego, or --certmode selfsigned")
             }
             (_, Some(other)) => bail!("--certmode {other:?}: expected manual or selfsigned"),
             (false, None) if addr.port() == 443 => Some(CertMode::Manual {
@@ -274,16 +511,55 @@ impl Plan {
         let stun = args
             .stun
             .then(|| SocketAddr::new(addr.ip(), args.stun_port));
+        let q = args.send_queue_bytes;
+        if !(MIN_SEND_QUEUE_BYTES..=MAX_SEND_QUEUE_BYTES).contains(&q) {
+            bail!(
+                "--send-queue-bytes {q}: must be between {MIN_SEND_QUEUE_BYTES} (one maximum-size DERP packet) and {MAX_SEND_QUEUE_BYTES}"
+            );
+        }
+        let cpus = ferry_sys::available_cpus().len().max(1);
+        let workers = args.workers.unwrap_or(cpus);
+        let workers_warning = check_workers("--workers", workers, cpus)?;
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
         Ok(Plan {
             addr,
             cert_mode,
             port80,
             stun,
-            write_timeout: opt_duration("tcp-write-timeout", &args.tcp_write_timeout)?,
-            tcp_keepalive: opt_duration("tcp-keepalive-time", &args.tcp_keepalive_time)?,
-            tcp_user_timeout: opt_duration("tcp-user-timeout", &args.tcp_user_timeout)?,
-            handshake_timeout: opt_duration("handshake-timeout", &args.handshake_timeout)?
-                .context("--handshake-timeout must be positive")?,
+            cert_mode_implied: cert_mode.is_some() && args.certmode.is_none(),
+            write_timeout: duration_flag(
+                "tcp-write-timeout",
+                &args.tcp_write_timeout,
+                true,
+                ms(10),
+                secs(3600),
+            )?,
+            // The kernel's TCP_KEEPIDLE limit is 32767 s.
+            tcp_keepalive: duration_flag(
+                "tcp-keepalive-time",
+                &args.tcp_keepalive_time,
+                true,
+                secs(1),
+                secs(32767),
+            )?,
+            tcp_user_timeout: duration_flag(
+                "tcp-user-timeout",
+                &args.tcp_user_timeout,
+                true,
+                secs(1),
+                secs(24 * 3600),
+            )?,
+            handshake_timeout: duration_flag(
+                "handshake-timeout",
+                &args.handshake_timeout,
+                false,
+                ms(100),
+                secs(600),
+            )?
+            .context("--handshake-timeout: must be more than 0")?,
+            workers,
+            workers_warning,
         })
     }
 }

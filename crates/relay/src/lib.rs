@@ -7,7 +7,8 @@
 //!   owner, queues, timers. See its module doc for the data path.
 //! - [`conn`] is one client connection; [`front`] answers plain HTTP
 //!   requests; [`tls`] sets up certificates; [`stun`] answers STUN;
-//!   [`metrics`] counts everything; [`config`] holds the settings.
+//!   [`metrics`] counts everything; [`health`] answers `/healthz`;
+//!   [`config`] holds the settings.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
@@ -17,6 +18,7 @@
 pub mod config;
 pub mod conn;
 pub mod front;
+pub mod health;
 pub mod ktls;
 pub mod metrics;
 pub mod server;
@@ -25,4 +27,4 @@ pub mod stun;
 pub mod tls;
 
 pub use config::{HomePage, ListenerKind, ListenerSpec, RelayConfig};
-pub use server::{Server, ServerOptions, StartError};
+pub use server::{Server, ServerOptions, SocketRole, StartError};

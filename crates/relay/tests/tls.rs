@@ -132,6 +132,7 @@ fn self_signed(hostname: &str) -> TlsSetup {
     tls::server_config(
         &CertMode::SelfSigned {
             hostname: hostname.to_owned(),
+            certdir: None,
         },
         SERVER_KEY,
     )

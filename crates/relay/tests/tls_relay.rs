@@ -103,6 +103,7 @@ fn tls_relays_with_kernel_tls_switched_on() {
         let setup = tls::server_config(
             &CertMode::SelfSigned {
                 hostname: "localhost".into(),
+                certdir: None,
             },
             *cfg.public_key.as_bytes(),
         )

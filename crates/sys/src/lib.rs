@@ -24,6 +24,8 @@
 //!   source addresses, GRO segment sizes, GSO and the drop counter.
 //! - [`gso`]: probing and switching UDP GRO and GSO.
 //! - [`sockopt`]: forced socket buffer sizes and `SO_RXQ_OVFL`.
+//! - [`port`]: making sure a port shared by one process's shards is not
+//!   also joined by another process.
 //! - [`ktls`]: kernel TLS: probing for it, handing a session's keys to a
 //!   socket, and typed record reads and writes (cmsg parsing in `cmsg`).
 //!
@@ -40,6 +42,7 @@ pub mod gso;
 pub mod ktls;
 pub mod limits;
 pub mod mmsg;
+pub mod port;
 pub mod process;
 pub mod signal;
 pub mod sockopt;
