@@ -186,6 +186,35 @@ pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStr
     out
 }
 
+/// Builds the log filter from `spec` (tracing's `EnvFilter` syntax),
+/// refusing what tracing would silently drop or misread: a directive that
+/// does not parse, and a bare word that is not a level (`verbose`,
+/// `debu`), which tracing takes as a target name and thereby turns every
+/// other message off. Errors name the directive.
+pub fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter> {
+    use tracing_subscriber::filter::{Directive, LevelFilter};
+    let mut directives = 0;
+    for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        directives += 1;
+        if let Err(e) = d.parse::<Directive>() {
+            bail!("bad directive {d:?}: {e}");
+        }
+        let bare = !d.contains(['=', '[', '{']);
+        if bare && d.parse::<LevelFilter>().is_err() {
+            bail!(
+                "bad directive {d:?}: not a level (error, warn, info, debug, trace, off); \
+                 for one module's logs write target=level, e.g. ferry_relay=debug"
+            );
+        }
+    }
+    if directives == 0 {
+        bail!("empty filter; give a level such as info");
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(spec)
+        .with_context(|| format!("bad filter {spec:?}"))
+}
+
 /// A derper flag that ferry does not implement yet.
 struct Unsupported {
     /// Its name, without dashes.
@@ -298,23 +327,30 @@ const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
 ];
 
 /// Refuses derper flags that ferry does not implement, naming the flag,
-/// before anything else happens. `args` are in clap's double-dash form
-/// (after [`normalize_go_flags`]).
-pub fn refuse_unsupported_derper_flags(args: &[OsString]) -> Result<()> {
-    let mut it = args.iter().skip(1);
+/// before anything else happens, and drops those given derper's default
+/// value (they change nothing). `args` are in clap's double-dash form
+/// (after [`normalize_go_flags`]); what is returned goes to clap.
+pub fn without_derper_defaults(args: Vec<OsString>) -> Result<Vec<OsString>> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.into_iter();
+    out.extend(it.next());
     while let Some(arg) = it.next() {
-        let Some(s) = arg.to_str() else { continue };
-        if s == "--" {
-            break;
-        }
-        let Some(body) = s.strip_prefix("--") else {
+        let Some(body) = arg.to_str().and_then(|s| s.strip_prefix("--")) else {
+            out.push(arg);
             continue;
         };
+        if body.is_empty() {
+            // "--": the rest are values.
+            out.push(arg);
+            out.extend(it);
+            break;
+        }
         let (name, inline) = match body.split_once('=') {
             Some((n, v)) => (n, Some(v.to_string())),
             None => (body, None),
         };
         let Some(flag) = UNSUPPORTED_DERPER_FLAGS.iter().find(|f| f.name == name) else {
+            out.push(arg);
             continue;
         };
         let value = match (inline, flag.boolean) {
@@ -335,7 +371,7 @@ pub fn refuse_unsupported_derper_flags(args: &[OsString]) -> Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Parses a Go duration ("2s", "10m0s", "1h30m", "250ms", "0").
@@ -402,9 +438,13 @@ fn duration_flag(
     Ok(Some(d))
 }
 
-/// A duration as Go prints one, for messages: "10ms", "1h0m0s".
-fn go_duration(d: Duration) -> String {
+/// A duration as Go prints one, for messages and logs: "10ms", "3m0s",
+/// "1h0m0s", "0s".
+pub fn go_duration(d: Duration) -> String {
     let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
     if ms < 1000 {
         return format!("{ms}ms");
     }
@@ -511,6 +551,7 @@ impl Plan {
         let stun = args
             .stun
             .then(|| SocketAddr::new(addr.ip(), args.stun_port));
+        let cert_mode_implied = cert_mode.is_some() && args.certmode.is_none();
         let q = args.send_queue_bytes;
         if !(MIN_SEND_QUEUE_BYTES..=MAX_SEND_QUEUE_BYTES).contains(&q) {
             bail!(
@@ -527,7 +568,7 @@ impl Plan {
             cert_mode,
             port80,
             stun,
-            cert_mode_implied: cert_mode.is_some() && args.certmode.is_none(),
+            cert_mode_implied,
             write_timeout: duration_flag(
                 "tcp-write-timeout",
                 &args.tcp_write_timeout,

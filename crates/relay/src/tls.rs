@@ -277,6 +277,18 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
     })
 }
 
+/// The certificate and key files `--certmode manual` reads for `hostname`
+/// in `certdir` (derper's names: `<certdir>/<name>.crt` and `.key`).
+pub fn manual_paths(
+    certdir: &std::path::Path,
+    hostname: &str,
+) -> Result<(PathBuf, PathBuf), TlsError> {
+    let hostname = normalize_hostname(hostname)?;
+    let ip = hostname.parse::<IpAddr>().ok();
+    let files = manual::CertFiles::new(certdir, &hostname, ip)?;
+    Ok((files.cert, files.key))
+}
+
 /// `sha256-raw:` followed by the lowercase hex SHA-256 of a certificate's
 /// DER, the `CertName` form that makes clients pin that exact certificate.
 pub fn sha256_raw_cert_name(cert: &CertificateDer<'_>) -> String {

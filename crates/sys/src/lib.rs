@@ -13,7 +13,8 @@
 //! - [`cpu`]: which CPUs this process may run on, and pinning a shard thread
 //!   to one of them.
 //! - [`limits`]: resource limits the relay raises at start-up.
-//! - [`signal`]: SIGINT/SIGTERM taken synchronously by the main thread.
+//! - [`signal`]: SIGINT, SIGTERM and SIGHUP taken synchronously by the main
+//!   thread.
 //! - [`process`]: cheap self-observation (resident memory, open descriptors)
 //!   for metrics.
 //! - [`uring`]: an io_uring instance with its provided-buffer ring, owning

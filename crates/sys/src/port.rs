@@ -80,9 +80,9 @@ pub fn ensure_unclaimed(addr: SocketAddr, transport: Transport) -> io::Result<So
 pub fn bind_hint(addr: SocketAddr, err: &io::Error) -> Option<&'static str> {
     match err.kind() {
         io::ErrorKind::PermissionDenied if addr.port() < 1024 => Some(
-            "ports below 1024 need root or the CAP_NET_BIND_SERVICE capability \
-             (for example `setcap cap_net_bind_service=+ep /path/to/ferry`, or \
-             AmbientCapabilities=CAP_NET_BIND_SERVICE in a systemd unit)",
+            "ports below 1024 need root or the CAP_NET_BIND_SERVICE capability: \
+             `setcap cap_net_bind_service=+ep /path/to/ferry`, or \
+             AmbientCapabilities=CAP_NET_BIND_SERVICE in a systemd unit",
         ),
         io::ErrorKind::AddrInUse => Some(
             "another program (or another ferry) holds this address; \
@@ -92,10 +92,10 @@ pub fn bind_hint(addr: SocketAddr, err: &io::Error) -> Option<&'static str> {
     }
 }
 
-/// [`bind_hint`] as text to append to an error message: `" (hint)"`, or
+/// [`bind_hint`] as text to append to an error message: `"; hint"`, or
 /// nothing.
 pub fn hint_suffix(addr: SocketAddr, err: &io::Error) -> String {
-    bind_hint(addr, err).map_or(String::new(), |h| format!(" ({h})"))
+    bind_hint(addr, err).map_or(String::new(), |h| format!("; {h}"))
 }
 
 #[cfg(test)]
