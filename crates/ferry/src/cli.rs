@@ -13,6 +13,8 @@ use ferry_relay::tls::CertMode;
 #[derive(Parser, Debug)]
 #[command(name = "ferry", version, about, long_about = None)]
 #[command(args_conflicts_with_subcommands = true)]
+// As with Go's flag package, a flag given twice takes the later value.
+#[command(args_override_self = true)]
 pub struct Args {
     /// Another service instead of the DERP server (the default).
     #[command(subcommand)]
@@ -605,22 +607,11 @@ impl Plan {
     }
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 fn certdir(args: &Args) -> PathBuf {
     if let Some(d) = &args.certdir {
         return d.clone();
     }
-    if is_root() {
+    if ferry_sys::is_root() {
         return PathBuf::from("/var/lib/ferry/certs");
     }
     std::env::var_os("XDG_CACHE_HOME")
@@ -632,7 +623,7 @@ fn certdir(args: &Args) -> PathBuf {
 
 /// Where the server key lives by default.
 pub fn default_key_path() -> PathBuf {
-    if is_root() {
+    if ferry_sys::is_root() {
         PathBuf::from("/var/lib/ferry/ferry.key")
     } else {
         std::env::var_os("XDG_CONFIG_HOME")

@@ -174,8 +174,8 @@ fn run() -> Result<()> {
         http_port = %server.listen_addrs.get(1).map_or_else(off, |a| format!("http://{a}")),
         stun = %server.stun_addr.map_or_else(off, |a| a.to_string()),
         metrics = %server.metrics_addr.map_or_else(off, |a| format!("http://{a}/metrics")),
-        mesh_key = if config.mesh_key.is_some() { "configured" } else { "none" },
-        derp = if config.derp_enabled { "on" } else { "off" },
+        mesh_key = %if config.mesh_key.is_some() { "configured" } else { "none" },
+        derp = %if config.derp_enabled { "on" } else { "off" },
         workers = server.metrics().shards.len(),
         backend = server.metrics().backend,
         "ferry relay running"

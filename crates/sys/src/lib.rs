@@ -51,4 +51,4 @@ pub mod uring;
 
 pub use cpu::{available_cpus, pin_current_thread};
 pub use limits::raise_nofile_limit;
-pub use process::{open_fds, rss_bytes};
+pub use process::{is_root, open_fds, rss_bytes};

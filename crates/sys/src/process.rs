@@ -1,4 +1,5 @@
-//! Self-observation for metrics: resident memory and open descriptors.
+//! Self-observation: resident memory and open descriptors for metrics, and
+//! whether the process runs as root (for its default paths).
 //!
 //! Both read `/proc/self`, which is cheap enough for a metrics scrape but not
 //! for a data path. They return `None` rather than an error when `/proc` is
@@ -80,4 +81,11 @@ mod tests {
         assert!(during + SLACK >= before + OPENED, "{before} -> {during}");
         assert!(after + OPENED <= during + SLACK, "{during} -> {after}");
     }
+}
+
+/// Whether the process's effective user is root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes no arguments, touches no memory and cannot
+    // fail.
+    unsafe { libc::geteuid() == 0 }
 }

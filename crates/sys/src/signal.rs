@@ -75,6 +75,20 @@ pub fn wait_signal() -> io::Result<Signal> {
     }
 }
 
+/// Sends `signal` (a `libc::SIG*` number) to process `pid`: how tests and
+/// tools ask a running relay to reload or stop.
+pub fn send(pid: u32, signal: i32) -> io::Result<()> {
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(pid, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
