@@ -37,6 +37,13 @@ fn page_size() -> Option<u64> {
     u64::try_from(size).ok().filter(|&s| s > 0)
 }
 
+/// Whether the process's effective user is root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes no arguments, touches no memory and cannot
+    // fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,11 +88,4 @@ mod tests {
         assert!(during + SLACK >= before + OPENED, "{before} -> {during}");
         assert!(after + OPENED <= during + SLACK, "{during} -> {after}");
     }
-}
-
-/// Whether the process's effective user is root.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid(2) takes no arguments, touches no memory and cannot
-    // fail.
-    unsafe { libc::geteuid() == 0 }
 }
