@@ -732,4 +732,61 @@ mod tests {
         let p = Plan::from_args(&args(&["-tcp-write-timeout", "0"])).unwrap();
         assert!(p.write_timeout.is_none());
     }
+
+    #[test]
+    fn derper_flags_without_ferry_support() {
+        let argv = |list: &[&str]| -> Vec<OsString> {
+            std::iter::once("ferry")
+                .chain(list.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        let e = without_derper_defaults(argv(&["--mesh-with", "a,b"])).unwrap_err();
+        assert!(e.to_string().starts_with("--mesh-with: "), "{e}");
+        // A boolean flag never takes the next argument as its value.
+        let e = without_derper_defaults(argv(&["--verify-clients", "-a", ":1"])).unwrap_err();
+        assert!(e.to_string().starts_with("--verify-clients: "), "{e}");
+        // derper's defaults are dropped; everything else is kept in order.
+        let kept = without_derper_defaults(argv(&[
+            "--accept-connection-limit=inf",
+            "-a",
+            ":1",
+            "--verify-clients=false",
+            "--rate-config",
+            "",
+            "--dev",
+        ]))
+        .unwrap();
+        assert_eq!(kept, argv(&["-a", ":1", "--dev"]));
+        // After "--" nothing is a flag.
+        let kept = without_derper_defaults(argv(&["--", "--ace"])).unwrap();
+        assert_eq!(kept, argv(&["--", "--ace"]));
+    }
+
+    #[test]
+    fn log_filters_name_the_bad_directive() {
+        assert!(log_filter("info").is_ok());
+        assert!(log_filter("warn,ferry_relay=debug").is_ok());
+        let e = log_filter("info,verbose").unwrap_err().to_string();
+        assert!(e.starts_with("bad directive \"verbose\""), "{e}");
+        let e = log_filter("ferry=loud").unwrap_err().to_string();
+        assert!(e.starts_with("bad directive \"ferry=loud\""), "{e}");
+        assert!(log_filter(" , ").is_err());
+    }
+
+    #[test]
+    fn ranges_and_worker_counts() {
+        let ms = Duration::from_millis;
+        assert_eq!(duration_flag("x", "0", true, ms(1), ms(10)).unwrap(), None);
+        assert!(duration_flag("x", "0", false, ms(1), ms(10)).is_err());
+        let e = duration_flag("x", "1h", true, ms(10), Duration::from_secs(60))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--x 1h: must be between 10ms and 1m0s (or 0)");
+        assert_eq!(go_duration(Duration::from_secs(32767)), "9h6m7s");
+        assert!(check_workers("--workers", 0, 2).is_err());
+        assert!(check_workers("--workers", 1025, 2).is_err());
+        assert_eq!(check_workers("--workers", 2, 2).unwrap(), None);
+        assert!(check_workers("--workers", 3, 2).unwrap().is_some());
+    }
 }

@@ -170,7 +170,22 @@ pub fn build_config(args: &UdpRelayArgs) -> Result<Config> {
     if let Some(s) = &args.metrics_addr {
         cfg.metrics_addr = Some(parse_listen("--metrics-addr", s)?.addr);
     }
-    cfg.validate()?;
+    // A tuning value out of range is named as the flag when it came from
+    // one ("--recv-buffer", not the file's "recv_buffer").
+    let from_flag = |field: &str| match field {
+        "workers" => args.workers.is_some(),
+        "recv_buffer" => args.recv_buffer.is_some(),
+        "send_buffer" => args.send_buffer.is_some(),
+        "handshake_rate" => args.handshake_rate.is_some() || args.handshake_burst.is_some(),
+        _ => false,
+    };
+    cfg.validate().map_err(|e| match e {
+        ConfigError::OutOfRange { field, why } if from_flag(&field) => ConfigError::OutOfRange {
+            field: format!("--{}", field.replace('_', "-")),
+            why,
+        },
+        e => e,
+    })?;
     Ok(cfg)
 }
 
@@ -431,6 +446,11 @@ mod tests {
         assert!(e.starts_with("--target conflicts with --config"), "{e}");
         let e = err(&["--listen", ":1"]);
         assert!(e.contains("nothing to relay"), "{e}");
+        let e = err(&["--listen", ":1", "--target", "h:1", "--send-buffer", "0"]);
+        assert!(
+            e.starts_with("--send-buffer: 0: a socket buffer must be"),
+            "{e}"
+        );
         let e = err(&[
             "--listen",
             ":1",

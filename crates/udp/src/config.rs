@@ -49,6 +49,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
 pub const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(60);
 /// Default socket buffer size asked for (each direction, each socket).
 pub const DEFAULT_BUFFER: usize = 16 << 20;
+/// Largest socket buffer accepted (1 GiB; the kernel's own limit is 2 GiB,
+/// and it doubles the request).
+pub const MAX_BUFFER: usize = 1 << 30;
 
 /// A relay's whole configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -421,11 +424,16 @@ impl Config {
                 why: "handshake_rate and handshake_burst must be positive".into(),
             });
         }
-        if t.recv_buffer == 0 || t.send_buffer == 0 {
-            return Err(ConfigError::OutOfRange {
-                field: "recv_buffer".into(),
-                why: "socket buffer sizes must be positive".into(),
-            });
+        for (field, bytes) in [
+            ("recv_buffer", t.recv_buffer),
+            ("send_buffer", t.send_buffer),
+        ] {
+            if bytes == 0 || bytes > MAX_BUFFER {
+                return Err(ConfigError::OutOfRange {
+                    field: field.into(),
+                    why: format!("{bytes}: a socket buffer must be 1 to {MAX_BUFFER} bytes"),
+                });
+            }
         }
         Ok(())
     }
@@ -840,6 +848,13 @@ endpoint = "192.0.2.10:51820"
         ));
         assert!(e.starts_with("hub.peer:"), "{e}");
         assert!(err("").contains("nothing to relay"));
+        let e = err("send_buffer = 0\n[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\n");
+        assert!(e.starts_with("send_buffer: 0:"), "{e}");
+        let e = err("recv_buffer = 4294967296\n[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\n");
+        assert!(
+            e.starts_with("recv_buffer: 4294967296: a socket buffer must be"),
+            "{e}"
+        );
     }
 
     #[test]
