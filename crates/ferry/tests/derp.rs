@@ -71,6 +71,15 @@ fn a_taken_metrics_or_http_port_names_its_flag() {
         "{log}"
     );
     assert!(!log.contains("os error 98"), "{log}");
+    // STUN is bound on the -a address, at --stun-port.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let stun = udp.local_addr().unwrap();
+    let (status, log) = run(&mut relay(&dir, &["--stun-port", &stun.port().to_string()]));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("--stun-port {stun}: address already in use")),
+        "{log}"
+    );
 }
 
 #[test]

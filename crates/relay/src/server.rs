@@ -187,6 +187,23 @@ impl Server {
             listen_addrs.push(addr);
         }
 
+        // The helpers' sockets too are bound before any thread starts, so a
+        // taken address fails the start with nothing running.
+        let stun_sock = opts
+            .stun
+            .map(|addr| {
+                UdpSocket::bind(addr)
+                    .map_err(|source| StartError::socket(SocketRole::Stun, addr, source))
+            })
+            .transpose()?;
+        let metrics_listener = opts
+            .metrics_addr
+            .map(|addr| {
+                TcpListener::bind(addr)
+                    .map_err(|source| StartError::socket(SocketRole::Metrics, addr, source))
+            })
+            .transpose()?;
+
         let (backend, backend_reason) =
             ferry_engine::backend::select(opts.io).map_err(StartError::Backend)?;
         tracing::info!(backend = backend.name(), reason = %backend_reason, "I/O back end");
@@ -295,9 +312,7 @@ impl Server {
         let aux_stop = Arc::new(AtomicBool::new(false));
         let mut aux = Vec::new();
         let mut stun_addr = None;
-        if let Some(addr) = opts.stun {
-            let sock = UdpSocket::bind(addr)
-                .map_err(|source| StartError::socket(SocketRole::Stun, addr, source))?;
+        if let Some(sock) = stun_sock {
             stun_addr = sock.local_addr().ok();
             let (metrics, stop) = (metrics.clone(), aux_stop.clone());
             aux.push(
@@ -311,9 +326,7 @@ impl Server {
             );
         }
         let mut metrics_addr = None;
-        if let Some(addr) = opts.metrics_addr {
-            let l = TcpListener::bind(addr)
-                .map_err(|source| StartError::socket(SocketRole::Metrics, addr, source))?;
+        if let Some(l) = metrics_listener {
             metrics_addr = l.local_addr().ok();
             let (metrics, stop) = (metrics.clone(), aux_stop.clone());
             aux.push(
