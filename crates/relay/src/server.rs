@@ -165,6 +165,16 @@ fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(sock.into())
 }
 
+/// Binds `addr` with `bind` if there is one, naming `role` on failure.
+fn bind_optional<S>(
+    role: SocketRole,
+    addr: Option<SocketAddr>,
+    bind: fn(SocketAddr) -> io::Result<S>,
+) -> Result<Option<S>, StartError> {
+    addr.map(|addr| bind(addr).map_err(|source| StartError::socket(role, addr, source)))
+        .transpose()
+}
+
 impl Server {
     /// Binds, spawns and starts the relay.
     pub fn start(opts: ServerOptions) -> Result<Server, StartError> {
@@ -189,20 +199,10 @@ impl Server {
 
         // The helpers' sockets too are bound before any thread starts, so a
         // taken address fails the start with nothing running.
-        let stun_sock = opts
-            .stun
-            .map(|addr| {
-                UdpSocket::bind(addr)
-                    .map_err(|source| StartError::socket(SocketRole::Stun, addr, source))
-            })
-            .transpose()?;
-        let metrics_listener = opts
-            .metrics_addr
-            .map(|addr| {
-                TcpListener::bind(addr)
-                    .map_err(|source| StartError::socket(SocketRole::Metrics, addr, source))
-            })
-            .transpose()?;
+        let stun_sock = bind_optional(SocketRole::Stun, opts.stun, UdpSocket::bind)?;
+        let metrics_listener = bind_optional(SocketRole::Metrics, opts.metrics_addr, |a| {
+            TcpListener::bind(a)
+        })?;
 
         let (backend, backend_reason) =
             ferry_engine::backend::select(opts.io).map_err(StartError::Backend)?;
