@@ -64,7 +64,9 @@ pub struct RelayConfig {
     pub handshake_timeout: Duration,
     /// Interval between keepAlive frames (plus up to 5 s of jitter).
     pub keepalive: Duration,
-    /// Bytes of data frames queued per client before new ones are dropped.
+    /// Bytes of data frames queued per client; a client over it pauses the
+    /// senders feeding it until it drains (backpressure), nothing is
+    /// dropped.
     pub send_queue_bytes: usize,
     /// Disco packets queued per client before new ones are dropped.
     pub disco_queue_packets: usize,
@@ -85,7 +87,9 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
-    /// Settings with derper's defaults for a server with this key.
+    /// Settings for a server with this key: derper's defaults where derper
+    /// has the setting (timeouts, keepalives, the restarting frame), Ferry's
+    /// own otherwise (queue and ring sizes, handshake deadline).
     pub fn new(private_key: NodePrivate) -> Self {
         let public_key = private_key.public();
         RelayConfig {

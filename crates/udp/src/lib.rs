@@ -82,7 +82,7 @@ pub enum StartError {
         reason: String,
     },
     /// The metrics listener could not be bound.
-    #[error("metrics_addr: cannot listen on {addr}: {source}")]
+    #[error("metrics_addr (--metrics-addr): cannot listen on {addr}: {source}{}", ferry_sys::port::hint_suffix(*addr, source))]
     Metrics {
         /// The address.
         addr: SocketAddr,
