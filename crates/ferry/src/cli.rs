@@ -13,6 +13,8 @@ use ferry_relay::tls::CertMode;
 #[derive(Parser, Debug)]
 #[command(name = "ferry", version, about, long_about = None)]
 #[command(args_conflicts_with_subcommands = true)]
+// As with Go's flag package, a flag given twice takes the later value.
+#[command(args_override_self = true)]
 pub struct Args {
     /// Another service instead of the DERP server (the default).
     #[command(subcommand)]
@@ -29,20 +31,26 @@ pub struct Args {
     pub dev: bool,
 
     /// Server key file ({"PrivateKey":"privkey:…"}, as derper's); created if
-    /// missing.
+    /// missing. Default: /var/lib/ferry/ferry.key as root, else
+    /// $XDG_CONFIG_HOME/ferry/ferry.key (~/.config/ferry/ferry.key).
     #[arg(short = 'c', long = "c", alias = "config")]
     pub config: Option<PathBuf>,
 
     /// Certificate mode: "manual" (<certdir>/<hostname>.crt and .key; an IP
-    /// hostname without files gets a generated certificate) or "selfsigned".
+    /// hostname without files gets a generated certificate) or "selfsigned"
+    /// (generated once, kept in --certdir). derper's "letsencrypt" and
+    /// "gcp" are not supported yet. Default: manual on port 443.
     #[arg(long)]
     pub certmode: Option<String>,
 
-    /// Directory holding certificates for --certmode manual.
+    /// Directory holding the certificate files (--certmode manual) or the
+    /// generated certificate (selfsigned). Default: /var/lib/ferry/certs as
+    /// root, else $XDG_CACHE_HOME/ferry-certs (~/.cache/ferry-certs).
     #[arg(long)]
     pub certdir: Option<PathBuf>,
 
-    /// TLS host name (certificate file name and SNI to accept).
+    /// TLS host name (certificate file name and SNI to accept). derper's
+    /// default is derp.tailscale.com; ferry's is localhost.
     #[arg(long, default_value = "localhost")]
     pub hostname: String,
 
@@ -73,15 +81,17 @@ pub struct Args {
     pub mesh_psk_file: Option<PathBuf>,
 
     /// Cut off a client that does not read for this long (Go duration; 0
-    /// disables).
+    /// disables; otherwise 10ms to 1h). Mesh peers get 30s.
     #[arg(long = "tcp-write-timeout", default_value = "2s")]
     pub tcp_write_timeout: String,
 
-    /// TCP keepalive idle time for client sockets (Go duration; 0: system default).
+    /// TCP keepalive idle time for client sockets (Go duration; 0: system
+    /// default; otherwise 1s to 9h6m7s, the kernel's limit).
     #[arg(long = "tcp-keepalive-time", default_value = "10m0s")]
     pub tcp_keepalive_time: String,
 
-    /// TCP_USER_TIMEOUT for client sockets (Go duration; 0: system default).
+    /// TCP_USER_TIMEOUT for client sockets (Go duration; 0: system default;
+    /// otherwise 1s to 24h).
     #[arg(long = "tcp-user-timeout", default_value = "15s")]
     pub tcp_user_timeout: String,
 
@@ -89,7 +99,8 @@ pub struct Args {
     #[arg(long, default_value = "")]
     pub home: String,
 
-    /// Shard threads (default: one per usable core).
+    /// Shard threads, 1 to 1024 (default: one per usable core; more than
+    /// that is allowed, with a warning, and makes shards share cores).
     #[arg(long)]
     pub workers: Option<usize>,
 
@@ -112,11 +123,14 @@ pub struct Args {
     #[arg(long = "metrics-addr")]
     pub metrics_addr: Option<SocketAddr>,
 
-    /// Time allowed from accept to a finished DERP handshake (Go duration).
+    /// Time allowed from accept to a finished DERP handshake (Go duration,
+    /// more than 0 and at most 10m).
     #[arg(long = "handshake-timeout", default_value = "10s")]
     pub handshake_timeout: String,
 
-    /// Bytes of packets queued per client before new ones are dropped.
+    /// Bytes of packets queued per client (64 KiB to 1 GiB); a client over
+    /// it pauses the senders feeding it until it drains (backpressure), so
+    /// nothing is dropped.
     #[arg(long = "send-queue-bytes", default_value_t = 1 << 20)]
     pub send_queue_bytes: usize,
 
@@ -127,7 +141,9 @@ pub struct Args {
     #[arg(long = "backpressure-budget", default_value = "50ms")]
     pub backpressure_budget: String,
 
-    /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
+    /// Log filter: a level (error, warn, info, debug, trace, off) and/or
+    /// target=level directives, comma-separated (tracing's EnvFilter
+    /// syntax); FERRY_LOG overrides. A bad directive stops the start.
     #[arg(long, default_value = "info")]
     pub log: String,
 }
@@ -179,6 +195,194 @@ pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStr
     out
 }
 
+/// Builds the log filter from `spec` (tracing's `EnvFilter` syntax),
+/// refusing what tracing would silently drop or misread: a directive that
+/// does not parse, and a bare word that is not a level (`verbose`,
+/// `debu`), which tracing takes as a target name and thereby turns every
+/// other message off. Errors name the directive.
+pub fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter> {
+    use tracing_subscriber::filter::{Directive, LevelFilter};
+    let mut directives = 0;
+    for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        directives += 1;
+        if let Err(e) = d.parse::<Directive>() {
+            bail!("bad directive {d:?}: {e}");
+        }
+        let bare = !d.contains(['=', '[', '{']);
+        if bare && d.parse::<LevelFilter>().is_err() {
+            bail!(
+                "bad directive {d:?}: not a level (error, warn, info, debug, trace, off); \
+                 for one module's logs write target=level, e.g. ferry_relay=debug"
+            );
+        }
+    }
+    if directives == 0 {
+        bail!("empty filter; give a level such as info");
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(spec)
+        .with_context(|| format!("bad filter {spec:?}"))
+}
+
+/// A derper flag that ferry does not implement yet.
+struct Unsupported {
+    /// Its name, without dashes.
+    name: &'static str,
+    /// It is a Go boolean flag (`-flag` or `-flag=false`, never a separate
+    /// value).
+    boolean: bool,
+    /// derper's default, which changes nothing and is therefore accepted;
+    /// `None` when no value is harmless.
+    harmless: Option<&'static str>,
+    /// What it does in derper.
+    what: &'static str,
+}
+
+/// derper v1.102.5's flags that ferry does not implement. Each is refused
+/// at start (unless given derper's own default, which does nothing): a
+/// flag accepted and ignored would leave an operator believing in a
+/// behaviour the relay does not have.
+const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
+    Unsupported {
+        name: "mesh-with",
+        boolean: false,
+        harmless: Some(""),
+        what: "meshing with other DERP servers",
+    },
+    Unsupported {
+        name: "secrets-url",
+        boolean: false,
+        harmless: Some(""),
+        what: "the mesh key from a setec secrets server",
+    },
+    Unsupported {
+        name: "secrets-path-prefix",
+        boolean: false,
+        harmless: None,
+        what: "the mesh key from a setec secrets server",
+    },
+    Unsupported {
+        name: "secrets-cache-dir",
+        boolean: false,
+        harmless: None,
+        what: "the mesh key from a setec secrets server",
+    },
+    Unsupported {
+        name: "verify-clients",
+        boolean: true,
+        harmless: Some("false"),
+        what: "admitting only clients the local tailscaled knows",
+    },
+    Unsupported {
+        name: "socket",
+        boolean: false,
+        harmless: None,
+        what: "the tailscaled socket for --verify-clients",
+    },
+    Unsupported {
+        name: "verify-client-url",
+        boolean: false,
+        harmless: Some(""),
+        what: "an admission webhook",
+    },
+    Unsupported {
+        name: "verify-client-url-fail-open",
+        boolean: true,
+        harmless: None,
+        what: "the admission webhook's failure policy",
+    },
+    Unsupported {
+        name: "bootstrap-dns-names",
+        boolean: false,
+        harmless: Some(""),
+        what: "the /bootstrap-dns endpoint",
+    },
+    Unsupported {
+        name: "unpublished-bootstrap-dns-names",
+        boolean: false,
+        harmless: Some(""),
+        what: "the /bootstrap-dns endpoint",
+    },
+    Unsupported {
+        name: "accept-connection-limit",
+        boolean: false,
+        harmless: Some("+Inf"),
+        what: "a rate limit on accepted connections",
+    },
+    Unsupported {
+        name: "accept-connection-burst",
+        boolean: false,
+        harmless: Some("9223372036854775807"),
+        what: "a rate limit on accepted connections",
+    },
+    Unsupported {
+        name: "rate-config",
+        boolean: false,
+        harmless: Some(""),
+        what: "per-client receive rate limits",
+    },
+    Unsupported {
+        name: "acme-ip-certs",
+        boolean: true,
+        harmless: Some("false"),
+        what: "Let's Encrypt certificates for IP addresses",
+    },
+    Unsupported {
+        name: "ace",
+        boolean: true,
+        harmless: Some("false"),
+        what: "the CONNECT proxy",
+    },
+];
+
+/// Refuses derper flags that ferry does not implement, naming the flag,
+/// before anything else happens, and drops those given derper's default
+/// value (they change nothing). `args` are in clap's double-dash form
+/// (after [`normalize_go_flags`]); what is returned goes to clap.
+pub fn without_derper_defaults(args: Vec<OsString>) -> Result<Vec<OsString>> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.into_iter();
+    out.extend(it.next());
+    while let Some(arg) = it.next() {
+        let Some(body) = arg.to_str().and_then(|s| s.strip_prefix("--")) else {
+            out.push(arg);
+            continue;
+        };
+        if body.is_empty() {
+            // "--": the rest are values.
+            out.push(arg);
+            out.extend(it);
+            break;
+        }
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (body, None),
+        };
+        let Some(flag) = UNSUPPORTED_DERPER_FLAGS.iter().find(|f| f.name == name) else {
+            out.push(arg);
+            continue;
+        };
+        let value = match (inline, flag.boolean) {
+            (Some(v), _) => v,
+            (None, true) => "true".to_string(),
+            (None, false) => it
+                .next()
+                .map(|v| v.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        let harmless = flag
+            .harmless
+            .is_some_and(|d| d == value || (d == "+Inf" && value.eq_ignore_ascii_case("inf")));
+        if !harmless {
+            bail!(
+                "--{name}: derper's flag for {} is not supported by ferry yet (see \"Differences from derper\" in the README)",
+                flag.what
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// Parses a Go duration ("2s", "10m0s", "1h30m", "250ms", "0").
 pub fn parse_go_duration(s: &str) -> Result<Duration> {
     ferry_proto::godur::parse(s).with_context(|| {
@@ -216,10 +420,77 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
     bail!("-a {s:?}: expected host:port or :port")
 }
 
-fn opt_duration(flag: &str, s: &str) -> Result<Option<Duration>> {
+/// A duration flag: `0` means "off" (returns `None`) where `zero_ok`,
+/// anything else must lie within `min..=max`.
+fn duration_flag(
+    flag: &str,
+    s: &str,
+    zero_ok: bool,
+    min: Duration,
+    max: Duration,
+) -> Result<Option<Duration>> {
     let d = parse_go_duration(s).with_context(|| format!("--{flag}"))?;
-    Ok((!d.is_zero()).then_some(d))
+    if d.is_zero() {
+        if zero_ok {
+            return Ok(None);
+        }
+        bail!("--{flag} {s}: must be more than 0");
+    }
+    if d < min || d > max {
+        bail!(
+            "--{flag} {s}: must be between {} and {}{}",
+            go_duration(min),
+            go_duration(max),
+            if zero_ok { " (or 0)" } else { "" }
+        );
+    }
+    Ok(Some(d))
 }
+
+/// A duration as Go prints one, for messages and logs: "10ms", "3m0s",
+/// "1h0m0s", "0s".
+pub fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec}s"),
+        (h, m, sec) => format!("{h}h{m}m{sec}s"),
+    }
+}
+
+/// Most shard threads either service accepts.
+pub const MAX_WORKERS: usize = 1024;
+
+/// Checks a shard count against the usable CPUs. Zero and more than
+/// [`MAX_WORKERS`] are refused; more than `cpus` is allowed (a test box,
+/// a container whose CPU quota is not its CPU set) but returns a warning
+/// to log, since shards then share cores and pinned ones double up.
+pub fn check_workers(flag: &str, workers: usize, cpus: usize) -> Result<Option<String>> {
+    if workers == 0 {
+        bail!("{flag} 0: at least one shard is needed (omit {flag} for one per usable core)");
+    }
+    if workers > MAX_WORKERS {
+        bail!("{flag} {workers}: at most {MAX_WORKERS}");
+    }
+    Ok((workers > cpus).then(|| {
+        format!(
+            "{flag} {workers} is more than the {cpus} usable CPU(s): shards will share cores \
+             (pinned shards double up), which costs latency and throughput"
+        )
+    }))
+}
+
+/// Smallest --send-queue-bytes: one maximum-size DERP packet (64 KiB).
+pub const MIN_SEND_QUEUE_BYTES: usize = 64 << 10;
+/// Largest --send-queue-bytes.
+pub const MAX_SEND_QUEUE_BYTES: usize = 1 << 30;
 
 /// What the flags resolve to.
 #[derive(Debug)]
@@ -240,6 +511,13 @@ pub struct Plan {
     pub tcp_user_timeout: Option<Duration>,
     /// Handshake deadline.
     pub handshake_timeout: Duration,
+    /// Shard threads.
+    pub workers: usize,
+    /// A warning about the shard count, to log once logging is up.
+    pub workers_warning: Option<String>,
+    /// No --certmode was given, and TLS was implied by port 443: derper
+    /// would use Let's Encrypt here, ferry uses manual mode.
+    pub cert_mode_implied: bool,
     /// How long a non-draining client may hold its senders paused.
     pub backpressure_budget: Duration,
 }
@@ -261,9 +539,10 @@ impl Plan {
             }),
             (_, Some("selfsigned")) => Some(CertMode::SelfSigned {
                 hostname: args.hostname.clone(),
+                certdir: Some(certdir(args)),
             }),
             (_, Some(other @ ("letsencrypt" | "gcp"))) => {
-                bail!("--certmode {other}: ACME certificates are not supported yet; use manual or selfsigned")
+                bail!("--certmode {other}: not supported by ferry yet (it has no ACME client); use --certmode manual with certificates from an ACME client such as certbot or lego, or --certmode selfsigned")
             }
             (_, Some(other)) => bail!("--certmode {other:?}: expected manual or selfsigned"),
             (false, None) if addr.port() == 443 => Some(CertMode::Manual {
@@ -283,38 +562,73 @@ impl Plan {
         let stun = args
             .stun
             .then(|| SocketAddr::new(addr.ip(), args.stun_port));
+        let cert_mode_implied = cert_mode.is_some() && args.certmode.is_none();
+        let q = args.send_queue_bytes;
+        if !(MIN_SEND_QUEUE_BYTES..=MAX_SEND_QUEUE_BYTES).contains(&q) {
+            bail!(
+                "--send-queue-bytes {q}: must be between {MIN_SEND_QUEUE_BYTES} (one maximum-size DERP packet) and {MAX_SEND_QUEUE_BYTES}"
+            );
+        }
+        let cpus = ferry_sys::available_cpus().len().max(1);
+        let workers = args.workers.unwrap_or(cpus);
+        let workers_warning = check_workers("--workers", workers, cpus)?;
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
         Ok(Plan {
             addr,
             cert_mode,
             port80,
             stun,
-            write_timeout: opt_duration("tcp-write-timeout", &args.tcp_write_timeout)?,
-            tcp_keepalive: opt_duration("tcp-keepalive-time", &args.tcp_keepalive_time)?,
-            tcp_user_timeout: opt_duration("tcp-user-timeout", &args.tcp_user_timeout)?,
-            handshake_timeout: opt_duration("handshake-timeout", &args.handshake_timeout)?
-                .context("--handshake-timeout must be positive")?,
-            backpressure_budget: parse_go_duration(&args.backpressure_budget)
-                .context("--backpressure-budget")?,
+            cert_mode_implied,
+            write_timeout: duration_flag(
+                "tcp-write-timeout",
+                &args.tcp_write_timeout,
+                true,
+                ms(10),
+                secs(3600),
+            )?,
+            // The kernel's TCP_KEEPIDLE limit is 32767 s.
+            tcp_keepalive: duration_flag(
+                "tcp-keepalive-time",
+                &args.tcp_keepalive_time,
+                true,
+                secs(1),
+                secs(32767),
+            )?,
+            tcp_user_timeout: duration_flag(
+                "tcp-user-timeout",
+                &args.tcp_user_timeout,
+                true,
+                secs(1),
+                secs(24 * 3600),
+            )?,
+            handshake_timeout: duration_flag(
+                "handshake-timeout",
+                &args.handshake_timeout,
+                false,
+                ms(100),
+                secs(600),
+            )?
+            .context("--handshake-timeout: must be more than 0")?,
+            workers,
+            workers_warning,
+            backpressure_budget: duration_flag(
+                "backpressure-budget",
+                &args.backpressure_budget,
+                true,
+                ms(1),
+                secs(60),
+            )?
+            .unwrap_or(Duration::ZERO),
         })
     }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 fn certdir(args: &Args) -> PathBuf {
     if let Some(d) = &args.certdir {
         return d.clone();
     }
-    if is_root() {
+    if ferry_sys::is_root() {
         return PathBuf::from("/var/lib/ferry/certs");
     }
     std::env::var_os("XDG_CACHE_HOME")
@@ -326,7 +640,7 @@ fn certdir(args: &Args) -> PathBuf {
 
 /// Where the server key lives by default.
 pub fn default_key_path() -> PathBuf {
-    if is_root() {
+    if ferry_sys::is_root() {
         PathBuf::from("/var/lib/ferry/ferry.key")
     } else {
         std::env::var_os("XDG_CONFIG_HOME")
@@ -434,5 +748,62 @@ mod tests {
         assert!(Plan::from_args(&args(&["--certmode", "letsencrypt"])).is_err());
         let p = Plan::from_args(&args(&["-tcp-write-timeout", "0"])).unwrap();
         assert!(p.write_timeout.is_none());
+    }
+
+    #[test]
+    fn derper_flags_without_ferry_support() {
+        let argv = |list: &[&str]| -> Vec<OsString> {
+            std::iter::once("ferry")
+                .chain(list.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        let e = without_derper_defaults(argv(&["--mesh-with", "a,b"])).unwrap_err();
+        assert!(e.to_string().starts_with("--mesh-with: "), "{e}");
+        // A boolean flag never takes the next argument as its value.
+        let e = without_derper_defaults(argv(&["--verify-clients", "-a", ":1"])).unwrap_err();
+        assert!(e.to_string().starts_with("--verify-clients: "), "{e}");
+        // derper's defaults are dropped; everything else is kept in order.
+        let kept = without_derper_defaults(argv(&[
+            "--accept-connection-limit=inf",
+            "-a",
+            ":1",
+            "--verify-clients=false",
+            "--rate-config",
+            "",
+            "--dev",
+        ]))
+        .unwrap();
+        assert_eq!(kept, argv(&["-a", ":1", "--dev"]));
+        // After "--" nothing is a flag.
+        let kept = without_derper_defaults(argv(&["--", "--ace"])).unwrap();
+        assert_eq!(kept, argv(&["--", "--ace"]));
+    }
+
+    #[test]
+    fn log_filters_name_the_bad_directive() {
+        assert!(log_filter("info").is_ok());
+        assert!(log_filter("warn,ferry_relay=debug").is_ok());
+        let e = log_filter("info,verbose").unwrap_err().to_string();
+        assert!(e.starts_with("bad directive \"verbose\""), "{e}");
+        let e = log_filter("ferry=loud").unwrap_err().to_string();
+        assert!(e.starts_with("bad directive \"ferry=loud\""), "{e}");
+        assert!(log_filter(" , ").is_err());
+    }
+
+    #[test]
+    fn ranges_and_worker_counts() {
+        let ms = Duration::from_millis;
+        assert_eq!(duration_flag("x", "0", true, ms(1), ms(10)).unwrap(), None);
+        assert!(duration_flag("x", "0", false, ms(1), ms(10)).is_err());
+        let e = duration_flag("x", "1h", true, ms(10), Duration::from_secs(60))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--x 1h: must be between 10ms and 1m0s (or 0)");
+        assert_eq!(go_duration(Duration::from_secs(32767)), "9h6m7s");
+        assert!(check_workers("--workers", 0, 2).is_err());
+        assert!(check_workers("--workers", 1025, 2).is_err());
+        assert_eq!(check_workers("--workers", 2, 2).unwrap(), None);
+        assert!(check_workers("--workers", 3, 2).unwrap().is_some());
     }
 }

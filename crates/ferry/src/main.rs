@@ -23,32 +23,57 @@ use ferry_relay::tls::{self, CertMode};
 use ferry_relay::{HomePage, ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 
 use cli::Args;
+use ferry_sys::signal::Signal;
 
 fn main() {
     if let Err(e) = run() {
-        eprintln!("ferry: {e:#}");
+        eprintln!("ferry: {}", error_text(&e));
         std::process::exit(1);
     }
 }
 
+/// An error and its causes, each once: a cause whose text its context
+/// already quotes (as `thiserror` messages with `{source}` do) is not
+/// repeated.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
+}
+
 fn run() -> Result<()> {
-    let args = Args::parse_from(cli::normalize_go_flags(std::env::args_os()));
+    let argv = cli::without_derper_defaults(cli::normalize_go_flags(std::env::args_os()))?;
+    let args = Args::parse_from(argv);
     if let Some(cli::Command::UdpRelay(udp_args)) = &args.command {
         return udp::run(udp_args);
     }
-    init_logging(&args.log);
+    init_logging(&args.log)?;
 
     // Signals are handled by the main thread only: block them before any
     // other thread exists so every thread inherits the mask.
-    ferry_sys::signal::block_termination_signals().context("blocking SIGINT/SIGTERM")?;
+    ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     match ferry_sys::raise_nofile_limit() {
         Ok(n) => tracing::debug!(limit = n, "open file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
     }
 
+    // Everything is checked before anything is written: the key file is
+    // only created once the relay runs.
     let plan = cli::Plan::from_args(&args)?;
+    if let Some(warning) = &plan.workers_warning {
+        tracing::warn!("{warning}");
+    }
     let key = load_key(&args)?;
-    let mut config = RelayConfig::new(key);
+    let mut config = RelayConfig::new(key.private.clone());
     config.derp_enabled = args.derp;
     config.write_timeout = plan.write_timeout;
     config.tcp_keepalive = plan.tcp_keepalive;
@@ -74,7 +99,11 @@ fn run() -> Result<()> {
     }
 
     let mut cert_name = None;
+    let mut reloader = None;
     if let Some(mode) = &plan.cert_mode {
+        if plan.cert_mode_implied {
+            check_implied_manual_mode(mode)?;
+        }
         let setup =
             tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
         cert_name = setup.cert_name.clone();
@@ -98,10 +127,12 @@ fn run() -> Result<()> {
             Err(why) => bail!("--ktls on: {why}"),
         }
         if matches!(mode, CertMode::Manual { .. }) {
-            // Certificates renewed on disk are picked up without a restart.
+            // Certificates renewed on disk are picked up without a restart
+            // (and at once on SIGHUP).
             setup
-                .spawn_reloader(Duration::from_secs(30))
+                .spawn_reloader(CERT_CHECK_INTERVAL)
                 .context("starting the certificate reloader")?;
+            reloader = setup.reloader.clone();
         }
     }
 
@@ -118,15 +149,18 @@ fn run() -> Result<()> {
     let server = Server::start(ServerOptions {
         config: config.clone(),
         listeners,
-        workers: args
-            .workers
-            .unwrap_or_else(|| ferry_sys::available_cpus().len().max(1)),
+        workers: plan.workers,
         pin: args.pin,
         stun: plan.stun,
         metrics_addr: args.metrics_addr,
         io: args.io,
     })
     .context("starting the relay")?;
+    if let Err(e) = key.persist() {
+        server.shutdown();
+        let _ = server.wait();
+        return Err(e);
+    }
 
     let addr = server.listen_addrs[0];
     let scheme = if config.tls.is_some() {
@@ -134,11 +168,15 @@ fn run() -> Result<()> {
     } else {
         "http"
     };
+    let off = || "off".to_string();
     tracing::info!(
         url = %format!("{scheme}://{addr}/derp"),
         key = %config.public_key,
-        stun = ?server.stun_addr,
-        metrics = ?server.metrics_addr,
+        http_port = %server.listen_addrs.get(1).map_or_else(off, |a| format!("http://{a}")),
+        stun = %server.stun_addr.map_or_else(off, |a| a.to_string()),
+        metrics = %server.metrics_addr.map_or_else(off, |a| format!("http://{a}/metrics")),
+        mesh_key = %if config.mesh_key.is_some() { "configured" } else { "none" },
+        derp = %if config.derp_enabled { "on" } else { "off" },
         workers = server.metrics().shards.len(),
         backend = server.metrics().backend,
         "ferry relay running"
@@ -150,53 +188,140 @@ fn run() -> Result<()> {
         print_dev_banner(&server, &config, scheme, cert_name.as_deref());
     }
 
-    let sig = ferry_sys::signal::wait_termination_signal().context("waiting for a signal")?;
-    tracing::info!(
-        signal = sig,
-        "shutting down: telling clients, draining queues"
-    );
+    loop {
+        match ferry_sys::signal::wait_signal().context("waiting for a signal")? {
+            Signal::Hangup => reload(reloader.as_ref()),
+            sig @ Signal::Terminate(_) => {
+                tracing::info!(
+                    signal = sig.name(),
+                    "shutting down: telling clients, draining queues"
+                );
+                break;
+            }
+        }
+    }
     server.shutdown();
     server.wait().context("stopping the relay")?;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Logs to standard error at `level`, or as `FERRY_LOG` says (tracing's
-/// filter syntax); colours only on a terminal.
-fn init_logging(level: &str) {
+/// How often manual-mode certificate files are checked for changes.
+const CERT_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+
+/// SIGHUP: reloads what can change without a restart (the manual-mode
+/// certificate files) and says what cannot.
+fn reload(reloader: Option<&tls::CertReloader>) {
+    match reloader {
+        Some(r) => {
+            tracing::info!(cert = %r.cert_path().display(), "SIGHUP: checking the TLS certificate files");
+            // A reload, or a failure (the previous certificate stays), is
+            // logged by `check` itself.
+            if let Ok(false) = r.check() {
+                tracing::info!("SIGHUP: the TLS certificate files are unchanged");
+            }
+        }
+        None => {
+            tracing::info!("SIGHUP: nothing to reload (no --certmode manual certificate files)")
+        }
+    }
+    tracing::info!(
+        "SIGHUP: other flags (listeners, keys, mesh key, timeouts) take effect only on a restart"
+    );
+}
+
+/// With no --certmode on port 443, derper would get a Let's Encrypt
+/// certificate; ferry cannot yet, and uses manual mode. Without the
+/// manual-mode files that is refused here, saying so, rather than with a
+/// bare "file not found" (an IP hostname's generated certificate is fine).
+fn check_implied_manual_mode(mode: &CertMode) -> Result<()> {
+    let CertMode::Manual { certdir, hostname } = mode else {
+        return Ok(());
+    };
+    if hostname.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let (cert, key) = tls::manual_paths(certdir, hostname).context("--hostname")?;
+    if cert.exists() && key.exists() {
+        return Ok(());
+    }
+    bail!(
+        "--certmode not given: on port 443 derper defaults to letsencrypt, which ferry does not support yet. \
+         Give --certmode manual with {} and {} (from an ACME client such as certbot or lego), \
+         or --certmode selfsigned, or plain HTTP on another port",
+        cert.display(),
+        key.display()
+    )
+}
+
+/// Logs to standard error as `--log` says, or `FERRY_LOG` when that is set
+/// (tracing's filter syntax); colours only on a terminal. A filter that
+/// does not parse is an error naming the bad directive: tracing would
+/// otherwise drop it and, with it, possibly every message.
+fn init_logging(flag: &str) -> Result<()> {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    let (source, spec) = match std::env::var("FERRY_LOG") {
+        Ok(v) if !v.trim().is_empty() => ("FERRY_LOG", v),
+        _ => ("--log", flag.to_string()),
+    };
+    let filter = cli::log_filter(&spec).with_context(|| format!("{source} {spec:?}"))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
+    Ok(())
 }
 
-/// Loads the server key from `-c` (derper's key-file format), creating it
-/// if missing. In dev mode without `-c`, a fresh key each run.
-fn load_key(args: &Args) -> Result<NodePrivate> {
+/// The server key, and whether it still has to be written.
+struct Key {
+    private: NodePrivate,
+    /// Where a freshly generated key goes once the relay runs.
+    unsaved: Option<std::path::PathBuf>,
+}
+
+impl Key {
+    /// Writes a new key to its file (owner-only), creating the directory.
+    fn persist(&self) -> Result<()> {
+        let Some(path) = &self.unsaved else {
+            return Ok(());
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("-c: creating {}", dir.display()))?;
+        }
+        write_private(path, self.private.to_key_file_json().as_bytes())
+            .with_context(|| format!("-c: writing {}", path.display()))?;
+        tracing::info!(path = %path.display(), "created a new server key");
+        Ok(())
+    }
+}
+
+/// Loads the server key from `-c` (derper's key-file format), or makes a
+/// new one to be written by [`Key::persist`] once the relay runs. In dev
+/// mode without `-c`, a fresh key each run, never written.
+fn load_key(args: &Args) -> Result<Key> {
     let path = match (&args.config, args.dev) {
         (Some(p), _) => p.clone(),
-        (None, true) => return Ok(NodePrivate::generate()),
+        (None, true) => {
+            return Ok(Key {
+                private: NodePrivate::generate(),
+                unsaved: None,
+            })
+        }
         (None, false) => cli::default_key_path(),
     };
     match std::fs::read_to_string(&path) {
-        Ok(text) => NodePrivate::from_key_file_json(&text)
-            .map_err(|e| anyhow::anyhow!("-c {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = NodePrivate::generate();
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("-c: creating {}", dir.display()))?;
-            }
-            write_private(&path, key.to_key_file_json().as_bytes())
-                .with_context(|| format!("-c: writing {}", path.display()))?;
-            tracing::info!(path = %path.display(), "created a new server key");
-            Ok(key)
-        }
+        Ok(text) => Ok(Key {
+            private: NodePrivate::from_key_file_json(&text)
+                .map_err(|e| anyhow::anyhow!("-c {}: {e}", path.display()))?,
+            unsaved: None,
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Key {
+            private: NodePrivate::generate(),
+            unsaved: Some(path),
+        }),
         Err(e) => Err(e).with_context(|| format!("-c: reading {}", path.display())),
     }
 }

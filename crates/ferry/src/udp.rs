@@ -15,6 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use ferry_proto::wireguard::PublicKey;
+use ferry_sys::signal::Signal;
 use ferry_udp::config::{
     self, parse_duration, parse_listen, Bounce, Config, ConfigError, Hub, HubPeer, Tuning,
 };
@@ -169,7 +170,22 @@ pub fn build_config(args: &UdpRelayArgs) -> Result<Config> {
     if let Some(s) = &args.metrics_addr {
         cfg.metrics_addr = Some(parse_listen("--metrics-addr", s)?.addr);
     }
-    cfg.validate()?;
+    // A tuning value out of range is named as the flag when it came from
+    // one ("--recv-buffer", not the file's "recv_buffer").
+    let from_flag = |field: &str| match field {
+        "workers" => args.workers.is_some(),
+        "recv_buffer" => args.recv_buffer.is_some(),
+        "send_buffer" => args.send_buffer.is_some(),
+        "handshake_rate" => args.handshake_rate.is_some() || args.handshake_burst.is_some(),
+        _ => false,
+    };
+    cfg.validate().map_err(|e| match e {
+        ConfigError::OutOfRange { field, why } if from_flag(&field) => ConfigError::OutOfRange {
+            field: format!("--{}", field.replace('_', "-")),
+            why,
+        },
+        e => e,
+    })?;
     Ok(cfg)
 }
 
@@ -261,22 +277,94 @@ fn cli_config(args: &UdpRelayArgs) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
-/// Runs the relay until SIGINT or SIGTERM.
+/// Runs the relay until SIGINT or SIGTERM; SIGHUP re-reads `--config`.
 pub fn run(args: &UdpRelayArgs) -> Result<()> {
-    crate::init_logging(&args.log);
-    ferry_sys::signal::block_termination_signals().context("blocking SIGINT/SIGTERM")?;
-    let cfg = build_config(args)?;
+    crate::init_logging(&args.log)?;
+    ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
+    let mut cfg = build_config(args)?;
+    if cfg.tuning.workers != 0 {
+        let cpus = ferry_sys::available_cpus().len().max(1);
+        let flag = if args.workers.is_some() || args.config.is_none() {
+            "--workers"
+        } else {
+            "workers"
+        };
+        if let Some(warning) = crate::cli::check_workers(flag, cfg.tuning.workers, cpus)? {
+            tracing::warn!("{warning}");
+        }
+    }
     let relay = ferry_udp::Relay::start(&cfg)?;
     for (field, addr) in relay.bound() {
         tracing::info!(%field, %addr, "listening");
     }
+    for b in &cfg.bounce {
+        tracing::info!(
+            field = %b.target_field,
+            target = %b.target,
+            idle_timeout = %crate::cli::go_duration(b.idle_timeout),
+            resolve_interval = %crate::cli::go_duration(b.resolve_interval),
+            wireguard_only = b.wireguard_only,
+            max_sessions = b.max_sessions,
+            "static bounce"
+        );
+    }
+    if let Some(h) = &cfg.hub {
+        let names: Vec<&str> = h.peers.iter().map(|p| p.name.as_str()).collect();
+        tracing::info!(
+            peers = h.peers.len(),
+            names = %names.join(", "),
+            max_indices = h.max_indices,
+            "receiver-index hub"
+        );
+    }
     if let Some(addr) = relay.metrics_addr() {
         tracing::info!(url = %format!("http://{addr}/metrics"), "metrics");
     }
-    let sig = ferry_sys::signal::wait_termination_signal().context("waiting for a signal")?;
-    tracing::info!(signal = sig, "shutting down");
+    loop {
+        match ferry_sys::signal::wait_signal().context("waiting for a signal")? {
+            Signal::Hangup => reread(args, &mut cfg),
+            sig @ Signal::Terminate(_) => {
+                tracing::info!(signal = sig.name(), "shutting down");
+                break;
+            }
+        }
+    }
     relay.shutdown();
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP: re-reads the configuration and logs what changed. Nothing is
+/// applied while running: the shards own their sockets, sessions and hub
+/// tables from start-up (the hub's peer table is replicated into every
+/// shard when it starts), so every change is listed as needing a restart.
+/// A file that no longer parses is reported and the running configuration
+/// stays.
+fn reread(args: &UdpRelayArgs, running: &mut Config) {
+    let Some(path) = &args.config else {
+        tracing::info!("SIGHUP: no --config file to re-read; flags take effect only on a restart");
+        return;
+    };
+    tracing::info!(path = %path.display(), "SIGHUP: re-reading the configuration");
+    let new = match build_config(args) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "SIGHUP: the configuration file is not usable; still running with the one loaded before");
+            return;
+        }
+    };
+    let changes = running.changes(&new);
+    if changes.is_empty() {
+        tracing::info!("SIGHUP: the configuration is unchanged");
+        return;
+    }
+    for change in &changes {
+        tracing::warn!(%change, "SIGHUP: changed in the file; takes effect only after a restart");
+    }
+    tracing::warn!(
+        changes = changes.len(),
+        "SIGHUP: nothing was applied; restart ferry udp-relay to use the new configuration"
+    );
 }
 
 #[cfg(test)]
@@ -358,6 +446,11 @@ mod tests {
         assert!(e.starts_with("--target conflicts with --config"), "{e}");
         let e = err(&["--listen", ":1"]);
         assert!(e.contains("nothing to relay"), "{e}");
+        let e = err(&["--listen", ":1", "--target", "h:1", "--send-buffer", "0"]);
+        assert!(
+            e.starts_with("--send-buffer: 0: a socket buffer must be"),
+            "{e}"
+        );
         let e = err(&[
             "--listen",
             ":1",

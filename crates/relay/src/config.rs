@@ -64,8 +64,8 @@ pub struct RelayConfig {
     pub handshake_timeout: Duration,
     /// Interval between keepAlive frames (plus up to 5 s of jitter).
     pub keepalive: Duration,
-    /// Bytes of data frames queued per client; past it the senders feeding
-    /// the client are paused (backpressure) rather than their packets
+    /// Bytes of data frames queued per client; a client over it pauses the
+    /// senders feeding it until it drains (backpressure), nothing is
     /// dropped.
     pub send_queue_bytes: usize,
     /// How long a client over its queue cap may hold its senders paused
@@ -93,7 +93,9 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
-    /// Settings with derper's defaults for a server with this key.
+    /// Settings for a server with this key: derper's defaults where derper
+    /// has the setting (timeouts, keepalives, the restarting frame), Ferry's
+    /// own otherwise (queue and ring sizes, handshake deadline).
     pub fn new(private_key: NodePrivate) -> Self {
         let public_key = private_key.public();
         RelayConfig {

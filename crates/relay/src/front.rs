@@ -71,6 +71,9 @@ pub fn answer(
     };
     let path = req.path.as_str();
 
+    if path == "/healthz" {
+        return Answer::Respond(Route::Health, metrics.health().response());
+    }
     if path == "/generate_204" {
         return Answer::Respond(
             Route::Generate204,

@@ -19,7 +19,8 @@
 //! - [`conn`] is one client connection; [`front`] answers plain HTTP
 //!   requests; [`transport`] carries a connection's bytes (plain, TLS,
 //!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
-//!   [`metrics`] counts everything; [`config`] holds the settings.
+//!   [`metrics`] counts everything; [`health`] answers `/healthz`;
+//!   [`config`] holds the settings.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
@@ -29,6 +30,7 @@
 pub mod config;
 pub mod conn;
 pub mod front;
+pub mod health;
 pub mod ktls;
 pub mod metrics;
 pub mod server;
@@ -38,4 +40,4 @@ pub mod tls;
 pub mod transport;
 
 pub use config::{HomePage, ListenerKind, ListenerSpec, RelayConfig};
-pub use server::{Server, ServerOptions, StartError};
+pub use server::{Server, ServerOptions, SocketRole, StartError};

@@ -13,8 +13,11 @@
 //! and the exposition format is a few lines.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::health::Health;
 
 pub use ferry_engine::stat::{Counter, Gauge};
 
@@ -131,6 +134,8 @@ labelled!(
         Debug => "debug",
         /// Port-80 redirect to HTTPS.
         Redirect => "redirect",
+        /// `/healthz`.
+        Health => "healthz",
         /// Anything else (404).
         NotFound => "not_found",
     }
@@ -281,6 +286,8 @@ pub struct Metrics {
     pub backend_reason: String,
     started: Instant,
     started_unix: f64,
+    /// Set when a graceful shutdown begins (`/healthz` turns 503).
+    draining: AtomicBool,
 }
 
 impl Metrics {
@@ -295,7 +302,22 @@ impl Metrics {
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
+            draining: AtomicBool::new(false),
         })
+    }
+
+    /// Records that a graceful shutdown has begun.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// What `/healthz` reports now.
+    pub fn health(&self) -> Health {
+        Health {
+            draining: self.draining.load(Ordering::Relaxed),
+            backend: self.backend,
+            uptime: self.started.elapsed(),
+        }
     }
 
     fn sum(&self, f: impl Fn(&ShardMetrics) -> u64) -> u64 {

@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use ferry_engine::mailbox::{byte_ring, msg_ring, Doorbell};
 use ferry_engine::{run_shard, Backend, Driver, EpollDriver, IoMode};
+use ferry_sys::port::Transport;
 
-use crate::config::{ListenerSpec, RelayConfig};
+use crate::config::{ListenerKind, ListenerSpec, RelayConfig};
 use crate::metrics::Metrics;
 use crate::shard::{Rings, Shard, Shared, MSG_RING};
 
@@ -42,20 +43,64 @@ pub struct ServerOptions {
     pub io: IoMode,
 }
 
+/// One of the relay's sockets, named in errors by the derper flag that
+/// sets its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketRole {
+    /// The DERP listener (`-a`).
+    Derp,
+    /// The plain-HTTP companion of a TLS listener (`--http-port`).
+    Port80,
+    /// The STUN socket (`--stun-port`).
+    Stun,
+    /// The metrics listener (`--metrics-addr`).
+    Metrics,
+}
+
+impl SocketRole {
+    /// The flag that sets this socket's address.
+    pub fn flag(self) -> &'static str {
+        match self {
+            SocketRole::Derp => "-a",
+            SocketRole::Port80 => "--http-port",
+            SocketRole::Stun => "--stun-port",
+            SocketRole::Metrics => "--metrics-addr",
+        }
+    }
+}
+
+impl From<ListenerKind> for SocketRole {
+    fn from(kind: ListenerKind) -> Self {
+        match kind {
+            ListenerKind::Derp => SocketRole::Derp,
+            ListenerKind::Port80 => SocketRole::Port80,
+        }
+    }
+}
+
+impl std::fmt::Display for SocketRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.flag())
+    }
+}
+
 /// Why a relay could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A listening socket could not be set up.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
+    /// Another socket (another program, or another relay whose shards
+    /// share the port) already holds the address.
+    #[error("{role} {addr}: address already in use: another program (or another ferry) holds it; stop it or choose another address")]
+    InUse {
+        /// Which socket.
+        role: SocketRole,
         /// The address.
         addr: SocketAddr,
-        /// The cause.
-        source: io::Error,
     },
-    /// The STUN socket could not be bound.
-    #[error("cannot bind STUN on {addr}: {source}")]
-    Stun {
+    /// A socket could not be set up for another reason.
+    #[error("{role} {addr}: cannot listen: {source}{}", ferry_sys::port::hint_suffix(*addr, source))]
+    Listen {
+        /// Which socket.
+        role: SocketRole,
         /// The address.
         addr: SocketAddr,
         /// The cause.
@@ -64,7 +109,15 @@ pub enum StartError {
     /// The requested I/O back end cannot run here.
     #[error("{0}")]
     Backend(String),
-    /// A shard thread could not start.
+    /// A shard or helper thread could not start.
+    #[error("cannot start {what}: {source}")]
+    Thread {
+        /// Which thread.
+        what: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A shard could not set up its I/O.
     #[error("cannot start shard {shard}: {source}")]
     Shard {
         /// Which shard.
@@ -72,6 +125,17 @@ pub enum StartError {
         /// The cause.
         source: io::Error,
     },
+}
+
+impl StartError {
+    /// The error for a failed bind or listen of `role` on `addr`.
+    fn socket(role: SocketRole, addr: SocketAddr, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::AddrInUse {
+            StartError::InUse { role, addr }
+        } else {
+            StartError::Listen { role, addr, source }
+        }
+    }
 }
 
 /// A running relay.
@@ -88,19 +152,27 @@ pub struct Server {
     pub metrics_addr: Option<SocketAddr>,
 }
 
+/// One shard's listener on `addr`, in the `SO_REUSEPORT` group that all
+/// shards share (see [`ferry_sys::port`] for why the port is claimed
+/// first).
 fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    use ferry_sys::port::{new_socket, Transport};
+    let sock = new_socket(addr, Transport::Tcp)?;
     sock.set_reuse_address(true)?;
     sock.set_reuse_port(true)?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        // `[::]` serves IPv4 too, like Go's ":port".
-        sock.set_only_v6(false)?;
-    }
-    sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
     sock.listen(4096)?;
     Ok(sock.into())
+}
+
+/// Binds `addr` with `bind` if there is one, naming `role` on failure.
+fn bind_optional<S>(
+    role: SocketRole,
+    addr: Option<SocketAddr>,
+    bind: fn(SocketAddr) -> io::Result<S>,
+) -> Result<Option<S>, StartError> {
+    addr.map(|addr| bind(addr).map_err(|source| StartError::socket(role, addr, source)))
+        .transpose()
 }
 
 impl Server {
@@ -113,20 +185,24 @@ impl Server {
         let mut per_shard: Vec<Vec<TcpListener>> = (0..n).map(|_| Vec::new()).collect();
         let mut listen_addrs = Vec::new();
         for spec in &opts.listeners {
-            let mut addr = spec.addr;
+            let failed = |source| StartError::socket(spec.kind.into(), spec.addr, source);
+            // Shards of this process share the port; no other process may.
+            let mut addr =
+                ferry_sys::port::ensure_unclaimed(spec.addr, Transport::Tcp).map_err(failed)?;
             for shard_listeners in per_shard.iter_mut() {
-                let l = bind_reuseport(addr).map_err(|source| StartError::Listen {
-                    addr: spec.addr,
-                    source,
-                })?;
-                addr = l.local_addr().map_err(|source| StartError::Listen {
-                    addr: spec.addr,
-                    source,
-                })?;
+                let l = bind_reuseport(addr).map_err(failed)?;
+                addr = l.local_addr().map_err(failed)?;
                 shard_listeners.push(l);
             }
             listen_addrs.push(addr);
         }
+
+        // The helpers' sockets too are bound before any thread starts, so a
+        // taken address fails the start with nothing running.
+        let stun_sock = bind_optional(SocketRole::Stun, opts.stun, UdpSocket::bind)?;
+        let metrics_listener = bind_optional(SocketRole::Metrics, opts.metrics_addr, |a| {
+            TcpListener::bind(a)
+        })?;
 
         let (backend, backend_reason) =
             ferry_engine::backend::select(opts.io).map_err(StartError::Backend)?;
@@ -192,7 +268,10 @@ impl Server {
                         Backend::Uring => start.run(ferry_engine::uring::UringDriver::new()),
                     }
                 })
-                .map_err(|source| StartError::Shard { shard: id, source })?;
+                .map_err(|source| StartError::Thread {
+                    what: format!("shard thread {id}"),
+                    source,
+                })?;
             shards.push(handle);
         }
         drop(ready_tx);
@@ -233,28 +312,31 @@ impl Server {
         let aux_stop = Arc::new(AtomicBool::new(false));
         let mut aux = Vec::new();
         let mut stun_addr = None;
-        if let Some(addr) = opts.stun {
-            let sock = UdpSocket::bind(addr).map_err(|source| StartError::Stun { addr, source })?;
+        if let Some(sock) = stun_sock {
             stun_addr = sock.local_addr().ok();
             let (metrics, stop) = (metrics.clone(), aux_stop.clone());
             aux.push(
                 std::thread::Builder::new()
                     .name("ferry-stun".into())
                     .spawn(move || crate::stun::serve(sock, &metrics.stun, &stop))
-                    .map_err(|source| StartError::Stun { addr, source })?,
+                    .map_err(|source| StartError::Thread {
+                        what: "the STUN thread".into(),
+                        source,
+                    })?,
             );
         }
         let mut metrics_addr = None;
-        if let Some(addr) = opts.metrics_addr {
-            let l =
-                TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;
+        if let Some(l) = metrics_listener {
             metrics_addr = l.local_addr().ok();
             let (metrics, stop) = (metrics.clone(), aux_stop.clone());
             aux.push(
                 std::thread::Builder::new()
                     .name("ferry-metrics".into())
                     .spawn(move || serve_metrics(l, metrics, &stop))
-                    .map_err(|source| StartError::Listen { addr, source })?,
+                    .map_err(|source| StartError::Thread {
+                        what: "the metrics thread".into(),
+                        source,
+                    })?,
             );
         }
 
@@ -277,6 +359,7 @@ impl Server {
     /// Starts a graceful shutdown: every client gets a `restarting` frame,
     /// queued frames drain (up to the grace period), sockets close.
     pub fn shutdown(&self) {
+        self.shared.metrics.set_draining();
         self.shared.shutdown.store(true, Ordering::SeqCst);
         if let Some(bells) = self.shared.doorbells.get() {
             for b in bells {
@@ -427,13 +510,14 @@ fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Re
         }
     };
     let resp = match req.path.as_str() {
+        "/healthz" => metrics.health().response(),
         "/metrics" | "/debug/varz" => ferry_proto::http::response(
             200,
             "OK",
             &[("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
             metrics.render().as_bytes(),
         ),
-        _ => ferry_proto::http::response(404, "Not Found", &[], b"try /metrics\n"),
+        _ => ferry_proto::http::response(404, "Not Found", &[], b"try /metrics or /healthz\n"),
     };
     stream.write_all(&resp)
 }

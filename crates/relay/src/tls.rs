@@ -13,8 +13,11 @@
 //!   neither file exists, a self-signed certificate for that IP is generated,
 //!   written there (so its pin survives restarts) and its `sha256-raw:`
 //!   CertName is logged for the DERP map.
-//! - [`CertMode::SelfSigned`] generates a fresh ECDSA P-256 certificate for
-//!   the hostname plus `localhost`, `127.0.0.1` and `::1`, for development.
+//! - [`CertMode::SelfSigned`] generates an ECDSA P-256 certificate for
+//!   the hostname plus `localhost`, `127.0.0.1` and `::1`. With a directory
+//!   it is kept there (`<name>.selfsigned.crt` and `.key`) and reused on the
+//!   next start while it is valid for the hostname, so its pin survives
+//!   restarts; without one it is new on every start.
 //!
 //! The served chain is the leaf (and, in manual mode, whatever intermediates
 //! the file holds) followed by the DERP *meta-certificate*: a throw-away
@@ -70,10 +73,13 @@ pub enum CertMode {
         /// The name clients dial; also the files' base name.
         hostname: String,
     },
-    /// A certificate generated at start-up, for development and tests.
+    /// A self-signed certificate, generated once.
     SelfSigned {
         /// DNS name or IP literal the certificate is issued for.
         hostname: String,
+        /// Where the generated certificate and key are kept between starts;
+        /// `None`: a new one every start (tests).
+        certdir: Option<PathBuf>,
     },
 }
 
@@ -217,14 +223,26 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
     let meta = meta::meta_certificate(&server_public, time::OffsetDateTime::now_utc())?;
 
     let (leaf, sni, cert_name, watch) = match mode {
-        CertMode::SelfSigned { hostname } => {
+        CertMode::SelfSigned {
+            hostname,
+            certdir: Some(certdir),
+        } => {
+            let hostname = normalize_hostname(hostname)?;
+            let (leaf, cert_name) =
+                manual::load_or_generate_self_signed(certdir, &hostname, &provider)?;
+            (leaf, SniPolicy::Any, Some(cert_name), None)
+        }
+        CertMode::SelfSigned {
+            hostname,
+            certdir: None,
+        } => {
             let hostname = normalize_hostname(hostname)?;
             let generated = self_signed::generate(&hostname, true)?;
             let cert_name = sha256_raw_cert_name(&generated.cert);
             tracing::info!(
                 %hostname,
                 %cert_name,
-                "using a generated self-signed TLS certificate"
+                "using a generated self-signed TLS certificate (not kept: no directory)"
             );
             let key = provider
                 .key_provider
@@ -257,6 +275,18 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
         cert_name,
         reloader,
     })
+}
+
+/// The certificate and key files `--certmode manual` reads for `hostname`
+/// in `certdir` (derper's names: `<certdir>/<name>.crt` and `.key`).
+pub fn manual_paths(
+    certdir: &std::path::Path,
+    hostname: &str,
+) -> Result<(PathBuf, PathBuf), TlsError> {
+    let hostname = normalize_hostname(hostname)?;
+    let ip = hostname.parse::<IpAddr>().ok();
+    let files = manual::CertFiles::new(certdir, &hostname, ip)?;
+    Ok((files.cert, files.key))
 }
 
 /// `sha256-raw:` followed by the lowercase hex SHA-256 of a certificate's

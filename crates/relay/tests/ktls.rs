@@ -419,6 +419,7 @@ fn production_config_needs_allow_kernel_tls() {
     let setup = ferry_relay::tls::server_config(
         &ferry_relay::tls::CertMode::SelfSigned {
             hostname: "localhost".into(),
+            certdir: None,
         },
         [3; 32],
     )

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::frame::{self, PeerGoneReason, ServerFrame};
 use ferry_proto::key::{MeshKey, NodePrivate};
+use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 use support::{eventually, metric, start, stop, Client};
 
 const T: Duration = Duration::from_secs(5);
@@ -831,4 +832,86 @@ fn backpressure_is_per_sender() {
     flood.join().unwrap();
     drop(slow);
     stop(server);
+}
+
+/// A relay with a metrics listener too.
+fn start_with_metrics() -> (Server, SocketAddr, SocketAddr) {
+    let server = Server::start(ServerOptions {
+        config: RelayConfig::new(NodePrivate::generate()),
+        listeners: vec![ListenerSpec {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            kind: ListenerKind::Derp,
+        }],
+        workers: 2,
+        pin: false,
+        stun: None,
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        io: support::io_mode(),
+    })
+    .expect("server starts");
+    let (addr, metrics) = (server.listen_addrs[0], server.metrics_addr.unwrap());
+    (server, addr, metrics)
+}
+
+fn health_json(response: &str) -> serde_json::Value {
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
+}
+
+#[test]
+fn healthz_is_ok_while_serving_and_503_once_draining() {
+    let (server, addr, metrics_addr) = start_with_metrics();
+    let backend = server.metrics().backend;
+    for target in [addr, metrics_addr] {
+        let r = support::http(target, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200"), "{target}: {r}");
+        assert!(r.contains("Content-Type: application/json"), "{r}");
+        let v = health_json(&r);
+        assert_eq!(v["status"], "ok");
+        assert_eq!(v["backend"], backend);
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+        assert!(v["uptime_seconds"].as_u64().is_some(), "{r}");
+    }
+    assert!(eventually(T, || metric(
+        addr,
+        "ferry_http_requests_total{route=\"healthz\"}"
+    ) == 1.0));
+    // The metrics listener stays up until `wait`, so it reports the drain.
+    server.shutdown();
+    let r = support::http(metrics_addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert_eq!(health_json(&r)["status"], "draining");
+    server.wait().unwrap();
+}
+
+#[test]
+fn a_second_relay_on_a_taken_port_is_refused() {
+    let (first, addr) = start(2, |_| {});
+    let err = Server::start(ServerOptions {
+        config: RelayConfig::new(NodePrivate::generate()),
+        listeners: vec![ListenerSpec {
+            addr,
+            kind: ListenerKind::Derp,
+        }],
+        workers: 2,
+        pin: false,
+        stun: None,
+        metrics_addr: None,
+        io: support::io_mode(),
+    })
+    .err()
+    .expect("the port is taken");
+    assert!(
+        matches!(err, ferry_relay::StartError::InUse { role: ferry_relay::SocketRole::Derp, addr: a } if a == addr),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with(&format!("-a {addr}: address already in use")),
+        "{err}"
+    );
+    // The first relay still has the port to itself.
+    let r = support::http(addr, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    stop(first);
 }

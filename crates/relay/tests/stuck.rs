@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::frame::{self, ServerFrame};
 use ferry_proto::key::NodePublic;
-use ferry_relay::tls::{self, CertMode};
 use support::peer::Peer;
 use support::{eventually, metric_in, start, stop};
 
@@ -31,23 +30,12 @@ const RUN: Duration = Duration::from_millis(4500);
 /// The longest gap the healthy reader may see.
 const MAX_GAP: Duration = Duration::from_secs(1);
 
-fn tls_config(cfg: &mut ferry_relay::RelayConfig) {
-    let setup = tls::server_config(
-        &CertMode::SelfSigned {
-            hostname: "localhost".into(),
-        },
-        *cfg.public_key.as_bytes(),
-    )
-    .expect("self-signed TLS");
-    cfg.tls = Some(setup.config);
-}
-
 fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
     let (server, addr) = start(2, |cfg| {
         cfg.write_timeout = Some(WRITE_TIMEOUT);
         cfg.send_queue_bytes = 256 * 1024;
         if tls {
-            tls_config(cfg);
+            cfg.tls = Some(support::self_signed_tls(cfg).config);
         }
     });
     let mut sender = Peer::connect(addr, tls, None);

@@ -132,6 +132,7 @@ fn self_signed(hostname: &str) -> TlsSetup {
     tls::server_config(
         &CertMode::SelfSigned {
             hostname: hostname.to_owned(),
+            certdir: None,
         },
         SERVER_KEY,
     )
@@ -518,6 +519,63 @@ fn manual_mode_sni_must_match_hostname_when_present() {
     let (c, s) = handshake(&setup.config, client, HOST).unwrap();
     assert_eq!(s.server_name(), None);
     assert_eq!(served_chain(&c).len(), 3);
+}
+
+#[test]
+fn selfsigned_with_a_certdir_keeps_its_certificate_per_hostname() {
+    let dir = TempDir::new();
+    let certdir = dir.path().join("certs");
+    let setup = |hostname: &str| {
+        tls::server_config(
+            &CertMode::SelfSigned {
+                hostname: hostname.into(),
+                certdir: Some(certdir.clone()),
+            },
+            SERVER_KEY,
+        )
+        .unwrap()
+    };
+    let first = setup(HOST);
+    let name = first.cert_name.clone().unwrap();
+    let key = certdir.join(format!("{HOST}.selfsigned.key"));
+    assert!(certdir.join(format!("{HOST}.selfsigned.crt")).is_file());
+    assert_eq!(
+        fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // A restart serves the same certificate, so the pin holds.
+    let again = setup(HOST);
+    assert_eq!(again.cert_name.as_deref(), Some(name.as_str()));
+    let client = pinning_client(&name, &[&TLS13]);
+    let (c, _s) = handshake(&again.config, client, HOST).unwrap();
+    assert_eq!(sha256_name(&served_chain(&c)[0]), name);
+    // Another hostname gets its own, kept as well.
+    let other = setup("other.example.com");
+    let other_name = other.cert_name.clone().unwrap();
+    assert_ne!(other_name, name);
+    assert_eq!(setup("other.example.com").cert_name, Some(other_name));
+    // A kept certificate for another hostname is replaced, not served.
+    fs::copy(
+        certdir.join("other.example.com.selfsigned.crt"),
+        certdir.join(format!("{HOST}.selfsigned.crt")),
+    )
+    .unwrap();
+    fs::copy(certdir.join("other.example.com.selfsigned.key"), &key).unwrap();
+    let replaced = setup(HOST);
+    let replaced_name = replaced.cert_name.clone().unwrap();
+    assert_ne!(replaced_name, name);
+    assert_ne!(replaced_name, other.cert_name.clone().unwrap());
+    // Unreadable garbage is an error naming the file, not overwritten.
+    fs::write(&key, "not a key").unwrap();
+    let err = tls::server_config(
+        &CertMode::SelfSigned {
+            hostname: HOST.into(),
+            certdir: Some(certdir.clone()),
+        },
+        SERVER_KEY,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains(".selfsigned.key"), "{err}");
 }
 
 #[test]

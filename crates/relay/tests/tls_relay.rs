@@ -9,19 +9,12 @@ use std::io::Write;
 use std::sync::Arc;
 
 use ferry_proto::frame;
-use ferry_relay::tls::{self, CertMode};
 use support::peer::Peer;
 
 #[test]
 fn tls_relays_with_kernel_tls_switched_on() {
     let (server, addr) = support::start(2, |cfg| {
-        let setup = tls::server_config(
-            &CertMode::SelfSigned {
-                hostname: "localhost".into(),
-            },
-            *cfg.public_key.as_bytes(),
-        )
-        .expect("self-signed TLS");
+        let setup = support::self_signed_tls(cfg);
         let mut server_config = (*setup.config).clone();
         ferry_relay::ktls::allow_kernel_tls(&mut server_config);
         cfg.tls = Some(Arc::new(server_config));

@@ -13,7 +13,8 @@
 //! - [`cpu`]: which CPUs this process may run on, and pinning a shard thread
 //!   to one of them.
 //! - [`limits`]: resource limits the relay raises at start-up.
-//! - [`signal`]: SIGINT/SIGTERM taken synchronously by the main thread.
+//! - [`signal`]: SIGINT, SIGTERM and SIGHUP taken synchronously by the main
+//!   thread.
 //! - [`process`]: cheap self-observation (resident memory, open descriptors)
 //!   for metrics.
 //! - [`uring`]: an io_uring instance with its provided-buffer ring, owning
@@ -24,6 +25,8 @@
 //!   source addresses, GRO segment sizes, GSO and the drop counter.
 //! - [`gso`]: probing and switching UDP GRO and GSO.
 //! - [`sockopt`]: forced socket buffer sizes and `SO_RXQ_OVFL`.
+//! - [`port`]: making sure a port shared by one process's shards is not
+//!   also joined by another process.
 //! - [`ktls`]: kernel TLS: probing for it, handing a session's keys to a
 //!   socket, and typed record reads and writes (cmsg parsing in `cmsg`).
 //!
@@ -40,6 +43,7 @@ pub mod gso;
 pub mod ktls;
 pub mod limits;
 pub mod mmsg;
+pub mod port;
 pub mod process;
 pub mod signal;
 pub mod sockopt;
@@ -47,4 +51,4 @@ pub mod uring;
 
 pub use cpu::{available_cpus, pin_current_thread};
 pub use limits::raise_nofile_limit;
-pub use process::{open_fds, rss_bytes};
+pub use process::{is_root, open_fds, rss_bytes};

@@ -1,4 +1,5 @@
-//! Self-observation for metrics: resident memory and open descriptors.
+//! Self-observation: resident memory and open descriptors for metrics, and
+//! whether the process runs as root (for its default paths).
 //!
 //! Both read `/proc/self`, which is cheap enough for a metrics scrape but not
 //! for a data path. They return `None` rather than an error when `/proc` is
@@ -34,6 +35,13 @@ fn page_size() -> Option<u64> {
     // SAFETY: sysconf takes a plain integer and touches no caller memory.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(size).ok().filter(|&s| s > 0)
+}
+
+/// Whether the process's effective user is root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) takes no arguments, touches no memory and cannot
+    // fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 #[cfg(test)]

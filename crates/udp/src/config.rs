@@ -49,6 +49,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
 pub const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(60);
 /// Default socket buffer size asked for (each direction, each socket).
 pub const DEFAULT_BUFFER: usize = 16 << 20;
+/// Largest socket buffer accepted (1 GiB; the kernel's own limit is 2 GiB,
+/// and it doubles the request).
+pub const MAX_BUFFER: usize = 1 << 30;
 
 /// A relay's whole configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -421,11 +424,16 @@ impl Config {
                 why: "handshake_rate and handshake_burst must be positive".into(),
             });
         }
-        if t.recv_buffer == 0 || t.send_buffer == 0 {
-            return Err(ConfigError::OutOfRange {
-                field: "recv_buffer".into(),
-                why: "socket buffer sizes must be positive".into(),
-            });
+        for (field, bytes) in [
+            ("recv_buffer", t.recv_buffer),
+            ("send_buffer", t.send_buffer),
+        ] {
+            if bytes == 0 || bytes > MAX_BUFFER {
+                return Err(ConfigError::OutOfRange {
+                    field: field.into(),
+                    why: format!("{bytes}: a socket buffer must be 1 to {MAX_BUFFER} bytes"),
+                });
+            }
         }
         Ok(())
     }
@@ -535,6 +543,142 @@ impl Config {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+impl Config {
+    /// What differs from `self` in `new`, one line per field, as
+    /// `field: old -> new` (hub peers by name: `hub.peer "nas": added`).
+    /// Empty when nothing changed. For logging a re-read file.
+    pub fn changes(&self, new: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut field = |name: &str, old: String, new: String| {
+            if old != new {
+                out.push(format!("{name}: {old} -> {new}"));
+            }
+        };
+        let (t, u) = (&self.tuning, &new.tuning);
+        field("workers", t.workers.to_string(), u.workers.to_string());
+        field("pin", t.pin.to_string(), u.pin.to_string());
+        field("gro", t.gro.to_string(), u.gro.to_string());
+        field("gso", t.gso.to_string(), u.gso.to_string());
+        field(
+            "recv_buffer",
+            t.recv_buffer.to_string(),
+            u.recv_buffer.to_string(),
+        );
+        field(
+            "send_buffer",
+            t.send_buffer.to_string(),
+            u.send_buffer.to_string(),
+        );
+        field(
+            "handshake_rate",
+            t.handshake_rate.to_string(),
+            u.handshake_rate.to_string(),
+        );
+        field(
+            "handshake_burst",
+            t.handshake_burst.to_string(),
+            u.handshake_burst.to_string(),
+        );
+        field(
+            "metrics_addr",
+            or_none(self.metrics_addr),
+            or_none(new.metrics_addr),
+        );
+        field(
+            "bounce",
+            format!("{} entries", self.bounce.len()),
+            format!("{} entries", new.bounce.len()),
+        );
+        for (i, (a, b)) in self.bounce.iter().zip(&new.bounce).enumerate() {
+            field(
+                &format!("bounce[{i}].listen"),
+                listens(&a.listen),
+                listens(&b.listen),
+            );
+            field(
+                &format!("bounce[{i}].target"),
+                a.target.clone(),
+                b.target.clone(),
+            );
+            field(
+                &format!("bounce[{i}].idle_timeout"),
+                format!("{:?}", a.idle_timeout),
+                format!("{:?}", b.idle_timeout),
+            );
+            field(
+                &format!("bounce[{i}].resolve_interval"),
+                format!("{:?}", a.resolve_interval),
+                format!("{:?}", b.resolve_interval),
+            );
+            field(
+                &format!("bounce[{i}].wireguard_only"),
+                a.wireguard_only.to_string(),
+                b.wireguard_only.to_string(),
+            );
+            field(
+                &format!("bounce[{i}].max_sessions"),
+                a.max_sessions.to_string(),
+                b.max_sessions.to_string(),
+            );
+        }
+        match (&self.hub, &new.hub) {
+            (None, None) => {}
+            (Some(_), None) => out.push("hub: removed".into()),
+            (None, Some(_)) => out.push("hub: added".into()),
+            (Some(a), Some(b)) => {
+                field("hub.listen", listens(&a.listen), listens(&b.listen));
+                field(
+                    "hub.max_indices",
+                    a.max_indices.to_string(),
+                    b.max_indices.to_string(),
+                );
+                for p in &a.peers {
+                    let name = &p.name;
+                    match b.peers.iter().find(|q| q.name == p.name) {
+                        None => out.push(format!("hub.peer {name:?}: removed")),
+                        Some(q) => {
+                            let mut peer = |what: &str, old: String, new: String| {
+                                if old != new {
+                                    out.push(format!("hub.peer {name:?}.{what}: {old} -> {new}"));
+                                }
+                            };
+                            peer(
+                                "public_key",
+                                p.public_key.to_base64(),
+                                q.public_key.to_base64(),
+                            );
+                            peer("allow", allow(&p.allow), allow(&q.allow));
+                            peer("endpoint", or_none(p.endpoint), or_none(q.endpoint));
+                        }
+                    }
+                }
+                for q in &b.peers {
+                    if !a.peers.iter().any(|p| p.name == q.name) {
+                        out.push(format!("hub.peer {:?}: added", q.name));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn or_none(addr: Option<SocketAddr>) -> String {
+    addr.map_or("none".into(), |a| a.to_string())
+}
+
+fn listens(l: &[Listen]) -> String {
+    let addrs: Vec<String> = l.iter().map(|l| l.addr.to_string()).collect();
+    format!("[{}]", addrs.join(", "))
+}
+
+fn allow(names: &Option<Vec<String>>) -> String {
+    match names {
+        None => "every peer".into(),
+        Some(n) => format!("[{}]", n.join(", ")),
     }
 }
 
@@ -704,5 +848,44 @@ endpoint = "192.0.2.10:51820"
         ));
         assert!(e.starts_with("hub.peer:"), "{e}");
         assert!(err("").contains("nothing to relay"));
+        let e = err("send_buffer = 0\n[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\n");
+        assert!(e.starts_with("send_buffer: 0:"), "{e}");
+        let e = err("recv_buffer = 4294967296\n[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\n");
+        assert!(
+            e.starts_with("recv_buffer: 4294967296: a socket buffer must be"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn changes_name_each_field() {
+        let file = |rate: u32, nas_allow: &str, extra: &str| {
+            format!(
+                "handshake_rate = {rate}\n[hub]\nlisten = [\":51830\"]\n\
+                 [[hub.peer]]\nname = \"laptop\"\npublic_key = \"{A}\"\n\
+                 [[hub.peer]]\nname = \"nas\"\npublic_key = \"{B}\"\n{nas_allow}\n{extra}"
+            )
+        };
+        let old = Config::from_toml("f", &file(20, "", "")).unwrap();
+        assert!(old.changes(&old).is_empty());
+        const C: &str = "+J8YptlHwfXAAv/hvlXWeHdkjXZXvgpFtN8T/nPcWEo=";
+        let new = Config::from_toml(
+            "f",
+            &file(
+                30,
+                "allow = [\"laptop\"]",
+                &format!("[[hub.peer]]\nname = \"phone\"\npublic_key = \"{C}\"\n"),
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            old.changes(&new),
+            [
+                "handshake_rate: 20 -> 30",
+                "hub.peer \"nas\".allow: every peer -> [laptop]",
+                "hub.peer \"phone\": added",
+            ]
+        );
+        assert_eq!(new.changes(&old)[2], "hub.peer \"phone\": removed");
     }
 }

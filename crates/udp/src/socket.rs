@@ -7,17 +7,17 @@
 //! does not silently cap them), the kernel's drop counter on
 //! (`SO_RXQ_OVFL`), and GRO when it is in use.
 //!
-//! "Port in use" is checked explicitly: a socket with `SO_REUSEPORT` would
-//! otherwise quietly join a group another Ferry (same user) already has on
-//! that port and split its traffic. So before the group is made, a plain
-//! socket without the option binds the address once; if that fails with
-//! `EADDRINUSE`, the port is taken.
+//! "Port in use" is checked explicitly, as the DERP server does, with
+//! [`ferry_sys::port::ensure_unclaimed`]: a socket with `SO_REUSEPORT`
+//! would otherwise quietly join a group another Ferry (same user) already
+//! has on that port and split its traffic.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 
 use ferry_sys::gso;
+use ferry_sys::port::{self, Transport};
 use ferry_sys::sockopt::{self, Buffer, BufferSize};
 use socket2::{Domain, Protocol, Socket, Type};
 use thiserror::Error;
@@ -45,7 +45,7 @@ pub enum BindError {
         addr: SocketAddr,
     },
     /// Any other failure.
-    #[error("{field}: cannot listen on {addr}: {source}")]
+    #[error("{field}: cannot listen on {addr}: {source}{}", port::hint_suffix(*addr, source))]
     Other {
         /// Field of the address.
         field: String,
@@ -68,13 +68,7 @@ pub struct Granted {
 }
 
 fn new_socket(addr: &SocketAddr) -> io::Result<Socket> {
-    let s = Socket::new(Domain::for_address(*addr), Type::DGRAM, Some(Protocol::UDP))?;
-    if addr.is_ipv6() {
-        // "[::]:port" also serves IPv4 where the host allows it.
-        s.set_only_v6(false)?;
-    }
-    s.set_nonblocking(true)?;
-    Ok(s)
+    port::new_socket(*addr, Transport::Udp)
 }
 
 /// Applies buffer sizes, the drop counter and GRO.
@@ -114,35 +108,20 @@ pub fn bind_group(
         addr,
         source,
     };
-    let bind = |s: &Socket, addr: SocketAddr| match s.bind(&addr.into()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(BindError::PortInUse {
+    let failed = |addr, e: io::Error| match e.kind() {
+        io::ErrorKind::AddrInUse => BindError::PortInUse {
             field: field.to_string(),
             addr,
-        }),
-        Err(e) => Err(other(addr, e)),
+        },
+        _ => other(addr, e),
     };
-    let mut addr = addr;
-    if addr.port() != 0 {
-        let probe = match new_socket(&addr) {
-            Err(e)
-                if addr.ip() == IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED)
-                    && e.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
-            {
-                addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), addr.port());
-                new_socket(&addr)
-            }
-            r => r,
-        }
-        .map_err(|e| other(addr, e))?;
-        bind(&probe, addr)?;
-    }
+    let mut addr = port::ensure_unclaimed(addr, Transport::Udp).map_err(|e| failed(addr, e))?;
     let mut socks = Vec::with_capacity(n);
     let mut granted = Granted::default();
     for _ in 0..n.max(1) {
         let s = new_socket(&addr).map_err(|e| other(addr, e))?;
         s.set_reuse_port(true).map_err(|e| other(addr, e))?;
-        bind(&s, addr)?;
+        s.bind(&addr.into()).map_err(|e| failed(addr, e))?;
         let s: UdpSocket = s.into();
         if addr.port() == 0 {
             addr = s.local_addr().map_err(|e| other(addr, e))?;

@@ -75,6 +75,16 @@ impl CertFiles {
         hostname: &str,
         ip: Option<IpAddr>,
     ) -> Result<Self, TlsError> {
+        Self::named(certdir, hostname, ip, "")
+    }
+
+    /// The files `<name><suffix>.crt` and `.key` for `hostname`.
+    fn named(
+        certdir: &Path,
+        hostname: &str,
+        ip: Option<IpAddr>,
+        suffix: &str,
+    ) -> Result<Self, TlsError> {
         let invalid = |reason| TlsError::InvalidHostname {
             hostname: hostname.to_owned(),
             reason,
@@ -92,8 +102,8 @@ impl CertFiles {
                 .map_err(|_| invalid("not a valid DNS name or IP address"))?,
         };
         Ok(Self {
-            cert: certdir.join(format!("{base}.crt")),
-            key: certdir.join(format!("{base}.key")),
+            cert: certdir.join(format!("{base}{suffix}.crt")),
+            key: certdir.join(format!("{base}{suffix}.key")),
             hostname: hostname.to_owned(),
             server_name,
         })
@@ -251,6 +261,75 @@ fn generate_for_ip(
         cert_name: Some(cert_name),
         watch,
     })
+}
+
+/// `--certmode selfsigned` with a directory: the generated certificate and
+/// key are kept as `<certdir>/<name>.selfsigned.crt` and `.key` and used
+/// again on the next start while they are valid for `hostname`, so the
+/// `sha256-raw:` CertName a DERP map pins survives restarts. Files for
+/// another hostname, or not self-signed, are replaced; files that cannot be
+/// read or parsed are an error (they are not silently overwritten).
+///
+/// Returns the leaf (without the meta-certificate) and its CertName.
+pub(super) fn load_or_generate_self_signed(
+    certdir: &Path,
+    hostname: &str,
+    provider: &CryptoProvider,
+) -> Result<(CertifiedKey, String), TlsError> {
+    let ip = hostname.parse::<IpAddr>().ok();
+    let files = CertFiles::named(certdir, hostname, ip, ".selfsigned")?;
+    if exists(&files.cert)? || exists(&files.key)? {
+        let stale = match files.load(provider) {
+            Ok(leaf) => match self_signed_cert_name(&leaf.cert, &files.cert) {
+                Some(cert_name) => {
+                    tracing::info!(
+                        cert = %files.cert.display(),
+                        %hostname,
+                        %cert_name,
+                        "using the self-signed TLS certificate generated earlier"
+                    );
+                    return Ok((leaf, cert_name));
+                }
+                None => "is not self-signed",
+            },
+            Err(TlsError::NameMismatch { .. }) => "was made for another hostname",
+            Err(err) => return Err(err),
+        };
+        tracing::warn!(
+            cert = %files.cert.display(),
+            %hostname,
+            "the kept self-signed certificate {stale}; generating a new one (its CertName changes)"
+        );
+        for path in [&files.cert, &files.key] {
+            fs::remove_file(path).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(TlsError::Io {
+                    path: path.clone(),
+                    source: e,
+                }),
+            })?;
+        }
+    }
+    let generated = self_signed::generate(hostname, true)?;
+    let cert_name = sha256_raw_cert_name(&generated.cert);
+    match save_generated(&files, &generated) {
+        Ok(()) => tracing::info!(
+            %hostname,
+            cert = %files.cert.display(),
+            %cert_name,
+            "generated a self-signed TLS certificate and kept it for the next start"
+        ),
+        Err(err) => tracing::warn!(
+            error = %err,
+            %cert_name,
+            "generated a self-signed TLS certificate but could not keep it; it and its CertName will change on restart"
+        ),
+    }
+    let key = provider
+        .key_provider
+        .load_private_key(PrivateKeyDer::Pkcs8(generated.key))
+        .map_err(TlsError::Config)?;
+    Ok((CertifiedKey::new(vec![generated.cert], key), cert_name))
 }
 
 /// Writes a generated key (owner-only) and certificate, never overwriting.

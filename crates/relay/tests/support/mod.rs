@@ -47,6 +47,19 @@ pub fn start_on(
     (server, addr)
 }
 
+/// A fresh self-signed TLS set-up for "localhost" with `cfg`'s key in its
+/// meta certificate (nothing written to disk).
+pub fn self_signed_tls(cfg: &RelayConfig) -> ferry_relay::tls::TlsSetup {
+    ferry_relay::tls::server_config(
+        &ferry_relay::tls::CertMode::SelfSigned {
+            hostname: "localhost".into(),
+            certdir: None,
+        },
+        *cfg.public_key.as_bytes(),
+    )
+    .expect("self-signed TLS")
+}
+
 /// The back end under test: `FERRY_IO` (auto, uring, epoll), default auto.
 pub fn io_mode() -> ferry_engine::IoMode {
     std::env::var("FERRY_IO")

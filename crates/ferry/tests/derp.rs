@@ -1,0 +1,398 @@
+//! The `ferry` DERP server as an operator meets it: start-up checks,
+//! messages, signals and `/healthz`, through the built binary on loopback.
+
+mod support;
+
+use std::process::Command;
+
+use support::{ferry, field_in, get, run, unprivileged, url_addr, Ferry, TempDir};
+
+/// A plain-HTTP relay on a free loopback port, with STUN on a free port.
+fn relay(dir: &TempDir, extra: &[&str]) -> Command {
+    let mut c = ferry();
+    c.args(["-a", "127.0.0.1:0", "--stun-port", "0", "--workers", "1"])
+        .args(["-c", &dir.path("ferry.key")])
+        .args(extra);
+    c
+}
+
+/// Starts `c` and waits until it serves; returns it and its DERP address.
+fn serving(c: &mut Command) -> (Ferry, std::net::SocketAddr) {
+    let mut f = Ferry::spawn(c);
+    let url = f.field("ferry relay running", "url");
+    (f, url_addr(&url))
+}
+
+#[test]
+fn a_second_ferry_on_the_same_port_is_refused() {
+    let dir = TempDir::new("port");
+    let (first, addr) = serving(&mut relay(&dir, &[]));
+    let (status, log) = run(ferry()
+        .args(["-a", &addr.to_string(), "--stun=false"])
+        .args(["-c", &dir.path("second.key")]));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("-a {addr}: address already in use")),
+        "{log}"
+    );
+    assert!(!std::path::Path::new(&dir.path("second.key")).exists());
+    // The first one still has every connection.
+    for _ in 0..4 {
+        assert!(get(addr, "/healthz").starts_with("HTTP/1.1 200"));
+    }
+    first.stop();
+}
+
+#[test]
+fn a_taken_metrics_or_http_port_names_its_flag() {
+    let dir = TempDir::new("flags");
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = holder.local_addr().unwrap();
+    let (status, log) = run(&mut relay(&dir, &["--metrics-addr", &taken.to_string()]));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("--metrics-addr {taken}: address already in use")),
+        "{log}"
+    );
+    let (status, log) = run(&mut relay(
+        &dir,
+        &[
+            "--certmode",
+            "selfsigned",
+            "--certdir",
+            &dir.path("certs"),
+            "--http-port",
+            &taken.port().to_string(),
+        ],
+    ));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("--http-port {taken}: address already in use")),
+        "{log}"
+    );
+    assert!(!log.contains("os error 98"), "{log}");
+    // STUN is bound on the -a address, at --stun-port.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let stun = udp.local_addr().unwrap();
+    let (status, log) = run(&mut relay(&dir, &["--stun-port", &stun.port().to_string()]));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("--stun-port {stun}: address already in use")),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_low_port_without_the_capability_says_which_capability_once() {
+    let dir = TempDir::new("lowport");
+    let mut c = ferry();
+    c.args([
+        "-a",
+        "127.0.0.1:443",
+        "--certmode",
+        "selfsigned",
+        "--http-port",
+        "-1",
+    ])
+    .args(["--certdir", &dir.path("certs"), "--stun=false"])
+    .args(["-c", &dir.path("ferry.key")]);
+    let (status, log) = run(unprivileged(&mut c));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("-a 127.0.0.1:443: cannot listen"), "{log}");
+    assert!(log.contains("CAP_NET_BIND_SERVICE"), "{log}");
+    assert_eq!(log.matches("os error 13").count(), 1, "{log}");
+    assert!(!std::path::Path::new(&dir.path("ferry.key")).exists());
+}
+
+#[test]
+fn sighup_keeps_the_relay_serving() {
+    let dir = TempDir::new("hup");
+    let (mut f, addr) = serving(&mut relay(&dir, &[]));
+    f.signal(libc::SIGHUP);
+    f.wait_log("SIGHUP: nothing to reload");
+    f.signal(libc::SIGHUP);
+    f.wait_log_n("SIGHUP: nothing to reload", 2);
+    assert!(get(addr, "/healthz").starts_with("HTTP/1.1 200"));
+    let log = f.stop();
+    assert!(log.contains("stopped"), "{log}");
+}
+
+#[test]
+fn sighup_reloads_manual_certificates_at_once() {
+    let dir = TempDir::new("reload");
+    let certs = dir.path("certs");
+    let port80 = support::free_tcp_port().to_string();
+    // An IP hostname without files: a certificate is generated and saved.
+    let mut f = Ferry::spawn(&mut relay(
+        &dir,
+        &[
+            "--certmode",
+            "manual",
+            "--hostname",
+            "127.0.0.1",
+            "--certdir",
+            &certs,
+            "--http-port",
+            &port80,
+        ],
+    ));
+    let first = f.field("generated a self-signed certificate", "cert_name");
+    f.wait_log("ferry relay running");
+    // A different certificate for the same IP, made by `--certmode
+    // selfsigned`, replaces the files.
+    let other = TempDir::new("reload-other");
+    let mut g = Ferry::spawn(&mut relay(
+        &other,
+        &[
+            "--certmode",
+            "selfsigned",
+            "--hostname",
+            "127.0.0.1",
+            "--certdir",
+            &other.path("certs"),
+            "--http-port",
+            "-1",
+        ],
+    ));
+    let second = g.field("generated a self-signed TLS certificate", "cert_name");
+    g.stop();
+    assert_ne!(first, second);
+    for ext in ["crt", "key"] {
+        let from = format!("{}/127.0.0.1.selfsigned.{ext}", other.path("certs"));
+        let to = format!("{certs}/127.0.0.1.{ext}");
+        std::fs::copy(from, to).unwrap();
+    }
+    f.signal(libc::SIGHUP);
+    let log = f.wait_log("reloaded TLS certificate");
+    let line = log
+        .lines()
+        .find(|l| l.contains("reloaded TLS certificate"))
+        .unwrap();
+    assert_eq!(field_in(line, "cert_name").as_deref(), Some(&second[..]));
+    // Still serving, on the port-80 companion too.
+    let r = get(format!("127.0.0.1:{port80}").parse().unwrap(), "/healthz");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    f.stop();
+}
+
+#[test]
+fn healthz_through_the_binary() {
+    let dir = TempDir::new("healthz");
+    let (mut f, addr) = serving(&mut relay(&dir, &["--metrics-addr", "127.0.0.1:0"]));
+    let metrics = url_addr(&f.field("ferry relay running", "metrics"));
+    for target in [addr, metrics] {
+        let r = get(target, "/healthz");
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        let body = r.split("\r\n\r\n").nth(1).unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["status"], "ok", "{r}");
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+        assert!(v["backend"] == "uring" || v["backend"] == "epoll", "{r}");
+        assert!(v["uptime_seconds"].is_u64(), "{r}");
+    }
+    f.stop();
+}
+
+#[test]
+fn start_up_line_is_readable() {
+    let dir = TempDir::new("startup");
+    let (f, _) = serving(&mut relay(&dir, &["--stun=false"]));
+    let log = f.stop();
+    let line = log
+        .lines()
+        .find(|l| l.contains("ferry relay running"))
+        .unwrap();
+    assert!(!line.contains("Some(") && !line.contains("None"), "{line}");
+    assert_eq!(field_in(line, "stun").as_deref(), Some("off"), "{line}");
+    assert_eq!(field_in(line, "metrics").as_deref(), Some("off"), "{line}");
+    assert_eq!(
+        field_in(line, "http_port").as_deref(),
+        Some("off"),
+        "{line}"
+    );
+    assert_eq!(
+        field_in(line, "mesh_key").as_deref(),
+        Some("none"),
+        "{line}"
+    );
+    assert!(log.contains("created a new server key"), "{log}");
+}
+
+#[test]
+fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
+    let dir = TempDir::new("derper");
+    for flags in [
+        &["--certmode", "letsencrypt"][..],
+        &["--certmode=gcp"],
+        &["--verify-clients"],
+        &["-verify-clients=true"],
+        &["--verify-client-url", "http://127.0.0.1:1/"],
+        &["--mesh-with", "a.example.com,b.example.com"],
+        &["--bootstrap-dns-names", "example.com"],
+        &["--rate-config", "/etc/derper/rate.json"],
+        &["-accept-connection-limit=100"],
+    ] {
+        let (status, log) = run(relay(&dir, &["-stun=false"]).args(flags));
+        assert_eq!(status.code(), Some(1), "{flags:?}: {log}");
+        let name = flags[0]
+            .trim_start_matches('-')
+            .split('=')
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(log.contains(&format!("--{name}")), "{flags:?}: {log}");
+        assert!(
+            log.contains("not supported by ferry yet"),
+            "{flags:?}: {log}"
+        );
+        assert!(
+            !std::path::Path::new(&dir.path("ferry.key")).exists(),
+            "{flags:?} wrote the key"
+        );
+    }
+    // derper's own defaults change nothing and are accepted.
+    let (f, _) = serving(&mut relay(
+        &dir,
+        &["--verify-clients=false", "--mesh-with", "", "--stun=false"],
+    ));
+    f.stop();
+}
+
+#[test]
+fn port_443_without_certmode_is_not_silently_manual() {
+    let dir = TempDir::new("443");
+    let (status, log) = run(ferry()
+        .args(["-a", "127.0.0.1:443", "--hostname", "derp.example.com"])
+        .args([
+            "--certdir",
+            &dir.path("certs"),
+            "-c",
+            &dir.path("ferry.key"),
+        ]));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("--certmode not given"), "{log}");
+    assert!(log.contains("letsencrypt"), "{log}");
+    assert!(log.contains("derp.example.com.crt"), "{log}");
+    assert!(!std::path::Path::new(&dir.path("ferry.key")).exists());
+}
+
+#[test]
+fn a_bad_log_filter_is_a_start_up_error() {
+    let dir = TempDir::new("log");
+    for (env, flag, bad) in [
+        (None, "verbose", "verbose"),
+        (None, "info,ferry_relay=loud", "ferry_relay=loud"),
+        (Some("debu"), "info", "debu"),
+    ] {
+        let mut c = relay(&dir, &["--log", flag]);
+        if let Some(v) = env {
+            c.env("FERRY_LOG", v);
+        }
+        let (status, log) = run(&mut c);
+        assert_eq!(status.code(), Some(1), "{log}");
+        assert!(log.contains(&format!("bad directive {bad:?}")), "{log}");
+        assert!(
+            log.contains(if env.is_some() { "FERRY_LOG" } else { "--log" }),
+            "{log}"
+        );
+    }
+    let (f, _) = serving(&mut relay(&dir, &["--log", "warn,ferry=info"]));
+    f.stop();
+}
+
+#[test]
+fn odd_values_are_refused_naming_the_flag() {
+    let dir = TempDir::new("values");
+    for (flags, expect) in [
+        (
+            &["--send-queue-bytes", "0"][..],
+            "--send-queue-bytes 0: must be between",
+        ),
+        (&["--send-queue-bytes", "100"], "--send-queue-bytes 100:"),
+        (&["--workers", "0"], "--workers 0:"),
+        (&["--workers", "100000"], "--workers 100000: at most 1024"),
+        (
+            &["--handshake-timeout", "0"],
+            "--handshake-timeout 0: must be more than 0",
+        ),
+        (
+            &["--handshake-timeout", "3h"],
+            "--handshake-timeout 3h: must be between",
+        ),
+        (
+            &["--tcp-write-timeout", "1ns"],
+            "--tcp-write-timeout 1ns: must be between",
+        ),
+        (
+            &["--tcp-keepalive-time", "100h"],
+            "--tcp-keepalive-time 100h:",
+        ),
+        (&["--tcp-user-timeout", "1ms"], "--tcp-user-timeout 1ms:"),
+    ] {
+        // `relay` passes `--workers 1`; a later one wins.
+        let (status, log) = run(&mut relay(&dir, flags));
+        assert_eq!(status.code(), Some(1), "{flags:?}: {log}");
+        assert!(log.contains(expect), "{flags:?}: {log}");
+    }
+    // More shards than CPUs runs, with a warning.
+    let cpus = ferry_sys::available_cpus().len().max(1);
+    let many = (cpus + 1).to_string();
+    let (mut f, _) = serving(&mut relay(&dir, &["--workers", &many, "--pin=false"]));
+    f.wait_log(&format!(
+        "--workers {many} is more than the {cpus} usable CPU(s)"
+    ));
+    f.stop();
+}
+
+#[test]
+fn selfsigned_certificate_survives_a_restart() {
+    let dir = TempDir::new("selfsigned");
+    let certs = dir.path("certs");
+    let start = |host: &str| {
+        let (f, _) = serving(&mut relay(
+            &dir,
+            &[
+                "--certmode",
+                "selfsigned",
+                "--hostname",
+                host,
+                "--certdir",
+                &certs,
+                "--http-port",
+                "-1",
+            ],
+        ));
+        let log = f.stop();
+        let line = log
+            .lines()
+            .find(|l| l.contains("clients must pin it"))
+            .unwrap()
+            .to_string();
+        field_in(&line, "cert_name").unwrap()
+    };
+    let first = start("relay.test");
+    assert_eq!(
+        start("relay.test"),
+        first,
+        "same certificate after a restart"
+    );
+    let other = start("other.test");
+    assert_ne!(other, first, "another hostname gets its own certificate");
+    assert_eq!(start("other.test"), other);
+}
+
+#[test]
+fn help_matches_the_behaviour() {
+    let out = ferry().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    // The flag's own entry: up to the next line that starts a flag.
+    let after = help.split("--send-queue-bytes").nth(1).unwrap();
+    let end = after
+        .match_indices('\n')
+        .map(|(i, _)| i)
+        .find(|&i| after[i + 1..].trim_start().starts_with('-'))
+        .unwrap_or(after.len());
+    let queue = &after[..end];
+    assert!(queue.contains("pauses the senders"), "{queue}");
+    assert!(!queue.contains("are dropped"), "{queue}");
+}

@@ -1,0 +1,224 @@
+//! Running the built `ferry` binary on loopback: spawn it, watch its log,
+//! signal it, wait for it to exit. Every wait is bounded.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long any single wait in these tests may take.
+pub const T: Duration = Duration::from_secs(20);
+
+/// The binary under test.
+pub fn ferry() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    c.env_remove("FERRY_LOG");
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Runs the command as `nobody` when the tests run as root (the child then
+/// has no capabilities); unchanged otherwise.
+pub fn unprivileged(c: &mut Command) -> &mut Command {
+    if ferry_sys::is_root() {
+        c.uid(65534).gid(65534);
+    }
+    c
+}
+
+/// A directory of its own, removed on drop. Open to everyone, so an
+/// unprivileged child can write into it.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ferry-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `c` to completion (bounded by [`T`]); returns its status and
+/// standard error.
+pub fn run(c: &mut Command) -> (ExitStatus, String) {
+    let mut f = Ferry::spawn(c);
+    let status = f.wait_exit(T).expect("ferry exits");
+    (status, f.log())
+}
+
+/// A running ferry whose standard error is collected.
+pub struct Ferry {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Ferry {
+    pub fn spawn(c: &mut Command) -> Ferry {
+        let mut child = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ferry starts");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        let reader = std::thread::spawn(move || {
+            let mut lines = BufReader::new(stderr);
+            let mut line = String::new();
+            while lines.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        Ferry {
+            child,
+            log,
+            reader: Some(reader),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the log holds `needle` at least `count` times; returns
+    /// the log, or panics with it after [`T`].
+    pub fn wait_log_n(&mut self, needle: &str, count: usize) -> String {
+        let deadline = Instant::now() + T;
+        loop {
+            let log = self.log();
+            if log.matches(needle).count() >= count {
+                return log;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                // Let the reader catch up with the last lines.
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                let log = self.log();
+                if log.matches(needle).count() >= count {
+                    return log;
+                }
+                panic!("ferry exited ({status}) before logging {needle:?}:\n{log}");
+            }
+            if Instant::now() > deadline {
+                panic!("no {needle:?} in ferry's log within {T:?}:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn wait_log(&mut self, needle: &str) -> String {
+        self.wait_log_n(needle, 1)
+    }
+
+    /// The value of `key=` in the first log line holding `message`.
+    pub fn field(&mut self, message: &str, key: &str) -> String {
+        let log = self.wait_log(message);
+        let line = log.lines().find(|l| l.contains(message)).unwrap();
+        field_in(line, key).unwrap_or_else(|| panic!("no {key}= in {line}"))
+    }
+
+    pub fn signal(&self, sig: i32) {
+        ferry_sys::signal::send(self.pid(), sig).expect("signal sent");
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(mut self) -> String {
+        self.signal(libc::SIGTERM);
+        let status = self.wait_exit(T).expect("ferry stops on SIGTERM");
+        let log = self.log();
+        assert!(status.success(), "{status}:\n{log}");
+        log
+    }
+}
+
+impl Drop for Ferry {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `key=value` or `key="value"` from a log line.
+pub fn field_in(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!(" {key}="))? + key.len() + 2;
+    let rest = &line[start..];
+    if let Some(quoted) = rest.strip_prefix('"') {
+        return quoted.split('"').next().map(str::to_string);
+    }
+    rest.split_whitespace().next().map(str::to_string)
+}
+
+/// The address in a URL such as `http://127.0.0.1:1234/derp`.
+pub fn url_addr(url: &str) -> SocketAddr {
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    rest.split('/').next().unwrap().parse().unwrap()
+}
+
+/// A plain HTTP GET; returns the whole response.
+pub fn get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, T).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = Vec::new();
+    let _ = s.read_to_end(&mut body);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
