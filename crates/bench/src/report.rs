@@ -152,7 +152,7 @@ impl ModeResult {
 /// One-way load through the relay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Throughput {
-    /// Connections.
+    /// Connections (not counting stuck receivers, which `stuck` counts).
     pub peers: usize,
     /// Directed flows.
     pub flows: usize,
