@@ -2,7 +2,7 @@
 """Ferry against derper, side by side: build, run the suites, report.
 
     bench/run.sh quick            # smoke test (CI): seconds per point, one repeat
-    bench/run.sh full             # the real measurement (~25 min on 2 cores)
+    bench/run.sh full             # the real measurement (~27 min on 2 cores)
 
 Every server under test runs pinned to the same cores (--server-cpus,
 default 0) with the same settings; ferry-bench runs on the others
@@ -46,6 +46,14 @@ SERVERS = {
 
 MBIT = 1e6
 
+# Stuck receivers (issue 14): the 10 pairs paced at `rate` Mbit/s in all,
+# plus `counts` receivers that stop reading; from the window's start every
+# sender also sends them `size`-byte packets at `stuck_rate` Mbit/s (over all
+# of them). The window outlasts the 2 s write timeout both servers apply, so
+# a stall that lasts until the server cuts the stuck receivers off fits in it.
+STUCK_PLAN = {"servers": ["ferry", "derper", "derper-q"], "rate": 500, "stuck_rate": 20, "size": 32768,
+              "window": "4s"}
+
 # The two modes. Rates are total offered Mbit/s over all flows (None = unpaced).
 PLANS = {
     "quick": {
@@ -64,6 +72,7 @@ PLANS = {
         "peers": {"servers": ["ferry", "derper", "ceiling"], "counts": [20, 100]},
         "idle": {"servers": ["ferry", "derper"], "conns": 500, "hold": "500ms", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
+        "stuck": STUCK_PLAN | {"counts": [3]},
     },
     "full": {
         "repeats": 3,
@@ -83,6 +92,7 @@ PLANS = {
         "peers": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "counts": [20, 100, 200, 1000]},
         "idle": {"servers": ["ferry", "derper"], "conns": 10000, "hold": "2s", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
+        "stuck": STUCK_PLAN | {"counts": [0, 3]},
     },
 }
 
@@ -318,7 +328,12 @@ def headline(r):
     res = r["result"]
     m = res["mode"]
     if m == "throughput":
-        return f"{res['delivered_mbps']:.0f} Mbit/s, loss {res['loss'] * 100:.3f}%"
+        line = f"{res['delivered_mbps']:.0f} Mbit/s, loss {res['loss'] * 100:.3f}%"
+        if "gap_us" in res:
+            line += f", longest gap {res['gap_us']['max'] / 1e3:.1f} ms"
+        if res.get("stuck"):
+            line += f", {res['stuck']['cut_off']} of {res['stuck']['peers']} stuck receivers cut off"
+        return line
     if m == "latency":
         return f"rtt p50 {res['rtt_us']['p50']:.0f} p99 {res['rtt_us']['p99']:.0f} µs"
     if m == "idle":
@@ -402,6 +417,19 @@ def suite_peers(ctx):
                                "--timeout", "30s", *engine_args(ctx.plan)])
 
 
+def suite_stuck(ctx):
+    p = ctx.plan["stuck"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            for n in p["counts"]:
+                # A fresh server per point: the one before cut connections off.
+                with Server(ctx, name, False) as srv:
+                    ctx.bench(srv, "stuck", str(n), rep, "throughput",
+                              ["-n", str(PEERS), "--size", str(SIZE), "--total-rate", f"{p['rate']}M",
+                               "--stuck", str(n), "--stuck-size", str(p["size"]), "--stuck-rate", f"{p['stuck_rate']}M",
+                               *srv.metrics(), *engine_args(ctx.plan, p["window"])])
+
+
 def suite_idle(ctx):
     p = ctx.plan["idle"]
     for rep in range(ctx.plan["repeats"]):
@@ -427,6 +455,7 @@ SUITES = {
     "peers": suite_peers,
     "idle": suite_idle,
     "churn": suite_churn,
+    "stuck": suite_stuck,
 }
 
 
@@ -475,7 +504,7 @@ def points_of(records, suite):
 
 def summarize(ctx):
     rec = ctx.records
-    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}}
+    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}}
     tp = lambda r: r["result"]["delivered_mbps"]  # noqa: E731
     for transport in ("plain", "tls"):
         for name in SERVERS:
@@ -500,6 +529,21 @@ def summarize(ctx):
                 q["background_mbps"] = stat(values(rec, "latency", name, "plain", point,
                                                    lambda r: (r["result"].get("background") or {}).get("delivered_mbps")))
                 s["latency"].setdefault(name, {})[point] = q
+        for point in points_of(rec, "stuck"):
+            d = stat(values(rec, "stuck", name, "plain", point, tp))
+            if d:
+                def get(f, point=point):
+                    return stat(values(rec, "stuck", name, "plain", point, f))
+                s["stuck"].setdefault(name, {})[point] = {
+                    "delivered_mbps": d,
+                    "loss": get(lambda r: r["result"]["loss"]),
+                    "gap_max_ms": get(lambda r: r["result"]["gap_us"]["max"] / 1e3),
+                    "gap_p99_ms": get(lambda r: r["result"]["gap_us"]["p99"] / 1e3),
+                    "disconnects": get(lambda r: r["result"]["disconnects"]),
+                    "backpressured": get(lambda r: r["result"]["packets_backpressured"]),
+                    "stuck_cut_off": get(lambda r: (r["result"].get("stuck") or {}).get("cut_off")),
+                    "stuck_delivered": get(lambda r: stuck_delivered(r["result"].get("stuck"))),
+                }
         for point in points_of(rec, "peers"):
             d = stat(values(rec, "peers", name, "plain", point, tp))
             if d:
@@ -526,6 +570,14 @@ def summarize(ctx):
                 }
     s["headline"] = headline_rows(ctx, s)
     return s
+
+
+def stuck_delivered(st):
+    """The share of the packets sent to stuck receivers in the window that
+    they read afterwards (what the server kept for them), or None."""
+    if not st or not st["packets_sent"]:
+        return None
+    return st["packets_delivered"] / st["packets_sent"]
 
 
 def peak(s, transport, name):
@@ -720,6 +772,35 @@ def markdown(ctx, s, machine):
               f" | {ratio(pe.get('ferry', {}).get(point, {}).get('delivered_mbps'), pe.get('derper', {}).get(point, {}).get('delivered_mbps'))} |")
         w("")
 
+    st = s["stuck"]
+    if st:
+        names = [n for n in SERVERS if n in st]
+        p = ctx.plan.get("stuck") or STUCK_PLAN
+        w(f"## Stuck receivers among active pairs — plain, {PEERS} peers / {PEERS // 2} pairs at {p['rate']} Mbit/s, "
+          f"{SIZE} B\n")
+        w(f"From the window's start every sender also sends {p['size'] // 1024} KiB packets at {p['stuck_rate']} Mbit/s "
+          f"to extra receivers that never read their socket after the handshake. Figures of the healthy pairs over a "
+          f"{p['window']} window, except the last two rows. bench/README.md explains each row.\n")
+        rows = [
+            (f"Healthy delivered, Mbit/s (of {p['rate']} offered)", "delivered_mbps", 0, 1.0),
+            ("Healthy loss, %", "loss", 3, 100.0),
+            ("Longest gap at a healthy receiver, ms", "gap_max_ms", 1, 1.0),
+            ("p99 gap at the healthy receivers, ms", "gap_p99_ms", 2, 1.0),
+            ("Packets skipped while senders were held back", "backpressured", 0, 1.0),
+            ("Healthy connections lost", "disconnects", 0, 1.0),
+            ("Stuck receivers cut off by the server", "stuck_cut_off", 0, 1.0),
+            ("Packets to stuck receivers they read afterwards, %", "stuck_delivered", 1, 100.0),
+        ]
+        for point in points_of(ctx.records, "stuck"):
+            w(f"**{point} stuck receivers**\n")
+            w("| | " + " | ".join(SERVERS[n]["label"] for n in names) + " |")
+            w("|---|" + "---|" * len(names))
+            for label, key, digits, scale in rows:
+                if point == "0" and key.startswith("stuck_"):
+                    continue
+                w(f"| {label} | " + " | ".join(fmt(st[n].get(point, {}).get(key), digits, scale) for n in names) + " |")
+            w("")
+
     for transport, idle in s["idle"].items():
         w(f"## Idle connections — {transport}\n")
         w("| Server | Held | Connects/s | Server KiB per connection |")
@@ -865,6 +946,14 @@ def insane(report):
             return f"nothing delivered or loss out of range ({res['loss']})"
         if not lat["min"] <= lat["p50"] <= lat["p99"] <= lat["max"]:
             return "percentiles out of order"
+        gap = res.get("gap_us")
+        if gap is not None and not (gap["count"] > 0 and gap["min"] <= gap["p99"] <= gap["max"] <= res["window_s"] * 1e6):
+            return f"gaps not measured or out of range ({gap})"
+        stuck, asked = res.get("stuck"), (report.get("config") or {}).get("stuck") or 0
+        if asked and not stuck:
+            return f"{asked} stuck receivers asked for, none reported"
+        if stuck and not (stuck["peers"] == asked and stuck["cut_off"] + stuck["held"] == asked):
+            return f"stuck receivers miscounted ({stuck})"
     elif m == "latency":
         q = res["rtt_us"]
         if not (res["pongs_received"] > 0 and q["min"] <= q["p50"] <= q["p99"] <= q["p999"] <= q["max"]):
@@ -996,7 +1085,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=sorted(PLANS), help="quick (smoke test) or full (measurement)")
     ap.add_argument("--out", type=Path, help="output directory (full: bench/results/<date>; quick: a temporary directory)")
-    ap.add_argument("--suites", default="rate,latency,peers,idle,churn", help="comma-separated subset of " + ",".join(SUITES))
+    ap.add_argument("--suites", default="rate,latency,peers,idle,churn,stuck", help="comma-separated subset of " + ",".join(SUITES))
     ap.add_argument("--profile", choices=["release", "dev"], default="release", help="cargo profile to build and measure")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list for the servers")
     ap.add_argument("--client-cpus", default="1", help="taskset CPU list for ferry-bench")
@@ -1049,7 +1138,7 @@ def main():
         transports = [t for t in args.transports.split(",") if t]
         for x in suites:
             for f in (out / "raw" / x).glob("*.json") if (out / "raw" / x).exists() else []:
-                if x in ("idle", "latency", "peers") or any(f"-{t}-" in f.name for t in transports):
+                if x in ("idle", "latency", "peers", "stuck") or any(f"-{t}-" in f.name for t in transports):
                     f.unlink()
         earlier = load_records(out)
     elif (out / "raw").exists():

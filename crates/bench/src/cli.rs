@@ -21,7 +21,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Peers in pairs send paced one-way traffic: delivered rate, loss,
-    /// one-way latency.
+    /// one-way latency, the longest gap a receiver saw; optionally with
+    /// stuck receivers among them (--stuck).
     Throughput(ThroughputArgs),
     /// Ping/echo round trips between peer pairs, optionally under
     /// background load.
@@ -133,6 +134,32 @@ pub struct ThroughputArgs {
     /// Offered rate over all flows, split evenly (overrides --rate).
     #[arg(long, value_parser = parse_rate)]
     pub total_rate: Option<Rate>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub stuck: StuckArgs,
+}
+
+/// Stuck receivers among the pairs of `throughput` (issue 14): extra peers
+/// that complete the handshake and then never read their socket again, as a
+/// frozen laptop or a hostile client would. Every sender also sends them
+/// large packets from the start of the measured window.
+#[derive(Debug, Clone, Args)]
+pub struct StuckArgs {
+    /// Stuck receivers (extra peers after the pairs; 0: none).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub stuck: usize,
+    /// Packet size towards the stuck receivers, bytes.
+    #[arg(long, default_value_t = 32 * 1024, value_name = "BYTES")]
+    pub stuck_size: usize,
+    /// Rate of each sender towards the stuck receivers, over all of them
+    /// (200M, 100pps, max); paced traffic to the stuck receivers goes out
+    /// before unpaced traffic to the healthy partner.
+    #[arg(long, default_value = "10M", value_parser = parse_rate)]
+    pub stuck_rate: Rate,
+    /// SO_RCVBUF of the stuck receivers' sockets, set before connecting so
+    /// they fill fast (the kernel doubles it and enforces a minimum).
+    #[arg(long, default_value_t = 4096, value_name = "BYTES")]
+    pub stuck_rcvbuf: usize,
 }
 
 /// `latency`.
@@ -251,6 +278,9 @@ mod tests {
         assert_eq!(t.rate, Rate::Max);
         assert_eq!(t.common.server, "http://127.0.0.1:3340");
         assert_eq!(t.engine.duration, Duration::from_secs(5));
+        assert_eq!(t.stuck.stuck, 0);
+        assert_eq!(t.stuck.stuck_size, 32 * 1024);
+        assert_eq!(t.stuck.stuck_rate, Rate::Bits(10e6));
         let cli = Cli::try_parse_from(["ferry-bench", "churn", "-r", "5k"]).unwrap();
         let Command::Churn(c) = cli.command else {
             panic!()

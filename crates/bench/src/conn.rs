@@ -252,6 +252,17 @@ impl Link {
     /// Starts a non-blocking connect to `target` for `key`.
     pub fn connect(target: &Target, key: Arc<PeerKey>, now_ns: u64) -> Result<Self, LinkError> {
         let sock = TcpStream::connect(target.addr).map_err(LinkError::Connect)?;
+        Self::connect_over(sock, target, key, now_ns)
+    }
+
+    /// Like [`Link::connect`], over a socket the caller set up (e.g. with
+    /// a small receive buffer) and already started connecting to `target`.
+    pub fn connect_over(
+        sock: TcpStream,
+        target: &Target,
+        key: Arc<PeerKey>,
+        now_ns: u64,
+    ) -> Result<Self, LinkError> {
         let tls = match (&target.tls, &target.server_name) {
             (Some(config), Some(name)) => {
                 let mut c =

@@ -152,7 +152,7 @@ impl ModeResult {
 /// One-way load through the relay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Throughput {
-    /// Connections.
+    /// Connections (not counting stuck receivers, which `stuck` counts).
     pub peers: usize,
     /// Directed flows.
     pub flows: usize,
@@ -188,10 +188,52 @@ pub struct Throughput {
     pub window_s: f64,
     /// Time to connect every peer, seconds.
     pub connect_s: f64,
-    /// Connections lost after their handshake.
+    /// Connections lost after their handshake (not counting stuck
+    /// receivers).
     pub disconnects: u64,
     /// Frames other than recvPacket received (keepalives, peerGone, …).
     pub other_frames: u64,
+    /// Stretches without a packet at the receivers, per flow, inside the
+    /// window: from its start or a flow's packet to that flow's next packet
+    /// or the window's end (packets read together count 0). `max` is the
+    /// longest any receiver went without traffic.
+    #[serde(default)]
+    pub gap_us: Percentiles,
+    /// Stuck receivers among the pairs (`--stuck`); the figures above are
+    /// then those of the healthy pairs alone.
+    #[serde(default)]
+    pub stuck: Option<Stuck>,
+}
+
+/// Receivers that completed their handshake and then stopped reading
+/// (issue 14). Every sender also sent to them, from the window's start;
+/// they read again after the window, to learn whether the server had cut
+/// them off.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stuck {
+    /// Stuck receivers.
+    pub peers: usize,
+    /// Flows to them (every sender to every stuck receiver).
+    pub flows: usize,
+    /// Their packet size, bytes.
+    pub size: usize,
+    /// Offered rate over all those flows, Mbit/s; `None` when unpaced.
+    pub offered_mbps: Option<f64>,
+    /// Rate handed to TCP towards them during the window, Mbit/s.
+    pub sent_mbps: f64,
+    /// Packets to them stamped in the window.
+    pub packets_sent: u64,
+    /// Of those, packets they read after the window (what the server kept
+    /// for them rather than dropped).
+    pub packets_delivered: u64,
+    /// Packets to them the pacing schedule skipped because the senders'
+    /// connections were blocked.
+    pub packets_backpressured: u64,
+    /// Stuck receivers whose connection the server had closed by the end of
+    /// the run.
+    pub cut_off: u64,
+    /// Stuck receivers still connected at the end of the run.
+    pub held: u64,
 }
 
 /// Round trips through the relay, optionally under load.
@@ -319,6 +361,19 @@ mod tests {
             connect_s: 0.01,
             disconnects: 0,
             other_frames: 0,
+            gap_us: sample_percentiles(),
+            stuck: Some(Stuck {
+                peers: 3,
+                flows: 30,
+                size: 32768,
+                offered_mbps: Some(100.0),
+                sent_mbps: 90.0,
+                packets_sent: 700,
+                packets_delivered: 10,
+                packets_backpressured: 70,
+                cut_off: 3,
+                held: 0,
+            }),
         }
     }
 
@@ -416,6 +471,20 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(v["result"]["mode"], r.result.mode());
         }
+    }
+
+    #[test]
+    fn reads_reports_from_before_the_gap_figures() {
+        let mut v =
+            serde_json::to_value(report(ModeResult::Throughput(sample_throughput()))).unwrap();
+        let result = v["result"].as_object_mut().unwrap();
+        result.remove("gap_us");
+        result.remove("stuck");
+        let r: Report = serde_json::from_value(v).unwrap();
+        let ModeResult::Throughput(t) = r.result else {
+            panic!("not a throughput result")
+        };
+        assert_eq!((t.gap_us.count, t.stuck), (0, None));
     }
 
     #[test]

@@ -8,17 +8,20 @@
 use crate::ceiling::CeilingServer;
 use crate::churn::{self, ChurnPlan};
 use crate::cli::{
-    CeilingArgs, ChurnArgs, Command, CommonArgs, EngineArgs, IdleArgs, LatencyArgs, ThroughputArgs,
+    CeilingArgs, ChurnArgs, Command, CommonArgs, EngineArgs, IdleArgs, LatencyArgs, StuckArgs,
+    ThroughputArgs,
 };
 use crate::clock::{self, now_ns};
 use crate::idle::{self, IdlePlan};
 use crate::pairs::Topology;
 use crate::procstat;
 use crate::progress::Progress;
-use crate::report::{self, ClientUsage, ModeResult, Report, ServerUsage, TargetInfo, Throughput};
+use crate::report::{
+    self, ClientUsage, ModeResult, Report, ServerUsage, Stuck, TargetInfo, Throughput,
+};
 use crate::stamp::{Kind, STAMP_LEN};
 use crate::target::Target;
-use crate::traffic::{self, FlowPlan, FlowStats, TrafficOutcome, TrafficPlan};
+use crate::traffic::{self, FlowPlan, FlowStats, StuckPeers, TrafficOutcome, TrafficPlan};
 use crate::varz;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -60,15 +63,22 @@ fn finish(common: &CommonArgs, report: Result<Report>) -> Result<()> {
 /// One human line per report.
 pub fn summary(r: &Report) -> String {
     let tp = |t: &Throughput| {
+        let stuck = t.stuck.as_ref().map_or(String::new(), |s| {
+            format!(
+                "; {} stuck receivers: {} cut off, {} held, {} of {} packets to them delivered",
+                s.peers, s.cut_off, s.held, s.packets_delivered, s.packets_sent
+            )
+        });
         format!(
-            "delivered {:.0} Mbit/s ({:.0} kpps) of {} offered, sent {:.0}, loss {:.3}%, one-way p50 {:.0} µs p99 {:.0} µs",
+            "delivered {:.0} Mbit/s ({:.0} kpps) of {} offered, sent {:.0}, loss {:.3}%, one-way p50 {:.0} µs p99 {:.0} µs, longest gap {:.1} ms{stuck}",
             t.delivered_mbps,
             t.delivered_pps / 1e3,
             t.offered_mbps.map_or("unpaced".to_owned(), |o| format!("{o:.0}")),
             t.sent_mbps,
             t.loss * 100.0,
             t.latency_us.p50,
-            t.latency_us.p99
+            t.latency_us.p99,
+            t.gap_us.max / 1e3,
         )
     };
     let server = r
@@ -198,6 +208,7 @@ fn engine_plan(
         out_cap: engine.out_cap.max(64 * 1024),
         spin: !engine.no_spin,
         batch_ns: crate::clock::ns(engine.batch),
+        stuck: StuckPeers::default(),
     })
 }
 
@@ -392,6 +403,68 @@ fn throughput_result(
         connect_s: outcome.connect_s,
         disconnects: outcome.disconnects,
         other_frames: outcome.other_frames,
+        gap_us: outcome.gaps.percentiles(),
+        stuck: None,
+    }
+}
+
+/// The stuck receivers of `throughput --stuck`, after the `topo`'s peers,
+/// and the flows to them from every sender; their ids follow the first
+/// `first_id` (healthy) flows.
+fn stuck_plan(
+    a: &StuckArgs,
+    topo: &Topology,
+    first_id: usize,
+) -> Result<(StuckPeers, Vec<FlowPlan>)> {
+    if a.stuck == 0 {
+        return Ok((StuckPeers::default(), Vec::new()));
+    }
+    check_size(a.stuck_size, "--stuck-size")?;
+    let peers = topo.peers..topo.peers + a.stuck;
+    let mut senders: Vec<usize> = topo.flows.iter().map(|f| f.src).collect();
+    senders.sort_unstable();
+    senders.dedup();
+    let pps = a.stuck_rate.split(a.stuck).pps(a.stuck_size);
+    let flows = senders
+        .iter()
+        .flat_map(|&src| peers.clone().map(move |dst| (src, dst)))
+        .enumerate()
+        .map(|(k, (src, dst))| FlowPlan {
+            id: (first_id + k) as u32,
+            src,
+            dst,
+            kind: Kind::Data,
+            pps,
+            size: a.stuck_size,
+        })
+        .collect();
+    let stuck = StuckPeers {
+        peers,
+        rcvbuf: a.stuck_rcvbuf,
+    };
+    Ok((stuck, flows))
+}
+
+/// The figures of the stuck receivers, fed by `flows` flows.
+fn stuck_result(a: &StuckArgs, flows: usize, outcome: &TrafficOutcome) -> Stuck {
+    let st = &outcome.stuck;
+    let w = outcome.window_s.max(1e-9);
+    let peers = a.stuck as u64;
+    Stuck {
+        peers: a.stuck,
+        flows,
+        size: a.stuck_size,
+        offered_mbps: a
+            .stuck_rate
+            .split(a.stuck)
+            .mbps(a.stuck_size)
+            .map(|m| m * flows as f64),
+        sent_mbps: st.sent_bytes_window as f64 * 8.0 / w / 1e6,
+        packets_sent: st.sent_window,
+        packets_delivered: st.delivered_of_window,
+        packets_backpressured: st.skipped_window,
+        cut_off: outcome.stuck_cut_off,
+        held: peers.saturating_sub(outcome.stuck_cut_off),
     }
 }
 
@@ -492,7 +565,7 @@ fn throughput(a: ThroughputArgs) -> Result<Report> {
     };
     let pps = per_flow.pps(a.size);
     let offered_mbps = per_flow.mbps(a.size).map(|m| m * topo.flows.len() as f64);
-    let flows: Vec<FlowPlan> = topo
+    let mut flows: Vec<FlowPlan> = topo
         .flows
         .iter()
         .enumerate()
@@ -505,17 +578,26 @@ fn throughput(a: ThroughputArgs) -> Result<Report> {
             size: a.size,
         })
         .collect();
+    let healthy = flows.len();
+    let (stuck, stuck_flows) = stuck_plan(&a.stuck, &topo, healthy)?;
+    flows.extend(stuck_flows);
     let target = target(&a.common)?;
-    let plan = engine_plan(&a.engine, topo.peers, flows, a.common.timeout)?;
+    let peers = topo.peers + a.stuck.stuck;
+    let mut plan = engine_plan(&a.engine, peers, flows, a.common.timeout)?;
+    plan.stuck = stuck;
     let obs = run_engine(target.clone(), plan, &a.common, "throughput")?;
-    let t = throughput_result(
+    let mut t = throughput_result(
         &obs.outcome.data,
-        &obs.outcome.per_flow_delivered,
+        &obs.outcome.per_flow_delivered[..healthy],
         topo.peers,
         a.size,
         offered_mbps,
         &obs.outcome,
     );
+    if a.stuck.stuck > 0 {
+        let flows = obs.outcome.per_flow_delivered.len() - healthy;
+        t.stuck = Some(stuck_result(&a.stuck, flows, &obs.outcome));
+    }
     let config = serde_json::json!({
         "label": a.common.label,
         "peers": topo.peers,
@@ -524,6 +606,10 @@ fn throughput(a: ThroughputArgs) -> Result<Report> {
         "bidirectional": a.bidirectional,
         "size": a.size,
         "rate_per_flow": per_flow.to_string(),
+        "stuck": a.stuck.stuck,
+        "stuck_size": a.stuck.stuck_size,
+        "stuck_rate_per_sender": a.stuck.stuck_rate.to_string(),
+        "stuck_rcvbuf": a.stuck.stuck_rcvbuf,
         "warmup_s": a.engine.warmup.as_secs_f64(),
         "duration_s": a.engine.duration.as_secs_f64(),
         "threads": a.engine.threads,

@@ -20,9 +20,11 @@ use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A DERP server to connect to.
 #[derive(Clone)]
@@ -165,6 +167,27 @@ impl Target {
             server_name,
             insecure,
         })
+    }
+
+    /// Connects to the server over a socket whose receive buffer is
+    /// `rcvbuf` bytes, set before the connect so the window the client
+    /// advertises never grows past it (a stuck receiver's buffer fills at
+    /// once). The connect itself blocks, for at most `timeout`; the socket
+    /// is returned non-blocking, ready for [`crate::conn::Link::connect_over`].
+    pub fn dial_with_rcvbuf(
+        &self,
+        rcvbuf: usize,
+        timeout: Duration,
+    ) -> std::io::Result<mio::net::TcpStream> {
+        let sock = Socket::new(
+            Domain::for_address(self.addr),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        sock.set_recv_buffer_size(rcvbuf)?;
+        sock.connect_timeout(&self.addr.into(), timeout)?;
+        sock.set_nonblocking(true)?;
+        Ok(mio::net::TcpStream::from_std(sock.into()))
     }
 
     /// The HTTP upgrade request for `/derp`.

@@ -18,9 +18,24 @@
 //! which is what a receiver experiences. One-way latency is `arrival −
 //! stamp`; ping flows are echoed by their receiver and give round trips.
 //!
+//! Each receiver also notes, per flow, how long it went without a packet
+//! inside the window ([`Gaps`]): the worst of those stretches is the longest
+//! stall any receiver saw, which a relay that pauses senders shows and an
+//! average rate hides.
+//!
+//! Stuck receivers ([`StuckPeers`], issue 14) complete their handshake and
+//! then stop reading until the window ends, as a frozen laptop or a hostile
+//! client would. Flows to them start with the window, so the warm-up is
+//! undisturbed and the window sees the onset; their packets are counted
+//! apart from the healthy ones. After the window they read again, which
+//! shows whether the server cut them off meanwhile (the close only reaches
+//! a client behind the data queued before it).
+//!
 //! Per loop turn a worker: polls, reads every readable socket, appends all
 //! due packets to their connections' output buffers from pre-built frames,
 //! and flushes each connection once. Nothing on the packet path allocates.
+//! Paced flows are served before unpaced ones, so an unpaced flow sharing a
+//! connection with paced ones takes what room they leave.
 //!
 //! By default the poll never sleeps (`spin`): on a virtual machine an idle
 //! vCPU can take milliseconds to wake, which would add the generator's own
@@ -47,6 +62,7 @@ use crate::target::Target;
 use ferry_proto::frame::FrameType;
 use mio::{Events, Poll, Token};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,6 +119,24 @@ pub struct TrafficPlan {
     /// Paced flows send what fell due at most this often (nanoseconds), so
     /// packets leave in small bursts rather than one write each.
     pub batch_ns: u64,
+    /// Peers that stop reading after their handshake (see the module docs).
+    pub stuck: StuckPeers,
+}
+
+/// The stuck receivers of a run (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct StuckPeers {
+    /// Their peer indices; empty for none.
+    pub peers: Range<usize>,
+    /// `SO_RCVBUF` of their sockets, set before connecting.
+    pub rcvbuf: usize,
+}
+
+impl StuckPeers {
+    /// Whether `peer` is a stuck receiver.
+    pub fn contains(&self, peer: usize) -> bool {
+        self.peers.contains(&peer)
+    }
 }
 
 /// Counters for one kind of traffic, summed over workers.
@@ -145,13 +179,99 @@ impl FlowStats {
     }
 }
 
+/// Which counters a flow's packets go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Data between healthy peers.
+    Data,
+    /// Pings and their pongs.
+    Ping,
+    /// Data to a stuck receiver.
+    Stuck,
+}
+
+/// The counters of each [`Class`].
+#[derive(Debug, Default)]
+struct Tally {
+    data: FlowStats,
+    ping: FlowStats,
+    stuck: FlowStats,
+}
+
+impl Tally {
+    fn of(&mut self, class: Class) -> &mut FlowStats {
+        match class {
+            Class::Data => &mut self.data,
+            Class::Ping => &mut self.ping,
+            Class::Stuck => &mut self.stuck,
+        }
+    }
+}
+
+/// The stretches without packets that a worker's receivers saw inside the
+/// window, per flow: from the window's start (or the flow's last packet) to
+/// its next packet, and from its last packet to the window's end.
+#[derive(Debug)]
+pub struct Gaps {
+    /// When each flow's last packet arrived (run clock; 0 before the first).
+    last: Vec<u64>,
+    /// Every stretch, nanoseconds; packets read together count as 0.
+    stretches: Histogram,
+}
+
+impl Gaps {
+    /// Tracks flows `0..flows`.
+    pub fn new(flows: usize) -> Self {
+        Gaps {
+            last: vec![0; flows],
+            stretches: Histogram::new(),
+        }
+    }
+
+    /// A packet of `flow` arrived at `t`: records the stretch since the
+    /// flow's last packet, as far as it lies inside the window.
+    #[inline]
+    pub fn arrival(&mut self, flow: usize, t: u64, tl: &Timeline) {
+        let Some(last) = self.last.get_mut(flow) else {
+            return;
+        };
+        if *last < tl.we && t >= tl.ws {
+            self.stretches.record(tl.overlap(*last, t));
+        }
+        *last = t;
+    }
+
+    /// Ends the window for `flows`: each one that had no packet since the
+    /// window's end gets the stretch from its last packet to that end.
+    pub fn close(&mut self, flows: impl IntoIterator<Item = usize>, tl: &Timeline) {
+        for flow in flows {
+            if self.last.get(flow).is_some_and(|&l| l < tl.we) {
+                self.arrival(flow, tl.we, tl);
+            }
+        }
+    }
+
+    /// All stretches recorded, nanoseconds; the maximum is the longest a
+    /// receiver went without a packet.
+    pub fn stretches(&self) -> &Histogram {
+        &self.stretches
+    }
+}
+
 /// Everything a run measured.
 #[derive(Debug, Default)]
 pub struct TrafficOutcome {
-    /// Data flows.
+    /// Data flows between healthy peers.
     pub data: FlowStats,
     /// Ping flows (round trips).
     pub ping: FlowStats,
+    /// Data flows to stuck receivers (delivered: read after the window).
+    pub stuck: FlowStats,
+    /// Stretches without packets at the healthy data receivers, within the
+    /// window, nanoseconds (see [`Gaps`]).
+    pub gaps: Histogram,
+    /// Stuck receivers the server had closed by the end of the run.
+    pub stuck_cut_off: u64,
     /// Pings echoed by receivers.
     pub echoed: u64,
     /// Per data flow: packets of the window delivered.
@@ -162,7 +282,7 @@ pub struct TrafficOutcome {
     pub other_frames: u64,
     /// recvPacket frames that were not ours.
     pub foreign_packets: u64,
-    /// Connections lost after the handshake, with the first error.
+    /// Healthy connections lost after the handshake.
     pub disconnects: u64,
     /// First disconnect error, if any.
     pub first_disconnect: Option<String>,
@@ -257,13 +377,14 @@ pub struct Running {
 }
 
 struct WorkerResult {
-    data: FlowStats,
-    ping: FlowStats,
+    tally: Tally,
+    gaps: Histogram,
     echoed: u64,
     per_flow: Vec<u64>,
     other_frames: u64,
     foreign: u64,
     disconnects: u64,
+    stuck_cut_off: u64,
     first_disconnect: Option<String>,
     tls: Option<(String, String)>,
     ready_at: u64,
@@ -350,8 +471,11 @@ impl Running {
             let r = w
                 .join()
                 .map_err(|_| "a worker thread panicked".to_owned())?;
-            out.data.merge(&r.data);
-            out.ping.merge(&r.ping);
+            out.data.merge(&r.tally.data);
+            out.ping.merge(&r.tally.ping);
+            out.stuck.merge(&r.tally.stuck);
+            out.gaps.merge(&r.gaps);
+            out.stuck_cut_off += r.stuck_cut_off;
             out.echoed += r.echoed;
             for (a, b) in out.per_flow_delivered.iter_mut().zip(&r.per_flow) {
                 *a += b;
@@ -395,11 +519,14 @@ struct WorkerCtx {
 /// A flow as its sending worker holds it.
 struct LocalFlow {
     link: usize,
-    kind: Kind,
+    class: Class,
     template: Template,
     payload_len: u64,
     pacer: Option<Pacer>,
     pps: Option<f64>,
+    /// When the flow starts sending (run clock): with the warm-up, or with
+    /// the window for flows to stuck receivers.
+    starts_at: u64,
     seq: u64,
     skipped_at_ws: Option<u64>,
     skipped_at_we: Option<u64>,
@@ -407,8 +534,8 @@ struct LocalFlow {
 
 /// The receive side's statistics, borrowed by the frame callback.
 struct RecvStats {
-    data: FlowStats,
-    ping: FlowStats,
+    tally: Tally,
+    gaps: Gaps,
     echoed: u64,
     per_flow: Vec<u64>,
     other_frames: u64,
@@ -429,8 +556,8 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         plan,
     } = ctx;
     let mut stats = RecvStats {
-        data: FlowStats::default(),
-        ping: FlowStats::default(),
+        tally: Tally::default(),
+        gaps: Gaps::new(total_flows),
         echoed: 0,
         per_flow: vec![0; total_flows],
         other_frames: 0,
@@ -440,13 +567,14 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         last_arrival: 0,
     };
     let mut result = WorkerResult {
-        data: FlowStats::default(),
-        ping: FlowStats::default(),
+        tally: Tally::default(),
+        gaps: Histogram::new(),
         echoed: 0,
         per_flow: Vec::new(),
         other_frames: 0,
         foreign: 0,
         disconnects: 0,
+        stuck_cut_off: 0,
         first_disconnect: None,
         tls: None,
         ready_at: 0,
@@ -472,15 +600,31 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         .iter()
         .map(|f| LocalFlow {
             link: local_of[&f.src],
-            kind: f.kind,
+            class: match f.kind {
+                Kind::Ping | Kind::Pong => Class::Ping,
+                Kind::Data if plan.stuck.contains(f.dst) => Class::Stuck,
+                Kind::Data => Class::Data,
+            },
             template: Template::new(&keys[f.dst].public, f.kind, f.id, f.size),
             payload_len: f.size.max(stamp::STAMP_LEN) as u64,
             pacer: None,
             pps: f.pps,
+            starts_at: u64::MAX,
             seq: 0,
             skipped_at_ws: None,
             skipped_at_we: None,
         })
+        .collect();
+    local_flows.sort_by_key(|f| f.pps.is_none());
+    // The stuck receivers among this worker's links, and the healthy data
+    // flows it receives (their gaps are closed at the window's end).
+    let is_stuck: Vec<bool> = my_peers.iter().map(|&p| plan.stuck.contains(p)).collect();
+    let healthy_received: Vec<usize> = plan
+        .flows
+        .iter()
+        .filter(|f| f.kind == Kind::Data && local_of.contains_key(&f.dst))
+        .filter(|f| !plan.stuck.contains(f.dst))
+        .map(|f| f.id as usize)
         .collect();
     let mut timeline: Option<Timeline> = None;
     let mut again: Vec<usize> = Vec::new();
@@ -503,7 +647,16 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         while connecting < CONNECT_CONCURRENCY && next_connect < links.len() {
             let i = next_connect;
             next_connect += 1;
-            match Link::connect(&target, keys[my_peers[i]].clone(), now) {
+            let key = keys[my_peers[i]].clone();
+            let link = if is_stuck[i] {
+                target
+                    .dial_with_rcvbuf(plan.stuck.rcvbuf, plan.connect_timeout)
+                    .map_err(LinkError::Connect)
+                    .and_then(|sock| Link::connect_over(sock, &target, key, now))
+            } else {
+                Link::connect(&target, key, now)
+            };
+            match link {
                 Ok(mut l) => {
                     if let Err(e) = l.register(poll.registry(), Token(i)) {
                         shared.fail(format!("peer {}: cannot register socket: {e}", my_peers[i]));
@@ -543,7 +696,8 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                     // Spread the flows' first packets over one interval so
                     // they do not all fire in the same turn.
                     let offset = f.pps.map_or(0, |pps| (1e9 / pps * k as f64 / n) as u64);
-                    f.pacer = Some(Pacer::new(f.pps, s + offset, MAX_BURST));
+                    f.starts_at = if f.class == Class::Stuck { tl.ws } else { s };
+                    f.pacer = Some(Pacer::new(f.pps, f.starts_at + offset, MAX_BURST));
                 }
                 timeline = Some(tl);
             }
@@ -570,10 +724,25 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         if batch_due {
             last_batch = now;
         }
+        // After the window the stuck receivers read again: whatever the
+        // server still holds for them, then its close if it cut them off.
+        // A close that comes with the last data raises no event of its own,
+        // so they are read once per batch interval until the run ends.
+        let released = timeline.is_some_and(|tl| now >= tl.we);
+        if released && batch_due {
+            for i in 0..links.len() {
+                if is_stuck[i] && links[i].is_some() && !again.contains(&i) {
+                    again.push(i);
+                }
+            }
+        }
         if sending {
             let tl = timeline.expect("sending implies a timeline");
             let in_window = tl.in_window(now);
             for f in local_flows.iter_mut() {
+                if now < f.starts_at {
+                    continue;
+                }
                 let Some(link) = links[f.link].as_mut().filter(|l| l.is_ready()) else {
                     continue;
                 };
@@ -602,11 +771,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                 }
                 pacer.sent(n);
                 generated += n;
-                let st = if f.kind == Kind::Ping {
-                    &mut stats.ping
-                } else {
-                    &mut stats.data
-                };
+                let st = stats.tally.of(f.class);
                 st.sent_total += n;
                 if in_window {
                     st.sent_window += n;
@@ -638,7 +803,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                         e,
                         &mut result,
                         &shared,
-                        (&target, &my_peers),
+                        (&target, &my_peers, &is_stuck),
                         &poll,
                         ready < my_peers.len(),
                     );
@@ -703,11 +868,15 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
             if writable {
                 io = link.on_writable();
             }
-            if readable && io.is_ok() {
+            // A stuck receiver reads for its handshake, then not until the
+            // window is over.
+            let holding = is_stuck[i] && !released && was_ready;
+            if readable && io.is_ok() && !holding {
                 let arrival = now_ns();
                 let tl = timeline;
+                let at_stuck = is_stuck[i];
                 let mut on_frame = |out: &mut Vec<u8>, ty: u8, payload: &[u8]| {
-                    on_server_frame(&mut stats, tl, arrival, out, ty, payload);
+                    on_server_frame(&mut stats, tl, arrival, at_stuck, out, ty, payload);
                 };
                 io = link
                     .on_readable(&mut scratch, READ_BUDGET, &mut on_frame)
@@ -724,7 +893,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                     e,
                     &mut result,
                     &shared,
-                    (&target, &my_peers),
+                    (&target, &my_peers, &is_stuck),
                     &poll,
                     ready < my_peers.len(),
                 );
@@ -754,13 +923,12 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
     // Skipped packets attributed to the window.
     for f in &local_flows {
         if let (Some(a), Some(b)) = (f.skipped_at_ws, f.skipped_at_we) {
-            let st = if f.kind == Kind::Ping {
-                &mut stats.ping
-            } else {
-                &mut stats.data
-            };
-            st.skipped_window += b.saturating_sub(a);
+            stats.tally.of(f.class).skipped_window += b.saturating_sub(a);
         }
+    }
+    // Stretches still open when the window ended, if the run got that far.
+    if let Some(tl) = timeline.filter(|tl| now_ns() >= tl.we) {
+        stats.gaps.close(healthy_received.iter().copied(), &tl);
     }
     shared
         .live
@@ -771,8 +939,8 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         .recv_bytes
         .fetch_add(stats.recv_bytes - live_recv, Ordering::Relaxed);
     result.work_ns = work_ns;
-    result.data = stats.data;
-    result.ping = stats.ping;
+    result.tally = stats.tally;
+    result.gaps = stats.gaps.stretches;
     result.echoed = stats.echoed;
     result.per_flow = stats.per_flow;
     result.other_frames = stats.other_frames;
@@ -792,7 +960,8 @@ fn unreachable_message(target: &Target, peer: usize, e: &LinkError) -> String {
 }
 
 /// Drops a failed link. Before every peer is connected that is fatal (the
-/// run would not be the one asked for); afterwards it is counted.
+/// run would not be the one asked for); afterwards it is counted: a stuck
+/// receiver as cut off by the server, any other as a disconnect.
 #[allow(clippy::too_many_arguments)]
 fn lose(
     links: &mut [Option<Link>],
@@ -800,7 +969,7 @@ fn lose(
     e: LinkError,
     result: &mut WorkerResult,
     shared: &Shared,
-    (target, my_peers): (&Target, &[usize]),
+    (target, my_peers, is_stuck): (&Target, &[usize], &[bool]),
     poll: &Poll,
     setting_up: bool,
 ) {
@@ -809,6 +978,8 @@ fn lose(
         let was_ready = l.is_ready();
         if setting_up || !was_ready {
             shared.fail(unreachable_message(target, my_peers[i], &e));
+        } else if is_stuck[i] {
+            result.stuck_cut_off += 1;
         } else {
             result.disconnects += 1;
             if result.first_disconnect.is_none() {
@@ -818,12 +989,14 @@ fn lose(
     }
 }
 
-/// Accounts one frame from the server; echoes pings.
+/// Accounts one frame from the server (which reached a stuck receiver if
+/// `at_stuck`); echoes pings.
 #[inline]
 fn on_server_frame(
     stats: &mut RecvStats,
     tl: Option<Timeline>,
     arrival: u64,
+    at_stuck: bool,
     out: &mut Vec<u8>,
     ty: u8,
     payload: &[u8],
@@ -849,15 +1022,15 @@ fn on_server_frame(
             stats.echoed += 1;
         }
         Kind::Data | Kind::Pong => {
-            let is_pong = s.kind == Kind::Pong;
-            let st = if is_pong {
-                &mut stats.ping
-            } else {
-                &mut stats.data
+            let class = match s.kind {
+                Kind::Pong => Class::Ping,
+                _ if at_stuck => Class::Stuck,
+                _ => Class::Data,
             };
+            let st = stats.tally.of(class);
             st.received_total += 1;
             stats.recv_bytes += packet.len() as u64;
-            if is_pong {
+            if class == Class::Ping {
                 stats.pongs += 1;
             }
             let Some(tl) = tl else { return };
@@ -868,11 +1041,14 @@ fn on_server_frame(
             if tl.in_window(s.sent_ns) {
                 st.delivered_of_window += 1;
                 st.latency.record(arrival.saturating_sub(s.sent_ns));
-                if !is_pong {
+                if class == Class::Data {
                     if let Some(c) = stats.per_flow.get_mut(s.flow as usize) {
                         *c += 1;
                     }
                 }
+            }
+            if class == Class::Data {
+                stats.gaps.arrival(s.flow as usize, arrival, &tl);
             }
         }
     }
@@ -885,5 +1061,66 @@ pub fn answer_ping(out: &mut Vec<u8>, ty: u8, payload: &[u8]) {
         if let Some(data) = payload.get(..8) {
             ferry_proto::frame::put_pong(out, data.try_into().expect("8 bytes"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window from 1000 to 2000 ns.
+    fn timeline() -> Timeline {
+        Timeline {
+            start: 0,
+            ws: 1000,
+            we: 2000,
+            end: 3000,
+        }
+    }
+
+    fn recorded(g: &Gaps) -> (u64, u64, u64) {
+        let h = g.stretches();
+        (
+            h.count(),
+            h.quantile(0.0).unwrap_or(0),
+            h.quantile(1.0).unwrap_or(0),
+        )
+    }
+
+    #[test]
+    fn gaps_are_the_stretches_without_packets_inside_the_window() {
+        let tl = timeline();
+        let mut g = Gaps::new(3);
+        // Flow 0: a packet in the warm-up counts nothing; inside the window
+        // the stretches run from the window's start, then packet to packet,
+        // then to the window's end.
+        g.arrival(0, 500, &tl);
+        assert_eq!(recorded(&g).0, 0);
+        g.arrival(0, 1100, &tl); // 100, from the window's start
+        g.arrival(0, 1100, &tl); // 0, read together
+        g.arrival(0, 1900, &tl); // 800
+                                 // Flow 2: its stall runs past the window's end; the packet after
+                                 // the window closes it at the end.
+        g.arrival(2, 1500, &tl); // 500
+        g.arrival(2, 2500, &tl); // 500, cut at the end
+        g.arrival(2, 2600, &tl); // nothing: wholly after the window
+        assert_eq!(recorded(&g), (5, 0, 800));
+        // Closing adds flow 0's last stretch and flow 1's whole window;
+        // flow 2 is already closed.
+        g.close([0, 1, 2], &tl);
+        assert_eq!(recorded(&g), (7, 0, 1000));
+        let h = g.stretches();
+        let mean = h.percentiles().mean * 1e3;
+        // 100 + 0 + 800 + 500 + 500, then 100 and 1000.
+        assert!((mean - 3000.0 / 7.0).abs() < 1e-6, "{mean}");
+    }
+
+    #[test]
+    fn gaps_ignore_flows_they_do_not_track() {
+        let tl = timeline();
+        let mut g = Gaps::new(1);
+        g.arrival(7, 1500, &tl);
+        g.close([7], &tl);
+        assert_eq!(recorded(&g).0, 0);
     }
 }

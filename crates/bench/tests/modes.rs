@@ -1,15 +1,19 @@
 //! Every mode of the `ferry-bench` binary, briefly, against an in-process
-//! ceiling server. The checks are of the "sane" kind only — something was
-//! delivered, loss is a fraction, percentiles are ordered — never a speed.
+//! ceiling server (and, for stuck receivers, an in-process Ferry relay).
+//! The checks are of the "sane" kind only — something was delivered, loss
+//! is a fraction, percentiles are ordered — never a speed.
 
 use ferry_bench::ceiling::CeilingServer;
-use ferry_bench::report::{ModeResult, Report};
+use ferry_bench::report::{ModeResult, Report, Throughput};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferry_proto::key::NodePrivate;
 
 struct Ceiling {
     addr: SocketAddr,
@@ -142,6 +146,97 @@ fn throughput_paced_and_unpaced() {
         assert!(r.server.is_some() && r.machine.is_some());
         assert!(r.client.busy_fraction.is_some());
     }
+}
+
+/// The throughput figures of a report.
+fn throughput_of(r: &Report) -> &Throughput {
+    let ModeResult::Throughput(t) = &r.result else {
+        panic!("not a throughput result: {:?}", r.result)
+    };
+    t
+}
+
+/// Runs `throughput` with `stuck` stuck receivers among 4 healthy peers
+/// (2 pairs) at 20 Mbit/s in all, with a 1.5 s window, and checks what any
+/// server must give: healthy figures, gaps measured, stuck peers counted.
+fn stuck_run(url: &str, stuck: usize) -> Throughput {
+    let r = report(&[
+        "throughput",
+        "-q",
+        "-s",
+        url,
+        "-n",
+        "4",
+        "--total-rate",
+        "20M",
+        "--stuck",
+        &stuck.to_string(),
+        "--stuck-size",
+        "16384",
+        "--stuck-rate",
+        "200M",
+        "--warmup",
+        "200ms",
+        "-d",
+        "1500ms",
+        "--drain",
+        "2s",
+    ]);
+    let t = throughput_of(&r).clone();
+    assert_eq!((t.peers, t.flows), (4, 2), "healthy figures only: {t:?}");
+    assert!(t.packets_delivered > 0 && t.packets_delivered <= t.packets_sent);
+    assert!((0.0..=1.0).contains(&t.loss));
+    assert_eq!(t.disconnects, 0, "healthy peers stay connected: {t:?}");
+    // Every receiver's window is covered by its stretches: at least one
+    // per flow, none longer than the window.
+    let g = t.gap_us;
+    assert!(g.count >= 2 && g.is_ordered(), "{g:?}");
+    assert!(g.max > 0.0 && g.max <= 1.5e6 + 1.0, "{g:?}");
+    let s = t.stuck.clone().expect("stuck figures");
+    assert_eq!((s.peers, s.flows, s.size), (stuck, 2 * stuck, 16384));
+    assert_eq!(s.offered_mbps, Some(400.0), "2 senders × 200 Mbit/s");
+    assert!(s.packets_sent > 0, "the senders sent to the stuck: {s:?}");
+    assert!(s.packets_delivered <= s.packets_sent);
+    assert_eq!(s.cut_off + s.held, stuck as u64, "{s:?}");
+    t
+}
+
+#[test]
+fn throughput_with_stuck_receivers_against_the_ceiling() {
+    let c = Ceiling::start();
+    let t = stuck_run(&c.url(), 2);
+    let s = t.stuck.expect("stuck figures");
+    // The ceiling never closes a connection: the stuck peers read what it
+    // held for them once the window was over.
+    assert_eq!((s.cut_off, s.held), (0, 2), "{s:?}");
+    assert!(s.packets_delivered > 0, "{s:?}");
+}
+
+#[test]
+fn stuck_receivers_cut_off_by_a_relay() {
+    // A Ferry relay that closes a client after 300 ms without write
+    // progress: both stuck receivers must be counted as cut off.
+    let mut config = ferry_relay::RelayConfig::new(NodePrivate::generate());
+    config.write_timeout = Some(Duration::from_millis(300));
+    let server = ferry_relay::Server::start(ferry_relay::ServerOptions {
+        config,
+        listeners: vec![ferry_relay::ListenerSpec {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            kind: ferry_relay::ListenerKind::Derp,
+        }],
+        workers: 1,
+        pin: false,
+        stun: None,
+        metrics_addr: None,
+        io: Default::default(),
+    })
+    .expect("relay starts");
+    let url = format!("http://{}", server.listen_addrs[0]);
+    let t = stuck_run(&url, 2);
+    server.shutdown();
+    server.wait().expect("relay stops cleanly");
+    let s = t.stuck.expect("stuck figures");
+    assert_eq!((s.cut_off, s.held), (2, 0), "{s:?}");
 }
 
 #[test]
