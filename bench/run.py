@@ -192,8 +192,8 @@ class Server:
         state = c.tmp / f"{self.name}-{self.port}"
         state.mkdir()
         env = dict(os.environ)
-        if self.name == "ferry":
-            cmd = [str(c.bins["ferry"]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
+        if self.name in ("ferry", "ferry-base"):
+            cmd = [str(c.bins[self.name]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
                    "--workers", str(c.args.workers), "--log", "warn"]
             if self.tls:
                 cmd += ["--certmode", "manual", "--certdir", str(c.certdir), "--hostname", "localhost", "--http-port", "-1"]
@@ -1093,6 +1093,9 @@ def main():
     ap.add_argument("--repeats", type=int, help="override the plan's repeat count")
     ap.add_argument("--no-nice", action="store_true", help="do not raise the priority of servers and generator")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
+    ap.add_argument("--baseline", type=Path, metavar="FERRY_BIN",
+                    help="also measure this ferry binary (an earlier build) as 'ferry-base', beside Ferry in every "
+                         "suite Ferry runs in: the before/after comparison a data-path change carries")
     ap.add_argument("--transports", default="plain,tls",
                     help="rate and churn suites: which transports to run (plain, tls or both)")
     ap.add_argument("--keep", action="store_true",
@@ -1102,6 +1105,12 @@ def main():
     args = ap.parse_args()
 
     plan = json.loads(json.dumps(PLANS[args.mode]))
+    if args.baseline:
+        SERVERS["ferry-base"] = {"label": "Ferry (baseline)"}
+        for spec in plan.values():
+            if isinstance(spec, dict) and "ferry" in spec.get("servers", []):
+                i = spec["servers"].index("ferry")
+                spec["servers"].insert(i + 1, "ferry-base")
     if args.repeats:
         plan["repeats"] = args.repeats
     suites = [x for x in args.suites.split(",") if x]
@@ -1126,6 +1135,8 @@ def main():
         bins = {"ferry": target / "ferry", "ferry-bench": target / "ferry-bench", "derper": BENCH / "bin" / "derper"}
     else:
         bins = build(args)
+    if args.baseline:
+        bins["ferry-base"] = args.baseline
     for k, v in bins.items():
         if not Path(v).exists():
             sys.exit(f"bench: {k} not found at {v}")
