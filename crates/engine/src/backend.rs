@@ -57,9 +57,20 @@ impl fmt::Display for Backend {
     }
 }
 
+/// Why the demanded back end cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// `--io uring` was demanded and io_uring cannot run here.
+    #[error("--io uring: io_uring is not usable here: {why}")]
+    UringUnavailable {
+        /// What the probe found (the kernel's refusal, a seccomp filter).
+        why: String,
+    },
+}
+
 /// The back end for `mode` and why; an error when `uring` was demanded and
 /// is not available.
-pub fn select(mode: IoMode) -> Result<(Backend, String), String> {
+pub fn select(mode: IoMode) -> Result<(Backend, String), BackendError> {
     match mode {
         IoMode::Epoll => Ok((Backend::Epoll, "epoll requested (--io epoll)".into())),
         IoMode::Uring => match crate::uring::probe() {
@@ -67,7 +78,7 @@ pub fn select(mode: IoMode) -> Result<(Backend, String), String> {
                 Backend::Uring,
                 "io_uring requested (--io uring) and available".into(),
             )),
-            Err(why) => Err(format!("--io uring: io_uring is not usable here: {why}")),
+            Err(why) => Err(BackendError::UringUnavailable { why }),
         },
         IoMode::Auto => match crate::uring::probe() {
             Ok(()) => Ok((Backend::Uring, "io_uring available".into())),

@@ -315,16 +315,22 @@ pub enum RefuseReason {
 }
 
 impl RefuseReason {
-    /// A short label for metrics.
-    pub fn label(&self) -> &'static str {
+    /// The reason as the metrics count it.
+    pub fn refusal(&self) -> crate::metrics::KtlsRefusal {
+        use crate::metrics::KtlsRefusal as K;
         match self {
-            RefuseReason::Handshaking => "handshaking",
-            RefuseReason::UnsentTls => "unsent_tls",
-            RefuseReason::PendingInput => "pending_input",
-            RefuseReason::Unsupported { .. } => "unsupported_suite",
-            RefuseReason::Kernel(_) => "kernel",
-            RefuseReason::Ulp(_) => "ulp",
+            RefuseReason::Handshaking => K::Handshaking,
+            RefuseReason::UnsentTls => K::UnsentTls,
+            RefuseReason::PendingInput => K::PendingInput,
+            RefuseReason::Unsupported { .. } => K::UnsupportedSuite,
+            RefuseReason::Kernel(_) => K::Kernel,
+            RefuseReason::Ulp(_) => K::Ulp,
         }
+    }
+
+    /// A short label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        self.refusal().label()
     }
 
     /// Whether a later attempt on the same connection may succeed (once

@@ -141,18 +141,29 @@ labelled!(
     }
 );
 
-/// Why a TLS session stayed in userspace (labels of
-/// [`crate::ktls::RefuseReason::label`] plus the shard's own).
-pub const KTLS_REFUSALS: [&str; 8] = [
-    "handshaking",
-    "unsent_tls",
-    "pending_input",
-    "unsupported_suite",
-    "kernel",
-    "ulp",
-    "backend",
-    "failed",
-];
+labelled!(
+    /// Why a TLS session stayed in userspace, or was lost, when moving it
+    /// into the kernel: [`crate::ktls::RefuseReason`]'s reasons plus the
+    /// shard's own.
+    KtlsRefusal {
+        /// The TLS handshake was not finished.
+        Handshaking => "handshaking",
+        /// rustls held TLS output not yet written.
+        UnsentTls => "unsent_tls",
+        /// rustls held received data not yet read.
+        PendingInput => "pending_input",
+        /// The negotiated version or suite has no kernel counterpart.
+        UnsupportedSuite => "unsupported_suite",
+        /// The kernel has no TLS ULP or refused the version and cipher.
+        Kernel => "kernel",
+        /// Attaching the TLS ULP to the socket failed.
+        Ulp => "ulp",
+        /// The I/O back end cannot read kernel-TLS records.
+        Backend => "backend",
+        /// The move failed half-way; the connection was closed.
+        Failed => "failed",
+    }
+);
 
 /// The counters of one shard. Only that shard writes them.
 #[derive(Default, Debug)]
@@ -175,7 +186,7 @@ pub struct ShardMetrics {
     /// Of those, with the TLS record layer in the kernel.
     pub ktls_sockets: Gauge,
     /// Moves into kernel TLS that did not happen, by reason.
-    pub ktls_refused: [Counter; KTLS_REFUSALS.len()],
+    pub ktls_refused: [Counter; KtlsRefusal::COUNT],
     /// Keys with more than one connection.
     pub current_dup_client_keys: Gauge,
     /// Connections in such sets.
@@ -560,11 +571,12 @@ impl Metrics {
             self.sum_gauge(|s| s.open_sockets.get()) - tls
         );
         let _ = writeln!(w, "# HELP ferry_ktls_refused_total TLS sessions kept in userspace (or lost) when moving them into the kernel, by reason.\n# TYPE ferry_ktls_refused_total counter");
-        for (i, label) in KTLS_REFUSALS.iter().enumerate() {
+        for r in KtlsRefusal::ALL {
             let _ = writeln!(
                 w,
-                "ferry_ktls_refused_total{{reason=\"{label}\"}} {}",
-                self.sum(|s| s.ktls_refused[i].get())
+                "ferry_ktls_refused_total{{reason=\"{}\"}} {}",
+                r.label(),
+                self.sum(|s| s.ktls_refused[*r as usize].get())
             );
         }
         let _ = writeln!(w, "# HELP ferry_handshake_failures_total Connections that failed before registering, by reason.\n# TYPE ferry_handshake_failures_total counter");

@@ -107,8 +107,8 @@ pub enum StartError {
         source: io::Error,
     },
     /// The requested I/O back end cannot run here.
-    #[error("{0}")]
-    Backend(String),
+    #[error(transparent)]
+    Backend(#[from] ferry_engine::backend::BackendError),
     /// A shard or helper thread could not start.
     #[error("cannot start {what}: {source}")]
     Thread {

@@ -35,7 +35,10 @@ fn tls_relays_with_kernel_tls_switched_on() {
     // The listener speaks TLS only: read the counters in-process.
     let text = server.metrics().render();
     let ktls = support::metric_in(&text, "ferry_connections_by_transport{transport=\"ktls\"}");
-    for r in ferry_relay::metrics::KTLS_REFUSALS {
+    for r in ferry_relay::metrics::KtlsRefusal::ALL
+        .iter()
+        .map(|r| r.label())
+    {
         let v = support::metric_in(
             &text,
             &format!("ferry_ktls_refused_total{{reason=\"{r}\"}}"),

@@ -2,6 +2,7 @@
 //! turns, and the control records (alerts, KeyUpdate) that come up after.
 
 use super::*;
+use crate::metrics::KtlsRefusal;
 
 impl Shard {
     /// A non-data TLS record on a kernel-TLS socket: kept for after the
@@ -64,7 +65,7 @@ impl Shard {
                     i += 1;
                 } else {
                     user.boundary = None;
-                    self.ktls_refused(reason.label());
+                    self.ktls_refused(reason.refusal());
                     self.ktls_candidates.swap_remove(i);
                 }
                 continue;
@@ -72,11 +73,11 @@ impl Shard {
             user.boundary = None;
             self.ktls_candidates.swap_remove(i);
             if driver.set_ktls_rx(slot).is_err() {
-                self.ktls_refused("backend");
+                self.ktls_refused(KtlsRefusal::Backend);
                 continue;
             }
             let Some(fd) = driver.fd(slot) else {
-                self.ktls_refused("backend");
+                self.ktls_refused(KtlsRefusal::Backend);
                 continue;
             };
             let user = self.conns[slot].transport.take_user().expect("tls");
@@ -93,10 +94,10 @@ impl Shard {
                         conn,
                         boundary: None,
                     }));
-                    self.ktls_refused(reason.label());
+                    self.ktls_refused(reason.refusal());
                 }
                 Err(crate::ktls::Refused::Dead(e)) => {
-                    self.ktls_refused("failed");
+                    self.ktls_refused(KtlsRefusal::Failed);
                     let peer = self.conns[slot].peer;
                     conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
                     self.close(slot, CloseReason::IoError);
@@ -105,13 +106,8 @@ impl Shard {
         }
     }
 
-    pub(super) fn ktls_refused(&self, label: &str) {
-        if let Some(i) = crate::metrics::KTLS_REFUSALS
-            .iter()
-            .position(|l| *l == label)
-        {
-            self.m().ktls_refused[i].inc();
-        }
+    pub(super) fn ktls_refused(&self, why: KtlsRefusal) {
+        self.m().ktls_refused[why as usize].inc();
     }
 
     /// Handles alerts and KeyUpdates that arrived on kernel-TLS sockets.
