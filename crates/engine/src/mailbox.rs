@@ -143,6 +143,26 @@ impl ByteRx {
         Some(r)
     }
 
+    /// Hands records to `f`, as [`ByteRx::pop_with`] does, until `budget`
+    /// bytes (records and their prefixes) have been read or no complete
+    /// record is left; returns the bytes read. With `budget` set to
+    /// [`ByteRx::len`] beforehand, a consumer reads what was there and no
+    /// more, so a producer that refills as fast as it reads cannot keep it
+    /// in the loop.
+    pub fn pop_until(&mut self, budget: usize, mut f: impl FnMut(&[u8], &[u8])) -> usize {
+        let mut read = 0;
+        while read < budget {
+            match self.pop_with(|a, b| {
+                f(a, b);
+                LEN_PREFIX + a.len() + b.len()
+            }) {
+                Some(n) => read += n,
+                None => break,
+            }
+        }
+        read
+    }
+
     /// Whether no bytes are waiting.
     pub fn is_empty(&self) -> bool {
         self.c.is_empty()
@@ -248,6 +268,29 @@ mod tests {
             assert_eq!(&got[4..], &body[..]);
         }
         assert!(rx.pop_with(|_, _| ()).is_none());
+    }
+
+    #[test]
+    fn pop_until_reads_what_was_there_and_no_more() {
+        let (mut tx, mut rx) = byte_ring(256);
+        for i in 0..3u8 {
+            assert!(tx.try_push(&[&[i; 10]]));
+        }
+        let there = rx.len();
+        assert_eq!(there, 3 * (4 + 10));
+        // Records pushed after the snapshot wait for the next call.
+        assert!(tx.try_push(&[&[9; 10]]));
+        let mut seen = Vec::new();
+        assert_eq!(rx.pop_until(there, |a, _| seen.push(a[0])), there);
+        assert_eq!(seen, [0, 1, 2]);
+        // A budget that ends inside a record still takes that record whole.
+        assert!(tx.try_push(&[&[10; 10]]));
+        seen.clear();
+        assert_eq!(rx.pop_until(1, |a, _| seen.push(a[0])), 14);
+        assert_eq!(seen, [9]);
+        assert_eq!(rx.pop_until(usize::MAX, |a, _| seen.push(a[0])), 14);
+        assert_eq!(seen, [9, 10]);
+        assert_eq!(rx.pop_until(usize::MAX, |_, _| ()), 0);
     }
 
     #[test]

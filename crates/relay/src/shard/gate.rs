@@ -116,6 +116,9 @@ impl Shard {
                 continue;
             }
             conn.not_draining = true;
+            let key = conn.key;
+            self.announce_draining(key, true);
+            let conn = &mut self.conns[slot];
             conn.holding = false;
             self.holders.swap_remove(i);
             let (peer, key, held_for) = (conn.peer, conn.key, held);
@@ -123,6 +126,16 @@ impl Shard {
             conn_log!(self, info, %peer, client = %key, held_ms = held_for.as_millis() as u64,
                 "client is taking nothing from its socket; dropping its packets instead of pausing the senders feeding it");
             self.release_waiters(slot);
+        }
+    }
+
+    /// Tells the other shards that `key`'s connection stopped draining
+    /// (`stuck`) or drains again, so that they drop or send its packets.
+    pub(super) fn announce_draining(&mut self, key: NodePublic, stuck: bool) {
+        for shard in 0..self.shards {
+            if shard != self.id {
+                self.mail(shard, Mail::NotDraining { key, stuck });
+            }
         }
     }
 

@@ -50,11 +50,17 @@
 //! socket only for holds that last half a budget, which a busy relay whose
 //! readers read never reaches (every flush releases the holds). Cross-shard
 //! rings need no rule of their own: a shard empties its incoming rings
-//! every turn whatever its clients do, so a ring is only ever full while
-//! its consumer's core is busy; mesh-forwarded packets never pause their
-//! link (they are dropped over the cap instead).
+//! every turn (what was there when the turn began, so a producer cannot
+//! keep it from its own sockets), whatever its clients do; a ring is only
+//! ever full while its consumer's core is busy. But a sender flooding a
+//! non-draining destination would fill the ring with packets that are only
+//! dropped at the other end, at the cost of everyone else's traffic
+//! through it: so the destination's shard tells the others when it stops
+//! and starts draining, and they drop its packets before the ring. Mesh-
+//! forwarded packets never pause their link (they are dropped over the cap
+//! instead).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -147,6 +153,14 @@ pub enum Mail {
     AddWatcher(ConnRef),
     /// Unsubscribe a watcher.
     RemoveWatcher(ConnRef),
+    /// A connection of `key` stopped draining (`true`: drop its packets
+    /// here instead of sending them through the ring) or drains again.
+    NotDraining {
+        /// The destination's key.
+        key: NodePublic,
+        /// Whether it is not draining now.
+        stuck: bool,
+    },
     /// Deliver a presence change to a watcher on this shard.
     Watch(ConnRef, WatchEvent),
     /// Close every connection of this key (closePeer from a mesh peer).
@@ -253,6 +267,10 @@ pub struct Shard {
     keys: HashMap<NodePublic, KeyEntry>,
     /// Local connections that received from a key, for peerGone.
     receivers: HashMap<NodePublic, Vec<(Slot, u32)>>,
+    /// Keys on other shards whose connection is not draining: packets to
+    /// them are dropped here rather than carried through a ring only to be
+    /// dropped there (see the module doc).
+    stuck_remote: HashSet<NodePublic>,
     watchers: Vec<ConnRef>,
     rings: Rings,
     notify: Vec<bool>,
@@ -329,6 +347,7 @@ impl Shard {
             next_gen: 0,
             keys: HashMap::new(),
             receivers: HashMap::new(),
+            stuck_remote: HashSet::new(),
             watchers: Vec::new(),
             rings,
             notify: vec![false; shards],

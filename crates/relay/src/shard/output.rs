@@ -133,7 +133,11 @@ impl Shard {
             return;
         }
         // The socket took a whole send: it drains again.
-        conn.not_draining = false;
+        if std::mem::take(&mut conn.not_draining) {
+            let key = conn.key;
+            self.announce_draining(key, false);
+        }
+        let conn = &self.conns[slot];
         if conn.has_output() || conn.close_after_flush.is_some() {
             self.mark_dirty(slot);
         }

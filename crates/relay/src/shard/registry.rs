@@ -124,6 +124,10 @@ impl Shard {
         let (preferred, watcher) = (conn.preferred, conn.watcher);
         let recv_from = std::mem::take(&mut conn.recv_from);
         conn.last_src = None;
+        if std::mem::take(&mut conn.not_draining) {
+            // Its packets go to the key's other connection, if any, again.
+            self.announce_draining(key, false);
+        }
         let metrics = self.shared.metrics.clone();
         let m = &metrics.shards[self.id];
         m.current_connections.add(-1);
@@ -188,6 +192,7 @@ impl Shard {
 
     /// Tells local receivers of `key` that it left.
     pub(super) fn key_gone(&mut self, key: NodePublic) {
+        self.stuck_remote.remove(&key);
         let Some(list) = self.receivers.remove(&key) else {
             return;
         };

@@ -25,6 +25,17 @@ impl Shard {
             }
             return ControlFlow::Continue(());
         }
+        if !self.stuck_remote.is_empty() && self.stuck_remote.contains(dst) {
+            let kind = kind_of(packet);
+            if kind == PacketKind::Other {
+                // Its shard would only drop it (see the module doc).
+                let m = &self.shared.metrics.shards[self.id];
+                m.packets_dropped[DropReason::QueueTail as usize][kind as usize].inc();
+                m.bytes_dropped[DropReason::QueueTail as usize][kind as usize]
+                    .add(packet.len() as u64);
+                return ControlFlow::Continue(());
+            }
+        }
         let gen = self.conns[slot].gen;
         let mut header = [0u8; RECORD_HEADER];
         write_record_header(&mut header, record_kind, src, dst, slot as u32, gen);
@@ -195,21 +206,23 @@ impl Shard {
         let mut rx = self.rings.bytes_rx[from]
             .take()
             .expect("ring from another shard");
-        let backed_up = rx.len() * 2 > rx.capacity();
+        // Read what is there now (every packet pushed before the mail
+        // above included) and no more: a producer that refills the ring as
+        // fast as this shard empties it must not keep it from its own
+        // sockets. The rest waits for the next turn.
+        let avail = rx.len();
+        let backed_up = avail * 2 > rx.capacity();
         let mut scratch = std::mem::take(&mut self.record);
-        while rx
-            .pop_with(|a, b| {
-                if b.is_empty() {
-                    self.on_record(from, a);
-                } else {
-                    scratch.clear();
-                    scratch.extend_from_slice(a);
-                    scratch.extend_from_slice(b);
-                    self.on_record(from, &scratch);
-                }
-            })
-            .is_some()
-        {}
+        rx.pop_until(avail, |a, b| {
+            if b.is_empty() {
+                self.on_record(from, a);
+            } else {
+                scratch.clear();
+                scratch.extend_from_slice(a);
+                scratch.extend_from_slice(b);
+                self.on_record(from, &scratch);
+            }
+        });
         self.record = scratch;
         self.rings.bytes_rx[from] = Some(rx);
         if backed_up {
@@ -254,6 +267,13 @@ impl Shard {
                 }
             }
             Mail::Resume(r) => self.resume_sender(r),
+            Mail::NotDraining { key, stuck } => {
+                if stuck {
+                    self.stuck_remote.insert(key);
+                } else {
+                    self.stuck_remote.remove(&key);
+                }
+            }
         }
     }
 
