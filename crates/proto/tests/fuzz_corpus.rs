@@ -9,12 +9,13 @@ use std::sync::OnceLock;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 5] = [
+const TARGETS: [(&str, Target); 6] = [
     ("deframer", fuzzing::deframer),
     ("http_request", fuzzing::http_request),
     ("client_info", fuzzing::client_info),
     ("stun", fuzzing::stun),
     ("wireguard", fuzzing::wireguard),
+    ("tls_record", fuzzing::tls_record),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -61,8 +62,8 @@ fn replay_corpora() {
     }
 }
 
-fn all_seeds() -> &'static [Vec<Vec<u8>>; 5] {
-    static SEEDS: OnceLock<[Vec<Vec<u8>>; 5]> = OnceLock::new();
+fn all_seeds() -> &'static [Vec<Vec<u8>>; 6] {
+    static SEEDS: OnceLock<[Vec<Vec<u8>>; 6]> = OnceLock::new();
     SEEDS.get_or_init(|| TARGETS.map(|(t, _)| seeds(t).into_iter().map(|(_, d)| d).collect()))
 }
 
@@ -210,5 +211,10 @@ proptest! {
     #[test]
     fn mutated_wireguard(data in mutated(4)) {
         fuzzing::wireguard(&data);
+    }
+
+    #[test]
+    fn mutated_tls_record(data in mutated(5)) {
+        fuzzing::tls_record(&data);
     }
 }
