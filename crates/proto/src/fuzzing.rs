@@ -15,6 +15,7 @@ use crate::http;
 use crate::key::{NodePrivate, NodePublic};
 use crate::nacl::SharedKey;
 use crate::stun;
+use crate::tls_record::{RecordBoundary, HEADER_LEN as TLS_HEADER_LEN};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::ControlFlow;
 use std::sync::OnceLock;
@@ -364,13 +365,71 @@ pub fn wireguard(data: &[u8]) {
     }
 }
 
+/// Follows TLS record framing over `data[1..]`, split into reads as
+/// `data[0]` chooses (it seeds the generator; its low 2 bits pick single
+/// bytes, up to 8, up to 600 or up to the whole stream per read), and
+/// checks after every read that [`RecordBoundary::at_boundary`] agrees with
+/// a single pass over the stream that walks from header to header: the
+/// answer is the same however the bytes were split, and at the end it is
+/// the same as for one feed of everything.
+pub fn tls_record(data: &[u8]) {
+    let Some((&ctl, stream)) = data.split_first() else {
+        return;
+    };
+    // The reference: every offset where a record ends.
+    let mut ends = vec![0];
+    let mut at = 0usize;
+    while let Some(header) = stream.get(at..at + TLS_HEADER_LEN) {
+        at += TLS_HEADER_LEN + usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if at > stream.len() {
+            break;
+        }
+        ends.push(at);
+    }
+
+    let mut whole = RecordBoundary::new();
+    whole.feed(stream);
+    assert_eq!(whole.at_boundary(), ends.last() == Some(&stream.len()));
+
+    let max_read = match ctl & 3 {
+        0 => 1,
+        1 => 8,
+        2 => 600,
+        _ => stream.len().max(1),
+    };
+    let mut rng = XorShift(0x2545_f491 ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
+    let mut split = RecordBoundary::new();
+    let mut fed = 0;
+    while fed < stream.len() {
+        let n = 1 + rng.below(max_read.min(stream.len() - fed));
+        // An empty read changes nothing.
+        split.feed(&[]);
+        split.feed(&stream[fed..fed + n]);
+        fed += n;
+        assert_eq!(
+            split.at_boundary(),
+            ends.binary_search(&fed).is_ok(),
+            "after {fed} of {} bytes",
+            stream.len()
+        );
+    }
+    assert_eq!(split.at_boundary(), whole.at_boundary());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn smoke() {
-        for f in [deframer, http_request, client_info, stun, wireguard] {
+        for f in [
+            deframer,
+            http_request,
+            client_info,
+            stun,
+            wireguard,
+            tls_record,
+        ] {
             f(b"");
             f(&[0]);
             f(&[0xff; 100]);

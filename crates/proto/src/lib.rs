@@ -21,7 +21,8 @@
 //! 4. The `frame::put_*` builders append outgoing frames to a caller-owned
 //!    `Vec<u8>`, so the hot path performs no allocation per frame.
 //!
-//! [`stun`] is the UDP STUN binding responder's codec, and [`fuzzing`] exposes
+//! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
+//! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
 
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod http;
 pub mod key;
 pub mod nacl;
 pub mod stun;
+pub mod tls_record;
 pub mod wireguard;
 
 mod hex;

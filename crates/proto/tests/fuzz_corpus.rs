@@ -2,51 +2,23 @@
 //! bounded number of mutated seeds and random inputs at each entry point, so
 //! the ordinary test suite catches regressions the fuzzers would.
 
+mod corpus;
+
+use corpus::seeds;
 use ferry_proto::fuzzing;
 use proptest::prelude::*;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 5] = [
+const TARGETS: [(&str, Target); 6] = [
     ("deframer", fuzzing::deframer),
     ("http_request", fuzzing::http_request),
     ("client_info", fuzzing::client_info),
     ("stun", fuzzing::stun),
     ("wireguard", fuzzing::wireguard),
+    ("tls_record", fuzzing::tls_record),
 ];
-
-fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-/// Every file of a target's corpus, sorted by name. Panics if the directory
-/// is missing or empty: a corpus that silently vanished would make the
-/// replay test pass vacuously.
-fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = corpus_dir(target);
-    let entries = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus directory {} missing: {e}", dir.display()));
-    let mut files: Vec<(String, Vec<u8>)> = entries
-        .map(|e| e.expect("readable corpus entry").path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            let data = std::fs::read(&p).expect("readable corpus file");
-            (name, data)
-        })
-        .collect();
-    assert!(
-        !files.is_empty(),
-        "corpus directory {} is empty",
-        dir.display()
-    );
-    files.sort();
-    files
-}
 
 #[test]
 fn replay_corpora() {
@@ -61,8 +33,8 @@ fn replay_corpora() {
     }
 }
 
-fn all_seeds() -> &'static [Vec<Vec<u8>>; 5] {
-    static SEEDS: OnceLock<[Vec<Vec<u8>>; 5]> = OnceLock::new();
+fn all_seeds() -> &'static [Vec<Vec<u8>>; 6] {
+    static SEEDS: OnceLock<[Vec<Vec<u8>>; 6]> = OnceLock::new();
     SEEDS.get_or_init(|| TARGETS.map(|(t, _)| seeds(t).into_iter().map(|(_, d)| d).collect()))
 }
 
@@ -210,5 +182,10 @@ proptest! {
     #[test]
     fn mutated_wireguard(data in mutated(4)) {
         fuzzing::wireguard(&data);
+    }
+
+    #[test]
+    fn mutated_tls_record(data in mutated(5)) {
+        fuzzing::tls_record(&data);
     }
 }

@@ -83,6 +83,10 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::str::FromStr;
 
+/// Where the shard tracks the record boundary before a hand-off (the
+/// tracker is a parser of the peer's bytes, so it lives, and is fuzzed, in
+/// `ferry-proto`).
+pub use ferry_proto::tls_record::RecordBoundary;
 use ferry_sys::ktls::{self as sys, record_type, Cipher, CryptoInfo, Direction, Version};
 use rustls::kernel::KernelConnection;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
@@ -773,53 +777,6 @@ fn parse_key_update(data: &[u8]) -> Result<bool, KtlsError> {
     }
 }
 
-/// Follows TLS record framing over a stream of ciphertext, to tell whether
-/// the bytes given to rustls so far end on a record boundary.
-///
-/// Feed it exactly the bytes `read_tls` consumed. Only the 5-byte record
-/// headers are looked at; rustls validates everything else.
-#[derive(Clone, Debug, Default)]
-pub struct RecordBoundary {
-    /// Header bytes of the current record seen so far (0..5).
-    header: [u8; 5],
-    header_len: u8,
-    /// Body bytes of the current record still to come.
-    body_left: usize,
-}
-
-impl RecordBoundary {
-    /// A tracker at the start of a stream.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Accounts for `bytes`, the next bytes of the stream.
-    pub fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.body_left > 0 {
-                let n = self.body_left.min(bytes.len());
-                self.body_left -= n;
-                bytes = &bytes[n..];
-                continue;
-            }
-            let have = usize::from(self.header_len);
-            let n = (5 - have).min(bytes.len());
-            self.header[have..have + n].copy_from_slice(&bytes[..n]);
-            self.header_len += n as u8;
-            bytes = &bytes[n..];
-            if self.header_len == 5 {
-                self.header_len = 0;
-                self.body_left = usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
-            }
-        }
-    }
-
-    /// Whether the bytes fed so far are whole records.
-    pub fn at_boundary(&self) -> bool {
-        self.header_len == 0 && self.body_left == 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -868,38 +825,6 @@ mod tests {
         assert!(err(&[24, 0, 0, 1, 2]).contains("request_update not 0 or 1"));
         assert!(err(&[24, 0, 0, 1]).contains("split across records"));
         assert!(err(&[24, 0, 0, 1, 0, 24, 0, 0, 1, 0]).contains("more data in its record"));
-    }
-
-    #[test]
-    fn record_boundary_follows_headers_in_any_chunking() {
-        // Three records: 3-byte, empty, 300-byte bodies.
-        let mut stream = Vec::new();
-        for body in [3usize, 0, 300] {
-            stream.extend_from_slice(&[23, 3, 3]);
-            stream.extend_from_slice(&(body as u16).to_be_bytes());
-            stream.extend(std::iter::repeat_n(0xab, body));
-        }
-        let ends = [8usize, 13, 318];
-        for chunk in 1..=stream.len() {
-            let mut b = RecordBoundary::new();
-            assert!(b.at_boundary());
-            let mut fed = 0;
-            for piece in stream.chunks(chunk) {
-                b.feed(piece);
-                fed += piece.len();
-                assert_eq!(
-                    b.at_boundary(),
-                    ends.contains(&fed),
-                    "chunk {chunk}, fed {fed}"
-                );
-            }
-        }
-        // Byte by byte, every position is checked.
-        let mut b = RecordBoundary::new();
-        for (i, byte) in stream.iter().enumerate() {
-            b.feed(std::slice::from_ref(byte));
-            assert_eq!(b.at_boundary(), ends.contains(&(i + 1)), "after byte {i}");
-        }
     }
 
     #[test]

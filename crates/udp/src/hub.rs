@@ -40,8 +40,9 @@
 //! Indices expire on WireGuard's own clock: a session's keys are refused by
 //! both peers [`SESSION_LIFETIME`] after the handshake (REJECT_AFTER_TIME,
 //! plus slack), and a handshake that got no response is forgotten after
-//! [`PENDING_LIFETIME`]. Because lifetimes are fixed, expiry is a FIFO
-//! queue, not a scan.
+//! [`PENDING_LIFETIME`]. Because each kind's lifetime is fixed, expiry is
+//! one FIFO queue per kind, not a scan (one queue for both would hold a
+//! short-lived pending entry behind a session queued before it).
 //!
 //! Index collisions: WireGuard picks indices at random per interface, so
 //! two peers may pick the same one. Each index holds up to two entries; a
@@ -299,12 +300,6 @@ struct Session {
     roam: Option<(Endpoint, u64, u8)>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum EntryKind {
-    Pending,
-    Session,
-}
-
 type Bucket<T> = [Option<T>; WAYS];
 
 /// Counts a replica can report for gauges.
@@ -328,7 +323,10 @@ pub struct Hub {
     by_addr: HashMap<SocketAddr, PeerId>,
     pending: HashMap<Index, Bucket<Pending>>,
     sessions: HashMap<Index, Bucket<Session>>,
-    expiry: VecDeque<(Instant, Index, EntryKind, Instant)>,
+    /// (deadline, index, made at) of each pending entry, oldest first.
+    pending_expiry: VecDeque<(Instant, Index, Instant)>,
+    /// The same for session entries.
+    session_expiry: VecDeque<(Instant, Index, Instant)>,
     candidates: [Option<(Endpoint, Instant)>; MAX_CANDIDATES],
     limiter: SourceLimiter,
     flood_budget: TokenBucket,
@@ -348,7 +346,8 @@ impl Hub {
             by_addr: HashMap::with_capacity(settings.peers.len() * 2),
             pending: HashMap::new(),
             sessions: HashMap::with_capacity(settings.max_indices.min(1 << 16)),
-            expiry: VecDeque::new(),
+            pending_expiry: VecDeque::new(),
+            session_expiry: VecDeque::new(),
             candidates: [None; MAX_CANDIDATES],
             limiter: SourceLimiter::new(4096, settings.handshake_rate, settings.handshake_burst),
             flood_budget: TokenBucket::new(20.0, 40.0),
@@ -427,24 +426,8 @@ impl Hub {
 
     /// Forgets entries whose time is up.
     pub fn expire(&mut self, now: Instant) {
-        while let Some(&(deadline, index, kind, at)) = self.expiry.front() {
-            if deadline > now {
-                break;
-            }
-            self.expiry.pop_front();
-            match kind {
-                EntryKind::Pending => {
-                    if remove_where(&mut self.pending, index, |p| p.at == at) {
-                        self.entries -= 1;
-                    }
-                }
-                EntryKind::Session => {
-                    if remove_where(&mut self.sessions, index, |s| s.at == at) {
-                        self.entries -= 1;
-                    }
-                }
-            }
-        }
+        self.entries -= expire_queue(&mut self.pending_expiry, &mut self.pending, now, |p| p.at);
+        self.entries -= expire_queue(&mut self.session_expiry, &mut self.sessions, now, |s| s.at);
         for c in &mut self.candidates {
             if c.is_some_and(|(_, at)| now.saturating_duration_since(at) > CANDIDATE_LIFETIME) {
                 *c = None;
@@ -494,8 +477,8 @@ impl Hub {
                 let (added, evicted) = insert(bucket, p, |old| old.src == src, |e| e.at);
                 self.entries += usize::from(added);
                 self.collisions += u64::from(evicted);
-                self.expiry
-                    .push_back((at + PENDING_LIFETIME, index, EntryKind::Pending, at));
+                self.pending_expiry
+                    .push_back((at + PENDING_LIFETIME, index, at));
             }
             Event::Session {
                 initiator_index,
@@ -524,8 +507,8 @@ impl Hub {
                     let (added, evicted) = insert(bucket, s, |old| old.owner == owner, |e| e.at);
                     self.entries += usize::from(added);
                     self.collisions += u64::from(evicted);
-                    self.expiry
-                        .push_back((at + SESSION_LIFETIME, index, EntryKind::Session, at));
+                    self.session_expiry
+                        .push_back((at + SESSION_LIFETIME, index, at));
                 }
             }
             Event::Endpoint {
@@ -821,6 +804,26 @@ fn insert<T: Copy>(
         .unwrap_or(0);
     bucket[oldest] = Some(e);
     (false, true)
+}
+
+/// Pops the due entries of an expiry queue, `(deadline, index, made at)`
+/// in deadline order, and removes each from `map` unless it was replaced
+/// since (its time changed). Returns how many entries were removed.
+fn expire_queue<T>(
+    queue: &mut VecDeque<(Instant, Index, Instant)>,
+    map: &mut HashMap<Index, Bucket<T>>,
+    now: Instant,
+    made_at: impl Fn(&T) -> Instant,
+) -> usize {
+    let mut removed = 0;
+    while let Some(&(deadline, index, at)) = queue.front() {
+        if deadline > now {
+            break;
+        }
+        queue.pop_front();
+        removed += usize::from(remove_where(map, index, |e| made_at(e) == at));
+    }
+    removed
 }
 
 /// Removes the first entry of `index` that `pred` matches; drops the

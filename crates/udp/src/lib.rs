@@ -31,8 +31,12 @@
 //! [`Relay::start`] validates a [`config::Config`], resolves targets,
 //! probes the kernel's offloads, binds everything (naming the config field
 //! of whatever fails), and starts the shard threads.
+//!
+//! [`fuzzing`] drives the hub's tables as a state machine for the `hub`
+//! fuzz target and the corpus-replay test.
 
 pub mod config;
+pub mod fuzzing;
 pub mod hub;
 pub mod metrics;
 pub mod outbox;

@@ -168,6 +168,77 @@ impl Inbox for RingInbox {
     }
 }
 
+/// What [`screen_bounce`] decided for part of a received slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Screened {
+    /// Forward `len` bytes from offset `start` of the slot: whole
+    /// datagrams of the slot's segment size (the last may be shorter).
+    Pass {
+        /// Offset in the slot.
+        start: usize,
+        /// Bytes.
+        len: usize,
+    },
+    /// Drop one datagram.
+    Drop(DropReason),
+}
+
+/// Screens one received slot of a bounce route: `slot` holds datagrams of
+/// `seg` bytes each, glued by GRO, of which only the last may be shorter
+/// (`seg == slot.len()` for a single datagram).
+///
+/// Every datagram that may be a WireGuard initiation (148 bytes) is
+/// classified, and an initiation passes only if `allow_initiation` grants
+/// it (the per-source handshake limit, so one client cannot use up the
+/// server's handshake budget for everyone behind the relay). That includes
+/// a 148-byte initiation at the end of a train of larger datagrams, where
+/// the segment size is not 148. On a `wireguard_only` route every datagram
+/// is classified and the ones that are not WireGuard are dropped.
+///
+/// `out` gets, in order, runs of datagrams to forward and one drop per
+/// refused datagram; runs are as long as the refusals allow, so a slot with
+/// nothing to refuse passes as one run (one GSO message).
+pub fn screen_bounce(
+    slot: &[u8],
+    seg: usize,
+    wireguard_only: bool,
+    mut allow_initiation: impl FnMut() -> bool,
+    mut out: impl FnMut(Screened),
+) {
+    let seg = seg.max(1);
+    let mut run = 0;
+    let mut at = 0;
+    while at < slot.len() {
+        let len = seg.min(slot.len() - at);
+        if wireguard_only || len == wg::INITIATION_LEN {
+            let refused = match wg::classify(&slot[at..at + len]) {
+                Ok(wg::Message::Initiation { .. }) if !allow_initiation() => {
+                    Some(DropReason::RateLimited)
+                }
+                Err(_) if wireguard_only => Some(DropReason::NotWireGuard),
+                _ => None,
+            };
+            if let Some(why) = refused {
+                if run < at {
+                    out(Screened::Pass {
+                        start: run,
+                        len: at - run,
+                    });
+                }
+                out(Screened::Drop(why));
+                run = at + len;
+            }
+        }
+        at += len;
+    }
+    if run < slot.len() {
+        out(Screened::Pass {
+            start: run,
+            len: slot.len() - run,
+        });
+    }
+}
+
 /// A running shard's state.
 pub struct Shard {
     id: usize,
@@ -426,35 +497,22 @@ impl Shard {
                 let seg = m.segment.max(1);
                 let s = &mut self.sessions[key];
                 s.last_active = self.now;
-                // Datagrams are looked at one by one only when they have to
-                // be: to filter non-WireGuard ones, or when they may be
-                // initiations (148 bytes), which are rate-limited per source
-                // so one client cannot use up the server's handshake budget
-                // for everyone behind the relay.
-                let wg_only = self.routes[route].wireguard_only;
-                if wg_only || seg == wg::INITIATION_LEN {
-                    let mut at = start;
-                    while at < start + m.len {
-                        let len = seg.min(start + m.len - at);
-                        let dgram = &self.buf[at..at + len];
-                        let verdict = match wg::classify(dgram) {
-                            Ok(wg::Message::Initiation { .. })
-                                if !self.handshake_limiter.allow(src.ip(), self.now) =>
-                            {
-                                Err(DropReason::RateLimited)
-                            }
-                            Err(_) if wg_only => Err(DropReason::NotWireGuard),
-                            _ => Ok(()),
-                        };
-                        match verdict {
-                            Ok(()) => s.outbox.push(None, at, len, len, self.gso),
-                            Err(why) => self.metrics.count_drop(Drop::Hub(why), 1),
+                let wireguard_only = self.routes[route].wireguard_only;
+                let limiter = &mut self.handshake_limiter;
+                let now = self.now;
+                let (metrics, gso) = (&self.metrics, self.gso);
+                screen_bounce(
+                    &self.buf[start..start + m.len],
+                    seg,
+                    wireguard_only,
+                    || limiter.allow(src.ip(), now),
+                    |screened| match screened {
+                        Screened::Pass { start: at, len } => {
+                            s.outbox.push(None, start + at, len, seg, gso)
                         }
-                        at += len;
-                    }
-                } else {
-                    s.outbox.push(None, start, m.len, seg, self.gso);
-                }
+                        Screened::Drop(why) => metrics.count_drop(Drop::Hub(why), 1),
+                    },
+                );
                 if !s.touched {
                     s.touched = true;
                     self.touched.push(key);
@@ -745,5 +803,121 @@ impl Shard {
         s.sock = sock;
         s.target = target;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn initiation() -> Vec<u8> {
+        let mut m = vec![0x11u8; wg::INITIATION_LEN];
+        m[..4].copy_from_slice(&[1, 0, 0, 0]);
+        m
+    }
+
+    fn transport(len: usize) -> Vec<u8> {
+        let mut m = vec![0xd0u8; len];
+        m[..4].copy_from_slice(&[4, 0, 0, 0]);
+        m
+    }
+
+    /// Screens `slot` with a limiter that grants `tokens` initiations;
+    /// returns what `out` got and how many initiations were asked about.
+    fn screen(slot: &[u8], seg: usize, wg_only: bool, tokens: usize) -> (Vec<Screened>, usize) {
+        let mut asked = 0;
+        let mut got = Vec::new();
+        screen_bounce(
+            slot,
+            seg,
+            wg_only,
+            || {
+                asked += 1;
+                asked <= tokens
+            },
+            |s| got.push(s),
+        );
+        (got, asked)
+    }
+
+    #[test]
+    fn an_initiation_ending_a_train_of_larger_datagrams_is_counted() {
+        // Issue 19: three 200-byte transport datagrams, then an initiation,
+        // glued by GRO with a segment size of 200.
+        let slot = [transport(200), transport(200), transport(200), initiation()].concat();
+        let (got, asked) = screen(&slot, 200, false, 0);
+        assert_eq!(asked, 1, "the initiation was looked at");
+        assert_eq!(
+            got,
+            [
+                Screened::Pass { start: 0, len: 600 },
+                Screened::Drop(DropReason::RateLimited)
+            ]
+        );
+        // With a token left it passes, and the train stays one run.
+        let (got, asked) = screen(&slot, 200, false, 1);
+        assert_eq!(asked, 1);
+        assert_eq!(got, [Screened::Pass { start: 0, len: 748 }]);
+    }
+
+    #[test]
+    fn every_initiation_of_a_148_byte_train_is_counted() {
+        let init = initiation();
+        // A 148-byte transport datagram is not an initiation: never counted.
+        let slot = [init.clone(), transport(148), init.clone(), init].concat();
+        let (got, asked) = screen(&slot, 148, false, 1);
+        assert_eq!(asked, 3);
+        assert_eq!(
+            got,
+            [
+                Screened::Pass { start: 0, len: 296 },
+                Screened::Drop(DropReason::RateLimited),
+                Screened::Drop(DropReason::RateLimited)
+            ]
+        );
+    }
+
+    #[test]
+    fn other_trains_pass_whole_without_asking() {
+        // Neither the segment size nor the last datagram is 148 bytes.
+        let slot = [transport(200), transport(200), transport(150)].concat();
+        assert_eq!(
+            screen(&slot, 200, false, 0),
+            (vec![Screened::Pass { start: 0, len: 550 }], 0)
+        );
+        // Not WireGuard at all, on a route that does not care.
+        assert_eq!(
+            screen(b"hello", 5, false, 0),
+            (vec![Screened::Pass { start: 0, len: 5 }], 0)
+        );
+    }
+
+    #[test]
+    fn wireguard_only_routes_drop_the_rest_datagram_by_datagram() {
+        let mut junk = transport(100);
+        junk[0] = 9;
+        let slot = [transport(100), junk, transport(100), transport(60)].concat();
+        let (got, asked) = screen(&slot, 100, true, 0);
+        assert_eq!(asked, 0);
+        assert_eq!(
+            got,
+            [
+                Screened::Pass { start: 0, len: 100 },
+                Screened::Drop(DropReason::NotWireGuard),
+                Screened::Pass {
+                    start: 200,
+                    len: 160
+                }
+            ]
+        );
+        // A short, unclassifiable tail of a train.
+        let slot = [transport(100), vec![4, 0, 0]].concat();
+        assert_eq!(
+            screen(&slot, 100, true, 0).0,
+            [
+                Screened::Pass { start: 0, len: 100 },
+                Screened::Drop(DropReason::NotWireGuard)
+            ]
+        );
     }
 }

@@ -178,8 +178,10 @@ fn bursts_of_full_size_datagrams_arrive_intact() {
     relay.shutdown();
 }
 
-#[test]
-fn one_client_cannot_flood_the_server_with_initiations() {
+/// An echo server behind a bounce relay that lets one initiation per
+/// second through per client, after a burst of `burst`; and the relay's
+/// address.
+fn handshake_limited_bounce(burst: u32) -> (Echo, Relay, SocketAddr) {
     let server = echo();
     let mut cfg = bounce(
         &server.addr.to_string(),
@@ -187,12 +189,24 @@ fn one_client_cannot_flood_the_server_with_initiations() {
         Duration::ZERO,
     );
     cfg.tuning.handshake_rate = 1;
-    cfg.tuning.handshake_burst = 5;
+    cfg.tuning.handshake_burst = burst;
     let relay = Relay::start(&cfg).unwrap();
     let at = relay.bound()[0].1;
-    let c = client();
+    (server, relay, at)
+}
+
+/// A WireGuard-shaped initiation (the bounce relay does not check MAC1).
+fn bounce_initiation() -> [u8; wg::INITIATION_LEN] {
     let mut init = [0x77u8; wg::INITIATION_LEN];
     init[..4].copy_from_slice(&[1, 0, 0, 0]);
+    init
+}
+
+#[test]
+fn one_client_cannot_flood_the_server_with_initiations() {
+    let (_server, relay, at) = handshake_limited_bounce(5);
+    let c = client();
+    let init = bounce_initiation();
     for _ in 0..20 {
         c.send_to(&init, at).unwrap();
     }
@@ -210,6 +224,67 @@ fn one_client_cannot_flood_the_server_with_initiations() {
     });
     let passed = m.sum(|s| s.to_target.packets.get());
     assert_eq!(passed, 6, "5 initiations (the burst) and the data");
+    relay.shutdown();
+}
+
+/// Issue 19: a 148-byte initiation at the end of a GRO train of larger
+/// datagrams (the segment size is not 148) is rate-limited like any other.
+#[test]
+fn initiations_ending_gro_trains_are_rate_limited() {
+    use ferry_sys::mmsg::{OutMsg, SendBatch, Span};
+    use std::os::fd::AsFd;
+
+    let started = Instant::now();
+    let (server, relay, at) = handshake_limited_bounce(2);
+    let m = relay.metrics().clone();
+    if !(m.info.gro && ferry_sys::gso::probe(client().as_fd()).gso) {
+        eprintln!("skipped: this kernel has no UDP GSO/GRO, so no trains");
+        return;
+    }
+    // Each train: two 200-byte datagrams and an initiation, sent as one
+    // GSO message of segment size 200, so the relay receives it as one GRO
+    // slot whose last datagram is shorter.
+    let train = [&[0xd0u8; 200][..], &[0xd1; 200], &bounce_initiation()].concat();
+    const TRAINS: u64 = 10;
+    let c = client();
+    let mut batch = SendBatch::new();
+    for _ in 0..TRAINS {
+        let sent = batch
+            .send(
+                c.as_fd(),
+                &train,
+                &[Span {
+                    start: 0,
+                    len: train.len(),
+                }],
+                &[OutMsg {
+                    dst: Some(at),
+                    first: 0,
+                    count: 1,
+                    segment: 200,
+                }],
+            )
+            .unwrap();
+        assert_eq!(sent, 1);
+    }
+    let limited = || m.drops(Drop::Hub(ferry_udp::hub::DropReason::RateLimited));
+    wait_for("every datagram to be forwarded or dropped", || {
+        m.sum(|s| s.to_target.packets.get()) + limited() == 3 * TRAINS
+    });
+    // The burst, plus at most one token per second since the start.
+    let refills = started.elapsed().as_secs() + 1;
+    let passed_initiations = TRAINS - limited();
+    assert!(
+        (2..=2 + refills).contains(&passed_initiations),
+        "{passed_initiations} of {TRAINS} initiations passed"
+    );
+    assert!(
+        m.sum(|s| s.gro_datagrams.get()) > 0,
+        "the trains arrived as GRO slots"
+    );
+    wait_for("the echo server to see the data", || {
+        server.count.load(Ordering::Relaxed) as u64 == 2 * TRAINS + passed_initiations
+    });
     relay.shutdown();
 }
 

@@ -507,3 +507,33 @@ fn replicas_on_two_shards_agree() {
         "shard 1 wins the tie"
     );
 }
+
+#[test]
+fn pending_entries_expire_behind_longer_lived_sessions() {
+    // Found by the `hub` fuzz target: one FIFO for both lifetimes kept a
+    // pending entry alive until the session queued before it expired.
+    let t = Instant::now();
+    let mut h = abc();
+    go(&mut h, t, XA, &hex(INIT));
+    go(&mut h, t, XB, &hex(RESP));
+    assert_eq!(h.counts().sessions, 2);
+    let later = t + Duration::from_secs(1);
+    assert_eq!(
+        go(&mut h, later, XA, &initiation(0x77, &key(B_PUB))),
+        Verdict::Forward(ep(XB))
+    );
+    h.expire(later + PENDING_LIFETIME);
+    let c = h.counts();
+    assert_eq!((c.sessions, c.pending), (2, 0));
+    assert_eq!(
+        go(
+            &mut h,
+            later + PENDING_LIFETIME,
+            XB,
+            &response(0x78, 0x77, &key(A_PUB))
+        ),
+        Verdict::Drop(DropReason::UnknownIndex),
+        "a response to a forgotten initiation"
+    );
+    assert_eq!(h.entries, 2, "entry count follows the tables");
+}

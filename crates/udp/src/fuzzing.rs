@@ -1,0 +1,341 @@
+//! Entry point for fuzzing the receiver-index hub as a state machine.
+//!
+//! [`hub`] reads its input as a configuration byte and then a sequence of
+//! operations against one [`Hub`] replica: WireGuard datagrams of each
+//! kind with indices drawn from a small pool (so they collide and match),
+//! sent from a configured peer's current address or from a stranger, time
+//! passing, a peer roaming to a new address, expiry, and garbage. After
+//! every operation it checks what the hub promises whatever the traffic:
+//!
+//! - it forwards or floods only to endpoints that earned it: a configured
+//!   fixed endpoint, the source of a handshake message with a valid MAC1,
+//!   or the source of [`ROAM_CONFIRMATIONS`] data packets (never to an
+//!   address that only sent garbage, a bad MAC1, a cookie or one packet);
+//! - data and responses are forwarded only by an index a handshake created
+//!   and that has not outlived its lifetime at the last expiry, and after
+//!   an expiry no more entries remain than handshakes still within their
+//!   lifetimes;
+//! - the index table never holds more than its cap;
+//! - nothing panics.
+//!
+//! The `hub` fuzz target in `fuzz/` calls it, and so does
+//! `tests/fuzz_corpus.rs` over the committed corpus.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferry_proto::wireguard::{self as wg, Index, Mac1Key, PublicKey};
+
+use crate::hub::{
+    Endpoint, Event, Hub, HubSettings, NoInbox, PeerInfo, Verdict, PENDING_LIFETIME,
+    ROAM_CONFIRMATIONS, SESSION_LIFETIME,
+};
+
+/// Configured peers.
+const PEERS: usize = 3;
+/// Sources: each peer's current address, then two strangers.
+const SOURCES: usize = PEERS + 2;
+/// Operations read from one input at most.
+const MAX_OPS: usize = 1024;
+/// Indices datagrams carry: few, so that they collide and match.
+const INDEX_POOL: [Index; 8] = [0x11, 0x22, 0x33, 0x44, 0xaaaa, u32::MAX, 0, 0x5555_5555];
+
+fn keys() -> &'static ([PublicKey; PEERS], [Mac1Key; PEERS + 1]) {
+    static KEYS: OnceLock<([PublicKey; PEERS], [Mac1Key; PEERS + 1])> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let keys = [1u8, 2, 3].map(|n| PublicKey::from_bytes([n; 32]));
+        // The last MAC1 key belongs to nobody configured.
+        let macs = [1u8, 2, 3, 9].map(|n| Mac1Key::new(&PublicKey::from_bytes([n; 32])));
+        (keys, macs)
+    })
+}
+
+/// The fixed endpoint peer 1 has when the configuration byte asks for it.
+fn fixed_home() -> Endpoint {
+    Endpoint {
+        addr: home(1, 0),
+        via: 0,
+    }
+}
+
+/// Peer `p`'s address after `moves` roams.
+fn home(p: usize, moves: u8) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::new(10, 0, p as u8, moves), 51820))
+}
+
+fn settings(config: u8) -> Arc<HubSettings> {
+    let (keys, macs) = keys();
+    let peers = (0..PEERS)
+        .map(|p| PeerInfo {
+            name: format!("p{p}"),
+            key: keys[p],
+            mac1: macs[p],
+            // Bit 3: peer 0 may talk to peer 1 only.
+            allow: (p == 0 && config & 8 != 0).then(|| vec![1]),
+            // Bit 2: peer 1 has a fixed endpoint.
+            fixed: (p == 1 && config & 4 != 0).then(fixed_home),
+        })
+        .collect();
+    // Bits 4-5: a tight or a loose handshake limit.
+    let (rate, burst) = match (config >> 4) & 3 {
+        0 => (1.0, 3.0),
+        1 => (20.0, 40.0),
+        _ => (1e9, 1e9),
+    };
+    Arc::new(HubSettings {
+        peers,
+        // Bits 0-1: the table's cap.
+        max_indices: [4, 8, 16, 1024][usize::from(config & 3)],
+        handshake_rate: rate,
+        handshake_burst: burst,
+    })
+}
+
+fn index(selector: u8) -> Index {
+    INDEX_POOL[usize::from(selector) % INDEX_POOL.len()]
+}
+
+fn datagram(kind: u8, len: usize, fields: &[(usize, &[u8])]) -> Vec<u8> {
+    let mut m = vec![0x5a; len];
+    m[..4].copy_from_slice(&[kind, 0, 0, 0]);
+    for (at, bytes) in fields {
+        m[*at..*at + bytes.len()].copy_from_slice(bytes);
+    }
+    m
+}
+
+/// What the model knows, to check the hub against.
+struct Model {
+    config: u8,
+    start: Instant,
+    now: Duration,
+    moves: [u8; PEERS],
+    /// Endpoints the hub may send to.
+    earned: HashSet<Endpoint>,
+    /// Data packets seen from each endpoint.
+    data_from: HashMap<Endpoint, u8>,
+    /// Latest handshake time of each index, from the hub's own events.
+    pending_at: HashMap<Index, Duration>,
+    session_at: HashMap<Index, Duration>,
+    /// Every handshake time, for the bound after an expiry.
+    pending_events: Vec<Duration>,
+    session_events: Vec<Duration>,
+    /// When [`Hub::expire`] last ran.
+    expired_at: Option<Duration>,
+}
+
+impl Model {
+    fn source(&self, byte: u8) -> Endpoint {
+        let s = usize::from(byte & 0x7f) % SOURCES;
+        let addr = if s < PEERS {
+            home(s, self.moves[s])
+        } else {
+            SocketAddr::from((Ipv4Addr::new(192, 0, 2, s as u8), 666))
+        };
+        Endpoint {
+            addr,
+            via: u16::from(byte >> 7),
+        }
+    }
+
+    fn at(&self, t: Duration) -> Instant {
+        self.start + t
+    }
+
+    /// Whether an entry made at `made` (if any) may still be in the table.
+    fn alive(&self, made: Option<&Duration>, lifetime: Duration) -> bool {
+        made.is_some_and(|&t| self.expired_at.is_none_or(|e| t + lifetime > e))
+    }
+
+    fn learn(&mut self, hub: &mut Hub) {
+        for ev in hub.take_events() {
+            match ev {
+                Event::Pending { index, at, .. } => {
+                    let t = at - self.start;
+                    self.pending_at.insert(index, t);
+                    self.pending_events.push(t);
+                }
+                Event::Session {
+                    initiator_index,
+                    responder_index,
+                    at,
+                    ..
+                } => {
+                    let t = at - self.start;
+                    for i in [initiator_index, responder_index] {
+                        self.session_at.insert(i, t);
+                        self.session_events.push(t);
+                    }
+                }
+                Event::Endpoint { .. } | Event::Candidate { .. } => {}
+            }
+        }
+    }
+}
+
+/// Runs the operations in `data` against one hub replica (see the module
+/// doc for the input's meaning and the invariants).
+pub fn hub(data: &[u8]) {
+    let Some((&config, ops)) = data.split_first() else {
+        return;
+    };
+    let settings = settings(config);
+    let cap = settings.max_indices;
+    let (_, macs) = keys();
+    let mut hub = Hub::new(0, settings, Box::new(NoInbox));
+    let mut m = Model {
+        config,
+        start: Instant::now(),
+        now: Duration::ZERO,
+        moves: [0; PEERS],
+        earned: HashSet::new(),
+        data_from: HashMap::new(),
+        pending_at: HashMap::new(),
+        session_at: HashMap::new(),
+        pending_events: Vec::new(),
+        session_events: Vec::new(),
+        expired_at: None,
+    };
+    if m.config & 4 != 0 {
+        m.earned.insert(fixed_home());
+    }
+
+    for op in ops.chunks_exact(4).take(MAX_OPS) {
+        let [kind, a, b, c] = [op[0], op[1], op[2], op[3]];
+        let from = m.source(a);
+        let mac = &macs[usize::from(b) % macs.len()];
+        let good_mac = usize::from(b) % macs.len() < PEERS;
+        let msg = match kind % 8 {
+            0 => {
+                let mut d = datagram(1, wg::INITIATION_LEN, &[(4, &index(c).to_le_bytes())]);
+                assert!(wg::seal_mac1(&mut d, mac));
+                d
+            }
+            1 => {
+                let (sender, receiver) = (index(c & 0xf), index(c >> 4));
+                let mut d = datagram(
+                    2,
+                    wg::RESPONSE_LEN,
+                    &[(4, &sender.to_le_bytes()), (8, &receiver.to_le_bytes())],
+                );
+                assert!(wg::seal_mac1(&mut d, mac));
+                d
+            }
+            2 => datagram(3, wg::COOKIE_REPLY_LEN, &[(4, &index(c).to_le_bytes())]),
+            3 => datagram(
+                4,
+                wg::TRANSPORT_MIN_LEN + 16,
+                &[
+                    (4, &index(c).to_le_bytes()),
+                    (8, &u64::from(b).to_le_bytes()),
+                ],
+            ),
+            4 => {
+                // Up to about 11 minutes, past every lifetime.
+                m.now += Duration::from_millis(u64::from(u16::from_le_bytes([a, b])) * 10);
+                continue;
+            }
+            5 => {
+                let p = usize::from(a) % PEERS;
+                m.moves[p] = m.moves[p].wrapping_add(1);
+                continue;
+            }
+            6 => {
+                hub.expire(m.at(m.now));
+                m.expired_at = Some(m.now);
+                let live = |events: &[Duration], lifetime: Duration| {
+                    events.iter().filter(|&&t| t + lifetime > m.now).count()
+                };
+                let counts = hub.counts();
+                assert!(
+                    counts.sessions <= live(&m.session_events, SESSION_LIFETIME),
+                    "{} session entries outlived their handshakes",
+                    counts.sessions
+                );
+                assert!(
+                    counts.pending <= live(&m.pending_events, PENDING_LIFETIME),
+                    "{} pending entries outlived their initiations",
+                    counts.pending
+                );
+                continue;
+            }
+            _ => vec![kind; usize::from(b)],
+        };
+
+        // The message type, for what follows (0: garbage).
+        let ty = msg.first().copied().unwrap_or(0);
+        // What the sender earns by this datagram, before the hub answers
+        // (a response may be forwarded back to its own source).
+        match ty {
+            1 | 2 if good_mac && wg::classify(&msg).is_ok() => {
+                m.earned.insert(from);
+            }
+            4 if wg::classify(&msg).is_ok() => {
+                let n = m.data_from.entry(from).or_default();
+                *n = n.saturating_add(1);
+                if *n >= ROAM_CONFIRMATIONS {
+                    m.earned.insert(from);
+                }
+            }
+            _ => {}
+        }
+        let verdict = hub.route(m.at(m.now), from.addr, from.via, &msg);
+        let pending_before = m.alive(m.pending_at.get(&index(c >> 4)), PENDING_LIFETIME);
+        let cookie_index = index(c);
+        let cookie_ok = m.alive(m.pending_at.get(&cookie_index), PENDING_LIFETIME)
+            || m.alive(m.session_at.get(&cookie_index), SESSION_LIFETIME);
+        m.learn(&mut hub);
+
+        match verdict {
+            Verdict::Forward(to) => {
+                assert!(
+                    m.earned.contains(&to),
+                    "forwarded type {ty} from {from:?} to {to:?}, which never earned it"
+                );
+                match ty {
+                    2 => assert!(pending_before, "a response forwarded by a dead index"),
+                    3 => assert!(cookie_ok, "a cookie forwarded by a dead index"),
+                    4 => assert!(
+                        m.alive(m.session_at.get(&index(c)), SESSION_LIFETIME),
+                        "data forwarded by an index no live session has"
+                    ),
+                    _ => {}
+                }
+            }
+            Verdict::Flood => {
+                assert_eq!(ty, 1, "only initiations are flooded");
+                assert!(!hub.flood_targets().is_empty());
+                for to in hub.flood_targets() {
+                    assert!(m.earned.contains(to), "flooded to {to:?}");
+                    assert_ne!(to.addr, from.addr, "flooded back to its source");
+                }
+            }
+            Verdict::Drop(_) => {}
+        }
+        let counts = hub.counts();
+        assert!(
+            counts.sessions + counts.pending <= cap,
+            "{} entries in a table of {cap}",
+            counts.sessions + counts.pending
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smoke() {
+        hub(b"");
+        hub(&[0]);
+        hub(&[0xff; 401]);
+        // Every operation kind once, from every source.
+        let ops: Vec<u8> = (0..64u8)
+            .flat_map(|k| [k, k.wrapping_mul(37), k, k])
+            .collect();
+        hub(&[&[0x3c][..], &ops].concat());
+    }
+}
