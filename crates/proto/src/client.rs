@@ -815,10 +815,13 @@ impl Client {
     // -----------------------------------------------------------------------
     // Internals
 
+    /// Ends the connection with `error`. Bytes queued before it (a pong
+    /// for a ping that preceded the bad frame) stay available to
+    /// [`Client::poll_transmit`], so what the client emits does not depend
+    /// on how the stream was split into reads.
     fn fail(&mut self, error: ClientError) {
         self.session.stage = Stage::Failed;
         self.session.failure = Some(error);
-        self.session.pending = Vec::new();
         self.release_buffers();
     }
 

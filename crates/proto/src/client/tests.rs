@@ -712,6 +712,18 @@ fn frames_over_one_mebibyte_are_refused_on_the_header() {
     assert_eq!(c.buffered_len(), 0);
 }
 
+/// Found by fuzzing: a pong queued in the same read as a fatal frame must
+/// still be handed out, or what the client sends would depend on how the
+/// stream was split into reads.
+#[test]
+fn bytes_queued_before_an_error_are_still_transmitted() {
+    let mut c = connected_client(config());
+    let mut s = built(|o| put_ping(o, b"12345678"));
+    s.extend_from_slice(&frame::encode_header(0x85, u32::MAX));
+    assert!(matches!(feed_err(&mut c, &s), ClientError::Frame { .. }));
+    assert_eq!(transmit(&mut c), built(|o| put_pong(o, b"12345678")));
+}
+
 #[test]
 fn eof_during_handshake_and_inside_a_frame() {
     let mut c = client(config());
