@@ -1,100 +1,42 @@
 //! DERP over TLS through the relay, with the move into kernel TLS switched
 //! on. Where the kernel has no TLS ULP (this machine) every connection must
 //! be refused, counted, and keep relaying in userspace; where it has one,
-//! the sessions move into the kernel and relay the same way.
+//! the sessions move into the kernel and relay the same way. A fast-start
+//! client (request and clientInfo in one write, no 101) relays too.
 
 mod support;
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_proto::frame::{self, ClientFramePolicy, Deframer, ServerFrame};
-use ferry_proto::handshake;
-use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::key::NodePrivate;
 use ferry_relay::tls::{self, CertMode};
+use support::Client;
 
 type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
-struct TlsClient {
-    io: Tls,
-    public: NodePublic,
-    deframer: Deframer,
-    frames: Vec<(u8, Vec<u8>)>,
+/// A DERP client over TLS that accepts the relay's self-signed certificate.
+fn connect_tls(addr: SocketAddr) -> Client<Tls> {
+    connect_tls_with(
+        addr,
+        support::config(NodePrivate::generate(), support::info(None)),
+    )
 }
 
-impl TlsClient {
-    fn connect(addr: SocketAddr) -> TlsClient {
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(
-                provider,
-            )))
-            .with_no_client_auth();
-        let conn = rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap())
-            .unwrap();
-        let tcp = TcpStream::connect(addr).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut io = rustls::StreamOwned::new(conn, tcp);
-        io.write_all(b"GET /derp HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: DERP\r\n\r\n").unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            io.read_exact(&mut byte).unwrap();
-            head.push(byte[0]);
-        }
-        assert!(head.starts_with(b"HTTP/1.1 101"));
-        let key = NodePrivate::generate();
-        let mut c = TlsClient {
-            io,
-            public: key.public(),
-            deframer: Deframer::new(),
-            frames: Vec::new(),
-        };
-        let (ty, p) = c.next_frame();
-        assert_eq!(ty, frame::FrameType::ServerKey as u8);
-        let server = handshake::parse_server_key(&p).unwrap();
-        let hello = handshake::seal_client_info(
-            &key,
-            &server,
-            &support::info(None),
-            &ferry_proto::nacl::random_nonce(),
-        );
-        c.io.write_all(&hello).unwrap();
-        let (ty, _) = c.next_frame();
-        assert_eq!(ty, frame::FrameType::ServerInfo as u8);
-        c
-    }
-
-    fn next_frame(&mut self) -> (u8, Vec<u8>) {
-        let mut buf = [0u8; 16 * 1024];
-        while self.frames.is_empty() {
-            let n = self.io.read(&mut buf).expect("read");
-            assert!(n > 0, "closed");
-            let frames = &mut self.frames;
-            self.deframer
-                .feed(&buf[..n], &ClientFramePolicy, |ty, p| {
-                    frames.push((ty, p.to_vec()));
-                    ControlFlow::Continue(())
-                })
-                .unwrap();
-        }
-        self.frames.remove(0)
-    }
-
-    fn recv_packet(&mut self) -> (NodePublic, Vec<u8>) {
-        loop {
-            let (ty, p) = self.next_frame();
-            if let Ok(ServerFrame::RecvPacket { src, packet }) = frame::parse_server_frame(ty, &p) {
-                return (src, packet.to_vec());
-            }
-        }
-    }
+fn connect_tls_with(addr: SocketAddr, derp: ferry_proto::client::Config) -> Client<Tls> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(provider)))
+        .with_no_client_auth();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    let io = rustls::StreamOwned::new(conn, tcp);
+    Client::over(io, derp)
 }
 
 #[test]
@@ -113,15 +55,13 @@ fn tls_relays_with_kernel_tls_switched_on() {
         cfg.ktls = true;
     });
     let kernel = ferry_sys::ktls::tls_ulp_available();
-    let mut a = TlsClient::connect(addr);
-    let mut b = TlsClient::connect(addr);
+    let mut a = connect_tls(addr);
+    let mut b = connect_tls(addr);
     for i in 0..200u32 {
-        let mut out = Vec::new();
         let mut payload = vec![0u8; 1400];
         payload[..4].copy_from_slice(&i.to_be_bytes());
-        frame::put_send_packet(&mut out, &b.public, &payload);
-        a.io.write_all(&out).unwrap();
-        let (src, got) = b.recv_packet();
+        a.send(&b.public, &payload);
+        let (src, got) = b.recv_packet(Duration::from_secs(5)).expect("packet");
         assert_eq!((src, got), (a.public, payload));
     }
     // The listener speaks TLS only: read the counters in-process.
@@ -162,5 +102,44 @@ fn tls_relays_with_kernel_tls_switched_on() {
             );
         }
     }
+    support::stop(server);
+}
+
+/// Fast start (§4.4) as tailscaled does it once the meta-certificate gave
+/// it the server key: request and clientInfo in one write, no 101, and the
+/// relay goes straight to serverKey and serverInfo.
+#[test]
+fn fast_start_client_over_tls() {
+    let mut server_key = None;
+    let (server, addr) = support::start(2, |cfg| {
+        server_key = Some(cfg.public_key);
+        let setup = tls::server_config(
+            &CertMode::SelfSigned {
+                hostname: "localhost".into(),
+            },
+            *cfg.public_key.as_bytes(),
+        )
+        .expect("self-signed TLS");
+        cfg.tls = Some(setup.config.clone());
+    });
+    let server_key = server_key.expect("configured");
+    let fast = |addr| {
+        let mut config = support::config(NodePrivate::generate(), support::info(None));
+        config.fast_start = Some(server_key);
+        connect_tls_with(addr, config)
+    };
+    let mut a = fast(addr);
+    let mut b = connect_tls(addr);
+    assert_eq!(a.server_key, server_key);
+    a.send(&b.public, b"fast start");
+    assert_eq!(
+        b.recv_packet(Duration::from_secs(5)).unwrap(),
+        (a.public, b"fast start".to_vec())
+    );
+    b.send(&a.public, b"and back");
+    assert_eq!(
+        a.recv_packet(Duration::from_secs(5)).unwrap(),
+        (b.public, b"and back".to_vec())
+    );
     support::stop(server);
 }
