@@ -63,7 +63,7 @@ pub use upgrade::MAX_RESPONSE_HEAD;
 
 use crate::frame::{
     self, parse_server_frame, ClientFramePolicy, Deframer, Disposition, Fed, FrameError,
-    FramePolicy, FrameType, PeerGoneReason, ServerFrame, MAX_PACKET_SIZE, PING_LEN,
+    FramePolicy, FrameType, PeerGoneReason, ServerFrame, KEY_LEN, MAX_PACKET_SIZE, PING_LEN,
 };
 use crate::handshake::{
     self, ClientInfo, HandshakeError, ServerInfo, MAX_SERVER_INFO_LEN, MAX_SERVER_KEY_LEN,
@@ -880,6 +880,17 @@ impl Client {
         let Client {
             deframer, session, ..
         } = self;
+        if session.stage == Stage::Connected {
+            // Steady state: one policy, no pauses, frames straight out of
+            // `input` (the hot path).
+            return deframer
+                .feed(input, &ClientFramePolicy, |ty, payload| {
+                    session.on_steady_frame(ty, payload, on_event);
+                    ControlFlow::Continue(())
+                })
+                .map(|_| ())
+                .map_err(|source| session.frame_error(Stage::Connected, source));
+        }
         let mut first = true;
         loop {
             let stage = session.stage;
@@ -1027,7 +1038,15 @@ impl Session {
         }
     }
 
+    #[inline]
     fn on_steady_frame(&mut self, ty: u8, payload: &[u8], on_event: &mut impl FnMut(Event<&[u8]>)) {
+        // Packets first: they are nearly every frame.
+        if ty == FrameType::RecvPacket as u8 && payload.len() >= KEY_LEN {
+            let (src, packet) = payload.split_at(KEY_LEN);
+            let src = NodePublic::try_from(src).expect("split at the key length");
+            on_event(Event::Packet { src, packet });
+            return;
+        }
         let Ok(parsed) = parse_server_frame(ty, payload) else {
             self.ignored_frames += 1;
             return;
