@@ -481,11 +481,22 @@ pub struct Client {
     session: Session,
 }
 
+/// Where the connection stands, with the error that ended it ([`Stage`]
+/// is its public, payload-free view).
+#[derive(Debug)]
+enum State {
+    AwaitUpgrade,
+    AwaitServerKey,
+    AwaitServerInfo,
+    Connected,
+    Closed,
+    Failed(ClientError),
+}
+
 /// Everything but the byte buffers, so frame handling can borrow it while
 /// the deframer runs.
 struct Session {
-    stage: Stage,
-    failure: Option<ClientError>,
+    state: State,
     key: NodePrivate,
     info: ClientInfo,
     nonce: [u8; NONCE_LEN],
@@ -508,7 +519,7 @@ impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.session;
         f.debug_struct("Client")
-            .field("stage", &s.stage)
+            .field("state", &s.state)
             .field("key", &s.key.public())
             .field("server_key", &s.server_key)
             .field("fast_start", &s.fast_start)
@@ -538,8 +549,7 @@ impl Client {
         let mut pending = Vec::with_capacity(256);
         request.put(&mut pending);
         let mut session = Session {
-            stage: Stage::AwaitUpgrade,
-            failure: None,
+            state: State::AwaitUpgrade,
             key: config.key,
             info: config.info,
             nonce,
@@ -600,9 +610,9 @@ impl Client {
         F: FnMut(Event<&[u8]>),
     {
         self.session.usable()?;
-        let result = match self.session.stage {
+        let result = match self.session.stage() {
             Stage::Connected if self.deframer.is_empty() => {
-                self.session.stage = Stage::Closed;
+                self.session.state = State::Closed;
                 self.release_buffers();
                 on_event(Event::ServerClosed);
                 return Ok(());
@@ -626,9 +636,9 @@ impl Client {
         self.session.usable()?;
         let s = &self.session;
         let expired = |deadline: Option<Instant>| deadline.is_some_and(|d| now >= d);
-        let error = if s.stage.is_handshake() && expired(s.handshake_deadline()) {
+        let error = if s.stage().is_handshake() && expired(s.handshake_deadline()) {
             ClientError::HandshakeTimeout {
-                stage: s.stage,
+                stage: s.stage(),
                 limit: s.handshake_timeout,
             }
         } else if expired(s.keepalive_deadline()) {
@@ -746,7 +756,7 @@ impl Client {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let s = &self.session;
         let keepalive = s.keepalive_deadline();
-        match s.stage {
+        match s.stage() {
             stage if stage.is_handshake() => match (s.handshake_deadline(), keepalive) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -761,17 +771,20 @@ impl Client {
 
     /// Where the connection stands.
     pub fn stage(&self) -> Stage {
-        self.session.stage
+        self.session.stage()
     }
 
     /// Whether `serverInfo` has arrived and the connection is usable.
     pub fn is_connected(&self) -> bool {
-        self.session.stage == Stage::Connected
+        self.session.stage() == Stage::Connected
     }
 
     /// The error that ended the connection, if one did.
     pub fn failure(&self) -> Option<&ClientError> {
-        self.session.failure.as_ref()
+        match &self.session.state {
+            State::Failed(e) => Some(e),
+            _ => None,
+        }
     }
 
     /// The client's own public key (its DERP address).
@@ -820,8 +833,7 @@ impl Client {
     /// [`Client::poll_transmit`], so what the client emits does not depend
     /// on how the stream was split into reads.
     fn fail(&mut self, error: ClientError) {
-        self.session.stage = Stage::Failed;
-        self.session.failure = Some(error);
+        self.session.state = State::Failed(error);
         self.release_buffers();
     }
 
@@ -832,7 +844,7 @@ impl Client {
 
     fn ready_for(&self, frame: FrameType, mesh_only: bool) -> Result<(), ClientError> {
         let s = &self.session;
-        match s.stage {
+        match s.stage() {
             Stage::AwaitServerInfo | Stage::Connected => {}
             Stage::Failed | Stage::Closed => s.usable()?,
             stage => {
@@ -855,7 +867,7 @@ impl Client {
         input: &[u8],
         on_event: &mut impl FnMut(Event<&[u8]>),
     ) -> Result<(), ClientError> {
-        if self.session.stage != Stage::AwaitUpgrade {
+        if self.session.stage() != Stage::AwaitUpgrade {
             return self.feed_frames(input, on_event);
         }
         // Classic mode: collect the response head. Whatever follows it is
@@ -865,7 +877,7 @@ impl Client {
             return Ok(());
         };
         self.session.expected_server = upgraded.public_key;
-        self.session.stage = Stage::AwaitServerKey;
+        self.session.state = State::AwaitServerKey;
         let head = std::mem::take(&mut self.head);
         self.feed_frames(&head[upgraded.head_len..], on_event)
     }
@@ -880,7 +892,7 @@ impl Client {
         let Client {
             deframer, session, ..
         } = self;
-        if session.stage == Stage::Connected {
+        if session.stage() == Stage::Connected {
             // Steady state: one policy, no pauses, frames straight out of
             // `input` (the hot path).
             return deframer
@@ -893,7 +905,7 @@ impl Client {
         }
         let mut first = true;
         loop {
-            let stage = session.stage;
+            let stage = session.stage();
             let policy = StagePolicy {
                 stage,
                 fast_start: session.fast_start,
@@ -937,10 +949,21 @@ fn check_packet(frame: FrameType, packet: &[u8]) -> Result<(), ClientError> {
 }
 
 impl Session {
+    fn stage(&self) -> Stage {
+        match self.state {
+            State::AwaitUpgrade => Stage::AwaitUpgrade,
+            State::AwaitServerKey => Stage::AwaitServerKey,
+            State::AwaitServerInfo => Stage::AwaitServerInfo,
+            State::Connected => Stage::Connected,
+            State::Closed => Stage::Closed,
+            State::Failed(_) => Stage::Failed,
+        }
+    }
+
     fn usable(&self) -> Result<(), ClientError> {
-        match (&self.failure, self.stage) {
-            (Some(e), _) => Err(e.clone()),
-            (None, Stage::Closed) => Err(ClientError::Closed),
+        match &self.state {
+            State::Failed(e) => Err(e.clone()),
+            State::Closed => Err(ClientError::Closed),
             _ => Ok(()),
         }
     }
@@ -970,7 +993,7 @@ impl Session {
         );
         self.box_key = Some(box_key);
         self.server_key = Some(server);
-        self.stage = Stage::AwaitServerInfo;
+        self.state = State::AwaitServerInfo;
     }
 
     /// A framing error, named for what it most likely means.
@@ -1005,7 +1028,7 @@ impl Session {
         payload: &[u8],
         on_event: &mut impl FnMut(Event<&[u8]>),
     ) -> Result<ControlFlow<()>, ClientError> {
-        match self.stage {
+        match self.stage() {
             Stage::AwaitServerKey => {
                 let server = handshake::parse_server_key(payload)?;
                 self.check_server_key(server)?;
@@ -1016,7 +1039,7 @@ impl Session {
                 let box_key = self.box_key.as_ref().expect("clientInfo was sealed");
                 let info = handshake::open_server_info_keyed(&box_key.shared, payload)?;
                 self.server_info = Some(info);
-                self.stage = Stage::Connected;
+                self.state = State::Connected;
                 on_event(Event::Connected {
                     server_key: box_key.server,
                     info,
