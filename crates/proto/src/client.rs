@@ -56,6 +56,38 @@
 //!
 //! Randomness comes in from the caller: the `clientInfo` nonce is an
 //! argument of [`Client::new`].
+//!
+//! A blocking driver, in short (a real one also sleeps no longer than
+//! [`Client::poll_timeout`] and then calls [`Client::handle_timeout`]):
+//!
+//! ```no_run
+//! use ferry_proto::client::{Client, Config, Event};
+//! use ferry_proto::key::NodePrivate;
+//! use std::io::{Read, Write};
+//! use std::net::TcpStream;
+//! use std::time::Instant;
+//!
+//! let mut sock = TcpStream::connect("127.0.0.1:3340")?;
+//! let config = Config::new(NodePrivate::generate(), "127.0.0.1:3340");
+//! let nonce = ferry_proto::nacl::random_nonce();
+//! let mut client = Client::new(config, Instant::now(), nonce)?;
+//! let (mut out, mut buf) = (Vec::new(), vec![0; 64 * 1024]);
+//! loop {
+//!     client.poll_transmit(&mut out);
+//!     sock.write_all(&out)?;
+//!     out.clear();
+//!     let n = sock.read(&mut buf)?;
+//!     if n == 0 {
+//!         client.handle_eof(|_| {})?;
+//!         break;
+//!     }
+//!     client.handle_bytes(Instant::now(), &buf[..n], |event| match event {
+//!         Event::Packet { src, packet } => println!("{} bytes from {src}", packet.len()),
+//!         other => println!("{other:?}"),
+//!     })?;
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod upgrade;
 
