@@ -1,6 +1,9 @@
 //! One client connection to a DERP server, as a non-blocking state machine.
 //!
-//! A [`Link`] goes through the stages of §4 and §7 of the protocol:
+//! A [`Link`] owns the socket (and rustls, over `https`) and drives a
+//! [`ferry_proto::client::Client`], which does the DERP part: the upgrade
+//! request, the 101, `serverKey` → `clientInfo`, `serverInfo`, and every
+//! frame after that. The stages a link reports:
 //!
 //! ```text
 //! Connecting ─(TCP up)→ AwaitHead ─(HTTP 101)→ AwaitServerKey
@@ -12,34 +15,33 @@
 //! that owns the link calls [`Link::on_writable`] and [`Link::on_readable`]
 //! when mio reports readiness, appends outgoing frames to
 //! [`Link::out_mut`], and calls [`Link::flush`] once per loop turn, so all
-//! frames queued in a turn leave in one write. Frames that arrive after the
+//! frames queued in a turn leave in one write. Server events after the
 //! handshake are handed to a callback together with the link's output
-//! buffer, so a receiver can answer (echo a ping) without any extra
-//! bookkeeping.
+//! buffer, so a receiver can answer (echo a packet) without any extra
+//! bookkeeping; received packets borrow the read buffer (no copy, no
+//! allocation), and server pings are answered by the client itself.
 //!
-//! Keys: each [`PeerKey`] caches its sealed `clientInfo` and the box key for
-//! the last server it met, so repeated handshakes (churn) cost no X25519 on
-//! the client side.
+//! Keys: each [`PeerKey`] caches the box key for the last server it met, so
+//! repeated handshakes (churn) cost no X25519 on the client side.
 
 use crate::target::Target;
-use ferry_proto::frame::{ClientFramePolicy, Deframer, FrameError, FrameType};
-use ferry_proto::handshake::{self, ClientInfo, HandshakeError, ServerInfo};
+use ferry_proto::client::{self as derp, BoxKey, ClientError, Event};
 use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_proto::nacl::{self, SharedKey};
+use ferry_proto::nacl;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use rustls::ClientConnection;
 use std::io::{self, Read, Write};
-use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use thiserror::Error;
 
 /// Bytes read per `read` call (and the plaintext staging size for TLS).
 pub const READ_CHUNK: usize = 256 * 1024;
 /// Limit on bytes rustls holds for sending.
 const TLS_BUFFER_LIMIT: usize = 1 << 20;
-/// Longest HTTP response head accepted.
-const MAX_HEAD: usize = 16 * 1024;
+/// The `User-Agent` of the upgrade request.
+const USER_AGENT: &str = "ferry-bench";
 
 /// A peer's identity and its cached handshake material.
 pub struct PeerKey {
@@ -47,14 +49,7 @@ pub struct PeerKey {
     pub private: NodePrivate,
     /// Its public half: the peer's DERP address.
     pub public: NodePublic,
-    hello: Mutex<Option<Arc<Hello>>>,
-}
-
-/// Handshake material for one server key.
-struct Hello {
-    server: NodePublic,
-    client_info: Vec<u8>,
-    shared: SharedKey,
+    box_key: Mutex<Option<BoxKey>>,
 }
 
 impl std::fmt::Debug for PeerKey {
@@ -70,32 +65,24 @@ impl PeerKey {
         Arc::new(PeerKey {
             public: private.public(),
             private,
-            hello: Mutex::new(None),
+            box_key: Mutex::new(None),
         })
     }
 
-    fn hello(&self, server: &NodePublic) -> Arc<Hello> {
-        let mut slot = self.hello.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = slot.as_ref().filter(|h| h.server == *server) {
-            return h.clone();
+    fn cached_box_key(&self) -> Option<BoxKey> {
+        self.box_key
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn remember_box_key(&self, key: Option<&BoxKey>) {
+        if let Some(k) = key {
+            let mut slot = self.box_key.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref().map(BoxKey::server) != Some(k.server()) {
+                *slot = Some(k.clone());
+            }
         }
-        let info = ClientInfo {
-            version: 2,
-            can_ack_pings: true,
-            ..ClientInfo::default()
-        };
-        let h = Arc::new(Hello {
-            server: *server,
-            client_info: handshake::seal_client_info(
-                &self.private,
-                server,
-                &info,
-                &nacl::random_nonce(),
-            ),
-            shared: SharedKey::new(&self.private, server),
-        });
-        *slot = Some(h.clone());
-        h
     }
 }
 
@@ -112,6 +99,8 @@ pub enum Stage {
     AwaitServerInfo,
     /// Handshake done; frames flow.
     Ready,
+    /// The server closed the connection or broke the protocol.
+    Ended,
 }
 
 impl Stage {
@@ -123,6 +112,7 @@ impl Stage {
             Stage::AwaitServerKey => "waiting for the serverKey frame",
             Stage::AwaitServerInfo => "waiting for the serverInfo frame",
             Stage::Ready => "after the handshake",
+            Stage::Ended => "after the connection ended",
         }
     }
 }
@@ -154,26 +144,10 @@ pub enum LinkError {
         #[source]
         source: rustls::Error,
     },
-    /// The server answered the upgrade with something other than 101.
-    #[error("server answered the /derp upgrade with {0:?} (expected 101 Switching Protocols)")]
-    Http(String),
-    /// The response head was too long.
-    #[error("HTTP response head longer than {MAX_HEAD} bytes")]
-    HeadTooLong,
-    /// serverKey or serverInfo was malformed.
-    #[error("handshake: {0}")]
-    Handshake(#[from] HandshakeError),
-    /// The frame stream was malformed.
-    #[error("frame stream: {0}")]
-    Frame(#[from] FrameError),
-    /// A frame arrived that the handshake did not expect.
-    #[error("unexpected frame type {ty:#04x} {}", .stage.describe())]
-    Unexpected {
-        /// Stage.
-        stage: Stage,
-        /// Frame type.
-        ty: u8,
-    },
+    /// The DERP client refused what the server sent (bad 101, handshake,
+    /// framing).
+    #[error(transparent)]
+    Derp(#[from] ClientError),
     /// The handshake did not finish in time.
     #[error("timed out {}", .0.describe())]
     Timeout(Stage),
@@ -198,9 +172,24 @@ impl LinkError {
             LinkError::Io { .. } => "io",
             LinkError::Closed(_) => "closed",
             LinkError::Tls { .. } => "tls",
-            LinkError::Http(_) | LinkError::HeadTooLong => "http",
-            LinkError::Handshake(_) | LinkError::Unexpected { .. } => "handshake",
-            LinkError::Frame(_) => "frame",
+            LinkError::Derp(e) => match e {
+                ClientError::UpgradeRefused { .. }
+                | ClientError::MalformedResponse { .. }
+                | ClientError::ResponseTooLarge { .. }
+                | ClientError::BadPublicKeyHeader { .. }
+                | ClientError::FastStartRefused => "http",
+                ClientError::Frame {
+                    stage: derp::Stage::Connected,
+                    ..
+                } => "frame",
+                ClientError::Truncated { .. } | ClientError::ClosedDuringHandshake { .. } => {
+                    "closed"
+                }
+                ClientError::HandshakeTimeout { .. } | ClientError::KeepaliveTimeout { .. } => {
+                    "timeout"
+                }
+                _ => "handshake",
+            },
             LinkError::Timeout(_) => "timeout",
         }
     }
@@ -236,13 +225,12 @@ pub struct ReadOutcome {
 pub struct Link {
     sock: TcpStream,
     tls: Option<Box<ClientConnection>>,
-    stage: Stage,
+    /// The TCP connect has completed.
+    tcp_up: bool,
     key: Arc<PeerKey>,
-    server_key: Option<NodePublic>,
+    client: derp::Client,
     out: Vec<u8>,
     out_pos: usize,
-    head: Vec<u8>,
-    deframer: Deframer,
     writable: bool,
     /// When the connect started (run clock).
     pub started_ns: u64,
@@ -277,16 +265,20 @@ impl Link {
             }
             _ => None,
         };
+        let mut config = derp::Config::new(key.private.clone(), target.host.clone());
+        config.user_agent = USER_AGENT.to_owned();
+        config.box_key = key.cached_box_key();
+        let mut client = derp::Client::new(config, Instant::now(), nacl::random_nonce())?;
+        let mut out = Vec::new();
+        client.poll_transmit(&mut out);
         Ok(Link {
             sock,
             tls,
-            stage: Stage::Connecting,
+            tcp_up: false,
             key,
-            server_key: None,
-            out: target.upgrade_request(),
+            client,
+            out,
             out_pos: 0,
-            head: Vec::new(),
-            deframer: Deframer::new(),
             writable: false,
             started_ns: now_ns,
         })
@@ -308,12 +300,21 @@ impl Link {
 
     /// The current stage.
     pub fn stage(&self) -> Stage {
-        self.stage
+        if !self.tcp_up {
+            return Stage::Connecting;
+        }
+        match self.client.stage() {
+            derp::Stage::AwaitUpgrade => Stage::AwaitHead,
+            derp::Stage::AwaitServerKey => Stage::AwaitServerKey,
+            derp::Stage::AwaitServerInfo => Stage::AwaitServerInfo,
+            derp::Stage::Connected => Stage::Ready,
+            derp::Stage::Closed | derp::Stage::Failed => Stage::Ended,
+        }
     }
 
     /// Whether the handshake is done.
     pub fn is_ready(&self) -> bool {
-        self.stage == Stage::Ready
+        self.client.is_connected()
     }
 
     /// The peer's key.
@@ -343,7 +344,7 @@ impl Link {
     /// Whether a flush would do anything: bytes are queued (or rustls holds
     /// records) and the socket has not reported itself full.
     pub fn wants_flush(&self) -> bool {
-        self.stage != Stage::Connecting
+        self.tcp_up
             && self.writable
             && (self.out_pos < self.out.len() || self.tls.as_ref().is_some_and(|t| t.wants_write()))
     }
@@ -356,7 +357,7 @@ impl Link {
     /// Handles write readiness: completes the TCP connect, then flushes.
     pub fn on_writable(&mut self) -> Result<(), LinkError> {
         self.writable = true;
-        if self.stage == Stage::Connecting && !self.check_connected()? {
+        if !self.tcp_up && !self.check_connected()? {
             return Ok(());
         }
         self.flush()
@@ -370,7 +371,7 @@ impl Link {
         match self.sock.peer_addr() {
             Ok(_) => {
                 let _ = self.sock.set_nodelay(true);
-                self.stage = Stage::AwaitHead;
+                self.tcp_up = true;
                 self.writable = true;
                 Ok(true)
             }
@@ -381,17 +382,17 @@ impl Link {
 
     fn io_err(&self, source: io::Error) -> LinkError {
         LinkError::Io {
-            stage: self.stage,
+            stage: self.stage(),
             source,
         }
     }
 
     /// Writes as much queued output as the socket takes.
     pub fn flush(&mut self) -> Result<(), LinkError> {
-        if self.stage == Stage::Connecting {
+        if !self.tcp_up {
             return Ok(());
         }
-        let stage = self.stage;
+        let stage = self.stage();
         let io_err = |source| LinkError::Io { stage, source };
         match &mut self.tls {
             None => {
@@ -450,19 +451,19 @@ impl Link {
     }
 
     /// Handles read readiness: reads up to `budget` bytes, runs the
-    /// handshake, and hands every frame after it to `on_frame(out, type,
-    /// payload)`.
+    /// handshake, and hands every server event after it to
+    /// `on_event(out, event)`.
     pub fn on_readable<F>(
         &mut self,
         scratch: &mut Scratch,
         budget: usize,
-        on_frame: &mut F,
+        on_event: &mut F,
     ) -> Result<ReadOutcome, LinkError>
     where
-        F: FnMut(&mut Vec<u8>, u8, &[u8]),
+        F: FnMut(&mut Vec<u8>, Event<&[u8]>),
     {
         let mut outcome = ReadOutcome::default();
-        if self.stage == Stage::Connecting && !self.check_connected()? {
+        if !self.tcp_up && !self.check_connected()? {
             return Ok(outcome);
         }
         let was_ready = self.is_ready();
@@ -473,7 +474,7 @@ impl Link {
                 break;
             }
             let n = match self.sock.read(raw) {
-                Ok(0) => return Err(LinkError::Closed(self.stage)),
+                Ok(0) => return Err(LinkError::Closed(self.stage())),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -481,9 +482,9 @@ impl Link {
             };
             outcome.bytes += n;
             if self.tls.is_some() {
-                self.take_tls(&raw[..n], plain, on_frame)?;
+                self.take_tls(&raw[..n], plain, on_event)?;
             } else {
-                self.take_plain(&raw[..n], on_frame)?;
+                self.take_plain(&raw[..n], on_event)?;
             }
             // A short read drained the socket; new data raises a new edge.
             if n < raw.len() {
@@ -491,6 +492,9 @@ impl Link {
             }
         }
         outcome.became_ready = !was_ready && self.is_ready();
+        if outcome.became_ready {
+            self.key.remember_box_key(self.client.box_key());
+        }
         Ok(outcome)
     }
 
@@ -499,14 +503,14 @@ impl Link {
         &mut self,
         mut records: &[u8],
         plain: &mut [u8],
-        on_frame: &mut F,
+        on_event: &mut F,
     ) -> Result<(), LinkError>
     where
-        F: FnMut(&mut Vec<u8>, u8, &[u8]),
+        F: FnMut(&mut Vec<u8>, Event<&[u8]>),
     {
         let mut filled = 0;
         while !records.is_empty() {
-            let stage = self.stage;
+            let stage = self.stage();
             let tls = self.tls.as_mut().expect("TLS link");
             let taken = tls
                 .read_tls(&mut records)
@@ -526,12 +530,12 @@ impl Link {
             }
             loop {
                 if filled == plain.len() {
-                    self.take_plain(&plain[..filled], on_frame)?;
+                    self.take_plain(&plain[..filled], on_event)?;
                     filled = 0;
                 }
                 let tls = self.tls.as_mut().expect("TLS link");
                 match tls.reader().read(&mut plain[filled..]) {
-                    Ok(0) => return Err(LinkError::Closed(self.stage)),
+                    Ok(0) => return Err(LinkError::Closed(self.stage())),
                     Ok(k) => filled += k,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => return Err(self.io_err(e)),
@@ -539,100 +543,25 @@ impl Link {
             }
         }
         if filled > 0 {
-            self.take_plain(&plain[..filled], on_frame)?;
+            self.take_plain(&plain[..filled], on_event)?;
         }
         Ok(())
     }
 
-    /// Handles plaintext stream bytes.
-    fn take_plain<F>(&mut self, bytes: &[u8], on_frame: &mut F) -> Result<(), LinkError>
+    /// Hands plaintext stream bytes to the DERP client; queues what it
+    /// answers (clientInfo, pongs) behind whatever the callback wrote.
+    fn take_plain<F>(&mut self, bytes: &[u8], on_event: &mut F) -> Result<(), LinkError>
     where
-        F: FnMut(&mut Vec<u8>, u8, &[u8]),
+        F: FnMut(&mut Vec<u8>, Event<&[u8]>),
     {
-        if self.stage != Stage::AwaitHead {
-            return self.deframe(bytes, on_frame);
-        }
-        self.head.extend_from_slice(bytes);
-        let Some(end) = self.head.windows(4).position(|w| w == b"\r\n\r\n") else {
-            if self.head.len() > MAX_HEAD {
-                return Err(LinkError::HeadTooLong);
+        let Link { client, out, .. } = self;
+        client.handle_bytes(Instant::now(), bytes, |event| {
+            // Readiness is reported by `ReadOutcome::became_ready`.
+            if !matches!(event, Event::Connected { .. }) {
+                on_event(out, event);
             }
-            return Ok(());
-        };
-        let status = self.head[..end]
-            .split(|&b| b == b'\n')
-            .next()
-            .unwrap_or_default();
-        let status = String::from_utf8_lossy(status).trim().to_owned();
-        let mut words = status.split_whitespace();
-        let ok =
-            words.next().is_some_and(|v| v.starts_with("HTTP/1.")) && words.next() == Some("101");
-        if !ok {
-            return Err(LinkError::Http(status));
-        }
-        let rest = self.head.split_off(end + 4);
-        self.head = Vec::new();
-        self.stage = Stage::AwaitServerKey;
-        self.deframe(&rest, on_frame)
-    }
-
-    fn deframe<F>(&mut self, bytes: &[u8], on_frame: &mut F) -> Result<(), LinkError>
-    where
-        F: FnMut(&mut Vec<u8>, u8, &[u8]),
-    {
-        let Link {
-            deframer,
-            stage,
-            out,
-            key,
-            server_key,
-            ..
-        } = self;
-        let mut failure: Option<LinkError> = None;
-        let fed = deframer.feed(bytes, &ClientFramePolicy, |ty, payload| {
-            match *stage {
-                Stage::Ready => on_frame(out, ty, payload),
-                Stage::AwaitServerKey if ty == FrameType::ServerKey as u8 => {
-                    match handshake::parse_server_key(payload) {
-                        Ok(k) => {
-                            *server_key = Some(k);
-                            out.extend_from_slice(&key.hello(&k).client_info);
-                            *stage = Stage::AwaitServerInfo;
-                        }
-                        Err(e) => failure = Some(e.into()),
-                    }
-                }
-                Stage::AwaitServerInfo if ty == FrameType::ServerInfo as u8 => {
-                    let server = server_key.expect("serverKey came first");
-                    let hello = key.hello(&server);
-                    let opened = hello
-                        .shared
-                        .open(payload)
-                        .map_err(|source| HandshakeError::BoxOpen {
-                            frame: "serverInfo",
-                            source,
-                        })
-                        .and_then(|json| ServerInfo::from_json(&json));
-                    match opened {
-                        Ok(_) => *stage = Stage::Ready,
-                        Err(e) => failure = Some(e.into()),
-                    }
-                }
-                // Keepalives may come at any time; nothing else may come
-                // before the handshake is done.
-                _ if ty == FrameType::KeepAlive as u8 => {}
-                s => failure = Some(LinkError::Unexpected { stage: s, ty }),
-            }
-            if failure.is_some() {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        fed?;
+        })?;
+        client.poll_transmit(out);
         Ok(())
     }
 }

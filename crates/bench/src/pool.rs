@@ -12,7 +12,7 @@
 use crate::clock::now_ns;
 use crate::conn::{Link, LinkError, PeerKey, Scratch};
 use crate::target::Target;
-use crate::traffic::answer_ping;
+use ferry_proto::client::Event;
 use mio::{Events, Poll, Token};
 use std::io;
 use std::sync::Arc;
@@ -170,8 +170,8 @@ impl Pool {
             let was_ready = link.is_ready();
             let mut result = if writable { link.on_writable() } else { Ok(()) };
             if result.is_ok() && readable {
-                let mut on_frame =
-                    |o: &mut Vec<u8>, ty: u8, payload: &[u8]| answer_ping(o, ty, payload);
+                // Server pings are answered by the DERP client itself.
+                let mut on_frame = |_: &mut Vec<u8>, _: Event<&[u8]>| {};
                 // Idle connections receive almost nothing; a small budget is
                 // plenty and keeps one chatty socket from hogging the turn.
                 result = link

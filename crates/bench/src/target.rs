@@ -189,15 +189,6 @@ impl Target {
         sock.set_nonblocking(true)?;
         Ok(mio::net::TcpStream::from_std(sock.into()))
     }
-
-    /// The HTTP upgrade request for `/derp`.
-    pub fn upgrade_request(&self) -> Vec<u8> {
-        format!(
-            "GET /derp HTTP/1.1\r\nHost: {}\r\nUser-Agent: ferry-bench\r\nConnection: Upgrade\r\nUpgrade: DERP\r\n\r\n",
-            self.host
-        )
-        .into_bytes()
-    }
 }
 
 /// Resolves a host, preferring IPv4 (servers under test listen on
@@ -357,9 +348,7 @@ mod tests {
         let t = Target::new("http://127.0.0.1:3340", None, None, false).unwrap();
         assert_eq!(t.addr, "127.0.0.1:3340".parse().unwrap());
         assert_eq!(t.url, "http://127.0.0.1:3340/derp");
-        assert!(String::from_utf8(t.upgrade_request())
-            .unwrap()
-            .contains("Host: 127.0.0.1:3340\r\n"));
+        assert_eq!(t.host, "127.0.0.1:3340", "the Host header of the upgrade");
         let err = Target::new("https://localhost:1", None, None, false).unwrap_err();
         assert!(err.to_string().contains("--ca"), "{err}");
         let t = Target::new(

@@ -59,7 +59,7 @@ use crate::histogram::Histogram;
 use crate::pacing::Pacer;
 use crate::stamp::{self, Kind, Template};
 use crate::target::Target;
-use ferry_proto::frame::FrameType;
+use ferry_proto::client::Event;
 use mio::{Events, Poll, Token};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -875,8 +875,8 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                 let arrival = now_ns();
                 let tl = timeline;
                 let at_stuck = is_stuck[i];
-                let mut on_frame = |out: &mut Vec<u8>, ty: u8, payload: &[u8]| {
-                    on_server_frame(&mut stats, tl, arrival, at_stuck, out, ty, payload);
+                let mut on_frame = |out: &mut Vec<u8>, event: Event<&[u8]>| {
+                    on_server_frame(&mut stats, tl, arrival, at_stuck, out, event);
                 };
                 io = link
                     .on_readable(&mut scratch, READ_BUDGET, &mut on_frame)
@@ -989,8 +989,9 @@ fn lose(
     }
 }
 
-/// Accounts one frame from the server (which reached a stuck receiver if
-/// `at_stuck`); echoes pings.
+/// Accounts one event from the server (which reached a stuck receiver if
+/// `at_stuck`); echoes ping packets. (Server pings are answered by the DERP
+/// client itself.)
 #[inline]
 fn on_server_frame(
     stats: &mut RecvStats,
@@ -998,19 +999,12 @@ fn on_server_frame(
     arrival: u64,
     at_stuck: bool,
     out: &mut Vec<u8>,
-    ty: u8,
-    payload: &[u8],
+    event: Event<&[u8]>,
 ) {
-    if ty != FrameType::RecvPacket as u8 {
+    let Event::Packet { src, packet } = event else {
         stats.other_frames += 1;
-        answer_ping(out, ty, payload);
         return;
-    }
-    if payload.len() < 32 {
-        stats.foreign += 1;
-        return;
-    }
-    let (src, packet) = payload.split_at(32);
+    };
     let Some(s) = stamp::read(packet) else {
         stats.foreign += 1;
         return;
@@ -1018,7 +1012,7 @@ fn on_server_frame(
     stats.last_arrival = arrival;
     match s.kind {
         Kind::Ping => {
-            stamp::append_echo(out, src, packet);
+            stamp::append_echo(out, src.as_bytes(), packet);
             stats.echoed += 1;
         }
         Kind::Data | Kind::Pong => {
@@ -1053,17 +1047,6 @@ fn on_server_frame(
         }
     }
 }
-
-/// Answers a server ping (we told the server `CanAckPings`).
-#[inline]
-pub fn answer_ping(out: &mut Vec<u8>, ty: u8, payload: &[u8]) {
-    if ty == FrameType::Ping as u8 {
-        if let Some(data) = payload.get(..8) {
-            ferry_proto::frame::put_pong(out, data.try_into().expect("8 bytes"));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,11 +6,12 @@
 //! They are called by the `cargo fuzz` targets in `fuzz/` and by the corpus
 //! replay test, so the ordinary test suite exercises them too.
 
+use crate::client::{self as derp_client, ClientError, Event, Stage};
 use crate::frame::{
-    self, canonical_addr, parse_client_frame, ClientFrame, Deframer, Fed, FrameError,
-    ServerFramePolicy, HEADER_LEN, KEY_LEN, MAX_PACKET_SIZE,
+    self, canonical_addr, parse_client_frame, parse_server_frame, ClientFrame, Deframer, Fed,
+    FrameError, FrameType, ServerFrame, ServerFramePolicy, HEADER_LEN, KEY_LEN, MAX_PACKET_SIZE,
 };
-use crate::handshake::{self, ClientInfo, HandshakeError};
+use crate::handshake::{self, ClientInfo, HandshakeError, ServerInfo};
 use crate::http;
 use crate::key::{NodePrivate, NodePublic};
 use crate::nacl::SharedKey;
@@ -19,6 +20,7 @@ use crate::tls_record::{RecordBoundary, HEADER_LEN as TLS_HEADER_LEN};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::ControlFlow;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Largest frame (header included) [`ServerFramePolicy`] ever buffers.
 const MAX_BUFFERED_FRAME: usize = HEADER_LEN + 2 * KEY_LEN + MAX_PACKET_SIZE;
@@ -416,9 +418,243 @@ pub fn tls_record(data: &[u8]) {
     assert_eq!(split.at_boundary(), whole.at_boundary());
 }
 
+/// The §17.1 keys, so seeds can carry the §17.3 handshake vectors, with the
+/// box keys both ways.
+struct VectorKeys {
+    server: NodePrivate,
+    client: NodePrivate,
+    server_to_client: SharedKey,
+}
+
+fn vector_keys() -> &'static VectorKeys {
+    static KEYS: OnceLock<VectorKeys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        // 00 02 03 … 1f 60 and 20 22 23 … 3f 40, as printed in §17.1.
+        let server = NodePrivate::from_bytes(core::array::from_fn(|i| match i {
+            0 => 0x00,
+            31 => 0x60,
+            i => i as u8 + 1,
+        }));
+        let client = NodePrivate::from_bytes(core::array::from_fn(|i| match i {
+            0 => 0x20,
+            31 => 0x40,
+            i => 0x21 + i as u8,
+        }));
+        VectorKeys {
+            server_to_client: SharedKey::new(&server, &client.public()),
+            server,
+            client,
+        }
+    })
+}
+
+/// The `clientInfo` nonce of the §17.3 vector.
+const VECTOR_NONCE: [u8; 24] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+];
+
+fn base_instant() -> Instant {
+    static T0: OnceLock<Instant> = OnceLock::new();
+    *T0.get_or_init(Instant::now)
+}
+
+/// A §17 client: classic upgrade, or fast start to the §17 server key.
+fn vector_client(fast_start: bool) -> derp_client::Client {
+    let k = vector_keys();
+    let mut config = derp_client::Config::new(k.client.clone(), "derp.example.com");
+    config.fast_start = fast_start.then(|| k.server.public());
+    derp_client::Client::new(config, base_instant(), VECTOR_NONCE).expect("valid configuration")
+}
+
+/// What a client made of a stream.
+#[derive(Debug, PartialEq, Eq)]
+struct ClientRun {
+    events: Vec<Event>,
+    /// The first error, or the outcome of the end of the stream.
+    end: Result<(), ClientError>,
+    sent: Vec<u8>,
+    stage: Stage,
+    server_key: Option<NodePublic>,
+}
+
+fn run_client<'a>(fast_start: bool, chunks: impl Iterator<Item = &'a [u8]>) -> ClientRun {
+    let mut c = vector_client(fast_start);
+    let mut sent = Vec::new();
+    c.poll_transmit(&mut sent);
+    let mut events = Vec::new();
+    let mut end = Ok(());
+    for chunk in chunks {
+        end = c.handle_bytes(base_instant(), chunk, |e| events.push(e.into_owned()));
+        c.poll_transmit(&mut sent);
+        if end.is_err() {
+            break;
+        }
+    }
+    if end.is_ok() {
+        end = c.handle_eof(|e| events.push(e.into_owned()));
+    }
+    assert_eq!(c.pending_len(), 0);
+    ClientRun {
+        events,
+        end,
+        sent,
+        stage: c.stage(),
+        server_key: c.server_key(),
+    }
+}
+
+/// Feeds arbitrary server bytes (`data[1..]`) to a client right after
+/// construction. `data[0]`: bit 0 fast start (else classic); bits 1–2 the
+/// chunking (single bytes, up to 16, up to 4 096, all at once); the rest
+/// seeds the chunk sizes. Every chunking must give what one read gives,
+/// `Connected` can only come first, and the client may only have sent its
+/// request, `clientInfo` (once it knows the server key) and one pong per
+/// server ping. Seeds use the §17 keys, so they get past the handshake.
+pub fn client(data: &[u8]) {
+    let Some((&ctl, stream)) = data.split_first() else {
+        return;
+    };
+    let fast_start = ctl & 1 != 0;
+    let reference = run_client(fast_start, std::iter::once(stream));
+
+    let max_chunk = match (ctl >> 1) & 3 {
+        0 => 1,
+        1 => 16,
+        2 => 4096,
+        _ => stream.len().max(1),
+    };
+    let mut rng = XorShift(0x2545_f491 ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
+    let mut rest = stream;
+    let chunks = std::iter::from_fn(|| {
+        if rest.is_empty() {
+            return None;
+        }
+        let n = 1 + rng.below(max_chunk.min(rest.len()));
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        Some(chunk)
+    });
+    assert_eq!(run_client(fast_start, chunks), reference);
+
+    let connected = reference
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::Connected { .. }))
+        .count();
+    assert!(connected <= 1);
+    if connected == 1 {
+        assert!(matches!(reference.events[0], Event::Connected { .. }));
+    } else {
+        assert!(reference.events.is_empty(), "events before serverInfo");
+    }
+
+    let k = vector_keys();
+    let mut want = Vec::new();
+    vector_client(fast_start).poll_transmit(&mut want);
+    if let (false, Some(server)) = (fast_start, reference.server_key) {
+        want.extend_from_slice(&handshake::seal_client_info(
+            &k.client,
+            &server,
+            &derp_client::Config::new(k.client.clone(), "").info,
+            &VECTOR_NONCE,
+        ));
+    }
+    for e in &reference.events {
+        if let Event::Ping(data) = e {
+            frame::put_pong(&mut want, data);
+        }
+    }
+    assert_eq!(reference.sent, want);
+}
+
+/// Parses `data` as a `serverKey` payload: the steady-state parser agrees
+/// with the handshake one, an accepted key re-encodes to the same first 40
+/// bytes, and a classic client given the frame after a 101 acts on exactly
+/// that result.
+pub fn server_key(data: &[u8]) {
+    let parsed = handshake::parse_server_key(data);
+    if let Ok(key) = parsed {
+        assert_eq!(
+            parse_server_frame(FrameType::ServerKey as u8, data),
+            Ok(ServerFrame::ServerKey(key))
+        );
+        assert_eq!(
+            handshake::server_key_frame(&key)[HEADER_LEN..],
+            data[..handshake::MIN_SERVER_KEY_LEN]
+        );
+    }
+
+    let mut stream = b"HTTP/1.1 101 Switching Protocols\r\n\r\n".to_vec();
+    frame::put_frame(&mut stream, FrameType::ServerKey as u8, data);
+    let run = run_client(false, std::iter::once(&stream[..]));
+    match (parsed, run.end) {
+        (_, Err(ClientError::Frame { source, .. })) => assert_eq!(
+            source,
+            FrameError::TooLong {
+                frame: FrameType::ServerKey as u8,
+                len: data.len(),
+                max: handshake::MAX_SERVER_KEY_LEN
+            }
+        ),
+        (Ok(key), Err(ClientError::ClosedDuringHandshake { stage })) => {
+            assert_eq!(stage, Stage::AwaitServerInfo);
+            assert_eq!(run.server_key, Some(key));
+        }
+        (Err(want), Err(ClientError::Handshake(got))) => assert_eq!(got, want),
+        (parsed, end) => panic!("parse_server_key {parsed:?}, client {end:?}"),
+    }
+}
+
+/// Opens `data` as a `serverInfo` payload with the §17 keys, directly and
+/// through a fast-start client (which must agree), and checks that sealing
+/// `data` in a real box and opening it agrees with decoding it as JSON.
+pub fn server_info(data: &[u8]) {
+    let k = vector_keys();
+    let opened = handshake::open_server_info(&k.client, &k.server.public(), data);
+    let mut stream = Vec::new();
+    frame::put_frame(&mut stream, FrameType::ServerInfo as u8, data);
+    let run = run_client(true, std::iter::once(&stream[..]));
+    match (&opened, &run.end) {
+        (Ok(info), Err(ClientError::ClosedDuringHandshake { .. })) => panic!("{info:?} not seen"),
+        (Ok(info), _) => assert_eq!(
+            run.events.first(),
+            Some(&Event::Connected {
+                server_key: k.server.public(),
+                info: *info
+            })
+        ),
+        (Err(e), end) => assert_eq!(end, &Err(ClientError::Handshake(e.clone()))),
+    }
+
+    let mut sealed = Vec::new();
+    k.server_to_client.seal_into(&mut sealed, &[0x5a; 24], data);
+    let direct = ServerInfo::from_json(data);
+    match (
+        handshake::open_server_info(&k.client, &k.server.public(), &sealed),
+        direct,
+    ) {
+        (Ok(info), Ok(want)) => {
+            assert_eq!(info, want);
+            assert_eq!(ServerInfo::from_json(&info.to_json()), Ok(info));
+        }
+        (Err(HandshakeError::Json(_)), Err(HandshakeError::Json(_))) => {}
+        (Err(HandshakeError::TooLong { .. }), _) => {
+            assert!(sealed.len() > handshake::MAX_SERVER_INFO_LEN)
+        }
+        (sealed, direct) => panic!("sealed {sealed:?} vs direct {direct:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vector_keys_are_the_section_17_keys() {
+        let k = vector_keys();
+        assert_eq!(k.server.public(), crate::testutil::key_s());
+        assert_eq!(k.client.public(), crate::testutil::key_c());
+    }
 
     #[test]
     fn smoke() {
@@ -429,6 +665,9 @@ mod tests {
             stun,
             wireguard,
             tls_record,
+            client,
+            server_key,
+            server_info,
         ] {
             f(b"");
             f(&[0]);

@@ -384,16 +384,36 @@ pub fn seal_client_info(
     info: &ClientInfo,
     nonce: &[u8; NONCE_LEN],
 ) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_client_info(
+        &mut out,
+        &client.public(),
+        &SharedKey::new(client, server),
+        info,
+        nonce,
+    );
+    out
+}
+
+/// Appends the whole `clientInfo` frame to `out`: `client` (the public key)
+/// and `info` sealed with the precomputed box key `shared` (client private,
+/// server public) and `nonce`. [`seal_client_info`] without the X25519.
+pub fn put_client_info(
+    out: &mut Vec<u8>,
+    client: &NodePublic,
+    shared: &SharedKey,
+    info: &ClientInfo,
+    nonce: &[u8; NONCE_LEN],
+) {
     let json = info.to_json();
     let payload_len = KEY_LEN + OVERHEAD + json.len();
-    let mut out = Vec::with_capacity(HEADER_LEN + payload_len);
+    out.reserve(HEADER_LEN + payload_len);
     out.extend_from_slice(&encode_header(
         FrameType::ClientInfo as u8,
         payload_len as u32,
     ));
-    out.extend_from_slice(client.public().as_bytes());
-    SharedKey::new(client, server).seal_into(&mut out, nonce, &json);
-    out
+    out.extend_from_slice(client.as_bytes());
+    shared.seal_into(out, nonce, &json);
 }
 
 /// Opens a `serverInfo` payload sealed from `server` to `client` and decodes
@@ -401,6 +421,15 @@ pub fn seal_client_info(
 pub fn open_server_info(
     client: &NodePrivate,
     server: &NodePublic,
+    payload: &[u8],
+) -> Result<ServerInfo, HandshakeError> {
+    open_server_info_keyed(&SharedKey::new(client, server), payload)
+}
+
+/// [`open_server_info`] with the precomputed box key (client private, server
+/// public): checks 24 ..= 24 + 1 MiB bytes, opens the box, decodes the JSON.
+pub fn open_server_info_keyed(
+    shared: &SharedKey,
     payload: &[u8],
 ) -> Result<ServerInfo, HandshakeError> {
     const FRAME: &str = "serverInfo";
@@ -419,7 +448,7 @@ pub fn open_server_info(
             max: MAX_SERVER_INFO_LEN,
         });
     }
-    let json = SharedKey::new(client, server)
+    let json = shared
         .open(payload)
         .map_err(|source| HandshakeError::BoxOpen {
             frame: FRAME,
@@ -431,18 +460,9 @@ pub fn open_server_info(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{client_private, key_c, key_s, server_private, unhex};
-
-    const CLIENT_INFO_FRAME: &str = "0200000068 |
-        5869aff450549732cbaaed5e5df9b30a6da31cb0e5742bad5ad4a1a768f1a67b
-        000102030405060708090a0b0c0d0e0f1011121314151617
-        176bdffac6239dc06abd2678210731e1
-        69d7ad3c284e14bd97d07b31d36052dc1b4b776d33dac1529db871ecd021683e";
-
-    const SERVER_INFO_FRAME: &str = "0300000035 |
-        a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7
-        72af1f39b485ad626eebed2deb909582
-        358210dd5f19ea382d6c234826";
+    use crate::testutil::{
+        client_private, key_c, key_s, server_private, unhex, CLIENT_INFO_FRAME, SERVER_INFO_FRAME,
+    };
 
     fn tailscaled_info() -> ClientInfo {
         ClientInfo {

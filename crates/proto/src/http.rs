@@ -281,14 +281,7 @@ mod tests {
         Upgrade: DERP\r\n\
         \r\n";
 
-    const FAST_START: &[u8] = b"GET /derp HTTP/1.1\r\n\
-        Host: derp.example.com:8443\r\n\
-        User-Agent: Go-http-client/1.1\r\n\
-        Connection: Upgrade\r\n\
-        Derp-Fast-Start: 1\r\n\
-        Ideal-Node: 900a\r\n\
-        Upgrade: DERP\r\n\
-        \r\n";
+    const FAST_START: &[u8] = crate::testutil::FAST_START_REQUEST;
 
     #[test]
     fn classic_request() {

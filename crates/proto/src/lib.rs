@@ -21,6 +21,11 @@
 //! 4. The `frame::put_*` builders append outgoing frames to a caller-owned
 //!    `Vec<u8>`, so the hot path performs no allocation per frame.
 //!
+//! The client side mirrors it in one object: [`client::Client`] writes the
+//! upgrade request, reads the 101 (or nothing, in fast-start mode), answers
+//! `serverKey` with `clientInfo`, opens `serverInfo` and then turns server
+//! frames into events, all without I/O.
+//!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
@@ -28,6 +33,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod frame;
 pub mod fuzzing;
 pub mod godur;

@@ -46,3 +46,28 @@ pub(crate) fn key_p() -> NodePublic {
     NodePublic::from_hex("64b101b1d0be5a8704bd078f9895001fc03e8e9f9522f188dd128d9846d48466")
         .unwrap()
 }
+
+/// §17.3 clientInfo frame: `{"version":2,"CanAckPings":true}` sealed from
+/// the client to `S` with nonce `00..17`.
+pub(crate) const CLIENT_INFO_FRAME: &str = "0200000068 |
+    5869aff450549732cbaaed5e5df9b30a6da31cb0e5742bad5ad4a1a768f1a67b
+    000102030405060708090a0b0c0d0e0f1011121314151617
+    176bdffac6239dc06abd2678210731e1
+    69d7ad3c284e14bd97d07b31d36052dc1b4b776d33dac1529db871ecd021683e";
+
+/// §17.3 serverInfo frame: `{"version":2}` sealed from the server to `C`
+/// with nonce `a0..b7`.
+pub(crate) const SERVER_INFO_FRAME: &str = "0300000035 |
+    a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7
+    72af1f39b485ad626eebed2deb909582
+    358210dd5f19ea382d6c234826";
+
+/// §17.5 fast-start request head, as Go writes it for a non-default port.
+pub(crate) const FAST_START_REQUEST: &[u8] = b"GET /derp HTTP/1.1\r\n\
+    Host: derp.example.com:8443\r\n\
+    User-Agent: Go-http-client/1.1\r\n\
+    Connection: Upgrade\r\n\
+    Derp-Fast-Start: 1\r\n\
+    Ideal-Node: 900a\r\n\
+    Upgrade: DERP\r\n\
+    \r\n";

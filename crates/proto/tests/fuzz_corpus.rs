@@ -11,13 +11,16 @@ use std::sync::OnceLock;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 6] = [
+const TARGETS: [(&str, Target); 9] = [
     ("deframer", fuzzing::deframer),
     ("http_request", fuzzing::http_request),
     ("client_info", fuzzing::client_info),
     ("stun", fuzzing::stun),
     ("wireguard", fuzzing::wireguard),
     ("tls_record", fuzzing::tls_record),
+    ("client", fuzzing::client),
+    ("server_key", fuzzing::server_key),
+    ("server_info", fuzzing::server_info),
 ];
 
 #[test]
@@ -33,8 +36,40 @@ fn replay_corpora() {
     }
 }
 
-fn all_seeds() -> &'static [Vec<Vec<u8>>; 6] {
-    static SEEDS: OnceLock<[Vec<Vec<u8>>; 6]> = OnceLock::new();
+/// The client seeds that carry a §17 handshake must get a client past it,
+/// or the mutated inputs would never reach the steady-state frames.
+#[test]
+fn client_seeds_reach_the_steady_state() {
+    use ferry_proto::client::{Client, Config, Event};
+    use ferry_proto::key::{NodePrivate, NodePublic};
+    let client_key: NodePrivate =
+        "privkey:2022232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f40"
+            .parse()
+            .unwrap();
+    let server =
+        NodePublic::from_hex("07a37cbc142093c8b755dc1b10e86cb426374ad16aa853ed0bdfc0b2b86d1c7c")
+            .unwrap();
+    let files = seeds("client");
+    for name in ["classic_whole", "fast_start", "fast_start_no_server_key"] {
+        let (_, data) = files.iter().find(|(n, _)| n == name).expect("seed exists");
+        let mut config = Config::new(client_key.clone(), "derp.example.com");
+        config.fast_start = (data[0] & 1 != 0).then_some(server);
+        let mut c = Client::new(config, std::time::Instant::now(), [0; 24]).unwrap();
+        let mut events = Vec::new();
+        c.handle_bytes(std::time::Instant::now(), &data[1..], |e| {
+            events.push(e.into_owned())
+        })
+        .unwrap();
+        assert!(
+            matches!(events.first(), Some(Event::Connected { .. })),
+            "{name}: {events:?}"
+        );
+        assert!(events.len() > 10, "{name}: {events:?}");
+    }
+}
+
+fn all_seeds() -> &'static [Vec<Vec<u8>>; 9] {
+    static SEEDS: OnceLock<[Vec<Vec<u8>>; 9]> = OnceLock::new();
     SEEDS.get_or_init(|| TARGETS.map(|(t, _)| seeds(t).into_iter().map(|(_, d)| d).collect()))
 }
 
@@ -182,6 +217,21 @@ proptest! {
     #[test]
     fn mutated_wireguard(data in mutated(4)) {
         fuzzing::wireguard(&data);
+    }
+
+    #[test]
+    fn mutated_client(data in mutated(6)) {
+        fuzzing::client(&data);
+    }
+
+    #[test]
+    fn mutated_server_key(data in mutated(7)) {
+        fuzzing::server_key(&data);
+    }
+
+    #[test]
+    fn mutated_server_info(data in mutated(8)) {
+        fuzzing::server_info(&data);
     }
 
     #[test]

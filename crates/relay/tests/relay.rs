@@ -7,7 +7,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use ferry_proto::frame::{self, PeerGoneReason, ServerFrame};
+use ferry_proto::client::Event;
+use ferry_proto::frame::{self, PeerGoneReason};
 use ferry_proto::key::{MeshKey, NodePrivate};
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 use support::{eventually, metric, start, stop, Client};
@@ -74,9 +75,7 @@ fn ping_gets_pong() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
     a.ping(*b"12345678");
-    let (ty, p) = a.next_meaningful(T).unwrap();
-    assert_eq!(ty, frame::FrameType::Pong as u8);
-    assert_eq!(p, b"12345678");
+    assert_eq!(a.next_meaningful(T).unwrap(), Event::Pong(*b"12345678"));
     assert_eq!(metric(addr, "derp_got_ping"), 1.0);
     stop(server);
 }
@@ -90,9 +89,8 @@ fn peer_gone_when_sender_leaves() {
     b.recv_packet(T).unwrap();
     let a_key = a.public;
     drop(a);
-    let (ty, p) = b.next_meaningful(T).unwrap();
-    match frame::parse_server_frame(ty, &p).unwrap() {
-        ServerFrame::PeerGone { key, reason } => {
+    match b.next_meaningful(T).unwrap() {
+        Event::PeerGone { key, reason } => {
             assert_eq!(key, a_key);
             assert_eq!(reason, PeerGoneReason::Disconnected);
         }
@@ -108,10 +106,9 @@ fn not_here_only_for_disco_and_rate_limited() {
     let nobody = NodePrivate::generate().public();
     a.send(&nobody, b"wireguard bytes");
     a.ping(*b"barrier1");
-    let (ty, _) = a.next_meaningful(T).unwrap();
     assert_eq!(
-        ty,
-        frame::FrameType::Pong as u8,
+        a.next_meaningful(T).unwrap(),
+        Event::Pong(*b"barrier1"),
         "no peerGone for a non-disco packet"
     );
 
@@ -122,13 +119,12 @@ fn not_here_only_for_disco_and_rate_limited() {
     a.ping(*b"barrier2");
     let mut not_here = 0;
     loop {
-        let (ty, p) = a.next_meaningful(T).unwrap();
-        match frame::parse_server_frame(ty, &p).unwrap() {
-            ServerFrame::PeerGone {
+        match a.next_meaningful(T).unwrap() {
+            Event::PeerGone {
                 reason: PeerGoneReason::NotHere,
                 ..
             } => not_here += 1,
-            ServerFrame::Pong(_) => break,
+            Event::Pong(_) => break,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -160,10 +156,7 @@ fn duplicate_keys_last_writer_wins_and_survivor_keeps_receiving() {
 
     // a1 speaks: it becomes the active one.
     a1.ping(*b"i am up!");
-    assert_eq!(
-        a1.next_meaningful(T).unwrap().0,
-        frame::FrameType::Pong as u8
-    );
+    assert!(matches!(a1.next_meaningful(T).unwrap(), Event::Pong(_)));
     b.send(&a1.public, b"to writer");
     assert_eq!(a1.recv_packet(T).unwrap().1, b"to writer");
 
@@ -235,10 +228,7 @@ fn mesh_peer_watches_forwards_and_closes() {
     mesh.write(&v).unwrap();
     let mut present = Vec::new();
     while present.len() < 3 {
-        let (ty, p) = mesh.next_meaningful(T).unwrap();
-        if let ServerFrame::PeerPresent { key, flags, .. } =
-            frame::parse_server_frame(ty, &p).unwrap()
-        {
+        if let Event::PeerPresent { key, flags, .. } = mesh.next_meaningful(T).unwrap() {
             present.push((key, flags));
         }
     }
@@ -258,8 +248,7 @@ fn mesh_peer_watches_forwards_and_closes() {
     let c = Client::connect(addr);
     let c_key = c.public;
     loop {
-        let (ty, p) = mesh.next_meaningful(T).unwrap();
-        if let ServerFrame::PeerPresent { key, .. } = frame::parse_server_frame(ty, &p).unwrap() {
+        if let Event::PeerPresent { key, .. } = mesh.next_meaningful(T).unwrap() {
             if key == c_key {
                 break;
             }
@@ -267,8 +256,7 @@ fn mesh_peer_watches_forwards_and_closes() {
     }
     drop(c);
     loop {
-        let (ty, p) = mesh.next_meaningful(T).unwrap();
-        if let ServerFrame::PeerGone { key, reason } = frame::parse_server_frame(ty, &p).unwrap() {
+        if let Event::PeerGone { key, reason } = mesh.next_meaningful(T).unwrap() {
             if key == c_key {
                 assert_eq!(reason, PeerGoneReason::Disconnected);
                 break;
@@ -289,10 +277,7 @@ fn mesh_peer_watches_forwards_and_closes() {
     mesh.write(&v).unwrap();
     assert!(b.closed_within(T));
     a.ping(*b"alive?!!");
-    assert_eq!(
-        a.next_meaningful(T).unwrap().0,
-        frame::FrameType::Pong as u8
-    );
+    assert!(matches!(a.next_meaningful(T).unwrap(), Event::Pong(_)));
     stop(server);
 }
 
@@ -393,19 +378,13 @@ fn oversize_and_unknown_frames() {
     v.extend_from_slice(&[9; 100]);
     a.write(&v).unwrap();
     a.ping(*b"after-uk");
-    assert_eq!(
-        a.next_meaningful(T).unwrap(),
-        (frame::FrameType::Pong as u8, b"after-uk".to_vec())
-    );
+    assert_eq!(a.next_meaningful(T).unwrap(), Event::Pong(*b"after-uk"));
     // Unknown type at the longest skippable length: skipped.
     let mut v = frame::encode_header(0x20, frame::MAX_SKIPPED_FRAME as u32).to_vec();
     v.resize(v.len() + frame::MAX_SKIPPED_FRAME, 7);
     a.write(&v).unwrap();
     a.ping(*b"after-lg");
-    assert_eq!(
-        a.next_meaningful(T).unwrap(),
-        (frame::FrameType::Pong as u8, b"after-lg".to_vec())
-    );
+    assert_eq!(a.next_meaningful(T).unwrap(), Event::Pong(*b"after-lg"));
     // Unknown type announcing nearly 4 GiB: closed at once, not skipped.
     let mut c = Client::connect(addr);
     c.write(&frame::encode_header(0x20, 0xffff_fff0)).unwrap();
@@ -424,10 +403,7 @@ fn oversize_and_unknown_frames() {
     .unwrap();
     assert!(a.closed_within(T));
     b.ping(*b"b-alive!");
-    assert_eq!(
-        b.next_meaningful(T).unwrap().0,
-        frame::FrameType::Pong as u8
-    );
+    assert!(matches!(b.next_meaningful(T).unwrap(), Event::Pong(_)));
     stop(server);
 }
 
@@ -459,8 +435,7 @@ fn reader_that_stops_reading_is_cut_off() {
     let sleeper = send_to_sleeper_until_cut_off(addr, &mut sender);
     sender.ping(*b"sender-o");
     loop {
-        let (ty, _) = sender.next_meaningful(T).unwrap();
-        if ty == frame::FrameType::Pong as u8 {
+        if let Event::Pong(_) = sender.next_meaningful(T).unwrap() {
             break;
         }
     }
@@ -495,10 +470,10 @@ fn queued_bytes_gauge_returns_to_zero() {
     for c in &mut clients {
         let mut packets = 0;
         while packets < 20 {
-            let (ty, _) = c
+            let e = c
                 .next_meaningful(T)
                 .unwrap_or_else(|e| panic!("traffic stopped after {packets} packets: {e}"));
-            if ty == frame::FrameType::RecvPacket as u8 {
+            if let Event::Packet { .. } = e {
                 packets += 1;
             }
         }
@@ -527,10 +502,7 @@ fn recv_buffer_metrics_follow_the_backend() {
     let (server, addr) = start(1, |_| {});
     let mut a = Client::connect(addr);
     a.ping(*b"buffers!");
-    assert_eq!(
-        a.next_meaningful(T).unwrap().0,
-        frame::FrameType::Pong as u8
-    );
+    assert!(matches!(a.next_meaningful(T).unwrap(), Event::Pong(_)));
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(b"GET /debug/varz HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
@@ -557,8 +529,10 @@ fn keepalives_arrive() {
     let (server, addr) = start(1, |cfg| cfg.keepalive = Duration::from_millis(100));
     let mut a = Client::connect(addr);
     // Keepalive = 100 ms + up to 5 s jitter; the sweep runs every 250 ms.
-    let (ty, p) = a.next_frame(Duration::from_secs(8)).unwrap();
-    assert_eq!((ty, p.len()), (frame::FrameType::KeepAlive as u8, 0));
+    assert_eq!(
+        a.next_event(Duration::from_secs(8)).unwrap(),
+        Event::KeepAlive
+    );
     stop(server);
 }
 
@@ -567,13 +541,12 @@ fn shutdown_sends_restarting() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
     server.shutdown();
-    let (ty, p) = a.next_meaningful(T).unwrap();
-    match frame::parse_server_frame(ty, &p).unwrap() {
-        ServerFrame::Restarting {
-            reconnect_in_ms,
-            try_for_ms,
+    match a.next_meaningful(T).unwrap() {
+        Event::Restarting {
+            reconnect_in,
+            try_for,
         } => {
-            assert!(reconnect_in_ms > 0 && try_for_ms > reconnect_in_ms);
+            assert!(!reconnect_in.is_zero() && try_for > reconnect_in);
         }
         other => panic!("expected restarting, got {other:?}"),
     }
@@ -679,56 +652,46 @@ fn ipv6_listener_relays() {
 /// whichever shard ends up owning the key.
 #[test]
 fn frames_in_the_same_write_as_client_info() {
-    use ferry_proto::handshake;
+    use ferry_proto::client::{Client as DerpClient, Stage};
     for workers in [1, 2, 3] {
         let (server, addr) = start(workers, |_| {});
         for _ in 0..6 {
-            let key = NodePrivate::generate();
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.write_all(
-                b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: DERP\r\nConnection: Upgrade\r\n\r\n",
+            let mut derp = DerpClient::new(
+                support::config(NodePrivate::generate(), support::info(None)),
+                Instant::now(),
+                ferry_proto::nacl::random_nonce(),
             )
             .unwrap();
-            // Read the 101 and serverKey first, as a classic client does.
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                s.read_exact(&mut byte).unwrap();
-                head.push(byte[0]);
-            }
-            let mut sk = [0u8; handshake::SERVER_KEY_FRAME_LEN];
-            s.read_exact(&mut sk).unwrap();
-            let server_key = handshake::parse_server_key(&sk[frame::HEADER_LEN..]).unwrap();
-            let mut out = handshake::seal_client_info(
-                &key,
-                &server_key,
-                &support::info(None),
-                &ferry_proto::nacl::random_nonce(),
-            );
-            frame::put_note_preferred(&mut out, true);
-            frame::put_ping(&mut out, b"together");
-            s.write_all(&out).unwrap();
+            let mut s = TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(T)).unwrap();
-            // serverInfo, then the pong.
-            let mut deframer = frame::Deframer::new();
-            let mut frames = Vec::new();
+            let mut out = Vec::new();
+            derp.poll_transmit(&mut out);
+            s.write_all(&out).unwrap();
+            // Read the 101 and serverKey first, as a classic client does.
+            let mut events = Vec::new();
             let mut buf = [0u8; 4096];
-            while frames.len() < 2 {
+            let mut read = |s: &mut TcpStream, derp: &mut DerpClient, events: &mut Vec<Event>| {
                 let n = s.read(&mut buf).expect("server answers");
                 assert!(n > 0, "closed (workers={workers})");
-                deframer
-                    .feed(&buf[..n], &frame::ClientFramePolicy, |ty, p| {
-                        frames.push((ty, p.to_vec()));
-                        std::ops::ControlFlow::Continue(())
-                    })
+                derp.handle_bytes(Instant::now(), &buf[..n], |e| events.push(e.into_owned()))
                     .unwrap();
+            };
+            while derp.stage() != Stage::AwaitServerInfo {
+                read(&mut s, &mut derp, &mut events);
             }
-            assert_eq!(frames[0].0, frame::FrameType::ServerInfo as u8);
-            assert_eq!(
-                frames[1],
-                (frame::FrameType::Pong as u8, b"together".to_vec()),
-                "workers={workers}"
-            );
+            // clientInfo (queued by the client), notePreferred and a ping
+            // leave in one write.
+            out.clear();
+            derp.note_preferred(&mut out, true).unwrap();
+            derp.ping(&mut out, *b"together").unwrap();
+            assert_eq!(out[0], frame::FrameType::ClientInfo as u8);
+            s.write_all(&out).unwrap();
+            // serverInfo, then the pong.
+            while events.len() < 2 {
+                read(&mut s, &mut derp, &mut events);
+            }
+            assert!(matches!(events[0], Event::Connected { .. }));
+            assert_eq!(events[1], Event::Pong(*b"together"), "workers={workers}");
         }
         stop(server);
     }

@@ -14,13 +14,14 @@
 
 mod support;
 
-use std::io::Write;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ferry_proto::frame::{self, ServerFrame};
-use ferry_proto::key::NodePublic;
-use support::peer::Peer;
-use support::{eventually, metric_in, start, stop};
+use ferry_proto::client::Event;
+use ferry_proto::key::{NodePrivate, NodePublic};
+use support::{
+    config, dial, eventually, info, metric_in, start, stop, tls_over, Client, Transport,
+};
 
 const T: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -30,7 +31,10 @@ const RUN: Duration = Duration::from_millis(4500);
 /// The longest gap the healthy reader may see.
 const MAX_GAP: Duration = Duration::from_secs(1);
 
-fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
+fn stuck_receivers_do_not_stall_the_sender<S: Transport + Send + 'static>(
+    tls: bool,
+    connect: impl Fn(SocketAddr, Option<usize>) -> Client<S>,
+) {
     let (server, addr) = start(2, |cfg| {
         cfg.write_timeout = Some(WRITE_TIMEOUT);
         cfg.send_queue_bytes = 256 * 1024;
@@ -38,11 +42,9 @@ fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
             cfg.tls = Some(support::self_signed_tls(cfg).config);
         }
     });
-    let mut sender = Peer::connect(addr, tls, None);
-    let mut healthy = Peer::connect(addr, tls, None);
-    let stuck: Vec<Peer> = (0..3)
-        .map(|_| Peer::connect(addr, tls, Some(4096)))
-        .collect();
+    let mut sender = connect(addr, None);
+    let mut healthy = connect(addr, None);
+    let stuck: Vec<Client<S>> = (0..3).map(|_| connect(addr, Some(4096))).collect();
     let stuck_keys: Vec<NodePublic> = stuck.iter().map(|p| p.public).collect();
     let healthy_key = healthy.public;
     // Read in process: a TLS listener does not serve plain /debug/varz.
@@ -55,13 +57,9 @@ fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
         let mut last = Instant::now();
         let mut worst = Duration::ZERO;
         loop {
-            let (ty, p) = match healthy.next_frame() {
-                Ok(f) => f,
+            let (_, packet) = match healthy.recv_packet(T) {
+                Ok(p) => p,
                 Err(e) => panic!("healthy reader lost its connection after {next} packets: {e}"),
-            };
-            let Ok(ServerFrame::RecvPacket { packet, .. }) = frame::parse_server_frame(ty, &p)
-            else {
-                continue;
             };
             let n = u32::from_be_bytes(packet[..4].try_into().unwrap());
             if n == u32::MAX {
@@ -83,16 +81,15 @@ fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
     // sender's stream as fast as it comes, so that nothing but the stuck
     // peers could hold the healthy packets up).
     let big = vec![0x55u8; 60_000];
-    let mut out = Vec::with_capacity(70_000);
     let mut peak_queued = 0f64;
     let started = Instant::now();
     let mut sent = 0u32;
     while started.elapsed() < RUN {
-        sender.send(&healthy_key, &sent.to_be_bytes(), &mut out);
+        sender.send(&healthy_key, &sent.to_be_bytes());
         sent += 1;
         if sent.is_multiple_of(10) {
             for k in &stuck_keys {
-                sender.send(k, &big, &mut out);
+                sender.send(k, &big);
             }
         }
         if sent.is_multiple_of(250) {
@@ -100,7 +97,7 @@ fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    sender.send(&healthy_key, &u32::MAX.to_be_bytes(), &mut out);
+    sender.send(&healthy_key, &u32::MAX.to_be_bytes());
     let (received, worst) = reader.join().unwrap();
     assert_eq!(received, sent, "every healthy packet arrived");
     assert!(
@@ -122,14 +119,14 @@ fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
         "queued bytes peaked at {peak_queued}"
     );
     // The sender is still connected: it gets its pong.
-    let mut ping = Vec::new();
-    frame::put_ping(&mut ping, b"stillup!");
-    sender.io.write_all(&ping).unwrap();
+    sender.ping(*b"stillup!");
     loop {
-        let (ty, p) = sender.next_frame().expect("sender connected");
-        if ty == frame::FrameType::Pong as u8 {
-            assert_eq!(p, b"stillup!");
-            break;
+        match sender.next_meaningful(T).expect("sender connected") {
+            Event::Pong(data) => {
+                assert_eq!(&data, b"stillup!");
+                break;
+            }
+            _ => continue,
         }
     }
     drop(stuck);
@@ -138,10 +135,20 @@ fn stuck_receivers_do_not_stall_the_sender(tls: bool) {
 
 #[test]
 fn stuck_receivers_do_not_stall_the_sender_plain() {
-    stuck_receivers_do_not_stall_the_sender(false);
+    stuck_receivers_do_not_stall_the_sender(false, |addr, rcvbuf| {
+        Client::over(
+            dial(addr, rcvbuf),
+            config(NodePrivate::generate(), info(None)),
+        )
+    });
 }
 
 #[test]
 fn stuck_receivers_do_not_stall_the_sender_tls() {
-    stuck_receivers_do_not_stall_the_sender(true);
+    stuck_receivers_do_not_stall_the_sender(true, |addr, rcvbuf| {
+        tls_over(
+            dial(addr, rcvbuf),
+            config(NodePrivate::generate(), info(None)),
+        )
+    });
 }

@@ -1,15 +1,16 @@
 //! DERP over TLS through the relay, with the move into kernel TLS switched
 //! on. Where the kernel has no TLS ULP (this machine) every connection must
 //! be refused, counted, and keep relaying in userspace; where it has one,
-//! the sessions move into the kernel and relay the same way.
+//! the sessions move into the kernel and relay the same way. A fast-start
+//! client (request and clientInfo in one write, no 101) relays too.
 
 mod support;
 
-use std::io::Write;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ferry_proto::frame;
-use support::peer::Peer;
+use ferry_proto::key::NodePrivate;
+use support::{connect_tls, tls_over};
 
 #[test]
 fn tls_relays_with_kernel_tls_switched_on() {
@@ -21,15 +22,13 @@ fn tls_relays_with_kernel_tls_switched_on() {
         cfg.ktls = true;
     });
     let kernel = ferry_sys::ktls::tls_ulp_available();
-    let mut a = Peer::connect(addr, true, None);
-    let mut b = Peer::connect(addr, true, None);
+    let mut a = connect_tls(addr);
+    let mut b = connect_tls(addr);
     for i in 0..200u32 {
-        let mut out = Vec::new();
         let mut payload = vec![0u8; 1400];
         payload[..4].copy_from_slice(&i.to_be_bytes());
-        frame::put_send_packet(&mut out, &b.public, &payload);
-        a.io.write_all(&out).unwrap();
-        let (src, got) = b.recv_packet().unwrap();
+        a.send(&b.public, &payload);
+        let (src, got) = b.recv_packet(Duration::from_secs(5)).expect("packet");
         assert_eq!((src, got), (a.public, payload));
     }
     // The listener speaks TLS only: read the counters in-process.
@@ -73,5 +72,37 @@ fn tls_relays_with_kernel_tls_switched_on() {
             );
         }
     }
+    support::stop(server);
+}
+
+/// Fast start (§4.4) as tailscaled does it once the meta-certificate gave
+/// it the server key: request and clientInfo in one write, no 101, and the
+/// relay goes straight to serverKey and serverInfo.
+#[test]
+fn fast_start_client_over_tls() {
+    let mut server_key = None;
+    let (server, addr) = support::start(2, |cfg| {
+        server_key = Some(cfg.public_key);
+        cfg.tls = Some(support::self_signed_tls(cfg).config);
+    });
+    let server_key = server_key.expect("configured");
+    let fast = |addr| {
+        let mut config = support::config(NodePrivate::generate(), support::info(None));
+        config.fast_start = Some(server_key);
+        tls_over(support::dial(addr, None), config)
+    };
+    let mut a = fast(addr);
+    let mut b = connect_tls(addr);
+    assert_eq!(a.server_key, server_key);
+    a.send(&b.public, b"fast start");
+    assert_eq!(
+        b.recv_packet(Duration::from_secs(5)).unwrap(),
+        (a.public, b"fast start".to_vec())
+    );
+    b.send(&a.public, b"and back");
+    assert_eq!(
+        a.recv_packet(Duration::from_secs(5)).unwrap(),
+        (b.public, b"and back".to_vec())
+    );
     support::stop(server);
 }

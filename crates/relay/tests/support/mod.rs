@@ -1,18 +1,16 @@
 //! A small blocking DERP client and server harness for the relay's tests.
-//! It speaks the protocol through `ferry-proto` only, byte by byte as a Go
-//! client would, so the tests check the server rather than shared code.
+//! The client drives `ferry_proto::client` (the same state machine the load
+//! generator and the SDK use) over a blocking socket, plain or TLS, and
+//! hands the tests its events.
 #![allow(dead_code)]
-
-pub mod peer;
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use ferry_proto::frame::{self, ClientFramePolicy, Deframer, ServerFrame};
-use ferry_proto::handshake::{self, ClientInfo};
+use ferry_proto::client::{self as derp, Event};
+use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 use ferry_proto::nacl;
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
@@ -74,13 +72,32 @@ pub fn stop(server: Server) {
     server.wait().expect("clean stop");
 }
 
-pub struct Client {
-    pub stream: TcpStream,
-    pub key: NodePrivate,
+/// A byte stream to the relay whose reads can be bounded in time.
+pub trait Transport: Read + Write {
+    /// The TCP socket underneath, for timeouts.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Transport for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Transport for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+/// A connected DERP client: `proto::client` over a blocking stream.
+pub struct Client<S: Transport = TcpStream> {
+    pub stream: S,
     pub public: NodePublic,
     pub server_key: NodePublic,
-    deframer: Deframer,
-    frames: VecDeque<(u8, Vec<u8>)>,
+    derp: derp::Client,
+    events: VecDeque<Event>,
+    out: Vec<u8>,
 }
 
 pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
@@ -93,87 +110,105 @@ pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
     }
 }
 
+/// A Go-like client configuration for `key` saying `info`.
+pub fn config(key: NodePrivate, info: ClientInfo) -> derp::Config {
+    let mut config = derp::Config::new(key, "localhost");
+    config.user_agent = "Go-http-client/1.1".into();
+    config.info = info;
+    config
+}
+
 impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
         Self::connect_as(addr, NodePrivate::generate(), info(None))
     }
 
     pub fn connect_as(addr: SocketAddr, key: NodePrivate, info: ClientInfo) -> Client {
-        let mut stream = TcpStream::connect(addr).expect("connect");
+        let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).unwrap();
-        stream
-            .write_all(b"GET /derp HTTP/1.1\r\nHost: localhost\r\nUser-Agent: Go-http-client/1.1\r\nConnection: Upgrade\r\nUpgrade: DERP\r\n\r\n")
-            .unwrap();
-        let public = key.public();
+        Client::over(stream, config(key, info))
+    }
+}
+
+impl<S: Transport> Client<S> {
+    /// Runs the handshake over `stream`; the first event must be
+    /// `Connected`.
+    pub fn over(stream: S, config: derp::Config) -> Client<S> {
+        let public = config.key.public();
+        let derp = derp::Client::new(config, Instant::now(), nacl::random_nonce())
+            .expect("valid client configuration");
         let mut c = Client {
             stream,
-            key,
             public,
             server_key: NodePublic::from_bytes([0; 32]),
-            deframer: Deframer::new(),
-            frames: VecDeque::new(),
+            derp,
+            events: VecDeque::new(),
+            out: Vec::new(),
         };
-        // The 101 response head, then DERP frames.
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            c.stream.read_exact(&mut byte).expect("101 response");
-            head.push(byte[0]);
-            assert!(head.len() < 4096, "response head too long");
+        c.flush().expect("upgrade request");
+        match c.next_event(Duration::from_secs(5)) {
+            Ok(Event::Connected { server_key, .. }) => c.server_key = server_key,
+            other => panic!("expected serverInfo first, got {other:?}"),
         }
-        assert!(
-            head.starts_with(b"HTTP/1.1 101 "),
-            "{}",
-            String::from_utf8_lossy(&head)
-        );
-        let (ty, payload) = c.next_frame(Duration::from_secs(5)).expect("serverKey");
-        assert_eq!(ty, frame::FrameType::ServerKey as u8);
-        c.server_key = handshake::parse_server_key(&payload).expect("valid serverKey");
-        let hello =
-            handshake::seal_client_info(&c.key, &c.server_key, &info, &nacl::random_nonce());
-        c.stream.write_all(&hello).unwrap();
-        let (ty, payload) = c.next_frame(Duration::from_secs(5)).expect("serverInfo");
-        assert_eq!(
-            ty,
-            frame::FrameType::ServerInfo as u8,
-            "serverInfo comes right after serverKey"
-        );
-        handshake::open_server_info(&c.key, &c.server_key, &payload).expect("serverInfo opens");
         c
     }
 
+    /// Writes what the client has queued (clientInfo, pongs).
+    fn flush(&mut self) -> io::Result<()> {
+        self.derp.poll_transmit(&mut self.out);
+        if !self.out.is_empty() {
+            self.stream.write_all(&self.out)?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Writes raw bytes, bypassing the client (malformed frames, floods).
     pub fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream.write_all(bytes)
     }
 
     pub fn send(&mut self, dst: &NodePublic, packet: &[u8]) {
-        let mut out = Vec::new();
-        frame::put_send_packet(&mut out, dst, packet);
-        self.stream.write_all(&out).expect("send");
+        self.derp
+            .send_packet(&mut self.out, dst, packet)
+            .expect("sendPacket");
+        self.flush().expect("send");
     }
 
     pub fn ping(&mut self, data: [u8; 8]) {
-        let mut out = Vec::new();
-        frame::put_ping(&mut out, &data);
-        self.stream.write_all(&out).expect("ping");
+        self.derp.ping(&mut self.out, data).expect("ping");
+        self.flush().expect("ping");
     }
 
-    /// Next frame of any type, or an error on timeout/EOF.
-    pub fn next_frame(&mut self, timeout: Duration) -> io::Result<(u8, Vec<u8>)> {
+    /// Next event of any kind, or an error on timeout or a broken stream.
+    /// A clean close by the server is `Event::ServerClosed`, once.
+    pub fn next_event(&mut self, timeout: Duration) -> io::Result<Event> {
         let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            if let Some(f) = self.frames.pop_front() {
-                return Ok(f);
+            if let Some(e) = self.events.pop_front() {
+                return Ok(e);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(io::ErrorKind::TimedOut.into());
             }
-            self.stream.set_read_timeout(Some(left))?;
-            let n = match self.stream.read(&mut buf) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => n,
+            self.stream.tcp().set_read_timeout(Some(left))?;
+            let invalid = |e: derp::ClientError| io::Error::new(io::ErrorKind::InvalidData, e);
+            let events = &mut self.events;
+            match self.stream.read(&mut buf) {
+                Ok(0) => self
+                    .derp
+                    .handle_eof(|e| events.push_back(e.into_owned()))
+                    .map_err(invalid)?,
+                Ok(n) => {
+                    self.derp
+                        .handle_bytes(Instant::now(), &buf[..n], |e| {
+                            events.push_back(e.into_owned())
+                        })
+                        .map_err(invalid)?;
+                    self.flush()?;
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -183,35 +218,28 @@ impl Client {
                     return Err(io::ErrorKind::TimedOut.into())
                 }
                 Err(e) => return Err(e),
-            };
-            let frames = &mut self.frames;
-            self.deframer
-                .feed(&buf[..n], &ClientFramePolicy, |ty, p| {
-                    frames.push_back((ty, p.to_vec()));
-                    ControlFlow::Continue(())
-                })
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        }
-    }
-
-    /// Next frame that is not a keepAlive.
-    pub fn next_meaningful(&mut self, timeout: Duration) -> io::Result<(u8, Vec<u8>)> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let (ty, p) = self.next_frame(deadline.saturating_duration_since(Instant::now()))?;
-            if ty != frame::FrameType::KeepAlive as u8 {
-                return Ok((ty, p));
             }
         }
     }
 
-    /// Next received packet (skipping other frames).
+    /// Next event that is not a keepAlive.
+    pub fn next_meaningful(&mut self, timeout: Duration) -> io::Result<Event> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let e = self.next_event(deadline.saturating_duration_since(Instant::now()))?;
+            if e != Event::KeepAlive {
+                return Ok(e);
+            }
+        }
+    }
+
+    /// Next received packet (skipping other events).
     pub fn recv_packet(&mut self, timeout: Duration) -> io::Result<(NodePublic, Vec<u8>)> {
         let deadline = Instant::now() + timeout;
         loop {
-            let (ty, p) = self.next_frame(deadline.saturating_duration_since(Instant::now()))?;
-            if let Ok(ServerFrame::RecvPacket { src, packet }) = frame::parse_server_frame(ty, &p) {
-                return Ok((src, packet.to_vec()));
+            let e = self.next_event(deadline.saturating_duration_since(Instant::now()))?;
+            if let Event::Packet { src, packet } = e {
+                return Ok((src, packet));
             }
         }
     }
@@ -220,13 +248,61 @@ impl Client {
     pub fn closed_within(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.next_frame(deadline.saturating_duration_since(Instant::now())) {
+            match self.next_event(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Event::ServerClosed) => return true,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => return false,
                 Err(_) => return true,
             }
         }
     }
+}
+
+/// DERP over TLS, as the relay tests speak it.
+pub type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A TCP connection to `addr`; `rcvbuf` shrinks its receive buffer before
+/// the connect (so that a client that never reads fills up at once).
+pub fn dial(addr: SocketAddr, rcvbuf: Option<usize>) -> TcpStream {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    if let Some(n) = rcvbuf {
+        sock.set_recv_buffer_size(n).expect("SO_RCVBUF");
+    }
+    sock.connect(&addr.into()).expect("connect");
+    let tcp: TcpStream = sock.into();
+    tcp.set_nodelay(true).unwrap();
+    tcp
+}
+
+/// A DERP client over TLS on `tcp` that accepts the relay's self-signed
+/// certificate.
+pub fn tls_over(tcp: TcpStream, derp: derp::Config) -> Client<Tls> {
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(ferry_bench::target::NoVerification(
+            provider,
+        )))
+        .with_no_client_auth();
+    let conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(config), "localhost".try_into().unwrap())
+            .unwrap();
+    Client::over(rustls::StreamOwned::new(conn, tcp), derp)
+}
+
+/// A fresh DERP client over TLS.
+pub fn connect_tls(addr: SocketAddr) -> Client<Tls> {
+    tls_over(
+        dial(addr, None),
+        config(NodePrivate::generate(), info(None)),
+    )
 }
 
 /// Scrapes one metric (sum of matching lines) from `/debug/varz`.
