@@ -28,6 +28,32 @@ pub enum ListenerKind {
     Port80,
 }
 
+/// How client keys are spread over shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// A hash seeded at random at start-up, so that clients cannot aim at
+    /// one shard. Production always uses this.
+    #[default]
+    Random,
+    /// The key's first byte modulo the shard count. For tests, which pick
+    /// keys to put them on the shards a case needs (see
+    /// [`Placement::key_for`]), so that "across shards" is every time.
+    FirstByte,
+}
+
+impl Placement {
+    /// A fresh key that [`Placement::FirstByte`] puts on `shard` of
+    /// `shards`.
+    pub fn key_for(shard: usize, shards: usize) -> NodePrivate {
+        loop {
+            let key = NodePrivate::generate();
+            if usize::from(key.public().as_bytes()[0]) % shards == shard {
+                return key;
+            }
+        }
+    }
+}
+
 /// A socket to listen on.
 #[derive(Clone, Debug)]
 pub struct ListenerSpec {
@@ -90,6 +116,8 @@ pub struct RelayConfig {
     pub restart_try_for: Duration,
     /// How long a graceful shutdown waits for queued frames to drain.
     pub shutdown_grace: Duration,
+    /// How keys are spread over shards ([`Placement::Random`] but in tests).
+    pub placement: Placement,
 }
 
 impl RelayConfig {
@@ -119,6 +147,7 @@ impl RelayConfig {
             restart_reconnect_in: Duration::from_secs(1),
             restart_try_for: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(2),
+            placement: Placement::Random,
         }
     }
 }

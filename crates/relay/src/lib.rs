@@ -39,5 +39,5 @@ pub mod stun;
 pub mod tls;
 pub mod transport;
 
-pub use config::{HomePage, ListenerKind, ListenerSpec, RelayConfig};
+pub use config::{HomePage, ListenerKind, ListenerSpec, Placement, RelayConfig};
 pub use server::{Server, ServerOptions, SocketRole, StartError};

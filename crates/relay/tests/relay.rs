@@ -21,11 +21,24 @@ fn disco_packet(tag: u8) -> Vec<u8> {
     p
 }
 
+/// Keys are placed (not hashed at random) so that every pair of shards,
+/// each shard with itself included, carries packets every time.
 #[test]
 fn packets_cross_every_pair_of_shards() {
+    use ferry_relay::Placement;
     for workers in [1, 2, 3] {
-        let (server, addr) = start(workers, |_| {});
-        let mut clients: Vec<Client> = (0..8).map(|_| Client::connect(addr)).collect();
+        let (server, addr) = start(workers, |cfg| cfg.placement = Placement::FirstByte);
+        // Client i on shard i % workers: with 8 clients every shard has at
+        // least two.
+        let mut clients: Vec<Client> = (0..8)
+            .map(|i| {
+                Client::connect_as(
+                    addr,
+                    Placement::key_for(i % workers, workers),
+                    support::info(None),
+                )
+            })
+            .collect();
         for i in 0..clients.len() {
             for j in 0..clients.len() {
                 let dst = clients[j].public;
@@ -47,6 +60,19 @@ fn packets_cross_every_pair_of_shards() {
         }
         let sent = metric(addr, "derp_packets_sent");
         assert_eq!(sent, 64.0, "workers={workers}");
+        // Every shard sent to every other: (8 / workers)² packets per
+        // ordered pair of distinct shards, at least.
+        for shard in 0..workers {
+            let out = metric(
+                addr,
+                &format!("ferry_shard_cross_packets_total{{shard=\"{shard}\"}}"),
+            );
+            let others = (workers - 1) as f64;
+            assert!(
+                out >= others * 4.0,
+                "shard {shard} sent {out} packets across (workers={workers})"
+            );
+        }
         stop(server);
     }
 }
@@ -793,6 +819,73 @@ fn backpressure_is_per_sender() {
     );
     stop_flag.store(true, std::sync::atomic::Ordering::Relaxed);
     flood.join().unwrap();
+    drop(slow);
+    stop(server);
+}
+
+/// A sender flooding a receiver on another shard that reads nothing: once
+/// the receiver's shard marks it as not draining, the sender's shard drops
+/// its packets itself instead of carrying them through the ring only to be
+/// dropped there, and the ring stays free for everyone else's traffic.
+/// Placement is pinned: the sender on shard 0, both receivers on shard 1.
+#[test]
+fn packets_to_a_stuck_receiver_on_another_shard_stop_before_the_ring() {
+    use ferry_relay::Placement;
+    let (server, addr) = start(2, |cfg| {
+        cfg.placement = Placement::FirstByte;
+        cfg.send_queue_bytes = 64 * 1024;
+        cfg.write_timeout = Some(Duration::from_secs(30));
+    });
+    let mut heavy = Client::connect_as(addr, Placement::key_for(0, 2), support::info(None));
+    let slow = Client::over(
+        support::dial(addr, Some(4096)),
+        support::config(Placement::key_for(1, 2), support::info(None)),
+    );
+    let mut b = Client::connect_as(addr, Placement::key_for(1, 2), support::info(None));
+    let (slow_key, b_key) = (slow.public, b.public);
+    let stop_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop_flag.clone();
+    let flood = std::thread::spawn(move || {
+        heavy
+            .stream
+            .set_write_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut out = Vec::new();
+        frame::put_send_packet(&mut out, &slow_key, &[7u8; 1300]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+            let _ = heavy.write(&out);
+        }
+        heavy
+    });
+    assert!(
+        eventually(T, || metric(
+            addr,
+            "ferry_backpressure_budget_expired_total"
+        ) >= 1.0),
+        "the slow receiver was never found not draining"
+    );
+    let cross = "ferry_shard_cross_packets_total{shard=\"0\"}";
+    let dropped = "derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}";
+    // Let the NotDraining mail arrive (one more drop counted after it is
+    // enough to be sure the flood goes on), then measure.
+    let (cross0, dropped0) = (metric(addr, cross), metric(addr, dropped));
+    assert!(
+        eventually(T, || metric(addr, dropped) >= dropped0 + 5000.0),
+        "the flood stopped"
+    );
+    let cross1 = metric(addr, cross);
+    assert!(
+        cross1 - cross0 < 1000.0,
+        "{} packets crossed the ring to a receiver that reads nothing",
+        cross1 - cross0
+    );
+    stop_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut heavy = flood.join().unwrap();
+    // The sender's traffic to the healthy receiver on that shard goes on.
+    heavy.send(&b_key, b"still flowing");
+    let (src, got) = b.recv_packet(T).expect("packet to the healthy receiver");
+    assert_eq!((src, got.as_slice()), (heavy.public, &b"still flowing"[..]));
     drop(slow);
     stop(server);
 }

@@ -79,7 +79,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use slab::Slab;
 
-use crate::config::{ListenerKind, RelayConfig};
+use crate::config::{ListenerKind, Placement, RelayConfig};
 use crate::conn::{Conn, Hold, Phase};
 use crate::front::{self, Answer};
 use crate::metrics::{
@@ -179,7 +179,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// One per shard; filled once every shard's driver exists.
     pub doorbells: OnceLock<Vec<Arc<Doorbell>>>,
-    /// Key-to-shard hash, seeded randomly.
+    /// Key-to-shard hash, seeded randomly (used with
+    /// [`Placement::Random`]).
     pub hasher: RandomState,
     /// Set to start a graceful shutdown.
     pub shutdown: AtomicBool,
@@ -191,9 +192,11 @@ impl Shared {
     /// The shard that owns `key`.
     pub fn owner_of(&self, key: &NodePublic, shards: usize) -> usize {
         if shards == 1 {
-            0
-        } else {
-            (self.hasher.hash_one(key.as_bytes()) % shards as u64) as usize
+            return 0;
+        }
+        match self.config.placement {
+            Placement::Random => (self.hasher.hash_one(key.as_bytes()) % shards as u64) as usize,
+            Placement::FirstByte => usize::from(key.as_bytes()[0]) % shards,
         }
     }
 }
