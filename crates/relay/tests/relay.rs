@@ -774,6 +774,40 @@ fn slow_reader_gets_backpressure_not_loss() {
     }
 }
 
+/// A client writing 1300-byte packets to one destination as fast as the
+/// relay takes them, on a thread, for at most 30 s.
+struct Flood {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Client>,
+}
+
+impl Flood {
+    fn start(mut from: Client, to: ferry_proto::key::NodePublic) -> Flood {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            from.stream
+                .set_write_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut out = Vec::new();
+            frame::put_send_packet(&mut out, &to, &[7u8; 1300]);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                // Blocks (and times out) while the relay does not read us.
+                let _ = from.write(&out);
+            }
+            from
+        });
+        Flood { stop, thread }
+    }
+
+    /// Stops the flood and gives the client back.
+    fn stop(self) -> Client {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// One heavy sender stuck behind a slow reader does not hold up a pair
 /// that talks elsewhere.
 #[test]
@@ -782,26 +816,11 @@ fn backpressure_is_per_sender() {
         cfg.send_queue_bytes = 32 * 1024;
         cfg.write_timeout = Some(Duration::from_secs(30));
     });
-    let mut heavy = Client::connect(addr);
+    let heavy = Client::connect(addr);
     let slow = Client::connect(addr);
     let mut a = Client::connect(addr);
     let mut b = Client::connect(addr);
-    let slow_key = slow.public;
-    let stop_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stop_flag.clone();
-    let flood = std::thread::spawn(move || {
-        heavy
-            .stream
-            .set_write_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        let mut out = Vec::new();
-        frame::put_send_packet(&mut out, &slow_key, &[7u8; 1300]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
-            // Blocks (and times out) once the relay stops reading us.
-            let _ = heavy.write(&out);
-        }
-    });
+    let flood = Flood::start(heavy, slow.public);
     assert!(
         eventually(T, || metric(addr, "ferry_senders_paused") >= 1.0),
         "heavy sender paused"
@@ -817,8 +836,7 @@ fn backpressure_is_per_sender() {
         "took {:?}",
         start.elapsed()
     );
-    stop_flag.store(true, std::sync::atomic::Ordering::Relaxed);
-    flood.join().unwrap();
+    flood.stop();
     drop(slow);
     stop(server);
 }
@@ -836,28 +854,14 @@ fn packets_to_a_stuck_receiver_on_another_shard_stop_before_the_ring() {
         cfg.send_queue_bytes = 64 * 1024;
         cfg.write_timeout = Some(Duration::from_secs(30));
     });
-    let mut heavy = Client::connect_as(addr, Placement::key_for(0, 2), support::info(None));
+    let heavy = Client::connect_as(addr, Placement::key_for(0, 2), support::info(None));
     let slow = Client::over(
         support::dial(addr, Some(4096)),
         support::config(Placement::key_for(1, 2), support::info(None)),
     );
     let mut b = Client::connect_as(addr, Placement::key_for(1, 2), support::info(None));
-    let (slow_key, b_key) = (slow.public, b.public);
-    let stop_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stop_flag.clone();
-    let flood = std::thread::spawn(move || {
-        heavy
-            .stream
-            .set_write_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        let mut out = Vec::new();
-        frame::put_send_packet(&mut out, &slow_key, &[7u8; 1300]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
-            let _ = heavy.write(&out);
-        }
-        heavy
-    });
+    let b_key = b.public;
+    let flood = Flood::start(heavy, slow.public);
     assert!(
         eventually(T, || metric(
             addr,
@@ -880,8 +884,7 @@ fn packets_to_a_stuck_receiver_on_another_shard_stop_before_the_ring() {
         "{} packets crossed the ring to a receiver that reads nothing",
         cross1 - cross0
     );
-    stop_flag.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut heavy = flood.join().unwrap();
+    let mut heavy = flood.stop();
     // The sender's traffic to the healthy receiver on that shard goes on.
     heavy.send(&b_key, b"still flowing");
     let (src, got) = b.recv_packet(T).expect("packet to the healthy receiver");
