@@ -15,58 +15,18 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_proto::frame;
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counter is a side effect that does not touch the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            note(layout.size());
-        }
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            note(new_size);
-        }
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: ferry_sys::alloc_count::Counting = ferry_sys::alloc_count::Counting;
 
 const PAIRS: usize = 6;
 const PACKETS: usize = 2000;
 const SIZE: usize = 1400;
-
-/// Sizes of the first allocations seen while counting, for the failure message.
-static SIZES: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
-
-fn note(size: usize) {
-    let n = ALLOCS.fetch_add(1, Ordering::Relaxed) as usize;
-    if let Some(slot) = SIZES.get(n) {
-        slot.store(size as u64, Ordering::Relaxed);
-    }
-}
 
 /// Reads until every receiver has all of one burst. Allocation-free.
 fn drain(receivers: &mut [TcpStream], buf: &mut [u8]) {
@@ -110,7 +70,7 @@ fn forwarding_allocates_nothing_per_packet() {
     // based, allocation-free), so the harness allocates nothing while the
     // relay is being counted.
     let go = std::sync::Barrier::new(PAIRS + 1);
-    let allocs = std::thread::scope(|scope| {
+    let (allocs, sizes) = std::thread::scope(|scope| {
         for (stream, f) in senders.iter_mut() {
             let go = &go;
             scope.spawn(move || {
@@ -127,12 +87,10 @@ fn forwarding_allocates_nothing_per_packet() {
             drain(&mut receivers, &mut buf); // warm-up
         }
 
-        ALLOCS.store(0, Ordering::SeqCst);
-        COUNTING.store(true, Ordering::SeqCst);
+        ferry_sys::alloc_count::start_recording();
         go.wait();
         drain(&mut receivers, &mut buf);
-        COUNTING.store(false, Ordering::SeqCst);
-        ALLOCS.load(Ordering::SeqCst)
+        ferry_sys::alloc_count::stop_recording()
     });
 
     let relayed = support::metric(addr, "derp_packets_sent");
@@ -141,11 +99,6 @@ fn forwarding_allocates_nothing_per_packet() {
         (3 * PAIRS * PACKETS) as f64,
         "every packet was relayed"
     );
-    let sizes: Vec<u64> = SIZES
-        .iter()
-        .map(|s| s.load(Ordering::Relaxed))
-        .take(allocs as usize)
-        .collect();
     let small: Vec<u64> = sizes.iter().copied().filter(|&n| n < 64 * 1024).collect();
     assert!(
         small.is_empty() && allocs <= (2 * 2 * PAIRS) as u64,

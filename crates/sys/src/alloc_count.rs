@@ -9,10 +9,16 @@
 //! adds.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static COUNT: AtomicU64 = AtomicU64::new(0);
 static LAST_SIZE: AtomicU64 = AtomicU64::new(0);
+/// While set, the sizes of allocations go into `SIZES` too.
+static RECORDING: AtomicBool = AtomicBool::new(false);
+static RECORDED: AtomicU64 = AtomicU64::new(0);
+/// How many sizes a recording keeps (the first ones).
+pub const RECORDED_SIZES: usize = 32;
+static SIZES: [AtomicU64; RECORDED_SIZES] = [const { AtomicU64::new(0) }; RECORDED_SIZES];
 
 /// The counting allocator.
 pub struct Counting;
@@ -27,9 +33,36 @@ pub fn last_size() -> u64 {
     LAST_SIZE.load(Ordering::Relaxed)
 }
 
+/// Starts recording: from now until [`stop_recording`], allocations are
+/// counted apart and the sizes of the first [`RECORDED_SIZES`] kept.
+pub fn start_recording() {
+    RECORDED.store(0, Ordering::SeqCst);
+    RECORDING.store(true, Ordering::SeqCst);
+}
+
+/// Stops recording; returns how many allocations happened while it ran and
+/// the sizes of the first of them (the list is built after recording
+/// stopped, so it is not counted).
+pub fn stop_recording() -> (u64, Vec<u64>) {
+    RECORDING.store(false, Ordering::SeqCst);
+    let n = RECORDED.load(Ordering::SeqCst);
+    let sizes = SIZES
+        .iter()
+        .take(n as usize)
+        .map(|s| s.load(Ordering::Relaxed))
+        .collect();
+    (n, sizes)
+}
+
 fn note(size: usize) {
     COUNT.fetch_add(1, Ordering::Relaxed);
     LAST_SIZE.store(size as u64, Ordering::Relaxed);
+    if RECORDING.load(Ordering::Relaxed) {
+        let n = RECORDED.fetch_add(1, Ordering::Relaxed) as usize;
+        if let Some(slot) = SIZES.get(n) {
+            slot.store(size as u64, Ordering::Relaxed);
+        }
+    }
 }
 
 // SAFETY: every method forwards its arguments unchanged to the system
