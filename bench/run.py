@@ -823,9 +823,10 @@ def markdown(ctx, s, machine):
 # Plots
 
 
-STYLE = {"ferry": ("tab:blue", "o"), "derper": ("tab:red", "s"), "derper-q": ("tab:orange", "^"), "ceiling": ("tab:gray", "D")}
+STYLE = {"ferry": ("tab:blue", "o"), "ferry-base": ("tab:cyan", "v"), "derper": ("tab:red", "s"),
+         "derper-q": ("tab:orange", "^"), "ceiling": ("tab:gray", "D")}
 # Drawing order and a small horizontal nudge, so coinciding lines stay visible.
-LAYER = {"ferry": (4, 0.0), "derper": (3, -0.012), "derper-q": (3, 0.012), "ceiling": (2, 0.0)}
+LAYER = {"ferry": (4, 0.0), "ferry-base": (4, 0.006), "derper": (3, -0.012), "derper-q": (3, 0.012), "ceiling": (2, 0.0)}
 
 
 def line_style(n):
