@@ -137,6 +137,13 @@ pub struct Conn {
     /// backpressure budget has passed while holding senders: `None` until
     /// read in this hold, `Some(None)` where the back end cannot tell.
     pub acked_mark: Option<Option<u64>>,
+    /// An acknowledged-bytes reading taken, while this connection held
+    /// nobody, because its send had been in flight for half a budget when
+    /// another destination's hold was checked: a hold that starts later
+    /// counts from half a budget before it, so a second stuck receiver is
+    /// recognised at once instead of after a budget of its own. Cleared
+    /// when a send completes.
+    pub probe: Option<(Instant, Option<u64>)>,
     /// Held its senders for the whole backpressure budget without its
     /// socket taking a byte: until a write to it completes, its queue
     /// drops its own new packets over the cap instead of pausing senders.
@@ -235,6 +242,7 @@ impl Conn {
             holding: false,
             held_since: now,
             acked_mark: None,
+            probe: None,
             not_draining: false,
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,

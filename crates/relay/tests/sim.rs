@@ -350,6 +350,36 @@ fn budget_releases_senders_of_a_reader_that_takes_nothing() {
     assert!(!s.d.receiving(a));
 }
 
+/// Two receivers that read nothing, one after the other: the sender is
+/// held one budget in all, not one per receiver. While the first holds it,
+/// the shard reads the second's socket too (its send has been pending for
+/// half a budget), so when the sender, released, fills the second's queue,
+/// that one is recognised at once.
+#[test]
+fn budget_is_not_spent_twice_on_two_stuck_receivers() {
+    let budget = Duration::from_millis(50);
+    let (mut s, a, bk, _b) = sender_and_stuck_reader(budget);
+    let ck = NodePrivate::generate();
+    let c = s.client(&ck);
+    s.d.set_reader(c, Reader::Stuck);
+    // c gets a packet first, which stays in flight: c reads nothing.
+    s.send(a, &ck.public(), &[1; 1000]);
+    s.settle();
+    assert!(s.d.send_in_flight(c));
+    fill_until_paused(&mut s, a, &bk.public(), 1000);
+    s.advance(budget);
+    assert!(s.d.receiving(a), "released from b at the budget");
+    assert_eq!(s.metric("ferry_backpressure_budget_expired_total"), 1.0);
+    // The sender fills c's queue past its cap in one go: c is found not
+    // draining in the same turn, and the sender is never held by it.
+    for _ in 0..12 {
+        s.send(a, &ck.public(), &[2; 1000]);
+    }
+    s.settle();
+    assert!(s.d.receiving(a), "not held by c");
+    assert_eq!(s.metric("ferry_backpressure_budget_expired_total"), 2.0);
+}
+
 #[test]
 fn budget_keeps_holding_for_a_reader_that_takes_something() {
     let budget = Duration::from_millis(50);

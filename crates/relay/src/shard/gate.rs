@@ -77,6 +77,7 @@ impl Shard {
         let now = self.now;
         let budget = self.shared.config.backpressure_budget;
         let half = budget / 2;
+        let mut probe = false;
         let mut i = 0;
         while i < self.holders.len() {
             let (slot, gen) = self.holders[i];
@@ -98,8 +99,10 @@ impl Shard {
                 continue;
             }
             let Some(mark) = conn.acked_mark else {
-                // Half the budget gone: note how far the peer has read.
+                // Half the budget gone: note how far the peer has read, and
+                // how far the other long-pending sends' peers have.
                 conn.acked_mark = Some(driver.bytes_acked(slot));
+                probe = true;
                 i += 1;
                 continue;
             };
@@ -126,6 +129,31 @@ impl Shard {
             conn_log!(self, info, %peer, client = %key, held_ms = held_for.as_millis() as u64,
                 "client is taking nothing from its socket; dropping its packets instead of pausing the senders feeding it");
             self.release_waiters(slot);
+        }
+        if probe {
+            self.probe_pending_sends(driver);
+        }
+    }
+
+    /// Reads the acknowledged bytes of every connection whose send has
+    /// been in flight for half a budget and that holds nobody (see
+    /// `Conn::probe`). Runs only when some hold has lasted half a budget,
+    /// which a relay whose readers read never sees.
+    fn probe_pending_sends(&mut self, driver: &mut dyn DriverOps) {
+        let now = self.now;
+        let half = self.shared.config.backpressure_budget / 2;
+        for (slot, c) in self.conns.iter_mut() {
+            let pending = c
+                .in_flight
+                .is_some_and(|t| now.saturating_duration_since(t) >= half);
+            if pending
+                && c.probe.is_none()
+                && c.waiters.is_empty()
+                && !c.not_draining
+                && c.closing.is_none()
+            {
+                c.probe = Some((now, driver.bytes_acked(slot)));
+            }
         }
     }
 

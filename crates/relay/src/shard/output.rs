@@ -132,7 +132,9 @@ impl Shard {
             }
             return;
         }
-        // The socket took a whole send: it drains again.
+        // The socket took a whole send: it drains again, and an earlier
+        // reading of it says nothing any more.
+        conn.probe = None;
         if std::mem::take(&mut conn.not_draining) {
             let key = conn.key;
             self.announce_draining(key, false);

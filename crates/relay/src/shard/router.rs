@@ -152,9 +152,20 @@ impl Shard {
                     && !conn.waiters.contains(&from)
                 {
                     if conn.waiters.is_empty() {
-                        // A new hold: its budget starts now.
-                        conn.held_since = self.now;
-                        conn.acked_mark = None;
+                        // A new hold: its budget starts now, or half a
+                        // budget before an earlier reading of the socket
+                        // (see `Conn::probe`).
+                        match conn.probe.take() {
+                            Some((at, mark)) => {
+                                let half = self.shared.config.backpressure_budget / 2;
+                                conn.held_since = at.checked_sub(half).unwrap_or(at);
+                                conn.acked_mark = Some(mark);
+                            }
+                            None => {
+                                conn.held_since = self.now;
+                                conn.acked_mark = None;
+                            }
+                        }
                         if !conn.holding {
                             conn.holding = true;
                             self.holders.push((slot, conn.gen));
