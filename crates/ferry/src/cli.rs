@@ -15,7 +15,7 @@ use ferry_relay::tls::CertMode;
 #[command(args_conflicts_with_subcommands = true)]
 // As with Go's flag package, a flag given twice takes the later value.
 #[command(args_override_self = true)]
-pub struct Args {
+pub(crate) struct Args {
     /// Another service instead of the DERP server (the default).
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -150,7 +150,7 @@ pub struct Args {
 
 /// Services other than the DERP server.
 #[derive(clap::Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Relay stock WireGuard over UDP: a static bounce (--target) or a
     /// receiver-index hub (--peer), never decrypting anything.
     UdpRelay(crate::udp::UdpRelayArgs),
@@ -159,7 +159,7 @@ pub enum Command {
 /// Rewrites Go-style single-dash long flags (`-dev`, `-stun-port=1`) to
 /// clap's double-dash form. Short flags (`-a`, `-c`) and negative numbers
 /// are left alone.
-pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+pub(crate) fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out = Vec::new();
     let mut rest_are_values = false;
     for (i, arg) in args.into_iter().enumerate() {
@@ -200,7 +200,7 @@ pub fn normalize_go_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStr
 /// does not parse, and a bare word that is not a level (`verbose`,
 /// `debu`), which tracing takes as a target name and thereby turns every
 /// other message off. Errors name the directive.
-pub fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter> {
+pub(crate) fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter> {
     use tracing_subscriber::filter::{Directive, LevelFilter};
     let mut directives = 0;
     for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
@@ -339,7 +339,7 @@ const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
 /// before anything else happens, and drops those given derper's default
 /// value (they change nothing). `args` are in clap's double-dash form
 /// (after [`normalize_go_flags`]); what is returned goes to clap.
-pub fn without_derper_defaults(args: Vec<OsString>) -> Result<Vec<OsString>> {
+pub(crate) fn without_derper_defaults(args: Vec<OsString>) -> Result<Vec<OsString>> {
     let mut out = Vec::with_capacity(args.len());
     let mut it = args.into_iter();
     out.extend(it.next());
@@ -384,14 +384,14 @@ pub fn without_derper_defaults(args: Vec<OsString>) -> Result<Vec<OsString>> {
 }
 
 /// Parses a Go duration ("2s", "10m0s", "1h30m", "250ms", "0").
-pub fn parse_go_duration(s: &str) -> Result<Duration> {
+pub(crate) fn parse_go_duration(s: &str) -> Result<Duration> {
     ferry_proto::godur::parse(s).with_context(|| {
         format!("invalid duration {s:?} (Go syntax: a number and a unit h, m, s, ms, us or ns, as in 10s or 1h30m)")
     })
 }
 
 /// Parses derper's -a syntax: "host:port", ":port", "[v6]:port".
-pub fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
+pub(crate) fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
     if let Some(port) = s.strip_prefix(':') {
         let port: u16 = port
             .parse()
@@ -449,7 +449,7 @@ fn duration_flag(
 
 /// A duration as Go prints one, for messages and logs: "10ms", "3m0s",
 /// "1h0m0s", "0s".
-pub fn go_duration(d: Duration) -> String {
+pub(crate) fn go_duration(d: Duration) -> String {
     let ms = d.as_millis();
     if ms == 0 {
         return "0s".into();
@@ -466,13 +466,13 @@ pub fn go_duration(d: Duration) -> String {
 }
 
 /// Most shard threads either service accepts.
-pub const MAX_WORKERS: usize = 1024;
+pub(crate) const MAX_WORKERS: usize = 1024;
 
 /// Checks a shard count against the usable CPUs. Zero and more than
 /// [`MAX_WORKERS`] are refused; more than `cpus` is allowed (a test box,
 /// a container whose CPU quota is not its CPU set) but returns a warning
 /// to log, since shards then share cores and pinned ones double up.
-pub fn check_workers(flag: &str, workers: usize, cpus: usize) -> Result<Option<String>> {
+pub(crate) fn check_workers(flag: &str, workers: usize, cpus: usize) -> Result<Option<String>> {
     if workers == 0 {
         bail!("{flag} 0: at least one shard is needed (omit {flag} for one per usable core)");
     }
@@ -488,13 +488,13 @@ pub fn check_workers(flag: &str, workers: usize, cpus: usize) -> Result<Option<S
 }
 
 /// Smallest --send-queue-bytes: one maximum-size DERP packet (64 KiB).
-pub const MIN_SEND_QUEUE_BYTES: usize = 64 << 10;
+pub(crate) const MIN_SEND_QUEUE_BYTES: usize = 64 << 10;
 /// Largest --send-queue-bytes.
-pub const MAX_SEND_QUEUE_BYTES: usize = 1 << 30;
+pub(crate) const MAX_SEND_QUEUE_BYTES: usize = 1 << 30;
 
 /// What the flags resolve to.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// DERP listener.
     pub addr: SocketAddr,
     /// TLS set-up, if TLS.
@@ -524,7 +524,7 @@ pub struct Plan {
 
 impl Plan {
     /// Resolves flags and their interplay (dev mode, TLS by port or mode).
-    pub fn from_args(args: &Args) -> Result<Plan> {
+    pub(crate) fn from_args(args: &Args) -> Result<Plan> {
         let addr_given = args.addr != ":443";
         let addr = if args.dev && !addr_given {
             SocketAddr::from((Ipv4Addr::LOCALHOST, 3340))
@@ -639,7 +639,7 @@ fn certdir(args: &Args) -> PathBuf {
 }
 
 /// Where the server key lives by default.
-pub fn default_key_path() -> PathBuf {
+pub(crate) fn default_key_path() -> PathBuf {
     if ferry_sys::is_root() {
         PathBuf::from("/var/lib/ferry/ferry.key")
     } else {

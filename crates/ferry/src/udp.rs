@@ -23,7 +23,7 @@ use ferry_udp::config::{
 /// Relay stock WireGuard over UDP: a static bounce (--target) or a
 /// receiver-index hub (--peer), never decrypting anything.
 #[derive(clap::Args, Debug, Default)]
-pub struct UdpRelayArgs {
+pub(crate) struct UdpRelayArgs {
     /// Listening address (":port", "ip:port", "[ipv6]:port"); repeat for
     /// several ports.
     #[arg(long = "listen", value_name = "ADDR")]
@@ -117,7 +117,7 @@ fn duration(
 }
 
 /// Builds the relay configuration from flags (and the file, if given).
-pub fn build_config(args: &UdpRelayArgs) -> Result<Config> {
+pub(crate) fn build_config(args: &UdpRelayArgs) -> Result<Config> {
     let mut cfg = if let Some(path) = &args.config {
         let route_flags = [
             ("--listen", !args.listen.is_empty()),
@@ -278,7 +278,7 @@ fn cli_config(args: &UdpRelayArgs) -> Result<Config, ConfigError> {
 }
 
 /// Runs the relay until SIGINT or SIGTERM; SIGHUP re-reads `--config`.
-pub fn run(args: &UdpRelayArgs) -> Result<()> {
+pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
     crate::init_logging(&args.log)?;
     ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     let mut cfg = build_config(args)?;

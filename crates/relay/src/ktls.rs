@@ -220,7 +220,7 @@ mod sealed {
     use super::*;
 
     /// The secrets, and rustls's key schedule where the type keeps one.
-    pub type IntoKernel = Result<
+    pub(super) type IntoKernel = Result<
         (
             ExtractedSecrets,
             Option<KernelConnection<ServerConnectionData>>,

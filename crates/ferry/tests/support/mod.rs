@@ -11,10 +11,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long any single wait in these tests may take.
-pub const T: Duration = Duration::from_secs(20);
+pub(crate) const T: Duration = Duration::from_secs(20);
 
 /// The binary under test.
-pub fn ferry() -> Command {
+pub(crate) fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
     c.env_remove("FERRY_LOG");
     c.stdin(Stdio::null());
@@ -23,7 +23,7 @@ pub fn ferry() -> Command {
 
 /// Runs the command as `nobody` when the tests run as root (the child then
 /// has no capabilities); unchanged otherwise.
-pub fn unprivileged(c: &mut Command) -> &mut Command {
+pub(crate) fn unprivileged(c: &mut Command) -> &mut Command {
     if ferry_sys::is_root() {
         c.uid(65534).gid(65534);
     }
@@ -32,10 +32,10 @@ pub fn unprivileged(c: &mut Command) -> &mut Command {
 
 /// A directory of its own, removed on drop. Open to everyone, so an
 /// unprivileged child can write into it.
-pub struct TempDir(pub std::path::PathBuf);
+pub(crate) struct TempDir(pub std::path::PathBuf);
 
 impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
         use std::os::unix::fs::PermissionsExt;
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -46,7 +46,7 @@ impl TempDir {
         TempDir(dir)
     }
 
-    pub fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.0.join(name).display().to_string()
     }
 }
@@ -59,21 +59,21 @@ impl Drop for TempDir {
 
 /// Runs `c` to completion (bounded by [`T`]); returns its status and
 /// standard error.
-pub fn run(c: &mut Command) -> (ExitStatus, String) {
+pub(crate) fn run(c: &mut Command) -> (ExitStatus, String) {
     let mut f = Ferry::spawn(c);
     let status = f.wait_exit(T).expect("ferry exits");
     (status, f.log())
 }
 
 /// A running ferry whose standard error is collected.
-pub struct Ferry {
+pub(crate) struct Ferry {
     child: Child,
     log: Arc<Mutex<String>>,
     reader: Option<JoinHandle<()>>,
 }
 
 impl Ferry {
-    pub fn spawn(c: &mut Command) -> Ferry {
+    pub(crate) fn spawn(c: &mut Command) -> Ferry {
         let mut child = c
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -97,18 +97,18 @@ impl Ferry {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Everything logged so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
     /// Waits until the log holds `needle` at least `count` times; returns
     /// the log, or panics with it after [`T`].
-    pub fn wait_log_n(&mut self, needle: &str, count: usize) -> String {
+    pub(crate) fn wait_log_n(&mut self, needle: &str, count: usize) -> String {
         let deadline = Instant::now() + T;
         loop {
             let log = self.log();
@@ -133,23 +133,23 @@ impl Ferry {
         }
     }
 
-    pub fn wait_log(&mut self, needle: &str) -> String {
+    pub(crate) fn wait_log(&mut self, needle: &str) -> String {
         self.wait_log_n(needle, 1)
     }
 
     /// The value of `key=` in the first log line holding `message`.
-    pub fn field(&mut self, message: &str, key: &str) -> String {
+    pub(crate) fn field(&mut self, message: &str, key: &str) -> String {
         let log = self.wait_log(message);
         let line = log.lines().find(|l| l.contains(message)).unwrap();
         field_in(line, key).unwrap_or_else(|| panic!("no {key}= in {line}"))
     }
 
-    pub fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         ferry_sys::signal::send(self.pid(), sig).expect("signal sent");
     }
 
     /// Waits up to `timeout` for the process to exit.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -166,7 +166,7 @@ impl Ferry {
     }
 
     /// SIGTERM, then waits for a clean exit.
-    pub fn stop(mut self) -> String {
+    pub(crate) fn stop(mut self) -> String {
         self.signal(libc::SIGTERM);
         let status = self.wait_exit(T).expect("ferry stops on SIGTERM");
         let log = self.log();
@@ -185,7 +185,7 @@ impl Drop for Ferry {
 }
 
 /// `key=value` or `key="value"` from a log line.
-pub fn field_in(line: &str, key: &str) -> Option<String> {
+pub(crate) fn field_in(line: &str, key: &str) -> Option<String> {
     let start = line.find(&format!(" {key}="))? + key.len() + 2;
     let rest = &line[start..];
     if let Some(quoted) = rest.strip_prefix('"') {
@@ -195,13 +195,13 @@ pub fn field_in(line: &str, key: &str) -> Option<String> {
 }
 
 /// The address in a URL such as `http://127.0.0.1:1234/derp`.
-pub fn url_addr(url: &str) -> SocketAddr {
+pub(crate) fn url_addr(url: &str) -> SocketAddr {
     let rest = url.split("://").nth(1).unwrap_or(url);
     rest.split('/').next().unwrap().parse().unwrap()
 }
 
 /// A plain HTTP GET; returns the whole response.
-pub fn get(addr: SocketAddr, path: &str) -> String {
+pub(crate) fn get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect_timeout(&addr, T).unwrap();
     s.set_read_timeout(Some(T)).unwrap();
     write!(
@@ -215,7 +215,7 @@ pub fn get(addr: SocketAddr, path: &str) -> String {
 }
 
 /// A loopback TCP port that was free a moment ago.
-pub fn free_tcp_port() -> u16 {
+pub(crate) fn free_tcp_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

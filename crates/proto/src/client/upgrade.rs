@@ -25,7 +25,7 @@ pub(super) struct RequestHead<'a> {
 
 impl RequestHead<'_> {
     /// Refuses header values that would split the request.
-    pub fn check(&self) -> Result<(), ClientError> {
+    pub(super) fn check(&self) -> Result<(), ClientError> {
         let fields = [
             ("Host", Some(self.host)),
             ("User-Agent", Some(self.user_agent)),
@@ -40,7 +40,7 @@ impl RequestHead<'_> {
     }
 
     /// Appends the request head, as Go's `net/http` orders it.
-    pub fn put(&self, out: &mut Vec<u8>) {
+    pub(super) fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"GET /derp HTTP/1.1\r\nHost: ");
         out.extend_from_slice(self.host.as_bytes());
         out.extend_from_slice(b"\r\nUser-Agent: ");

@@ -12,7 +12,7 @@ fn corpus_dir(target: &str) -> PathBuf {
 /// Every file of a target's corpus, sorted by name. Panics if the directory
 /// is missing or empty: a corpus that silently vanished would make the
 /// replay test pass vacuously.
-pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = corpus_dir(target);
     let entries = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("corpus directory {} missing: {e}", dir.display()));

@@ -16,12 +16,12 @@ use ferry_proto::nacl;
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 
 /// A relay on 127.0.0.1 with `workers` shards and `tweak` applied.
-pub fn start(workers: usize, tweak: impl FnOnce(&mut RelayConfig)) -> (Server, SocketAddr) {
+pub(crate) fn start(workers: usize, tweak: impl FnOnce(&mut RelayConfig)) -> (Server, SocketAddr) {
     start_on("127.0.0.1:0".parse().unwrap(), workers, tweak)
 }
 
 /// A relay listening on `addr` (STUN on the same IP).
-pub fn start_on(
+pub(crate) fn start_on(
     addr: SocketAddr,
     workers: usize,
     tweak: impl FnOnce(&mut RelayConfig),
@@ -47,7 +47,7 @@ pub fn start_on(
 
 /// A fresh self-signed TLS set-up for "localhost" with `cfg`'s key in its
 /// meta certificate (nothing written to disk).
-pub fn self_signed_tls(cfg: &RelayConfig) -> ferry_relay::tls::TlsSetup {
+pub(crate) fn self_signed_tls(cfg: &RelayConfig) -> ferry_relay::tls::TlsSetup {
     ferry_relay::tls::server_config(
         &ferry_relay::tls::CertMode::SelfSigned {
             hostname: "localhost".into(),
@@ -59,7 +59,7 @@ pub fn self_signed_tls(cfg: &RelayConfig) -> ferry_relay::tls::TlsSetup {
 }
 
 /// The back end under test: `FERRY_IO` (auto, uring, epoll), default auto.
-pub fn io_mode() -> ferry_engine::IoMode {
+pub(crate) fn io_mode() -> ferry_engine::IoMode {
     std::env::var("FERRY_IO")
         .ok()
         .map(|v| v.parse().expect("FERRY_IO: auto, uring or epoll"))
@@ -67,13 +67,13 @@ pub fn io_mode() -> ferry_engine::IoMode {
 }
 
 /// Stops a relay and waits for it.
-pub fn stop(server: Server) {
+pub(crate) fn stop(server: Server) {
     server.shutdown();
     server.wait().expect("clean stop");
 }
 
 /// A byte stream to the relay whose reads can be bounded in time.
-pub trait Transport: Read + Write {
+pub(crate) trait Transport: Read + Write {
     /// The TCP socket underneath, for timeouts.
     fn tcp(&self) -> &TcpStream;
 }
@@ -91,7 +91,7 @@ impl Transport for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
 }
 
 /// A connected DERP client: `proto::client` over a blocking stream.
-pub struct Client<S: Transport = TcpStream> {
+pub(crate) struct Client<S: Transport = TcpStream> {
     pub stream: S,
     pub public: NodePublic,
     pub server_key: NodePublic,
@@ -100,7 +100,7 @@ pub struct Client<S: Transport = TcpStream> {
     out: Vec<u8>,
 }
 
-pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
+pub(crate) fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
     ClientInfo {
         mesh_key,
         version: 2,
@@ -111,7 +111,7 @@ pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
 }
 
 /// A Go-like client configuration for `key` saying `info`.
-pub fn config(key: NodePrivate, info: ClientInfo) -> derp::Config {
+pub(crate) fn config(key: NodePrivate, info: ClientInfo) -> derp::Config {
     let mut config = derp::Config::new(key, "localhost");
     config.user_agent = "Go-http-client/1.1".into();
     config.info = info;
@@ -119,11 +119,11 @@ pub fn config(key: NodePrivate, info: ClientInfo) -> derp::Config {
 }
 
 impl Client {
-    pub fn connect(addr: SocketAddr) -> Client {
+    pub(crate) fn connect(addr: SocketAddr) -> Client {
         Self::connect_as(addr, NodePrivate::generate(), info(None))
     }
 
-    pub fn connect_as(addr: SocketAddr, key: NodePrivate, info: ClientInfo) -> Client {
+    pub(crate) fn connect_as(addr: SocketAddr, key: NodePrivate, info: ClientInfo) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).unwrap();
         Client::over(stream, config(key, info))
@@ -133,7 +133,7 @@ impl Client {
 impl<S: Transport> Client<S> {
     /// Runs the handshake over `stream`; the first event must be
     /// `Connected`.
-    pub fn over(stream: S, config: derp::Config) -> Client<S> {
+    pub(crate) fn over(stream: S, config: derp::Config) -> Client<S> {
         let public = config.key.public();
         let derp = derp::Client::new(config, Instant::now(), nacl::random_nonce())
             .expect("valid client configuration");
@@ -164,25 +164,25 @@ impl<S: Transport> Client<S> {
     }
 
     /// Writes raw bytes, bypassing the client (malformed frames, floods).
-    pub fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+    pub(crate) fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream.write_all(bytes)
     }
 
-    pub fn send(&mut self, dst: &NodePublic, packet: &[u8]) {
+    pub(crate) fn send(&mut self, dst: &NodePublic, packet: &[u8]) {
         self.derp
             .send_packet(&mut self.out, dst, packet)
             .expect("sendPacket");
         self.flush().expect("send");
     }
 
-    pub fn ping(&mut self, data: [u8; 8]) {
+    pub(crate) fn ping(&mut self, data: [u8; 8]) {
         self.derp.ping(&mut self.out, data).expect("ping");
         self.flush().expect("ping");
     }
 
     /// Next event of any kind, or an error on timeout or a broken stream.
     /// A clean close by the server is `Event::ServerClosed`, once.
-    pub fn next_event(&mut self, timeout: Duration) -> io::Result<Event> {
+    pub(crate) fn next_event(&mut self, timeout: Duration) -> io::Result<Event> {
         let deadline = Instant::now() + timeout;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -223,7 +223,7 @@ impl<S: Transport> Client<S> {
     }
 
     /// Next event that is not a keepAlive.
-    pub fn next_meaningful(&mut self, timeout: Duration) -> io::Result<Event> {
+    pub(crate) fn next_meaningful(&mut self, timeout: Duration) -> io::Result<Event> {
         let deadline = Instant::now() + timeout;
         loop {
             let e = self.next_event(deadline.saturating_duration_since(Instant::now()))?;
@@ -234,7 +234,7 @@ impl<S: Transport> Client<S> {
     }
 
     /// Next received packet (skipping other events).
-    pub fn recv_packet(&mut self, timeout: Duration) -> io::Result<(NodePublic, Vec<u8>)> {
+    pub(crate) fn recv_packet(&mut self, timeout: Duration) -> io::Result<(NodePublic, Vec<u8>)> {
         let deadline = Instant::now() + timeout;
         loop {
             let e = self.next_event(deadline.saturating_duration_since(Instant::now()))?;
@@ -245,7 +245,7 @@ impl<S: Transport> Client<S> {
     }
 
     /// Waits until the server closes the connection; false on timeout.
-    pub fn closed_within(&mut self, timeout: Duration) -> bool {
+    pub(crate) fn closed_within(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
             match self.next_event(deadline.saturating_duration_since(Instant::now())) {
@@ -259,11 +259,11 @@ impl<S: Transport> Client<S> {
 }
 
 /// DERP over TLS, as the relay tests speak it.
-pub type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+pub(crate) type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
 /// A TCP connection to `addr`; `rcvbuf` shrinks its receive buffer before
 /// the connect (so that a client that never reads fills up at once).
-pub fn dial(addr: SocketAddr, rcvbuf: Option<usize>) -> TcpStream {
+pub(crate) fn dial(addr: SocketAddr, rcvbuf: Option<usize>) -> TcpStream {
     let sock = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
@@ -281,7 +281,7 @@ pub fn dial(addr: SocketAddr, rcvbuf: Option<usize>) -> TcpStream {
 
 /// A DERP client over TLS on `tcp` that accepts the relay's self-signed
 /// certificate.
-pub fn tls_over(tcp: TcpStream, derp: derp::Config) -> Client<Tls> {
+pub(crate) fn tls_over(tcp: TcpStream, derp: derp::Config) -> Client<Tls> {
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -298,7 +298,7 @@ pub fn tls_over(tcp: TcpStream, derp: derp::Config) -> Client<Tls> {
 }
 
 /// A fresh DERP client over TLS.
-pub fn connect_tls(addr: SocketAddr) -> Client<Tls> {
+pub(crate) fn connect_tls(addr: SocketAddr) -> Client<Tls> {
     tls_over(
         dial(addr, None),
         config(NodePrivate::generate(), info(None)),
@@ -306,7 +306,7 @@ pub fn connect_tls(addr: SocketAddr) -> Client<Tls> {
 }
 
 /// Scrapes one metric (sum of matching lines) from `/debug/varz`.
-pub fn metric(addr: SocketAddr, name_and_labels: &str) -> f64 {
+pub(crate) fn metric(addr: SocketAddr, name_and_labels: &str) -> f64 {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(b"GET /debug/varz HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
@@ -316,7 +316,7 @@ pub fn metric(addr: SocketAddr, name_and_labels: &str) -> f64 {
 }
 
 /// One metric (sum of matching lines) from a Prometheus text body.
-pub fn metric_in(body: &str, name_and_labels: &str) -> f64 {
+pub(crate) fn metric_in(body: &str, name_and_labels: &str) -> f64 {
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))
@@ -326,7 +326,7 @@ pub fn metric_in(body: &str, name_and_labels: &str) -> f64 {
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(crate) fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if f() {
@@ -338,7 +338,7 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// A plain HTTP request; returns the whole response.
-pub fn http(addr: SocketAddr, request: &str) -> String {
+pub(crate) fn http(addr: SocketAddr, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.write_all(request.as_bytes()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
