@@ -138,10 +138,19 @@ impl Shard {
     /// Reads the acknowledged bytes of every connection whose send has
     /// been in flight for half a budget and that holds nobody (see
     /// `Conn::probe`). Runs only when some hold has lasted half a budget,
-    /// which a relay whose readers read never sees.
+    /// which a relay whose readers read never sees, and at most once per
+    /// half budget, so that clients that make themselves slow on purpose
+    /// cannot make the shard walk all its connections more often.
     fn probe_pending_sends(&mut self, driver: &mut dyn DriverOps) {
         let now = self.now;
         let half = self.shared.config.backpressure_budget / 2;
+        if self
+            .last_probe
+            .is_some_and(|at| now.saturating_duration_since(at) < half)
+        {
+            return;
+        }
+        self.last_probe = Some(now);
         for (slot, c) in self.conns.iter_mut() {
             let pending = c
                 .in_flight

@@ -274,6 +274,8 @@ pub struct Shard {
     /// them are dropped here rather than carried through a ring only to be
     /// dropped there (see the module doc).
     stuck_remote: HashSet<NodePublic>,
+    /// When `probe_pending_sends` last walked the connections.
+    last_probe: Option<Instant>,
     watchers: Vec<ConnRef>,
     rings: Rings,
     notify: Vec<bool>,
@@ -351,6 +353,7 @@ impl Shard {
             keys: HashMap::new(),
             receivers: HashMap::new(),
             stuck_remote: HashSet::new(),
+            last_probe: None,
             watchers: Vec::new(),
             rings,
             notify: vec![false; shards],
