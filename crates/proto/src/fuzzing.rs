@@ -7,6 +7,7 @@
 //! replay test, so the ordinary test suite exercises them too.
 
 use crate::client::{self as derp_client, ClientError, Event, Stage};
+use crate::forwarded::{self, TrustedProxies};
 use crate::frame::{
     self, canonical_addr, parse_client_frame, parse_server_frame, ClientFrame, Deframer, Fed,
     FrameError, FrameType, ServerFrame, ServerFramePolicy, HEADER_LEN, KEY_LEN, MAX_PACKET_SIZE,
@@ -15,6 +16,7 @@ use crate::handshake::{self, ClientInfo, HandshakeError, ServerInfo};
 use crate::http;
 use crate::key::{NodePrivate, NodePublic};
 use crate::nacl::SharedKey;
+use crate::proxy;
 use crate::stun;
 use crate::tls_record::{RecordBoundary, HEADER_LEN as TLS_HEADER_LEN};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -643,6 +645,77 @@ pub fn server_info(data: &[u8]) {
         }
         (sealed, direct) => panic!("sealed {sealed:?} vs direct {direct:?}"),
     }
+}
+
+/// The PROXY protocol header parser: never panics; a complete header lies
+/// within the input and parses the same from exactly its own bytes; every
+/// proper prefix of it is incomplete (so a reader that waits for more bytes
+/// always reaches the same answer); an error stays an error with more bytes.
+pub fn proxy_header(data: &[u8]) {
+    match proxy::parse(data) {
+        Ok(Some(h)) => {
+            assert!(
+                h.len <= data.len() && h.len >= 15,
+                "header length {}",
+                h.len
+            );
+            assert_eq!(proxy::parse(&data[..h.len]), Ok(Some(h)));
+            for n in [0, 1, h.len / 2, h.len - 1] {
+                assert_eq!(proxy::parse(&data[..n]), Ok(None), "prefix of {n}");
+            }
+            if let Some(a) = h.addresses {
+                assert_eq!(a.source.is_ipv4(), a.destination.is_ipv4());
+            }
+        }
+        Ok(None) => assert!(data.len() < proxy::V2_MAX_LEN),
+        Err(e) => {
+            let mut more = data.to_vec();
+            more.extend_from_slice(b"\r\n\0\0\0\0");
+            assert!(
+                proxy::parse(&more).is_err(),
+                "{e} became valid with more bytes"
+            );
+        }
+    }
+}
+
+/// The forwarded-address rules: the first line is a trusted-proxy list, the
+/// second the peer, the third `X-Forwarded-For`, the rest `Forwarded`. The
+/// answer is always the peer or an address written in the headers, and an
+/// untrusted peer is always its own answer.
+pub fn forwarded(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut lines = text.splitn(4, '\n');
+    let trusted: TrustedProxies = lines.next().unwrap_or_default().parse().unwrap_or_default();
+    let peer: IpAddr = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(IpAddr::V6(Ipv6Addr::LOCALHOST));
+    let xff = lines.next();
+    let fwd = lines.next();
+    let got = forwarded::client_address(peer, &trusted, xff, fwd);
+    let canonical = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    if !trusted.contains(peer) {
+        assert_eq!(got, canonical(peer));
+    }
+    let written = [xff, fwd]
+        .into_iter()
+        .flatten()
+        .flat_map(|h| h.split([',', ';', '=', '"', ' ', '\t', '[', ']']))
+        .map(str::trim)
+        .filter_map(|t| {
+            t.parse::<IpAddr>()
+                .ok()
+                .or_else(|| t.parse::<SocketAddr>().ok().map(|s| s.ip()))
+        })
+        .any(|ip| canonical(ip) == got);
+    assert!(
+        got == canonical(peer) || written,
+        "answer {got} appears nowhere"
+    );
 }
 
 #[cfg(test)]

@@ -80,8 +80,12 @@ pub struct Request {
     pub challenge: Option<String>,
     /// `Host` header.
     pub host: Option<String>,
-    /// An `X-Forwarded-For` header is present (denies debug access).
-    pub forwarded_for: bool,
+    /// Every `X-Forwarded-For` line, joined with `,` in the order received
+    /// (believed only from a trusted proxy: [`crate::forwarded`]). Its
+    /// presence alone denies debug access.
+    pub x_forwarded_for: Option<String>,
+    /// Every `Forwarded` (RFC 7239) line, joined with `,`.
+    pub forwarded: Option<String>,
     /// `Sec-WebSocket-Key`, needed to accept a WebSocket upgrade.
     pub websocket_key: Option<String>,
     /// Bytes consumed by the head; bytes after this belong to the DERP
@@ -170,6 +174,20 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
             .map(|h| trim_ows(h.value))
     };
     let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    // A header sent on several lines is one comma-separated list (RFC 9110).
+    let joined = |name: &str| -> Option<String> {
+        let mut lines = req
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(trim_ows(h.value)));
+        let first = lines.next()?.into_owned();
+        Some(lines.fold(first, |mut all, line| {
+            all.push(',');
+            all.push_str(&line);
+            all
+        }))
+    };
 
     let upgrade = match get("Upgrade").map(|v| String::from_utf8_lossy(v)) {
         None => Upgrade::None,
@@ -196,7 +214,8 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         ideal_node: get("Ideal-Node").filter(|v| !v.is_empty()).map(text),
         challenge: get("X-Tailscale-Challenge").map(text),
         host: get("Host").map(text),
-        forwarded_for: get("X-Forwarded-For").is_some(),
+        x_forwarded_for: joined("X-Forwarded-For"),
+        forwarded: joined("Forwarded"),
         websocket_key: get("Sec-WebSocket-Key").map(text),
         head_len,
     }))
@@ -293,7 +312,7 @@ mod tests {
         assert!(!r.fast_start);
         assert_eq!(r.ideal_node.as_deref(), Some("900a"));
         assert_eq!(r.host.as_deref(), Some("derp.example.com"));
-        assert!(!r.forwarded_for);
+        assert!(r.x_forwarded_for.is_none());
         assert_eq!(r.head_len, CLASSIC.len());
     }
 
@@ -391,11 +410,22 @@ mod tests {
         assert_eq!(r.path, "/generate_204");
         assert_eq!(r.query.as_deref(), Some("t=1"));
         assert_eq!(r.challenge.as_deref(), Some("ts_203.0.113.10"));
-        assert!(r.forwarded_for);
+        assert_eq!(r.x_forwarded_for.as_deref(), Some("1.2.3.4"));
         assert!(!r.fast_start, "only exactly \"1\" counts");
         assert_eq!(r.ideal_node, None);
         assert_eq!(r.host, None);
         assert_eq!(r.websocket_key.as_deref(), Some("dGhlIHNhbXBsZSBub25jZQ=="));
+    }
+
+    #[test]
+    fn forwarding_headers_on_several_lines_are_joined() {
+        let head = b"GET /derp HTTP/1.1\r\n\
+            X-Forwarded-For: 1.2.3.4\r\n\
+            Forwarded: for=5.6.7.8\r\n\
+            x-forwarded-for:  10.0.0.2 \r\n\r\n";
+        let r = parse_request(head).unwrap().unwrap();
+        assert_eq!(r.x_forwarded_for.as_deref(), Some("1.2.3.4,10.0.0.2"));
+        assert_eq!(r.forwarded.as_deref(), Some("for=5.6.7.8"));
     }
 
     #[test]

@@ -26,6 +26,10 @@
 //! `serverKey` with `clientInfo`, opens `serverInfo` and then turns server
 //! frames into events, all without I/O.
 //!
+//! [`proxy`] reads the PROXY protocol header a TCP proxy puts before the
+//! client's bytes, and [`forwarded`] decides which client address to believe
+//! from trusted proxies' `X-Forwarded-For` / `Forwarded` headers.
+//!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
@@ -34,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod forwarded;
 pub mod frame;
 pub mod fuzzing;
 pub mod godur;
@@ -41,6 +46,7 @@ pub mod handshake;
 pub mod http;
 pub mod key;
 pub mod nacl;
+pub mod proxy;
 pub mod stun;
 pub mod tls_record;
 pub mod wireguard;

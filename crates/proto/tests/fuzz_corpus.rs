@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 9] = [
+const TARGETS: &[(&str, Target)] = &[
     ("deframer", fuzzing::deframer),
     ("http_request", fuzzing::http_request),
     ("client_info", fuzzing::client_info),
@@ -21,6 +21,8 @@ const TARGETS: [(&str, Target); 9] = [
     ("client", fuzzing::client),
     ("server_key", fuzzing::server_key),
     ("server_info", fuzzing::server_info),
+    ("proxy_header", fuzzing::proxy_header),
+    ("forwarded", fuzzing::forwarded),
 ];
 
 #[test]
@@ -68,9 +70,14 @@ fn client_seeds_reach_the_steady_state() {
     }
 }
 
-fn all_seeds() -> &'static [Vec<Vec<u8>>; 9] {
-    static SEEDS: OnceLock<[Vec<Vec<u8>>; 9]> = OnceLock::new();
-    SEEDS.get_or_init(|| TARGETS.map(|(t, _)| seeds(t).into_iter().map(|(_, d)| d).collect()))
+fn all_seeds() -> &'static [Vec<Vec<u8>>] {
+    static SEEDS: OnceLock<Vec<Vec<Vec<u8>>>> = OnceLock::new();
+    SEEDS.get_or_init(|| {
+        TARGETS
+            .iter()
+            .map(|(t, _)| seeds(t).into_iter().map(|(_, d)| d).collect())
+            .collect()
+    })
 }
 
 /// One edit applied to a seed.
@@ -237,5 +244,15 @@ proptest! {
     #[test]
     fn mutated_tls_record(data in mutated(5)) {
         fuzzing::tls_record(&data);
+    }
+
+    #[test]
+    fn mutated_proxy_header(data in mutated(9)) {
+        fuzzing::proxy_header(&data);
+    }
+
+    #[test]
+    fn mutated_forwarded(data in mutated(10)) {
+        fuzzing::forwarded(&data);
     }
 }

@@ -50,7 +50,7 @@ pub fn debug_allowed(peer: &SocketAddr, req: &Request) -> bool {
             .unwrap_or(std::net::IpAddr::V6(v6)),
         ip => ip,
     };
-    ip.is_loopback() && !req.forwarded_for
+    ip.is_loopback() && req.x_forwarded_for.is_none()
 }
 
 /// Decides the answer to `req` from `peer` on a listener of `kind`.
