@@ -6,6 +6,7 @@
 //! They are called by the `cargo fuzz` targets in `fuzz/` and by the corpus
 //! replay test, so the ordinary test suite exercises them too.
 
+use crate::admission;
 use crate::client::{self as derp_client, ClientError, Event, Stage};
 use crate::forwarded::{self, TrustedProxies};
 use crate::frame::{
@@ -716,6 +717,22 @@ pub fn forwarded(data: &[u8]) {
         got == canonical(peer) || written,
         "answer {got} appears nowhere"
     );
+}
+
+/// The admission controller's answer: never panics; only the first
+/// [`admission::MAX_RESPONSE_BODY`] bytes matter; "allow" needs an `Allow`
+/// key (any case) set to `true` somewhere in them.
+pub fn admission_response(data: &[u8]) {
+    let got = admission::parse_response(data);
+    let cut = &data[..data.len().min(admission::MAX_RESPONSE_BODY)];
+    assert_eq!(got, admission::parse_response(cut));
+    if got == Ok(true) {
+        let text = String::from_utf8_lossy(cut).to_ascii_lowercase();
+        assert!(
+            text.contains("allow") && text.contains("true"),
+            "admitted by {text:?}"
+        );
+    }
 }
 
 #[cfg(test)]

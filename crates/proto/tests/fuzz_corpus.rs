@@ -23,6 +23,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("server_info", fuzzing::server_info),
     ("proxy_header", fuzzing::proxy_header),
     ("forwarded", fuzzing::forwarded),
+    ("admission_response", fuzzing::admission_response),
 ];
 
 #[test]
@@ -254,5 +255,10 @@ proptest! {
     #[test]
     fn mutated_forwarded(data in mutated(10)) {
         fuzzing::forwarded(&data);
+    }
+
+    #[test]
+    fn mutated_admission_response(data in mutated(11)) {
+        fuzzing::admission_response(&data);
     }
 }

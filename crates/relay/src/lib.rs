@@ -20,13 +20,15 @@
 //!   requests; [`transport`] carries a connection's bytes (plain, TLS,
 //!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
 //!   [`metrics`] counts everything; [`health`] answers `/healthz`;
-//!   [`config`] holds the settings.
+//!   [`config`] holds the settings; [`admission`] asks tailscaled or an
+//!   admission controller whether a client may register, off the shards.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
 
 #![deny(unsafe_code)]
 
+pub mod admission;
 pub mod config;
 pub mod conn;
 pub mod front;
