@@ -15,25 +15,21 @@
 
 use std::net::IpAddr;
 
+use serde::de::{IgnoredAny, MapAccess};
+
+use crate::json::{self, FieldSink};
 use crate::key::NodePublic;
 
 /// Most bytes of an answer's body that are read (derper's limit); a body
 /// whose first JSON value does not end within them is an error.
 pub const MAX_RESPONSE_BODY: usize = 4 << 10;
 
-/// Why an answer's body does not say "allow" or "deny".
+/// Why an answer's body does not say "allow" or "deny": not JSON, cut off
+/// by [`MAX_RESPONSE_BODY`], not an object, or an `Allow` that is not a
+/// boolean. Carries the decoder's message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResponseError {
-    /// The body does not start with a JSON value (or it is cut off).
-    #[error("admission answer is not JSON: {0}")]
-    NotJson(String),
-    /// The first JSON value is not an object (nor `null`).
-    #[error("admission answer is a JSON {0}, not an object")]
-    NotObject(&'static str),
-    /// `Allow` holds something other than `true`, `false` or `null`.
-    #[error("admission answer's Allow is a JSON {0}, not a boolean")]
-    AllowNotBool(&'static str),
-}
+#[error("admission answer is not a JSON object with a boolean Allow: {0}")]
+pub struct ResponseError(pub String);
 
 /// The JSON body posted to the admission controller.
 pub fn request_body(key: &NodePublic, source: IpAddr) -> Vec<u8> {
@@ -49,107 +45,27 @@ pub fn request_body(key: &NodePublic, source: IpAddr) -> Vec<u8> {
 /// [`MAX_RESPONSE_BODY`] bytes are looked at.
 pub fn parse_response(body: &[u8]) -> Result<bool, ResponseError> {
     let body = &body[..body.len().min(MAX_RESPONSE_BODY)];
-    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<Answer>();
-    match values.next() {
-        Some(Ok(Answer(result))) => result,
-        Some(Err(e)) => Err(ResponseError::NotJson(e.to_string())),
-        None => Err(ResponseError::NotJson("empty body".to_owned())),
-    }
+    json::decode_first_object::<Answer>(body)
+        .map(|a| a.allow)
+        .map_err(|e| ResponseError(e.to_string()))
 }
 
-/// The first JSON value of an answer, read in document order.
-struct Answer(Result<bool, ResponseError>);
-
-impl<'de> serde::Deserialize<'de> for Answer {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(AnswerVisitor)
-    }
+/// The answer's one field derper reads.
+#[derive(Default)]
+struct Answer {
+    allow: bool,
 }
 
-struct AnswerVisitor;
-
-impl AnswerVisitor {
-    fn not_object<E>(what: &'static str) -> Result<Answer, E> {
-        Ok(Answer(Err(ResponseError::NotObject(what))))
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for AnswerVisitor {
-    type Value = Answer;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_unit<E>(self) -> Result<Answer, E> {
-        Ok(Answer(Ok(false)))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Answer, E> {
-        Self::not_object("boolean")
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Answer, E> {
-        Self::not_object("number")
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Answer, E> {
-        Self::not_object("number")
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Answer, E> {
-        Self::not_object("number")
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Answer, E> {
-        Self::not_object("string")
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Answer, A::Error> {
-        // Read to its end, so that a cut-off array is "not JSON" as in Go.
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Self::not_object("array")
-    }
-
-    /// Go assigns every key that folds to `Allow`, in document order; a
-    /// `null` leaves the value as it was; a value of another type is an
-    /// error once the whole object is read.
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Answer, A::Error> {
-        let mut allow = false;
-        let mut wrong = None;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if !eq_fold_allow(&key) {
-                map.next_value::<serde::de::IgnoredAny>()?;
-                continue;
+impl FieldSink for Answer {
+    fn field<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        if key == "allow" {
+            if let Some(allow) = map.next_value::<Option<bool>>()? {
+                self.allow = allow;
             }
-            match map.next_value::<serde_json::Value>()? {
-                serde_json::Value::Null => {}
-                serde_json::Value::Bool(b) => allow = b,
-                other => wrong = Some(kind(&other)),
-            }
+        } else {
+            map.next_value::<IgnoredAny>()?;
         }
-        Ok(Answer(match wrong {
-            Some(what) => Err(ResponseError::AllowNotBool(what)),
-            None => Ok(allow),
-        }))
-    }
-}
-
-/// Go's case folding for the field name `Allow`: its letters fold only to
-/// ASCII letters (no `k` or `s`, whose folds include non-ASCII signs), so
-/// ASCII case-insensitivity is exact.
-fn eq_fold_allow(k: &str) -> bool {
-    k.eq_ignore_ascii_case("allow")
-}
-
-fn kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "boolean",
-        serde_json::Value::Number(_) => "number",
-        serde_json::Value::String(_) => "string",
-        serde_json::Value::Array(_) => "array",
-        serde_json::Value::Object(_) => "object",
+        Ok(())
     }
 }
 
@@ -198,22 +114,23 @@ mod tests {
 
     #[test]
     fn bad_answers_are_errors() {
-        let err = |b: &str| parse_response(b.as_bytes()).unwrap_err();
-        assert!(matches!(err(""), ResponseError::NotJson(_)));
-        assert!(matches!(err("<html>"), ResponseError::NotJson(_)));
-        assert!(matches!(err(r#"{"Allow":tru"#), ResponseError::NotJson(_)));
-        assert_eq!(err("[true]"), ResponseError::NotObject("array"));
-        assert_eq!(err("true"), ResponseError::NotObject("boolean"));
-        assert_eq!(
-            err(r#"{"Allow":"yes"}"#),
-            ResponseError::AllowNotBool("string")
-        );
-        assert_eq!(err(r#"{"Allow":1}"#), ResponseError::AllowNotBool("number"));
-        // A value cut off by the size limit is not JSON.
         let long = format!(
             r#"{{"pad":"{}","Allow":true}}"#,
             "x".repeat(MAX_RESPONSE_BODY)
         );
-        assert!(matches!(err(&long), ResponseError::NotJson(_)));
+        for bad in [
+            "",
+            "<html>",
+            r#"{"Allow":tru"#,
+            "[true]",
+            "true",
+            r#"{"Allow":"yes"}"#,
+            r#"{"Allow":1}"#,
+            r#"{"Allow":"yes","Allow":true}"#,
+            // A value cut off by the size limit.
+            &long,
+        ] {
+            assert!(parse_response(bad.as_bytes()).is_err(), "{bad:?}");
+        }
     }
 }

@@ -62,6 +62,14 @@ pub(crate) fn decode_object<T: FieldSink>(bytes: &[u8]) -> Result<T, serde_json:
     Ok(value)
 }
 
+/// Decodes the first JSON value of `bytes`, an object (or `null`), into
+/// `T`, ignoring whatever follows it: what Go's `json.Decoder.Decode` does
+/// with a response body.
+pub(crate) fn decode_first_object<T: FieldSink>(bytes: &[u8]) -> Result<T, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    (&mut de).deserialize_any(ObjectVisitor::<T>(std::marker::PhantomData))
+}
+
 /// Appends `s` to `out` as a JSON string literal (quoted and escaped).
 pub(crate) fn push_string(out: &mut Vec<u8>, s: &str) {
     // Serialising a &str into a Vec cannot fail.
@@ -97,6 +105,9 @@ mod tests {
         assert!(decode_object::<Probe>(b"{} x").is_err());
         assert!(decode_object::<Probe>(b"[]").is_err());
         assert!(decode_object::<Probe>(b"").is_err());
+        let p: Probe = decode_first_object(br#"{"B":1} x"#).unwrap();
+        assert_eq!(p.seen, ["b"]);
+        assert!(decode_first_object::<Probe>(b"[]").is_err());
     }
 
     #[test]

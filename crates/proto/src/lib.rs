@@ -48,6 +48,7 @@ pub mod http;
 pub mod key;
 pub mod nacl;
 pub mod proxy;
+pub mod rate_config;
 pub mod stun;
 pub mod tls_record;
 pub mod wireguard;
