@@ -33,6 +33,10 @@ import (
 type serverOpts struct {
 	tls  bool // serve TLS (manual cert for "localhost") instead of plain HTTP
 	mesh bool // configure a mesh pre-shared key
+	// ferryArgs are added to ferry's command line only (flags derper lacks).
+	ferryArgs []string
+	// args are added to both servers' command lines.
+	args []string
 }
 
 // server is one running DERP server process (derper or ferry).
@@ -219,10 +223,12 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		s.args = append(s.args, "--mesh-psk-file", s.pskFile)
 	}
 
+	s.args = append(s.args, opts.args...)
 	if kind == kindFerry {
 		// FERRY_ARGS adds flags to every ferry command line, so the suite
 		// can run once per I/O back end ("--io epoll", "--io uring").
 		s.args = append(s.args, strings.Fields(os.Getenv("FERRY_ARGS"))...)
+		s.args = append(s.args, opts.ferryArgs...)
 	}
 
 	s.httpc = s.newHTTPClient()

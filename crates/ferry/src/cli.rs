@@ -95,6 +95,16 @@ pub(crate) struct Args {
     #[arg(long = "tcp-user-timeout", default_value = "15s")]
     pub tcp_user_timeout: String,
 
+    /// Names whose addresses /bootstrap-dns serves to every client
+    /// (comma-separated; resolved every 10 minutes).
+    #[arg(long = "bootstrap-dns-names", default_value = "")]
+    pub bootstrap_dns_names: String,
+
+    /// Names /bootstrap-dns tells only to a client that asks for one by
+    /// name (?q=NAME).
+    #[arg(long = "unpublished-bootstrap-dns-names", default_value = "")]
+    pub unpublished_bootstrap_dns_names: String,
+
     /// Root page: "" for the default page, "blank", or a URL to redirect to.
     #[arg(long, default_value = "")]
     pub home: String,
@@ -290,18 +300,6 @@ const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
         boolean: true,
         harmless: None,
         what: "the admission webhook's failure policy",
-    },
-    Unsupported {
-        name: "bootstrap-dns-names",
-        boolean: false,
-        harmless: Some(""),
-        what: "the /bootstrap-dns endpoint",
-    },
-    Unsupported {
-        name: "unpublished-bootstrap-dns-names",
-        boolean: false,
-        harmless: Some(""),
-        what: "the /bootstrap-dns endpoint",
     },
     Unsupported {
         name: "accept-connection-limit",

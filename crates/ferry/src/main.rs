@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ferry_proto::key::{MeshKey, NodePrivate};
+use ferry_relay::bootstrap_dns;
 use ferry_relay::tls::{self, CertMode};
 use ferry_relay::{HomePage, ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 
@@ -98,6 +99,14 @@ fn run() -> Result<()> {
         );
     }
 
+    let published = bootstrap_dns::parse_names("--bootstrap-dns-names", &args.bootstrap_dns_names)?;
+    let unpublished = bootstrap_dns::parse_names(
+        "--unpublished-bootstrap-dns-names",
+        &args.unpublished_bootstrap_dns_names,
+    )?;
+    let dns = bootstrap_dns::BootstrapDns::new(published, unpublished);
+    config.bootstrap_dns = Some(dns.clone());
+
     let mut cert_name = None;
     let mut reloader = None;
     if let Some(mode) = &plan.cert_mode {
@@ -156,6 +165,14 @@ fn run() -> Result<()> {
         io: args.io,
     })
     .context("starting the relay")?;
+    {
+        let dns = dns.clone();
+        server
+            .metrics()
+            .add_source(Box::new(move |w| dns.render_metrics(w)));
+    }
+    dns.spawn_refresher()
+        .context("starting the bootstrap DNS resolver")?;
     if let Err(e) = key.persist() {
         server.shutdown();
         let _ = server.wait();

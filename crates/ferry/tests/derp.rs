@@ -219,6 +219,22 @@ fn start_up_line_is_readable() {
 }
 
 #[test]
+fn bootstrap_dns_rollout_entries_are_refused() {
+    let dir = TempDir::new("bootstrap");
+    let (status, log) = run(&mut relay(
+        &dir,
+        &[
+            "-stun=false",
+            "--unpublished-bootstrap-dns-names",
+            "a.example/pct.example",
+        ],
+    ));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("--unpublished-bootstrap-dns-names"), "{log}");
+    assert!(log.contains("TXT-record rollout"), "{log}");
+}
+
+#[test]
 fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
     let dir = TempDir::new("derper");
     for flags in [
@@ -228,7 +244,6 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
         &["-verify-clients=true"],
         &["--verify-client-url", "http://127.0.0.1:1/"],
         &["--mesh-with", "a.example.com,b.example.com"],
-        &["--bootstrap-dns-names", "example.com"],
         &["--rate-config", "/etc/derper/rate.json"],
         &["-accept-connection-limit=100"],
     ] {

@@ -26,6 +26,7 @@
 //! answers are kept, never failures to get one).
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
@@ -172,6 +173,56 @@ pub struct AdmissionStats {
 }
 
 impl AdmissionStats {
+    /// Writes the counters (Ferry's names; derper exports none for this).
+    pub fn render_metrics(&self, w: &mut String) {
+        use crate::metrics::{write_counter, write_gauge};
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let _ = writeln!(
+            w,
+            "# HELP ferry_admission_decisions_total Admission verdicts by result and reason.\n# TYPE ferry_admission_decisions_total counter"
+        );
+        let _ = writeln!(
+            w,
+            "ferry_admission_decisions_total{{result=\"admit\",reason=\"\"}} {}",
+            get(&self.admitted) - get(&self.admitted_fail_open)
+        );
+        let _ = writeln!(
+            w,
+            "ferry_admission_decisions_total{{result=\"admit\",reason=\"fail_open\"}} {}",
+            get(&self.admitted_fail_open)
+        );
+        for (label, n) in Rejection::LABELS.iter().zip(&self.rejected) {
+            let _ = writeln!(
+                w,
+                "ferry_admission_decisions_total{{result=\"reject\",reason=\"{label}\"}} {}",
+                get(n)
+            );
+        }
+        write_counter(
+            w,
+            "ferry_admission_cache_hits_total",
+            "Verdicts answered from --verify-client-cache.",
+            get(&self.cache_hits),
+        );
+        write_gauge(
+            w,
+            "ferry_admission_in_flight",
+            "Clients waiting for an admission verdict.",
+            get(&self.in_flight) as i64,
+        );
+        write_counter(
+            w,
+            "ferry_admission_checks_total",
+            "Questions asked of tailscaled or the admission controller.",
+            get(&self.asked),
+        );
+        let _ = writeln!(
+            w,
+            "# HELP ferry_admission_check_seconds_total Time spent on those questions.\n# TYPE ferry_admission_check_seconds_total counter\nferry_admission_check_seconds_total {:.6}",
+            get(&self.asked_micros) as f64 / 1e6
+        );
+    }
+
     fn count(&self, v: &Verdict) {
         match v {
             Verdict::Admit => self.admitted.fetch_add(1, Ordering::Relaxed),

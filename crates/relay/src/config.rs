@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 
+use crate::bootstrap_dns::BootstrapDns;
+
 /// What the root page shows (derper's `--home`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HomePage {
@@ -118,6 +120,8 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     /// How keys are spread over shards ([`Placement::Random`] but in tests).
     pub placement: Placement,
+    /// Names served at `/bootstrap-dns` (empty answers without).
+    pub bootstrap_dns: Option<Arc<BootstrapDns>>,
 }
 
 impl RelayConfig {
@@ -148,6 +152,7 @@ impl RelayConfig {
             restart_try_for: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(2),
             placement: Placement::Random,
+            bootstrap_dns: None,
         }
     }
 }

@@ -186,6 +186,18 @@ pub fn answer(
                 HomePage::Redirect(url) => http::response(302, "Found", &[("Location", url)], b""),
             },
         ),
+        "/bootstrap-dns" => Answer::Respond(
+            Route::BootstrapDns,
+            http::response(
+                200,
+                "OK",
+                &[("Content-Type", "application/json")],
+                &cfg.bootstrap_dns
+                    .as_ref()
+                    .map(|d| d.answer(req.query.as_deref()))
+                    .unwrap_or_default(),
+            ),
+        ),
         "/robots.txt" => Answer::Respond(
             Route::Robots,
             text(200, "OK", "User-agent: *\nDisallow: /\n"),

@@ -21,7 +21,8 @@
 //!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
 //!   [`metrics`] counts everything; [`health`] answers `/healthz`;
 //!   [`config`] holds the settings; [`admission`] asks tailscaled or an
-//!   admission controller whether a client may register, off the shards.
+//!   admission controller whether a client may register, off the shards;
+//!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
@@ -29,6 +30,7 @@
 #![deny(unsafe_code)]
 
 pub mod admission;
+pub mod bootstrap_dns;
 pub mod config;
 pub mod conn;
 pub mod front;

@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::health::Health;
@@ -136,6 +136,8 @@ labelled!(
         Redirect => "redirect",
         /// `/healthz`.
         Health => "healthz",
+        /// `/bootstrap-dns`.
+        BootstrapDns => "bootstrap_dns",
         /// Anything else (404).
         NotFound => "not_found",
     }
@@ -299,6 +301,23 @@ pub struct Metrics {
     started_unix: f64,
     /// Set when a graceful shutdown begins (`/healthz` turns 503).
     draining: AtomicBool,
+    /// Parts that keep their own counters (admission, bootstrap DNS),
+    /// rendered after the relay's own.
+    sources: Mutex<Vec<Source>>,
+}
+
+/// A part of the server that writes its own metrics into a scrape (with
+/// [`write_counter`] and [`write_gauge`]).
+pub type Source = Box<dyn Fn(&mut String) + Send + Sync>;
+
+/// Writes one counter in the Prometheus text format.
+pub fn write_counter(w: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+}
+
+/// Writes one gauge in the Prometheus text format.
+pub fn write_gauge(w: &mut String, name: &str, help: &str, v: i64) {
+    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
 
 impl Metrics {
@@ -314,7 +333,16 @@ impl Metrics {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
             draining: AtomicBool::new(false),
+            sources: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Adds a part that renders its own metrics into every scrape.
+    pub fn add_source(&self, source: Source) {
+        self.sources
+            .lock()
+            .expect("metrics sources lock")
+            .push(source);
     }
 
     /// Records that a graceful shutdown has begun.
@@ -343,12 +371,8 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
         let w = &mut out;
-        let counter = |w: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        let gauge = |w: &mut String, name: &str, help: &str, v: i64| {
-            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
+        let counter = write_counter;
+        let gauge = write_gauge;
 
         counter(
             w,
@@ -752,6 +776,9 @@ impl Metrics {
             "# HELP uptime_sec Seconds since start.\n# TYPE uptime_sec counter\nuptime_sec {}",
             self.started.elapsed().as_secs()
         );
+        for source in self.sources.lock().expect("metrics sources lock").iter() {
+            source(w);
+        }
         out
     }
 }
