@@ -95,6 +95,18 @@ pub(crate) struct Args {
     #[arg(long = "tcp-user-timeout", default_value = "15s")]
     pub tcp_user_timeout: String,
 
+    /// Connections from --trusted-proxies start with a PROXY protocol
+    /// header (v1 or v2) naming the client; anyone else sending one is
+    /// refused.
+    #[arg(long = "proxy-protocol", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub proxy_protocol: bool,
+
+    /// Proxies whose PROXY headers and X-Forwarded-For / Forwarded headers
+    /// are believed: comma-separated addresses or networks (10.0.0.0/8,
+    /// ::1).
+    #[arg(long = "trusted-proxies", default_value = "")]
+    pub trusted_proxies: String,
+
     /// Names whose addresses /bootstrap-dns serves to every client
     /// (comma-separated; resolved every 10 minutes).
     #[arg(long = "bootstrap-dns-names", default_value = "")]

@@ -99,6 +99,14 @@ fn run() -> Result<()> {
         );
     }
 
+    config.trusted_proxies = args
+        .trusted_proxies
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
+    config.proxy_protocol = args.proxy_protocol;
+    if config.proxy_protocol && config.trusted_proxies.is_empty() {
+        bail!("--proxy-protocol needs --trusted-proxies: the addresses of the proxies that send PROXY headers");
+    }
     let published = bootstrap_dns::parse_names("--bootstrap-dns-names", &args.bootstrap_dns_names)?;
     let unpublished = bootstrap_dns::parse_names(
         "--unpublished-bootstrap-dns-names",
@@ -193,6 +201,8 @@ fn run() -> Result<()> {
         stun = %server.stun_addr.map_or_else(off, |a| a.to_string()),
         metrics = %server.metrics_addr.map_or_else(off, |a| format!("http://{a}/metrics")),
         mesh_key = %if config.mesh_key.is_some() { "configured" } else { "none" },
+        proxy_protocol = config.proxy_protocol,
+        trusted_proxies = %config.trusted_proxies,
         derp = %if config.derp_enabled { "on" } else { "off" },
         workers = server.metrics().shards.len(),
         backend = server.metrics().backend,

@@ -120,11 +120,21 @@ fn starts_like(buf: &[u8], prefix: &[u8]) -> bool {
     buf[..n] == prefix[..n]
 }
 
-/// Whether `buf` begins like a PROXY header of either version (used to
-/// refuse headers from peers that are not trusted proxies). An empty buffer
-/// does not.
-pub fn looks_like_header(buf: &[u8]) -> bool {
-    !buf.is_empty() && (starts_like(buf, &V2_SIGNATURE) || starts_like(buf, V1_PREFIX))
+/// Whether a stream that starts with `buf` is an attempt at a PROXY header
+/// (used to refuse headers from peers that are not trusted proxies):
+/// `Some(true)` once `buf` holds a whole v1 prefix (`PROXY `) or v2
+/// signature, `Some(false)` as soon as it matches neither, `None` while it
+/// is too short to tell (`P` could begin `POST`).
+pub fn starts_with_header(buf: &[u8]) -> Option<bool> {
+    let v2 = starts_like(buf, &V2_SIGNATURE);
+    let v1 = starts_like(buf, V1_PREFIX);
+    if (v2 && buf.len() >= V2_SIGNATURE.len()) || (v1 && buf.len() >= V1_PREFIX.len()) {
+        Some(true)
+    } else if v1 || v2 {
+        None
+    } else {
+        Some(false)
+    }
 }
 
 fn parse_v1(buf: &[u8]) -> Result<Option<Header>, ProxyError> {
@@ -391,10 +401,15 @@ mod tests {
         assert_eq!(parse(b"GET /derp HTTP/1.1\r\n"), Err(ProxyError::NotProxy));
         assert_eq!(parse(&[0x16, 0x03, 0x01]), Err(ProxyError::NotProxy));
         assert_eq!(parse(b""), Ok(None));
-        assert!(!looks_like_header(b""));
-        assert!(looks_like_header(b"PRO"));
-        assert!(looks_like_header(b"\r\n\r\n"));
-        assert!(!looks_like_header(b"GET"));
+        assert_eq!(starts_with_header(b""), None);
+        assert_eq!(starts_with_header(b"P"), None);
+        assert_eq!(starts_with_header(b"POST /"), Some(false));
+        assert_eq!(starts_with_header(b"PROXY"), None);
+        assert_eq!(starts_with_header(b"PROXY "), Some(true));
+        assert_eq!(starts_with_header(b"\r\n\r\n"), None);
+        assert_eq!(starts_with_header(&V2_SIGNATURE), Some(true));
+        assert_eq!(starts_with_header(b"GET"), Some(false));
+        assert_eq!(starts_with_header(&[0x16, 0x03]), Some(false));
     }
 
     #[test]

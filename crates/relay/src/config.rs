@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_proto::forwarded::TrustedProxies;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 
 use crate::bootstrap_dns::BootstrapDns;
@@ -122,6 +123,13 @@ pub struct RelayConfig {
     pub placement: Placement,
     /// Names served at `/bootstrap-dns` (empty answers without).
     pub bootstrap_dns: Option<Arc<BootstrapDns>>,
+    /// Connections from [`RelayConfig::trusted_proxies`] start with a PROXY
+    /// header naming the client (`--proxy-protocol`); a connection from
+    /// anyone else that starts with one is refused.
+    pub proxy_protocol: bool,
+    /// Whose PROXY headers and `X-Forwarded-For`/`Forwarded` headers are
+    /// believed (`--trusted-proxies`).
+    pub trusted_proxies: TrustedProxies,
 }
 
 impl RelayConfig {
@@ -153,6 +161,8 @@ impl RelayConfig {
             shutdown_grace: Duration::from_secs(2),
             placement: Placement::Random,
             bootstrap_dns: None,
+            proxy_protocol: false,
+            trusted_proxies: TrustedProxies::default(),
         }
     }
 }

@@ -93,14 +93,29 @@ pub enum Phase {
     Responding,
 }
 
+/// What the first bytes of a connection must (not) hold on a listener that
+/// speaks the PROXY protocol (`--proxy-protocol`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyPrelude {
+    /// Nothing to check: no PROXY protocol, or checked already.
+    Done,
+    /// From a trusted proxy: a PROXY header must come first.
+    Expect,
+    /// From anyone else: the first bytes must not be a PROXY header.
+    Refuse,
+}
+
 /// A client connection.
 pub struct Conn {
     /// Distinguishes this connection from later ones in the same slot.
     pub gen: u32,
     /// The socket while it travels between shards (detached from a driver).
     pub stream: Option<TcpStream>,
-    /// Remote address.
+    /// Remote address: the socket's peer, or the client a trusted proxy
+    /// named (PROXY header, `X-Forwarded-For`, `Forwarded`).
     pub peer: SocketAddr,
+    /// The PROXY protocol check still due on the first bytes.
+    pub proxy: ProxyPrelude,
     /// What the listener that accepted it serves.
     pub listener: ListenerKind,
     /// Plain, TLS in userspace, or kernel TLS.
@@ -228,6 +243,7 @@ impl Conn {
             gen,
             stream: None,
             peer,
+            proxy: ProxyPrelude::Done,
             listener,
             transport: Transport::Plain,
             phase: Phase::Http,

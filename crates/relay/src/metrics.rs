@@ -112,6 +112,11 @@ labelled!(
         BadJson => "bad_json",
         /// The client key was all zeros.
         ZeroKey => "zero_key",
+        /// A trusted proxy's connection did not start with a valid PROXY
+        /// header.
+        ProxyHeader => "proxy_header",
+        /// A peer that is not a trusted proxy sent a PROXY header.
+        ProxyUntrusted => "proxy_untrusted",
     }
 );
 

@@ -27,6 +27,7 @@ impl Shard {
         let deadline = self.now + self.cfg().handshake_timeout;
         self.next_gen = self.next_gen.wrapping_add(1);
         let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
+        conn.proxy = self.proxy_prelude_for(&peer);
         if kind == ListenerKind::Derp {
             if let Some(tls) = &self.shared.config.tls {
                 match rustls::ServerConnection::new(tls.clone()) {
@@ -87,6 +88,8 @@ impl Shard {
             }
         };
         let head = std::mem::take(&mut conn.head);
+        self.forwarded_client(slot, &req);
+        let conn = &self.conns[slot];
         let peer = conn.peer;
         let kind = conn.listener;
         match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {

@@ -11,6 +11,10 @@ impl Shard {
         if conn.closing.is_some() {
             return;
         }
+        if conn.proxy != crate::conn::ProxyPrelude::Done {
+            self.proxy_prelude(slot, data);
+            return;
+        }
         if conn.paused || !conn.stash.is_empty() {
             conn.stash.extend_from_slice(data);
             return;

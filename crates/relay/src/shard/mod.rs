@@ -323,6 +323,7 @@ mod kernel_tls;
 mod migrate;
 mod output;
 mod presence;
+mod proxied;
 mod registry;
 mod router;
 mod timers;
