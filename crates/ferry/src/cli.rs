@@ -95,6 +95,36 @@ pub(crate) struct Args {
     #[arg(long = "tcp-user-timeout", default_value = "15s")]
     pub tcp_user_timeout: String,
 
+    /// Admit only clients the tailscaled on this host knows as peers of its
+    /// tailnet (asked over its LocalAPI at --socket).
+    #[arg(long = "verify-clients", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub verify_clients: bool,
+
+    /// tailscaled's LocalAPI socket, for --verify-clients.
+    #[arg(long, default_value = "/var/run/tailscale/tailscaled.sock")]
+    pub socket: PathBuf,
+
+    /// Admission controller: POSTed {"NodePublic","Source"} for every new
+    /// client; only HTTP 200 with {"Allow":true} admits (Headscale serves
+    /// one at /verify).
+    #[arg(long = "verify-client-url", default_value = "")]
+    pub verify_client_url: String,
+
+    /// Admit clients when the admission controller cannot be reached.
+    #[arg(long = "verify-client-url-fail-open", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub verify_client_url_fail_open: bool,
+
+    /// Keep admission verdicts for this long per key and address (Go
+    /// duration; 0, the default, asks for every connection as derper does;
+    /// otherwise 1s to 24h).
+    #[arg(long = "verify-client-cache", default_value = "0")]
+    pub verify_client_cache: String,
+
+    /// Admission questions asked at once (1 to 1024); more wait in a queue
+    /// of 4096, past which clients are refused at once.
+    #[arg(long = "verify-client-concurrency", default_value_t = 16)]
+    pub verify_client_concurrency: usize,
+
     /// Connections from --trusted-proxies start with a PROXY protocol
     /// header (v1 or v2) naming the client; anyone else sending one is
     /// refused.
@@ -288,30 +318,6 @@ const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
         boolean: false,
         harmless: None,
         what: "the mesh key from a setec secrets server",
-    },
-    Unsupported {
-        name: "verify-clients",
-        boolean: true,
-        harmless: Some("false"),
-        what: "admitting only clients the local tailscaled knows",
-    },
-    Unsupported {
-        name: "socket",
-        boolean: false,
-        harmless: None,
-        what: "the tailscaled socket for --verify-clients",
-    },
-    Unsupported {
-        name: "verify-client-url",
-        boolean: false,
-        harmless: Some(""),
-        what: "an admission webhook",
-    },
-    Unsupported {
-        name: "verify-client-url-fail-open",
-        boolean: true,
-        harmless: None,
-        what: "the admission webhook's failure policy",
     },
     Unsupported {
         name: "accept-connection-limit",
@@ -515,6 +521,8 @@ pub(crate) struct Plan {
     pub stun: Option<SocketAddr>,
     /// Write timeout.
     pub write_timeout: Option<Duration>,
+    /// How long admission verdicts are kept.
+    pub verify_client_cache: Option<Duration>,
     /// TCP keepalive.
     pub tcp_keepalive: Option<Duration>,
     /// TCP user timeout.
@@ -608,6 +616,13 @@ impl Plan {
             tcp_user_timeout: duration_flag(
                 "tcp-user-timeout",
                 &args.tcp_user_timeout,
+                true,
+                secs(1),
+                secs(24 * 3600),
+            )?,
+            verify_client_cache: duration_flag(
+                "verify-client-cache",
+                &args.verify_client_cache,
                 true,
                 secs(1),
                 secs(24 * 3600),

@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ferry_proto::key::{MeshKey, NodePrivate};
+use ferry_relay::admission::AdmissionConfig;
 use ferry_relay::bootstrap_dns;
 use ferry_relay::tls::{self, CertMode};
 use ferry_relay::{HomePage, ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
@@ -99,6 +100,20 @@ fn run() -> Result<()> {
         );
     }
 
+    if !(1..=1024).contains(&args.verify_client_concurrency) {
+        bail!(
+            "--verify-client-concurrency {}: must be between 1 and 1024",
+            args.verify_client_concurrency
+        );
+    }
+    config.admission = AdmissionConfig {
+        local_socket: args.verify_clients.then(|| args.socket.clone()),
+        url: (!args.verify_client_url.is_empty()).then(|| args.verify_client_url.clone()),
+        fail_open: args.verify_client_url_fail_open,
+        cache_for: plan.verify_client_cache,
+        concurrency: args.verify_client_concurrency,
+        ..AdmissionConfig::default()
+    };
     config.trusted_proxies = args
         .trusted_proxies
         .parse()
@@ -201,6 +216,7 @@ fn run() -> Result<()> {
         stun = %server.stun_addr.map_or_else(off, |a| a.to_string()),
         metrics = %server.metrics_addr.map_or_else(off, |a| format!("http://{a}/metrics")),
         mesh_key = %if config.mesh_key.is_some() { "configured" } else { "none" },
+        admission = %admission_summary(&config.admission),
         proxy_protocol = config.proxy_protocol,
         trusted_proxies = %config.trusted_proxies,
         derp = %if config.derp_enabled { "on" } else { "off" },
@@ -362,6 +378,23 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     f.write_all(bytes)
+}
+
+/// One line on who may register, for the start-up log.
+fn admission_summary(a: &AdmissionConfig) -> String {
+    let mut parts = Vec::new();
+    if let Some(socket) = &a.local_socket {
+        parts.push(format!("tailscaled at {}", socket.display()));
+    }
+    if let Some(url) = &a.url {
+        let open = if a.fail_open { "open" } else { "closed" };
+        parts.push(format!("{url} (fails {open})"));
+    }
+    if parts.is_empty() {
+        "everyone".to_owned()
+    } else {
+        parts.join(" then ")
+    }
 }
 
 fn print_dev_banner(server: &Server, config: &RelayConfig, scheme: &str, cert_name: Option<&str>) {

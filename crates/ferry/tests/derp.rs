@@ -240,9 +240,6 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
     for flags in [
         &["--certmode", "letsencrypt"][..],
         &["--certmode=gcp"],
-        &["--verify-clients"],
-        &["-verify-clients=true"],
-        &["--verify-client-url", "http://127.0.0.1:1/"],
         &["--mesh-with", "a.example.com,b.example.com"],
         &["--rate-config", "/etc/derper/rate.json"],
         &["-accept-connection-limit=100"],

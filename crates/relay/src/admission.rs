@@ -363,8 +363,13 @@ impl<T: Send + 'static> Drop for Admission<T> {
             .expect("admission queue lock")
             .stopping = true;
         self.inner.ready.notify_all();
+        // The last reference may go on one of the pool's own threads (a
+        // delivery that outlived the server): never join oneself.
+        let me = std::thread::current().id();
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ferry_proto::forwarded::TrustedProxies;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 
+use crate::admission::AdmissionConfig;
 use crate::bootstrap_dns::BootstrapDns;
 
 /// What the root page shows (derper's `--home`).
@@ -130,6 +131,8 @@ pub struct RelayConfig {
     /// Whose PROXY headers and `X-Forwarded-For`/`Forwarded` headers are
     /// believed (`--trusted-proxies`).
     pub trusted_proxies: TrustedProxies,
+    /// Who may register ([`AdmissionConfig::enabled`]: anyone when off).
+    pub admission: AdmissionConfig,
 }
 
 impl RelayConfig {
@@ -163,6 +166,7 @@ impl RelayConfig {
             bootstrap_dns: None,
             proxy_protocol: false,
             trusted_proxies: TrustedProxies::default(),
+            admission: AdmissionConfig::default(),
         }
     }
 }

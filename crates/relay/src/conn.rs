@@ -46,6 +46,8 @@ pub enum Hold {
     Migrating = 4,
     /// On its way out: writing a last response or farewell.
     Closing = 8,
+    /// Waiting for admission (tailscaled or the admission controller).
+    Admission = 16,
 }
 
 /// The reasons holding a connection's input; input flows when there are
@@ -85,6 +87,8 @@ pub enum Phase {
     Http,
     /// Upgraded; waiting for the clientInfo frame.
     ClientInfo,
+    /// clientInfo read; waiting for the admission verdict.
+    Admitting,
     /// Handshake done; waiting to move to the shard that owns its key.
     Migrating,
     /// Registered and relaying.

@@ -117,6 +117,9 @@ labelled!(
         ProxyHeader => "proxy_header",
         /// A peer that is not a trusted proxy sent a PROXY header.
         ProxyUntrusted => "proxy_untrusted",
+        /// Admission refused the client (`ferry_admission_decisions_total`
+        /// says why).
+        Admission => "admission",
     }
 );
 

@@ -20,9 +20,10 @@ use ferry_engine::mailbox::{byte_ring, msg_ring, Doorbell};
 use ferry_engine::{run_shard, Backend, Driver, EpollDriver, IoMode};
 use ferry_sys::port::Transport;
 
+use crate::admission::{Admission, AdmissionStats};
 use crate::config::{ListenerKind, ListenerSpec, RelayConfig};
 use crate::metrics::Metrics;
-use crate::shard::{Rings, Shard, Shared, MSG_RING};
+use crate::shard::{ConnRef, Control, Inbox, Rings, Shard, Shared, MSG_RING};
 
 /// Everything needed to start a relay.
 #[derive(Clone)]
@@ -109,6 +110,10 @@ pub enum StartError {
     /// The requested I/O back end cannot run here.
     #[error(transparent)]
     Backend(#[from] ferry_engine::backend::BackendError),
+    /// Admission could not start (a bad `--verify-client-url`, no CA
+    /// certificates, no threads).
+    #[error(transparent)]
+    Admission(#[from] crate::admission::AdmissionError),
     /// A shard or helper thread could not start.
     #[error("cannot start {what}: {source}")]
     Thread {
@@ -215,7 +220,25 @@ impl Server {
             hasher: std::hash::RandomState::new(),
             shutdown: AtomicBool::new(false),
             listener_kinds: opts.listeners.iter().map(|l| l.kind).collect(),
+            inboxes: (0..n).map(|_| Inbox::default()).collect(),
+            admission: OnceLock::new(),
         });
+        if opts.config.admission.enabled() {
+            let stats = Arc::new(AdmissionStats::default());
+            let weak = Arc::downgrade(&shared);
+            let pool = Admission::start(
+                opts.config.admission.clone(),
+                stats.clone(),
+                move |r: ConnRef, v| {
+                    if let Some(shared) = weak.upgrade() {
+                        shared.post(r.shard, Control::Admitted(r, v));
+                    }
+                },
+            )
+            .map_err(StartError::Admission)?;
+            let _ = shared.admission.set(pool);
+            metrics.add_source(Box::new(move |w| stats.render_metrics(w)));
+        }
 
         let mut rings: Vec<Rings> = (0..n)
             .map(|_| Rings {

@@ -18,8 +18,9 @@ use ferry_engine::Slot;
 use ferry_proto::frame::{self, ClientFramePolicy, Deframer, FrameType, ServerFrame};
 use ferry_proto::handshake;
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_relay::admission::{Admission, AdmissionConfig, AdmissionStats};
 use ferry_relay::metrics::Metrics;
-use ferry_relay::shard::{Rings, Shard, Shared};
+use ferry_relay::shard::{ConnRef, Control, Inbox, Rings, Shard, Shared};
 use ferry_relay::{ListenerKind, RelayConfig};
 
 /// The shard's sweep period: deadlines are acted on at the first sweep at
@@ -52,6 +53,8 @@ impl Sim {
             hasher: std::hash::RandomState::new(),
             shutdown: AtomicBool::new(false),
             listener_kinds: vec![ListenerKind::Derp],
+            inboxes: vec![Inbox::default()],
+            admission: OnceLock::new(),
         });
         let rings = Rings {
             bytes_tx: vec![None],
@@ -120,6 +123,19 @@ impl Sim {
 
     /// A client with `key` connects and finishes the DERP handshake.
     fn client(&mut self, key: &NodePrivate) -> Slot {
+        let slot = self.hello(key, &[]);
+        let frames = self.frames(slot);
+        let types: Vec<u8> = frames.iter().map(|f| f.0).collect();
+        assert_eq!(
+            types,
+            [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
+        );
+        slot
+    }
+
+    /// A client with `key` connects and sends its upgrade request and
+    /// clientInfo, followed by `then` in the same read.
+    fn hello(&mut self, key: &NodePrivate, then: &[u8]) -> Slot {
         let slot = self.connect();
         let server = self.shared.config.public_key;
         let mut hello =
@@ -131,14 +147,9 @@ impl Sim {
             &support::info(None),
             &[9; 24],
         ));
+        hello.extend_from_slice(then);
         self.d.receive(slot, &hello);
         self.settle();
-        let frames = self.frames(slot);
-        let types: Vec<u8> = frames.iter().map(|f| f.0).collect();
-        assert_eq!(
-            types,
-            [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
-        );
         slot
     }
 
@@ -429,4 +440,156 @@ fn graceful_drain_sends_restarting_and_finishes() {
     assert!(!s.d.is_open(a) && !s.d.is_open(b), "closed once written");
     use ferry_engine::Handler;
     assert!(Handler::<SimDriver>::finished(&s.shard));
+}
+
+/// A controller for admission tests: allows the keys in its list; answers
+/// only while its gate is not held.
+struct Controller {
+    url: String,
+    gate: Arc<std::sync::Mutex<()>>,
+}
+
+fn controller(allow: Vec<NodePublic>) -> Controller {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/verify", listener.local_addr().unwrap());
+    let gate = Arc::new(std::sync::Mutex::new(()));
+    let g = gate.clone();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut c) = stream else { return };
+            let (allow, g) = (allow.clone(), g.clone());
+            std::thread::spawn(move || {
+                // Read the head and the JSON body (it ends with `}`).
+                let mut text = String::new();
+                let mut buf = [0u8; 4096];
+                while !text.ends_with('}') {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+                    }
+                }
+                let allowed = allow.iter().any(|k| text.contains(&k.to_string()));
+                drop(g.lock().unwrap());
+                let body = format!("{{\"Allow\":{allowed}}}");
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    Controller { url, gate }
+}
+
+/// A shard whose admission pool asks `c`, and the pool's counters.
+fn admitting(c: &Controller) -> (Sim, Arc<AdmissionStats>) {
+    let s = Sim::new(|cfg| cfg.handshake_timeout = Duration::from_secs(10));
+    let weak = Arc::downgrade(&s.shared);
+    let cfg = AdmissionConfig {
+        url: Some(c.url.clone()),
+        timeout: Duration::from_secs(30),
+        ..AdmissionConfig::default()
+    };
+    let stats = Arc::new(AdmissionStats::default());
+    let pool = Admission::start(cfg, stats.clone(), move |r: ConnRef, v| {
+        if let Some(shared) = weak.upgrade() {
+            shared.post(r.shard, Control::Admitted(r, v));
+        }
+    })
+    .unwrap();
+    assert!(s.shared.admission.set(pool).is_ok());
+    (s, stats)
+}
+
+impl Sim {
+    /// Frame types `slot` reads until serverInfo arrives or it is closed,
+    /// waiting in real time (the verdict comes from a thread) for at most
+    /// 10 s; simulated time stands still.
+    fn await_verdict(&mut self, slot: Slot) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut types = Vec::new();
+        loop {
+            self.settle();
+            types.extend(self.frames(slot).iter().map(|f| f.0));
+            if types.contains(&(FrameType::ServerInfo as u8)) || !self.d.is_open(slot) {
+                return types;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no verdict within 10 s: {types:?}"
+            );
+            std::thread::sleep(MS);
+        }
+    }
+}
+
+#[test]
+fn admission_holds_a_client_until_admitted_then_reads_what_followed() {
+    let (ak, rk) = (NodePrivate::generate(), NodePrivate::generate());
+    let c = controller(vec![ak.public(), rk.public()]);
+    let (mut s, _) = admitting(&c);
+    let r = s.hello(&rk, &[]);
+    assert_eq!(
+        s.await_verdict(r),
+        [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
+    );
+
+    let held = c.gate.lock().unwrap();
+    let mut early = Vec::new();
+    frame::put_send_packet(&mut early, &rk.public(), b"early");
+    let a = s.hello(&ak, &early);
+    assert_eq!(
+        s.frames(a).iter().map(|f| f.0).collect::<Vec<_>>(),
+        [FrameType::ServerKey as u8],
+        "no serverInfo before the verdict"
+    );
+    s.advance(Duration::from_secs(2));
+    assert!(
+        s.packets(r).is_empty(),
+        "nothing relayed before the verdict"
+    );
+    drop(held);
+    assert_eq!(s.await_verdict(a), [FrameType::ServerInfo as u8]);
+    s.settle();
+    assert_eq!(s.packets(r), [(ak.public(), b"early".to_vec())]);
+}
+
+#[test]
+fn admission_refusal_closes_without_server_info() {
+    let c = controller(vec![]);
+    let (mut s, _) = admitting(&c);
+    let x = s.hello(&NodePrivate::generate(), &[]);
+    assert_eq!(s.await_verdict(x), [FrameType::ServerKey as u8]);
+    assert!(!s.d.is_open(x));
+    assert_eq!(
+        s.metric("ferry_handshake_failures_total{reason=\"admission\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn admission_wait_ends_at_the_handshake_deadline() {
+    let ak = NodePrivate::generate();
+    let c = controller(vec![ak.public()]);
+    let (mut s, stats) = admitting(&c);
+    let held = c.gate.lock().unwrap();
+    let a = s.hello(&ak, &[]);
+    s.advance(Duration::from_secs(10) - MS);
+    assert!(s.d.is_open(a), "waiting before the deadline");
+    s.advance(SWEEP + MS);
+    assert!(!s.d.is_open(a), "closed after it");
+    assert_eq!(
+        s.metric("ferry_handshake_failures_total{reason=\"timeout\"}"),
+        1.0
+    );
+    // The verdict that comes later finds no one.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats.asked.load(std::sync::atomic::Ordering::Relaxed) < 1 && Instant::now() < deadline {
+        std::thread::sleep(MS);
+    }
+    s.settle();
+    assert_eq!(s.metric("derp_current_connections"), 0.0);
 }

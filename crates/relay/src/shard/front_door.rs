@@ -175,11 +175,23 @@ impl Shard {
             (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
             _ => false,
         };
-        let owner = self.shared.owner_of(&key, self.shards);
         let conn = &mut self.conns[slot];
         conn.key = key;
         conn.mesh = mesh;
         conn.prober = info.is_prober;
+        if self.begin_admission(slot) {
+            // Frames after clientInfo wait in the deframer for the verdict.
+            return ControlFlow::Break(());
+        }
+        self.after_client_info(slot)
+    }
+
+    /// Registers a connection whose clientInfo was read (and admitted)
+    /// here, or sends it to the shard that owns its key.
+    pub(super) fn after_client_info(&mut self, slot: Slot) -> ControlFlow<()> {
+        let key = self.conns[slot].key;
+        let owner = self.shared.owner_of(&key, self.shards);
+        let conn = &mut self.conns[slot];
         if owner == self.id {
             conn.phase = Phase::Active;
             self.register(slot);

@@ -141,7 +141,7 @@ impl Shard {
         match self.conns[slot].phase {
             Phase::Http => self.read_head(slot, data),
             Phase::ClientInfo | Phase::Active => self.deframe(slot, data),
-            Phase::Migrating => {
+            Phase::Migrating | Phase::Admitting => {
                 self.conns[slot].stash.extend_from_slice(data);
                 ControlFlow::Break(())
             }

@@ -66,7 +66,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
@@ -79,6 +79,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use slab::Slab;
 
+use crate::admission::{Admission, Verdict};
 use crate::config::{ListenerKind, Placement, RelayConfig};
 use crate::conn::{Conn, Hold, Phase};
 use crate::front::{self, Answer};
@@ -186,6 +187,37 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// What each listener index serves (same order on every shard).
     pub listener_kinds: Vec<ListenerKind>,
+    /// Messages to each shard from threads that are not shards.
+    pub inboxes: Vec<Inbox>,
+    /// The admission pool, when admission is on.
+    pub admission: OnceLock<Admission<ConnRef>>,
+}
+
+/// A message to a shard from outside the shards.
+pub enum Control {
+    /// The admission verdict for a connection.
+    Admitted(ConnRef, Verdict),
+}
+
+/// One shard's inbox for [`Control`] messages: any thread may post. The
+/// shard looks at a flag each turn and takes the lock only when it is set;
+/// posting rings the shard's doorbell, so a parked shard wakes.
+#[derive(Default)]
+pub struct Inbox {
+    queue: Mutex<Vec<Control>>,
+    pending: AtomicBool,
+}
+
+impl Shared {
+    /// Posts `msg` to `shard` and wakes it.
+    pub fn post(&self, shard: usize, msg: Control) {
+        let inbox = &self.inboxes[shard];
+        inbox.queue.lock().expect("inbox lock").push(msg);
+        inbox.pending.store(true, Ordering::Release);
+        if let Some(bells) = self.doorbells.get() {
+            bells[shard].notify();
+        }
+    }
 }
 
 impl Shared {
@@ -296,6 +328,8 @@ pub struct Shard {
     plain_out: Vec<u8>,
     record: Vec<u8>,
     mail_batch: Vec<Mail>,
+    /// Control messages taken from the inbox, handled after the turn.
+    control: Vec<Control>,
     activity: u64,
     /// Keepalive jitter (seeded by the caller, so tests can fix it).
     jitter: StdRng,
@@ -316,6 +350,7 @@ macro_rules! conn_log {
     };
 }
 
+mod admit;
 mod front_door;
 mod gate;
 mod input;
@@ -374,6 +409,7 @@ impl Shard {
             plain_out: Vec::new(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
+            control: Vec::new(),
             activity: 0,
             jitter: StdRng::seed_from_u64(seed),
             now,
@@ -565,6 +601,7 @@ impl<D: Driver> Handler<D> for Shard {
                 self.drain_from(from);
             }
         }
+        self.handle_control();
         self.retry_stalled();
         if self.shared.shutdown.load(Ordering::Relaxed) && self.draining.is_none() {
             self.start_drain();
@@ -634,6 +671,8 @@ impl<D: Driver> Handler<D> for Shard {
                 .is_some_and(|r| !r.is_empty())
                 || self.rings.msg_rx[s].as_ref().is_some_and(|r| !r.is_empty())
         }) || self.shared.shutdown.load(Ordering::Relaxed) && self.draining.is_none()
+            || self.shared.inboxes[self.id].pending.load(Ordering::Acquire)
+            || !self.control.is_empty()
     }
 
     fn finished(&self) -> bool {
