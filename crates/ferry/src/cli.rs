@@ -95,6 +95,26 @@ pub(crate) struct Args {
     #[arg(long = "tcp-user-timeout", default_value = "15s")]
     pub tcp_user_timeout: String,
 
+    /// derper's per-client receive limit file ({"PerClientRateLimitBytesPerSec":
+    /// N, "PerClientRateBurstBytes": M}); reloaded on SIGHUP. A client over
+    /// its rate is read more slowly (never dropped from); mesh peers are
+    /// exempt.
+    #[arg(long = "rate-config", default_value = "")]
+    pub rate_config: String,
+
+    /// New connections per second accepted on the DERP listener; the
+    /// excess is closed at once.
+    #[arg(
+        long = "accept-connection-limit",
+        default_value = "+Inf",
+        allow_negative_numbers = true
+    )]
+    pub accept_connection_limit: f64,
+
+    /// Burst for --accept-connection-limit.
+    #[arg(long = "accept-connection-burst", default_value_t = i64::MAX)]
+    pub accept_connection_burst: i64,
+
     /// Admit only clients the tailscaled on this host knows as peers of its
     /// tailnet (asked over its LocalAPI at --socket).
     #[arg(long = "verify-clients", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
@@ -318,24 +338,6 @@ const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
         boolean: false,
         harmless: None,
         what: "the mesh key from a setec secrets server",
-    },
-    Unsupported {
-        name: "accept-connection-limit",
-        boolean: false,
-        harmless: Some("+Inf"),
-        what: "a rate limit on accepted connections",
-    },
-    Unsupported {
-        name: "accept-connection-burst",
-        boolean: false,
-        harmless: Some("9223372036854775807"),
-        what: "a rate limit on accepted connections",
-    },
-    Unsupported {
-        name: "rate-config",
-        boolean: false,
-        harmless: Some(""),
-        what: "per-client receive rate limits",
     },
     Unsupported {
         name: "acme-ip-certs",

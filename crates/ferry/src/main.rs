@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ferry_proto::key::{MeshKey, NodePrivate};
+use ferry_proto::rate_config::RateConfig;
 use ferry_relay::admission::AdmissionConfig;
 use ferry_relay::bootstrap_dns;
 use ferry_relay::tls::{self, CertMode};
@@ -114,6 +115,34 @@ fn run() -> Result<()> {
         concurrency: args.verify_client_concurrency,
         ..AdmissionConfig::default()
     };
+    if args.accept_connection_limit.is_nan() || args.accept_connection_limit < 0.0 {
+        bail!(
+            "--accept-connection-limit {}: must be 0 or more (connections per second)",
+            args.accept_connection_limit
+        );
+    }
+    if args.accept_connection_burst < 0 {
+        bail!(
+            "--accept-connection-burst {}: must be 0 or more",
+            args.accept_connection_burst
+        );
+    }
+    if args.accept_connection_limit.is_finite() {
+        config.accept_limit = Some((
+            args.accept_connection_limit,
+            args.accept_connection_burst as f64,
+        ));
+    }
+    let rate_path =
+        (!args.rate_config.is_empty()).then(|| std::path::PathBuf::from(&args.rate_config));
+    if let Some(path) = &rate_path {
+        config.rate = load_rate_config(path)?;
+        tracing::info!(
+            rate = config.rate.bytes_per_sec,
+            burst = config.rate.burst_bytes,
+            "rate config applied: client-rate bytes/sec, client-burst bytes"
+        );
+    }
     config.trusted_proxies = args
         .trusted_proxies
         .parse()
@@ -233,7 +262,25 @@ fn run() -> Result<()> {
 
     loop {
         match ferry_sys::signal::wait_signal().context("waiting for a signal")? {
-            Signal::Hangup => reload(reloader.as_ref()),
+            Signal::Hangup => {
+                reload(reloader.as_ref());
+                if let Some(path) = &rate_path {
+                    match load_rate_config(path) {
+                        Ok(rate) => {
+                            server.set_rate_config(rate);
+                            tracing::info!(
+                                rate = rate.bytes_per_sec,
+                                burst = rate.burst_bytes,
+                                "SIGHUP: rate config applied"
+                            );
+                        }
+                        Err(e) => tracing::warn!(
+                            error = format!("{e:#}"),
+                            "SIGHUP: rate config not applied; the previous limits stay"
+                        ),
+                    }
+                }
+            }
             sig @ Signal::Terminate(_) => {
                 tracing::info!(
                     signal = sig.name(),
@@ -269,7 +316,7 @@ fn reload(reloader: Option<&tls::CertReloader>) {
         }
     }
     tracing::info!(
-        "SIGHUP: other flags (listeners, keys, mesh key, timeouts) take effect only on a restart"
+        "SIGHUP: other flags (listeners, keys, mesh key, timeouts) take effect only on a restart; --rate-config is re-read"
     );
 }
 
@@ -378,6 +425,13 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     f.write_all(bytes)
+}
+
+/// Reads `--rate-config` (derper's JSON).
+fn load_rate_config(path: &std::path::Path) -> Result<RateConfig> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("--rate-config: reading {}", path.display()))?;
+    RateConfig::parse(&bytes).with_context(|| format!("--rate-config {}", path.display()))
 }
 
 /// One line on who may register, for the start-up log.

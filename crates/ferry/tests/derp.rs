@@ -218,6 +218,45 @@ fn start_up_line_is_readable() {
     assert!(log.contains("created a new server key"), "{log}");
 }
 
+/// `--accept-connection-limit` through the binary: with a burst of 2 and
+/// a refill too slow to matter, two connections are served and the third
+/// is closed at once, without a response.
+#[test]
+fn accept_limit_closes_the_excess_at_once() {
+    use std::io::{Read, Write};
+    let dir = TempDir::new("accept");
+    let (mut f, addr) = serving(&mut relay(
+        &dir,
+        &[
+            "--stun=false",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--accept-connection-limit",
+            "0.001",
+            "--accept-connection-burst",
+            "2",
+        ],
+    ));
+    let metrics_at = url_addr(&f.field("ferry relay running", "metrics"));
+    for _ in 0..2 {
+        assert!(get(addr, "/healthz").starts_with("HTTP/1.1 200"));
+    }
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let _ = c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = [0u8; 64];
+    let n = c.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    // The metrics listener is not limited, and counts the refusal.
+    let metrics = get(metrics_at, "/metrics");
+    assert!(
+        metrics.contains("\ntls_listener_rejected_connections 1\n"),
+        "{metrics}"
+    );
+    f.stop();
+}
+
 #[test]
 fn bootstrap_dns_rollout_entries_are_refused() {
     let dir = TempDir::new("bootstrap");
@@ -241,8 +280,7 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
         &["--certmode", "letsencrypt"][..],
         &["--certmode=gcp"],
         &["--mesh-with", "a.example.com,b.example.com"],
-        &["--rate-config", "/etc/derper/rate.json"],
-        &["-accept-connection-limit=100"],
+        &["--ace"],
     ] {
         let (status, log) = run(relay(&dir, &["-stun=false"]).args(flags));
         assert_eq!(status.code(), Some(1), "{flags:?}: {log}");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ferry_proto::forwarded::TrustedProxies;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
+use ferry_proto::rate_config::RateConfig;
 
 use crate::admission::AdmissionConfig;
 use crate::bootstrap_dns::BootstrapDns;
@@ -133,6 +134,13 @@ pub struct RelayConfig {
     pub trusted_proxies: TrustedProxies,
     /// Who may register ([`AdmissionConfig::enabled`]: anyone when off).
     pub admission: AdmissionConfig,
+    /// Per-client receive limits at start (`--rate-config`; changed later
+    /// with [`crate::shard::Control::RateConfig`]).
+    pub rate: RateConfig,
+    /// Accepted connections per second and burst
+    /// (`--accept-connection-limit`, `--accept-connection-burst`); `None`
+    /// accepts everything.
+    pub accept_limit: Option<(f64, f64)>,
 }
 
 impl RelayConfig {
@@ -167,6 +175,8 @@ impl RelayConfig {
             proxy_protocol: false,
             trusted_proxies: TrustedProxies::default(),
             admission: AdmissionConfig::default(),
+            rate: RateConfig::default(),
+            accept_limit: None,
         }
     }
 }

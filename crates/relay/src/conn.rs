@@ -20,6 +20,7 @@ use ferry_proto::frame::Deframer;
 use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
+use crate::limit::Bucket;
 use crate::metrics::CloseReason;
 use crate::transport::Transport;
 
@@ -48,6 +49,8 @@ pub enum Hold {
     Closing = 8,
     /// Waiting for admission (tailscaled or the admission controller).
     Admission = 16,
+    /// Over its receive rate limit until its bucket refills.
+    RateLimit = 32,
 }
 
 /// The reasons holding a connection's input; input flows when there are
@@ -120,6 +123,9 @@ pub struct Conn {
     pub peer: SocketAddr,
     /// The PROXY protocol check still due on the first bytes.
     pub proxy: ProxyPrelude,
+    /// Its receive limit (`--rate-config`); none for mesh peers or when
+    /// limits are off.
+    pub rate: Option<Bucket>,
     /// What the listener that accepted it serves.
     pub listener: ListenerKind,
     /// Plain, TLS in userspace, or kernel TLS.
@@ -248,6 +254,7 @@ impl Conn {
             stream: None,
             peer,
             proxy: ProxyPrelude::Done,
+            rate: None,
             listener,
             transport: Transport::Plain,
             phase: Phase::Http,

@@ -36,6 +36,7 @@ pub mod conn;
 pub mod front;
 pub mod health;
 pub mod ktls;
+pub mod limit;
 pub mod metrics;
 pub mod server;
 pub mod shard;

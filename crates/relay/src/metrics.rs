@@ -181,6 +181,10 @@ labelled!(
 pub struct ShardMetrics {
     /// TCP connections accepted.
     pub tcp_accepts: Counter,
+    /// TCP connections closed at once by `--accept-connection-limit`.
+    pub accept_rejects: Counter,
+    /// Times a client's input was held by its receive rate limit.
+    pub rate_limit_waits: Counter,
     /// Connections that asked for the DERP upgrade.
     pub accepts: Counter,
     /// Connections that used fast start.
@@ -572,6 +576,24 @@ impl Metrics {
             "ferry_tcp_accepts_total",
             "TCP connections accepted.",
             self.sum(|s| s.tcp_accepts.get()),
+        );
+        counter(
+            w,
+            "tls_listener_accepted_connections",
+            "Connections accepted on the DERP listener (derper: its TLS listener).",
+            self.sum(|s| s.tcp_accepts.get() - s.accept_rejects.get()),
+        );
+        counter(
+            w,
+            "tls_listener_rejected_connections",
+            "Connections closed at once by --accept-connection-limit.",
+            self.sum(|s| s.accept_rejects.get()),
+        );
+        counter(
+            w,
+            "derp_rate_limit_per_client_waited",
+            "Times a client's input was held by --rate-config.",
+            self.sum(|s| s.rate_limit_waits.get()),
         );
         counter(
             w,

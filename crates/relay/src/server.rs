@@ -222,6 +222,13 @@ impl Server {
             listener_kinds: opts.listeners.iter().map(|l| l.kind).collect(),
             inboxes: (0..n).map(|_| Inbox::default()).collect(),
             admission: OnceLock::new(),
+            accept_limit: opts.config.accept_limit.map(|(rate, burst)| {
+                std::sync::Mutex::new(crate::limit::Bucket::new(
+                    rate,
+                    burst,
+                    std::time::Instant::now(),
+                ))
+            }),
         });
         if opts.config.admission.enabled() {
             let stats = Arc::new(AdmissionStats::default());
@@ -377,6 +384,15 @@ impl Server {
     /// The relay's counters.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
+    }
+
+    /// Applies new per-client receive limits on every shard (a reloaded
+    /// `--rate-config`); every registered client gets a full bucket of
+    /// the new size.
+    pub fn set_rate_config(&self, rate: ferry_proto::rate_config::RateConfig) {
+        for shard in 0..self.shared.inboxes.len() {
+            self.shared.post(shard, Control::RateConfig(rate));
+        }
     }
 
     /// Starts a graceful shutdown: every client gets a `restarting` frame,

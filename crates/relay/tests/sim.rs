@@ -18,7 +18,9 @@ use ferry_engine::Slot;
 use ferry_proto::frame::{self, ClientFramePolicy, Deframer, FrameType, ServerFrame};
 use ferry_proto::handshake;
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::rate_config::RateConfig;
 use ferry_relay::admission::{Admission, AdmissionConfig, AdmissionStats};
+use ferry_relay::limit::Bucket;
 use ferry_relay::metrics::Metrics;
 use ferry_relay::shard::{ConnRef, Control, Inbox, Rings, Shard, Shared};
 use ferry_relay::{ListenerKind, RelayConfig};
@@ -46,6 +48,10 @@ impl Sim {
         let mut cfg = RelayConfig::new(NodePrivate::generate());
         tweak(&mut cfg);
         let metrics = Metrics::new(1, "sim", "simulated driver".into());
+        let now = Instant::now();
+        let accept_limit = cfg
+            .accept_limit
+            .map(|(rate, burst)| std::sync::Mutex::new(Bucket::new(rate, burst, now)));
         let shared = Arc::new(Shared {
             config: Arc::new(cfg),
             metrics: metrics.clone(),
@@ -55,6 +61,7 @@ impl Sim {
             listener_kinds: vec![ListenerKind::Derp],
             inboxes: vec![Inbox::default()],
             admission: OnceLock::new(),
+            accept_limit,
         });
         let rings = Rings {
             bytes_tx: vec![None],
@@ -62,7 +69,6 @@ impl Sim {
             msg_tx: vec![None],
             msg_rx: vec![None],
         };
-        let now = Instant::now();
         Sim {
             shard: Shard::new(0, 1, shared.clone(), rings, now, 7, SIM_TURN_BYTES),
             d: SimDriver::new().unwrap(),
@@ -133,9 +139,30 @@ impl Sim {
         slot
     }
 
+    /// A mesh peer with `key` presenting `mesh` connects and finishes the
+    /// handshake.
+    fn mesh_client(&mut self, key: &NodePrivate, mesh: &ferry_proto::key::MeshKey) -> Slot {
+        let slot = self.hello_with(key, Some(mesh.clone()), &[]);
+        let types: Vec<u8> = self.frames(slot).iter().map(|f| f.0).collect();
+        assert_eq!(
+            types,
+            [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
+        );
+        slot
+    }
+
     /// A client with `key` connects and sends its upgrade request and
     /// clientInfo, followed by `then` in the same read.
     fn hello(&mut self, key: &NodePrivate, then: &[u8]) -> Slot {
+        self.hello_with(key, None, then)
+    }
+
+    fn hello_with(
+        &mut self,
+        key: &NodePrivate,
+        mesh: Option<ferry_proto::key::MeshKey>,
+        then: &[u8],
+    ) -> Slot {
         let slot = self.connect();
         let server = self.shared.config.public_key;
         let mut hello =
@@ -144,7 +171,7 @@ impl Sim {
         hello.extend_from_slice(&handshake::seal_client_info(
             key,
             &server,
-            &support::info(None),
+            &support::info(mesh),
             &[9; 24],
         ));
         hello.extend_from_slice(then);
@@ -592,4 +619,105 @@ fn admission_wait_ends_at_the_handshake_deadline() {
     }
     s.settle();
     assert_eq!(s.metric("derp_current_connections"), 0.0);
+}
+
+/// 20 packets of 10,000 bytes (10,037-byte frames) at 100,000 bytes/s with
+/// a burst of 65,568: 7 frames fit the burst, the 7th leaves a debt of
+/// 4,691 bytes (47 ms); from then on each frame costs 100.37 ms. Nothing is
+/// dropped, the sender is only read more slowly.
+#[test]
+fn rate_limit_holds_input_for_exactly_what_the_frames_cost() {
+    let mut s = Sim::new(|cfg| {
+        cfg.rate = RateConfig {
+            bytes_per_sec: 100_000,
+            burst_bytes: 65_568,
+        }
+    });
+    let a = s.client(&NodePrivate::generate());
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    let mut burst = Vec::new();
+    for _ in 0..20 {
+        frame::put_send_packet(&mut burst, &bk.public(), &[7u8; 10_000]);
+    }
+    s.d.receive(a, &burst);
+    s.settle();
+    assert_eq!(s.packets(b).len(), 7, "the burst");
+    s.advance(Duration::from_millis(46));
+    assert!(s.packets(b).is_empty(), "held while in debt");
+    s.advance(Duration::from_millis(2));
+    assert_eq!(
+        s.packets(b).len(),
+        1,
+        "the next frame once the debt is paid"
+    );
+    // Every 100.37 ms one more: 12 more need 1204.4 ms.
+    s.advance(Duration::from_millis(1203));
+    assert_eq!(s.packets(b).len(), 11);
+    s.advance(Duration::from_millis(2));
+    assert_eq!(s.packets(b).len(), 1);
+    assert_eq!(s.metric("derp_packets_dropped"), 0.0);
+    assert!(s.metric("derp_rate_limit_per_client_waited") >= 13.0);
+}
+
+#[test]
+fn new_rate_limits_apply_at_once_and_let_held_clients_go() {
+    let mut s = Sim::new(|cfg| {
+        cfg.rate = RateConfig {
+            bytes_per_sec: 1_000,
+            burst_bytes: 65_568,
+        }
+    });
+    let a = s.client(&NodePrivate::generate());
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    let mut burst = Vec::new();
+    for _ in 0..10 {
+        frame::put_send_packet(&mut burst, &bk.public(), &[7u8; 10_000]);
+    }
+    s.d.receive(a, &burst);
+    s.settle();
+    assert_eq!(s.packets(b).len(), 7);
+    s.shared.post(0, Control::RateConfig(RateConfig::default()));
+    s.settle();
+    assert_eq!(s.packets(b).len(), 3, "limits off: the rest at once");
+}
+
+#[test]
+fn mesh_peers_are_not_rate_limited() {
+    let mesh = ferry_proto::key::MeshKey::parse(&"ab".repeat(32)).unwrap();
+    let mut s = Sim::new(|cfg| {
+        cfg.rate = RateConfig {
+            bytes_per_sec: 1_000,
+            burst_bytes: 65_568,
+        };
+        cfg.mesh_key = Some(mesh.clone());
+    });
+    let m = s.mesh_client(&NodePrivate::generate(), &mesh);
+    let bk = NodePrivate::generate();
+    let b = s.client(&bk);
+    let mut burst = Vec::new();
+    for _ in 0..20 {
+        frame::put_send_packet(&mut burst, &bk.public(), &[7u8; 10_000]);
+    }
+    s.d.receive(m, &burst);
+    s.settle();
+    assert_eq!(s.packets(b).len(), 20);
+}
+
+#[test]
+fn accept_limit_closes_excess_connections_at_once() {
+    let mut s = Sim::new(|cfg| cfg.accept_limit = Some((1.0, 2.0)));
+    let first = s.connect();
+    let second = s.connect();
+    assert!(s.d.is_open(first) && s.d.is_open(second));
+    let before = s.d.slots();
+    s.d.connect(0, SocketAddr::from(([192, 0, 2, 9], 999)))
+        .unwrap();
+    s.settle();
+    assert_eq!(s.d.slots(), before, "the third is not kept");
+    assert_eq!(s.metric("tls_listener_rejected_connections"), 1.0);
+    s.advance(Duration::from_secs(1));
+    let fourth = s.connect();
+    assert!(s.d.is_open(fourth), "one more a second later");
 }

@@ -33,8 +33,8 @@ impl Shard {
         true
     }
 
-    /// Takes what other threads posted, and handles it with anything
-    /// queued locally.
+    /// Takes what other threads posted (admission verdicts, new limits),
+    /// and handles it with anything queued locally.
     pub(super) fn handle_control(&mut self) {
         let inbox = &self.shared.inboxes[self.id];
         if inbox.pending.swap(false, Ordering::Acquire) {
@@ -48,6 +48,7 @@ impl Shard {
         for msg in control.drain(..) {
             match msg {
                 Control::Admitted(r, verdict) => self.on_admission(r, verdict),
+                Control::RateConfig(rc) => self.set_rate(rc),
             }
         }
         if self.control.is_empty() {

@@ -10,6 +10,10 @@ impl Shard {
         if self.draining.is_some() {
             return; // dropping the stream closes it
         }
+        if !self.accept_allowed() {
+            self.m().accept_rejects.inc();
+            return; // closed at once, as derper does
+        }
         let sock = socket2::SockRef::from(&stream);
         let _ = sock.set_nodelay(true);
         if let Some(idle) = self.cfg().tcp_keepalive {

@@ -229,6 +229,14 @@ impl Shard {
     }
 
     pub(super) fn on_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
+        let flow = self.handle_frame(slot, ty, payload);
+        if self.conns[slot].rate.is_some() {
+            return self.charge_frame(slot, payload.len(), flow);
+        }
+        flow
+    }
+
+    fn handle_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
         if self.ended(slot) {
             return ControlFlow::Break(());
         }

@@ -83,10 +83,12 @@ use crate::admission::{Admission, Verdict};
 use crate::config::{ListenerKind, Placement, RelayConfig};
 use crate::conn::{Conn, Hold, Phase};
 use crate::front::{self, Answer};
+use crate::limit::Bucket;
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
 use crate::transport::{KernelTls, Transport, UserTls};
+use ferry_proto::rate_config::RateConfig;
 
 /// How often deadlines, keepalives and write timeouts are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -191,12 +193,16 @@ pub struct Shared {
     pub inboxes: Vec<Inbox>,
     /// The admission pool, when admission is on.
     pub admission: OnceLock<Admission<ConnRef>>,
+    /// `--accept-connection-limit`, shared by every shard's accepts.
+    pub accept_limit: Option<Mutex<Bucket>>,
 }
 
 /// A message to a shard from outside the shards.
 pub enum Control {
     /// The admission verdict for a connection.
     Admitted(ConnRef, Verdict),
+    /// New per-client receive limits (`--rate-config` reloaded).
+    RateConfig(RateConfig),
 }
 
 /// One shard's inbox for [`Control`] messages: any thread may post. The
@@ -330,6 +336,10 @@ pub struct Shard {
     mail_batch: Vec<Mail>,
     /// Control messages taken from the inbox, handled after the turn.
     control: Vec<Control>,
+    /// Per-client receive limits now.
+    rate: RateConfig,
+    /// Connections held by their receive limit, and when to let them go.
+    rate_held: Vec<(Slot, u32, Instant)>,
     activity: u64,
     /// Keepalive jitter (seeded by the caller, so tests can fix it).
     jitter: StdRng,
@@ -355,6 +365,7 @@ mod front_door;
 mod gate;
 mod input;
 mod kernel_tls;
+mod limits;
 mod migrate;
 mod output;
 mod presence;
@@ -380,6 +391,7 @@ impl Shard {
         // Per other shard: a full ring plus one turn of reads.
         let per_shard = cfg.ring_bytes + max_turn_bytes;
         let hard_cap = cfg.send_queue_bytes + (shards - 1) * per_shard + frame::MAX_PACKET_SIZE;
+        let rate = cfg.rate;
         Shard {
             id,
             shards,
@@ -410,6 +422,8 @@ impl Shard {
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             control: Vec::new(),
+            rate,
+            rate_held: Vec::new(),
             activity: 0,
             jitter: StdRng::seed_from_u64(seed),
             now,
@@ -602,6 +616,9 @@ impl<D: Driver> Handler<D> for Shard {
             }
         }
         self.handle_control();
+        if !self.rate_held.is_empty() {
+            self.release_rate_held();
+        }
         self.retry_stalled();
         if self.shared.shutdown.load(Ordering::Relaxed) && self.draining.is_none() {
             self.start_drain();
@@ -659,6 +676,9 @@ impl<D: Driver> Handler<D> for Shard {
             t = t.min(Duration::from_millis(10));
         }
         if let Some(at) = self.next_budget_check() {
+            t = t.min(at.saturating_duration_since(now));
+        }
+        if let Some(at) = self.rate_held.iter().map(|&(_, _, at)| at).min() {
             t = t.min(at.saturating_duration_since(now));
         }
         Some(t)

@@ -1,0 +1,99 @@
+//! Limits: each client's receive rate (`--rate-config`) and the accept
+//! rate (`--accept-connection-limit`).
+//!
+//! A client over its rate is not dropped from: its input is held (the
+//! socket is not read, so TCP pushes back on it) until its bucket is out
+//! of debt, exactly as long as the frames it sent cost. Every frame counts
+//! with its header, as derper counts it; mesh peers are exempt. New limits
+//! (SIGHUP) reach every shard through its inbox and give every client a
+//! full bucket of the new size.
+
+use super::*;
+
+/// Bytes of a DERP frame header, counted with its payload.
+const FRAME_HEADER: usize = 5;
+
+/// The bucket a client gets under `rate`.
+pub(super) fn bucket_for(rate: &RateConfig, mesh: bool, now: Instant) -> Option<Bucket> {
+    (rate.is_limited() && !mesh)
+        .then(|| Bucket::new(rate.bytes_per_sec as f64, rate.burst_bytes as f64, now))
+}
+
+impl Shard {
+    /// Charges a frame of `payload` bytes to `slot`'s bucket; holds its
+    /// input when the bucket goes into debt. `flow` is what handling the
+    /// frame decided.
+    pub(super) fn charge_frame(
+        &mut self,
+        slot: Slot,
+        payload: usize,
+        flow: ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let now = self.now;
+        let conn = &mut self.conns[slot];
+        let Some(bucket) = conn.rate.as_mut() else {
+            return flow;
+        };
+        let Some(wait) = bucket.take((FRAME_HEADER + payload) as f64, now) else {
+            return flow;
+        };
+        if conn.closing.is_some() {
+            return flow;
+        }
+        let gen = conn.gen;
+        self.m().rate_limit_waits.inc();
+        self.hold_input(slot, Hold::RateLimit);
+        self.rate_held.push((slot, gen, now + wait));
+        ControlFlow::Break(())
+    }
+
+    /// Lets go the clients whose buckets are out of debt.
+    pub(super) fn release_rate_held(&mut self) {
+        let now = self.now;
+        let mut due = Vec::new();
+        self.rate_held.retain(|&(slot, gen, at)| {
+            if at <= now {
+                due.push((slot, gen));
+                false
+            } else {
+                true
+            }
+        });
+        for (slot, gen) in due {
+            if self.conns.get(slot).is_some_and(|c| c.gen == gen) {
+                self.release_input(slot, Hold::RateLimit);
+            }
+        }
+    }
+
+    /// New limits: every registered client gets a fresh bucket (or none),
+    /// and those held by the old limit are let go.
+    pub(super) fn set_rate(&mut self, rate: RateConfig) {
+        self.rate = rate;
+        let now = self.now;
+        let mut held = Vec::new();
+        for (slot, conn) in self.conns.iter_mut() {
+            if conn.phase == Phase::Active {
+                conn.rate = bucket_for(&rate, conn.mesh, now);
+                if conn.gate.holds(Hold::RateLimit) {
+                    held.push(slot);
+                }
+            }
+        }
+        self.rate_held.clear();
+        for slot in held {
+            self.release_input(slot, Hold::RateLimit);
+        }
+    }
+
+    /// Whether `--accept-connection-limit` lets one more connection in.
+    pub(super) fn accept_allowed(&self) -> bool {
+        match &self.shared.accept_limit {
+            None => true,
+            Some(bucket) => bucket
+                .lock()
+                .expect("accept limit lock")
+                .try_take_one(self.now),
+        }
+    }
+}
