@@ -22,7 +22,12 @@ type Config struct {
 	// a direct WireGuard path and the relay carries only their first
 	// packets: the benchmark's baseline (WireGuard's own limit).
 	AllowDirectUDP bool
-	Logf           Logf
+	// LocalNodeDir, when set, starts a third tailscaled in the relay's
+	// namespace (state and LocalAPI socket in this directory), logged in to
+	// the same tailnet before the two nodes: the tailscaled that
+	// `--verify-clients` asks.
+	LocalNodeDir string
+	Logf         Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.
@@ -33,6 +38,7 @@ type Bed struct {
 	Relay     *Relay
 	Headscale *Headscale
 	A, B      *Node
+	Local     *Node // with Config.LocalNodeDir
 
 	procs     []*Proc
 	closeOnce sync.Once
@@ -106,6 +112,19 @@ func (b *Bed) Up() error {
 		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
 	} else {
 		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
+	}
+	if b.Cfg.LocalNodeDir != "" {
+		n, err := startNode(b.Cfg.Bins, "fe-r", b.Netns.Relay, b.Cfg.LocalNodeDir, "fe-ts-r", env, Placement{})
+		if n != nil {
+			b.Local = n
+			b.procs = append(b.procs, n.Proc)
+		}
+		if err != nil {
+			return err
+		}
+		if err := n.Up(b.Headscale.LoginServer(), authKey); err != nil {
+			return err
+		}
 	}
 	for _, spec := range []struct {
 		dst      **Node

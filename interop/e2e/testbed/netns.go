@@ -263,3 +263,9 @@ func dialInNamespace(ctx context.Context, ns, addr string) (net.Conn, error) {
 func setns(fd uintptr) error {
 	return unix.Setns(int(fd), unix.CLONE_NEWNET)
 }
+
+// DialRelayNamespace opens a TCP connection to addr from inside the
+// relay's namespace.
+func (b *Bed) DialRelayNamespace(ctx context.Context, addr string) (net.Conn, error) {
+	return dialInNamespace(ctx, b.Netns.Relay, addr)
+}
