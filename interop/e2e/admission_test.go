@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -46,6 +47,9 @@ func TestAdmission(t *testing.T) {
 					cfg.LocalNodeDir = t.TempDir()
 					opts.ExtraArgs = []string{"--verify-clients", "--socket", filepath.Join(cfg.LocalNodeDir, "tailscaled.sock")}
 				}
+				if kind == testbed.Ferry {
+					opts.ExtraArgs = append(opts.ExtraArgs, strings.Fields(os.Getenv("FERRY_ARGS"))...)
+				}
 				cfg.Relay = opts
 				bed := testbed.New(cfg)
 				t.Cleanup(bed.Close)
@@ -56,6 +60,16 @@ func TestAdmission(t *testing.T) {
 				})
 				if err := bed.Up(); err != nil {
 					t.Fatalf("bringing the network up: %v", err)
+				}
+				// The nodes' DERP connections come up (and are admitted) in
+				// their own time after login: wait for a disco pong through
+				// the relay first, as the main test does.
+				var out string
+				for attempt := 0; attempt < 5 && !strings.Contains(out, "via DERP(fe)"); attempt++ {
+					out, _ = bed.A.TailscalePing(bed.B.IP, 3)
+				}
+				if !strings.Contains(out, "via DERP(fe)") {
+					t.Fatalf("tailscale ping never went via DERP(fe):\n%s", out)
 				}
 				pr, err := testbed.Ping(bed.A, bed.B.IP, 5, 200*time.Millisecond)
 				if err != nil || pr.Received == 0 {
