@@ -7,5 +7,9 @@ target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 cd interop
 echo "-- ferry --io epoll (and derper)"
 FERRY_BIN="$target_dir/debug/ferry" FERRY_ARGS="--io epoll" go test ./... -count=1 -timeout 10m
+# DERP over WebSocket with Tailscale's client built with its WebSocket
+# support (a build tag; the test switches it on per client).
+FERRY_BIN="$target_dir/debug/ferry" FERRY_ARGS="--io epoll" go test -tags ts_debug_websockets -run TestWebSocket . -count=1 -timeout 5m
 echo "-- ferry --io auto"
 FERRY_BIN="$target_dir/debug/ferry" FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry go test ./... -count=1 -timeout 10m
+FERRY_BIN="$target_dir/debug/ferry" FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry go test -tags ts_debug_websockets -run TestWebSocket . -count=1 -timeout 5m

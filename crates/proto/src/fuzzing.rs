@@ -735,6 +735,37 @@ pub fn admission_response(data: &[u8]) {
     }
 }
 
+/// The WebSocket decoder: never panics; feeding the stream whole or in
+/// arbitrary pieces gives the same payload bytes, the same control frames
+/// and the same error; the payload never exceeds the input.
+pub fn websocket(data: &[u8]) {
+    use crate::websocket::Decoder;
+    let run = |pieces: &mut dyn Iterator<Item = &[u8]>| {
+        let mut d = Decoder::new();
+        let (mut out, mut ctrl) = (Vec::new(), Vec::new());
+        let mut result = Ok(());
+        for p in pieces {
+            result = d.feed(p, &mut out, |c| ctrl.push(c));
+            if result.is_err() {
+                break;
+            }
+        }
+        (result, out, ctrl)
+    };
+    let whole = run(&mut std::iter::once(data));
+    let mut rng = XorShift(data.len() as u32 | 1);
+    let mut rest = data;
+    let mut chunks = Vec::new();
+    while !rest.is_empty() {
+        let n = 1 + rng.below(rest.len().min(64));
+        chunks.push(&rest[..n]);
+        rest = &rest[n..];
+    }
+    let pieces = run(&mut chunks.into_iter());
+    assert_eq!(whole, pieces);
+    assert!(whole.1.len() <= data.len());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,6 +51,7 @@ pub mod proxy;
 pub mod rate_config;
 pub mod stun;
 pub mod tls_record;
+pub mod websocket;
 pub mod wireguard;
 
 mod hex;

@@ -24,6 +24,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("proxy_header", fuzzing::proxy_header),
     ("forwarded", fuzzing::forwarded),
     ("admission_response", fuzzing::admission_response),
+    ("websocket", fuzzing::websocket),
 ];
 
 #[test]
@@ -260,5 +261,10 @@ proptest! {
     #[test]
     fn mutated_admission_response(data in mutated(11)) {
         fuzzing::admission_response(&data);
+    }
+
+    #[test]
+    fn mutated_websocket(data in mutated(12)) {
+        fuzzing::websocket(&data);
     }
 }

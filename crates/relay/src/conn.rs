@@ -112,6 +112,16 @@ pub enum ProxyPrelude {
     Refuse,
 }
 
+/// DERP over WebSocket: the frame decoder, and raw WebSocket bytes to
+/// write before the framed DERP output (the 101 response, pongs, close).
+#[derive(Debug, Default)]
+pub struct WsLink {
+    /// Reads the client's frames.
+    pub decoder: ferry_proto::websocket::Decoder,
+    /// Raw bytes for the socket, ahead of the next framed output.
+    pub out: Vec<u8>,
+}
+
 /// A client connection.
 pub struct Conn {
     /// Distinguishes this connection from later ones in the same slot.
@@ -126,6 +136,8 @@ pub struct Conn {
     /// Its receive limit (`--rate-config`); none for mesh peers or when
     /// limits are off.
     pub rate: Option<Bucket>,
+    /// DERP carried in WebSocket messages (after an `Upgrade: websocket`).
+    pub ws: Option<Box<WsLink>>,
     /// What the listener that accepted it serves.
     pub listener: ListenerKind,
     /// Plain, TLS in userspace, or kernel TLS.
@@ -255,6 +267,7 @@ impl Conn {
             peer,
             proxy: ProxyPrelude::Done,
             rate: None,
+            ws: None,
             listener,
             transport: Transport::Plain,
             phase: Phase::Http,
@@ -309,6 +322,7 @@ impl Conn {
             || !self.disco.is_empty()
             || !self.data.is_empty()
             || self.transport.wants_write()
+            || self.ws.as_ref().is_some_and(|w| !w.out.is_empty())
     }
 
     /// Bytes of queued plaintext.

@@ -17,6 +17,9 @@ pub enum Answer {
     Upgrade {
         /// The client sent `Derp-Fast-Start: 1`: no HTTP response at all.
         fast_start: bool,
+        /// DERP in WebSocket messages: answer with the WebSocket 101 for
+        /// this `Sec-WebSocket-Key`.
+        websocket: Option<String>,
     },
     /// Write this response and close.
     Respond(Route, Vec<u8>),
@@ -138,15 +141,22 @@ pub fn answer(
             match req.upgrade {
                 Upgrade::Derp | Upgrade::WebSocketRaw => Answer::Upgrade {
                     fast_start: req.fast_start,
+                    websocket: None,
                 },
-                Upgrade::WebSocketDerp => Answer::Respond(
-                    Route::DerpNoUpgrade,
-                    text(
-                        501,
-                        "Not Implemented",
-                        "DERP over WebSocket is not supported by this server; use Upgrade: DERP\n",
+                Upgrade::WebSocketDerp => match req.websocket_key.as_deref() {
+                    Some(key) if !key.trim().is_empty() => Answer::Upgrade {
+                        fast_start: false,
+                        websocket: Some(key.to_owned()),
+                    },
+                    _ => Answer::Respond(
+                        Route::DerpNoUpgrade,
+                        text(
+                            400,
+                            "Bad Request",
+                            "WebSocket upgrade without Sec-WebSocket-Key\n",
+                        ),
                     ),
-                ),
+                },
                 Upgrade::None | Upgrade::Other => Answer::Respond(
                     Route::DerpNoUpgrade,
                     text(

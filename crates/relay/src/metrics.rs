@@ -183,6 +183,8 @@ pub struct ShardMetrics {
     pub tcp_accepts: Counter,
     /// TCP connections closed at once by `--accept-connection-limit`.
     pub accept_rejects: Counter,
+    /// DERP-over-WebSocket upgrades accepted.
+    pub websocket_accepts: Counter,
     /// Times a client's input was held by its receive rate limit.
     pub rate_limit_waits: Counter,
     /// Connections that asked for the DERP upgrade.
@@ -576,6 +578,12 @@ impl Metrics {
             "ferry_tcp_accepts_total",
             "TCP connections accepted.",
             self.sum(|s| s.tcp_accepts.get()),
+        );
+        counter(
+            w,
+            "derp_websocket_accepts",
+            "DERP-over-WebSocket upgrades accepted.",
+            self.sum(|s| s.websocket_accepts.get()),
         );
         counter(
             w,

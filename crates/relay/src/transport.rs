@@ -4,7 +4,8 @@
 //! One enum instead of a set of `Option`s, so that a connection is always
 //! exactly one of them: a TLS connection starts in [`Transport::Tls`] and
 //! may move to [`Transport::Kernel`] (see `shard::kernel_tls`), never
-//! back. WebSocket will be a fourth kind under the same DERP code.
+//! back. DERP over WebSocket is not a transport of its own but a layer
+//! above any of them (`conn::WsLink`, `shard::websocket`).
 
 use crate::ktls::{KtlsSession, RecordBoundary};
 

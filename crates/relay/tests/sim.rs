@@ -19,6 +19,7 @@ use ferry_proto::frame::{self, ClientFramePolicy, Deframer, FrameType, ServerFra
 use ferry_proto::handshake;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::rate_config::RateConfig;
+use ferry_proto::websocket;
 use ferry_relay::admission::{Admission, AdmissionConfig, AdmissionStats};
 use ferry_relay::limit::Bucket;
 use ferry_relay::metrics::Metrics;
@@ -720,4 +721,126 @@ fn accept_limit_closes_excess_connections_at_once() {
     s.advance(Duration::from_secs(1));
     let fourth = s.connect();
     assert!(s.d.is_open(fourth), "one more a second later");
+}
+
+/// Reads server WebSocket frames from `out`: (opcode, payload) each, all
+/// unmasked and final.
+fn ws_frames(mut out: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while !out.is_empty() {
+        assert_eq!(out[0] & 0xf0, 0x80, "final, no reserved bits");
+        assert_eq!(out[1] & 0x80, 0, "server frames are not masked");
+        let (len, at) = match out[1] {
+            126 => (usize::from(u16::from_be_bytes([out[2], out[3]])), 4),
+            127 => (
+                u64::from_be_bytes(out[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            n => (usize::from(n), 2),
+        };
+        frames.push((out[0] & 0x0f, out[at..at + len].to_vec()));
+        out = &out[at + len..];
+    }
+    frames
+}
+
+/// A WebSocket client on the sim: upgrade, then clientInfo in one masked
+/// binary frame. Returns its slot after checking the 101.
+fn ws_client(s: &mut Sim, key: &NodePrivate) -> Slot {
+    let slot = s.connect();
+    s.d.receive(
+        slot,
+        b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Protocol: derp\r\n\r\n",
+    );
+    s.settle();
+    let out = s.d.take_output(slot);
+    let end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let head = String::from_utf8_lossy(&out[..end]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(
+        head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("Sec-WebSocket-Protocol: derp\r\n"), "{head}");
+    let frames = ws_frames(&out[end..]);
+    assert_eq!(frames.len(), 1);
+    assert_eq!(frames[0].1[0], FrameType::ServerKey as u8);
+    let info = handshake::seal_client_info(
+        key,
+        &s.shared.config.public_key,
+        &support::info(None),
+        &[9; 24],
+    );
+    s.d.receive(
+        slot,
+        &websocket::client_frame(true, 0x2, &info, [1, 2, 3, 4]),
+    );
+    s.settle();
+    let frames = ws_frames(&s.d.take_output(slot));
+    assert_eq!(frames[0].1[0], FrameType::ServerInfo as u8);
+    slot
+}
+
+#[test]
+fn websocket_clients_relay_with_raw_ones_and_answer_control_frames() {
+    let mut s = Sim::new(|_| {});
+    let wk = NodePrivate::generate();
+    let w = ws_client(&mut s, &wk);
+    let rk = NodePrivate::generate();
+    let r = s.client(&rk);
+    // A DERP frame split over three WebSocket frames, a ping in between.
+    let mut send = Vec::new();
+    frame::put_send_packet(&mut send, &rk.public(), &[5u8; 40_000]);
+    let m = [9, 8, 7, 6];
+    let mut stream = websocket::client_frame(false, 0x2, &send[..10], m);
+    stream.extend(websocket::client_frame(true, 0x9, b"are you there", m));
+    stream.extend(websocket::client_frame(false, 0x0, &send[10..30_000], m));
+    stream.extend(websocket::client_frame(true, 0x0, &send[30_000..], m));
+    s.d.receive(w, &stream);
+    s.settle();
+    assert_eq!(s.packets(r), [(wk.public(), vec![5u8; 40_000])]);
+    assert_eq!(
+        ws_frames(&s.d.take_output(w)),
+        [(0xA, b"are you there".to_vec())],
+        "a pong with the ping's bytes"
+    );
+    // The other way: the packet arrives in binary messages of at most 16 KiB.
+    s.send(r, &wk.public(), &[6u8; 40_000]);
+    s.settle();
+    let frames = ws_frames(&s.d.take_output(w));
+    assert!(frames
+        .iter()
+        .all(|(op, p)| *op == 0x2 && p.len() <= 16 * 1024));
+    let stream: Vec<u8> = frames.into_iter().flat_map(|(_, p)| p).collect();
+    assert_eq!(stream.len(), 5 + 32 + 40_000);
+    assert_eq!(s.metric("derp_websocket_accepts"), 1.0);
+}
+
+#[test]
+fn websocket_text_messages_and_closes_end_the_connection() {
+    let mut s = Sim::new(|_| {});
+    let t = ws_client(&mut s, &NodePrivate::generate());
+    s.d.receive(
+        t,
+        &websocket::client_frame(true, 0x1, b"hello", [1, 1, 1, 1]),
+    );
+    s.settle();
+    assert_eq!(
+        ws_frames(&s.d.take_output(t)),
+        [(0x8, 1003u16.to_be_bytes().to_vec())]
+    );
+    assert!(!s.d.is_open(t));
+    let c = ws_client(&mut s, &NodePrivate::generate());
+    s.d.receive(
+        c,
+        &websocket::client_frame(true, 0x8, &1000u16.to_be_bytes(), [2, 2, 2, 2]),
+    );
+    s.settle();
+    assert_eq!(
+        ws_frames(&s.d.take_output(c)),
+        [(0x8, 1000u16.to_be_bytes().to_vec())]
+    );
+    assert!(!s.d.is_open(c));
 }

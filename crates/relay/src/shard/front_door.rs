@@ -102,7 +102,10 @@ impl Shard {
                 self.respond(slot, bytes);
                 ControlFlow::Break(())
             }
-            Answer::Upgrade { fast_start } => {
+            Answer::Upgrade {
+                fast_start,
+                websocket,
+            } => {
                 let m = self.m();
                 m.http_requests[crate::metrics::Route::Derp as usize].inc();
                 m.accepts.inc();
@@ -111,8 +114,15 @@ impl Shard {
                 }
                 let public = self.cfg().public_key;
                 let deadline = self.now + self.cfg().handshake_timeout;
+                if websocket.is_some() {
+                    m.websocket_accepts.inc();
+                }
                 let conn = &mut self.conns[slot];
-                if !fast_start {
+                if let Some(key) = websocket {
+                    let mut link = Box::<crate::conn::WsLink>::default();
+                    link.out = ferry_proto::websocket::accept_response(&key);
+                    conn.ws = Some(link);
+                } else if !fast_start {
                     conn.ctrl
                         .extend_from_slice(&http::switching_protocols(&public));
                 }
@@ -126,7 +136,7 @@ impl Shard {
                 if rest.is_empty() {
                     ControlFlow::Continue(())
                 } else {
-                    self.deframe(slot, rest)
+                    self.process_plain(slot, rest)
                 }
             }
         }

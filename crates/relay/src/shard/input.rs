@@ -140,6 +140,9 @@ impl Shard {
     pub(super) fn process_plain(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
         match self.conns[slot].phase {
             Phase::Http => self.read_head(slot, data),
+            Phase::ClientInfo | Phase::Active if self.conns[slot].ws.is_some() => {
+                self.ws_input(slot, data)
+            }
             Phase::ClientInfo | Phase::Active => self.deframe(slot, data),
             Phase::Migrating | Phase::Admitting => {
                 self.conns[slot].stash.extend_from_slice(data);

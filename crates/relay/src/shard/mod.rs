@@ -336,6 +336,8 @@ pub struct Shard {
     mail_batch: Vec<Mail>,
     /// Control messages taken from the inbox, handled after the turn.
     control: Vec<Control>,
+    /// Payload of WebSocket frames decoded in one read.
+    ws_payload: Vec<u8>,
     /// Per-client receive limits now.
     rate: RateConfig,
     /// Connections held by their receive limit, and when to let them go.
@@ -373,6 +375,7 @@ mod proxied;
 mod registry;
 mod router;
 mod timers;
+mod websocket;
 
 impl Shard {
     /// A shard with its id, the shared state and its rings, created at
@@ -422,6 +425,7 @@ impl Shard {
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             control: Vec::new(),
+            ws_payload: Vec::new(),
             rate,
             rate_held: Vec::new(),
             activity: 0,

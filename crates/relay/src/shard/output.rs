@@ -35,9 +35,13 @@ impl Shard {
                     }
                 }
             }
+            let moved = conn.queued_bytes() as i64;
+            if conn.ws.is_some() {
+                self.ws_frame_output(slot);
+            }
+            let conn = &mut self.conns[slot];
             let mut buf = std::mem::take(&mut conn.spare);
             buf.clear();
-            let moved = conn.queued_bytes() as i64;
             if let Some(UserTls { conn: tls, .. }) = conn.transport.user() {
                 if !tls.is_handshaking() {
                     // One plaintext write per flush: rustls cuts it into as
