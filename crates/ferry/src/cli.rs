@@ -36,18 +36,36 @@ pub(crate) struct Args {
     #[arg(short = 'c', long = "c", alias = "config")]
     pub config: Option<PathBuf>,
 
-    /// Certificate mode: "manual" (<certdir>/<hostname>.crt and .key; an IP
-    /// hostname without files gets a generated certificate) or "selfsigned"
-    /// (generated once, kept in --certdir). derper's "letsencrypt" and
-    /// "gcp" are not supported yet. Default: manual on port 443.
+    /// Certificate mode: "letsencrypt" (from an ACME CA, --acme-directory;
+    /// kept and renewed in --certdir), "manual" (<certdir>/<hostname>.crt
+    /// and .key; an IP hostname without files gets a generated certificate)
+    /// or "selfsigned" (generated once, kept in --certdir). derper's "gcp"
+    /// is not supported. Default: letsencrypt on port 443, as derper.
     #[arg(long)]
     pub certmode: Option<String>,
 
-    /// Directory holding the certificate files (--certmode manual) or the
-    /// generated certificate (selfsigned). Default: /var/lib/ferry/certs as
+    /// Directory holding the certificate files (--certmode manual), the
+    /// generated certificate (selfsigned) or the ACME account and
+    /// certificates (letsencrypt). Default: /var/lib/ferry/certs as
     /// root, else $XDG_CACHE_HOME/ferry-certs (~/.cache/ferry-certs).
     #[arg(long)]
     pub certdir: Option<PathBuf>,
+
+    /// ACME directory for --certmode letsencrypt: any RFC 8555 CA (Let's
+    /// Encrypt's staging, ZeroSSL, step-ca, ...). Its TLS certificate is
+    /// checked against the system's CAs (SSL_CERT_FILE honoured).
+    #[arg(long = "acme-directory", default_value = crate::acme::LETS_ENCRYPT)]
+    pub acme_directory: String,
+
+    /// Contact address given to the ACME CA (expiry notices).
+    #[arg(long = "acme-email", default_value = "")]
+    pub acme_email: String,
+
+    /// How the ACME CA checks the name: "tls-alpn-01" on the DERP TLS
+    /// listener (port 443 as the CA sees it) or "http-01" on the
+    /// --http-port listener (port 80).
+    #[arg(long = "acme-challenge", default_value = "tls-alpn-01")]
+    pub acme_challenge: String,
 
     /// TLS host name (certificate file name and SNI to accept). derper's
     /// default is derp.tailscale.com; ferry's is localhost.
@@ -523,6 +541,8 @@ pub(crate) struct Plan {
     pub stun: Option<SocketAddr>,
     /// Write timeout.
     pub write_timeout: Option<Duration>,
+    /// The ACME client's settings (with --certmode letsencrypt).
+    pub acme: Option<crate::acme::AcmeOptions>,
     /// How long admission verdicts are kept.
     pub verify_client_cache: Option<Duration>,
     /// TCP keepalive.
@@ -535,9 +555,6 @@ pub(crate) struct Plan {
     pub workers: usize,
     /// A warning about the shard count, to log once logging is up.
     pub workers_warning: Option<String>,
-    /// No --certmode was given, and TLS was implied by port 443: derper
-    /// would use Let's Encrypt here, ferry uses manual mode.
-    pub cert_mode_implied: bool,
     /// How long a non-draining client may hold its senders paused.
     pub backpressure_budget: Duration,
 }
@@ -561,15 +578,29 @@ impl Plan {
                 hostname: args.hostname.clone(),
                 certdir: Some(certdir(args)),
             }),
-            (_, Some(other @ ("letsencrypt" | "gcp"))) => {
-                bail!("--certmode {other}: not supported by ferry yet (it has no ACME client); use --certmode manual with certificates from an ACME client such as certbot or lego, or --certmode selfsigned")
+            (_, Some("letsencrypt")) | (false, None)
+                if args.certmode.is_some() || addr.port() == 443 =>
+            {
+                Some(CertMode::Acme {
+                    hostname: args.hostname.clone(),
+                })
             }
-            (_, Some(other)) => bail!("--certmode {other:?}: expected manual or selfsigned"),
-            (false, None) if addr.port() == 443 => Some(CertMode::Manual {
-                certdir: certdir(args),
-                hostname: args.hostname.clone(),
-            }),
+            (_, Some("gcp")) => {
+                bail!("--certmode gcp: not supported by ferry yet (Google's certificate manager); use --certmode letsencrypt with --acme-directory, or manual")
+            }
+            (_, Some(other)) => {
+                bail!("--certmode {other:?}: expected letsencrypt, manual or selfsigned")
+            }
             (false, None) => None,
+        };
+        let acme = match &cert_mode {
+            Some(CertMode::Acme { .. }) => Some(crate::acme::AcmeOptions {
+                directory: args.acme_directory.clone(),
+                email: (!args.acme_email.is_empty()).then(|| args.acme_email.clone()),
+                certdir: certdir(args),
+                challenge: args.acme_challenge.parse()?,
+            }),
+            _ => None,
         };
         let port80 = match (&cert_mode, args.http_port) {
             (Some(_), p) if p > 0 => Some(SocketAddr::new(
@@ -582,7 +613,6 @@ impl Plan {
         let stun = args
             .stun
             .then(|| SocketAddr::new(addr.ip(), args.stun_port));
-        let cert_mode_implied = cert_mode.is_some() && args.certmode.is_none();
         let q = args.send_queue_bytes;
         if !(MIN_SEND_QUEUE_BYTES..=MAX_SEND_QUEUE_BYTES).contains(&q) {
             bail!(
@@ -596,10 +626,10 @@ impl Plan {
         let secs = Duration::from_secs;
         Ok(Plan {
             addr,
+            acme,
             cert_mode,
             port80,
             stun,
-            cert_mode_implied,
             write_timeout: duration_flag(
                 "tcp-write-timeout",
                 &args.tcp_write_timeout,
@@ -772,7 +802,16 @@ mod tests {
         .unwrap();
         assert!(p.cert_mode.is_some());
         assert!(p.port80.is_none());
-        assert!(Plan::from_args(&args(&["--certmode", "letsencrypt"])).is_err());
+        let p = Plan::from_args(&args(&["--certmode", "letsencrypt"])).unwrap();
+        assert!(matches!(p.cert_mode, Some(CertMode::Acme { .. })));
+        assert!(Plan::from_args(&args(&["--certmode", "gcp"])).is_err());
+        assert!(Plan::from_args(&args(&[
+            "--certmode",
+            "letsencrypt",
+            "--acme-challenge",
+            "dns-01"
+        ]))
+        .is_err());
         let p = Plan::from_args(&args(&["-tcp-write-timeout", "0"])).unwrap();
         assert!(p.write_timeout.is_none());
     }
@@ -788,15 +827,15 @@ mod tests {
         let e = without_derper_defaults(argv(&["--mesh-with", "a,b"])).unwrap_err();
         assert!(e.to_string().starts_with("--mesh-with: "), "{e}");
         // A boolean flag never takes the next argument as its value.
-        let e = without_derper_defaults(argv(&["--verify-clients", "-a", ":1"])).unwrap_err();
-        assert!(e.to_string().starts_with("--verify-clients: "), "{e}");
+        let e = without_derper_defaults(argv(&["--ace", "-a", ":1"])).unwrap_err();
+        assert!(e.to_string().starts_with("--ace: "), "{e}");
         // derper's defaults are dropped; everything else is kept in order.
         let kept = without_derper_defaults(argv(&[
-            "--accept-connection-limit=inf",
+            "--acme-ip-certs=false",
             "-a",
             ":1",
-            "--verify-clients=false",
-            "--rate-config",
+            "--ace=false",
+            "--secrets-url",
             "",
             "--dev",
         ]))

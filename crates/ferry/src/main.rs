@@ -11,6 +11,7 @@
 // HTML.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
+mod acme;
 mod cli;
 mod udp;
 
@@ -161,10 +162,8 @@ fn run() -> Result<()> {
 
     let mut cert_name = None;
     let mut reloader = None;
+    let mut acme_start = None;
     if let Some(mode) = &plan.cert_mode {
-        if plan.cert_mode_implied {
-            check_implied_manual_mode(mode)?;
-        }
         let setup =
             tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
         cert_name = setup.cert_name.clone();
@@ -194,6 +193,10 @@ fn run() -> Result<()> {
                 .spawn_reloader(CERT_CHECK_INTERVAL)
                 .context("starting the certificate reloader")?;
             reloader = setup.reloader.clone();
+        }
+        if let (Some(state), Some(opts)) = (&setup.acme, &plan.acme) {
+            config.acme = Some(state.clone());
+            acme_start = Some((opts.clone(), state.clone()));
         }
     }
 
@@ -225,6 +228,16 @@ fn run() -> Result<()> {
     }
     dns.spawn_refresher()
         .context("starting the bootstrap DNS resolver")?;
+    if let Some((opts, state)) = acme_start {
+        let stats = std::sync::Arc::new(acme::AcmeStats::default());
+        {
+            let stats = stats.clone();
+            server
+                .metrics()
+                .add_source(Box::new(move |w| stats.render(w)));
+        }
+        acme::spawn(opts, state, stats).context("starting the ACME client")?;
+    }
     if let Err(e) = key.persist() {
         server.shutdown();
         let _ = server.wait();
@@ -318,30 +331,6 @@ fn reload(reloader: Option<&tls::CertReloader>) {
     tracing::info!(
         "SIGHUP: other flags (listeners, keys, mesh key, timeouts) take effect only on a restart; --rate-config is re-read"
     );
-}
-
-/// With no --certmode on port 443, derper would get a Let's Encrypt
-/// certificate; ferry cannot yet, and uses manual mode. Without the
-/// manual-mode files that is refused here, saying so, rather than with a
-/// bare "file not found" (an IP hostname's generated certificate is fine).
-fn check_implied_manual_mode(mode: &CertMode) -> Result<()> {
-    let CertMode::Manual { certdir, hostname } = mode else {
-        return Ok(());
-    };
-    if hostname.parse::<std::net::IpAddr>().is_ok() {
-        return Ok(());
-    }
-    let (cert, key) = tls::manual_paths(certdir, hostname).context("--hostname")?;
-    if cert.exists() && key.exists() {
-        return Ok(());
-    }
-    bail!(
-        "--certmode not given: on port 443 derper defaults to letsencrypt, which ferry does not support yet. \
-         Give --certmode manual with {} and {} (from an ACME client such as certbot or lego), \
-         or --certmode selfsigned, or plain HTTP on another port",
-        cert.display(),
-        key.display()
-    )
 }
 
 /// Logs to standard error as `--log` says, or `FERRY_LOG` when that is set

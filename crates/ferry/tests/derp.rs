@@ -277,8 +277,7 @@ fn bootstrap_dns_rollout_entries_are_refused() {
 fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
     let dir = TempDir::new("derper");
     for flags in [
-        &["--certmode", "letsencrypt"][..],
-        &["--certmode=gcp"],
+        &["--certmode=gcp"][..],
         &["--mesh-with", "a.example.com,b.example.com"],
         &["--ace"],
     ] {
@@ -308,22 +307,36 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
     f.stop();
 }
 
+/// derper's default: on port 443 without --certmode, certificates come
+/// from ACME. With a CA that cannot be reached, the relay runs, says what
+/// it waits for, and retries; it does not exit.
 #[test]
-fn port_443_without_certmode_is_not_silently_manual() {
+fn port_443_without_certmode_uses_acme_as_derper() {
     let dir = TempDir::new("443");
-    let (status, log) = run(ferry()
-        .args(["-a", "127.0.0.1:443", "--hostname", "derp.example.com"])
-        .args([
-            "--certdir",
-            &dir.path("certs"),
-            "-c",
-            &dir.path("ferry.key"),
-        ]));
-    assert_eq!(status.code(), Some(1), "{log}");
-    assert!(log.contains("--certmode not given"), "{log}");
-    assert!(log.contains("letsencrypt"), "{log}");
-    assert!(log.contains("derp.example.com.crt"), "{log}");
-    assert!(!std::path::Path::new(&dir.path("ferry.key")).exists());
+    let mut f = Ferry::spawn(
+        ferry()
+            .args(["-a", "127.0.0.1:443", "--hostname", "derp.example.com"])
+            .args(["--stun=false", "--http-port", "-1"])
+            .args(["--acme-directory", "https://127.0.0.1:1/directory"])
+            .args([
+                "--certdir",
+                &dir.path("certs"),
+                "-c",
+                &dir.path("ferry.key"),
+            ]),
+    );
+    f.wait_log("ACME: no certificate yet; ordering one");
+    let log = f.wait_log("ACME: could not obtain a certificate");
+    assert!(
+        log.contains("TLS handshakes fail until a certificate is obtained"),
+        "{log}"
+    );
+    assert!(log.contains("https://127.0.0.1:1/directory"), "{log}");
+    assert!(
+        f.wait_exit(std::time::Duration::from_millis(200)).is_none(),
+        "still running"
+    );
+    f.stop();
 }
 
 #[test]

@@ -123,6 +123,9 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     /// How keys are spread over shards ([`Placement::Random`] but in tests).
     pub placement: Placement,
+    /// With `--certmode letsencrypt`: the ACME client's challenge answers
+    /// (HTTP-01 is answered at `/.well-known/acme-challenge/`).
+    pub acme: Option<Arc<crate::tls::AcmeState>>,
     /// Names served at `/bootstrap-dns` (empty answers without).
     pub bootstrap_dns: Option<Arc<BootstrapDns>>,
     /// Connections from [`RelayConfig::trusted_proxies`] start with a PROXY
@@ -172,6 +175,7 @@ impl RelayConfig {
             shutdown_grace: Duration::from_secs(2),
             placement: Placement::Random,
             bootstrap_dns: None,
+            acme: None,
             proxy_protocol: false,
             trusted_proxies: TrustedProxies::default(),
             admission: AdmissionConfig::default(),

@@ -83,6 +83,21 @@ pub fn answer(
             http::generate_204(req.challenge.as_deref()),
         );
     }
+    if let Some(token) = path.strip_prefix("/.well-known/acme-challenge/") {
+        // HTTP-01 (RFC 8555 §8.3), on every plain listener.
+        return Answer::Respond(
+            Route::AcmeChallenge,
+            match cfg.acme.as_ref().and_then(|a| a.http_challenge(token)) {
+                Some(key_authorization) => http::response(
+                    200,
+                    "OK",
+                    &[("Content-Type", "text/plain")],
+                    key_authorization.as_bytes(),
+                ),
+                None => text(404, "Not Found", "no such ACME challenge\n"),
+            },
+        );
+    }
     if path.starts_with("/debug/") || path == "/debug" {
         if !debug_allowed(peer, req) {
             return Answer::Respond(

@@ -146,6 +146,8 @@ labelled!(
         Health => "healthz",
         /// `/bootstrap-dns`.
         BootstrapDns => "bootstrap_dns",
+        /// `/.well-known/acme-challenge/` (HTTP-01).
+        AcmeChallenge => "acme_challenge",
         /// Anything else (404).
         NotFound => "not_found",
     }

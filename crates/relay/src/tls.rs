@@ -36,6 +36,7 @@
 //! refused (the handshake fails before any certificate is sent); a ClientHello
 //! without SNI is served, since clients dialling an IP literal send none.
 
+mod acme;
 mod manual;
 mod meta;
 mod reload;
@@ -56,6 +57,7 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use sha2::{Digest, Sha256};
 
+pub use acme::{AcmeState, ACME_TLS_ALPN};
 pub use meta::{META_CN_PREFIX, META_SERIAL};
 pub use reload::CertReloader;
 
@@ -71,6 +73,13 @@ pub enum CertMode {
         /// Directory holding the certificate and key files.
         certdir: PathBuf,
         /// The name clients dial; also the files' base name.
+        hostname: String,
+    },
+    /// Certificates from an ACME CA (derper's `--certmode letsencrypt`),
+    /// obtained and renewed by a client outside the relay through the
+    /// [`AcmeState`] in [`TlsSetup::acme`].
+    Acme {
+        /// The name certificates are ordered for.
         hostname: String,
     },
     /// A self-signed certificate, generated once.
@@ -95,6 +104,9 @@ pub struct TlsSetup {
     pub cert_name: Option<String>,
     /// Watches the manual-mode files; `None` when there are none to watch.
     pub reloader: Option<CertReloader>,
+    /// In ACME mode: where the ACME client puts certificates and challenge
+    /// answers.
+    pub acme: Option<Arc<AcmeState>>,
 }
 
 impl TlsSetup {
@@ -222,6 +234,27 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let meta = meta::meta_certificate(&server_public, time::OffsetDateTime::now_utc())?;
 
+    if let CertMode::Acme { hostname } = mode {
+        let hostname = normalize_hostname(hostname)?;
+        if hostname.parse::<IpAddr>().is_ok() {
+            return Err(TlsError::InvalidHostname {
+                hostname,
+                reason: "ACME certificates need a DNS name",
+            });
+        }
+        let state = Arc::new(AcmeState::new(hostname, meta, provider.clone()));
+        let mut config = build_config(provider, Arc::new(acme::AcmeResolver::new(state.clone())))?;
+        // The CA's validator offers only acme-tls/1 (RFC 8737); rustls refuses
+        // a ClientHello whose ALPN list shares nothing with ours, so
+        // http/1.1 stays first for browsers and other clients that send ALPN.
+        config.alpn_protocols = vec![b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
+        return Ok(TlsSetup {
+            config: Arc::new(config),
+            cert_name: None,
+            reloader: None,
+            acme: Some(state),
+        });
+    }
     let (leaf, sni, cert_name, watch) = match mode {
         CertMode::SelfSigned {
             hostname,
@@ -251,6 +284,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
             let leaf = CertifiedKey::new(vec![generated.cert], key);
             (leaf, SniPolicy::Any, Some(cert_name), None)
         }
+        CertMode::Acme { .. } => unreachable!("handled above"),
         CertMode::Manual { certdir, hostname } => {
             let hostname = normalize_hostname(hostname)?;
             let ip = hostname.parse::<IpAddr>().ok();
@@ -274,6 +308,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
         config: Arc::new(config),
         cert_name,
         reloader,
+        acme: None,
     })
 }
 
@@ -298,7 +333,7 @@ pub fn sha256_raw_cert_name(cert: &CertificateDer<'_>) -> String {
 /// Assembles the rustls configuration around a certificate resolver.
 fn build_config(
     provider: Arc<CryptoProvider>,
-    resolver: Arc<ChainResolver>,
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
 ) -> Result<ServerConfig, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])

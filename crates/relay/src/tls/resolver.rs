@@ -22,7 +22,7 @@ pub(super) enum SniPolicy {
 
 impl SniPolicy {
     /// Whether a ClientHello carrying `sni` is served.
-    fn admits(&self, sni: Option<&str>) -> bool {
+    pub(super) fn admits(&self, sni: Option<&str>) -> bool {
         match (self, sni) {
             (SniPolicy::Any, _) | (SniPolicy::Match(_), None) => true,
             (SniPolicy::Match(expected), Some(sni)) => {
