@@ -236,6 +236,12 @@ pub(crate) struct Args {
     /// syntax); FERRY_LOG overrides. A bad directive stops the start.
     #[arg(long, default_value = "info")]
     pub log: String,
+
+    /// Log line format: "text" (for people) or "json" (one object per
+    /// line, for log shippers; connection lines carry the client's key and
+    /// address as fields).
+    #[arg(long = "log-format", default_value = "text")]
+    pub log_format: String,
 }
 
 /// Services other than the DERP server.

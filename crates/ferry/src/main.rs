@@ -60,7 +60,7 @@ fn run() -> Result<()> {
     if let Some(cli::Command::UdpRelay(udp_args)) = &args.command {
         return udp::run(udp_args);
     }
-    init_logging(&args.log)?;
+    init_logging(&args.log, &args.log_format)?;
 
     // Signals are handled by the main thread only: block them before any
     // other thread exists so every thread inherits the mask.
@@ -337,19 +337,28 @@ fn reload(reloader: Option<&tls::CertReloader>) {
 /// (tracing's filter syntax); colours only on a terminal. A filter that
 /// does not parse is an error naming the bad directive: tracing would
 /// otherwise drop it and, with it, possibly every message.
-fn init_logging(flag: &str) -> Result<()> {
+fn init_logging(flag: &str, format: &str) -> Result<()> {
     use std::io::IsTerminal;
     let (source, spec) = match std::env::var("FERRY_LOG") {
         Ok(v) if !v.trim().is_empty() => ("FERRY_LOG", v),
         _ => ("--log", flag.to_string()),
     };
     let filter = cli::log_filter(&spec).with_context(|| format!("{source} {spec:?}"))?;
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match format {
+        "text" => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One JSON object per line: timestamp, level, the message and
+        // every field (client key, address, reason) at the top level.
+        "json" => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        other => bail!("--log-format {other:?}: expected text or json"),
+    }
     Ok(())
 }
 

@@ -100,6 +100,10 @@ pub(crate) struct UdpRelayArgs {
     /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
     #[arg(long, default_value = "info")]
     pub log: String,
+
+    /// Log line format: "text" or "json" (one object per line).
+    #[arg(long = "log-format", default_value = "text")]
+    pub log_format: String,
 }
 
 fn duration(
@@ -279,7 +283,7 @@ fn cli_config(args: &UdpRelayArgs) -> Result<Config, ConfigError> {
 
 /// Runs the relay until SIGINT or SIGTERM; SIGHUP re-reads `--config`.
 pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
-    crate::init_logging(&args.log)?;
+    crate::init_logging(&args.log, &args.log_format)?;
     ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     let mut cfg = build_config(args)?;
     if cfg.tuning.workers != 0 {

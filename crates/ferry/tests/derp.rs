@@ -459,3 +459,41 @@ fn help_matches_the_behaviour() {
     assert!(queue.contains("pauses the senders"), "{queue}");
     assert!(!queue.contains("are dropped"), "{queue}");
 }
+
+/// `--log-format json`: every line is one JSON object with the message and
+/// its fields at the top level; connection lines carry the client address.
+#[test]
+fn json_logs_are_one_object_per_line_with_fields() {
+    use std::io::Write;
+    let dir = TempDir::new("json");
+    let mut f = Ferry::spawn(&mut relay(&dir, &["--stun=false", "--log-format", "json"]));
+    let log = f.wait_log("ferry relay running");
+    let running = log
+        .lines()
+        .find(|l| l.contains("ferry relay running"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(running).expect(running);
+    let addr = url_addr(v["url"].as_str().expect("url field"));
+    assert_eq!(v["level"], "INFO");
+    // A connection that sends garbage: its line names its address.
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.write_all(b"\x16\x03\x01 not http\r\n\r\n").unwrap();
+    let log = f.wait_log("malformed HTTP request");
+    let local = c.local_addr().unwrap().to_string();
+    let line = log
+        .lines()
+        .find(|l| l.contains("malformed HTTP request"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).expect(line);
+    assert_eq!(v["peer"], local.as_str(), "{line}");
+    let log = f.stop();
+    for line in log.lines().filter(|l| l.starts_with('{')) {
+        serde_json::from_str::<serde_json::Value>(line).expect(line);
+    }
+    let (status, log) = run(&mut relay(&dir, &["--log-format", "xml"]));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("--log-format \"xml\": expected text or json"),
+        "{log}"
+    );
+}
