@@ -195,6 +195,8 @@ pub struct ShardMetrics {
     pub fast_starts: Counter,
     /// Registered DERP connections on this shard.
     pub current_connections: Gauge,
+    /// Of those, connections whose client sent a non-empty `Ideal-Node`.
+    pub current_notideal: Gauge,
     /// Registered connections that said this is their home.
     pub current_home_connections: Gauge,
     /// Open sockets of any phase on this shard.
@@ -432,14 +434,34 @@ impl Metrics {
             "Mesh watchers.",
             self.sum_gauge(|s| s.watchers.get()),
         );
+        let local = self.sum_gauge(|s| {
+            s.current_connections.get() - s.current_dup_client_conns.get()
+                + s.current_dup_client_keys.get()
+        });
         gauge(
             w,
             "derp_clients_local",
             "Distinct keys connected here.",
-            self.sum_gauge(|s| {
-                s.current_connections.get() - s.current_dup_client_conns.get()
-                    + s.current_dup_client_keys.get()
-            }),
+            local,
+        );
+        // Ferry dials no mesh peers yet, so it knows of no clients elsewhere.
+        gauge(
+            w,
+            "derp_clients_remote",
+            "Distinct keys known to be connected to mesh peers.",
+            0,
+        );
+        gauge(
+            w,
+            "derp_clients_total",
+            "Distinct keys connected here or to mesh peers.",
+            local,
+        );
+        gauge(
+            w,
+            "derp_current_notideal_connections",
+            "Registered connections whose client named another node as ideal.",
+            self.sum_gauge(|s| s.current_notideal.get()),
         );
         counter(
             w,
@@ -573,7 +595,66 @@ impl Metrics {
                 "Open file descriptors.",
                 fds as i64,
             );
+            gauge(w, "process_open_fds", "Open file descriptors.", fds as i64);
         }
+        let p = ferry_sys::process::process_stats();
+        if let Some(cpu) = p.cpu_seconds {
+            let _ = writeln!(w, "# HELP process_cpu_seconds_total User and system CPU time.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {cpu}");
+        }
+        let rows: [(&str, &str, bool, Option<u64>); 6] = [
+            (
+                "process_max_fds",
+                "Limit on open file descriptors.",
+                false,
+                p.max_fds,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size.",
+                false,
+                p.virtual_bytes,
+            ),
+            (
+                "process_virtual_memory_max_bytes",
+                "Limit on virtual memory.",
+                false,
+                p.virtual_max_bytes,
+            ),
+            (
+                "process_network_receive_bytes_total",
+                "Bytes received on the namespace's interfaces.",
+                true,
+                p.net_rx_bytes,
+            ),
+            (
+                "process_network_transmit_bytes_total",
+                "Bytes sent on the namespace's interfaces.",
+                true,
+                p.net_tx_bytes,
+            ),
+            (
+                "node_boot_time_seconds",
+                "When the machine booted (Unix seconds).",
+                false,
+                p.boot_time,
+            ),
+        ];
+        for (name, help, is_counter, v) in rows {
+            if let Some(v) = v {
+                let kind = if is_counter { "counter" } else { "gauge" };
+                let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            }
+        }
+        let _ = writeln!(
+            w,
+            "# HELP process_start_time_seconds Start time (Unix seconds).\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {:.0}",
+            self.started_unix
+        );
+        let _ = writeln!(
+            w,
+            "# HELP version Version of the running binary.\n# TYPE version gauge\nversion{{version=\"{}\",binary=\"ferry\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
 
         counter(
             w,

@@ -92,8 +92,12 @@ impl Shard {
         conn.ctrl.extend_from_slice(&info);
         let (addr, flags) = (conn.peer, conn.presence_flags());
 
+        let not_ideal = self.conns[slot].not_ideal;
         let m = &self.shared.metrics.shards[self.id];
         m.current_connections.add(1);
+        if not_ideal {
+            m.current_notideal.add(1);
+        }
         let entry = self.keys.entry(key).or_default();
         match entry.conns.len() {
             0 => {}
@@ -122,7 +126,7 @@ impl Shard {
         self.release_waiters(slot);
         let conn = &mut self.conns[slot];
         let key = conn.key;
-        let (preferred, watcher) = (conn.preferred, conn.watcher);
+        let (preferred, watcher, not_ideal) = (conn.preferred, conn.watcher, conn.not_ideal);
         let recv_from = std::mem::take(&mut conn.recv_from);
         conn.last_src = None;
         if std::mem::take(&mut conn.not_draining) {
@@ -134,6 +138,9 @@ impl Shard {
         m.current_connections.add(-1);
         if preferred {
             m.current_home_connections.add(-1);
+        }
+        if not_ideal {
+            m.current_notideal.add(-1);
         }
         for src in recv_from {
             if let Some(list) = self.receivers.get_mut(&src) {
