@@ -19,6 +19,7 @@
 //! - [`runtime`]: the loop that ties a driver, a doorbell and a handler
 //!   together, and the helper that spawns pinned shard threads.
 //! - [`stat`]: single-writer counters and gauges for shard metrics.
+//! - [`limit`]: the token bucket every rate limit uses.
 //! - [`sim`]: a simulated driver whose completions a test scripts, for
 //!   handlers driven with simulated time.
 
@@ -27,6 +28,7 @@
 pub mod backend;
 pub mod driver;
 pub mod epoll;
+pub mod limit;
 pub mod mailbox;
 pub mod runtime;
 pub mod sim;

@@ -20,9 +20,9 @@ use ferry_proto::frame::Deframer;
 use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
-use crate::limit::Bucket;
 use crate::metrics::CloseReason;
 use crate::transport::Transport;
+use ferry_engine::limit::Bucket;
 
 /// A reference to a connection on some shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,9 +240,7 @@ pub struct Conn {
     pub closing: Option<CloseReason>,
 
     /// Tokens for peerGone(NotHere) notices (1/s, burst 3).
-    pub not_here_tokens: f32,
-    /// When the tokens were last refilled.
-    pub not_here_at: Instant,
+    pub not_here: Bucket,
     /// The last source this connection received from (skips the set lookup).
     pub last_src: Option<NodePublic>,
     /// Every source this connection received from, for peerGone.
@@ -250,7 +248,7 @@ pub struct Conn {
 }
 
 /// Burst of peerGone(NotHere) notices per connection.
-pub const NOT_HERE_BURST: f32 = 3.0;
+pub const NOT_HERE_BURST: f64 = 3.0;
 
 impl Conn {
     /// A freshly accepted connection.
@@ -309,8 +307,7 @@ impl Conn {
             pong_pending: false,
             close_after_flush: None,
             closing: None,
-            not_here_tokens: NOT_HERE_BURST,
-            not_here_at: now,
+            not_here: Bucket::new(1.0, NOT_HERE_BURST),
             last_src: None,
             recv_from: HashSet::new(),
         }
@@ -346,17 +343,7 @@ impl Conn {
 
     /// Takes one peerGone(NotHere) token if available.
     pub fn take_not_here_token(&mut self, now: Instant) -> bool {
-        let elapsed = now
-            .saturating_duration_since(self.not_here_at)
-            .as_secs_f32();
-        self.not_here_at = now;
-        self.not_here_tokens = (self.not_here_tokens + elapsed).min(NOT_HERE_BURST);
-        if self.not_here_tokens >= 1.0 {
-            self.not_here_tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        self.not_here.try_take_one(now)
     }
 
     /// The flags byte of peerPresent for this connection.

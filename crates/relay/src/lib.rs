@@ -36,7 +36,6 @@ pub mod conn;
 pub mod front;
 pub mod health;
 pub mod ktls;
-pub mod limit;
 pub mod metrics;
 pub mod server;
 pub mod shard;

@@ -223,11 +223,7 @@ impl Server {
             inboxes: (0..n).map(|_| Inbox::default()).collect(),
             admission: OnceLock::new(),
             accept_limit: opts.config.accept_limit.map(|(rate, burst)| {
-                std::sync::Mutex::new(crate::limit::Bucket::new(
-                    rate,
-                    burst,
-                    std::time::Instant::now(),
-                ))
+                std::sync::Mutex::new(ferry_engine::limit::Bucket::new(rate, burst))
             }),
         });
         if opts.config.admission.enabled() {

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use ferry_engine::limit::Bucket;
 use ferry_engine::sim::{Reader, SimDriver, SIM_TURN_BYTES};
 use ferry_engine::Slot;
 use ferry_proto::frame::{self, ClientFramePolicy, Deframer, FrameType, ServerFrame};
@@ -21,7 +22,6 @@ use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::rate_config::RateConfig;
 use ferry_proto::websocket;
 use ferry_relay::admission::{Admission, AdmissionConfig, AdmissionStats};
-use ferry_relay::limit::Bucket;
 use ferry_relay::metrics::Metrics;
 use ferry_relay::shard::{ConnRef, Control, Inbox, Rings, Shard, Shared};
 use ferry_relay::{ListenerKind, RelayConfig};
@@ -52,7 +52,7 @@ impl Sim {
         let now = Instant::now();
         let accept_limit = cfg
             .accept_limit
-            .map(|(rate, burst)| std::sync::Mutex::new(Bucket::new(rate, burst, now)));
+            .map(|(rate, burst)| std::sync::Mutex::new(Bucket::new(rate, burst)));
         let shared = Arc::new(Shared {
             config: Arc::new(cfg),
             metrics: metrics.clone(),

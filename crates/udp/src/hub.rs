@@ -628,7 +628,7 @@ impl Hub {
         }
         if self.flood.is_empty() {
             Verdict::Drop(DropReason::NoEndpoint)
-        } else if !self.flood_budget.take(now) {
+        } else if !self.flood_budget.try_take_one(now) {
             Verdict::Drop(DropReason::FloodLimited)
         } else {
             Verdict::Flood

@@ -13,41 +13,7 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::time::Instant;
 
-/// One token bucket.
-#[derive(Clone, Copy, Debug)]
-pub struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Option<Instant>,
-}
-
-impl TokenBucket {
-    /// A full bucket refilling `rate` tokens per second up to `burst`.
-    pub fn new(rate: f64, burst: f64) -> Self {
-        TokenBucket {
-            rate,
-            burst,
-            tokens: burst,
-            last: None,
-        }
-    }
-
-    /// Takes one token if there is one.
-    pub fn take(&mut self, now: Instant) -> bool {
-        if let Some(last) = self.last {
-            let dt = now.saturating_duration_since(last).as_secs_f64();
-            self.tokens = (self.tokens + dt * self.rate).min(self.burst);
-        }
-        self.last = Some(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
+pub use ferry_engine::limit::Bucket as TokenBucket;
 
 #[derive(Clone, Copy)]
 struct Slot {
@@ -91,28 +57,13 @@ impl SourceLimiter {
                 bucket: self.fresh,
             };
         }
-        slot.bucket.take(now)
+        slot.bucket.try_take_one(now)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn bucket_refills_at_its_rate() {
-        let t0 = Instant::now();
-        let mut b = TokenBucket::new(10.0, 3.0);
-        assert!(b.take(t0) && b.take(t0) && b.take(t0));
-        assert!(!b.take(t0));
-        assert!(!b.take(t0 + Duration::from_millis(50)));
-        assert!(b.take(t0 + Duration::from_millis(160)));
-        // Long idle: never more than the burst.
-        let later = t0 + Duration::from_secs(100);
-        assert!((0..3).all(|_| b.take(later)));
-        assert!(!b.take(later));
-    }
 
     #[test]
     fn sources_are_limited_separately() {

@@ -14,9 +14,9 @@ use super::*;
 const FRAME_HEADER: usize = 5;
 
 /// The bucket a client gets under `rate`.
-pub(super) fn bucket_for(rate: &RateConfig, mesh: bool, now: Instant) -> Option<Bucket> {
+pub(super) fn bucket_for(rate: &RateConfig, mesh: bool) -> Option<Bucket> {
     (rate.is_limited() && !mesh)
-        .then(|| Bucket::new(rate.bytes_per_sec as f64, rate.burst_bytes as f64, now))
+        .then(|| Bucket::new(rate.bytes_per_sec as f64, rate.burst_bytes as f64))
 }
 
 impl Shard {
@@ -70,11 +70,10 @@ impl Shard {
     /// and those held by the old limit are let go.
     pub(super) fn set_rate(&mut self, rate: RateConfig) {
         self.rate = rate;
-        let now = self.now;
         let mut held = Vec::new();
         for (slot, conn) in self.conns.iter_mut() {
             if conn.phase == Phase::Active {
-                conn.rate = bucket_for(&rate, conn.mesh, now);
+                conn.rate = bucket_for(&rate, conn.mesh);
                 if conn.gate.holds(Hold::RateLimit) {
                     held.push(slot);
                 }

@@ -83,11 +83,11 @@ use crate::admission::{Admission, Verdict};
 use crate::config::{ListenerKind, Placement, RelayConfig};
 use crate::conn::{Conn, Hold, Phase};
 use crate::front::{self, Answer};
-use crate::limit::Bucket;
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
 use crate::transport::{KernelTls, Transport, UserTls};
+use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
 
 /// How often deadlines, keepalives and write timeouts are checked.

@@ -77,7 +77,7 @@ impl Shard {
         conn.registered_at = now;
         conn.next_keepalive = now + cfg.keepalive + jitter;
         conn.last_active = activity;
-        conn.rate = limits::bucket_for(&self.rate, conn.mesh, now);
+        conn.rate = limits::bucket_for(&self.rate, conn.mesh);
         let key = conn.key;
         let nonce = nacl::random_nonce();
         let info = handshake::seal_server_info(

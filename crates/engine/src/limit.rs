@@ -1,6 +1,7 @@
-//! A token bucket measured in bytes, with time passed in: per-client
-//! receive limits (`--rate-config`) and the accept limit
-//! (`--accept-connection-limit`) use it.
+//! The token bucket every limit in Ferry uses, with time passed in: the
+//! relay's per-client receive limits (`--rate-config`, in bytes), its
+//! accept limit and peerGone(NotHere) notices, and the UDP relay's
+//! per-source handshake limits and flood budget (in messages).
 
 use std::time::{Duration, Instant};
 
@@ -12,24 +13,28 @@ pub struct Bucket {
     rate: f64,
     burst: f64,
     tokens: f64,
-    at: Instant,
+    /// When the tokens were counted; `None` until first used (a new
+    /// bucket is full whenever that is).
+    at: Option<Instant>,
 }
 
 impl Bucket {
-    /// A full bucket.
-    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
+    /// A full bucket: `rate` tokens a second, at most `burst`.
+    pub fn new(rate: f64, burst: f64) -> Self {
         Bucket {
             rate,
             burst,
             tokens: burst,
-            at: now,
+            at: None,
         }
     }
 
     fn refill(&mut self, now: Instant) {
-        let dt = now.saturating_duration_since(self.at).as_secs_f64();
-        self.at = self.at.max(now);
-        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        if let Some(at) = self.at {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        }
+        self.at = Some(self.at.map_or(now, |at| at.max(now)));
     }
 
     /// Takes `n` tokens (at most a full bucket's worth, so one large item
@@ -60,14 +65,14 @@ mod tests {
     #[test]
     fn debt_says_how_long_to_wait() {
         let t0 = Instant::now();
-        let mut b = Bucket::new(1000.0, 500.0, t0);
+        let mut b = Bucket::new(1000.0, 500.0);
         assert_eq!(b.take(400.0, t0), None);
         // 100 left; taking 300 leaves a debt of 200 bytes: 200 ms.
         assert_eq!(b.take(300.0, t0), Some(Duration::from_millis(200)));
         // After those 200 ms the debt is paid.
         assert_eq!(b.take(0.0, t0 + Duration::from_millis(200)), None);
         // Never more than the burst at once: 10,000 counts as 500.
-        let mut b = Bucket::new(1000.0, 500.0, t0);
+        let mut b = Bucket::new(1000.0, 500.0);
         assert_eq!(b.take(10_000.0, t0), None);
         // Refill stops at the burst.
         let later = t0 + Duration::from_secs(60);
@@ -78,7 +83,7 @@ mod tests {
     #[test]
     fn whole_tokens() {
         let t0 = Instant::now();
-        let mut b = Bucket::new(2.0, 3.0, t0);
+        let mut b = Bucket::new(2.0, 3.0);
         assert!((0..3).all(|_| b.try_take_one(t0)));
         assert!(!b.try_take_one(t0));
         assert!(!b.try_take_one(t0 + Duration::from_millis(499)));
