@@ -265,7 +265,7 @@ pub fn client_info(data: &[u8]) {
                 assert_eq!(who, k.client);
                 assert_eq!(info, want);
             }
-            (Err(HandshakeError::Json(_)), Err(HandshakeError::Json(_))) => {}
+            (Err(HandshakeError::Json { .. }), Err(HandshakeError::Json { .. })) => {}
             (sealed, direct) => panic!("sealed {sealed:?} vs direct {direct:?}"),
         }
     }
@@ -640,7 +640,7 @@ pub fn server_info(data: &[u8]) {
             assert_eq!(info, want);
             assert_eq!(ServerInfo::from_json(&info.to_json()), Ok(info));
         }
-        (Err(HandshakeError::Json(_)), Err(HandshakeError::Json(_))) => {}
+        (Err(HandshakeError::Json { .. }), Err(HandshakeError::Json { .. })) => {}
         (Err(HandshakeError::TooLong { .. }), _) => {
             assert!(sealed.len() > handshake::MAX_SERVER_INFO_LEN)
         }

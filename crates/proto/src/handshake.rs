@@ -37,6 +37,48 @@ pub const MAX_SERVER_KEY_LEN: usize = 1024;
 /// Largest `serverInfo` payload a Go client reads (nonce + 1 MiB).
 pub const MAX_SERVER_INFO_LEN: usize = NONCE_LEN + MAX_CLIENT_READ_FRAME;
 
+/// Why JSON did not decode: the kind of problem, where, and the
+/// decoder's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct JsonError {
+    /// Syntax, a value of the wrong type, or input that ended early.
+    pub kind: JsonErrorKind,
+    /// 1-based line of the problem (0 when unknown).
+    pub line: usize,
+    /// 1-based column of the problem (0 when unknown).
+    pub column: usize,
+    /// serde_json's description, position included.
+    pub message: String,
+}
+
+/// The kinds of [`JsonError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonErrorKind {
+    /// Not JSON.
+    Syntax,
+    /// JSON, but a field has the wrong type or value.
+    Data,
+    /// The input ended inside a value.
+    Eof,
+}
+
+impl From<serde_json::Error> for JsonError {
+    fn from(e: serde_json::Error) -> Self {
+        use serde_json::error::Category;
+        JsonError {
+            kind: match e.classify() {
+                Category::Data => JsonErrorKind::Data,
+                Category::Eof => JsonErrorKind::Eof,
+                Category::Syntax | Category::Io => JsonErrorKind::Syntax,
+            },
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        }
+    }
+}
+
 /// Why a handshake step failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
@@ -74,8 +116,14 @@ pub enum HandshakeError {
     },
     /// The opened JSON is malformed or has a badly typed field (including a
     /// `meshKey` that is not 64 hex digits).
-    #[error("invalid JSON in handshake: {0}")]
-    Json(String),
+    #[error("invalid JSON in the {frame} frame: {source}")]
+    Json {
+        /// Name of the frame.
+        frame: &'static str,
+        /// The decoder's objection.
+        #[source]
+        source: JsonError,
+    },
     /// The `serverKey` payload does not start with the `DERP🔑` magic.
     #[error("serverKey frame does not start with the DERP magic")]
     BadMagic,
@@ -144,7 +192,10 @@ impl ClientInfo {
     /// Decodes the JSON with Go's rules (case-insensitive keys, unknown keys
     /// ignored, `null` leaves a field at its default).
     pub fn from_json(json: &[u8]) -> Result<Self, HandshakeError> {
-        decode_object(json).map_err(|e| HandshakeError::Json(format!("clientInfo: {e}")))
+        decode_object(json).map_err(|e| HandshakeError::Json {
+            frame: "clientInfo",
+            source: e.into(),
+        })
     }
 }
 
@@ -242,7 +293,10 @@ impl ServerInfo {
 
     /// Decodes with Go's rules, like [`ClientInfo::from_json`].
     pub fn from_json(json: &[u8]) -> Result<Self, HandshakeError> {
-        decode_object(json).map_err(|e| HandshakeError::Json(format!("serverInfo: {e}")))
+        decode_object(json).map_err(|e| HandshakeError::Json {
+            frame: "serverInfo",
+            source: e.into(),
+        })
     }
 }
 
@@ -574,7 +628,14 @@ mod tests {
         };
         assert!(matches!(
             open_client_info(&server, &frame),
-            Err(HandshakeError::Json(_))
+            Err(HandshakeError::Json {
+                frame: "clientInfo",
+                source: JsonError {
+                    kind: JsonErrorKind::Data,
+                    line: 1,
+                    ..
+                }
+            })
         ));
     }
 

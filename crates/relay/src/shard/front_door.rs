@@ -175,7 +175,7 @@ impl Shard {
             Err(e) => {
                 let why = match &e {
                     HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
-                    HandshakeError::Json(_) => HandshakeFailure::BadJson,
+                    HandshakeError::Json { .. } => HandshakeFailure::BadJson,
                     HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. } => {
                         HandshakeFailure::BadFirstFrame
                     }
