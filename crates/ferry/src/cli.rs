@@ -250,6 +250,9 @@ pub(crate) enum Command {
     /// Relay stock WireGuard over UDP: a static bounce (--target) or a
     /// receiver-index hub (--peer), never decrypting anything.
     UdpRelay(crate::udp::UdpRelayArgs),
+    /// Show what a running relay (DERP or UDP) is doing, from its metrics
+    /// endpoint.
+    Status(crate::status::StatusArgs),
 }
 
 /// Rewrites Go-style single-dash long flags (`-dev`, `-stun-port=1`) to

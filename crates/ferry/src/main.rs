@@ -13,6 +13,7 @@
 
 mod acme;
 mod cli;
+mod status;
 mod udp;
 
 use std::time::Duration;
@@ -57,8 +58,10 @@ fn error_text(e: &anyhow::Error) -> String {
 fn run() -> Result<()> {
     let argv = cli::without_derper_defaults(cli::normalize_go_flags(std::env::args_os()))?;
     let args = Args::parse_from(argv);
-    if let Some(cli::Command::UdpRelay(udp_args)) = &args.command {
-        return udp::run(udp_args);
+    match &args.command {
+        Some(cli::Command::UdpRelay(udp_args)) => return udp::run(udp_args),
+        Some(cli::Command::Status(status_args)) => return status::run(status_args),
+        None => {}
     }
     init_logging(&args.log, &args.log_format)?;
 

@@ -386,7 +386,7 @@ mod tests {
         v.extend_from_slice(list);
         match Args::try_parse_from(normalize_go_flags(v.into_iter().map(OsString::from)))?.command {
             Some(Command::UdpRelay(a)) => Ok(a),
-            None => panic!("no subcommand"),
+            other => panic!("not udp-relay: {other:?}"),
         }
     }
 

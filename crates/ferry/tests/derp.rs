@@ -497,3 +497,45 @@ fn json_logs_are_one_object_per_line_with_fields() {
         "{log}"
     );
 }
+
+/// `ferry status` against a running relay's metrics listener: the text
+/// view and `--json`.
+#[test]
+fn status_reads_a_running_relay() {
+    let dir = TempDir::new("status");
+    let (mut f, addr) = serving(&mut relay(
+        &dir,
+        &["--stun=false", "--metrics-addr", "127.0.0.1:0"],
+    ));
+    let metrics = url_addr(&f.field("ferry relay running", "metrics"));
+    // Some traffic to count: a plain HTTP request.
+    assert!(get(addr, "/healthz").starts_with("HTTP/1.1 200"));
+    let out = ferry()
+        .args(["status", &metrics.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with(&format!("ferry derp at {metrics}  version ")),
+        "{text}"
+    );
+    assert!(text.contains("\nconnections  "), "{text}");
+    assert!(text.contains("\ndrops        none"), "{text}");
+    let out = ferry()
+        .args(["status", "--json", &format!("http://{addr}/debug/varz")])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["kind"], "derp");
+    assert!(v["bytes_in_per_second"].is_number(), "{v}");
+    // A wrong address is an error, not a hang.
+    let out = ferry().args(["status", "127.0.0.1:1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to 127.0.0.1:1"));
+    f.stop();
+}

@@ -1,0 +1,410 @@
+//! `ferry status`: what one relay is doing, read from its metrics endpoint
+//! (`--metrics-addr`, or `/debug/varz` on the relay's own port from the
+//! same host): connections by transport, throughput in and out (from two
+//! scrapes a second apart), drops by reason, backpressure, admission, and
+//! for a UDP relay its sessions, hub peers and drops. `--json` prints the
+//! same as one object; `--watch` redraws it in place until interrupted.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// `ferry status` flags.
+#[derive(clap::Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The relay's metrics: `host:port` (its --metrics-addr, read at
+    /// /metrics) or a full http:// URL such as
+    /// http://127.0.0.1:3340/debug/varz.
+    #[arg(default_value = "127.0.0.1:9100")]
+    pub(crate) target: String,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Redraw every this many seconds until interrupted (1-3600).
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+    pub(crate) watch: Option<u64>,
+}
+
+/// One scrape: series (name and labels, as written) to value.
+#[derive(Debug, Default)]
+struct Scrape {
+    series: Vec<(String, BTreeMap<String, String>, f64)>,
+    at: Option<Instant>,
+}
+
+impl Scrape {
+    fn parse(text: &str, at: Instant) -> Scrape {
+        let mut series = Vec::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (head, value) = match line.rsplit_once(' ') {
+                Some(x) => x,
+                None => continue,
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let (name, labels) = match head.split_once('{') {
+                Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
+                None => (head, BTreeMap::new()),
+            };
+            series.push((name.to_owned(), labels, value));
+        }
+        Scrape {
+            series,
+            at: Some(at),
+        }
+    }
+
+    /// The sum of every series named `name` whose labels include `with`.
+    fn sum(&self, name: &str, with: &[(&str, &str)]) -> Option<f64> {
+        let mut found = None;
+        for (n, labels, v) in &self.series {
+            if n == name
+                && with
+                    .iter()
+                    .all(|(k, want)| labels.get(*k).is_some_and(|got| got == want))
+            {
+                *found.get_or_insert(0.0) += v;
+            }
+        }
+        found
+    }
+
+    /// Values of `name` by the value of its label `by`.
+    fn by(&self, name: &str, by: &str) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for (n, labels, v) in &self.series {
+            if n == name {
+                let key = labels.get(by).cloned().unwrap_or_default();
+                *out.entry(key).or_insert(0.0) += v;
+            }
+        }
+        out
+    }
+}
+
+fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for pair in s.split("\",") {
+        if let Some((k, v)) = pair.split_once('=') {
+            out.insert(
+                k.trim().to_owned(),
+                v.trim().trim_matches('"').replace("\\\"", "\""),
+            );
+        }
+    }
+    out
+}
+
+/// Where to GET, from the target argument.
+fn endpoint(target: &str) -> Result<(String, String, String)> {
+    let (hostport, path) = match target.strip_prefix("http://") {
+        Some(rest) => match rest.split_once('/') {
+            Some((h, p)) => (h.to_owned(), format!("/{p}")),
+            None => (rest.to_owned(), "/metrics".to_owned()),
+        },
+        None if target.starts_with("https://") => {
+            bail!("{target}: only http:// metrics endpoints (--metrics-addr, or the relay's plain port)")
+        }
+        None => (target.to_owned(), "/metrics".to_owned()),
+    };
+    let host = hostport
+        .rsplit_once(':')
+        .map_or(hostport.as_str(), |(h, _)| h)
+        .trim_matches(|c| c == '[' || c == ']')
+        .to_owned();
+    Ok((hostport, host, path))
+}
+
+fn fetch(target: &str) -> Result<Scrape> {
+    let (hostport, host, path) = endpoint(target)?;
+    let addr = hostport
+        .to_socket_addrs()
+        .with_context(|| format!("{hostport}: not an address"))?
+        .next()
+        .with_context(|| format!("{hostport}: no address"))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: ferry-status\r\n\r\n"
+    )?;
+    let mut body = Vec::new();
+    s.take(64 << 20)
+        .read_to_end(&mut body)
+        .with_context(|| format!("reading http://{hostport}{path}"))?;
+    let text = String::from_utf8_lossy(&body);
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("http://{hostport}{path}: not an HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        let status = head.lines().next().unwrap_or_default();
+        bail!("http://{hostport}{path}: {status}");
+    }
+    Ok(Scrape::parse(rest, Instant::now()))
+}
+
+/// What the view shows, computed from two scrapes.
+#[derive(Debug, serde::Serialize)]
+struct View {
+    kind: &'static str,
+    version: Option<String>,
+    backend: Option<String>,
+    uptime_seconds: Option<f64>,
+    connections: BTreeMap<String, f64>,
+    bytes_in_per_second: Option<f64>,
+    bytes_out_per_second: Option<f64>,
+    packets_in_per_second: Option<f64>,
+    packets_out_per_second: Option<f64>,
+    drops: BTreeMap<String, f64>,
+    backpressure_pauses: Option<f64>,
+    senders_paused: Option<f64>,
+    budget_expired: Option<f64>,
+    admission: BTreeMap<String, f64>,
+    udp_sessions: Option<f64>,
+    udp_hub_peers: Option<f64>,
+}
+
+fn rate(a: &Scrape, b: &Scrape, name: &str, with: &[(&str, &str)]) -> Option<f64> {
+    let dt = b.at?.saturating_duration_since(a.at?).as_secs_f64();
+    let (x, y) = (a.sum(name, with)?, b.sum(name, with)?);
+    (dt > 0.0).then(|| ((y - x) / dt).max(0.0))
+}
+
+fn view(a: &Scrape, b: &Scrape) -> View {
+    let udp = b.sum("ferry_udp_shards", &[]).is_some();
+    let label = |name: &str, key: &str| {
+        b.series
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .and_then(|(_, l, _)| l.get(key).cloned())
+    };
+    let mut drops = BTreeMap::new();
+    for (name, by) in [
+        ("derp_packets_dropped", "reason"),
+        ("ferry_udp_drops_total", "reason"),
+    ] {
+        for (reason, v) in b.by(name, by) {
+            if v > 0.0 && !reason.is_empty() {
+                *drops.entry(reason).or_insert(0.0) += v;
+            }
+        }
+    }
+    let mut admission = BTreeMap::new();
+    for (n, labels, v) in &b.series {
+        if n == "ferry_admission_decisions_total" && *v > 0.0 {
+            let key = match (labels.get("result"), labels.get("reason")) {
+                (Some(r), Some(why)) if !why.is_empty() => format!("{r}:{why}"),
+                (Some(r), _) => r.clone(),
+                _ => continue,
+            };
+            *admission.entry(key).or_insert(0.0) += v;
+        }
+    }
+    let (bytes_in, bytes_out, pkts_in, pkts_out) = if udp {
+        (
+            rate(a, b, "ferry_udp_bytes_total", &[]),
+            None,
+            rate(a, b, "ferry_udp_packets_total", &[]),
+            None,
+        )
+    } else {
+        (
+            rate(a, b, "derp_bytes_received", &[]),
+            rate(a, b, "derp_bytes_sent", &[]),
+            rate(a, b, "derp_packets_received", &[]),
+            rate(a, b, "derp_packets_sent", &[]),
+        )
+    };
+    View {
+        kind: if udp { "udp-relay" } else { "derp" },
+        version: label("version", "version"),
+        backend: label("ferry_io_backend", "backend"),
+        uptime_seconds: b.sum("uptime_sec", &[]),
+        connections: b.by("ferry_connections_by_transport", "transport"),
+        bytes_in_per_second: bytes_in,
+        bytes_out_per_second: bytes_out,
+        packets_in_per_second: pkts_in,
+        packets_out_per_second: pkts_out,
+        drops,
+        backpressure_pauses: b.sum("ferry_backpressure_pauses_total", &[]),
+        senders_paused: b.sum("ferry_senders_paused", &[]),
+        budget_expired: b.sum("ferry_backpressure_budget_expired_total", &[]),
+        admission,
+        udp_sessions: b.sum("ferry_udp_sessions", &[]),
+        udp_hub_peers: b.sum("ferry_udp_hub_known_peers", &[]),
+    }
+}
+
+fn human_rate(v: Option<f64>, unit: &str) -> String {
+    let Some(v) = v else {
+        return "-".to_owned();
+    };
+    let (x, prefix) = if v >= 1e9 {
+        (v / 1e9, "G")
+    } else if v >= 1e6 {
+        (v / 1e6, "M")
+    } else if v >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    format!("{x:.1} {prefix}{unit}/s")
+}
+
+fn text(target: &str, v: &View) -> String {
+    let mut out = String::new();
+    let opt = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.0}"));
+    out.push_str(&format!(
+        "ferry {} at {target}  version {}  back end {}  up {}s\n",
+        v.kind,
+        v.version.as_deref().unwrap_or("?"),
+        v.backend.as_deref().unwrap_or("?"),
+        opt(v.uptime_seconds),
+    ));
+    if v.kind == "derp" {
+        let conns: Vec<String> = v
+            .connections
+            .iter()
+            .map(|(t, n)| format!("{t} {n:.0}"))
+            .collect();
+        out.push_str(&format!(
+            "connections  {}\n",
+            if conns.is_empty() {
+                "none".to_owned()
+            } else {
+                conns.join(", ")
+            }
+        ));
+        out.push_str(&format!(
+            "in           {}  {}\nout          {}  {}\n",
+            human_rate(v.bytes_in_per_second.map(|b| b * 8.0), "bit"),
+            human_rate(v.packets_in_per_second, "pkt"),
+            human_rate(v.bytes_out_per_second.map(|b| b * 8.0), "bit"),
+            human_rate(v.packets_out_per_second, "pkt"),
+        ));
+        out.push_str(&format!(
+            "backpressure {} pauses, {} senders paused now, {} budget expiries\n",
+            opt(v.backpressure_pauses),
+            opt(v.senders_paused),
+            opt(v.budget_expired),
+        ));
+        if !v.admission.is_empty() {
+            let a: Vec<String> = v
+                .admission
+                .iter()
+                .map(|(k, n)| format!("{k} {n:.0}"))
+                .collect();
+            out.push_str(&format!("admission    {}\n", a.join(", ")));
+        }
+        out.push_str("mesh links   none (ferry does not dial mesh peers yet)\n");
+    } else {
+        out.push_str(&format!(
+            "relayed      {}  {}\nsessions     {}  hub peers {}\n",
+            human_rate(v.bytes_in_per_second.map(|b| b * 8.0), "bit"),
+            human_rate(v.packets_in_per_second, "pkt"),
+            opt(v.udp_sessions),
+            opt(v.udp_hub_peers),
+        ));
+    }
+    let drops: Vec<String> = v.drops.iter().map(|(k, n)| format!("{k} {n:.0}")).collect();
+    out.push_str(&format!(
+        "drops        {}\n",
+        if drops.is_empty() {
+            "none".to_owned()
+        } else {
+            drops.join(", ")
+        }
+    ));
+    out
+}
+
+/// Runs `ferry status`.
+pub(crate) fn run(args: &StatusArgs) -> Result<()> {
+    if let Some(every) = args.watch {
+        if !(1..=3600).contains(&every) {
+            bail!("--watch {every}: must be between 1 and 3600 seconds");
+        }
+    }
+    let interval = Duration::from_secs(args.watch.unwrap_or(1));
+    let mut before = fetch(&args.target)?;
+    loop {
+        std::thread::sleep(interval);
+        let now = fetch(&args.target)?;
+        let v = view(&before, &now);
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&v)?)?;
+        } else {
+            if args.watch.is_some() {
+                // Home the cursor and clear, so the view redraws in place.
+                write!(out, "\x1b[H\x1b[2J")?;
+            }
+            write!(out, "{}", text(&args.target, &v))?;
+        }
+        out.flush()?;
+        if args.watch.is_none() {
+            return Ok(());
+        }
+        before = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DERP: &str = "# TYPE derp_bytes_received counter\nderp_bytes_received 1000\nderp_bytes_sent 500\nderp_packets_received 10\nderp_packets_sent 5\nferry_connections_by_transport{transport=\"tls\"} 3\nferry_connections_by_transport{transport=\"plain\"} 1\nderp_packets_dropped{reason=\"queue_tail\",kind=\"other\"} 7\nderp_packets_dropped{reason=\"queue_tail\",kind=\"disco\"} 1\nderp_packets_dropped{reason=\"gone\",kind=\"other\"} 0\nferry_io_backend{backend=\"uring\",reason=\"io_uring available\"} 1\nversion{version=\"0.1.0\",binary=\"ferry\"} 1\nuptime_sec 42\nferry_admission_decisions_total{result=\"reject\",reason=\"denied\"} 2\n";
+
+    #[test]
+    fn a_derp_view_from_two_scrapes() {
+        let t0 = Instant::now();
+        let a = Scrape::parse(DERP, t0);
+        let later = DERP
+            .replace("derp_bytes_received 1000", "derp_bytes_received 3000")
+            .replace("derp_packets_sent 5", "derp_packets_sent 25");
+        let b = Scrape::parse(&later, t0 + Duration::from_secs(2));
+        let v = view(&a, &b);
+        assert_eq!(v.kind, "derp");
+        assert_eq!(v.bytes_in_per_second, Some(1000.0));
+        assert_eq!(v.packets_out_per_second, Some(10.0));
+        assert_eq!(v.connections.get("tls"), Some(&3.0));
+        assert_eq!(v.drops.get("queue_tail"), Some(&8.0));
+        assert!(!v.drops.contains_key("gone"));
+        assert_eq!(v.backend.as_deref(), Some("uring"));
+        assert_eq!(v.version.as_deref(), Some("0.1.0"));
+        assert_eq!(v.admission.get("reject:denied"), Some(&2.0));
+        let t = text("x", &v);
+        assert!(t.contains("connections  plain 1, tls 3"), "{t}");
+        assert!(t.contains("in           8.0 kbit/s  0.0 pkt/s"), "{t}");
+        assert!(t.contains("out          0.0 bit/s  10.0 pkt/s"), "{t}");
+        assert!(t.contains("drops        queue_tail 8"), "{t}");
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            endpoint("127.0.0.1:9100").unwrap(),
+            (
+                "127.0.0.1:9100".into(),
+                "127.0.0.1".into(),
+                "/metrics".into()
+            )
+        );
+        assert_eq!(
+            endpoint("http://[::1]:3340/debug/varz").unwrap(),
+            ("[::1]:3340".into(), "::1".into(), "/debug/varz".into())
+        );
+        assert!(endpoint("https://x/metrics").is_err());
+    }
+}
