@@ -249,7 +249,7 @@ pub(crate) struct Args {
 pub(crate) enum Command {
     /// Relay stock WireGuard over UDP: a static bounce (--target) or a
     /// receiver-index hub (--peer), never decrypting anything.
-    UdpRelay(crate::udp::UdpRelayArgs),
+    UdpRelay(Box<crate::udp::UdpRelayArgs>),
     /// Show what a running relay (DERP or UDP) is doing, from its metrics
     /// endpoint.
     Status(crate::status::StatusArgs),

@@ -385,7 +385,7 @@ mod tests {
         let mut v = vec!["ferry", "udp-relay"];
         v.extend_from_slice(list);
         match Args::try_parse_from(normalize_go_flags(v.into_iter().map(OsString::from)))?.command {
-            Some(Command::UdpRelay(a)) => Ok(a),
+            Some(Command::UdpRelay(a)) => Ok(*a),
             other => panic!("not udp-relay: {other:?}"),
         }
     }
