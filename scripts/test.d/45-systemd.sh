@@ -1,0 +1,30 @@
+# The systemd units in packaging/systemd: `systemd-analyze verify` must be
+# clean (with ExecStart pointing at the binary just built), and the
+# hardening keeps `systemd-analyze security`'s exposure at 2.0 or below
+# (the README quotes the figures).
+set -euo pipefail
+cargo build --locked -p ferry
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+if ! command -v systemd-analyze >/dev/null; then
+  if [ "${CI:-}" = true ]; then
+    echo "CI=true: systemd-analyze is missing (.ci/setup.d installs systemd)" >&2
+    exit 1
+  fi
+  echo "SKIP: systemd-analyze is not installed"
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for unit in ferry ferry-udp-relay; do
+  sed "s|/usr/bin/ferry|$target_dir/debug/ferry|" "packaging/systemd/$unit.service" > "$work/$unit.service"
+done
+systemd-analyze verify "$work/ferry.service" "$work/ferry-udp-relay.service"
+for unit in ferry ferry-udp-relay; do
+  line=$(systemd-analyze security --offline=true "$work/$unit.service" | grep 'Overall exposure level')
+  echo "$line"
+  level=$(echo "$line" | sed -E 's/.*: ([0-9.]+) .*/\1/')
+  if ! awk -v l="$level" 'BEGIN { exit !(l <= 2.0) }'; then
+    echo "$unit.service: exposure $level is above 2.0" >&2
+    exit 1
+  fi
+done
