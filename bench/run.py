@@ -1101,6 +1101,8 @@ def main():
                     help="rate and churn suites: which transports to run (plain, tls or both)")
     ap.add_argument("--keep", action="store_true",
                     help="keep --out's raw reports of suites not being run (run suites one at a time into one directory)")
+    ap.add_argument("--peak-only", action="store_true",
+                    help="rate suite: only the unpaced (peak) point of each transport, for a quick before/after")
     ap.add_argument("--rerender", action="store_true",
                     help="rebuild results.md, summary.json and the plots from --out's raw reports, running nothing")
     args = ap.parse_args()
@@ -1114,6 +1116,9 @@ def main():
                 spec["servers"].insert(i + 1, "ferry-base")
     if args.repeats:
         plan["repeats"] = args.repeats
+    if args.peak_only:
+        for transport in ("plain", "tls"):
+            plan["rate"][transport] = [None]
     suites = [x for x in args.suites.split(",") if x]
     for x in suites:
         if x not in SUITES:
