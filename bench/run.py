@@ -878,7 +878,7 @@ def plots(ctx, s):
                 if "max" in pts:
                     ax.scatter([max(xs) * 1.15], [pts["max"][key]["median"] * scale], color=color, marker=marker,
                                facecolors="none", s=70)
-            if key == "delivered_mbps":
+            if key == "delivered_mbps" and paced:
                 lim = max(offered_of(p) for p in paced) / 1e3
                 ax.plot([0, lim], [0, lim], ls=":", color="black", lw=0.8, label="offered")
             else:
@@ -1103,6 +1103,9 @@ def main():
                     help="keep --out's raw reports of suites not being run (run suites one at a time into one directory)")
     ap.add_argument("--peak-only", action="store_true",
                     help="rate suite: only the unpaced (peak) point of each transport, for a quick before/after")
+    ap.add_argument("--latency-base", type=float, metavar="MBPS",
+                    help="latency suite: load levels as shares of this rate instead of derper's measured saturation "
+                         "(for runs whose rate suite has no paced points, e.g. --peak-only)")
     ap.add_argument("--rerender", action="store_true",
                     help="rebuild results.md, summary.json and the plots from --out's raw reports, running nothing")
     args = ap.parse_args()
@@ -1119,6 +1122,8 @@ def main():
     if args.peak_only:
         for transport in ("plain", "tls"):
             plan["rate"][transport] = [None]
+    if args.latency_base:
+        plan["latency"]["fixed_base_mbps"] = args.latency_base
     suites = [x for x in args.suites.split(",") if x]
     for x in suites:
         if x not in SUITES:
