@@ -27,7 +27,7 @@ type controller struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
 	allow map[key.NodePublic]bool
-	mode  string // "list", "500", "garbage", "slow"
+	mode  string // "list", "all", "500", "garbage", "slow"
 	seen  []map[string]string
 	hits  atomic.Int64
 }
@@ -50,6 +50,8 @@ func newController(t *testing.T) *controller {
 		switch mode {
 		case "500":
 			http.Error(w, "controller broken", 500)
+		case "all":
+			fmt.Fprintf(w, `{"Allow": true}`)
 		case "garbage":
 			w.Write([]byte("<html>not json</html>"))
 		case "slow":
@@ -77,6 +79,18 @@ func (c *controller) permit(k key.NodePublic) {
 	c.mu.Lock()
 	c.allow[k] = true
 	c.mu.Unlock()
+}
+
+// sourceOf returns the Source the controller was sent for key k.
+func (c *controller) sourceOf(k key.NodePublic) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, req := range c.seen {
+		if req["NodePublic"] == k.String() {
+			return req["Source"]
+		}
+	}
+	return ""
 }
 
 // refusedClient connects and expects the server to close the connection

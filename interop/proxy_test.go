@@ -147,7 +147,11 @@ func presentAddr(t *testing.T, w *dclient, k key.NodePublic) netip.AddrPort {
 
 func TestClientAddressBehindProxy(t *testing.T) {
 	eachServer(t, func(t *testing.T, kind string) {
-		opts := serverOpts{mesh: true}
+		// An admission controller that admits everyone and records the
+		// Source each server tells it.
+		ctl := newController(t)
+		ctl.set("all")
+		opts := serverOpts{mesh: true, args: []string{"--verify-client-url", ctl.srv.URL}}
 		if kind == kindFerry {
 			opts.ferryArgs = []string{"--proxy-protocol", "--trusted-proxies", proxyIP}
 		}
@@ -169,6 +173,9 @@ func TestClientAddressBehindProxy(t *testing.T) {
 			if got.Addr().String() != proxyIP {
 				t.Errorf("derper behind a TCP proxy reports %v; want the proxy's %s", got, proxyIP)
 			}
+			if src := ctl.sourceOf(b.pub); src != proxyIP {
+				t.Errorf("derper told the admission controller Source %q; want the proxy's %s", src, proxyIP)
+			}
 			return
 		}
 
@@ -180,6 +187,9 @@ func TestClientAddressBehindProxy(t *testing.T) {
 			}
 			if got := presentAddr(t, w, b.pub); got != local {
 				t.Errorf("PROXY %s: peerPresent reports %v; want the client's own %v", v, got, local)
+			}
+			if src := ctl.sourceOf(b.pub); src != clientIP {
+				t.Errorf("PROXY %s: admission controller was sent Source %q; want the client's %s", v, src, clientIP)
 			}
 			c := s.newClient(t, "c-"+v, viaProxy(h.ports[v]))
 			relayOK(t, b, c)
