@@ -124,6 +124,13 @@ func TestRateConfig(t *testing.T) {
 		if got < 0.9*2*want || got > 1.1*2*want {
 			t.Errorf("after a bad file: relayed at %.0f B/s; want the previous %.0f within 10%%", got, 2*want)
 		}
+		// Both publish the limits in force, under derper's names.
+		if v := s.mustMetric(t, "derp_rate_limit_per_client_bytes_per_second"); v != 2e6 {
+			t.Errorf("%s: derp_rate_limit_per_client_bytes_per_second = %v; want 2e6", kind, v)
+		}
+		if v := s.mustMetric(t, "derp_rate_limit_per_client_burst_bytes"); v != 65568 {
+			t.Errorf("%s: derp_rate_limit_per_client_burst_bytes = %v; want 65568", kind, v)
+		}
 		if kind == kindFerry {
 			waitLog(t, s, "rate config not applied")
 			samples, err := s.scrapeMetrics()

@@ -231,6 +231,26 @@ fn run() -> Result<()> {
     }
     dns.spawn_refresher()
         .context("starting the bootstrap DNS resolver")?;
+    // derper publishes its rate limits only when --rate-config is given.
+    let rate_now = std::sync::Arc::new(std::sync::Mutex::new(config.rate));
+    if rate_path.is_some() {
+        let rate_now = rate_now.clone();
+        server.metrics().add_source(Box::new(move |w| {
+            let rate = *rate_now.lock().expect("rate lock");
+            ferry_relay::metrics::write_gauge(
+                w,
+                "derp_rate_limit_per_client_bytes_per_second",
+                "Per-client receive limit (--rate-config); 0 is none.",
+                rate.bytes_per_sec as i64,
+            );
+            ferry_relay::metrics::write_gauge(
+                w,
+                "derp_rate_limit_per_client_burst_bytes",
+                "Per-client receive burst (--rate-config).",
+                rate.burst_bytes as i64,
+            );
+        }));
+    }
     if let Some((opts, state)) = acme_start {
         let stats = std::sync::Arc::new(acme::AcmeStats::default());
         {
@@ -284,6 +304,7 @@ fn run() -> Result<()> {
                     match load_rate_config(path) {
                         Ok(rate) => {
                             server.set_rate_config(rate);
+                            *rate_now.lock().expect("rate lock") = rate;
                             tracing::info!(
                                 rate = rate.bytes_per_sec,
                                 burst = rate.burst_bytes,
