@@ -255,6 +255,75 @@ pub(crate) enum Command {
     Status(crate::status::StatusArgs),
 }
 
+/// derper image conventions operators already use, and the flag each
+/// means (same meaning as in those images).
+pub(crate) const DERPER_IMAGE_ENV: &[(&str, &str)] = &[
+    ("DERP_ADDR", "a"),
+    ("DERP_DOMAIN", "hostname"),
+    ("DERP_HOSTNAME", "hostname"),
+    ("DERP_CERT_MODE", "certmode"),
+    ("DERP_CERT_DIR", "certdir"),
+    ("DERP_STUN", "stun"),
+    ("DERP_STUN_PORT", "stun-port"),
+    ("DERP_HTTP_PORT", "http-port"),
+    ("DERP_VERIFY_CLIENTS", "verify-clients"),
+    ("DERP_VERIFY_CLIENT_URL", "verify-client-url"),
+    (
+        "DERP_VERIFY_CLIENT_URL_FAIL_OPEN",
+        "verify-client-url-fail-open",
+    ),
+];
+
+/// The DERP server's flags from the environment, for containers: every
+/// long flag as `FERRY_<NAME>` (upper case, `-` as `_`; `-a` is
+/// `FERRY_ADDR`), and the `DERP_*` names of common derper images
+/// ([`DERPER_IMAGE_ENV`]). They are put in front of the command line, so a
+/// flag given there wins over `FERRY_*`, which wins over `DERP_*`.
+/// `FERRY_LOG` keeps its own meaning (it overrides `--log`), and nothing is
+/// added for a subcommand (`ferry udp-relay`, `ferry status`).
+pub(crate) fn flags_from_env(
+    argv: Vec<OsString>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Vec<OsString> {
+    use clap::CommandFactory;
+    let command = Args::command();
+    let subcommand = argv
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| command.get_subcommands().any(|c| c.get_name() == a));
+    if subcommand {
+        return argv;
+    }
+    let mut from_env: Vec<OsString> = Vec::new();
+    for (var, flag) in DERPER_IMAGE_ENV {
+        if let Some(v) = env(var) {
+            from_env.push(format!("--{flag}={v}").into());
+        }
+    }
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        let name = if long == "a" {
+            "ADDR".to_owned()
+        } else {
+            long.to_uppercase().replace('-', "_")
+        };
+        if name == "LOG" {
+            continue;
+        }
+        if let Some(v) = env(&format!("FERRY_{name}")) {
+            from_env.push(format!("--{long}={v}").into());
+        }
+    }
+    if from_env.is_empty() {
+        return argv;
+    }
+    let mut out = Vec::with_capacity(argv.len() + from_env.len());
+    out.extend(argv.first().cloned());
+    out.extend(from_env);
+    out.extend(argv.into_iter().skip(1));
+    out
+}
+
 /// Rewrites Go-style single-dash long flags (`-dev`, `-stun-port=1`) to
 /// clap's double-dash form. Short flags (`-a`, `-c`) and negative numbers
 /// are left alone.
@@ -823,6 +892,62 @@ mod tests {
         .is_err());
         let p = Plan::from_args(&args(&["-tcp-write-timeout", "0"])).unwrap();
         assert!(p.write_timeout.is_none());
+    }
+
+    #[test]
+    fn flags_from_the_environment() {
+        let argv = |list: &[&str]| -> Vec<OsString> {
+            std::iter::once("ferry")
+                .chain(list.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let out = flags_from_env(
+            argv(&["--hostname", "flag.example"]),
+            env(&[
+                ("DERP_DOMAIN", "image.example"),
+                ("FERRY_HOSTNAME", "env.example"),
+                ("FERRY_STUN_PORT", "3479"),
+                ("FERRY_ADDR", ":8443"),
+                ("FERRY_LOG", "debug"),
+                ("FERRY_ARGS", "--io epoll"),
+            ]),
+        );
+        // DERP_* first, then FERRY_*, then the command line: later wins.
+        let args = Args::parse_from(out.clone());
+        assert_eq!(args.hostname, "flag.example");
+        assert_eq!(args.stun_port, 3479);
+        assert_eq!(args.addr, ":8443");
+        assert_eq!(args.log, "info", "FERRY_LOG is not turned into --log");
+        let out = flags_from_env(
+            argv(&[]),
+            env(&[
+                ("DERP_DOMAIN", "image.example"),
+                ("FERRY_HOSTNAME", "env.example"),
+            ]),
+        );
+        assert_eq!(Args::parse_from(out).hostname, "env.example");
+        let out = flags_from_env(
+            argv(&[]),
+            env(&[
+                ("DERP_DOMAIN", "image.example"),
+                ("DERP_CERT_MODE", "manual"),
+            ]),
+        );
+        let args = Args::parse_from(out);
+        assert_eq!(args.hostname, "image.example");
+        assert_eq!(args.certmode.as_deref(), Some("manual"));
+        // A subcommand gets nothing from the environment.
+        let out = flags_from_env(argv(&["status"]), env(&[("FERRY_HOSTNAME", "env.example")]));
+        assert_eq!(out, argv(&["status"]));
     }
 
     #[test]

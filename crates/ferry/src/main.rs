@@ -56,7 +56,10 @@ fn error_text(e: &anyhow::Error) -> String {
 }
 
 fn run() -> Result<()> {
-    let argv = cli::without_derper_defaults(cli::normalize_go_flags(std::env::args_os()))?;
+    let argv = cli::flags_from_env(cli::normalize_go_flags(std::env::args_os()), |k| {
+        std::env::var(k).ok()
+    });
+    let argv = cli::without_derper_defaults(argv)?;
     let args = Args::parse_from(argv);
     match &args.command {
         Some(cli::Command::UdpRelay(udp_args)) => return udp::run(udp_args),

@@ -539,3 +539,33 @@ fn status_reads_a_running_relay() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to 127.0.0.1:1"));
     f.stop();
 }
+
+/// Flags from the environment, as container images set them: `FERRY_*`
+/// for every flag and derper images' `DERP_*` names; a flag on the command
+/// line wins.
+#[test]
+fn environment_variables_set_flags() {
+    let dir = TempDir::new("env");
+    let mut f = Ferry::spawn(
+        ferry()
+            .env("DERP_ADDR", "127.0.0.1:1")
+            .env("FERRY_ADDR", "127.0.0.1:0")
+            .env("DERP_STUN", "false")
+            .env("FERRY_WORKERS", "1")
+            .args(["-c", &dir.path("ferry.key")]),
+    );
+    let log = f.wait_log("ferry relay running");
+    let line = log.lines().find(|l| l.contains("ferry relay running")).unwrap();
+    assert!(line.contains("url=http://127.0.0.1:"), "{line}");
+    assert!(!line.contains("url=http://127.0.0.1:1/"), "FERRY_ADDR wins over DERP_ADDR: {line}");
+    assert!(line.contains("stun=off"), "{line}");
+    assert!(line.contains("workers=1"), "{line}");
+    f.stop();
+    // The command line wins over both.
+    let (status, log) = run(ferry()
+        .env("FERRY_HTTP_PORT", "80")
+        .args(["-a", "127.0.0.1:0", "--stun=false", "--http-port", "banana"])
+        .args(["-c", &dir.path("ferry.key")]));
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(log.contains("banana"), "{log}");
+}
