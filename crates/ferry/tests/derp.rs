@@ -555,9 +555,15 @@ fn environment_variables_set_flags() {
             .args(["-c", &dir.path("ferry.key")]),
     );
     let log = f.wait_log("ferry relay running");
-    let line = log.lines().find(|l| l.contains("ferry relay running")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("ferry relay running"))
+        .unwrap();
     assert!(line.contains("url=http://127.0.0.1:"), "{line}");
-    assert!(!line.contains("url=http://127.0.0.1:1/"), "FERRY_ADDR wins over DERP_ADDR: {line}");
+    assert!(
+        !line.contains("url=http://127.0.0.1:1/"),
+        "FERRY_ADDR wins over DERP_ADDR: {line}"
+    );
     assert!(line.contains("stun=off"), "{line}");
     assert!(line.contains("workers=1"), "{line}");
     f.stop();

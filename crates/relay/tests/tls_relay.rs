@@ -106,3 +106,130 @@ fn fast_start_client_over_tls() {
     );
     support::stop(server);
 }
+
+/// DERP over WebSocket over TLS: the upgrade, the DERP handshake in masked
+/// binary frames, and packets both ways with a raw DERP-over-TLS client.
+#[test]
+fn websocket_over_tls_relays_with_raw_clients() {
+    use std::io::{Read, Write};
+    use std::ops::ControlFlow;
+
+    use ferry_proto::frame::{self, ClientFramePolicy, Deframer, ServerFrame};
+    use ferry_proto::{handshake, websocket};
+
+    let (server, addr) = support::start(2, |cfg| {
+        cfg.tls = Some(support::self_signed_tls(cfg).config);
+    });
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(provider)))
+        .with_no_client_auth();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap();
+    let mut ws = rustls::StreamOwned::new(conn, tcp);
+    ws.write_all(
+        b"GET /derp HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+          Sec-WebSocket-Protocol: derp\r\n\r\n",
+    )
+    .unwrap();
+
+    // Reads server frames into DERP frames until `want` of them arrived.
+    let mut raw = Vec::new();
+    let mut head_done = false;
+    let mut payload = Vec::new();
+    let mut deframer = Deframer::new();
+    let mut frames: Vec<(u8, Vec<u8>)> = Vec::new();
+    let mut read_frames = |ws: &mut rustls::StreamOwned<_, _>, want: usize| -> Vec<(u8, Vec<u8>)> {
+        let mut buf = [0u8; 16 * 1024];
+        while frames.len() < want {
+            let n = ws.read(&mut buf).expect("reading from the relay");
+            assert!(n > 0, "the relay closed the connection");
+            raw.extend_from_slice(&buf[..n]);
+            if !head_done {
+                let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+                assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+                assert!(
+                    head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+                    "{head}"
+                );
+                raw.drain(..end + 4);
+                head_done = true;
+            }
+            // Whole WebSocket frames: unmasked, final, binary.
+            loop {
+                if raw.len() < 2 {
+                    break;
+                }
+                assert_eq!(raw[0], 0x82, "a final binary frame");
+                let (len, at) = match raw[1] {
+                    126 if raw.len() >= 4 => (usize::from(u16::from_be_bytes([raw[2], raw[3]])), 4),
+                    126 => break,
+                    127 => panic!("no 64-bit lengths expected"),
+                    n => (usize::from(n), 2),
+                };
+                if raw.len() < at + len {
+                    break;
+                }
+                payload.extend_from_slice(&raw[at..at + len]);
+                raw.drain(..at + len);
+            }
+            deframer
+                .feed(&payload, &ClientFramePolicy, |ty, p| {
+                    frames.push((ty, p.to_vec()));
+                    ControlFlow::Continue(())
+                })
+                .unwrap();
+            payload.clear();
+        }
+        frames.drain(..want).collect()
+    };
+
+    let first = read_frames(&mut ws, 1);
+    let ServerFrame::ServerKey(server_public) =
+        frame::parse_server_frame(first[0].0, &first[0].1).unwrap()
+    else {
+        panic!("first frame {first:?}");
+    };
+    let me = NodePrivate::generate();
+    let info = handshake::seal_client_info(&me, &server_public, &support::info(None), &[7; 24]);
+    ws.write_all(&websocket::client_frame(true, 0x2, &info, [4, 3, 2, 1]))
+        .unwrap();
+    let second = read_frames(&mut ws, 1);
+    assert!(matches!(
+        frame::parse_server_frame(second[0].0, &second[0].1),
+        Ok(ServerFrame::ServerInfo(_))
+    ));
+
+    let mut raw_client = connect_tls(addr);
+    let packet = vec![0xabu8; 30_000];
+    raw_client.send(&me.public(), &packet);
+    let got = read_frames(&mut ws, 1);
+    match frame::parse_server_frame(got[0].0, &got[0].1).unwrap() {
+        ServerFrame::RecvPacket { src, packet: p } => {
+            assert_eq!(src, raw_client.public);
+            assert_eq!(p, &packet[..]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut send = Vec::new();
+    frame::put_send_packet(&mut send, &raw_client.public, b"over websocket and TLS");
+    ws.write_all(&websocket::client_frame(true, 0x2, &send, [9, 9, 9, 9]))
+        .unwrap();
+    let (src, got) = raw_client
+        .recv_packet(Duration::from_secs(10))
+        .expect("packet");
+    assert_eq!(
+        (src, got.as_slice()),
+        (me.public(), &b"over websocket and TLS"[..])
+    );
+    support::stop(server);
+}
