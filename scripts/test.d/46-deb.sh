@@ -1,0 +1,30 @@
+# The Debian package: packaging/deb/build.sh builds it (here from the debug
+# binary, stripped), dpkg installs it into a scratch root, and the
+# installed binary, units, default file and man page are checked.
+set -euo pipefail
+cargo build --locked -p ferry
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+if ! command -v dpkg-deb >/dev/null; then
+  if [ "${CI:-}" = true ]; then
+    echo "CI=true: dpkg-deb is missing" >&2
+    exit 1
+  fi
+  echo "SKIP: dpkg-deb is not installed (not a Debian system)"
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+deb=$(bash packaging/deb/build.sh "$target_dir/debug/ferry" "$work/out")
+dpkg-deb --info "$deb" | grep -q '^ Package: ferry$'
+root="$work/root"
+mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates"
+touch "$root/var/lib/dpkg/status"
+dpkg --root="$root" --force-script-chrootless --force-depends --log=/dev/null -i "$deb" >/dev/null
+dpkg --root="$root" -s ferry | grep -q '^Status: install ok installed$'
+"$root/usr/bin/ferry" --version | grep -q '^ferry '
+for f in lib/systemd/system/ferry.service lib/systemd/system/ferry-udp-relay.service \
+         etc/default/ferry usr/share/doc/ferry/copyright; do
+  [ -f "$root/$f" ] || { echo "missing /$f in the package" >&2; exit 1; }
+done
+zcat "$root/usr/share/man/man1/ferry.1.gz" | grep -q '^\.TH FERRY 1'
+echo "$(basename "$deb"): $(du -h "$deb" | cut -f1), installed into a scratch root; $("$root/usr/bin/ferry" --version)"
