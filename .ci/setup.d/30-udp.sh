@@ -10,4 +10,4 @@ else
   echo "not root: skipping apt-get (the UDP namespace tests need root anyway)"
 fi
 go install golang.zx2c4.com/wireguard@latest
-echo "wireguard-go: $("$(go env GOPATH)/bin/wireguard" --version 2>&1 | head -n 1)"
+echo "wireguard-go: $("$(go env GOPATH)/bin/wireguard" --version 2>&1 | sed -n 1p)"

@@ -2,6 +2,8 @@
 # binary, stripped), dpkg installs it into a scratch root, and the
 # installed binary, units, default file and man page are checked.
 set -euo pipefail
+# grep reads its whole input here (no -q): under pipefail an early exit
+# would kill the writer with SIGPIPE and fail the step.
 cargo build --locked -p ferry
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 if ! command -v dpkg-deb >/dev/null; then
@@ -15,16 +17,16 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 deb=$(bash packaging/deb/build.sh "$target_dir/debug/ferry" "$work/out")
-dpkg-deb --info "$deb" | grep -q '^ Package: ferry$'
+dpkg-deb --info "$deb" | grep '^ Package: ferry$' >/dev/null
 root="$work/root"
 mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates"
 touch "$root/var/lib/dpkg/status"
 dpkg --root="$root" --force-script-chrootless --force-depends --log=/dev/null -i "$deb" >/dev/null
-dpkg --root="$root" -s ferry | grep -q '^Status: install ok installed$'
-"$root/usr/bin/ferry" --version | grep -q '^ferry '
+dpkg --root="$root" -s ferry | grep '^Status: install ok installed$' >/dev/null
+"$root/usr/bin/ferry" --version | grep '^ferry ' >/dev/null
 for f in lib/systemd/system/ferry.service lib/systemd/system/ferry-udp-relay.service \
          etc/default/ferry usr/share/doc/ferry/copyright; do
   [ -f "$root/$f" ] || { echo "missing /$f in the package" >&2; exit 1; }
 done
-zcat "$root/usr/share/man/man1/ferry.1.gz" | grep -q '^\.TH FERRY 1'
+zcat "$root/usr/share/man/man1/ferry.1.gz" | grep '^\.TH FERRY 1' >/dev/null
 echo "$(basename "$deb"): $(du -h "$deb" | cut -f1), installed into a scratch root; $("$root/usr/bin/ferry" --version)"
