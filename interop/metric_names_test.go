@@ -14,17 +14,14 @@ import (
 // absentInFerry are derper's names ferry does not export, by prefix or
 // exact name, with why.
 var absentInFerry = map[string]string{
-	"go_":                                      "Go runtime internals; ferry is not written in Go",
-	"goroutines":                               "Go runtime",
-	"memstats_":                                "Go runtime memory statistics (process_resident_memory_bytes instead)",
-	"derp_memstats_sys0":                       "Go runtime memory statistics",
-	"derp_buffered_write_frames_":              "derper's bufio flush batching; ferry writes one buffer per connection per turn",
-	"derp_mesh_update_batch_size_":             "derper's watcher update goroutine",
-	"derp_mesh_update_loop_count_":             "derper's watcher update goroutine",
-	"derp_multiforwarder_created":              "derper's mesh forwarder bookkeeping; ferry does not dial mesh peers yet",
-	"derp_multiforwarder_deleted":              "derper's mesh forwarder bookkeeping; ferry does not dial mesh peers yet",
-	"derp_packet_forwarder_delete_other_value": "derper's mesh forwarder bookkeeping; ferry does not dial mesh peers yet",
-	"derp_average_queue_duration_ms":           "ferry keeps no per-packet enqueue times; ferry_queued_bytes and ferry_backpressure_* describe its queues",
+	"go_":                            "Go runtime internals; ferry is not written in Go",
+	"goroutines":                     "Go runtime",
+	"memstats_":                      "Go runtime memory statistics (process_resident_memory_bytes instead)",
+	"derp_memstats_sys0":             "Go runtime memory statistics",
+	"derp_buffered_write_frames_":    "derper's bufio flush batching; ferry writes one buffer per connection per turn",
+	"derp_mesh_update_batch_size_":   "derper's watcher update goroutine",
+	"derp_mesh_update_loop_count_":   "derper's watcher update goroutine",
+	"derp_average_queue_duration_ms": "ferry keeps no per-packet enqueue times; ferry_queued_bytes and ferry_backpressure_* describe its queues",
 }
 
 func absentReason(name string) (string, bool) {

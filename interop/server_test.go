@@ -37,6 +37,15 @@ type serverOpts struct {
 	ferryArgs []string
 	// args are added to both servers' command lines.
 	args []string
+	// port fixes the listener's port (0: a free one), so that a region's
+	// nodes can name each other before they start, and a restart keeps it.
+	port int
+	// ca signs the server's certificate (nil: self-signed).
+	ca *testCA
+	// meshHex is the mesh key to use with mesh (empty: a random one).
+	meshHex string
+	// env is added to the process's environment.
+	env []string
 }
 
 // server is one running DERP server process (derper or ferry).
@@ -159,10 +168,14 @@ func startServer(t *testing.T, kind string, opts serverOpts) *server {
 var errExitedEarly = errors.New("server process exited before becoming ready")
 
 func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, attempt int) (*server, error) {
+	port := opts.port
+	if port == 0 {
+		port = freePort(t, "tcp")
+	}
 	s := &server{
 		kind:     kind,
 		tls:      opts.tls,
-		port:     freePort(t, "tcp"),
+		port:     port,
 		stunPort: freePort(t, "udp"),
 		dir:      dir,
 		logs:     new(lockedBuffer),
@@ -186,7 +199,7 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 	}
 
 	if opts.tls {
-		if err := s.writeCert(); err != nil {
+		if err := s.writeCert(opts.ca); err != nil {
 			return nil, err
 		}
 		// Identical flags for both servers.
@@ -208,9 +221,12 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		s.args = []string{"-a", addr, "--http-port", "-1", "--stun-port", stun, "-c", stateFile}
 	}
 	if opts.mesh {
-		var raw [32]byte
-		rand.Read(raw[:])
-		s.meshHex = hex.EncodeToString(raw[:])
+		s.meshHex = opts.meshHex
+		if s.meshHex == "" {
+			var raw [32]byte
+			rand.Read(raw[:])
+			s.meshHex = hex.EncodeToString(raw[:])
+		}
 		mk, err := key.ParseDERPMesh(s.meshHex)
 		if err != nil {
 			return nil, err
@@ -237,7 +253,7 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 	cmd.Dir = dir
 	cmd.Stdout = s.logs
 	cmd.Stderr = s.logs
-	cmd.Env = append(os.Environ(), "RUST_BACKTRACE=1")
+	cmd.Env = append(append(os.Environ(), "RUST_BACKTRACE=1"), opts.env...)
 	setProcAttrs(cmd)
 	fmt.Fprintf(s.logs, "=== attempt %d: %s %s\n", attempt, bin, strings.Join(s.args, " "))
 	if err := cmd.Start(); err != nil {
@@ -389,9 +405,10 @@ func (s *server) dial(t testing.TB) net.Conn {
 	return tc
 }
 
-// writeCert creates a self-signed ECDSA certificate for "localhost" and
-// 127.0.0.1 as DIR/localhost.crt and DIR/localhost.key (PKCS#8).
-func (s *server) writeCert() error {
+// writeCert creates an ECDSA certificate for "localhost" and 127.0.0.1,
+// signed by ca (self-signed when ca is nil), as DIR/localhost.crt and
+// DIR/localhost.key (PKCS#8).
+func (s *server) writeCert(ca *testCA) error {
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return err
@@ -412,13 +429,20 @@ func (s *server) writeCert() error {
 		DNSNames:              []string{"localhost"},
 		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	parent, signer := tmpl, any(priv)
+	if ca != nil {
+		parent, signer = ca.cert, ca.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &priv.PublicKey, signer)
 	if err != nil {
 		return err
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		return err
+	}
+	if ca != nil {
+		cert = ca.cert // clients trust the CA
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
 	if err != nil {

@@ -98,6 +98,14 @@ pub(crate) struct Args {
     #[arg(long = "mesh-psk-file")]
     pub mesh_psk_file: Option<PathBuf>,
 
+    /// Other nodes of this region to mesh with, comma-separated, as derper:
+    /// `host[:port]`, or `name[:port]/dialhost` to connect to dialhost while
+    /// verifying TLS for name. Needs --mesh-psk-file; this node's own name
+    /// may be listed (it is recognised by its key and skipped). TLS to the
+    /// peers is verified against the system's roots (SSL_CERT_FILE).
+    #[arg(long = "mesh-with", default_value = "")]
+    pub mesh_with: String,
+
     /// Cut off a client that does not read for this long (Go duration; 0
     /// disables; otherwise 10ms to 1h). Mesh peers get 30s.
     #[arg(long = "tcp-write-timeout", default_value = "2s")]
@@ -411,12 +419,6 @@ struct Unsupported {
 /// flag accepted and ignored would leave an operator believing in a
 /// behaviour the relay does not have.
 const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
-    Unsupported {
-        name: "mesh-with",
-        boolean: false,
-        harmless: Some(""),
-        what: "meshing with other DERP servers",
-    },
     Unsupported {
         name: "secrets-url",
         boolean: false,
@@ -958,8 +960,8 @@ mod tests {
                 .map(OsString::from)
                 .collect()
         };
-        let e = without_derper_defaults(argv(&["--mesh-with", "a,b"])).unwrap_err();
-        assert!(e.to_string().starts_with("--mesh-with: "), "{e}");
+        let e = without_derper_defaults(argv(&["--secrets-url", "https://x"])).unwrap_err();
+        assert!(e.to_string().starts_with("--secrets-url: "), "{e}");
         // A boolean flag never takes the next argument as its value.
         let e = without_derper_defaults(argv(&["--ace", "-a", ":1"])).unwrap_err();
         assert!(e.to_string().starts_with("--ace: "), "{e}");

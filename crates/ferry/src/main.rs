@@ -108,6 +108,11 @@ fn run() -> Result<()> {
         );
     }
 
+    config.mesh_with = ferry_relay::mesh::MeshPeer::parse_list(&args.mesh_with)?;
+    if !config.mesh_with.is_empty() && config.mesh_key.is_none() {
+        bail!("--mesh-with requires --mesh-psk-file");
+    }
+
     if !(1..=1024).contains(&args.verify_client_concurrency) {
         bail!(
             "--verify-client-concurrency {}: must be between 1 and 1024",
@@ -284,6 +289,7 @@ fn run() -> Result<()> {
         stun = %server.stun_addr.map_or_else(off, |a| a.to_string()),
         metrics = %server.metrics_addr.map_or_else(off, |a| format!("http://{a}/metrics")),
         mesh_key = %if config.mesh_key.is_some() { "configured" } else { "none" },
+        mesh_peers = config.mesh_with.len(),
         admission = %admission_summary(&config.admission),
         proxy_protocol = config.proxy_protocol,
         trusted_proxies = %config.trusted_proxies,

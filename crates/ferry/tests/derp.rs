@@ -278,7 +278,7 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
     let dir = TempDir::new("derper");
     for flags in [
         &["--certmode=gcp"][..],
-        &["--mesh-with", "a.example.com,b.example.com"],
+        &["--secrets-url", "https://secrets.example.com"],
         &["--ace"],
     ] {
         let (status, log) = run(relay(&dir, &["-stun=false"]).args(flags));
@@ -299,6 +299,16 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
             "{flags:?} wrote the key"
         );
     }
+    // --mesh-with is supported, and like derper needs the mesh key.
+    let (status, log) = run(&mut relay(
+        &dir,
+        &["-stun=false", "--mesh-with", "b.example.com"],
+    ));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("--mesh-with requires --mesh-psk-file"),
+        "{log}"
+    );
     // derper's own defaults change nothing and are accepted.
     let (f, _) = serving(&mut relay(
         &dir,

@@ -77,6 +77,8 @@ pub struct RelayConfig {
     pub public_key: NodePublic,
     /// Clients presenting this key are mesh peers.
     pub mesh_key: Option<MeshKey>,
+    /// Other nodes of the region to dial (`--mesh-with`); needs `mesh_key`.
+    pub mesh_with: Vec<crate::mesh::MeshPeer>,
     /// TLS for the DERP listener; plain HTTP when `None`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Move TLS sessions into the kernel after the handshake (the TLS
@@ -156,6 +158,7 @@ impl RelayConfig {
             private_key,
             public_key,
             mesh_key: None,
+            mesh_with: Vec::new(),
             tls: None,
             ktls: false,
             derp_enabled: true,

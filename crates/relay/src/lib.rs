@@ -9,6 +9,7 @@
 //!   `front_door` (accept, HTTP, the DERP handshake), `input` (TLS and
 //!   frames in), `registry` (keys, duplicates, peerGone, closing),
 //!   `router` (delivery, caps and drops, cross-shard records and mail),
+//!   `forward` (the region's keys and packets for the mesh links),
 //!   `gate` (backpressure and its budget), `presence` (watchers),
 //!   `migrate` (moving a connection to its key's owner), `kernel_tls`,
 //!   `output` (one send per connection per turn) and `timers` (the sweep,
@@ -22,7 +23,9 @@
 //!   [`metrics`] counts everything; [`health`] answers `/healthz`;
 //!   [`config`] holds the settings; [`admission`] asks tailscaled or an
 //!   admission controller whether a client may register, off the shards;
-//!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`.
+//!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`; [`mesh`]
+//!   dials the region's other nodes (`--mesh-with`) on a thread of its
+//!   own.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
@@ -36,6 +39,7 @@ pub mod conn;
 pub mod front;
 pub mod health;
 pub mod ktls;
+pub mod mesh;
 pub mod metrics;
 pub mod server;
 pub mod shard;

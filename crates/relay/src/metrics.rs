@@ -231,6 +231,17 @@ pub struct ShardMetrics {
     pub bytes_dropped: [[Counter; PacketKind::COUNT]; DropReason::COUNT],
     /// forwardPacket frames received from mesh peers.
     pub packets_forwarded_in: Counter,
+    /// forwardPacket frames sent on (or queued for) the mesh links.
+    pub packets_forwarded_out: Counter,
+    /// Keys other nodes of the region announced that are not connected
+    /// here.
+    pub remote_keys: Gauge,
+    /// Keys that got a second mesh link announcing them.
+    pub multiforwarder_created: Counter,
+    /// Keys back to one announcing link from several.
+    pub multiforwarder_deleted: Counter,
+    /// peerGone from a link that had not announced the key.
+    pub forwarder_delete_other: Counter,
     /// peerGone(Disconnected) frames queued.
     pub peer_gone_disconnected_frames: Counter,
     /// peerGone(NotHere) frames queued.
@@ -278,6 +289,14 @@ pub struct ShardMetrics {
     pub turns: Counter,
     /// Nanoseconds spent outside the wait for I/O.
     pub busy_ns: Counter,
+}
+
+impl ShardMetrics {
+    /// Counts one dropped packet of `len` bytes.
+    pub fn dropped(&self, reason: DropReason, kind: PacketKind, len: usize) {
+        self.packets_dropped[reason as usize][kind as usize].inc();
+        self.bytes_dropped[reason as usize][kind as usize].add(len as u64);
+    }
 }
 
 /// Counters of the STUN responder thread.
@@ -444,18 +463,18 @@ impl Metrics {
             "Distinct keys connected here.",
             local,
         );
-        // Ferry dials no mesh peers yet, so it knows of no clients elsewhere.
+        let remote = self.sum_gauge(|s| s.remote_keys.get());
         gauge(
             w,
             "derp_clients_remote",
-            "Distinct keys known to be connected to mesh peers.",
-            0,
+            "Distinct keys known to be connected to mesh peers and not here.",
+            remote,
         );
         gauge(
             w,
             "derp_clients_total",
             "Distinct keys connected here or to mesh peers.",
-            local,
+            local + remote,
         );
         gauge(
             w,
@@ -538,7 +557,25 @@ impl Metrics {
             w,
             "derp_packets_forwarded_out",
             "Packets forwarded to mesh peers.",
-            0,
+            self.sum(|s| s.packets_forwarded_out.get()),
+        );
+        counter(
+            w,
+            "derp_multiforwarder_created",
+            "Keys announced by a second mesh peer.",
+            self.sum(|s| s.multiforwarder_created.get()),
+        );
+        counter(
+            w,
+            "derp_multiforwarder_deleted",
+            "Keys back to one announcing mesh peer from several.",
+            self.sum(|s| s.multiforwarder_deleted.get()),
+        );
+        counter(
+            w,
+            "derp_packet_forwarder_delete_other_value",
+            "peerGone from a mesh peer that had not announced the key.",
+            self.sum(|s| s.forwarder_delete_other.get()),
         );
         counter(
             w,

@@ -16,14 +16,15 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferry_engine::mailbox::{byte_ring, msg_ring, Doorbell};
+use ferry_engine::mailbox::{byte_ring, msg_ring, ByteRx, ByteTx, Doorbell};
 use ferry_engine::{run_shard, Backend, Driver, EpollDriver, IoMode};
 use ferry_sys::port::Transport;
 
 use crate::admission::{Admission, AdmissionStats};
 use crate::config::{ListenerKind, ListenerSpec, RelayConfig};
+use crate::mesh::{MeshError, MeshThread};
 use crate::metrics::Metrics;
-use crate::shard::{ConnRef, Control, Inbox, Rings, Shard, Shared, MSG_RING};
+use crate::shard::{ConnRef, Control, Inbox, MeshShared, Rings, Shard, Shared, MSG_RING};
 
 /// Everything needed to start a relay.
 #[derive(Clone)]
@@ -114,6 +115,9 @@ pub enum StartError {
     /// certificates, no threads).
     #[error(transparent)]
     Admission(#[from] crate::admission::AdmissionError),
+    /// The mesh links could not be set up (no mesh key, no CA roots).
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
     /// A shard or helper thread could not start.
     #[error("cannot start {what}: {source}")]
     Thread {
@@ -149,6 +153,8 @@ pub struct Server {
     shards: Vec<JoinHandle<io::Result<()>>>,
     aux: Vec<JoinHandle<()>>,
     aux_stop: Arc<AtomicBool>,
+    /// Wakes the mesh thread (to see the stop flag).
+    mesh_wake: Option<WakerFn>,
     /// Bound address of each listener, in the order given.
     pub listen_addrs: Vec<SocketAddr>,
     /// Bound STUN address.
@@ -213,6 +219,43 @@ impl Server {
             ferry_engine::backend::select(opts.io).map_err(StartError::Backend)?;
         tracing::info!(backend = backend.name(), reason = %backend_reason, "I/O back end");
         let metrics = Metrics::new(n, backend.name(), backend_reason);
+
+        // Mesh links: their rings and the waker exist before the shards.
+        let links = opts.config.mesh_with.len();
+        let mut mesh_rx: Vec<Vec<ByteRx>> = (0..links).map(|_| Vec::new()).collect();
+        let mut mesh_tx: Vec<Vec<ByteTx>> = (0..n).map(|_| Vec::new()).collect();
+        for rx in mesh_rx.iter_mut() {
+            for tx in mesh_tx.iter_mut() {
+                let (t, r) = byte_ring(opts.config.ring_bytes);
+                tx.push(t);
+                rx.push(r);
+            }
+        }
+        let aux_stop = Arc::new(AtomicBool::new(false));
+        let mut mesh_thread = None;
+        let mut mesh_shared = None;
+        let mut mesh_wake = None;
+        if links > 0 {
+            let (thread, stats) = MeshThread::new(
+                &opts.config.mesh_with,
+                opts.config.private_key.clone(),
+                opts.config.mesh_key.clone(),
+                mesh_rx,
+                aux_stop.clone(),
+                rand::random(),
+            )?;
+            let waker = thread
+                .waker()
+                .map_err(|e| StartError::Mesh(MeshError::Poll(e)))?;
+            let wake: WakerFn = Arc::new(move || {
+                let _ = waker.wake();
+            });
+            mesh_wake = Some(wake.clone());
+            mesh_shared = Some(MeshShared::new(links, n, wake));
+            metrics.add_source(Box::new(move |w| stats.render(w)));
+            mesh_thread = Some(thread);
+        }
+
         let shared = Arc::new(Shared {
             config: Arc::new(opts.config.clone()),
             metrics: metrics.clone(),
@@ -225,6 +268,7 @@ impl Server {
             accept_limit: opts.config.accept_limit.map(|(rate, burst)| {
                 std::sync::Mutex::new(ferry_engine::limit::Bucket::new(rate, burst))
             }),
+            mesh: mesh_shared,
         });
         if opts.config.admission.enabled() {
             let stats = Arc::new(AdmissionStats::default());
@@ -243,12 +287,14 @@ impl Server {
             metrics.add_source(Box::new(move |w| stats.render_metrics(w)));
         }
 
-        let mut rings: Vec<Rings> = (0..n)
-            .map(|_| Rings {
+        let mut rings: Vec<Rings> = mesh_tx
+            .into_iter()
+            .map(|mesh_tx| Rings {
                 bytes_tx: (0..n).map(|_| None).collect(),
                 bytes_rx: (0..n).map(|_| None).collect(),
                 msg_tx: (0..n).map(|_| None).collect(),
                 msg_rx: (0..n).map(|_| None).collect(),
+                mesh_tx,
             })
             .collect();
         for a in 0..n {
@@ -335,8 +381,19 @@ impl Server {
             let _ = g.send(true);
         }
 
-        let aux_stop = Arc::new(AtomicBool::new(false));
         let mut aux = Vec::new();
+        if let Some(thread) = mesh_thread {
+            let shared = shared.clone();
+            aux.push(
+                std::thread::Builder::new()
+                    .name("ferry-mesh".into())
+                    .spawn(move || thread.run(shared))
+                    .map_err(|source| StartError::Thread {
+                        what: "the mesh thread".into(),
+                        source,
+                    })?,
+            );
+        }
         let mut stun_addr = None;
         if let Some(sock) = stun_sock {
             stun_addr = sock.local_addr().ok();
@@ -371,6 +428,7 @@ impl Server {
             shards,
             aux,
             aux_stop,
+            mesh_wake,
             listen_addrs,
             stun_addr,
             metrics_addr,
@@ -415,6 +473,9 @@ impl Server {
             }
         }
         self.aux_stop.store(true, Ordering::SeqCst);
+        if let Some(wake) = &self.mesh_wake {
+            wake();
+        }
         for h in self.aux {
             let _ = h.join();
         }

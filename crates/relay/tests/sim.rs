@@ -23,7 +23,7 @@ use ferry_proto::rate_config::RateConfig;
 use ferry_proto::websocket;
 use ferry_relay::admission::{Admission, AdmissionConfig, AdmissionStats};
 use ferry_relay::metrics::Metrics;
-use ferry_relay::shard::{ConnRef, Control, Inbox, Rings, Shard, Shared};
+use ferry_relay::shard::{ConnRef, Control, Inbox, MeshNews, MeshShared, Rings, Shard, Shared};
 use ferry_relay::{ListenerKind, RelayConfig};
 
 /// The shard's sweep period: deadlines are acted on at the first sweep at
@@ -46,6 +46,16 @@ struct Sim {
 
 impl Sim {
     fn new(tweak: impl FnOnce(&mut RelayConfig)) -> Sim {
+        Sim::with_mesh(tweak, Vec::new(), None)
+    }
+
+    /// A shard with mesh links: `mesh_tx` are its ends of the links'
+    /// rings, `mesh` what the mesh thread would share.
+    fn with_mesh(
+        tweak: impl FnOnce(&mut RelayConfig),
+        mesh_tx: Vec<ferry_engine::mailbox::ByteTx>,
+        mesh: Option<MeshShared>,
+    ) -> Sim {
         let mut cfg = RelayConfig::new(NodePrivate::generate());
         tweak(&mut cfg);
         let metrics = Metrics::new(1, "sim", "simulated driver".into());
@@ -63,12 +73,14 @@ impl Sim {
             inboxes: vec![Inbox::default()],
             admission: OnceLock::new(),
             accept_limit,
+            mesh,
         });
         let rings = Rings {
             bytes_tx: vec![None],
             bytes_rx: vec![None],
             msg_tx: vec![None],
             msg_rx: vec![None],
+            mesh_tx,
         };
         Sim {
             shard: Shard::new(0, 1, shared.clone(), rings, now, 7, SIM_TURN_BYTES),
@@ -843,4 +855,218 @@ fn websocket_text_messages_and_closes_end_the_connection() {
         [(0x8, 1000u16.to_be_bytes().to_vec())]
     );
     assert!(!s.d.is_open(c));
+}
+
+/// A shard with `links` mesh links whose rings hold `ring` bytes; the
+/// mesh thread's ends of the rings, and how often it was woken.
+fn meshed(
+    links: usize,
+    ring: usize,
+    tweak: impl FnOnce(&mut RelayConfig),
+) -> (
+    Sim,
+    Vec<ferry_engine::mailbox::ByteRx>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let wakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = wakes.clone();
+    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        w.fetch_add(1, Ordering::Relaxed);
+    });
+    let (tx, rx): (Vec<_>, Vec<_>) = (0..links)
+        .map(|_| ferry_engine::mailbox::byte_ring(ring))
+        .unzip();
+    let s = Sim::with_mesh(tweak, tx, Some(MeshShared::new(links, 1, wake)));
+    (s, rx, wakes)
+}
+
+impl Sim {
+    /// What mesh link `link` learned, as the mesh thread posts it.
+    fn news(&mut self, link: usize, news: MeshNews) {
+        self.shared.post(0, Control::Mesh { link, news });
+        self.settle();
+    }
+}
+
+/// The forwardPacket frames in a link's ring: (src, dst, packet).
+fn forwarded(rx: &mut ferry_engine::mailbox::ByteRx) -> Vec<(NodePublic, NodePublic, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(rec) = rx.pop_with(|a, b| [a, b].concat()) {
+        assert_eq!(rec[0], FrameType::ForwardPacket as u8);
+        let len = u32::from_be_bytes(rec[1..5].try_into().unwrap()) as usize;
+        assert_eq!(len + 5, rec.len(), "one whole frame per record");
+        let key = |b: &[u8]| NodePublic::from_bytes(b.try_into().unwrap());
+        out.push((key(&rec[5..37]), key(&rec[37..69]), rec[69..].to_vec()));
+    }
+    out
+}
+
+#[test]
+fn mesh_forwarding_uses_the_earliest_link_and_local_clients_first() {
+    let (mut s, mut rx, wakes) = meshed(2, 64 * 1024, |_| {});
+    let ak = NodePrivate::generate();
+    let a = s.client(&ak);
+    let k = NodePrivate::generate();
+    // Unknown: dropped as derper does.
+    s.send(a, &k.public(), b"nowhere");
+    s.settle();
+    assert!(forwarded(&mut rx[0]).is_empty());
+    assert_eq!(
+        s.metric("derp_packets_dropped{kind=\"other\",reason=\"unknown_dest\"}"),
+        1.0
+    );
+
+    s.news(1, MeshNews::Present(k.public()));
+    s.news(0, MeshNews::Present(k.public()));
+    assert_eq!(s.metric("derp_clients_remote"), 1.0);
+    let before = wakes.load(Ordering::Relaxed);
+    s.send(a, &k.public(), b"one");
+    s.settle();
+    assert_eq!(
+        forwarded(&mut rx[1]),
+        vec![(ak.public(), k.public(), b"one".to_vec())]
+    );
+    assert!(forwarded(&mut rx[0]).is_empty());
+    assert!(
+        wakes.load(Ordering::Relaxed) > before,
+        "the mesh thread is woken"
+    );
+    assert_eq!(s.metric("derp_packets_forwarded_out"), 1.0);
+
+    // The earliest link withdraws the key: the next one carries it.
+    assert_eq!(s.metric("derp_multiforwarder_created"), 1.0);
+    s.news(1, MeshNews::Gone(k.public()));
+    assert_eq!(s.metric("derp_multiforwarder_deleted"), 1.0);
+    // A withdrawal by a link that no longer has the key changes nothing.
+    s.news(1, MeshNews::Gone(k.public()));
+    assert_eq!(s.metric("derp_packet_forwarder_delete_other_value"), 1.0);
+    s.send(a, &k.public(), b"two");
+    s.settle();
+    assert_eq!(
+        forwarded(&mut rx[0]),
+        vec![(ak.public(), k.public(), b"two".to_vec())]
+    );
+
+    // The key connects here too: local delivery wins.
+    let kc = s.client(&k);
+    assert_eq!(s.metric("derp_clients_remote"), 0.0);
+    s.send(a, &k.public(), b"three");
+    s.settle();
+    assert_eq!(s.packets(kc), vec![(ak.public(), b"three".to_vec())]);
+    assert!(forwarded(&mut rx[0]).is_empty());
+    // It leaves; the region still has it, so no peerGone, and packets go
+    // to the link again.
+    s.send(kc, &ak.public(), b"hi");
+    s.settle();
+    s.packets(a);
+    s.d.peer_closes(kc);
+    s.settle();
+    assert!(
+        !s.frames(a)
+            .iter()
+            .any(|(ty, _)| *ty == FrameType::PeerGone as u8),
+        "no peerGone while the region has the key"
+    );
+    assert_eq!(s.metric("derp_clients_remote"), 1.0);
+    s.send(a, &k.public(), b"four");
+    s.settle();
+    assert_eq!(
+        forwarded(&mut rx[0]),
+        vec![(ak.public(), k.public(), b"four".to_vec())]
+    );
+}
+
+#[test]
+fn a_slow_mesh_link_pauses_its_senders_and_loses_nothing() {
+    let (mut s, mut rx, _) = meshed(1, 4 * 1024, |cfg| cfg.send_queue_bytes = 8 * 1024);
+    let ak = NodePrivate::generate();
+    let a = s.client(&ak);
+    let k = NodePrivate::generate().public();
+    s.news(0, MeshNews::Present(k));
+    let sent = fill_until_paused(&mut s, a, &k, 1000);
+    assert!(sent > 10, "the ring and the cap took {sent} packets first");
+    assert_eq!(s.metric("ferry_senders_paused"), 1.0);
+    // Still paused while the link takes nothing.
+    s.advance(Duration::from_millis(50));
+    assert!(!s.d.receiving(a));
+    // The link drains: the shard moves its overflow and lets a go.
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        got.extend(forwarded(&mut rx[0]));
+        if got.len() == sent {
+            break;
+        }
+        s.advance(Duration::from_millis(2));
+    }
+    assert!(s.d.receiving(a), "resumed once the link drained");
+    assert_eq!(s.metric("ferry_senders_paused"), 0.0);
+    assert_eq!(got.len(), sent, "every packet reached the link");
+    for (i, (src, dst, p)) in got.iter().enumerate() {
+        assert_eq!((*src, *dst), (ak.public(), k));
+        assert_eq!(p, &vec![i as u8; 1000], "in order");
+    }
+    assert_eq!(
+        s.metric("derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn a_mesh_link_going_down_forgets_its_keys_and_their_receivers_hear_of_it() {
+    let mesh_key = ferry_proto::key::MeshKey([7; 32]);
+    let (mut s, mut rx, _) = meshed(1, 4 * 1024, |cfg| {
+        cfg.mesh_key = Some(mesh_key.clone());
+        cfg.send_queue_bytes = 8 * 1024;
+    });
+    let ak = NodePrivate::generate();
+    let a = s.client(&ak);
+    let peer = s.mesh_client(&NodePrivate::generate(), &mesh_key);
+    let k = NodePrivate::generate().public();
+    s.news(0, MeshNews::Present(k));
+    // k (on the other node) sends to a through that node's link to us.
+    let mut fwd = Vec::new();
+    frame::put_forward_packet(&mut fwd, &k, &ak.public(), b"from k");
+    s.d.receive(peer, &fwd);
+    s.settle();
+    assert_eq!(s.packets(a), vec![(k, b"from k".to_vec())]);
+    // A packet that came in from the mesh is never forwarded again.
+    let x = NodePrivate::generate().public();
+    s.news(0, MeshNews::Present(x));
+    let mut fwd = Vec::new();
+    frame::put_forward_packet(&mut fwd, &k, &x, b"second hop");
+    s.d.receive(peer, &fwd);
+    s.settle();
+    assert!(forwarded(&mut rx[0]).is_empty());
+    assert_eq!(
+        s.metric("derp_packets_dropped{kind=\"other\",reason=\"unknown_dest_on_fwd\"}"),
+        1.0
+    );
+    // a fills the link until paused; then the link goes down.
+    let sent = fill_until_paused(&mut s, a, &k, 1000);
+    let in_ring = forwarded(&mut rx[0]).len();
+    s.news(0, MeshNews::Down);
+    assert!(s.d.receiving(a), "senders waiting on a dead link resume");
+    assert_eq!(
+        s.metric("derp_packets_dropped{kind=\"other\",reason=\"gone_disconnected\"}"),
+        (sent - in_ring) as f64,
+        "what waited for the link is dropped and counted"
+    );
+    let gone: Vec<NodePublic> = s
+        .frames(a)
+        .into_iter()
+        .filter_map(|(ty, p)| match frame::parse_server_frame(ty, &p) {
+            Ok(ServerFrame::PeerGone { key, .. }) => Some(key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        gone,
+        vec![k],
+        "a received from k, so hears it left the region"
+    );
+    assert_eq!(s.metric("derp_clients_remote"), 0.0);
+    // Nothing is forwarded any more.
+    s.send(a, &k, b"after");
+    s.settle();
+    assert!(forwarded(&mut rx[0]).is_empty());
 }

@@ -49,6 +49,7 @@ impl Shard {
             match msg {
                 Control::Admitted(r, verdict) => self.on_admission(r, verdict),
                 Control::RateConfig(rc) => self.set_rate(rc),
+                Control::Mesh { link, news } => self.on_mesh_news(link, news),
             }
         }
         if self.control.is_empty() {

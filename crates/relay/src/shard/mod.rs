@@ -122,6 +122,7 @@ const RECORD_SEND: u8 = 0;
 const RECORD_FORWARD: u8 = 1;
 
 pub use crate::conn::ConnRef;
+pub use forward::{MeshNews, MeshOut, MeshShared};
 
 /// A presence change for a watcher.
 #[derive(Clone, Copy, Debug)]
@@ -195,6 +196,8 @@ pub struct Shared {
     pub admission: OnceLock<Admission<ConnRef>>,
     /// `--accept-connection-limit`, shared by every shard's accepts.
     pub accept_limit: Option<Mutex<Bucket>>,
+    /// The mesh links this relay dials (`--mesh-with`), if any.
+    pub mesh: Option<MeshShared>,
 }
 
 /// A message to a shard from outside the shards.
@@ -203,6 +206,13 @@ pub enum Control {
     Admitted(ConnRef, Verdict),
     /// New per-client receive limits (`--rate-config` reloaded).
     RateConfig(RateConfig),
+    /// What mesh link `link` learned (see [`MeshNews`]).
+    Mesh {
+        /// The link's index in `--mesh-with` order.
+        link: usize,
+        /// What it learned.
+        news: MeshNews,
+    },
 }
 
 /// One shard's inbox for [`Control`] messages: any thread may post. The
@@ -250,6 +260,8 @@ pub struct Rings {
     pub msg_tx: Vec<Option<MsgTx<Mail>>>,
     /// Control messages from each shard.
     pub msg_rx: Vec<Option<MsgRx<Mail>>>,
+    /// forwardPacket frames to the mesh thread, one ring per mesh link.
+    pub mesh_tx: Vec<ByteTx>,
 }
 
 #[derive(Default)]
@@ -306,6 +318,11 @@ pub struct Shard {
     conns: Slab<Conn>,
     next_gen: u32,
     keys: HashMap<NodePublic, KeyEntry>,
+    /// Keys of other nodes of the region, with the mesh links that
+    /// announced them, earliest first (see `forward`).
+    forward: HashMap<NodePublic, Vec<usize>>,
+    /// This shard's side of the mesh links.
+    mesh: MeshOut,
     /// Local connections that received from a key, for peerGone.
     receivers: HashMap<NodePublic, Vec<(Slot, u32)>>,
     /// Keys on other shards whose connection is not draining: packets to
@@ -363,6 +380,7 @@ macro_rules! conn_log {
 }
 
 mod admit;
+mod forward;
 mod front_door;
 mod gate;
 mod input;
@@ -385,7 +403,7 @@ impl Shard {
         id: usize,
         shards: usize,
         shared: Arc<Shared>,
-        rings: Rings,
+        mut rings: Rings,
         now: Instant,
         seed: u64,
         max_turn_bytes: usize,
@@ -395,6 +413,7 @@ impl Shard {
         let per_shard = cfg.ring_bytes + max_turn_bytes;
         let hard_cap = cfg.send_queue_bytes + (shards - 1) * per_shard + frame::MAX_PACKET_SIZE;
         let rate = cfg.rate;
+        let mesh = MeshOut::new(std::mem::take(&mut rings.mesh_tx));
         Shard {
             id,
             shards,
@@ -402,6 +421,8 @@ impl Shard {
             conns: Slab::new(),
             next_gen: 0,
             keys: HashMap::new(),
+            forward: HashMap::new(),
+            mesh,
             receivers: HashMap::new(),
             stuck_remote: HashSet::new(),
             last_probe: None,
@@ -648,6 +669,7 @@ impl<D: Driver> Handler<D> for Shard {
             self.enforce_budget(driver);
         }
         self.flush(driver);
+        self.flush_links();
         self.release_closed(driver);
         self.ring_doorbells();
         if let Some(deadline) = self.draining {
@@ -672,7 +694,10 @@ impl<D: Driver> Handler<D> for Shard {
             return Some(Duration::ZERO);
         }
         let mut t = self.next_sweep.saturating_duration_since(now);
-        if !self.stalled.is_empty() || !self.migrating.is_empty() || self.notify.iter().any(|&n| n)
+        if !self.stalled.is_empty()
+            || !self.migrating.is_empty()
+            || self.notify.iter().any(|&n| n)
+            || self.mesh.backed_up()
         {
             t = t.min(STALL_RETRY);
         }

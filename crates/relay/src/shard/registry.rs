@@ -100,6 +100,7 @@ impl Shard {
         }
         let entry = self.keys.entry(key).or_default();
         match entry.conns.len() {
+            0 if self.forward.contains_key(&key) => m.remote_keys.add(-1),
             0 => {}
             1 => {
                 m.total_dup_client_conns.inc();
@@ -170,12 +171,11 @@ impl Shard {
             0 => {
                 self.keys.remove(&key);
                 self.broadcast_watch(WatchEvent::Gone(key));
-                for shard in 0..self.shards {
-                    if shard == self.id {
-                        self.key_gone(key);
-                    } else {
-                        self.mail(shard, Mail::KeyGone(key));
-                    }
+                // A key another node of the region still has is not gone.
+                if self.forward.contains_key(&key) {
+                    m.remote_keys.add(1);
+                } else {
+                    self.broadcast_key_gone(key);
                 }
             }
             1 => {
@@ -194,6 +194,17 @@ impl Shard {
                         .copied()
                         .max_by_key(|&s| self.conns[s].last_active);
                 }
+            }
+        }
+    }
+
+    /// Tells the receivers of `key` on every shard that it left.
+    pub(super) fn broadcast_key_gone(&mut self, key: NodePublic) {
+        for shard in 0..self.shards {
+            if shard == self.id {
+                self.key_gone(key);
+            } else {
+                self.mail(shard, Mail::KeyGone(key));
             }
         }
     }

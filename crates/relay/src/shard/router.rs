@@ -30,9 +30,7 @@ impl Shard {
             if kind == PacketKind::Other {
                 // Its shard would only drop it (see the module doc).
                 let m = &self.shared.metrics.shards[self.id];
-                m.packets_dropped[DropReason::QueueTail as usize][kind as usize].inc();
-                m.bytes_dropped[DropReason::QueueTail as usize][kind as usize]
-                    .add(packet.len() as u64);
+                m.dropped(DropReason::QueueTail, kind, packet.len());
                 return ControlFlow::Continue(());
             }
         }
@@ -81,11 +79,13 @@ impl Shard {
     ) -> bool {
         let kind = kind_of(packet);
         let m = &self.shared.metrics.shards[self.id];
-        let drop = |m: &ShardMetrics, reason: DropReason| {
-            m.packets_dropped[reason as usize][kind as usize].inc();
-            m.bytes_dropped[reason as usize][kind as usize].add(packet.len() as u64);
-        };
+        let drop = |m: &ShardMetrics, reason: DropReason| m.dropped(reason, kind, packet.len());
         let Some(entry) = self.keys.get(dst) else {
+            if record_kind == RECORD_SEND {
+                if let Some(link) = self.forwarder(dst) {
+                    return self.forward_packet(link, src, dst, packet, from);
+                }
+            }
             drop(
                 m,
                 if record_kind == RECORD_FORWARD {

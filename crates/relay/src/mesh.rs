@@ -1,0 +1,846 @@
+//! Regional mesh, the dialing half (`--mesh-with`): this relay connects
+//! to every other node of its region as a DERP client with its own key
+//! and the mesh key, subscribes to their connection lists (`watchConns`),
+//! and carries its clients' packets for keys connected there
+//! (`forwardPacket`). The serving half (answering other nodes' links) is
+//! the shard's ordinary handling of mesh clients.
+//!
+//! One thread drives every link: a `mio` poll over the links' sockets,
+//! rustls for TLS, and the sans-IO DERP client ([`ferry_proto::client`])
+//! for the protocol. It never blocks a shard and is never blocked by one:
+//!
+//! - what a link learns (peerPresent, peerGone, the link breaking) goes to
+//!   the shards as [`Control::Mesh`] messages, to each key's owner shard,
+//!   which keeps the forwarding table (see `shard/forward.rs`);
+//! - packets come the other way through one bounded byte ring per (link,
+//!   shard), already framed as forwardPacket; the thread takes from a ring
+//!   only while the link's socket keeps up, so a slow link fills its rings
+//!   and the shards pause the senders feeding it.
+//!
+//! A link that fails (refused, TLS error, wrong mesh key, silence past the
+//! keepalive limit, the peer restarting) is logged with its reason, its
+//! keys leave the table at once, and it is dialed again after a backoff
+//! (1 s doubling to 10 s, ±20 % jitter from a seeded source). A link whose
+//! server key is this relay's own is this node listed in its own
+//! `--mesh-with`: it is dropped for good, as derper does.
+//!
+//! TLS to mesh peers is always verified, against the system's roots
+//! (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured), with the TLS name
+//! and `Host` header from the entry's name, as derper does.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_engine::mailbox::ByteRx;
+use ferry_proto::client::{Client, ClientError, Config, Event};
+use ferry_proto::handshake::ClientInfo;
+use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
+use ferry_proto::nacl;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
+
+use crate::metrics::{write_counter, write_gauge};
+use crate::shard::{Control, MeshNews, Shared};
+
+/// First wait before dialing a failed link again.
+const BACKOFF_START: Duration = Duration::from_secs(1);
+/// Longest wait between dials.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A link up this long starts its next backoff from the beginning.
+const STABLE: Duration = Duration::from_secs(30);
+/// Plaintext bytes a link takes from its rings before its socket must
+/// take them.
+const OUT_HIGH: usize = 256 * 1024;
+/// TLS bytes buffered per link beyond the plaintext above.
+const TLS_BUFFER: usize = 256 * 1024;
+/// The poll's longest sleep (the stop flag is also checked then).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+const WAKER: Token = Token(usize::MAX);
+
+/// One `--mesh-with` entry: `host[:port]`, or `name[:port]/dialhost` to
+/// connect to `dialhost` while naming `name` in TLS and `Host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshPeer {
+    /// TLS server name and `Host` header, without the port.
+    pub name: String,
+    /// Where to connect (host name or IP), without the port.
+    pub dial: String,
+    /// TCP port (443 unless the name gives one).
+    pub port: u16,
+}
+
+/// A malformed `--mesh-with` entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--mesh-with entry {entry:?}: {why}")]
+pub struct MeshPeerError {
+    entry: String,
+    why: &'static str,
+}
+
+impl MeshPeer {
+    /// Parses derper's `--mesh-with` list: comma-separated entries, each
+    /// `host[:port]` or `name[:port]/dialhost`. Empty entries are skipped.
+    pub fn parse_list(list: &str) -> Result<Vec<MeshPeer>, MeshPeerError> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(MeshPeer::parse)
+            .collect()
+    }
+
+    /// Parses one entry.
+    pub fn parse(entry: &str) -> Result<MeshPeer, MeshPeerError> {
+        let err = |why| MeshPeerError {
+            entry: entry.to_owned(),
+            why,
+        };
+        let mut parts = entry.split('/');
+        let named = parts.next().unwrap_or_default();
+        let dial = parts.next();
+        if parts.next().is_some() {
+            return Err(err("too many '/' (expected host or name/dialhost)"));
+        }
+        let (name, port) = split_port(named).ok_or_else(|| err("bad port"))?;
+        if name.is_empty() {
+            return Err(err("empty host name"));
+        }
+        let dial = match dial {
+            Some("") => return Err(err("empty dial host")),
+            Some(d) => d.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            None => name.clone(),
+        };
+        Ok(MeshPeer {
+            name,
+            dial,
+            port: port.unwrap_or(443),
+        })
+    }
+
+    /// The `Host` header: the name, with the port unless it is 443.
+    pub fn host_header(&self) -> String {
+        let name = if self.name.contains(':') {
+            format!("[{}]", self.name)
+        } else {
+            self.name.clone()
+        };
+        if self.port == 443 {
+            name
+        } else {
+            format!("{name}:{}", self.port)
+        }
+    }
+}
+
+impl fmt::Display for MeshPeer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.host_header())?;
+        if self.dial != self.name {
+            write!(f, " via {}", self.dial)?;
+        }
+        Ok(())
+    }
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address.
+fn split_port(s: &str) -> Option<(String, Option<u16>)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        return match after {
+            "" => Some((host.to_owned(), None)),
+            p => Some((host.to_owned(), Some(p.strip_prefix(':')?.parse().ok()?))),
+        };
+    }
+    match s.matches(':').count() {
+        0 => Some((s.to_owned(), None)),
+        1 => {
+            let (h, p) = s.split_once(':')?;
+            Some((h.to_owned(), Some(p.parse().ok()?)))
+        }
+        _ => Some((s.to_owned(), None)), // a bare IPv6 address
+    }
+}
+
+/// Counters of one link, for the metrics page.
+#[derive(Default)]
+pub struct LinkStats {
+    up: AtomicBool,
+    keys: AtomicI64,
+    connects: AtomicU64,
+    failures: AtomicU64,
+    discarded: AtomicU64,
+}
+
+/// The links' counters, rendered as `ferry_mesh_*` metrics.
+pub struct MeshStats {
+    links: Vec<(String, Arc<LinkStats>)>,
+}
+
+impl MeshStats {
+    /// Writes the per-link metrics.
+    pub fn render(&self, w: &mut String) {
+        use std::fmt::Write as _;
+        let series =
+            |w: &mut String, name: &str, help: &str, kind: &str, f: &dyn Fn(&LinkStats) -> i64| {
+                let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for (peer, s) in &self.links {
+                    let _ = writeln!(w, "{name}{{peer=\"{peer}\"}} {}", f(s));
+                }
+            };
+        series(
+            w,
+            "ferry_mesh_link_up",
+            "Whether the mesh link to the peer is connected (1) or not (0).",
+            "gauge",
+            &|s| s.up.load(Ordering::Relaxed).into(),
+        );
+        series(
+            w,
+            "ferry_mesh_link_keys",
+            "Keys the mesh peer announced on the link now.",
+            "gauge",
+            &|s| s.keys.load(Ordering::Relaxed),
+        );
+        series(
+            w,
+            "ferry_mesh_link_connects_total",
+            "Mesh link handshakes completed.",
+            "counter",
+            &|s| s.connects.load(Ordering::Relaxed) as i64,
+        );
+        series(
+            w,
+            "ferry_mesh_link_failures_total",
+            "Mesh link dials that failed or links that broke.",
+            "counter",
+            &|s| s.failures.load(Ordering::Relaxed) as i64,
+        );
+        series(
+            w,
+            "ferry_mesh_link_discarded_packets_total",
+            "forwardPacket frames discarded because the link was down.",
+            "counter",
+            &|s| s.discarded.load(Ordering::Relaxed) as i64,
+        );
+        let up = self
+            .links
+            .iter()
+            .filter(|(_, s)| s.up.load(Ordering::Relaxed))
+            .count();
+        write_gauge(
+            w,
+            "ferry_mesh_links_up",
+            "Mesh links connected now.",
+            up as i64,
+        );
+        write_counter(
+            w,
+            "ferry_mesh_links_configured",
+            "Mesh peers configured with --mesh-with.",
+            self.links.len() as u64,
+        );
+    }
+}
+
+/// Everything the mesh thread needs, made before it starts.
+pub struct MeshThread {
+    poll: Poll,
+    links: Vec<Link>,
+    /// `[link][shard]`: the rings from the shards.
+    rx: Vec<Vec<ByteRx>>,
+    /// Set by [`MeshThread::run`] (the shards' state is made after this).
+    shared: Option<Arc<Shared>>,
+    key: NodePrivate,
+    mesh_key: MeshKey,
+    tls: Arc<ClientConfig>,
+    rng: StdRng,
+    stop: Arc<AtomicBool>,
+    buf: Vec<u8>,
+}
+
+/// What [`MeshThread::new`] could not set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// `--mesh-with` without a mesh key.
+    #[error("--mesh-with requires --mesh-psk-file")]
+    NoMeshKey,
+    /// No CA certificates to verify the peers with.
+    #[error("--mesh-with: no CA certificates to verify mesh peers with ({0}); set SSL_CERT_FILE")]
+    Roots(String),
+    /// The poll could not be created.
+    #[error("mesh poll: {0}")]
+    Poll(#[source] io::Error),
+}
+
+impl MeshThread {
+    /// Prepares the links; returns the thread state, a function that wakes
+    /// it, and its counters. `rx` is `[link][shard]`.
+    pub fn new(
+        peers: &[MeshPeer],
+        key: NodePrivate,
+        mesh_key: Option<MeshKey>,
+        rx: Vec<Vec<ByteRx>>,
+        stop: Arc<AtomicBool>,
+        seed: u64,
+    ) -> Result<(MeshThread, MeshStats), MeshError> {
+        let mesh_key = mesh_key.ok_or(MeshError::NoMeshKey)?;
+        let found = rustls_native_certs::load_native_certs();
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in found.certs {
+            let _ = roots.add(cert);
+        }
+        if roots.is_empty() {
+            let why = found
+                .errors
+                .first()
+                .map_or_else(|| "none found".to_owned(), |e| e.to_string());
+            return Err(MeshError::Roots(why));
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let tls = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| MeshError::Roots(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let poll = Poll::new().map_err(MeshError::Poll)?;
+        let links: Vec<Link> = peers
+            .iter()
+            .map(|p| Link {
+                peer: p.clone(),
+                stats: Arc::new(LinkStats::default()),
+                conn: None,
+                retry_at: None,
+                backoff: BACKOFF_START,
+                is_self: false,
+                announced: HashSet::new(),
+                attempts: 0,
+            })
+            .collect();
+        let stats = MeshStats {
+            links: links
+                .iter()
+                .map(|l| (l.peer.host_header(), l.stats.clone()))
+                .collect(),
+        };
+        Ok((
+            MeshThread {
+                poll,
+                links,
+                rx,
+                shared: None,
+                key,
+                mesh_key,
+                tls: Arc::new(tls),
+                rng: StdRng::seed_from_u64(seed),
+                stop,
+                buf: vec![0; 64 * 1024],
+            },
+            stats,
+        ))
+    }
+
+    /// A waker the shards call after pushing into a ring.
+    pub fn waker(&self) -> io::Result<Arc<Waker>> {
+        Ok(Arc::new(Waker::new(self.poll.registry(), WAKER)?))
+    }
+
+    fn shared(&self) -> &Shared {
+        self.shared.as_ref().expect("set by run")
+    }
+
+    /// Runs until the stop flag is set, talking to the shards of `shared`.
+    pub fn run(mut self, shared: Arc<Shared>) {
+        self.shared = Some(shared);
+        for (i, l) in self.links.iter().enumerate() {
+            tracing::info!(link = i, peer = %l.peer, "mesh: will dial peer");
+        }
+        let mut events = Events::with_capacity(64);
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            for i in 0..self.links.len() {
+                self.check_timers(i, now);
+                self.pump(i, now);
+            }
+            let sleep = self
+                .next_deadline()
+                .map_or(MAX_SLEEP, |at| at.saturating_duration_since(now))
+                .min(MAX_SLEEP);
+            if let Err(e) = self.poll.poll(&mut events, Some(sleep)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "mesh: poll failed; mesh links stop");
+                    return;
+                }
+            }
+            let now = Instant::now();
+            for ev in events.iter() {
+                let i = ev.token().0;
+                if i >= self.links.len() {
+                    continue;
+                }
+                let mut failed = None;
+                if let Some(c) = self.links[i].conn.as_mut() {
+                    if c.connecting && (ev.is_writable() || ev.is_error()) {
+                        c.connecting = false;
+                        let err = c.sock.take_error().ok().flatten();
+                        if let Some(e) = err.or_else(|| c.sock.peer_addr().err()) {
+                            failed = Some(format!("connect to {}: {e}", c.addr));
+                        }
+                    }
+                }
+                if let Some(why) = failed {
+                    self.down(i, now, &why);
+                    continue;
+                }
+                self.pump(i, now);
+            }
+        }
+        for i in 0..self.links.len() {
+            if let Some(mut c) = self.links[i].conn.take() {
+                let _ = self.poll.registry().deregister(&mut c.sock);
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.links
+            .iter()
+            .filter_map(|l| match &l.conn {
+                Some(c) => c.client.poll_timeout(),
+                None if l.is_self => None,
+                None => l.retry_at,
+            })
+            .min()
+    }
+
+    fn check_timers(&mut self, i: usize, now: Instant) {
+        let link = &mut self.links[i];
+        if link.is_self {
+            return;
+        }
+        match &mut link.conn {
+            None => {
+                if link.retry_at.is_none_or(|at| now >= at) {
+                    self.dial(i, now);
+                }
+            }
+            Some(c) => {
+                if c.client.poll_timeout().is_some_and(|at| now >= at) {
+                    if let Err(e) = c.client.handle_timeout(now) {
+                        self.down(i, now, &describe(&e));
+                    }
+                }
+            }
+        }
+    }
+
+    fn dial(&mut self, i: usize, now: Instant) {
+        let link = &mut self.links[i];
+        link.attempts += 1;
+        let peer = link.peer.clone();
+        let addr = match (peer.dial.as_str(), peer.port).to_socket_addrs() {
+            Ok(mut addrs) => match addrs.next() {
+                Some(a) => a,
+                None => return self.down(i, now, &format!("{} has no address", peer.dial)),
+            },
+            Err(e) => return self.down(i, now, &format!("resolving {}: {e}", peer.dial)),
+        };
+        let server_name = match ServerName::try_from(peer.name.clone()) {
+            Ok(n) => n,
+            Err(e) => return self.down(i, now, &format!("TLS name {:?}: {e}", peer.name)),
+        };
+        let mut tls = match ClientConnection::new(self.tls.clone(), server_name) {
+            Ok(t) => t,
+            Err(e) => return self.down(i, now, &format!("TLS: {e}")),
+        };
+        tls.set_buffer_limit(Some(TLS_BUFFER));
+        let mut config = Config::new(self.key.clone(), peer.host_header());
+        config.info = ClientInfo {
+            mesh_key: Some(self.mesh_key.clone()),
+            ..config.info
+        };
+        let client = match Client::new(config, now, nacl::random_nonce()) {
+            Ok(c) => c,
+            Err(e) => return self.down(i, now, &describe(&e)),
+        };
+        let mut sock = match TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(e) => return self.down(i, now, &format!("connect to {addr}: {e}")),
+        };
+        if let Err(e) = self.poll.registry().register(
+            &mut sock,
+            Token(i),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            return self.down(i, now, &format!("registering the socket: {e}"));
+        }
+        let _ = sock.set_nodelay(true);
+        self.links[i].conn = Some(LinkConn {
+            sock,
+            addr,
+            tls,
+            client,
+            connecting: true,
+            up: false,
+            accepted: None,
+            out: Vec::with_capacity(OUT_HIGH),
+        });
+    }
+
+    /// Reads, handles events, takes from the rings and writes, for link `i`.
+    fn pump(&mut self, i: usize, now: Instant) {
+        if self.links[i].conn.is_none() {
+            self.discard(i);
+            return;
+        }
+        if self.links[i].conn.as_ref().is_some_and(|c| c.connecting) {
+            return;
+        }
+        let mut events = Vec::new();
+        let result = {
+            let c = self.links[i].conn.as_mut().expect("a connection");
+            c.read(now, &mut self.buf, &mut events)
+        };
+        for ev in events {
+            self.on_event(i, now, ev);
+            if self.links[i].conn.is_none() {
+                return;
+            }
+        }
+        if let Err(why) = result {
+            return self.down(i, now, &why);
+        }
+        let shared = self.shared.clone().expect("set by run");
+        let shards = self.rx[i].len();
+        let mut notify = Vec::new();
+        let c = self.links[i].conn.as_mut().expect("a connection");
+        if c.up {
+            for (s, rx) in self.rx[i].iter_mut().enumerate() {
+                let mut took = false;
+                while c.out.len() < OUT_HIGH {
+                    let out = &mut c.out;
+                    let popped = rx.pop_with(|a, b| {
+                        out.extend_from_slice(a);
+                        out.extend_from_slice(b);
+                    });
+                    if popped.is_none() {
+                        break;
+                    }
+                    took = true;
+                }
+                if took {
+                    if let Some(mesh) = shared.mesh.as_ref() {
+                        if mesh.waiting[i * shards + s].swap(false, Ordering::AcqRel) {
+                            notify.push(s);
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(e) = c.write() {
+            return self.down(i, now, &format!("write: {e}"));
+        }
+        if let Some(bells) = shared.doorbells.get() {
+            for s in notify {
+                bells[s].notify();
+            }
+        }
+    }
+
+    fn on_event(&mut self, i: usize, now: Instant, ev: Event) {
+        let own = self.key.public();
+        let shards = self.rx[i].len();
+        let link = &mut self.links[i];
+        match ev {
+            Event::Connected { server_key, .. } => {
+                if server_key == own {
+                    tracing::info!(peer = %link.peer, "mesh: the peer is this relay (same server key); not meshing with it");
+                    link.is_self = true;
+                    if let Some(mut c) = link.conn.take() {
+                        let _ = self.poll.registry().deregister(&mut c.sock);
+                    }
+                    return;
+                }
+                let c = link.conn.as_mut().expect("a connection");
+                if let Err(e) = c.client.watch_conns(&mut c.out) {
+                    let why = describe(&e);
+                    return self.down(i, now, &why);
+                }
+                c.up = true;
+            }
+            Event::PeerPresent { key, .. } => {
+                // The flood that follows watchConns always names at least
+                // this relay's own connection: the peer took the mesh key.
+                let c = link.conn.as_mut().expect("a connection");
+                if c.accepted.is_none() {
+                    c.accepted = Some(now);
+                    link.attempts = 0;
+                    link.stats.up.store(true, Ordering::Relaxed);
+                    link.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    let server = c
+                        .client
+                        .server_key()
+                        .map(|k| k.to_string())
+                        .unwrap_or_default();
+                    tracing::info!(peer = %link.peer, addr = %c.addr, server, "mesh: link up");
+                }
+                if link.announced.insert(key) {
+                    link.stats.keys.fetch_add(1, Ordering::Relaxed);
+                }
+                let owner = self.shared().owner_of(&key, shards);
+                self.shared().post(
+                    owner,
+                    Control::Mesh {
+                        link: i,
+                        news: MeshNews::Present(key),
+                    },
+                );
+            }
+            Event::PeerGone { key, .. } => {
+                if link.announced.remove(&key) {
+                    link.stats.keys.fetch_sub(1, Ordering::Relaxed);
+                }
+                let owner = self.shared().owner_of(&key, shards);
+                self.shared().post(
+                    owner,
+                    Control::Mesh {
+                        link: i,
+                        news: MeshNews::Gone(key),
+                    },
+                );
+            }
+            Event::Restarting { reconnect_in, .. } => {
+                tracing::info!(peer = %link.peer, reconnect_in = ?reconnect_in, "mesh: the peer is restarting");
+                link.backoff = reconnect_in.clamp(Duration::from_millis(100), BACKOFF_MAX);
+            }
+            Event::ServerClosed => self.down(i, now, "the peer closed the connection"),
+            Event::Health(problem) if !problem.is_empty() => {
+                tracing::warn!(peer = %link.peer, problem = %String::from_utf8_lossy(&problem), "mesh: the peer reports a problem");
+            }
+            _ => {}
+        }
+    }
+
+    /// Ends link `i`'s connection (if any) for `why`, withdraws what it
+    /// announced, and schedules the next dial.
+    fn down(&mut self, i: usize, now: Instant, why: &str) {
+        let shards = self.rx[i].len();
+        let jitter = self.rng.gen_range(0.8..1.2);
+        let link = &mut self.links[i];
+        let accepted = link.conn.as_ref().and_then(|c| c.accepted);
+        let refused = link
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.up && c.accepted.is_none());
+        if let Some(mut c) = link.conn.take() {
+            let _ = self.poll.registry().deregister(&mut c.sock);
+        }
+        // A link that held for a while starts its backoff afresh; one that
+        // keeps failing (or is refused right after its handshake) backs
+        // off further.
+        if accepted.is_some_and(|at| now.duration_since(at) >= STABLE) {
+            link.backoff = BACKOFF_START;
+        }
+        let wait = link.backoff.mul_f64(jitter);
+        link.retry_at = Some(now + wait);
+        link.backoff = (link.backoff * 2).min(BACKOFF_MAX);
+        link.stats.failures.fetch_add(1, Ordering::Relaxed);
+        link.stats.up.store(false, Ordering::Relaxed);
+        link.stats.keys.store(0, Ordering::Relaxed);
+        let forgot = link.announced.len();
+        link.announced.clear();
+        if accepted.is_some() {
+            tracing::warn!(peer = %link.peer, reason = why, forgot, retry_in = ?wait, "mesh: link down");
+        } else if refused {
+            tracing::warn!(peer = %link.peer, reason = why, attempt = link.attempts, retry_in = ?wait,
+                "mesh: could not connect: the peer ended the link after its handshake, before accepting watchConns (is the mesh key the same on both nodes?)");
+        } else {
+            tracing::warn!(peer = %link.peer, reason = why, attempt = link.attempts, retry_in = ?wait, "mesh: could not connect");
+        }
+        for shard in 0..shards {
+            self.shared().post(
+                shard,
+                Control::Mesh {
+                    link: i,
+                    news: MeshNews::Down,
+                },
+            );
+        }
+        self.discard(i);
+    }
+
+    /// Empties link `i`'s rings while it is down.
+    fn discard(&mut self, i: usize) {
+        let mut n = 0;
+        for rx in &mut self.rx[i] {
+            while rx.pop_with(|_, _| ()).is_some() {
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.links[i]
+                .stats
+                .discarded
+                .fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Link {
+    peer: MeshPeer,
+    stats: Arc<LinkStats>,
+    conn: Option<LinkConn>,
+    /// When to dial again (while there is no connection).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The peer is this relay: never dialed again.
+    is_self: bool,
+    /// Keys the peer announced on this connection.
+    announced: HashSet<NodePublic>,
+    /// Dials since the last successful handshake.
+    attempts: u32,
+}
+
+struct LinkConn {
+    sock: TcpStream,
+    addr: SocketAddr,
+    tls: ClientConnection,
+    client: Client,
+    /// The TCP connect has not completed.
+    connecting: bool,
+    /// The DERP handshake is done and watchConns sent.
+    up: bool,
+    /// When the peer's first peerPresent arrived (it accepted the mesh
+    /// key): the link counts as up from then.
+    accepted: Option<Instant>,
+    /// Plaintext waiting for TLS.
+    out: Vec<u8>,
+}
+
+impl LinkConn {
+    /// Reads what the socket has, collecting the client's events.
+    fn read(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        events: &mut Vec<Event>,
+    ) -> Result<(), String> {
+        loop {
+            match self.tls.read_tls(&mut self.sock) {
+                Ok(0) => {
+                    return match self.client.handle_eof(|ev| events.push(ev.into_owned())) {
+                        Ok(()) => Err("the peer closed the connection".into()),
+                        Err(e) => Err(describe(&e)),
+                    }
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("read: {e}")),
+            }
+            if let Err(e) = self.tls.process_new_packets() {
+                // Send the alert, if any, before giving up.
+                let _ = self.tls.write_tls(&mut self.sock);
+                return Err(format!("TLS: {e}"));
+            }
+            loop {
+                match self.tls.reader().read(buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.client
+                            .handle_bytes(now, &buf[..n], |ev| events.push(ev.into_owned()))
+                            .map_err(|e| describe(&e))?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(format!("TLS read: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Moves queued plaintext into TLS and TLS records into the socket, as
+    /// far as the socket takes them.
+    fn write(&mut self) -> io::Result<()> {
+        self.client.poll_transmit(&mut self.out);
+        if !self.out.is_empty() {
+            let n = self.tls.writer().write(&self.out)?;
+            self.out.drain(..n);
+        }
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A client error as a log reason, with a hint where one helps.
+fn describe(e: &ClientError) -> String {
+    match e {
+        ClientError::ClosedDuringHandshake { .. } => {
+            format!("{e} (a wrong mesh key, or the peer refused this relay)")
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_derpers_mesh_with_syntax() {
+        let peers = MeshPeer::parse_list(
+            "a.example.com, b.example.com:8443,c.example.com/10.0.0.3,,[::1]:444/::1",
+        )
+        .unwrap();
+        assert_eq!(
+            peers,
+            vec![
+                MeshPeer {
+                    name: "a.example.com".into(),
+                    dial: "a.example.com".into(),
+                    port: 443
+                },
+                MeshPeer {
+                    name: "b.example.com".into(),
+                    dial: "b.example.com".into(),
+                    port: 8443
+                },
+                MeshPeer {
+                    name: "c.example.com".into(),
+                    dial: "10.0.0.3".into(),
+                    port: 443
+                },
+                MeshPeer {
+                    name: "::1".into(),
+                    dial: "::1".into(),
+                    port: 444
+                },
+            ]
+        );
+        assert_eq!(peers[1].host_header(), "b.example.com:8443");
+        assert_eq!(peers[0].host_header(), "a.example.com");
+        assert_eq!(peers[3].host_header(), "[::1]:444");
+        assert_eq!(peers[2].to_string(), "c.example.com via 10.0.0.3");
+    }
+
+    #[test]
+    fn refuses_malformed_entries() {
+        for bad in ["a/b/c", "a:notaport", "/x", "a/", ":443"] {
+            let e = MeshPeer::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("--mesh-with entry"), "{bad}: {e}");
+        }
+    }
+}

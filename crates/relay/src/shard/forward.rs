@@ -1,0 +1,275 @@
+//! Forwarding to the region's other nodes: the keys each mesh link
+//! announced (peerPresent on the links this relay dials, see
+//! [`crate::mesh`]), and packets for them sent on as `forwardPacket`.
+//!
+//! The table lives on each key's owner shard, beside the key's local
+//! connections, so one lookup decides: a local connection wins (as in
+//! derper); otherwise the earliest link that announced the key carries the
+//! packet; when it withdraws the key, the next one does. Only packets sent
+//! by this relay's own clients are forwarded, never packets that came in
+//! from a mesh peer (one hop, as derper).
+//!
+//! A packet for a link goes straight into that link's ring to the mesh
+//! thread. When the ring is full the packet waits in the link's overflow
+//! queue here, and past the send-queue cap its sender is paused, exactly
+//! as for a local destination over its cap: a slow link slows the clients
+//! feeding it through TCP instead of dropping their packets. The mesh
+//! thread rings this shard's doorbell when it takes from a ring this shard
+//! waits on; the overflow then moves on and the waiting senders resume.
+//! Only past the hard cap (senders on other shards learn of their pause a
+//! turn late) is a packet dropped, as `queue_tail`.
+//!
+//! When a link goes down every key it announced leaves the table at once,
+//! its overflow is dropped (`gone_disconnected`) and its waiting senders
+//! resume. A key that leaves the table and has no local connection is gone
+//! from the region: the clients that received from it get peerGone, as
+//! when a local client leaves.
+
+use super::*;
+
+/// A forwardPacket frame's header and its two keys.
+const FORWARD_HEAD: usize = frame::HEADER_LEN + 64;
+
+/// The mesh links as one shard sees them.
+pub struct MeshOut {
+    /// Per link: forwardPacket frames to the mesh thread.
+    pub tx: Vec<ByteTx>,
+    /// Per link: frames waiting for room in `tx`.
+    overflow: Vec<Vec<u8>>,
+    /// Per link: senders paused by its overflow.
+    waiters: Vec<Vec<ConnRef>>,
+    /// Whether anything was pushed this turn (the mesh thread is woken once).
+    pushed: bool,
+}
+
+impl MeshOut {
+    /// One shard's ends of the links' rings, in link order.
+    pub fn new(tx: Vec<ByteTx>) -> MeshOut {
+        let n = tx.len();
+        MeshOut {
+            tx,
+            overflow: (0..n).map(|_| Vec::new()).collect(),
+            waiters: (0..n).map(|_| Vec::new()).collect(),
+            pushed: false,
+        }
+    }
+
+    /// Whether a link's overflow waits for room in its ring.
+    pub(super) fn backed_up(&self) -> bool {
+        self.overflow.iter().any(|o| !o.is_empty())
+    }
+}
+
+/// The mesh thread's side of what the shards share: how to wake it and
+/// which (link, shard) rings a shard waits on.
+pub struct MeshShared {
+    /// Number of links.
+    pub links: usize,
+    /// Wakes the mesh thread (something was pushed into a ring).
+    pub wake: Arc<dyn Fn() + Send + Sync>,
+    /// Per `link * shards + shard`: the shard has overflow for the link
+    /// and wants its doorbell rung when the ring has room.
+    pub waiting: Vec<AtomicBool>,
+}
+
+impl MeshShared {
+    /// Shared state for `links` links and `shards` shards.
+    pub fn new(links: usize, shards: usize, wake: Arc<dyn Fn() + Send + Sync>) -> MeshShared {
+        MeshShared {
+            links,
+            wake,
+            waiting: (0..links * shards)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+        }
+    }
+}
+
+/// A presence change a mesh link learned, for the key's owner shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MeshNews {
+    /// The link's node announced a client (peerPresent).
+    Present(NodePublic),
+    /// The link's node says the client left (peerGone).
+    Gone(NodePublic),
+    /// The link broke: forget everything it announced (to every shard).
+    Down,
+}
+
+impl Shard {
+    /// The link that carries packets for `dst`, if any announced it.
+    pub(super) fn forwarder(&self, dst: &NodePublic) -> Option<usize> {
+        self.forward
+            .get(dst)
+            .and_then(|links| links.first().copied())
+    }
+
+    /// Sends a packet from a local client on `link` as forwardPacket.
+    /// Returns `true` when `from` must pause (see the module doc).
+    pub(super) fn forward_packet(
+        &mut self,
+        link: usize,
+        src: &NodePublic,
+        dst: &NodePublic,
+        packet: &[u8],
+        from: ConnRef,
+    ) -> bool {
+        let kind = kind_of(packet);
+        let mut head = [0u8; FORWARD_HEAD];
+        head[0] = frame::FrameType::ForwardPacket as u8;
+        head[1..5].copy_from_slice(&((64 + packet.len()) as u32).to_be_bytes());
+        head[5..37].copy_from_slice(src.as_bytes());
+        head[37..69].copy_from_slice(dst.as_bytes());
+        let (cap, hard_cap) = (self.shared.config.send_queue_bytes, self.hard_cap);
+        let m = &self.shared.metrics.shards[self.id];
+        let out = &mut self.mesh;
+        if out.overflow[link].is_empty() && out.tx[link].try_push(&[&head, packet]) {
+            out.pushed = true;
+            m.packets_forwarded_out.inc();
+            return false;
+        }
+        let queue = &mut out.overflow[link];
+        if queue.len() + head.len() + packet.len() > hard_cap {
+            m.dropped(DropReason::QueueTail, kind, packet.len());
+            return false;
+        }
+        if queue.is_empty() {
+            if let Some(mesh) = self.shared.mesh.as_ref() {
+                mesh.waiting[link * self.shards + self.id].store(true, Ordering::Release);
+            }
+        }
+        queue.extend_from_slice(&head);
+        queue.extend_from_slice(packet);
+        m.packets_forwarded_out.inc();
+        if queue.len() > cap && !out.waiters[link].contains(&from) {
+            out.waiters[link].push(from);
+            return true;
+        }
+        false
+    }
+
+    /// Moves waiting frames into the links' rings, resumes the senders of
+    /// a link whose overflow fell back under the cap, and wakes the mesh
+    /// thread if anything was pushed this turn.
+    pub(super) fn flush_links(&mut self) {
+        let cap = self.shared.config.send_queue_bytes;
+        for link in 0..self.mesh.tx.len() {
+            let queue = &mut self.mesh.overflow[link];
+            if !queue.is_empty() {
+                let tx = &mut self.mesh.tx[link];
+                let mut at = 0;
+                while at < queue.len() {
+                    let len = frame::HEADER_LEN
+                        + u32::from_be_bytes(queue[at + 1..at + 5].try_into().expect("4 bytes"))
+                            as usize;
+                    if !tx.try_push(&[&queue[at..at + len]]) {
+                        break;
+                    }
+                    at += len;
+                }
+                if at > 0 {
+                    queue.drain(..at);
+                    self.mesh.pushed = true;
+                }
+                if !queue.is_empty() {
+                    if let Some(mesh) = self.shared.mesh.as_ref() {
+                        mesh.waiting[link * self.shards + self.id].store(true, Ordering::Release);
+                    }
+                }
+            }
+            if self.mesh.overflow[link].len() <= cap && !self.mesh.waiters[link].is_empty() {
+                let mut waiting = std::mem::take(&mut self.mesh.waiters[link]);
+                for r in waiting.drain(..) {
+                    self.resume_sender(r);
+                }
+                self.mesh.waiters[link] = waiting;
+            }
+        }
+        if std::mem::take(&mut self.mesh.pushed) {
+            if let Some(mesh) = self.shared.mesh.as_ref() {
+                (mesh.wake)();
+            }
+        }
+    }
+
+    /// Applies what a mesh link learned.
+    pub(super) fn on_mesh_news(&mut self, link: usize, news: MeshNews) {
+        if link >= self.mesh.tx.len() {
+            return;
+        }
+        match news {
+            MeshNews::Present(key) => {
+                let links = self.forward.entry(key).or_default();
+                if !links.contains(&link) {
+                    links.push(link);
+                    let n = links.len();
+                    let local = self.keys.contains_key(&key);
+                    let m = self.m();
+                    match n {
+                        1 if !local => m.remote_keys.add(1),
+                        2 => m.multiforwarder_created.inc(),
+                        _ => {}
+                    }
+                }
+            }
+            MeshNews::Gone(key) => self.withdraw(key, link),
+            MeshNews::Down => {
+                let keys: Vec<NodePublic> = self
+                    .forward
+                    .iter()
+                    .filter(|(_, links)| links.contains(&link))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in keys {
+                    self.withdraw(key, link);
+                }
+                self.drop_overflow(link);
+            }
+        }
+    }
+
+    /// `link` no longer carries `key`; if nothing does and the key has no
+    /// local connection, it has left the region.
+    fn withdraw(&mut self, key: NodePublic, link: usize) {
+        let m = &self.shared.metrics.shards[self.id];
+        let Some(links) = self.forward.get_mut(&key).filter(|l| l.contains(&link)) else {
+            // derper's count of removals by a forwarder that was not the
+            // key's.
+            m.forwarder_delete_other.inc();
+            return;
+        };
+        links.retain(|&l| l != link);
+        match links.len() {
+            0 => {}
+            1 => {
+                m.multiforwarder_deleted.inc();
+                return;
+            }
+            _ => return,
+        }
+        self.forward.remove(&key);
+        if !self.keys.contains_key(&key) {
+            self.m().remote_keys.add(-1);
+            self.broadcast_key_gone(key);
+        }
+    }
+
+    /// Drops what waits for a link that went down and lets its senders go.
+    fn drop_overflow(&mut self, link: usize) {
+        let queue = std::mem::take(&mut self.mesh.overflow[link]);
+        let m = &self.shared.metrics.shards[self.id];
+        let mut at = 0;
+        while at + FORWARD_HEAD <= queue.len() {
+            let len = frame::HEADER_LEN
+                + u32::from_be_bytes(queue[at + 1..at + 5].try_into().expect("4 bytes")) as usize;
+            let packet = &queue[at + FORWARD_HEAD..at + len];
+            m.dropped(DropReason::GoneDisconnected, kind_of(packet), packet.len());
+            at += len;
+        }
+        let mut waiting = std::mem::take(&mut self.mesh.waiters[link]);
+        for r in waiting.drain(..) {
+            self.resume_sender(r);
+        }
+        self.mesh.waiters[link] = waiting;
+    }
+}

@@ -1,0 +1,325 @@
+package interop
+
+// Regional mesh with --mesh-with: regions of two and three nodes over TLS
+// on loopback, every mix of ferry and derper nodes, with Tailscale's own
+// derphttp clients on different nodes. The all-derper region runs in the
+// same test run as the reference; every case asserts the same behaviour
+// of every mix.
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"tailscale.com/derp"
+	"tailscale.com/types/key"
+)
+
+// testCA is a throw-away certificate authority: the region's nodes get
+// certificates it signs, and find it through SSL_CERT_FILE (derper through
+// Go's crypto/x509, ferry through rustls-native-certs), the way a real
+// region's nodes trust each other's certificates through the system roots.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	file string // PEM of cert
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "ferry interop test CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{cert: cert, key: priv, file: file}
+}
+
+// region is a set of meshed nodes.
+type region struct {
+	nodes []*server
+	opts  []serverOpts
+}
+
+// startRegion starts one node per kind, each with --mesh-with listing
+// every node of the region (itself included, as operators do: a node
+// must recognise itself by its key).
+func startRegion(t *testing.T, kinds []string) *region {
+	t.Helper()
+	ca := newTestCA(t)
+	var raw [32]byte
+	rand.Read(raw[:])
+	meshHex := hex.EncodeToString(raw[:])
+	var peers []string
+	ports := make([]int, len(kinds))
+	for i := range kinds {
+		ports[i] = freePort(t, "tcp")
+		// The certificate is for "localhost"; dial the IPv4 loopback.
+		peers = append(peers, fmt.Sprintf("localhost:%d/127.0.0.1", ports[i]))
+	}
+	r := &region{}
+	for i, kind := range kinds {
+		opts := serverOpts{
+			tls:     true,
+			mesh:    true,
+			meshHex: meshHex,
+			port:    ports[i],
+			ca:      ca,
+			env:     []string{"SSL_CERT_FILE=" + ca.file},
+			args:    []string{"--mesh-with", strings.Join(peers, ",")},
+		}
+		r.opts = append(r.opts, opts)
+		r.nodes = append(r.nodes, startServer(t, kind, opts))
+	}
+	return r
+}
+
+// restart stops node i and starts it again on the same port, with the
+// same key and flags.
+func (r *region) restart(t *testing.T, i int) {
+	t.Helper()
+	old := r.nodes[i]
+	old.stop()
+	s, err := tryStartServer(t, old.kind, r.opts[i], old.dir, 1)
+	if err != nil {
+		t.Fatalf("restarting node %d (%s): %v", i, old.kind, err)
+	}
+	r.nodes[i] = s
+}
+
+// meshDeliver sends fresh packets from a to b until one arrives (the
+// links between the nodes may still be coming up), within limit.
+func meshDeliver(t *testing.T, a, b *dclient, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for attempt := 0; time.Since(start) < limit; attempt++ {
+		pkt := nonDisco(120)
+		a.send(t, b.pub, pkt)
+		wait := time.Now().Add(250 * time.Millisecond)
+		for time.Now().Before(wait) {
+			m, err := b.recv(time.Until(wait))
+			if err != nil {
+				break
+			}
+			if p, ok := m.(derp.ReceivedPacket); ok && string(p.Data) == string(pkt) {
+				if p.Source != a.pub {
+					t.Fatalf("%s: packet from %s arrived with source %s", b.name, a.pub.ShortString(), p.Source.ShortString())
+				}
+				return time.Since(start)
+			}
+		}
+	}
+	t.Fatalf("no packet from %s reached %s through the mesh within %v", a.name, b.name, limit)
+	return 0
+}
+
+// meshRegions are the mixes every mesh case runs on; the all-derper one is
+// the reference.
+var meshRegions = [][]string{
+	{kindDerper, kindDerper},
+	{kindFerry, kindFerry},
+	{kindFerry, kindDerper},
+	{kindDerper, kindFerry},
+}
+
+func eachRegion(t *testing.T, regions [][]string, fn func(t *testing.T, r *region)) {
+	for _, kinds := range regions {
+		name := strings.Join(kinds, "+")
+		t.Run(name, func(t *testing.T) {
+			for _, k := range kinds {
+				if !contains(selectedServers, k) {
+					t.Skipf("INTEROP_SERVERS excludes %s", k)
+				}
+				if k == kindFerry && ferryBinErr != nil {
+					t.Fatal(ferryBinErr)
+				}
+			}
+			t.Parallel()
+			fn(t, startRegion(t, kinds))
+		})
+	}
+}
+
+// Clients on different nodes reach each other both ways with their true
+// source key; a client that leaves its node is peerGone for the clients
+// that received from it; a key connected to two nodes is delivered locally
+// first and through the mesh when its local connection leaves.
+func TestMeshRegion(t *testing.T) {
+	eachRegion(t, meshRegions, func(t *testing.T, r *region) {
+		a := r.nodes[0].newClient(t, "a@0")
+		bKey := key.NewNode()
+		b := r.nodes[1].newClientWithKey(t, "b@1", bKey)
+
+		took := meshDeliver(t, a, b, 20*time.Second)
+		t.Logf("first packet through the mesh after %v", took)
+		relayOK(t, b, a)
+		for range 3 {
+			relayOK(t, a, b)
+			relayOK(t, b, a)
+		}
+		for i, n := range r.nodes {
+			if n.kind != kindFerry {
+				continue
+			}
+			peer := r.nodes[1-i]
+			if v, ok := n.metric(t, "ferry_mesh_link_up", fmt.Sprintf("peer=localhost:%d", peer.port)); !ok || v != 1 {
+				t.Errorf("node %d: ferry_mesh_link_up for node %d = %v (present %v), want 1", i, 1-i, v, ok)
+			}
+			if v, _ := n.metric(t, "derp_packets_forwarded_out"); v < 4 {
+				t.Errorf("node %d: derp_packets_forwarded_out = %v, want >= 4", i, v)
+			}
+			// The other node's clients: the peer's client, and this
+			// node's own mesh connection there (a client like any
+			// other, as derper counts it).
+			if v, _ := n.metric(t, "derp_clients_remote"); v != 2 {
+				t.Errorf("node %d: derp_clients_remote = %v, want 2", i, v)
+			}
+		}
+
+		// b also connects to node 0: a's packets go to the local one.
+		b0 := r.nodes[0].newClientWithKey(t, "b@0", bKey)
+		pkt := nonDisco(90)
+		a.send(t, bKey.Public(), pkt)
+		b0.expectPacket(t, a.pub, pkt)
+		b.expectNone(t, 300*time.Millisecond, "packet at the remote b while a local b exists", isPacket)
+		// The local one leaves: the key is still in the region, so a gets
+		// no peerGone and reaches b on node 1 again.
+		b0.c.Close()
+		a.expectNone(t, 500*time.Millisecond, "peerGone(b) while b is on node 1", func(m derp.ReceivedMessage) bool {
+			g, ok := m.(derp.PeerGoneMessage)
+			return ok && g.Peer == bKey.Public()
+		})
+		meshDeliver(t, a, b, 5*time.Second)
+
+		// b leaves the region: a, which received from b, gets peerGone.
+		b.c.Close()
+		m := a.waitFor(t, 10*time.Second, "peerGone(b)", isPeerGone)
+		if g := m.(derp.PeerGoneMessage); g.Peer != bKey.Public() || g.Reason != derp.PeerGoneReasonDisconnected {
+			t.Fatalf("a got %s, want peerGone(b, disconnected)", describe(m))
+		}
+	})
+}
+
+// A node restart is survived: the links to it come back by themselves and
+// clients on it are reachable again through the mesh. The time from the
+// restarted node being ready to the first packet through is logged for
+// each mix.
+func TestMeshNodeRestart(t *testing.T) {
+	eachRegion(t, meshRegions, func(t *testing.T, r *region) {
+		a := r.nodes[0].newClient(t, "a@0")
+		bKey := key.NewNode()
+		b := r.nodes[1].newClientWithKey(t, "b@1", bKey)
+		meshDeliver(t, a, b, 20*time.Second)
+
+		r.restart(t, 1)
+		ready := time.Now()
+		b2 := r.nodes[1].newClientWithKey(t, "b@1'", bKey)
+		took := meshDeliver(t, a, b2, 30*time.Second)
+		t.Logf("%s restarted: first packet through the mesh %v after it was ready (%v after b reconnected)",
+			r.nodes[1].kind, time.Since(ready).Round(time.Millisecond), took.Round(time.Millisecond))
+		relayOK(t, b2, a)
+	})
+}
+
+// Three nodes, two of them ferry: every pair of nodes carries packets both
+// ways (each node dials both others; one hop only).
+func TestMeshThreeNodes(t *testing.T) {
+	regions := [][]string{
+		{kindDerper, kindDerper, kindDerper},
+		{kindFerry, kindDerper, kindFerry},
+	}
+	eachRegion(t, regions, func(t *testing.T, r *region) {
+		clients := make([]*dclient, len(r.nodes))
+		for i, n := range r.nodes {
+			clients[i] = n.newClient(t, fmt.Sprintf("c@%d", i))
+		}
+		for i := range clients {
+			for j := range clients {
+				if i != j {
+					meshDeliver(t, clients[i], clients[j], 20*time.Second)
+				}
+			}
+		}
+	})
+}
+
+// A peer with the wrong mesh key is refused by the node it dials; the
+// failing link is logged and nothing else is affected: clients of the
+// refusing node keep relaying.
+func TestMeshWrongKey(t *testing.T) {
+	for _, kinds := range [][]string{{kindDerper, kindDerper}, {kindFerry, kindDerper}, {kindDerper, kindFerry}, {kindFerry, kindFerry}} {
+		t.Run(strings.Join(kinds, "+"), func(t *testing.T) {
+			for _, k := range kinds {
+				if !contains(selectedServers, k) {
+					t.Skipf("INTEROP_SERVERS excludes %s", k)
+				}
+			}
+			t.Parallel()
+			ca := newTestCA(t)
+			p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
+			peers := fmt.Sprintf("localhost:%d/127.0.0.1,localhost:%d/127.0.0.1", p0, p1)
+			var nodes []*server
+			for i, port := range []int{p0, p1} {
+				var raw [32]byte
+				rand.Read(raw[:]) // a different key per node
+				nodes = append(nodes, startServer(t, kinds[i], serverOpts{
+					tls: true, mesh: true, meshHex: hex.EncodeToString(raw[:]), port: port, ca: ca,
+					env:  []string{"SSL_CERT_FILE=" + ca.file},
+					args: []string{"--mesh-with", peers},
+				}))
+			}
+			a := nodes[0].newClient(t, "a@0")
+			b := nodes[1].newClient(t, "b@1")
+			a2 := nodes[0].newClient(t, "a2@0")
+			// Local relaying is unaffected.
+			relayOK(t, a, a2)
+			// Nothing crosses: send for a while, nothing arrives.
+			for range 5 {
+				a.send(t, b.pub, nonDisco(64))
+				time.Sleep(100 * time.Millisecond)
+			}
+			b.expectNone(t, 300*time.Millisecond, "packet across nodes with different mesh keys", isPacket)
+			relayOK(t, a2, a)
+			for i, n := range nodes {
+				if n.kind == kindFerry {
+					waitLog(t, n, "mesh: could not connect")
+					if v, _ := n.metric(t, "ferry_mesh_link_up", fmt.Sprintf("peer=localhost:%d", nodes[1-i].port)); v != 0 {
+						t.Errorf("node %d: link up with a wrong mesh key", i)
+					}
+				}
+			}
+		})
+	}
+}
