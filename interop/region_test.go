@@ -16,9 +16,11 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,6 +322,121 @@ func TestMeshWrongKey(t *testing.T) {
 					}
 				}
 			}
+		})
+	}
+}
+
+// blackhole is a TCP forwarder that can be cut: while cut it drops every
+// byte in both directions and keeps the connections open, as a firewall
+// rule that drops packets does.
+type blackhole struct {
+	ln     net.Listener
+	target string
+	cut    atomic.Bool
+}
+
+func startBlackhole(t *testing.T, target string) *blackhole {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.DialTimeout("tcp4", target, 5*time.Second)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); up.Close() })
+			go b.pipe(c, up)
+			go b.pipe(up, c)
+		}
+	}()
+	return b
+}
+
+func (b *blackhole) pipe(from, to net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if err != nil {
+			to.Close()
+			return
+		}
+		if b.cut.Load() {
+			continue
+		}
+		if _, err := to.Write(buf[:n]); err != nil {
+			from.Close()
+			return
+		}
+	}
+}
+
+func (b *blackhole) port() int { return b.ln.Addr().(*net.TCPAddr).Port }
+
+// A link whose path goes silent (a firewall drops everything, the TCP
+// connection stays open) is found dead by its pings within seconds, its
+// keys are withdrawn, the link the other way is unaffected, and it comes
+// back once the path does. ferry dials through the cut path; derper's
+// mesh client would wait for its two-minute read deadline, so it is not
+// the dialer here (it is the far node in the second mix).
+func TestMeshLinkCut(t *testing.T) {
+	for _, far := range []string{kindFerry, kindDerper} {
+		t.Run("ferry+"+far, func(t *testing.T) {
+			for _, k := range []string{kindFerry, far} {
+				if !contains(selectedServers, k) {
+					t.Skipf("INTEROP_SERVERS excludes %s", k)
+				}
+			}
+			t.Parallel()
+			ca := newTestCA(t)
+			var raw [32]byte
+			rand.Read(raw[:])
+			meshHex := hex.EncodeToString(raw[:])
+			p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
+			hole := startBlackhole(t, fmt.Sprintf("127.0.0.1:%d", p1))
+			opts := func(port int, peers string) serverOpts {
+				return serverOpts{
+					tls: true, mesh: true, meshHex: meshHex, port: port, ca: ca,
+					env:  []string{"SSL_CERT_FILE=" + ca.file},
+					args: []string{"--mesh-with", peers},
+				}
+			}
+			n0 := startServer(t, kindFerry, opts(p0, fmt.Sprintf("localhost:%d/127.0.0.1", hole.port())))
+			n1 := startServer(t, far, opts(p1, fmt.Sprintf("localhost:%d/127.0.0.1", p0)))
+			a := n0.newClient(t, "a@0")
+			b := n1.newClient(t, "b@1")
+			meshDeliver(t, a, b, 20*time.Second)
+			meshDeliver(t, b, a, 20*time.Second)
+
+			hole.cut.Store(true)
+			cutAt := time.Now()
+			deadline := cutAt.Add(30 * time.Second)
+			for !strings.Contains(n0.logs.String(), "mesh: link down") {
+				if time.Now().After(deadline) {
+					t.Fatalf("the cut link was not found dead within 30s")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("cut link found dead after %v", time.Since(cutAt).Round(100*time.Millisecond))
+			if v, _ := n0.metric(t, "ferry_mesh_link_up", fmt.Sprintf("peer=localhost:%d", hole.port())); v != 0 {
+				t.Errorf("ferry_mesh_link_up = %v after the link died", v)
+			}
+			// The other direction has its own link, untouched.
+			relayOK(t, b, a)
+
+			hole.cut.Store(false)
+			healed := time.Now()
+			meshDeliver(t, a, b, 40*time.Second)
+			t.Logf("link back %v after the path healed", time.Since(healed).Round(100*time.Millisecond))
 		})
 	}
 }

@@ -57,6 +57,13 @@ const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// A link up this long starts its next backoff from the beginning.
 const STABLE: Duration = Duration::from_secs(30);
+/// How often a link pings its peer. A peer answers within a round trip,
+/// so three missed answers in a row ([`SILENCE`]) mean the path is gone:
+/// a link cut by a firewall is found in seconds, not after the two
+/// minutes a DERP client otherwise waits for a keepalive.
+const PING_EVERY: Duration = Duration::from_secs(5);
+/// Silence from the peer after which a link is dead.
+const SILENCE: Duration = Duration::from_secs(15);
 /// Plaintext bytes a link takes from its rings before its socket must
 /// take them.
 const OUT_HIGH: usize = 256 * 1024;
@@ -413,7 +420,10 @@ impl MeshThread {
         self.links
             .iter()
             .filter_map(|l| match &l.conn {
-                Some(c) => c.client.poll_timeout(),
+                Some(c) => [c.client.poll_timeout(), c.next_ping]
+                    .into_iter()
+                    .flatten()
+                    .min(),
                 None if l.is_self => None,
                 None => l.retry_at,
             })
@@ -434,6 +444,13 @@ impl MeshThread {
             Some(c) => {
                 if c.client.poll_timeout().is_some_and(|at| now >= at) {
                     if let Err(e) = c.client.handle_timeout(now) {
+                        return self.down(i, now, &describe(&e));
+                    }
+                }
+                if c.next_ping.is_some_and(|at| now >= at) {
+                    c.next_ping = Some(now + PING_EVERY);
+                    let data: [u8; 8] = self.rng.gen();
+                    if let Err(e) = c.client.ping(&mut c.out, data) {
                         self.down(i, now, &describe(&e));
                     }
                 }
@@ -466,6 +483,7 @@ impl MeshThread {
             mesh_key: Some(self.mesh_key.clone()),
             ..config.info
         };
+        config.keepalive_timeout = SILENCE;
         let client = match Client::new(config, now, nacl::random_nonce()) {
             Ok(c) => c,
             Err(e) => return self.down(i, now, &describe(&e)),
@@ -490,6 +508,7 @@ impl MeshThread {
             connecting: true,
             up: false,
             accepted: None,
+            next_ping: None,
             out: Vec::with_capacity(OUT_HIGH),
         });
     }
@@ -574,6 +593,7 @@ impl MeshThread {
                     return self.down(i, now, &why);
                 }
                 c.up = true;
+                c.next_ping = Some(now + PING_EVERY);
             }
             Event::PeerPresent { key, .. } => {
                 // The flood that follows watchConns always names at least
@@ -720,6 +740,8 @@ struct LinkConn {
     /// When the peer's first peerPresent arrived (it accepted the mesh
     /// key): the link counts as up from then.
     accepted: Option<Instant>,
+    /// When to ping the peer next (once connected).
+    next_ping: Option<Instant>,
     /// Plaintext waiting for TLS.
     out: Vec<u8>,
 }
