@@ -766,6 +766,27 @@ pub fn websocket(data: &[u8]) {
     assert!(whole.1.len() <= data.len());
 }
 
+/// The DERP map parser: never panics; what it accepts stays within its
+/// limits, keeps every region under its own ID, and round-trips through
+/// [`DerpMap::to_json`](crate::derp_map::DerpMap::to_json) unchanged.
+pub fn derp_map(data: &[u8]) {
+    use crate::derp_map::{DerpMap, MAX_NODES, MAX_REGIONS, MAX_REGION_ID};
+    let Ok(map) = DerpMap::from_json(data) else {
+        return;
+    };
+    assert!(map.regions.len() <= MAX_REGIONS);
+    for (id, region) in &map.regions {
+        assert!((1..=MAX_REGION_ID).contains(id));
+        assert_eq!(region.region_id, *id);
+        assert!(region.nodes.len() <= MAX_NODES);
+        assert!(region.derp_nodes().all(|n| !n.stun_only && n.port() != 0));
+    }
+    let text = map.to_json();
+    let again = DerpMap::from_json(text.as_bytes())
+        .unwrap_or_else(|e| panic!("re-encoded map refused: {e}\n{text}"));
+    assert_eq!(again, map);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -789,6 +810,7 @@ mod tests {
             client,
             server_key,
             server_info,
+            derp_map,
         ] {
             f(b"");
             f(&[0]);
