@@ -97,6 +97,8 @@ impl Drop for TempDir {
 pub(crate) struct TestCa {
     pub(crate) dir: TempDir,
     pub(crate) root: rustls::pki_types::CertificateDer<'static>,
+    /// The certificate both servers serve (before the meta-certificate).
+    pub(crate) leaf: rustls::pki_types::CertificateDer<'static>,
 }
 
 impl TestCa {
@@ -119,6 +121,7 @@ impl TestCa {
         Arc::new(TestCa {
             dir,
             root: ca.der().clone(),
+            leaf: leaf.der().clone(),
         })
     }
 
@@ -345,4 +348,73 @@ pub(crate) async fn wait_for(
         }
     }
     panic!("no {what} among 10000 events");
+}
+
+/// A TCP relay between clients and a server that can go silent: after
+/// [`Blackhole::silence`], the connections open so far stay open but carry
+/// nothing either way (what a dead path looks like); later connections
+/// work normally.
+pub(crate) struct Blackhole {
+    pub(crate) addr: SocketAddr,
+    conns: Arc<std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Blackhole {
+    pub(crate) async fn start(upstream: SocketAddr) -> Blackhole {
+        use std::sync::atomic::AtomicBool;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns: Arc<std::sync::Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
+        let list = conns.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let silent = Arc::new(AtomicBool::new(false));
+                list.lock().unwrap().push(silent.clone());
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, silent.clone()));
+                tokio::spawn(pipe(sr, cw, silent));
+            }
+        });
+        Blackhole { addr, conns, task }
+    }
+
+    /// Silences every connection open now.
+    pub(crate) fn silence(&self) {
+        for c in self.conns.lock().unwrap().iter() {
+            c.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    silent: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if silent.load(Ordering::SeqCst) {
+            // Hold both sockets open and forward nothing, ever.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
