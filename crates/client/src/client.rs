@@ -544,8 +544,9 @@ impl Driver {
             }
             let deadline = conn.derp.poll_timeout().map(Instant::from_std);
             let Conn { io, rbuf, derp, .. } = &mut *conn;
+            // Unbiased: a flood of sends must not starve reading (the
+            // keepalive deadline counts from the last byte read).
             tokio::select! {
-                biased;
                 cmd = self.cmds.recv() => {
                     let Some(cmd) = cmd else { return Ended::Shutdown };
                     if let Err(e) = self.command(conn, cmd) {

@@ -244,3 +244,38 @@ impl ServerCertVerifier for Checked {
             .supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, DnType, KeyPair, SerialNumber};
+
+    fn cert(cn: &str, serial: &[u8]) -> CertificateDer<'static> {
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.serial_number = Some(SerialNumber::from_slice(serial));
+        p.self_signed(&KeyPair::generate().unwrap())
+            .unwrap()
+            .der()
+            .clone()
+    }
+
+    #[test]
+    fn meta_certificate_key() {
+        let key = NodePublic::from_bytes([7; 32]);
+        let cn = format!("derpkey{}", key.to_hex());
+        let leaf = cert("derp.example.com", &[1]);
+        assert_eq!(meta_server_key(&[leaf.clone(), cert(&cn, &[2])]), Some(key));
+        assert!(is_meta(&cert(&cn, &[2])) && !is_meta(&leaf));
+        // The serial (protocol version) must fit a byte and not be zero.
+        assert_eq!(meta_server_key(&[cert(&cn, &[0])]), None);
+        assert_eq!(meta_server_key(&[cert(&cn, &[1, 0])]), None);
+        // The rest of the name must be a key.
+        assert_eq!(meta_server_key(&[cert("derpkey00", &[2])]), None);
+        assert_eq!(meta_server_key(&[leaf]), None);
+        assert_eq!(
+            meta_server_key(&[CertificateDer::from(vec![0x30, 0x03])]),
+            None
+        );
+    }
+}

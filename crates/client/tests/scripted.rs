@@ -1,0 +1,128 @@
+//! The client against a scripted server on loopback that sends every frame
+//! a real server may send, right behind `serverInfo` in one write: each
+//! becomes the right event in order, server pings are answered, and a
+//! region's fallback node hears which node was meant (`Ideal-Node`).
+
+use ferry_client::{DerpClient, Event, Options};
+use ferry_proto::derp_map::DerpMap;
+use ferry_proto::frame::{self, PeerGoneReason, HEADER_LEN};
+use ferry_proto::handshake::{self, ServerInfo};
+use ferry_proto::http::parse_request;
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::nacl;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Reads one frame (type, payload).
+async fn read_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).await.unwrap();
+    let (ty, len) = frame::decode_header(&head).unwrap();
+    let mut payload = vec![0; len as usize];
+    s.read_exact(&mut payload).await.unwrap();
+    (ty, payload)
+}
+
+#[tokio::test]
+async fn every_server_frame_becomes_an_event() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server_key = NodePrivate::generate();
+    let peer = NodePublic::from_bytes([9; 32]);
+    let ping = *b"pingdata";
+
+    let server_pub = server_key.public();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let request = loop {
+            let mut chunk = [0u8; 1024];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "client closed during the request");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(r) = parse_request(&buf).unwrap() {
+                break r;
+            }
+        };
+        assert!(!request.fast_start, "plain HTTP never uses fast start");
+        let mut out = ferry_proto::http::switching_protocols(&server_pub);
+        out.extend_from_slice(&handshake::server_key_frame(&server_pub));
+        s.write_all(&out).await.unwrap();
+        let (_, info) = read_frame(&mut s).await;
+        let (client, _, shared) = handshake::open_client_info_keyed(&server_key, &info).unwrap();
+        let mut out = handshake::seal_server_info_keyed(
+            &shared,
+            &ServerInfo::current(),
+            &nacl::random_nonce(),
+        );
+        frame::put_health(&mut out, "overloaded");
+        frame::put_peer_present(&mut out, &peer, Some("192.0.2.7:41641".parse().unwrap()), 1);
+        frame::put_peer_gone(&mut out, &peer, PeerGoneReason::NotHere);
+        frame::put_ping(&mut out, &ping);
+        frame::put_keepalive(&mut out);
+        frame::put_recv_packet(&mut out, &peer, b"payload");
+        frame::put_health(&mut out, "");
+        frame::put_restarting(&mut out, 250, 5000);
+        s.write_all(&out).await.unwrap();
+        // The client answers the ping by itself.
+        let (ty, payload) = read_frame(&mut s).await;
+        (request.ideal_node, client, ty, payload, s)
+    });
+
+    // The region's first node is a closed port: the client falls back to
+    // the second and names the first as the one it meant.
+    let map = format!(
+        r#"{{"Regions":{{"7":{{"Nodes":[
+            {{"Name":"7a","HostName":"127.0.0.1","DERPPort":{dead}}},
+            {{"Name":"7b","HostName":"127.0.0.1","DERPPort":{port}}}]}}}}}}"#
+    );
+    let region = DerpMap::from_json(map.as_bytes()).unwrap().regions[&7].clone();
+    let mut options = Options::default();
+    options.plain_http = true;
+    let key = NodePrivate::generate();
+    let me = key.public();
+    let mut client = DerpClient::connect_region(&region, key, options)
+        .await
+        .unwrap();
+
+    let mut events = Vec::new();
+    for _ in 0..7 {
+        let e = tokio::time::timeout(LIMIT, client.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        events.push(e);
+    }
+    let mut it = events.into_iter();
+    let mut next = || it.next().unwrap();
+    assert!(
+        matches!(next(), Event::Connected { server_key, fast_start: false, .. } if server_key == server_pub)
+    );
+    assert!(matches!(next(), Event::Health { problem: Some(p) } if p == "overloaded"));
+    assert!(
+        matches!(next(), Event::PeerPresent { peer: p, addr: Some(a), flags: 1 }
+        if p == peer && a.to_string() == "192.0.2.7:41641")
+    );
+    assert!(
+        matches!(next(), Event::PeerGone { peer: p, reason: PeerGoneReason::NotHere } if p == peer)
+    );
+    assert!(matches!(next(), Event::Packet { src, data } if src == peer && data == b"payload"));
+    assert!(matches!(next(), Event::Health { problem: None }));
+    assert!(matches!(next(), Event::Restarting { reconnect_in, try_for }
+        if reconnect_in == Duration::from_millis(250) && try_for == Duration::from_secs(5)));
+
+    let (ideal, client_key, ty, payload, _conn) =
+        tokio::time::timeout(LIMIT, server).await.unwrap().unwrap();
+    assert_eq!(ideal.as_deref(), Some("7a"));
+    assert_eq!(client_key, me);
+    assert_eq!(ty, frame::FrameType::Pong as u8);
+    assert_eq!(payload, ping);
+}
