@@ -43,6 +43,9 @@ pub struct Options {
     /// Use fast start when a TLS 1.3 server presents the DERP
     /// meta-certificate (one round trip fewer).
     pub fast_start: bool,
+    /// Carry DERP in WebSocket binary messages (the `derp` subprotocol on
+    /// `/derp`), for networks that pass only WebSocket. No fast start.
+    pub websocket: bool,
     /// Limit on one whole connect: resolve, TCP, TLS, upgrade, handshake.
     pub connect_timeout: Duration,
     /// Longest silence from the server before the connection is presumed
@@ -67,6 +70,7 @@ impl Default for Options {
         Options {
             tls_roots: TlsRoots::System,
             fast_start: true,
+            websocket: false,
             connect_timeout: derp::DEFAULT_HANDSHAKE_TIMEOUT,
             keepalive_timeout: derp::DEFAULT_KEEPALIVE_TIMEOUT,
             ping_timeout: Duration::from_secs(5),
@@ -543,7 +547,14 @@ impl Driver {
                 return Ended::Lost(e);
             }
             let deadline = conn.derp.poll_timeout().map(Instant::from_std);
-            let Conn { io, rbuf, derp, .. } = &mut *conn;
+            let Conn {
+                io,
+                rbuf,
+                derp,
+                ws,
+                label,
+                ..
+            } = &mut *conn;
             // Unbiased: a flood of sends must not starve reading (the
             // keepalive deadline counts from the last byte read).
             tokio::select! {
@@ -563,14 +574,18 @@ impl Driver {
                 read = io.read(rbuf) => {
                     let n = match read {
                         Ok(n) => n,
-                        Err(e) => return Ended::Lost(Error::io(&conn.label, e)),
+                        Err(e) => return Ended::Lost(Error::io(label, e)),
+                    };
+                    let input = match conn::decode(ws, &rbuf[..n], label) {
+                        Ok(input) => input,
+                        Err(e) => return Ended::Lost(e),
                     };
                     let mut events = std::mem::take(&mut self.scratch);
-                    let result = if n == 0 {
-                        derp.handle_eof(|e| events.push(e.into_owned()))
-                    } else {
-                        derp.handle_bytes(conn::now(), &rbuf[..n], |e| events.push(e.into_owned()))
-                    };
+                    let mut result =
+                        derp.handle_bytes(conn::now(), input.bytes, |e| events.push(e.into_owned()));
+                    if input.eof && result.is_ok() {
+                        result = derp.handle_eof(|e| events.push(e.into_owned()));
+                    }
                     for e in events.drain(..) {
                         if !self.on_event(e).await {
                             return Ended::Shutdown;
@@ -578,15 +593,15 @@ impl Driver {
                     }
                     self.scratch = events;
                     if let Err(e) = result {
-                        return Ended::Lost(Error::protocol(&conn.label, e));
+                        return Ended::Lost(Error::protocol(label, e));
                     }
-                    if n == 0 {
-                        return Ended::Lost(Error::ServerClosed { server: conn.label.clone() });
+                    if input.eof {
+                        return Ended::Lost(Error::ServerClosed { server: label.clone() });
                     }
                 }
                 _ = sleep_until(deadline) => {
                     if let Err(e) = derp.handle_timeout(conn::now()) {
-                        return Ended::Lost(Error::protocol(&conn.label, e));
+                        return Ended::Lost(Error::protocol(label, e));
                     }
                 }
             }

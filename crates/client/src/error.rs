@@ -83,6 +83,16 @@ pub enum Error {
         #[source]
         source: ClientError,
     },
+    /// The WebSocket upgrade was refused, or the server broke WebSocket
+    /// framing.
+    #[error("WebSocket with {server}: {source}")]
+    WebSocket {
+        /// The server (`host:port`).
+        server: String,
+        /// What went wrong.
+        #[source]
+        source: ferry_proto::websocket::WsError,
+    },
     /// The whole connect (TCP, TLS, upgrade and handshake) took longer
     /// than [`Options::connect_timeout`](crate::Options::connect_timeout).
     #[error("connecting to {server} took longer than {limit:?}")]

@@ -9,7 +9,8 @@
 //!   `https://host/derp` (server certificate checked against the system's
 //!   roots, or [`TlsRoots`] of the caller's choosing), runs the HTTP
 //!   upgrade, or fast start when a TLS 1.3 server shows the DERP
-//!   meta-certificate, and returns once the handshake is done.
+//!   meta-certificate, or a WebSocket upgrade ([`Options::websocket`]), and
+//!   returns once the handshake is done.
 //! - [`DerpClient::send`] sends to a key; [`DerpClient::recv`] returns the
 //!   next [`Event`]: packets, `peerGone`, `peerPresent`, health,
 //!   `restarting`, pongs, and connection changes. [`DerpClient::ping`]

@@ -463,3 +463,37 @@ async fn derp_map_nodes_pinned_or_insecure() {
         }
     }
 }
+
+#[tokio::test]
+async fn over_websocket() {
+    let ca = TestCa::new();
+    for kind in kinds() {
+        for tls in [None, Some(ca.clone())] {
+            let server = TestServer::start(kind, tls.clone());
+            let mut o = options(tls.as_deref());
+            o.websocket = true;
+            let mut ws = DerpClient::connect(&server.url(), NodePrivate::generate(), o)
+                .await
+                .unwrap_or_else(|e| panic!("{kind:?} tls={}: {e}", tls.is_some()));
+            let (e, _) = wait_for(&mut ws, QUICK, "Connected", |_| true).await;
+            assert!(
+                matches!(
+                    e,
+                    Event::Connected {
+                        fast_start: false,
+                        ..
+                    }
+                ),
+                "{kind:?}: {e:?}"
+            );
+            // A raw DERP client and a WebSocket one talk through the server,
+            // with a packet that spans several WebSocket messages.
+            let mut raw = connect(&server, tls.as_deref()).await;
+            relay(&ws, &mut raw, b"over websocket").await;
+            relay(&raw, &mut ws, b"back").await;
+            relay(&ws, &mut raw, &[0xa5; 60_000]).await;
+            relay(&raw, &mut ws, &[0x5a; 60_000]).await;
+            assert!(ws.ping().await.unwrap() < QUICK);
+        }
+    }
+}

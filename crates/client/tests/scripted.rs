@@ -26,6 +26,20 @@ async fn read_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
     (ty, payload)
 }
 
+/// Reads the client's HTTP request head.
+async fn read_request(s: &mut TcpStream) -> ferry_proto::http::Request {
+    let mut buf = Vec::new();
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "client closed during the request");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(r) = parse_request(&buf).unwrap() {
+            return r;
+        }
+    }
+}
+
 #[tokio::test]
 async fn every_server_frame_becomes_an_event() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -42,16 +56,7 @@ async fn every_server_frame_becomes_an_event() {
     let server_pub = server_key.public();
     let server = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = Vec::new();
-        let request = loop {
-            let mut chunk = [0u8; 1024];
-            let n = s.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "client closed during the request");
-            buf.extend_from_slice(&chunk[..n]);
-            if let Some(r) = parse_request(&buf).unwrap() {
-                break r;
-            }
-        };
+        let request = read_request(&mut s).await;
         assert!(!request.fast_start, "plain HTTP never uses fast start");
         let mut out = ferry_proto::http::switching_protocols(&server_pub);
         out.extend_from_slice(&handshake::server_key_frame(&server_pub));
@@ -125,4 +130,68 @@ async fn every_server_frame_becomes_an_event() {
     assert_eq!(client_key, me);
     assert_eq!(ty, frame::FrameType::Pong as u8);
     assert_eq!(payload, ping);
+}
+
+#[tokio::test]
+async fn websocket_pings_are_answered_and_frames_unwrapped() {
+    use ferry_proto::websocket::{self, ControlFrame, Decoder};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/derp", listener.local_addr().unwrap());
+    let server_key = NodePrivate::generate();
+    let server_pub = server_key.public();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let request = read_request(&mut s).await;
+        let key = request.websocket_key.expect("a WebSocket upgrade");
+        // The 101, a ping and serverKey in one write, the frame split over
+        // two binary messages.
+        let mut out = websocket::accept_response(&key);
+        out.extend_from_slice(&[0x89, 2, b'h', b'i']);
+        let sk = handshake::server_key_frame(&server_pub);
+        websocket::put_binary(&mut out, &sk[..7]);
+        websocket::put_binary(&mut out, &sk[7..]);
+        s.write_all(&out).await.unwrap();
+        // The client answers the ping and sends clientInfo, masked.
+        let mut d = Decoder::new();
+        let (mut data, mut ctrl) = (Vec::new(), Vec::new());
+        while data.len() < HEADER_LEN
+            || data.len() < HEADER_LEN + frame::decode_header(&data).unwrap().1 as usize
+        {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "client closed");
+            d.feed(&chunk[..n], &mut data, |c| ctrl.push(c)).unwrap();
+        }
+        let (client, _, shared) =
+            handshake::open_client_info_keyed(&server_key, &data[HEADER_LEN..]).unwrap();
+        let mut derp = handshake::seal_server_info_keyed(
+            &shared,
+            &ServerInfo::current(),
+            &nacl::random_nonce(),
+        );
+        frame::put_recv_packet(&mut derp, &client, b"via websocket");
+        let mut out = Vec::new();
+        websocket::put_binary(&mut out, &derp);
+        s.write_all(&out).await.unwrap();
+        (ctrl, s)
+    });
+    let mut options = Options::default();
+    options.websocket = true;
+    let key = NodePrivate::generate();
+    let me = key.public();
+    let mut client = DerpClient::connect(&url, key, options).await.unwrap();
+    let e = tokio::time::timeout(LIMIT, client.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(e, Event::Connected { server_key, fast_start: false, .. } if server_key == server_pub)
+    );
+    let e = tokio::time::timeout(LIMIT, client.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(e, Event::Packet { src, data } if src == me && data == b"via websocket"));
+    let (ctrl, _conn) = tokio::time::timeout(LIMIT, server).await.unwrap().unwrap();
+    assert_eq!(ctrl, [ControlFrame::Pong]);
 }

@@ -735,13 +735,24 @@ pub fn admission_response(data: &[u8]) {
     }
 }
 
-/// The WebSocket decoder: never panics; feeding the stream whole or in
-/// arbitrary pieces gives the same payload bytes, the same control frames
-/// and the same error; the payload never exceeds the input.
+/// The WebSocket decoder, in both roles (the server reading masked client
+/// frames, the client reading unmasked server frames): never panics;
+/// feeding the stream whole or in arbitrary pieces gives the same payload
+/// bytes, the same control frames and the same error; the payload never
+/// exceeds the input. The client's check of the upgrade response never
+/// panics and never claims more bytes than it was given.
 pub fn websocket(data: &[u8]) {
-    use crate::websocket::Decoder;
+    use crate::websocket::{parse_upgrade_response, Decoder};
+    websocket_role(data, Decoder::new);
+    websocket_role(data, Decoder::for_client);
+    if let Ok(Some(len)) = parse_upgrade_response(data, "dGhlIHNhbXBsZSBub25jZQ==") {
+        assert!(len <= data.len());
+    }
+}
+
+fn websocket_role(data: &[u8], decoder: fn() -> crate::websocket::Decoder) {
     let run = |pieces: &mut dyn Iterator<Item = &[u8]>| {
-        let mut d = Decoder::new();
+        let mut d = decoder();
         let (mut out, mut ctrl) = (Vec::new(), Vec::new());
         let mut result = Ok(());
         for p in pieces {
