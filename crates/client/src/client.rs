@@ -228,9 +228,6 @@ impl DerpClient {
             t.ideal_node = (i > 0).then(|| nodes[0].name.clone());
             targets.push(t);
         }
-        if targets.is_empty() {
-            return Err(Error::NoUsableRegion { tried: 1 });
-        }
         DerpClient::connect_to(targets, key, options).await
     }
 
@@ -241,6 +238,9 @@ impl DerpClient {
         key: NodePrivate,
         options: Options,
     ) -> Result<Self, Error> {
+        if targets.is_empty() {
+            return Err(Error::NoTarget);
+        }
         let mut dial = Vec::with_capacity(targets.len());
         for t in targets {
             let tls = match &t.tls {

@@ -133,6 +133,10 @@ pub enum Error {
     /// The client was closed.
     #[error("the client is closed")]
     Closed,
+    /// Nothing to dial: an empty target list, or a region without DERP
+    /// nodes.
+    #[error("no server to dial")]
+    NoTarget,
     /// No region of the DERP map could be measured or connected to.
     #[error("no usable region in the DERP map ({tried} tried)")]
     NoUsableRegion {

@@ -195,3 +195,30 @@ async fn websocket_pings_are_answered_and_frames_unwrapped() {
     let (ctrl, _conn) = tokio::time::timeout(LIMIT, server).await.unwrap().unwrap();
     assert_eq!(ctrl, [ControlFrame::Pong]);
 }
+
+#[tokio::test]
+async fn nothing_to_dial_is_an_error() {
+    let err = DerpClient::connect_to(Vec::new(), NodePrivate::generate(), Options::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ferry_client::Error::NoTarget), "{err}");
+    let map = DerpMap::from_json(
+        br#"{"Regions":{"1":{"Nodes":[{"Name":"s","HostName":"x","STUNOnly":true}]}}}"#,
+    )
+    .unwrap();
+    let err = DerpClient::connect_region(
+        &map.regions[&1],
+        NodePrivate::generate(),
+        Options::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ferry_client::Error::NoTarget), "{err}");
+    let err = DerpClient::connect("ftp://x/derp", NodePrivate::generate(), Options::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ferry_client::Error::InvalidUrl { .. }),
+        "{err}"
+    );
+}
