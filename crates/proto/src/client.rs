@@ -607,6 +607,22 @@ impl Client {
         })
     }
 
+    /// A client on a transport that did its own upgrade (DERP over
+    /// WebSocket, §4.5): no HTTP request is queued, the server's first
+    /// frame must be `serverKey`, and there is no fast start
+    /// ([`Config::fast_start`] is ignored).
+    pub fn new_upgraded(
+        mut config: Config,
+        now: Instant,
+        nonce: [u8; NONCE_LEN],
+    ) -> Result<Client, ClientError> {
+        config.fast_start = None;
+        let mut client = Client::new(config, now, nonce)?;
+        client.session.pending.clear();
+        client.session.state = State::AwaitServerKey;
+        Ok(client)
+    }
+
     // -----------------------------------------------------------------------
     // Inputs
 

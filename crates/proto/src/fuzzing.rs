@@ -735,13 +735,24 @@ pub fn admission_response(data: &[u8]) {
     }
 }
 
-/// The WebSocket decoder: never panics; feeding the stream whole or in
-/// arbitrary pieces gives the same payload bytes, the same control frames
-/// and the same error; the payload never exceeds the input.
+/// The WebSocket decoder, in both roles (the server reading masked client
+/// frames, the client reading unmasked server frames): never panics;
+/// feeding the stream whole or in arbitrary pieces gives the same payload
+/// bytes, the same control frames and the same error; the payload never
+/// exceeds the input. The client's check of the upgrade response never
+/// panics and never claims more bytes than it was given.
 pub fn websocket(data: &[u8]) {
-    use crate::websocket::Decoder;
+    use crate::websocket::{parse_upgrade_response, Decoder};
+    websocket_role(data, Decoder::new);
+    websocket_role(data, Decoder::for_client);
+    if let Ok(Some(len)) = parse_upgrade_response(data, "dGhlIHNhbXBsZSBub25jZQ==") {
+        assert!(len <= data.len());
+    }
+}
+
+fn websocket_role(data: &[u8], decoder: fn() -> crate::websocket::Decoder) {
     let run = |pieces: &mut dyn Iterator<Item = &[u8]>| {
-        let mut d = Decoder::new();
+        let mut d = decoder();
         let (mut out, mut ctrl) = (Vec::new(), Vec::new());
         let mut result = Ok(());
         for p in pieces {
@@ -764,6 +775,27 @@ pub fn websocket(data: &[u8]) {
     let pieces = run(&mut chunks.into_iter());
     assert_eq!(whole, pieces);
     assert!(whole.1.len() <= data.len());
+}
+
+/// The DERP map parser: never panics; what it accepts stays within its
+/// limits, keeps every region under its own ID, and round-trips through
+/// [`DerpMap::to_json`](crate::derp_map::DerpMap::to_json) unchanged.
+pub fn derp_map(data: &[u8]) {
+    use crate::derp_map::{DerpMap, MAX_NODES, MAX_REGIONS, MAX_REGION_ID};
+    let Ok(map) = DerpMap::from_json(data) else {
+        return;
+    };
+    assert!(map.regions.len() <= MAX_REGIONS);
+    for (id, region) in &map.regions {
+        assert!((1..=MAX_REGION_ID).contains(id));
+        assert_eq!(region.region_id, *id);
+        assert!(region.nodes.len() <= MAX_NODES);
+        assert!(region.derp_nodes().all(|n| !n.stun_only && n.port() != 0));
+    }
+    let text = map.to_json();
+    let again = DerpMap::from_json(text.as_bytes())
+        .unwrap_or_else(|e| panic!("re-encoded map refused: {e}\n{text}"));
+    assert_eq!(again, map);
 }
 
 #[cfg(test)]
@@ -789,6 +821,7 @@ mod tests {
             client,
             server_key,
             server_info,
+            derp_map,
         ] {
             f(b"");
             f(&[0]);

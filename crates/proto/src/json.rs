@@ -70,6 +70,17 @@ pub(crate) fn decode_first_object<T: FieldSink>(bytes: &[u8]) -> Result<T, serde
     (&mut de).deserialize_any(ObjectVisitor::<T>(std::marker::PhantomData))
 }
 
+/// A value decoded from a nested JSON object (or `null`) with
+/// [`decode_object`]'s rules, for objects inside objects and maps.
+pub(crate) struct GoObject<T>(pub(crate) T);
+
+impl<'de, T: FieldSink> de::Deserialize<'de> for GoObject<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ObjectVisitor::<T>(std::marker::PhantomData))
+            .map(GoObject)
+    }
+}
+
 /// Appends `s` to `out` as a JSON string literal (quoted and escaped).
 pub(crate) fn push_string(out: &mut Vec<u8>, s: &str) {
     // Serialising a &str into a Vec cannot fail.

@@ -30,6 +30,9 @@
 //! client's bytes, and [`forwarded`] decides which client address to believe
 //! from trusted proxies' `X-Forwarded-For` / `Forwarded` headers.
 //!
+//! [`derp_map`] reads Tailscale's DERP map JSON (regions and nodes) for
+//! clients choosing and dialling a home region.
+//!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
@@ -39,6 +42,7 @@
 
 pub mod admission;
 pub mod client;
+pub mod derp_map;
 pub mod forwarded;
 pub mod frame;
 pub mod fuzzing;

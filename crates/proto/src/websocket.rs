@@ -1,4 +1,4 @@
-//! DERP over WebSocket (RFC 6455), the server's side, without I/O.
+//! DERP over WebSocket (RFC 6455), both sides, without I/O.
 //!
 //! A client that cannot speak raw DERP (a browser, a network that only
 //! lets WebSocket through) asks for `Upgrade: websocket` with the `derp`
@@ -9,6 +9,11 @@
 //! writes. Text messages, reserved bits, unmasked or oversized frames and
 //! malformed control frames are protocol errors ([`WsError`]), after which
 //! the connection closes.
+//!
+//! The client's side (the SDK): [`upgrade_request`] asks for the upgrade,
+//! [`parse_upgrade_response`] checks the server's `101` (status, accept key,
+//! subprotocol), [`Decoder::for_client`] reads the server's unmasked frames,
+//! and [`put_client_frame`] writes masked ones.
 
 use base64::Engine as _;
 use sha1::{Digest, Sha1};
@@ -58,6 +63,13 @@ pub enum WsError {
     /// A client frame without a mask.
     #[error("unmasked WebSocket frame from the client")]
     Unmasked,
+    /// A server frame with a mask (servers must not mask, RFC 6455 §5.1).
+    #[error("masked WebSocket frame from the server")]
+    Masked,
+    /// The answer to the upgrade request is not a `101` that accepts this
+    /// key with the `derp` subprotocol.
+    #[error("WebSocket upgrade refused: {0}")]
+    Upgrade(String),
     /// An opcode RFC 6455 does not define.
     #[error("unknown WebSocket opcode {0:#x}")]
     Opcode(u8),
@@ -93,7 +105,7 @@ impl WsError {
     }
 }
 
-/// A control frame the client sent.
+/// A control frame the peer sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlFrame {
     /// Answer with a pong carrying the same bytes.
@@ -198,9 +210,13 @@ enum State {
     Control { opcode: u8, len: usize },
 }
 
-/// Reads the client's frames.
+/// Reads the peer's frames: a server reads masked client frames
+/// ([`Decoder::new`]), a client reads unmasked server frames
+/// ([`Decoder::for_client`]).
 #[derive(Debug)]
 pub struct Decoder {
+    /// Frames carry a mask (the server's side).
+    masked: bool,
     state: State,
     header: [u8; 14],
     have: usize,
@@ -219,9 +235,10 @@ impl Default for Decoder {
 }
 
 impl Decoder {
-    /// A decoder at the start of the stream.
+    /// A server's decoder of client frames, at the start of the stream.
     pub fn new() -> Self {
         Decoder {
+            masked: true,
             state: State::Header,
             header: [0; 14],
             have: 0,
@@ -233,7 +250,16 @@ impl Decoder {
         }
     }
 
-    /// Feeds bytes read from the client: unmasked payload bytes of binary
+    /// A client's decoder of server frames (unmasked; a masked one is
+    /// [`WsError::Masked`]), at the start of the stream.
+    pub fn for_client() -> Self {
+        Decoder {
+            masked: false,
+            ..Decoder::new()
+        }
+    }
+
+    /// Feeds bytes read from the peer: unmasked payload bytes of binary
     /// messages are appended to `data`, control frames go to `on_control`
     /// as they complete. After an error every later call returns it.
     pub fn feed(
@@ -314,6 +340,7 @@ impl Decoder {
 
     fn read_header(&mut self, input: &mut &[u8]) -> Result<(), WsError> {
         // The header's length is known after two bytes.
+        let mask_len = if self.masked { 4 } else { 0 };
         let need = |h: &[u8], have: usize| -> usize {
             if have < 2 {
                 return 2;
@@ -322,7 +349,7 @@ impl Decoder {
                 126 => 2,
                 127 => 8,
                 _ => 0,
-            } + 4
+            } + mask_len
         };
         while self.have < need(&self.header, self.have) && !input.is_empty() {
             self.header[self.have] = input[0];
@@ -343,7 +370,9 @@ impl Decoder {
             127 => u64::from_be_bytes(h[2..10].try_into().expect("8 bytes")),
             n => u64::from(n),
         };
-        self.mask.copy_from_slice(&h[total - 4..total]);
+        if self.masked {
+            self.mask.copy_from_slice(&h[total - 4..total]);
+        }
         self.mask_pos = 0;
         self.have = 0;
         if opcode >= 0x8 {
@@ -377,8 +406,10 @@ impl Decoder {
         if reserved != 0 {
             return Err(WsError::Reserved(reserved >> 4));
         }
-        if b1 & 0x80 == 0 {
-            return Err(WsError::Unmasked);
+        match (b1 & 0x80 != 0, self.masked) {
+            (false, true) => return Err(WsError::Unmasked),
+            (true, false) => return Err(WsError::Masked),
+            _ => {}
         }
         let fin = b0 & 0x80 != 0;
         match b0 & 0x0f {
@@ -420,6 +451,14 @@ fn control_frame(opcode: u8, payload: Vec<u8>) -> Result<ControlFrame, WsError> 
 /// client streams with it).
 pub fn client_frame(fin: bool, opcode: u8, payload: &[u8], mask: [u8; 4]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 14);
+    put_client_frame(&mut out, fin, opcode, payload, mask);
+    out
+}
+
+/// Appends one client frame (`opcode` 0x2 binary, 0xA pong, 0x8 close, …)
+/// carrying `payload`, masked with `mask`, which must be fresh random
+/// bytes for every frame (RFC 6455 §5.3).
+pub fn put_client_frame(out: &mut Vec<u8>, fin: bool, opcode: u8, payload: &[u8], mask: [u8; 4]) {
     out.push(if fin { 0x80 } else { 0 } | opcode);
     match payload.len() {
         0..=125 => out.push(0x80 | payload.len() as u8),
@@ -434,7 +473,74 @@ pub fn client_frame(fin: bool, opcode: u8, payload: &[u8], mask: [u8; 4]) -> Vec
     }
     out.extend_from_slice(&mask);
     out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
-    out
+}
+
+/// Opcode of a binary frame, for [`put_client_frame`].
+pub const OPCODE_BINARY: u8 = BINARY;
+/// Opcode of a pong, for [`put_client_frame`].
+pub const OPCODE_PONG: u8 = PONG;
+
+/// A `Sec-WebSocket-Key`: the base64 of 16 random bytes.
+pub fn client_key(random: [u8; 16]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(random)
+}
+
+/// The client's request to upgrade `/derp` to WebSocket with the `derp`
+/// subprotocol; `key` is the base64 of 16 random bytes. `None` when `host`
+/// or `user_agent` holds CR or LF.
+pub fn upgrade_request(host: &str, user_agent: &str, key: &str) -> Option<Vec<u8>> {
+    if [host, user_agent, key]
+        .iter()
+        .any(|v| v.contains(['\r', '\n']))
+    {
+        return None;
+    }
+    Some(
+        format!(
+            "GET /derp HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {user_agent}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Protocol: derp\r\n\r\n"
+        )
+        .into_bytes(),
+    )
+}
+
+/// Reads the server's answer to [`upgrade_request`] with `key` from the
+/// start of `buf`: `Ok(None)` while the head is incomplete, the head's
+/// length once it is a `101` with `Upgrade: websocket`, the right
+/// `Sec-WebSocket-Accept` and the `derp` subprotocol. Whatever follows the
+/// head is the start of the frame stream.
+pub fn parse_upgrade_response(buf: &[u8], key: &str) -> Result<Option<usize>, WsError> {
+    use crate::http::{MAX_HEAD, MAX_HEADERS};
+    let refused = |why: String| Err(WsError::Upgrade(why));
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(&buf[..buf.len().min(MAX_HEAD)]) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+            return refused(format!("response head longer than {MAX_HEAD} bytes"))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return refused(format!("malformed response: {e}")),
+    };
+    let status = resp.code.unwrap_or_default();
+    if status != 101 {
+        return refused(format!("status {status}, expected 101"));
+    }
+    let header = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).trim().to_owned())
+    };
+    if !header("Upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket")) {
+        return refused("no Upgrade: websocket".into());
+    }
+    if header("Sec-WebSocket-Accept").as_deref() != Some(accept_key(key).as_str()) {
+        return refused("wrong Sec-WebSocket-Accept".into());
+    }
+    if !header("Sec-WebSocket-Protocol").is_some_and(|v| v.eq_ignore_ascii_case("derp")) {
+        return refused("the derp subprotocol was not chosen".into());
+    }
+    Ok(Some(len))
 }
 
 #[cfg(test)]
@@ -461,6 +567,50 @@ mod tests {
             }
         }
         (Ok(()), data, ctrl)
+    }
+
+    #[test]
+    fn client_side_reads_server_frames_and_checks_the_upgrade() {
+        let mut stream = Vec::new();
+        put_binary(&mut stream, &[3u8; 40_000]);
+        put_pong(&mut stream, b"x");
+        put_binary_parts(&mut stream, &[b"ab", b"", b"c"]);
+        for chunk in [1, 5, 1000, 1 << 20] {
+            let mut d = Decoder::for_client();
+            let (mut data, mut ctrl) = (Vec::new(), Vec::new());
+            for part in stream.chunks(chunk) {
+                d.feed(part, &mut data, |c| ctrl.push(c)).unwrap();
+            }
+            let mut want = vec![3u8; 40_000];
+            want.extend(b"abc");
+            assert_eq!(data, want, "chunk {chunk}");
+            assert_eq!(ctrl, [ControlFrame::Pong]);
+        }
+        // A masked frame is the client's kind, not the server's.
+        let masked = client_frame(true, BINARY, b"hi", [1, 2, 3, 4]);
+        let r = Decoder::for_client().feed(&masked, &mut Vec::new(), |_| {});
+        assert_eq!(r, Err(WsError::Masked));
+
+        let key = "dGhlIHNhbXBsZSBub25jZQ==";
+        let req = String::from_utf8(upgrade_request("h:1", "ua", key).unwrap()).unwrap();
+        assert!(
+            req.starts_with("GET /derp HTTP/1.1\r\nHost: h:1\r\n"),
+            "{req}"
+        );
+        assert!(req.contains("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"));
+        assert!(req.contains("Sec-WebSocket-Protocol: derp\r\n") && req.ends_with("\r\n\r\n"));
+        assert_eq!(upgrade_request("h\r\nX: y", "ua", key), None);
+        let mut resp = accept_response(key);
+        let head = resp.len();
+        resp.extend(b"frames");
+        assert_eq!(parse_upgrade_response(&resp, key), Ok(Some(head)));
+        assert_eq!(parse_upgrade_response(&resp[..head - 1], key), Ok(None));
+        assert!(parse_upgrade_response(&resp, "b3RoZXIga2V5IDEyMzQ1Ng==").is_err());
+        let no_proto = String::from_utf8(accept_response(key))
+            .unwrap()
+            .replace("Sec-WebSocket-Protocol: derp\r\n", "");
+        assert!(parse_upgrade_response(no_proto.as_bytes(), key).is_err());
+        assert!(parse_upgrade_response(b"HTTP/1.1 426 Upgrade Required\r\n\r\n", key).is_err());
     }
 
     #[test]

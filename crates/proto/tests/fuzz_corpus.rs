@@ -25,6 +25,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("forwarded", fuzzing::forwarded),
     ("admission_response", fuzzing::admission_response),
     ("websocket", fuzzing::websocket),
+    ("derp_map", fuzzing::derp_map),
 ];
 
 #[test]
@@ -266,5 +267,10 @@ proptest! {
     #[test]
     fn mutated_websocket(data in mutated(12)) {
         fuzzing::websocket(&data);
+    }
+
+    #[test]
+    fn mutated_derp_map(data in mutated(13)) {
+        fuzzing::derp_map(&data);
     }
 }

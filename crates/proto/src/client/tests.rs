@@ -146,6 +146,27 @@ fn classic_handshake_with_vectors() {
 }
 
 #[test]
+fn upgraded_transport_starts_at_server_key() {
+    // WebSocket did the upgrade: nothing to send until serverKey, then the
+    // same clientInfo; a fast-start key is ignored.
+    let mut c = Client::new_upgraded(fast_config(), t0(), NONCE).unwrap();
+    assert_eq!(c.stage(), Stage::AwaitServerKey);
+    assert_eq!(transmit(&mut c), b"");
+    assert_eq!(feed_ok(&mut c, &server_key_frame(&key_s())), vec![]);
+    assert_eq!(transmit(&mut c), unhex(CLIENT_INFO_FRAME));
+    assert_eq!(
+        feed_ok(&mut c, &unhex(SERVER_INFO_FRAME)),
+        vec![connected()]
+    );
+    // An HTTP head is not a frame here.
+    let mut c = Client::new_upgraded(config(), t0(), NONCE).unwrap();
+    assert!(matches!(
+        feed_err(&mut c, b"HTTP/1.1 101 Switching Protocols\r\n\r\n"),
+        ClientError::Frame { .. }
+    ));
+}
+
+#[test]
 fn classic_handshake_without_public_key_header() {
     let mut c = client(config());
     let mut script = b"HTTP/1.1 101 Switching Protocols\r\n\r\n".to_vec();

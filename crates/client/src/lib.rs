@@ -1,0 +1,59 @@
+//! Ferry's client SDK: a DERP client on tokio that works against Ferry and
+//! against Tailscale's `derper`.
+//!
+//! The protocol itself (upgrade request, handshake, frames, keepalive
+//! deadlines) is [`ferry_proto::client::Client`], a state machine without
+//! I/O; this crate gives it sockets, TLS, a clock and a task:
+//!
+//! - [`DerpClient::connect`] dials `http://host:port/derp` or
+//!   `https://host/derp` (server certificate checked against the system's
+//!   roots, or [`TlsRoots`] of the caller's choosing), runs the HTTP
+//!   upgrade, or fast start when a TLS 1.3 server shows the DERP
+//!   meta-certificate, or a WebSocket upgrade ([`Options::websocket`]), and
+//!   returns once the handshake is done.
+//! - [`DerpClient::send`] sends to a key; [`DerpClient::recv`] returns the
+//!   next [`Event`]: packets, `peerGone`, `peerPresent`, health,
+//!   `restarting`, pongs, and connection changes. [`DerpClient::ping`]
+//!   measures the round trip to the server.
+//! - A lost connection (server closed, error, or nothing heard for
+//!   [`Options::keepalive_timeout`]) is replaced by itself after an
+//!   exponential backoff with jitter ([`BackoffOptions`], seeded by the
+//!   caller if wanted), or at the time a `restarting` frame named. All
+//!   timing uses tokio's clock, so tests can pause it.
+//! - [`home`] measures the regions of a DERP map
+//!   ([`ferry_proto::derp_map::DerpMap`]) and connects to the fastest.
+//!
+//! ```no_run
+//! use ferry_client::{DerpClient, Event, Options};
+//! use ferry_proto::key::NodePrivate;
+//!
+//! # async fn run(peer: ferry_proto::key::NodePublic) -> Result<(), ferry_client::Error> {
+//! let mut client =
+//!     DerpClient::connect("https://derp.example.com/derp", NodePrivate::generate(), Options::default())
+//!         .await?;
+//! client.send(&peer, b"hello".to_vec()).await?;
+//! println!("rtt {:?}", client.ping().await?);
+//! loop {
+//!     match client.recv().await? {
+//!         Event::Packet { src, data } => println!("{} bytes from {src}", data.len()),
+//!         other => println!("{other:?}"),
+//!     }
+//! }
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod backoff;
+mod client;
+mod conn;
+mod error;
+pub mod home;
+mod target;
+mod tls;
+
+pub use backoff::BackoffOptions;
+pub use client::{DerpClient, DerpSender, Event, Options, Stats};
+pub use error::Error;
+pub use target::{Target, Verify};
+pub use tls::TlsRoots;

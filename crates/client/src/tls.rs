@@ -1,0 +1,281 @@
+//! TLS for `https://` servers and DERP map nodes: which roots to trust, the
+//! certificate checks a node asks for (a name, a `sha256-raw:` pin, or none
+//! with `InsecureForTests`), and the DERP meta-certificate that lets a
+//! client skip the HTTP round trip (protocol reference §4.1, §4.4).
+//!
+//! Everything uses rustls with the aws-lc-rs provider and no ALPN (DERP is
+//! HTTP/1.1).
+
+use crate::target::Verify;
+use crate::Error;
+use ferry_proto::key::NodePublic;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, OnceLock};
+use x509_parser::prelude::{FromDer, X509Certificate};
+use x509_parser::time::ASN1Time;
+
+/// Which certificate authorities `https://` servers are checked against.
+#[derive(Clone, Default)]
+pub enum TlsRoots {
+    /// The system's CA certificates (honouring `SSL_CERT_FILE` and
+    /// `SSL_CERT_DIR`), loaded once per process.
+    #[default]
+    System,
+    /// These roots only (a test CA, a private CA).
+    Custom(Arc<RootCertStore>),
+    /// A complete rustls configuration, used as it is (a custom
+    /// verifier); DERP map pins and `InsecureForTests` do not apply.
+    Config(Arc<ClientConfig>),
+}
+
+impl std::fmt::Debug for TlsRoots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsRoots::System => f.write_str("System"),
+            TlsRoots::Custom(r) => write!(f, "Custom({} roots)", r.len()),
+            TlsRoots::Config(_) => f.write_str("Config(..)"),
+        }
+    }
+}
+
+/// Subject common-name prefix of the meta-certificate.
+const META_CN_PREFIX: &str = "derpkey";
+
+fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .clone()
+}
+
+fn system_roots() -> Result<Arc<RootCertStore>, String> {
+    static ROOTS: OnceLock<Result<Arc<RootCertStore>, String>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let found = rustls_native_certs::load_native_certs();
+            let mut store = RootCertStore::empty();
+            let (added, _ignored) = store.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let why = found.errors.first().map(|e| e.to_string());
+                return Err(format!(
+                    "no system CA certificates found{}",
+                    why.map(|w| format!(" ({w})")).unwrap_or_default()
+                ));
+            }
+            Ok(Arc::new(store))
+        })
+        .clone()
+}
+
+/// The rustls configuration and server name for one TLS target.
+pub(crate) fn client_config(
+    roots: &TlsRoots,
+    verify: &Verify,
+    host: &str,
+) -> Result<(Arc<ClientConfig>, ServerName<'static>), Error> {
+    let setup = |reason: String| Error::TlsSetup {
+        host: host.to_owned(),
+        reason,
+    };
+    let server_name = ServerName::try_from(host.to_owned())
+        .map_err(|e| setup(format!("not a valid server name: {e}")))?;
+    if let TlsRoots::Config(config) = roots {
+        return Ok((config.clone(), server_name));
+    }
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| setup(e.to_string()))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match verify {
+        Verify::Name(name) => {
+            let store = match roots {
+                TlsRoots::Custom(store) => store.clone(),
+                _ => system_roots().map_err(setup)?,
+            };
+            let webpki = WebPkiServerVerifier::builder_with_provider(store, provider())
+                .build()
+                .map_err(|e| setup(e.to_string()))?;
+            let expected = ServerName::try_from(name.clone())
+                .map_err(|e| setup(format!("CertName {name:?}: {e}")))?;
+            Arc::new(Checked {
+                check: Check::Name { webpki, expected },
+            })
+        }
+        Verify::Pin(pin) => Arc::new(Checked {
+            check: Check::Pin(*pin),
+        }),
+        Verify::Insecure => Arc::new(Checked {
+            check: Check::Nothing,
+        }),
+    };
+    let config = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok((Arc::new(config), server_name))
+}
+
+/// The server key from a meta-certificate in `chain`, if one is there:
+/// subject CN `derpkey` + 64 hex digits, serial number 1…255.
+pub(crate) fn meta_server_key(chain: &[CertificateDer<'_>]) -> Option<NodePublic> {
+    chain.iter().find_map(|der| {
+        let (_, cert) = X509Certificate::from_der(der).ok()?;
+        let serial = cert.raw_serial();
+        let serial = &serial[serial.iter().take_while(|b| **b == 0).count()..];
+        if serial.len() != 1 {
+            return None;
+        }
+        meta_key(&cert)
+    })
+}
+
+fn meta_key(cert: &X509Certificate<'_>) -> Option<NodePublic> {
+    cert.subject().iter_common_name().find_map(|cn| {
+        let hex = cn.as_str().ok()?.strip_prefix(META_CN_PREFIX)?;
+        NodePublic::from_hex(hex).ok()
+    })
+}
+
+fn is_meta(der: &CertificateDer<'_>) -> bool {
+    X509Certificate::from_der(der).is_ok_and(|(_, c)| {
+        c.subject()
+            .iter_common_name()
+            .any(|cn| cn.as_str().is_ok_and(|s| s.starts_with(META_CN_PREFIX)))
+    })
+}
+
+#[derive(Debug)]
+enum Check {
+    /// WebPKI for `expected` (the node's `CertName` may differ from the SNI).
+    Name {
+        webpki: Arc<WebPkiServerVerifier>,
+        expected: ServerName<'static>,
+    },
+    /// `sha256-raw:` pin.
+    Pin([u8; 32]),
+    /// `InsecureForTests`.
+    Nothing,
+}
+
+/// The certificate check a target asks for; handshake signatures are
+/// always verified with the provider's algorithms.
+#[derive(Debug)]
+struct Checked {
+    check: Check,
+}
+
+impl ServerCertVerifier for Checked {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match &self.check {
+            Check::Name { webpki, expected } => {
+                webpki.verify_server_cert(end_entity, intermediates, expected, ocsp_response, now)
+            }
+            Check::Pin(pin) => {
+                let mut chain = std::iter::once(end_entity)
+                    .chain(intermediates)
+                    .filter(|c| !is_meta(c));
+                let (Some(only), None) = (chain.next(), chain.next()) else {
+                    return Err(rustls::Error::General(
+                        "a pinned DERP server must present exactly one certificate besides the meta-certificate".into(),
+                    ));
+                };
+                if Sha256::digest(only.as_ref()).as_slice() != pin {
+                    return Err(rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::ApplicationVerificationFailure,
+                    ));
+                }
+                let valid = X509Certificate::from_der(only).is_ok_and(|(_, c)| {
+                    ASN1Time::from_timestamp(now.as_secs() as i64)
+                        .is_ok_and(|t| c.validity().is_valid_at(t))
+                });
+                if !valid {
+                    return Err(rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::Expired,
+                    ));
+                }
+                Ok(ServerCertVerified::assertion())
+            }
+            Check::Nothing => Ok(ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, DnType, KeyPair, SerialNumber};
+
+    fn cert(cn: &str, serial: &[u8]) -> CertificateDer<'static> {
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.serial_number = Some(SerialNumber::from_slice(serial));
+        p.self_signed(&KeyPair::generate().unwrap())
+            .unwrap()
+            .der()
+            .clone()
+    }
+
+    #[test]
+    fn meta_certificate_key() {
+        let key = NodePublic::from_bytes([7; 32]);
+        let cn = format!("derpkey{}", key.to_hex());
+        let leaf = cert("derp.example.com", &[1]);
+        assert_eq!(meta_server_key(&[leaf.clone(), cert(&cn, &[2])]), Some(key));
+        assert!(is_meta(&cert(&cn, &[2])) && !is_meta(&leaf));
+        // The serial (protocol version) must fit a byte and not be zero.
+        assert_eq!(meta_server_key(&[cert(&cn, &[0])]), None);
+        assert_eq!(meta_server_key(&[cert(&cn, &[1, 0])]), None);
+        // The rest of the name must be a key.
+        assert_eq!(meta_server_key(&[cert("derpkey00", &[2])]), None);
+        assert_eq!(meta_server_key(&[leaf]), None);
+        assert_eq!(
+            meta_server_key(&[CertificateDer::from(vec![0x30, 0x03])]),
+            None
+        );
+    }
+}
