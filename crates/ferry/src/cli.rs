@@ -30,10 +30,17 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev: bool,
 
+    /// TOML file setting any of these flags, one key per flag (`stun_port =
+    /// 3478`, `-a` is `addr`, `-c` is `key_file`; `ferry check-config FILE`
+    /// checks one). Precedence: command line, then FERRY_* and DERP_*
+    /// variables, then the file, then the defaults.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+
     /// Server key file ({"PrivateKey":"privkey:…"}, as derper's); created if
     /// missing. Default: /var/lib/ferry/ferry.key as root, else
     /// $XDG_CONFIG_HOME/ferry/ferry.key (~/.config/ferry/ferry.key).
-    #[arg(short = 'c', long = "c", alias = "config")]
+    #[arg(short = 'c', long = "c", alias = "key-file")]
     pub config: Option<PathBuf>,
 
     /// Certificate mode: "letsencrypt" (from an ACME CA, --acme-directory;
@@ -253,6 +260,10 @@ pub(crate) enum Command {
     /// Show what a running relay (DERP or UDP) is doing, from its metrics
     /// endpoint.
     Status(crate::status::StatusArgs),
+    /// Check a configuration file (the DERP server's --config or
+    /// `ferry udp-relay --config`) without starting anything: exit 0 with a
+    /// one-line summary, or 2 with the error.
+    CheckConfig(crate::config_file::CheckArgs),
 }
 
 /// derper image conventions operators already use, and the flag each
