@@ -41,7 +41,7 @@ fn main() {
 /// An error and its causes, each once: a cause whose text its context
 /// already quotes (as `thiserror` messages with `{source}` do) is not
 /// repeated.
-fn error_text(e: &anyhow::Error) -> String {
+pub(crate) fn error_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();

@@ -76,6 +76,7 @@ fn settings(config: u8) -> Arc<HubSettings> {
             allow: (p == 0 && config & 8 != 0).then(|| vec![1]),
             // Bit 2: peer 1 has a fixed endpoint.
             fixed: (p == 1 && config & 4 != 0).then(fixed_home),
+            active: true,
         })
         .collect();
     // Bits 4-5: a tight or a loose handshake limit.

@@ -38,6 +38,7 @@
 pub mod config;
 pub mod fuzzing;
 pub mod hub;
+pub mod live;
 pub mod metrics;
 pub mod outbox;
 pub mod ratelimit;
@@ -55,8 +56,9 @@ use std::time::{Duration, Instant};
 use ferry_engine::mailbox::msg_ring;
 use thiserror::Error;
 
-use crate::config::{Config, ConfigError};
-use crate::hub::{Endpoint, HubSettings, PeerInfo};
+use crate::config::{Change, Config, ConfigError};
+use crate::hub::HubSettings;
+use crate::live::{Published, SourceRate};
 use crate::metrics::{Metrics, MetricsServer, ShardMetrics, StartInfo};
 use crate::shard::{HubPart, Role, Route, Shard, ShardSetup, TargetCell};
 use crate::socket::{BindError, SocketOptions};
@@ -132,6 +134,8 @@ fn choose(current: Option<SocketAddr>, found: &[SocketAddr]) -> Option<SocketAdd
 /// A running relay.
 pub struct Relay {
     bound: Vec<(String, SocketAddr)>,
+    hub_settings: Option<Arc<Published<HubSettings>>>,
+    source_rate: Arc<Published<SourceRate>>,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Arc<mio::Waker>>,
@@ -218,34 +222,11 @@ impl Relay {
         }
         let granted = granted.unwrap_or_default();
 
-        let hub_settings = config.hub.as_ref().map(|h| {
-            let index = |name: &str| {
-                h.peers
-                    .iter()
-                    .position(|p| p.name == name)
-                    .map(|i| i as u16)
-            };
-            Arc::new(HubSettings {
-                peers: h
-                    .peers
-                    .iter()
-                    .map(|p| PeerInfo {
-                        name: p.name.clone(),
-                        key: p.public_key,
-                        mac1: ferry_proto::wireguard::Mac1Key::new(&p.public_key),
-                        allow: p.allow.as_ref().map(|names| {
-                            let mut ids: Vec<u16> = names.iter().filter_map(|n| index(n)).collect();
-                            ids.sort_unstable();
-                            ids
-                        }),
-                        fixed: p.endpoint.map(|addr| Endpoint { addr, via: 0 }),
-                    })
-                    .collect(),
-                max_indices: h.max_indices,
-                handshake_rate: f64::from(t.handshake_rate),
-                handshake_burst: f64::from(t.handshake_burst),
-            })
-        });
+        let hub_settings = match &config.hub {
+            Some(h) => Some(Arc::new(Published::new(live::hub_settings(h, t, None)?))),
+            None => None,
+        };
+        let source_rate = Arc::new(Published::new(live::source_rate(t)));
         // Rings between every ordered pair of shards, for hub events.
         let mut txs: Vec<Vec<_>> = (0..workers).map(|_| Vec::new()).collect();
         let mut rxs: Vec<Vec<_>> = (0..workers).map(|_| Vec::new()).collect();
@@ -297,7 +278,7 @@ impl Relay {
                     .map(|settings| HubPart { settings, tx, rx }),
                 socket_options,
                 gso,
-                source_rate: (f64::from(t.handshake_rate), f64::from(t.handshake_burst)),
+                source_rate: source_rate.clone(),
                 metrics: shard_metrics[id].clone(),
                 stop: stop.clone(),
                 poll,
@@ -328,8 +309,15 @@ impl Relay {
             }
         }
 
+        if let Some(h) = &config.hub {
+            metrics
+                .hub_peers
+                .store(h.peers.len() as u64, Ordering::Relaxed);
+        }
         let mut relay = Relay {
             bound,
+            hub_settings,
+            source_rate,
             metrics: metrics.clone(),
             stop: stop.clone(),
             wakers,
@@ -400,6 +388,42 @@ impl Relay {
     /// Where metrics are served, if anywhere.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(|m| m.addr)
+    }
+
+    /// Applies what can change while running from `new`, the relay
+    /// running `running`: the hub's peers (added, removed, their allow
+    /// lists and fixed endpoints), `hub.max_indices`, and the per-source
+    /// handshake limits. Returns every difference, each marked applied
+    /// ([`Change::live`]) or needing a restart; nothing is applied when
+    /// `new` is not valid. See [`Config::with_live_parts_of`] for the
+    /// configuration then running.
+    pub fn reconfigure(&self, running: &Config, new: &Config) -> Result<Vec<Change>, ConfigError> {
+        new.validate()?;
+        let hub = match (&self.hub_settings, &running.hub, &new.hub) {
+            (Some(cell), Some(_), Some(h)) => {
+                Some((cell, live::hub_settings(h, &new.tuning, Some(&cell.get()))?))
+            }
+            _ => None,
+        };
+        let changes = running.changes(new);
+        if changes.is_empty() {
+            return Ok(changes);
+        }
+        if let Some((cell, settings)) = hub {
+            let active = settings.peers.iter().filter(|p| p.active).count();
+            cell.set(settings);
+            self.metrics
+                .hub_peers
+                .store(active as u64, Ordering::Relaxed);
+        }
+        let rate = live::source_rate(&new.tuning);
+        if *self.source_rate.get() != rate {
+            self.source_rate.set(rate);
+        }
+        for w in &self.wakers {
+            let _ = w.wake();
+        }
+        Ok(changes)
     }
 
     /// Stops every thread and waits for them.
