@@ -314,5 +314,7 @@ fn capped_buffers_warn_with_the_sysctl_fix() {
         "{warn}"
     );
     assert!(warn.contains("twice"), "{warn}");
-    f.stop();
+    assert!(warn.contains("net.core.rmem_max allows"), "{warn}");
+    let log = f.stop();
+    assert_eq!(log.matches("smaller than asked").count(), 1, "one line: {log}");
 }

@@ -368,7 +368,11 @@ impl Relay {
             },
             "UDP relay running"
         );
-        if let Some(advice) = buffer_advice(t.recv_buffer, t.send_buffer, &granted) {
+        let asked = socket::Asked {
+            recv: t.recv_buffer,
+            send: t.send_buffer,
+        };
+        if let Some(advice) = socket::buffer_advice(asked, socket::buffer_limits(), &granted) {
             tracing::warn!("{advice}");
         }
         Ok(relay)
@@ -451,47 +455,6 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.stop_all();
     }
-}
-
-/// What to tell an operator whose socket buffers came out smaller than
-/// asked (the kernel capped them at `net.core.rmem_max`/`wmem_max` because
-/// the process may not force them), or `None` when they did not.
-///
-/// Linux doubles every `SO_RCVBUF`/`SO_SNDBUF` request for its own
-/// bookkeeping and reports the doubled value, after capping the request at
-/// the sysctl maximum; a socket got what it asked for when it reports at
-/// least twice the request.
-pub fn buffer_advice(
-    recv_asked: usize,
-    send_asked: usize,
-    granted: &socket::Granted,
-) -> Option<String> {
-    let short = |asked: usize, got: usize| got < asked.saturating_mul(2);
-    let recv_short = short(recv_asked, granted.recv);
-    let send_short = short(send_asked, granted.send);
-    if !recv_short && !send_short {
-        return None;
-    }
-    let mut fix = Vec::new();
-    if recv_short {
-        fix.push(format!("sysctl -w net.core.rmem_max={recv_asked}"));
-    }
-    if send_short {
-        fix.push(format!("sysctl -w net.core.wmem_max={send_asked}"));
-    }
-    Some(format!(
-        "UDP socket buffers are smaller than asked (receive: asked {recv_asked} bytes, got {} usable; \
-         send: asked {send_asked}, got {} usable): the kernel caps requests at net.core.rmem_max/wmem_max \
-         unless the process has CAP_NET_ADMIN, and bursts beyond the buffer are dropped \
-         (ferry_udp_socket_drops_total). To fix, as root: {} (persist them in /etc/sysctl.d/), \
-         or give ferry CAP_NET_ADMIN. The kernel reports twice the usable size \
-         (ferry_udp_socket_buffer_bytes shows {} and {}): it doubles each request for its bookkeeping",
-        granted.recv / 2,
-        granted.send / 2,
-        fix.join(" && "),
-        granted.recv,
-        granted.send,
-    ))
 }
 
 /// Re-resolves DNS targets on their intervals and publishes changes.
