@@ -289,7 +289,9 @@ pub(crate) const DERPER_IMAGE_ENV: &[(&str, &str)] = &[
 /// long flag as `FERRY_<NAME>` (upper case, `-` as `_`; `-a` is
 /// `FERRY_ADDR`), and the `DERP_*` names of common derper images
 /// ([`DERPER_IMAGE_ENV`]). They are put in front of the command line, so a
-/// flag given there wins over `FERRY_*`, which wins over `DERP_*`.
+/// flag given there wins over `FERRY_*`, which wins over `DERP_*`; the
+/// `--config` file's flags go in front of these
+/// ([`crate::config_file::with_file`]), so all of them win over the file.
 /// `FERRY_LOG` keeps its own meaning (it overrides `--log`), and nothing is
 /// added for a subcommand (`ferry udp-relay`, `ferry status`).
 pub(crate) fn flags_from_env(

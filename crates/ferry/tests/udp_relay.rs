@@ -316,5 +316,9 @@ fn capped_buffers_warn_with_the_sysctl_fix() {
     assert!(warn.contains("twice"), "{warn}");
     assert!(warn.contains("net.core.rmem_max allows"), "{warn}");
     let log = f.stop();
-    assert_eq!(log.matches("smaller than asked").count(), 1, "one line: {log}");
+    assert_eq!(
+        log.matches("smaller than asked").count(),
+        1,
+        "one line: {log}"
+    );
 }
