@@ -479,7 +479,7 @@ fn resolve_loop(
             match resolver.resolve(target) {
                 Ok(found) if !found.is_empty() => {
                     metrics.resolves_ok.fetch_add(1, Ordering::Relaxed);
-                    let current = cell.get();
+                    let current = *cell.get();
                     if let Some(next) = choose(Some(current), &found) {
                         if next != current {
                             tracing::info!(%target, from = %current, to = %next, "bounce target moved");

@@ -24,8 +24,9 @@ use ferry_proto::wireguard::Mac1Key;
 use crate::config::{ConfigError, Hub, Tuning};
 use crate::hub::{Endpoint, HubSettings, PeerId, PeerInfo};
 
-/// A value the control thread replaces and shards read when its
-/// generation changes.
+/// A value a control thread replaces (the reload's settings, the
+/// resolver's bounce target address) and shards read when its generation
+/// changes.
 #[derive(Debug)]
 pub struct Published<T> {
     generation: AtomicU64,

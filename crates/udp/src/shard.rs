@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::{MsgRx, MsgTx};
@@ -49,36 +49,7 @@ const SESSION_BASE: usize = 1 << 20;
 
 /// A bounce target's current address, updated by the resolver thread and
 /// read by shards when its generation changes.
-#[derive(Debug)]
-pub struct TargetCell {
-    generation: AtomicU64,
-    addr: Mutex<SocketAddr>,
-}
-
-impl TargetCell {
-    /// A cell holding `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
-        TargetCell {
-            generation: AtomicU64::new(0),
-            addr: Mutex::new(addr),
-        }
-    }
-
-    /// Publishes a new address.
-    pub fn set(&self, addr: SocketAddr) {
-        *self.addr.lock().unwrap_or_else(|e| e.into_inner()) = addr;
-        self.generation.fetch_add(1, Ordering::Release);
-    }
-
-    /// The current address.
-    pub fn get(&self) -> SocketAddr {
-        *self.addr.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-}
+pub type TargetCell = Published<SocketAddr>;
 
 /// A bounce route as every shard sees it.
 #[derive(Debug)]
@@ -315,7 +286,7 @@ impl Shard {
         };
         let n_routes = setup.routes.len();
         let (rate, burst) = *setup.source_rate.get();
-        let route_targets = setup.routes.iter().map(|r| r.target.get()).collect();
+        let route_targets = setup.routes.iter().map(|r| *r.target.get()).collect();
         let route_generation = setup.routes.iter().map(|r| r.target.generation()).collect();
         Ok(Shard {
             id: setup.id,
@@ -728,7 +699,7 @@ impl Shard {
             let generation = self.routes[r].target.generation();
             if generation != self.route_generation[r] {
                 self.route_generation[r] = generation;
-                self.route_targets[r] = self.routes[r].target.get();
+                self.route_targets[r] = *self.routes[r].target.get();
                 self.retarget(r);
             }
         }
