@@ -66,6 +66,18 @@
 //! pay for the replication. (Steering every packet to an index-owner shard
 //! instead would cost a cross-core copy per data packet, and GRO can glue
 //! datagrams for different indices into one receive.)
+//!
+//! ## Reconfiguration
+//!
+//! A reload publishes new [`HubSettings`] ([`crate::live`]); each replica
+//! takes them at its next [`Hub::sync`] ([`Hub::reconfigure`]). Peer ids
+//! are stable across settings (a removed peer's id stays, inactive), so
+//! the replicas' tables and the events between them keep their meaning
+//! while the shards switch one after another: an event naming an id a
+//! replica does not know yet makes it take the new settings first, and an
+//! event about an inactive peer is dropped. A removed peer is forgotten
+//! at once (endpoint, sessions, pending handshakes) and no longer matches
+//! an initiation's MAC1.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
