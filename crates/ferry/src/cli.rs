@@ -30,10 +30,17 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev: bool,
 
+    /// TOML file setting any of these flags, one key per flag (`stun_port =
+    /// 3478`, `-a` is `addr`, `-c` is `key_file`; `ferry check-config FILE`
+    /// checks one). Precedence: command line, then FERRY_* and DERP_*
+    /// variables, then the file, then the defaults.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+
     /// Server key file ({"PrivateKey":"privkey:…"}, as derper's); created if
     /// missing. Default: /var/lib/ferry/ferry.key as root, else
     /// $XDG_CONFIG_HOME/ferry/ferry.key (~/.config/ferry/ferry.key).
-    #[arg(short = 'c', long = "c", alias = "config")]
+    #[arg(short = 'c', long = "c", alias = "key-file")]
     pub config: Option<PathBuf>,
 
     /// Certificate mode: "letsencrypt" (from an ACME CA, --acme-directory;
@@ -261,6 +268,10 @@ pub(crate) enum Command {
     /// Show what a running relay (DERP or UDP) is doing, from its metrics
     /// endpoint.
     Status(crate::status::StatusArgs),
+    /// Check a configuration file (the DERP server's --config or
+    /// `ferry udp-relay --config`) without starting anything: exit 0 with a
+    /// one-line summary, or 2 with the error.
+    CheckConfig(crate::config_file::CheckArgs),
 }
 
 /// derper image conventions operators already use, and the flag each
@@ -286,7 +297,9 @@ pub(crate) const DERPER_IMAGE_ENV: &[(&str, &str)] = &[
 /// long flag as `FERRY_<NAME>` (upper case, `-` as `_`; `-a` is
 /// `FERRY_ADDR`), and the `DERP_*` names of common derper images
 /// ([`DERPER_IMAGE_ENV`]). They are put in front of the command line, so a
-/// flag given there wins over `FERRY_*`, which wins over `DERP_*`.
+/// flag given there wins over `FERRY_*`, which wins over `DERP_*`; the
+/// `--config` file's flags go in front of these
+/// ([`crate::config_file::with_file`]), so all of them win over the file.
 /// `FERRY_LOG` keeps its own meaning (it overrides `--log`), and nothing is
 /// added for a subcommand (`ferry udp-relay`, `ferry status`).
 pub(crate) fn flags_from_env(

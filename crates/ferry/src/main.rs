@@ -13,6 +13,7 @@
 
 mod acme;
 mod cli;
+mod config_file;
 mod status;
 mod udp;
 
@@ -40,7 +41,7 @@ fn main() {
 /// An error and its causes, each once: a cause whose text its context
 /// already quotes (as `thiserror` messages with `{source}` do) is not
 /// repeated.
-fn error_text(e: &anyhow::Error) -> String {
+pub(crate) fn error_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();
@@ -60,29 +61,80 @@ fn run() -> Result<()> {
         std::env::var(k).ok()
     });
     let argv = cli::without_derper_defaults(argv)?;
+    let (argv, origins) = config_file::with_file(argv)?;
     let args = Args::parse_from(argv);
     match &args.command {
         Some(cli::Command::UdpRelay(udp_args)) => return udp::run(udp_args),
         Some(cli::Command::Status(status_args)) => return status::run(status_args),
+        Some(cli::Command::CheckConfig(check_args)) => return config_file::check(check_args),
         None => {}
     }
-    init_logging(&args.log, &args.log_format)?;
+    // An error about a flag the --config file set names its key and line.
+    serve(&args).map_err(|e| origins.locate(e))
+}
 
-    // Signals are handled by the main thread only: block them before any
-    // other thread exists so every thread inherits the mask.
-    ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
-    match ferry_sys::raise_nofile_limit() {
-        Ok(n) => tracing::debug!(limit = n, "open file limit"),
-        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
-    }
+/// What the DERP server's flags resolve to, checked, before anything is
+/// bound or written.
+struct Prepared {
+    plan: cli::Plan,
+    key: Key,
+    config: RelayConfig,
+    rate_path: Option<std::path::PathBuf>,
+    dns: std::sync::Arc<bootstrap_dns::BootstrapDns>,
+}
 
-    // Everything is checked before anything is written: the key file is
-    // only created once the relay runs.
-    let plan = cli::Plan::from_args(&args)?;
-    if let Some(warning) = &plan.workers_warning {
-        tracing::warn!("{warning}");
+/// `ferry check-config` for a DERP-server file: every check a start makes
+/// before binding anything; returns a one-line summary.
+pub(crate) fn check_derp(args: &Args) -> Result<String> {
+    cli::log_filter(&args.log).with_context(|| format!("--log {:?}", args.log))?;
+    check_log_format(&args.log_format)?;
+    let p = prepare(args)?;
+    if let Some(warning) = &p.plan.workers_warning {
+        eprintln!("ferry: check-config: warning: {warning}");
     }
-    let key = load_key(&args)?;
+    let tls = match &p.plan.cert_mode {
+        None => "plain HTTP".to_string(),
+        Some(CertMode::Manual { hostname, .. }) => format!("TLS (manual) for {hostname}"),
+        Some(CertMode::SelfSigned { hostname, .. }) => format!("TLS (selfsigned) for {hostname}"),
+        Some(CertMode::Acme { hostname }) => format!("TLS (letsencrypt) for {hostname}"),
+    };
+    let off = || "off".to_string();
+    let key = match &p.key.unsaved {
+        Some(path) => format!("{} (created at the first start)", path.display()),
+        None => args
+            .config
+            .as_ref()
+            .map_or("a fresh one each run (--dev)".into(), |p| {
+                p.display().to_string()
+            }),
+    };
+    Ok(format!(
+        "{} {} ({tls}{}), port 80 {}, STUN {}, metrics {}, {} workers, admission {}, key {}",
+        if args.dev {
+            "dev relay on"
+        } else {
+            "listens on"
+        },
+        p.plan.addr,
+        if p.config.derp_enabled {
+            ""
+        } else {
+            ", DERP off"
+        },
+        p.plan.port80.map_or_else(off, |a| a.to_string()),
+        p.plan.stun.map_or_else(off, |a| a.to_string()),
+        args.metrics_addr.map_or_else(off, |a| a.to_string()),
+        p.plan.workers,
+        admission_summary(&p.config.admission),
+        key,
+    ))
+}
+
+/// Resolves and checks the DERP server's flags, reading (never writing)
+/// the files they name: the key, the mesh key, the rate config.
+fn prepare(args: &Args) -> Result<Prepared> {
+    let plan = cli::Plan::from_args(args)?;
+    let key = load_key(args)?;
     let mut config = RelayConfig::new(key.private.clone());
     config.derp_enabled = args.derp;
     config.write_timeout = plan.write_timeout;
@@ -149,11 +201,6 @@ fn run() -> Result<()> {
         (!args.rate_config.is_empty()).then(|| std::path::PathBuf::from(&args.rate_config));
     if let Some(path) = &rate_path {
         config.rate = load_rate_config(path)?;
-        tracing::info!(
-            rate = config.rate.bytes_per_sec,
-            burst = config.rate.burst_bytes,
-            "rate config applied: client-rate bytes/sec, client-burst bytes"
-        );
     }
     config.trusted_proxies = args
         .trusted_proxies
@@ -170,6 +217,46 @@ fn run() -> Result<()> {
     )?;
     let dns = bootstrap_dns::BootstrapDns::new(published, unpublished);
     config.bootstrap_dns = Some(dns.clone());
+    Ok(Prepared {
+        plan,
+        key,
+        config,
+        rate_path,
+        dns,
+    })
+}
+
+/// Runs the DERP server until SIGINT or SIGTERM.
+fn serve(args: &Args) -> Result<()> {
+    init_logging(&args.log, &args.log_format)?;
+
+    // Signals are handled by the main thread only: block them before any
+    // other thread exists so every thread inherits the mask.
+    ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
+    match ferry_sys::raise_nofile_limit() {
+        Ok(n) => tracing::debug!(limit = n, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+    }
+
+    // Everything is checked before anything is written: the key file is
+    // only created once the relay runs.
+    let Prepared {
+        plan,
+        key,
+        mut config,
+        rate_path,
+        dns,
+    } = prepare(args)?;
+    if let Some(warning) = &plan.workers_warning {
+        tracing::warn!("{warning}");
+    }
+    if rate_path.is_some() {
+        tracing::info!(
+            rate = config.rate.bytes_per_sec,
+            burst = config.rate.burst_bytes,
+            "rate config applied: client-rate bytes/sec, client-burst bytes"
+        );
+    }
 
     let mut cert_name = None;
     let mut reloader = None;
@@ -362,7 +449,7 @@ fn reload(reloader: Option<&tls::CertReloader>) {
         }
     }
     tracing::info!(
-        "SIGHUP: other flags (listeners, keys, mesh key, timeouts) take effect only on a restart; --rate-config is re-read"
+        "SIGHUP: other flags and the --config file (listeners, keys, mesh key, timeouts) take effect only on a restart; --rate-config is re-read"
     );
 }
 
@@ -390,9 +477,16 @@ fn init_logging(flag: &str, format: &str) -> Result<()> {
             .flatten_event(true)
             .with_current_span(false)
             .init(),
-        other => bail!("--log-format {other:?}: expected text or json"),
+        other => check_log_format(other)?,
     }
     Ok(())
+}
+
+fn check_log_format(format: &str) -> Result<()> {
+    match format {
+        "text" | "json" => Ok(()),
+        other => bail!("--log-format {other:?}: expected text or json"),
+    }
 }
 
 /// The server key, and whether it still has to be written.

@@ -326,7 +326,7 @@ pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
     }
     loop {
         match ferry_sys::signal::wait_signal().context("waiting for a signal")? {
-            Signal::Hangup => reread(args, &mut cfg),
+            Signal::Hangup => reread(args, &relay, &mut cfg),
             sig @ Signal::Terminate(_) => {
                 tracing::info!(signal = sig.name(), "shutting down");
                 break;
@@ -338,36 +338,50 @@ pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
     Ok(())
 }
 
-/// SIGHUP: re-reads the configuration and logs what changed. Nothing is
-/// applied while running: the shards own their sockets, sessions and hub
-/// tables from start-up (the hub's peer table is replicated into every
-/// shard when it starts), so every change is listed as needing a restart.
-/// A file that no longer parses is reported and the running configuration
-/// stays.
-fn reread(args: &UdpRelayArgs, running: &mut Config) {
+/// SIGHUP: re-reads the configuration, applies what a running relay can
+/// change (the hub's peers, `hub.max_indices`, the handshake limits) and
+/// logs every change, applied or needing a restart (listening addresses,
+/// shard count, buffers, offloads, bounces, metrics address). A file that
+/// is no longer valid is reported and the running configuration stays
+/// whole.
+fn reread(args: &UdpRelayArgs, relay: &ferry_udp::Relay, running: &mut Config) {
+    use std::sync::atomic::Ordering::Relaxed;
     let Some(path) = &args.config else {
         tracing::info!("SIGHUP: no --config file to re-read; flags take effect only on a restart");
         return;
     };
     tracing::info!(path = %path.display(), "SIGHUP: re-reading the configuration");
-    let new = match build_config(args) {
+    let applied = build_config(args).and_then(|new| {
+        let changes = relay.reconfigure(running, &new)?;
+        Ok((new, changes))
+    });
+    let (new, changes) = match applied {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "SIGHUP: the configuration file is not usable; still running with the one loaded before");
+            relay.metrics().reloads_failed.fetch_add(1, Relaxed);
+            tracing::error!(error = %crate::error_text(&e), "SIGHUP: the configuration file is not usable; still running with the one loaded before");
             return;
         }
     };
-    let changes = running.changes(&new);
+    relay.metrics().reloads_applied.fetch_add(1, Relaxed);
     if changes.is_empty() {
         tracing::info!("SIGHUP: the configuration is unchanged");
         return;
     }
     for change in &changes {
-        tracing::warn!(%change, "SIGHUP: changed in the file; takes effect only after a restart");
+        if change.live {
+            tracing::info!(%change, "SIGHUP: applied");
+        } else {
+            tracing::warn!(%change, "SIGHUP: changed in the file; takes effect only after a restart");
+        }
     }
-    tracing::warn!(
-        changes = changes.len(),
-        "SIGHUP: nothing was applied; restart ferry udp-relay to use the new configuration"
+    *running = running.with_live_parts_of(&new);
+    let live = changes.iter().filter(|c| c.live).count();
+    tracing::info!(
+        applied = live,
+        need_restart = changes.len() - live,
+        hub_peers = running.hub.as_ref().map_or(0, |h| h.peers.len()),
+        "SIGHUP: configuration reloaded"
     );
 }
 

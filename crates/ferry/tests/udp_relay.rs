@@ -8,7 +8,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{ferry, field_in, run, unprivileged, Ferry, TempDir, T};
+use support::{ferry, field_in, get, run, unprivileged, Ferry, TempDir, T};
 
 const A: &str = "QJcvjTS0st3gR6WLSR9Rytg2QjCqcj+5hws4jAMiE1I=";
 const B: &str = "2U8lQNjeBL0yOxqE5T323qgIdDE7NgTDB370HDIKG0s=";
@@ -79,59 +79,184 @@ fn a_second_udp_relay_on_the_same_port_is_refused() {
     first.stop();
 }
 
+/// A WireGuard initiation with sender index `sender`, its MAC1 sealed
+/// for the peer whose public key is `to` (the hub routes it by that).
+fn initiation(sender: u32, to: &str) -> Vec<u8> {
+    use ferry_proto::wireguard::{seal_mac1, Mac1Key, PublicKey, INITIATION_LEN};
+    let mut m = vec![0x55u8; INITIATION_LEN];
+    m[..4].copy_from_slice(&[1, 0, 0, 0]);
+    m[4..8].copy_from_slice(&sender.to_le_bytes());
+    assert!(seal_mac1(
+        &mut m,
+        &Mac1Key::new(&PublicKey::from_base64(to).unwrap())
+    ));
+    m
+}
+
+/// The value of the first metric line starting with `series` (0 if absent).
+fn metric(metrics: SocketAddr, series: &str) -> u64 {
+    let page = get(metrics, "/metrics");
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sends `datagram` from `from` to the hub until `done` holds (each try
+/// waits up to 200 ms for `done`); panics after [`T`].
+fn send_until(from: &UdpSocket, hub: SocketAddr, datagram: &[u8], mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while Instant::now() < deadline {
+        from.send_to(datagram, hub).unwrap();
+        let tick = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < tick {
+            if done() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    panic!("not done within {T:?}");
+}
+
+/// Sender indices of the initiations waiting on `sock` (non-blocking).
+fn received(sock: &UdpSocket) -> Vec<u32> {
+    sock.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 2048];
+    let mut out = Vec::new();
+    while let Ok((n, _)) = sock.recv_from(&mut buf) {
+        if n >= 8 && buf[0] == 1 {
+            out.push(u32::from_le_bytes(buf[4..8].try_into().unwrap()));
+        }
+    }
+    out
+}
+
 #[test]
-fn sighup_rereads_the_file_names_the_changes_and_keeps_relaying() {
+fn sighup_applies_hub_peers_and_limits_and_names_what_needs_a_restart() {
     let dir = TempDir::new("udp-hup");
     let target = UdpSocket::bind("127.0.0.1:0").unwrap();
     let target_addr = target.local_addr().unwrap();
-    let file = |rate: u32, third_peer: bool| {
+    // The phone's WireGuard, at the fixed endpoint the file gives it.
+    let phone = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let phone_addr = phone.local_addr().unwrap();
+    let spare_port = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let file = |rate: u32, hub_listen: &str, phone: bool| {
         let mut text = format!(
-            "handshake_rate = {rate}\n\
+            "handshake_rate = {rate}\nhandshake_burst = {rate}\nmetrics_addr = \"127.0.0.1:0\"\n\
              [[bounce]]\nlisten = [\"127.0.0.1:0\"]\ntarget = \"{target_addr}\"\n\
-             [hub]\nlisten = [\"127.0.0.1:0\"]\n\
+             [hub]\nlisten = [\"{hub_listen}\"]\n\
              [[hub.peer]]\nname = \"laptop\"\npublic_key = \"{A}\"\n\
              [[hub.peer]]\nname = \"nas\"\npublic_key = \"{B}\"\n"
         );
-        if third_peer {
-            text += &format!("[[hub.peer]]\nname = \"phone\"\npublic_key = \"{C}\"\n");
+        if phone {
+            text += &format!(
+                "[[hub.peer]]\nname = \"phone\"\npublic_key = \"{C}\"\nendpoint = \"{phone_addr}\"\n"
+            );
         }
         text
     };
     let path = dir.path("udp.toml");
-    std::fs::write(&path, file(20, false)).unwrap();
+    std::fs::write(&path, file(40, "127.0.0.1:0", false)).unwrap();
     let mut f = Ferry::spawn(&mut udp_relay(&["--config", &path]));
     let relay = bound(&mut f, "bounce[0].listen[0]");
-    let log = f.wait_log("receiver-index hub");
-    let hub = log
-        .lines()
-        .find(|l| l.contains("receiver-index hub"))
-        .unwrap();
-    assert_eq!(field_in(hub, "peers").as_deref(), Some("2"), "{hub}");
-    let bounce = log.lines().find(|l| l.contains("static bounce")).unwrap();
-    assert_eq!(
-        field_in(bounce, "target"),
-        Some(target_addr.to_string()),
-        "{bounce}"
-    );
+    let hub = bound(&mut f, "hub.listen[0]");
+    let metrics = support::url_addr(&f.field("metrics", "url"));
+    let peers = |m| metric(m, "ferry_udp_hub_peers ");
+    let unknown = |m| metric(m, "ferry_udp_drops_total{reason=\"unknown_recipient\"}");
+    let limited = |m| metric(m, "ferry_udp_drops_total{reason=\"rate_limited\"}");
+    assert_eq!(peers(metrics), 2);
 
     f.signal(libc::SIGHUP);
     f.wait_log("SIGHUP: the configuration is unchanged");
 
-    std::fs::write(&path, file(30, true)).unwrap();
-    f.signal(libc::SIGHUP);
-    let log = f.wait_log("nothing was applied");
-    assert!(log.contains("handshake_rate: 20 -> 30"), "{log}");
-    assert!(
-        log.contains(r#"hub.peer \"phone\": added"#) || log.contains(r#"hub.peer "phone": added"#),
-        "{log}"
-    );
-    assert!(log.contains("takes effect only after a restart"), "{log}");
+    // Nobody has the phone's key yet: its initiation is dropped.
+    let laptop = UdpSocket::bind("127.0.0.1:0").unwrap();
+    send_until(&laptop, hub, &initiation(1, C), || unknown(metrics) >= 1);
 
+    // The phone is added, the limits drop to 1/s, and the hub's address
+    // changes, which needs a restart.
+    let moved = format!("127.0.0.1:{spare_port}");
+    std::fs::write(&path, file(1, &moved, true)).unwrap();
+    f.signal(libc::SIGHUP);
+    let log = f.wait_log("SIGHUP: configuration reloaded");
+    for applied in [
+        r#"hub.peer "phone": added"#,
+        "handshake_rate: 40 -> 1",
+        "handshake_burst: 40 -> 1",
+    ] {
+        let line = log.lines().find(|l| l.contains(applied));
+        assert!(
+            line.is_some_and(|l| l.contains("SIGHUP: applied")),
+            "{applied}:\n{log}"
+        );
+    }
+    let restart = log
+        .lines()
+        .find(|l| l.contains("hub.listen:"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        restart.contains("WARN") && restart.contains("only after a restart"),
+        "{restart}"
+    );
+    assert!(restart.contains(&moved), "{restart}");
+    assert_eq!(peers(metrics), 3);
+    // Still on the old address, the hub now forwards to the phone.
+    send_until(&laptop, hub, &initiation(2, C), || {
+        received(&phone).contains(&2)
+    });
+    // One initiation a second: a burst of them is cut.
+    let before = limited(metrics);
+    for i in 10..15 {
+        laptop.send_to(&initiation(i, C), hub).unwrap();
+    }
+    send_until(&laptop, hub, &initiation(15, C), || {
+        limited(metrics) > before
+    });
+
+    // The phone is removed and the limits restored; the address change
+    // is still pending and said again.
+    std::fs::write(&path, file(40, &moved, false)).unwrap();
+    f.signal(libc::SIGHUP);
+    let log = f.wait_log_n("SIGHUP: configuration reloaded", 2);
+    let last = &log[log.rfind("SIGHUP: re-reading").unwrap()..];
+    assert!(last.contains(r#"hub.peer "phone": removed"#), "{last}");
+    assert!(
+        last.contains("hub.listen:") && last.contains("need_restart=1"),
+        "{last}"
+    );
+    assert_eq!(peers(metrics), 2);
+    received(&phone);
+    let dropped = unknown(metrics);
+    send_until(&laptop, hub, &initiation(3, C), || {
+        unknown(metrics) > dropped
+    });
+    assert!(
+        !received(&phone).contains(&3),
+        "a removed peer is not forwarded to"
+    );
+
+    // An invalid file changes nothing.
     std::fs::write(&path, "this is not toml = = =").unwrap();
     f.signal(libc::SIGHUP);
     f.wait_log("the configuration file is not usable");
+    assert_eq!(
+        metric(metrics, "ferry_udp_config_reloads_total{result=\"failed\"}"),
+        1
+    );
+    assert_eq!(
+        metric(
+            metrics,
+            "ferry_udp_config_reloads_total{result=\"applied\"}"
+        ),
+        3
+    );
+    assert_eq!(peers(metrics), 2);
 
-    assert!(relays(relay, &target, b"after three SIGHUPs"));
+    assert!(relays(relay, &target, b"after four SIGHUPs"));
     let log = f.stop();
     assert!(log.lines().last().unwrap().contains("stopped"), "{log}");
 }
@@ -189,5 +314,11 @@ fn capped_buffers_warn_with_the_sysctl_fix() {
         "{warn}"
     );
     assert!(warn.contains("twice"), "{warn}");
-    f.stop();
+    assert!(warn.contains("net.core.rmem_max allows"), "{warn}");
+    let log = f.stop();
+    assert_eq!(
+        log.matches("smaller than asked").count(),
+        1,
+        "one line: {log}"
+    );
 }

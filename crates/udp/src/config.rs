@@ -546,15 +546,37 @@ impl Config {
     }
 }
 
+/// One difference between two configurations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// `field: old -> new`, or `hub.peer "nas": added`.
+    pub text: String,
+    /// Whether a running relay applies it ([`crate::Relay::reconfigure`]);
+    /// otherwise it needs a restart.
+    pub live: bool,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Top-level fields a running relay applies (besides the hub's peers).
+const LIVE_FIELDS: [&str; 3] = ["handshake_rate", "handshake_burst", "hub.max_indices"];
+
 impl Config {
     /// What differs from `self` in `new`, one line per field, as
     /// `field: old -> new` (hub peers by name: `hub.peer "nas": added`).
     /// Empty when nothing changed. For logging a re-read file.
-    pub fn changes(&self, new: &Config) -> Vec<String> {
+    pub fn changes(&self, new: &Config) -> Vec<Change> {
         let mut out = Vec::new();
         let mut field = |name: &str, old: String, new: String| {
             if old != new {
-                out.push(format!("{name}: {old} -> {new}"));
+                out.push(Change {
+                    text: format!("{name}: {old} -> {new}"),
+                    live: LIVE_FIELDS.contains(&name),
+                });
             }
         };
         let (t, u) = (&self.tuning, &new.tuning);
@@ -626,8 +648,14 @@ impl Config {
         }
         match (&self.hub, &new.hub) {
             (None, None) => {}
-            (Some(_), None) => out.push("hub: removed".into()),
-            (None, Some(_)) => out.push("hub: added".into()),
+            (Some(_), None) => out.push(Change {
+                text: "hub: removed".into(),
+                live: false,
+            }),
+            (None, Some(_)) => out.push(Change {
+                text: "hub: added".into(),
+                live: false,
+            }),
             (Some(a), Some(b)) => {
                 field("hub.listen", listens(&a.listen), listens(&b.listen));
                 field(
@@ -635,14 +663,17 @@ impl Config {
                     a.max_indices.to_string(),
                     b.max_indices.to_string(),
                 );
+                let mut peer_change = |text: String| out.push(Change { text, live: true });
                 for p in &a.peers {
                     let name = &p.name;
                     match b.peers.iter().find(|q| q.name == p.name) {
-                        None => out.push(format!("hub.peer {name:?}: removed")),
+                        None => peer_change(format!("hub.peer {name:?}: removed")),
                         Some(q) => {
                             let mut peer = |what: &str, old: String, new: String| {
                                 if old != new {
-                                    out.push(format!("hub.peer {name:?}.{what}: {old} -> {new}"));
+                                    peer_change(format!(
+                                        "hub.peer {name:?}.{what}: {old} -> {new}"
+                                    ));
                                 }
                             };
                             peer(
@@ -657,10 +688,25 @@ impl Config {
                 }
                 for q in &b.peers {
                     if !a.peers.iter().any(|p| p.name == q.name) {
-                        out.push(format!("hub.peer {:?}: added", q.name));
+                        peer_change(format!("hub.peer {:?}: added", q.name));
                     }
                 }
             }
+        }
+        out
+    }
+
+    /// The configuration a relay started with `self` runs after applying
+    /// `new` ([`crate::Relay::reconfigure`]): `new`'s live parts, `self`'s
+    /// everything else, so that what still needs a restart keeps showing
+    /// as a change.
+    pub fn with_live_parts_of(&self, new: &Config) -> Config {
+        let mut out = self.clone();
+        out.tuning.handshake_rate = new.tuning.handshake_rate;
+        out.tuning.handshake_burst = new.tuning.handshake_burst;
+        if let (Some(h), Some(n)) = (&mut out.hub, &new.hub) {
+            h.peers = n.peers.clone();
+            h.max_indices = n.max_indices;
         }
         out
     }
@@ -868,6 +914,9 @@ endpoint = "192.0.2.10:51820"
         };
         let old = Config::from_toml("f", &file(20, "", "")).unwrap();
         assert!(old.changes(&old).is_empty());
+        let text = |c: Vec<Change>| -> Vec<(String, bool)> {
+            c.into_iter().map(|c| (c.text, c.live)).collect()
+        };
         const C: &str = "+J8YptlHwfXAAv/hvlXWeHdkjXZXvgpFtN8T/nPcWEo=";
         let new = Config::from_toml(
             "f",
@@ -879,13 +928,31 @@ endpoint = "192.0.2.10:51820"
         )
         .unwrap();
         assert_eq!(
-            old.changes(&new),
+            text(old.changes(&new)),
             [
-                "handshake_rate: 20 -> 30",
-                "hub.peer \"nas\".allow: every peer -> [laptop]",
-                "hub.peer \"phone\": added",
+                ("handshake_rate: 20 -> 30".into(), true),
+                (
+                    "hub.peer \"nas\".allow: every peer -> [laptop]".into(),
+                    true
+                ),
+                ("hub.peer \"phone\": added".into(), true),
             ]
         );
-        assert_eq!(new.changes(&old)[2], "hub.peer \"phone\": removed");
+        assert_eq!(new.changes(&old)[2].text, "hub.peer \"phone\": removed");
+        // Listening addresses need a restart, so they still differ after
+        // the live parts were taken.
+        let moved = Config::from_toml("f", &file(30, "", "").replace(":51830", ":51831")).unwrap();
+        assert_eq!(
+            text(old.changes(&moved)),
+            [
+                ("handshake_rate: 20 -> 30".into(), true),
+                ("hub.listen: [[::]:51830] -> [[::]:51831]".into(), false),
+            ]
+        );
+        let running = old.with_live_parts_of(&moved);
+        assert_eq!(
+            text(running.changes(&moved)),
+            [("hub.listen: [[::]:51830] -> [[::]:51831]".into(), false)]
+        );
     }
 }

@@ -4,7 +4,8 @@
 //! operations against one [`Hub`] replica: WireGuard datagrams of each
 //! kind with indices drawn from a small pool (so they collide and match),
 //! sent from a configured peer's current address or from a stranger, time
-//! passing, a peer roaming to a new address, expiry, and garbage. After
+//! passing, a peer roaming to a new address, a reload removing a peer or
+//! configuring it again, expiry, and garbage. After
 //! every operation it checks what the hub promises whatever the traffic:
 //!
 //! - it forwards or floods only to endpoints that earned it: a configured
@@ -76,6 +77,7 @@ fn settings(config: u8) -> Arc<HubSettings> {
             allow: (p == 0 && config & 8 != 0).then(|| vec![1]),
             // Bit 2: peer 1 has a fixed endpoint.
             fixed: (p == 1 && config & 4 != 0).then(fixed_home),
+            active: true,
         })
         .collect();
     // Bits 4-5: a tight or a loose handshake limit.
@@ -181,10 +183,11 @@ pub fn hub(data: &[u8]) {
     let Some((&config, ops)) = data.split_first() else {
         return;
     };
-    let settings = settings(config);
-    let cap = settings.max_indices;
+    let configured = settings(config);
+    let cap = configured.max_indices;
     let (_, macs) = keys();
-    let mut hub = Hub::new(0, settings, Box::new(NoInbox));
+    let mut current = configured.clone();
+    let mut hub = Hub::new(0, configured.clone(), Box::new(NoInbox));
     let mut m = Model {
         config,
         start: Instant::now(),
@@ -235,6 +238,23 @@ pub fn hub(data: &[u8]) {
             4 => {
                 // Up to about 11 minutes, past every lifetime.
                 m.now += Duration::from_millis(u64::from(u16::from_le_bytes([a, b])) * 10);
+                continue;
+            }
+            5 if b & 0x80 != 0 => {
+                // A reload that removes peer p, or configures it again as
+                // it was at start.
+                let p = usize::from(a) % PEERS;
+                let mut next = (*current).clone();
+                next.peers[p] = if next.peers[p].active {
+                    PeerInfo {
+                        active: false,
+                        ..next.peers[p].clone()
+                    }
+                } else {
+                    configured.peers[p].clone()
+                };
+                current = Arc::new(next);
+                hub.reconfigure(current.clone());
                 continue;
             }
             5 => {

@@ -66,6 +66,18 @@
 //! pay for the replication. (Steering every packet to an index-owner shard
 //! instead would cost a cross-core copy per data packet, and GRO can glue
 //! datagrams for different indices into one receive.)
+//!
+//! ## Reconfiguration
+//!
+//! A reload publishes new [`HubSettings`] ([`crate::live`]); each replica
+//! takes them at its next [`Hub::sync`] ([`Hub::reconfigure`]). Peer ids
+//! are stable across settings (a removed peer's id stays, inactive), so
+//! the replicas' tables and the events between them keep their meaning
+//! while the shards switch one after another: an event naming an id a
+//! replica does not know yet makes it take the new settings first, and an
+//! event about an inactive peer is dropped. A removed peer is forgotten
+//! at once (endpoint, sessions, pending handshakes) and no longer matches
+//! an initiation's MAC1.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -74,6 +86,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::wireguard::{self as wg, Index, Mac1Key, Message, PublicKey};
 
+use crate::live::Published;
 use crate::ratelimit::{SourceLimiter, TokenBucket};
 
 /// A peer's position in the configuration.
@@ -118,10 +131,13 @@ pub struct PeerInfo {
     pub allow: Option<Vec<PeerId>>,
     /// A fixed endpoint from the configuration.
     pub fixed: Option<Endpoint>,
+    /// Configured now; `false` for a peer removed while the relay runs,
+    /// whose id stays reserved ([`crate::live`]).
+    pub active: bool,
 }
 
 /// The hub's static settings, shared by every shard's replica.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct HubSettings {
     /// The peers.
     pub peers: Vec<PeerInfo>,
@@ -134,13 +150,15 @@ pub struct HubSettings {
 }
 
 impl HubSettings {
-    /// Whether `a` and `b` may talk: each must allow the other.
+    /// Whether `a` and `b` may talk: both are configured and each allows
+    /// the other.
     pub fn allowed(&self, a: PeerId, b: PeerId) -> bool {
         let permits = |x: PeerId, y: PeerId| {
-            self.peers[usize::from(x)]
-                .allow
-                .as_ref()
-                .is_none_or(|list| list.binary_search(&y).is_ok())
+            let p = &self.peers[usize::from(x)];
+            p.active
+                && p.allow
+                    .as_ref()
+                    .is_none_or(|list| list.binary_search(&y).is_ok())
         };
         a != b && permits(a, b) && permits(b, a)
     }
@@ -319,6 +337,8 @@ pub struct HubCounts {
 pub struct Hub {
     shard: u8,
     settings: Arc<HubSettings>,
+    /// Where new settings are published, and the generation last taken.
+    published: Option<(Arc<Published<HubSettings>>, u64)>,
     endpoints: Vec<Option<(Endpoint, u64)>>,
     by_addr: HashMap<SocketAddr, PeerId>,
     pending: HashMap<Index, Bucket<Pending>>,
@@ -357,6 +377,7 @@ impl Hub {
             entries: 0,
             collisions: 0,
             settings,
+            published: None,
         };
         for (i, p) in hub.settings.clone().peers.iter().enumerate() {
             if let Some(ep) = p.fixed {
@@ -417,8 +438,95 @@ impl Hub {
         !self.events.is_empty()
     }
 
-    /// Applies the waiting events of other shards.
+    /// Follows the settings published in `cell` from now on (taken at
+    /// the start of each [`Hub::sync`]).
+    pub fn follow(&mut self, cell: Arc<Published<HubSettings>>) {
+        self.published = Some((cell, u64::MAX));
+        self.refresh();
+    }
+
+    /// Takes newly published settings, if any.
+    fn refresh(&mut self) {
+        let Some((cell, seen)) = &mut self.published else {
+            return;
+        };
+        let generation = cell.generation();
+        if generation != *seen {
+            *seen = generation;
+            let settings = cell.get();
+            self.reconfigure(settings);
+        }
+    }
+
+    /// Switches to `new` settings: peers whose id became inactive are
+    /// forgotten (endpoint, sessions and pending handshakes), new fixed
+    /// endpoints are set, and the per-source limit takes the new rate
+    /// (every source starts with a full bucket). Ids must be stable
+    /// between the two ([`crate::live::hub_settings`]).
+    pub fn reconfigure(&mut self, new: Arc<HubSettings>) {
+        if Arc::ptr_eq(&new, &self.settings) {
+            return;
+        }
+        let old = std::mem::replace(&mut self.settings, new.clone());
+        if self.endpoints.len() < new.peers.len() {
+            self.endpoints.resize(new.peers.len(), None);
+        }
+        for (i, p) in new.peers.iter().enumerate() {
+            let id = i as PeerId;
+            let before = old.peers.get(i).filter(|q| q.active);
+            if !p.active {
+                if before.is_some() {
+                    self.forget(id);
+                }
+                continue;
+            }
+            if let Some(ep) = p.fixed {
+                if before.and_then(|q| q.fixed) != Some(ep) {
+                    let version = self.endpoints[i]
+                        .map_or(0, |(_, v)| (((v >> 8) + 1) << 8) | u64::from(self.shard));
+                    self.set_endpoint(id, ep, version);
+                }
+            }
+        }
+        if (old.handshake_rate, old.handshake_burst) != (new.handshake_rate, new.handshake_burst) {
+            self.limiter = SourceLimiter::new(4096, new.handshake_rate, new.handshake_burst);
+        }
+    }
+
+    /// Forgets everything about peer `id`: its endpoint and every session
+    /// or pending handshake it is part of.
+    fn forget(&mut self, id: PeerId) {
+        if let Some((ep, _)) = self.endpoints[usize::from(id)].take() {
+            if self.by_addr.get(&ep.addr) == Some(&id) {
+                self.by_addr.remove(&ep.addr);
+            }
+        }
+        self.entries -= remove_all(&mut self.sessions, |s| s.owner == id || s.partner == id);
+        self.entries -= remove_all(&mut self.pending, |p| {
+            p.responder == id || p.initiator == Some(id)
+        });
+    }
+
+    /// Whether an event about `peers` can be applied here: each is an
+    /// active peer of this replica's settings, after taking new settings
+    /// if another shard already uses ids this replica does not know.
+    fn knows(&mut self, peers: &[PeerId]) -> bool {
+        let n = self.settings.peers.len();
+        if peers.iter().any(|&p| usize::from(p) >= n) {
+            self.refresh();
+        }
+        peers.iter().all(|&p| {
+            self.settings
+                .peers
+                .get(usize::from(p))
+                .is_some_and(|q| q.active)
+        })
+    }
+
+    /// Applies the waiting events of other shards, after taking newly
+    /// published settings.
     pub fn sync(&mut self) {
+        self.refresh();
         let mut inbox = std::mem::replace(&mut self.inbox, Box::new(NoInbox));
         inbox.drain(&mut |ev| self.apply(ev));
         self.inbox = inbox;
@@ -457,8 +565,26 @@ impl Hub {
             .map(|(e, _)| e)
     }
 
-    /// Applies one event (from this shard or another).
+    /// Applies one event (from this shard or another). An event about a
+    /// peer that is no longer configured is dropped.
     pub fn apply(&mut self, ev: Event) {
+        let known = match ev {
+            Event::Pending {
+                initiator,
+                responder,
+                ..
+            } => self.knows(&[responder]) && initiator.is_none_or(|i| self.knows(&[i])),
+            Event::Session {
+                initiator,
+                responder,
+                ..
+            } => self.knows(&[initiator, responder]),
+            Event::Endpoint { peer, .. } => self.knows(&[peer]),
+            Event::Candidate { .. } => true,
+        };
+        if !known {
+            return;
+        }
         match ev {
             Event::Pending {
                 index,
@@ -583,7 +709,7 @@ impl Hub {
         let Some(responder) = settings
             .peers
             .iter()
-            .position(|p| wg::verify_mac1(msg, &p.mac1))
+            .position(|p| p.active && wg::verify_mac1(msg, &p.mac1))
             .map(|i| i as PeerId)
         else {
             return Verdict::Drop(DropReason::UnknownRecipient);
@@ -658,7 +784,9 @@ impl Hub {
             let mac_ok = |i: PeerId| wg::verify_mac1(msg, &settings.peers[usize::from(i)].mac1);
             let initiator = match p.initiator {
                 Some(i) if mac_ok(i) => Some(i),
-                _ => (0..settings.peers.len() as PeerId).find(|&i| i != p.responder && mac_ok(i)),
+                _ => (0..settings.peers.len() as PeerId).find(|&i| {
+                    i != p.responder && settings.peers[usize::from(i)].active && mac_ok(i)
+                }),
             };
             let Some(initiator) = initiator else {
                 verdict = Verdict::Drop(DropReason::BadMac1);
@@ -823,6 +951,22 @@ fn expire_queue<T>(
         queue.pop_front();
         removed += usize::from(remove_where(map, index, |e| made_at(e) == at));
     }
+    removed
+}
+
+/// Removes every entry `pred` matches, and the buckets left empty.
+/// Returns how many entries were removed.
+fn remove_all<T: Copy>(map: &mut HashMap<Index, Bucket<T>>, pred: impl Fn(&T) -> bool) -> usize {
+    let mut removed = 0;
+    map.retain(|_, bucket| {
+        for slot in bucket.iter_mut() {
+            if slot.as_ref().is_some_and(&pred) {
+                *slot = None;
+                removed += 1;
+            }
+        }
+        bucket.iter().any(Option::is_some)
+    });
     removed
 }
 

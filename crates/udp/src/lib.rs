@@ -38,6 +38,7 @@
 pub mod config;
 pub mod fuzzing;
 pub mod hub;
+pub mod live;
 pub mod metrics;
 pub mod outbox;
 pub mod ratelimit;
@@ -55,8 +56,9 @@ use std::time::{Duration, Instant};
 use ferry_engine::mailbox::msg_ring;
 use thiserror::Error;
 
-use crate::config::{Config, ConfigError};
-use crate::hub::{Endpoint, HubSettings, PeerInfo};
+use crate::config::{Change, Config, ConfigError};
+use crate::hub::HubSettings;
+use crate::live::{Published, SourceRate};
 use crate::metrics::{Metrics, MetricsServer, ShardMetrics, StartInfo};
 use crate::shard::{HubPart, Role, Route, Shard, ShardSetup, TargetCell};
 use crate::socket::{BindError, SocketOptions};
@@ -132,6 +134,8 @@ fn choose(current: Option<SocketAddr>, found: &[SocketAddr]) -> Option<SocketAdd
 /// A running relay.
 pub struct Relay {
     bound: Vec<(String, SocketAddr)>,
+    hub_settings: Option<Arc<Published<HubSettings>>>,
+    source_rate: Arc<Published<SourceRate>>,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
     wakers: Vec<Arc<mio::Waker>>,
@@ -218,34 +222,11 @@ impl Relay {
         }
         let granted = granted.unwrap_or_default();
 
-        let hub_settings = config.hub.as_ref().map(|h| {
-            let index = |name: &str| {
-                h.peers
-                    .iter()
-                    .position(|p| p.name == name)
-                    .map(|i| i as u16)
-            };
-            Arc::new(HubSettings {
-                peers: h
-                    .peers
-                    .iter()
-                    .map(|p| PeerInfo {
-                        name: p.name.clone(),
-                        key: p.public_key,
-                        mac1: ferry_proto::wireguard::Mac1Key::new(&p.public_key),
-                        allow: p.allow.as_ref().map(|names| {
-                            let mut ids: Vec<u16> = names.iter().filter_map(|n| index(n)).collect();
-                            ids.sort_unstable();
-                            ids
-                        }),
-                        fixed: p.endpoint.map(|addr| Endpoint { addr, via: 0 }),
-                    })
-                    .collect(),
-                max_indices: h.max_indices,
-                handshake_rate: f64::from(t.handshake_rate),
-                handshake_burst: f64::from(t.handshake_burst),
-            })
-        });
+        let hub_settings = match &config.hub {
+            Some(h) => Some(Arc::new(Published::new(live::hub_settings(h, t, None)?))),
+            None => None,
+        };
+        let source_rate = Arc::new(Published::new(live::source_rate(t)));
         // Rings between every ordered pair of shards, for hub events.
         let mut txs: Vec<Vec<_>> = (0..workers).map(|_| Vec::new()).collect();
         let mut rxs: Vec<Vec<_>> = (0..workers).map(|_| Vec::new()).collect();
@@ -297,7 +278,7 @@ impl Relay {
                     .map(|settings| HubPart { settings, tx, rx }),
                 socket_options,
                 gso,
-                source_rate: (f64::from(t.handshake_rate), f64::from(t.handshake_burst)),
+                source_rate: source_rate.clone(),
                 metrics: shard_metrics[id].clone(),
                 stop: stop.clone(),
                 poll,
@@ -328,8 +309,15 @@ impl Relay {
             }
         }
 
+        if let Some(h) = &config.hub {
+            metrics
+                .hub_peers
+                .store(h.peers.len() as u64, Ordering::Relaxed);
+        }
         let mut relay = Relay {
             bound,
+            hub_settings,
+            source_rate,
             metrics: metrics.clone(),
             stop: stop.clone(),
             wakers,
@@ -380,7 +368,11 @@ impl Relay {
             },
             "UDP relay running"
         );
-        if let Some(advice) = buffer_advice(t.recv_buffer, t.send_buffer, &granted) {
+        let asked = socket::Asked {
+            recv: t.recv_buffer,
+            send: t.send_buffer,
+        };
+        if let Some(advice) = socket::buffer_advice(asked, socket::buffer_limits(), &granted) {
             tracing::warn!("{advice}");
         }
         Ok(relay)
@@ -400,6 +392,42 @@ impl Relay {
     /// Where metrics are served, if anywhere.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(|m| m.addr)
+    }
+
+    /// Applies what can change while running from `new`, the relay
+    /// running `running`: the hub's peers (added, removed, their allow
+    /// lists and fixed endpoints), `hub.max_indices`, and the per-source
+    /// handshake limits. Returns every difference, each marked applied
+    /// ([`Change::live`]) or needing a restart; nothing is applied when
+    /// `new` is not valid. See [`Config::with_live_parts_of`] for the
+    /// configuration then running.
+    pub fn reconfigure(&self, running: &Config, new: &Config) -> Result<Vec<Change>, ConfigError> {
+        new.validate()?;
+        let hub = match (&self.hub_settings, &running.hub, &new.hub) {
+            (Some(cell), Some(_), Some(h)) => {
+                Some((cell, live::hub_settings(h, &new.tuning, Some(&cell.get()))?))
+            }
+            _ => None,
+        };
+        let changes = running.changes(new);
+        if changes.is_empty() {
+            return Ok(changes);
+        }
+        if let Some((cell, settings)) = hub {
+            let active = settings.peers.iter().filter(|p| p.active).count();
+            cell.set(settings);
+            self.metrics
+                .hub_peers
+                .store(active as u64, Ordering::Relaxed);
+        }
+        let rate = live::source_rate(&new.tuning);
+        if *self.source_rate.get() != rate {
+            self.source_rate.set(rate);
+        }
+        for w in &self.wakers {
+            let _ = w.wake();
+        }
+        Ok(changes)
     }
 
     /// Stops every thread and waits for them.
@@ -429,47 +457,6 @@ impl Drop for Relay {
     }
 }
 
-/// What to tell an operator whose socket buffers came out smaller than
-/// asked (the kernel capped them at `net.core.rmem_max`/`wmem_max` because
-/// the process may not force them), or `None` when they did not.
-///
-/// Linux doubles every `SO_RCVBUF`/`SO_SNDBUF` request for its own
-/// bookkeeping and reports the doubled value, after capping the request at
-/// the sysctl maximum; a socket got what it asked for when it reports at
-/// least twice the request.
-pub fn buffer_advice(
-    recv_asked: usize,
-    send_asked: usize,
-    granted: &socket::Granted,
-) -> Option<String> {
-    let short = |asked: usize, got: usize| got < asked.saturating_mul(2);
-    let recv_short = short(recv_asked, granted.recv);
-    let send_short = short(send_asked, granted.send);
-    if !recv_short && !send_short {
-        return None;
-    }
-    let mut fix = Vec::new();
-    if recv_short {
-        fix.push(format!("sysctl -w net.core.rmem_max={recv_asked}"));
-    }
-    if send_short {
-        fix.push(format!("sysctl -w net.core.wmem_max={send_asked}"));
-    }
-    Some(format!(
-        "UDP socket buffers are smaller than asked (receive: asked {recv_asked} bytes, got {} usable; \
-         send: asked {send_asked}, got {} usable): the kernel caps requests at net.core.rmem_max/wmem_max \
-         unless the process has CAP_NET_ADMIN, and bursts beyond the buffer are dropped \
-         (ferry_udp_socket_drops_total). To fix, as root: {} (persist them in /etc/sysctl.d/), \
-         or give ferry CAP_NET_ADMIN. The kernel reports twice the usable size \
-         (ferry_udp_socket_buffer_bytes shows {} and {}): it doubles each request for its bookkeeping",
-        granted.recv / 2,
-        granted.send / 2,
-        fix.join(" && "),
-        granted.recv,
-        granted.send,
-    ))
-}
-
 /// Re-resolves DNS targets on their intervals and publishes changes.
 fn resolve_loop(
     watched: Vec<(String, Duration, Arc<TargetCell>)>,
@@ -492,7 +479,7 @@ fn resolve_loop(
             match resolver.resolve(target) {
                 Ok(found) if !found.is_empty() => {
                     metrics.resolves_ok.fetch_add(1, Ordering::Relaxed);
-                    let current = cell.get();
+                    let current = *cell.get();
                     if let Some(next) = choose(Some(current), &found) {
                         if next != current {
                             tracing::info!(%target, from = %current, to = %next, "bounce target moved");

@@ -209,6 +209,13 @@ pub struct Metrics {
     pub resolves_failed: AtomicU64,
     /// Times a target's address changed.
     pub target_changes: AtomicU64,
+    /// Peers the hub is configured with now.
+    pub hub_peers: AtomicU64,
+    /// Configuration reloads (SIGHUP) applied, or refused for an invalid
+    /// file.
+    pub reloads_applied: AtomicU64,
+    /// Configuration reloads refused.
+    pub reloads_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -435,6 +442,29 @@ impl Metrics {
             "ferry_udp_target_changes_total {}",
             self.target_changes.load(Relaxed)
         );
+        family(
+            &mut o,
+            "ferry_udp_hub_peers",
+            "gauge",
+            "Peers the hub is configured with (changes on SIGHUP).",
+        );
+        let _ = writeln!(o, "ferry_udp_hub_peers {}", self.hub_peers.load(Relaxed));
+        family(
+            &mut o,
+            "ferry_udp_config_reloads_total",
+            "counter",
+            "Configuration reloads on SIGHUP: applied (possibly with changes that need a restart), or failed (the file was not valid; the running configuration stays).",
+        );
+        for (result, n) in [
+            ("applied", &self.reloads_applied),
+            ("failed", &self.reloads_failed),
+        ] {
+            let _ = writeln!(
+                o,
+                "ferry_udp_config_reloads_total{{result=\"{result}\"}} {}",
+                n.load(Relaxed)
+            );
+        }
         family(&mut o, "ferry_udp_shards", "gauge", "Shard threads.");
         let _ = writeln!(o, "ferry_udp_shards {}", self.shards.len());
         o

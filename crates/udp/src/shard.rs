@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::{MsgRx, MsgTx};
@@ -33,6 +33,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use crate::hub::{DropReason, Event, Hub, HubSettings, Inbox, Verdict};
+use crate::live::{Published, SourceRate};
 use crate::metrics::{Drop, ShardMetrics};
 use crate::outbox::{Flushed, Outbox};
 use crate::ratelimit::SourceLimiter;
@@ -48,36 +49,7 @@ const SESSION_BASE: usize = 1 << 20;
 
 /// A bounce target's current address, updated by the resolver thread and
 /// read by shards when its generation changes.
-#[derive(Debug)]
-pub struct TargetCell {
-    generation: AtomicU64,
-    addr: Mutex<SocketAddr>,
-}
-
-impl TargetCell {
-    /// A cell holding `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
-        TargetCell {
-            generation: AtomicU64::new(0),
-            addr: Mutex::new(addr),
-        }
-    }
-
-    /// Publishes a new address.
-    pub fn set(&self, addr: SocketAddr) {
-        *self.addr.lock().unwrap_or_else(|e| e.into_inner()) = addr;
-        self.generation.fetch_add(1, Ordering::Release);
-    }
-
-    /// The current address.
-    pub fn get(&self) -> SocketAddr {
-        *self.addr.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-}
+pub type TargetCell = Published<SocketAddr>;
 
 /// A bounce route as every shard sees it.
 #[derive(Debug)]
@@ -104,8 +76,8 @@ pub enum Role {
 /// A shard's share of the hub: settings, and the rings to and from every
 /// other shard.
 pub struct HubPart {
-    /// The hub's settings.
-    pub settings: Arc<HubSettings>,
+    /// The hub's settings, as published (they change on a reload).
+    pub settings: Arc<Published<HubSettings>>,
     /// Rings to the other shards.
     pub tx: Vec<MsgTx<Event>>,
     /// Rings from the other shards.
@@ -127,8 +99,9 @@ pub struct ShardSetup {
     /// Use GSO.
     pub gso: bool,
     /// Per source IP: new bounce sessions, and initiations through a
-    /// bounce, per second and burst (each has its own buckets).
-    pub source_rate: (f64, f64),
+    /// bounce, per second and burst (each has its own buckets); they
+    /// change on a reload.
+    pub source_rate: Arc<Published<SourceRate>>,
     /// Counters.
     pub metrics: Arc<ShardMetrics>,
     /// Set to stop.
@@ -259,6 +232,9 @@ pub struct Shard {
     gso: bool,
     session_limiter: SourceLimiter,
     handshake_limiter: SourceLimiter,
+    source_rate: Arc<Published<SourceRate>>,
+    /// Generation of `source_rate` the limiters were made from.
+    rate_seen: u64,
     buf: Vec<u8>,
     slot: usize,
     meta: Vec<RecvMeta>,
@@ -301,14 +277,16 @@ impl Shard {
             });
         }
         let (hub, repl_tx) = match setup.hub {
-            Some(HubPart { settings, tx, rx }) => (
-                Some(Hub::new(setup.id as u8, settings, Box::new(RingInbox(rx)))),
-                tx,
-            ),
+            Some(HubPart { settings, tx, rx }) => {
+                let mut hub = Hub::new(setup.id as u8, settings.get(), Box::new(RingInbox(rx)));
+                hub.follow(settings);
+                (Some(hub), tx)
+            }
             None => (None, Vec::new()),
         };
         let n_routes = setup.routes.len();
-        let route_targets = setup.routes.iter().map(|r| r.target.get()).collect();
+        let (rate, burst) = *setup.source_rate.get();
+        let route_targets = setup.routes.iter().map(|r| *r.target.get()).collect();
         let route_generation = setup.routes.iter().map(|r| r.target.generation()).collect();
         Ok(Shard {
             id: setup.id,
@@ -326,8 +304,10 @@ impl Shard {
             repl_tx,
             socket_options: setup.socket_options,
             gso: setup.gso,
-            session_limiter: SourceLimiter::new(4096, setup.source_rate.0, setup.source_rate.1),
-            handshake_limiter: SourceLimiter::new(4096, setup.source_rate.0, setup.source_rate.1),
+            session_limiter: SourceLimiter::new(4096, rate, burst),
+            handshake_limiter: SourceLimiter::new(4096, rate, burst),
+            rate_seen: setup.source_rate.generation(),
+            source_rate: setup.source_rate,
             buf: vec![0u8; slot * MAX_BATCH],
             slot,
             meta: vec![RecvMeta::default(); MAX_BATCH],
@@ -364,6 +344,15 @@ impl Shard {
                 }
             }
             self.now = Instant::now();
+            // A reload publishes new limits; the hub takes its new
+            // settings in `sync`.
+            let generation = self.source_rate.generation();
+            if generation != self.rate_seen {
+                self.rate_seen = generation;
+                let (rate, burst) = *self.source_rate.get();
+                self.session_limiter = SourceLimiter::new(4096, rate, burst);
+                self.handshake_limiter = SourceLimiter::new(4096, rate, burst);
+            }
             if let Some(hub) = &mut self.hub {
                 hub.sync();
             }
@@ -710,7 +699,7 @@ impl Shard {
             let generation = self.routes[r].target.generation();
             if generation != self.route_generation[r] {
                 self.route_generation[r] = generation;
-                self.route_targets[r] = self.routes[r].target.get();
+                self.route_targets[r] = *self.routes[r].target.get();
                 self.retarget(r);
             }
         }

@@ -67,6 +67,97 @@ pub struct Granted {
     pub forced: bool,
 }
 
+/// The buffer sizes the configuration asks for (`recv_buffer`,
+/// `send_buffer`).
+#[derive(Clone, Copy, Debug)]
+pub struct Asked {
+    /// Receive buffer, bytes.
+    pub recv: usize,
+    /// Send buffer, bytes.
+    pub send: usize,
+}
+
+/// The system's caps on ordinary buffer requests: `net.core.rmem_max` and
+/// `net.core.wmem_max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// `net.core.rmem_max`, bytes.
+    pub rmem_max: usize,
+    /// `net.core.wmem_max`, bytes.
+    pub wmem_max: usize,
+}
+
+/// Reads [`Limits`] from `/proc/sys/net/core`; `None` where they cannot
+/// be read (some containers hide them).
+pub fn buffer_limits() -> Option<Limits> {
+    let read = |name: &str| -> Option<usize> {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(Limits {
+        rmem_max: read("rmem_max")?,
+        wmem_max: read("wmem_max")?,
+    })
+}
+
+/// The one warning to log at start when the system's limits keep the
+/// sockets below what the configuration asks for, or `None` when they do
+/// not: buffers were forced past the limits (CAP_NET_ADMIN), or the limits
+/// are at least the sizes asked for.
+///
+/// Without CAP_NET_ADMIN, Linux caps an `SO_RCVBUF`/`SO_SNDBUF` request at
+/// `net.core.rmem_max`/`wmem_max` and then doubles it, keeping the extra
+/// half for its own bookkeeping; `getsockopt` (and
+/// `ferry_udp_socket_buffer_bytes`) reports the doubled value. So a limit
+/// of at least the size asked for is what it takes, and the `sysctl -w`
+/// lines set exactly that. Where the limits could not be read, what the
+/// sockets reported decides (less than twice the request is short).
+pub fn buffer_advice(asked: Asked, limits: Option<Limits>, granted: &Granted) -> Option<String> {
+    if granted.forced {
+        return None;
+    }
+    let (recv_cap, send_cap) = match limits {
+        Some(l) => (l.rmem_max, l.wmem_max),
+        None => (granted.recv / 2, granted.send / 2),
+    };
+    let recv_short = recv_cap < asked.recv;
+    let send_short = send_cap < asked.send;
+    if !recv_short && !send_short {
+        return None;
+    }
+    let mut fix = Vec::new();
+    let mut what = Vec::new();
+    if recv_short {
+        fix.push(format!("sysctl -w net.core.rmem_max={}", asked.recv));
+        what.push(format!(
+            "receive: asked {} bytes, net.core.rmem_max allows {recv_cap}",
+            asked.recv
+        ));
+    }
+    if send_short {
+        fix.push(format!("sysctl -w net.core.wmem_max={}", asked.send));
+        what.push(format!(
+            "send: asked {} bytes, net.core.wmem_max allows {send_cap}",
+            asked.send
+        ));
+    }
+    Some(format!(
+        "UDP socket buffers are smaller than asked ({}): without CAP_NET_ADMIN the kernel caps each \
+         request at net.core.rmem_max/wmem_max, and bursts beyond the buffer are dropped \
+         (ferry_udp_socket_drops_total). Fix, as root: {} (persist them in /etc/sysctl.d/), or give \
+         ferry CAP_NET_ADMIN to force the sizes. The kernel then reports twice each size \
+         (ferry_udp_socket_buffer_bytes, now {} and {}): it doubles every request and keeps half \
+         for its own bookkeeping",
+        what.join("; "),
+        fix.join(" && "),
+        granted.recv,
+        granted.send,
+    ))
+}
+
 fn new_socket(addr: &SocketAddr) -> io::Result<Socket> {
     port::new_socket(*addr, Transport::Udp)
 }
@@ -196,6 +287,69 @@ mod tests {
         let plain = UdpSocket::bind("127.0.0.1:0").unwrap();
         let err = bind_group("--listen", plain.local_addr().unwrap(), 1, &opts()).unwrap_err();
         assert!(matches!(err, BindError::PortInUse { .. }));
+    }
+
+    #[test]
+    fn buffer_advice_compares_the_sysctl_limits_with_the_request() {
+        const MB16: usize = 16 << 20;
+        let asked = Asked {
+            recv: MB16,
+            send: MB16,
+        };
+        let capped = Granted {
+            recv: 2 * 212_992,
+            send: 2 * 212_992,
+            forced: false,
+        };
+        let defaults = Limits {
+            rmem_max: 212_992,
+            wmem_max: 212_992,
+        };
+        let w = buffer_advice(asked, Some(defaults), &capped).unwrap();
+        assert!(
+            w.contains(
+                "sysctl -w net.core.rmem_max=16777216 && sysctl -w net.core.wmem_max=16777216"
+            ),
+            "{w}"
+        );
+        assert!(
+            w.contains("receive: asked 16777216 bytes, net.core.rmem_max allows 212992"),
+            "{w}"
+        );
+        assert!(w.contains("twice") && w.contains("425984"), "{w}");
+        // Only the short side is named.
+        let w = buffer_advice(
+            asked,
+            Some(Limits {
+                rmem_max: MB16,
+                wmem_max: 212_992,
+            }),
+            &capped,
+        )
+        .unwrap();
+        assert!(
+            !w.contains("rmem_max=") && w.contains("sysctl -w net.core.wmem_max=16777216"),
+            "{w}"
+        );
+        // Enough, exactly enough, or forced: nothing to say.
+        let big = Limits {
+            rmem_max: MB16,
+            wmem_max: 1 << 30,
+        };
+        assert_eq!(buffer_advice(asked, Some(big), &capped), None);
+        let forced = Granted {
+            forced: true,
+            ..capped
+        };
+        assert_eq!(buffer_advice(asked, Some(defaults), &forced), None);
+        // Limits unknown: the sockets' reports decide.
+        assert!(buffer_advice(asked, None, &capped).is_some());
+        let full = Granted {
+            recv: 2 * MB16,
+            send: 2 * MB16,
+            forced: false,
+        };
+        assert_eq!(buffer_advice(asked, None, &full), None);
     }
 
     #[test]

@@ -523,3 +523,55 @@ fn hub_learns_indices_and_forwards_across_shards() {
     assert!(text.contains("ferry_udp_drops_total{reason=\"not_wireguard\"} 1"));
     relay.shutdown();
 }
+
+#[test]
+fn a_reconfigured_hub_applies_on_every_shard() {
+    let keys: Vec<PublicKey> = (1..=3).map(|n| PublicKey::from_bytes([n; 32])).collect();
+    let old = hub_config(&keys[..2], 2);
+    let relay = Relay::start(&old).unwrap();
+    let hub = relay.bound()[0].1;
+    let m = relay.metrics().clone();
+    let phone = client();
+    let mut new = hub_config(&keys, 2);
+    new.hub.as_mut().unwrap().peers[2].endpoint = Some(phone.local_addr().unwrap());
+    let changes = relay.reconfigure(&old, &new).unwrap();
+    let texts: Vec<(&str, bool)> = changes.iter().map(|c| (c.text.as_str(), c.live)).collect();
+    assert_eq!(texts, [("hub.peer \"p2\": added", true)]);
+    assert_eq!(m.hub_peers.load(Ordering::Relaxed), 3);
+    // Sources spread over both shards by the kernel: each shard routes to
+    // the new peer.
+    // (32 sources all on one shard: odds of 2 in 2^32.)
+    let callers: Vec<UdpSocket> = (0..32).map(|_| client()).collect();
+    for (i, c) in callers.iter().enumerate() {
+        let init = handshake(1, 0x1000 + i as u32, 0, &keys[2]);
+        c.send_to(&init, hub).unwrap();
+        expect(&phone, &init);
+    }
+    assert!(
+        m.shards.iter().all(|s| s.hub_in.packets.get() > 0),
+        "both shards routed some"
+    );
+    // And every shard forgets it again.
+    let running = old.with_live_parts_of(&new);
+    let changes = relay.reconfigure(&running, &old).unwrap();
+    assert_eq!(changes[0].text, "hub.peer \"p2\": removed");
+    for (i, c) in callers.iter().enumerate() {
+        c.send_to(&handshake(1, 0x2000 + i as u32, 0, &keys[2]), hub)
+            .unwrap();
+    }
+    wait_for("32 unknown recipients", || {
+        m.drops(Drop::Hub(ferry_udp::hub::DropReason::UnknownRecipient)) == 32
+    });
+    phone.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 2048];
+    assert!(
+        phone.recv_from(&mut buf).is_err(),
+        "nothing for a removed peer"
+    );
+    // An invalid configuration is refused and changes nothing.
+    let mut bad = old.clone();
+    bad.hub.as_mut().unwrap().peers.pop();
+    assert!(relay.reconfigure(&old, &bad).is_err());
+    assert_eq!(m.hub_peers.load(Ordering::Relaxed), 2);
+    relay.shutdown();
+}

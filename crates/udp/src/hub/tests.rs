@@ -36,6 +36,7 @@ fn peer(name: &str, key: PublicKey) -> PeerInfo {
         mac1: Mac1Key::new(&key),
         allow: None,
         fixed: None,
+        active: true,
     }
 }
 
@@ -536,4 +537,79 @@ fn pending_entries_expire_behind_longer_lived_sessions() {
         "a response to a forgotten initiation"
     );
     assert_eq!(h.entries, 2, "entry count follows the tables");
+}
+
+#[test]
+fn removed_peers_are_forgotten_and_added_ones_reachable() {
+    let t = Instant::now();
+    let cell = Arc::new(Published::new(HubSettings {
+        peers: vec![],
+        max_indices: 1024,
+        handshake_rate: 1000.0,
+        handshake_burst: 1000.0,
+    }));
+    let mut h = abc();
+    let (a_index, _) = indices();
+    assert_eq!(go(&mut h, t, XA, &hex(INIT)), Verdict::Forward(ep(XB)));
+    assert_eq!(go(&mut h, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
+    assert_eq!(h.counts().sessions, 2);
+
+    // B removed (its id stays, inactive), D added with a fixed endpoint.
+    let mut peers = h.settings.peers.clone();
+    peers[1].active = false;
+    let mut d = peer("d", synthetic_key(4));
+    d.fixed = Some(ep("10.77.4.2:51820"));
+    peers.push(d);
+    cell.set(HubSettings {
+        peers,
+        max_indices: 1024,
+        handshake_rate: 1000.0,
+        handshake_burst: 1000.0,
+    });
+    h.follow(cell.clone());
+    let c = h.counts();
+    assert_eq!(
+        (c.sessions, c.pending, c.known_peers),
+        (0, 0, 2),
+        "B's session and endpoint are gone"
+    );
+    assert_eq!(h.endpoint(1), None);
+    assert_eq!(
+        go(&mut h, t, XA, &hex(A_KEEPALIVE)),
+        Verdict::Drop(DropReason::UnknownIndex)
+    );
+    assert_eq!(
+        go(&mut h, t, XA, &hex(INIT)),
+        Verdict::Drop(DropReason::UnknownRecipient),
+        "nobody configured has B's key now"
+    );
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(7, &synthetic_key(4))),
+        Verdict::Forward(ep("10.77.4.2:51820"))
+    );
+    // An event about B from a shard that has not switched yet is ignored.
+    h.apply(Event::Endpoint {
+        peer: 1,
+        endpoint: ep(XB),
+        version: 1 << 20,
+    });
+    assert_eq!(h.endpoint(1), None);
+
+    // A replica that meets an id it does not know takes the published
+    // settings first.
+    let mut other = abc();
+    other.follow(Arc::new(Published::new((*h.settings).clone())));
+    let mut late = abc();
+    let behind = Arc::new(Published::new((*abc().settings).clone()));
+    late.follow(behind.clone());
+    behind.set((*h.settings).clone());
+    late.apply(Event::Session {
+        initiator_index: a_index,
+        initiator: 0,
+        responder_index: 99,
+        responder: 3,
+        at: t,
+    });
+    assert_eq!(late.counts().sessions, 2);
+    assert_eq!(other.settings.peers.len(), 4);
 }
