@@ -22,7 +22,7 @@ reap() {
 trap reap EXIT
 out=$(mktemp)
 FERRY_E2E=1 FERRY_BIN="$target_dir/debug/ferry" \
-  go test ./e2e -run 'TestTailscaleThroughRelay|TestAdmission' -count=1 -v -timeout 15m | tee "$out"
+  go test ./e2e -run 'TestTailscaleThroughRelay|TestAdmission|TestMeshRegion' -count=1 -v -timeout 15m | tee "$out"
 # CI's machine has root, namespaces and the tools (.ci/setup.d): a skip
 # there is a failure, not a pass.
 if [ "${CI:-}" = true ] && grep -q -- '--- SKIP' "$out"; then

@@ -3,6 +3,8 @@
 package testbed
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -27,7 +29,14 @@ type Config struct {
 	// the same tailnet before the two nodes: the tailscaled that
 	// `--verify-clients` asks.
 	LocalNodeDir string
-	Logf         Logf
+	// Peer, when set, is a second relay node in the relay's region (TLS
+	// on PeerTLSPort, both meshed with --mesh-with and one mesh key,
+	// certificates from one throw-away CA). Node A's TCP to the peer and
+	// node B's to the relay are refused, so A's home is the relay and B's
+	// the peer, and their traffic crosses the mesh; Bed.AllowAToPeer
+	// lifts A's rule.
+	Peer *RelayOptions
+	Logf Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.
@@ -36,6 +45,7 @@ type Bed struct {
 	Netns     Netns
 	Dir       string
 	Relay     *Relay
+	Peer      *Relay // with Config.Peer
 	Headscale *Headscale
 	A, B      *Node
 	Local     *Node // with Config.LocalNodeDir
@@ -73,7 +83,7 @@ func (b *Bed) Up() error {
 		return err
 	}
 	b.Dir = dir
-	for _, d := range []string{"relay", "headscale", "a", "b"} {
+	for _, d := range []string{"relay", "peer", "headscale", "a", "b"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
@@ -82,11 +92,33 @@ func (b *Bed) Up() error {
 		return fmt.Errorf("network namespaces: %w", err)
 	}
 
-	relayBin := b.Cfg.Bins.Derper
-	if b.Cfg.Relay.Kind == Ferry {
-		relayBin = b.Cfg.Bins.Ferry
+	binOf := func(kind string) string {
+		if kind == Ferry {
+			return b.Cfg.Bins.Ferry
+		}
+		return b.Cfg.Bins.Derper
 	}
-	b.Relay, err = startRelay(relayBin, b.Netns.Relay, filepath.Join(dir, "relay"), b.Cfg.Relay)
+	relayOpts := b.Cfg.Relay
+	if b.Cfg.Peer != nil {
+		if !relayOpts.TLS || !b.Cfg.Peer.TLS {
+			return fmt.Errorf("a two-node region needs TLS on both (mesh links are TLS)")
+		}
+		if b.Cfg.Peer.Kind == Ferry && b.Cfg.Bins.Ferry == "" {
+			return fmt.Errorf("no ferry binary")
+		}
+		var peerOpts RelayOptions
+		if relayOpts, peerOpts, err = regionOptions(dir, relayOpts, *b.Cfg.Peer); err != nil {
+			return err
+		}
+		b.Peer, err = startRelay(binOf(peerOpts.Kind), b.Netns.Relay, filepath.Join(dir, "peer"), peerOpts)
+		if b.Peer != nil && b.Peer.Proc != nil {
+			b.procs = append(b.procs, b.Peer.Proc)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	b.Relay, err = startRelay(binOf(relayOpts.Kind), b.Netns.Relay, filepath.Join(dir, "relay"), relayOpts)
 	if b.Relay != nil && b.Relay.Proc != nil {
 		b.procs = append(b.procs, b.Relay.Proc)
 	}
@@ -94,7 +126,19 @@ func (b *Bed) Up() error {
 		return err
 	}
 
-	b.Headscale, err = startHeadscale(b.Cfg.Bins.Headscale, b.Netns.Relay, filepath.Join(dir, "headscale"), b.Relay.Port)
+	nodes := []mapNode{{Name: "900a", DERP: b.Relay.Port, STUN: STUNPort}}
+	if b.Peer != nil {
+		nodes = append(nodes, mapNode{Name: "900b", DERP: b.Peer.Port, STUN: PeerSTUNPort})
+		// Headscale shuffles a region's nodes, so the order cannot pin
+		// the homes: each node is kept off the other's relay instead.
+		if err := refuseRelay(b.Netns.B, b.Relay.Port); err != nil {
+			return err
+		}
+		if err := refuseRelay(b.Netns.A, b.Peer.Port); err != nil {
+			return err
+		}
+	}
+	b.Headscale, err = startHeadscale(b.Cfg.Bins.Headscale, b.Netns.Relay, filepath.Join(dir, "headscale"), nodes)
 	if b.Headscale != nil && b.Headscale.Proc != nil {
 		b.procs = append(b.procs, b.Headscale.Proc)
 	}
@@ -109,7 +153,7 @@ func (b *Bed) Up() error {
 	// How the nodes reach the relay: trust its certificate, or plain HTTP.
 	var env []string
 	if b.Cfg.Relay.TLS {
-		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
+		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile) // the CA's, in a region
 	} else {
 		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
 	}
@@ -207,3 +251,42 @@ func (b *Bed) Close() {
 
 // AddProc registers an extra process (an iperf3 server) to stop on Close.
 func (b *Bed) AddProc(p *Proc) { b.procs = append(b.procs, p) }
+
+// PeerTLSPort and PeerSTUNPort are the second relay node's ports.
+const (
+	PeerTLSPort  = 8443
+	PeerSTUNPort = 3479
+)
+
+// regionOptions makes the two relay nodes of a region: one CA for both
+// certificates, one mesh key, each with --mesh-with listing both (itself
+// included, as operators write it), trusting the CA.
+func regionOptions(dir string, first, second RelayOptions) (RelayOptions, RelayOptions, error) {
+	ca, err := newCA(dir)
+	if err != nil {
+		return first, second, err
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return first, second, err
+	}
+	psk := filepath.Join(dir, "mesh.key")
+	if err := os.WriteFile(psk, []byte(hex.EncodeToString(raw[:])+"\n"), 0o600); err != nil {
+		return first, second, err
+	}
+	mesh := fmt.Sprintf("%[1]s:%[2]d/%[3]s,%[1]s:%[4]d/%[3]s", RelayHostname, TLSPort, RelayIP, PeerTLSPort)
+	second.port, second.stunPort = PeerTLSPort, PeerSTUNPort
+	for _, o := range []*RelayOptions{&first, &second} {
+		o.ca = ca
+		o.env = append(o.env, "SSL_CERT_FILE="+ca.File)
+		o.ExtraArgs = append(append([]string(nil), o.ExtraArgs...), "--mesh-psk-file", psk, "--mesh-with", mesh)
+	}
+	return first, second, nil
+}
+
+// AllowAToPeer lets node A reach the region's second relay node (see
+// Config.Peer).
+func (b *Bed) AllowAToPeer() error {
+	_, err := run(b.Netns.A, 10*time.Second, nil, "nft", "delete", "table", "inet", "fe_refuse")
+	return err
+}

@@ -79,39 +79,38 @@ taildrop:
   enabled: false
 `
 
-// derpMapYAML is the DERP map Headscale hands to the nodes: one region,
-// one node, the relay (Headscale reads lower-case Go field names).
-const derpMapYAML = `regions:
-  900:
-    regionid: 900
-    regioncode: fe
-    regionname: Ferry test bed
-    nodes:
-      - name: 900a
-        regionid: 900
-        hostname: {{HOST}}
-        ipv4: {{IP}}
-        ipv6: none
-        stunport: {{STUN}}
-        derpport: {{DERP}}
-`
+// mapNode is one DERP node of the test region.
+type mapNode struct {
+	Name       string
+	DERP, STUN int
+}
+
+// derpMapYAML is the DERP map Headscale hands to the nodes: one region
+// with the relay node(s) in order (Headscale reads lower-case Go field
+// names).
+func derpMapYAML(nodes []mapNode) string {
+	var b strings.Builder
+	b.WriteString("regions:\n  900:\n    regionid: 900\n    regioncode: fe\n    regionname: Ferry test bed\n    nodes:\n")
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "      - name: %s\n        regionid: 900\n        hostname: %s\n        ipv4: %s\n        ipv6: none\n        stunport: %d\n        derpport: %d\n",
+			n.Name, RelayHostname, RelayIP, n.STUN, n.DERP)
+	}
+	return b.String()
+}
 
 // startHeadscale writes the configuration and DERP map into dir, starts
 // Headscale in namespace ns and waits until it answers /health.
-func startHeadscale(bin, ns, dir string, derpPort int) (*Headscale, error) {
+func startHeadscale(bin, ns, dir string, nodes []mapNode) (*Headscale, error) {
 	h := &Headscale{bin: bin, ns: ns, cfg: filepath.Join(dir, "config.yaml")}
 	repl := strings.NewReplacer(
 		"{{IP}}", RelayIP,
 		"{{PORT}}", strconv.Itoa(HeadscalePort),
 		"{{DIR}}", dir,
-		"{{HOST}}", RelayHostname,
-		"{{STUN}}", strconv.Itoa(STUNPort),
-		"{{DERP}}", strconv.Itoa(derpPort),
 	)
 	if err := os.WriteFile(h.cfg, []byte(repl.Replace(headscaleConfig)), 0o600); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "derp.yaml"), []byte(repl.Replace(derpMapYAML)), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "derp.yaml"), []byte(derpMapYAML(nodes)), 0o600); err != nil {
 		return nil, err
 	}
 	var err error

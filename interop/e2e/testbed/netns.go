@@ -269,3 +269,18 @@ func setns(fd uintptr) error {
 func (b *Bed) DialRelayNamespace(ctx context.Context, addr string) (net.Conn, error) {
 	return dialInNamespace(ctx, b.Netns.Relay, addr)
 }
+
+// refuseRelay makes namespace ns refuse its TCP connections to the
+// relay's port (a reset at once, so a client moves on to the region's next
+// node without waiting for a timeout).
+func refuseRelay(ns string, port int) error {
+	rules := fmt.Sprintf(`table inet fe_refuse {
+	chain output {
+		type filter hook output priority 0; policy accept;
+		oifname "eth0" ip daddr %s tcp dport %d counter reject with tcp reset
+	}
+}
+`, RelayIP, port)
+	_, err := runInput(ns, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
+	return err
+}

@@ -51,6 +51,11 @@ type RelayOptions struct {
 	Workers int
 	// ExtraArgs are appended to the relay's command line.
 	ExtraArgs []string
+
+	// Set by the bed for the nodes of a two-node region (Config.Peer).
+	port, stunPort int      // listener and STUN ports (0: the defaults)
+	env            []string // added to the relay's environment
+	ca             *CA      // signs its certificate (nil: self-signed)
 }
 
 // Name is a short label: "ferry-tls", "derper-http", ...
@@ -80,11 +85,18 @@ func startRelay(bin, ns, dir string, o RelayOptions) (*Relay, error) {
 	r := &Relay{Opts: o, ns: ns}
 	keyFile := filepath.Join(dir, o.Kind+".key")
 	var args []string
+	stunPort := STUNPort
+	if o.stunPort != 0 {
+		stunPort = o.stunPort
+	}
 	if o.TLS {
 		r.Port = TLSPort
+		if o.port != 0 {
+			r.Port = o.port
+		}
 		r.scheme = "https"
 		var err error
-		r.CertFile, err = writeCert(dir, RelayHostname, RelayIP)
+		r.CertFile, err = writeCert(dir, RelayHostname, RelayIP, o.ca)
 		if err != nil {
 			return nil, err
 		}
@@ -92,7 +104,7 @@ func startRelay(bin, ns, dir string, o RelayOptions) (*Relay, error) {
 			"-a", fmt.Sprintf(":%d", r.Port),
 			"--certmode", "manual", "--certdir", dir, "--hostname", RelayHostname,
 			"--http-port", "-1",
-			"--stun-port", strconv.Itoa(STUNPort),
+			"--stun-port", strconv.Itoa(stunPort),
 			"-c", keyFile,
 		}
 	} else {
@@ -112,12 +124,12 @@ func startRelay(bin, ns, dir string, o RelayOptions) (*Relay, error) {
 	}
 	args = append(args, o.ExtraArgs...)
 	argv := o.Place.wrap(append([]string{bin}, args...))
-	var env []string
+	env := append([]string(nil), o.env...)
 	if o.Kind == Ferry {
 		env = append(env, "RUST_BACKTRACE=1")
 	}
 	pool := x509.NewCertPool()
-	if o.TLS {
+	if o.TLS { // the CA's certificate or the self-signed one
 		pem, err := os.ReadFile(r.CertFile)
 		if err != nil {
 			return nil, err
@@ -270,10 +282,50 @@ func procCPUSeconds(pid int) (float64, error) {
 	return (ut + st) / clockTicks, nil
 }
 
-// writeCert writes a self-signed ECDSA certificate for host (and ip) as
-// dir/host.crt and dir/host.key, the layout of --certmode manual, and
-// returns the certificate's path.
-func writeCert(dir, host, ip string) (string, error) {
+// CA is a throw-away certificate authority for a region's relays: each
+// relay's certificate is signed by it and everyone (relays dialing each
+// other, tailscaled) trusts it through SSL_CERT_FILE.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	File string // PEM of the CA certificate
+}
+
+// newCA writes the CA certificate as dir/ca.pem.
+func newCA(dir string) (*CA, error) {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "ferry e2e region CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	file := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return nil, err
+	}
+	return &CA{cert: cert, key: priv, File: file}, nil
+}
+
+// writeCert writes an ECDSA certificate for host (and ip) as dir/host.crt
+// and dir/host.key, the layout of --certmode manual, and returns the path
+// of the certificate the nodes must trust: the CA's when ca signs it,
+// otherwise the self-signed certificate itself.
+func writeCert(dir, host, ip string, ca *CA) (string, error) {
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return "", err
@@ -294,7 +346,13 @@ func writeCert(dir, host, ip string) (string, error) {
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	parent, signer := tmpl, any(priv)
+	if ca != nil {
+		tmpl.IsCA = false
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		parent, signer = ca.cert, ca.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &priv.PublicKey, signer)
 	if err != nil {
 		return "", err
 	}
@@ -308,6 +366,9 @@ func writeCert(dir, host, ip string) (string, error) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, host+".key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
 		return "", err
+	}
+	if ca != nil {
+		return ca.File, nil
 	}
 	return certFile, nil
 }
