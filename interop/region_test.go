@@ -440,3 +440,43 @@ func TestMeshLinkCut(t *testing.T) {
 		})
 	}
 }
+
+// A peer whose certificate the system roots do not vouch for is never
+// meshed with (TLS to mesh peers is always verified): ferry logs why and
+// keeps retrying, its clients relay locally as before, and nothing is
+// forwarded to the peer.
+func TestMeshBadCertificate(t *testing.T) {
+	for _, far := range []string{kindFerry, kindDerper} {
+		t.Run("ferry+"+far, func(t *testing.T) {
+			for _, k := range []string{kindFerry, far} {
+				if !contains(selectedServers, k) {
+					t.Skipf("INTEROP_SERVERS excludes %s", k)
+				}
+			}
+			t.Parallel()
+			ca := newTestCA(t)
+			var raw [32]byte
+			rand.Read(raw[:])
+			meshHex := hex.EncodeToString(raw[:])
+			p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
+			n0 := startServer(t, kindFerry, serverOpts{
+				tls: true, mesh: true, meshHex: meshHex, port: p0, ca: ca,
+				env:  []string{"SSL_CERT_FILE=" + ca.file},
+				args: []string{"--mesh-with", fmt.Sprintf("localhost:%d/127.0.0.1", p1)},
+			})
+			// Self-signed: not from the CA node 0 trusts.
+			n1 := startServer(t, far, serverOpts{tls: true, mesh: true, meshHex: meshHex, port: p1})
+			a := n0.newClient(t, "a@0")
+			a2 := n0.newClient(t, "a2@0")
+			b := n1.newClient(t, "b@1")
+			// (Its first dial may be refused: node 1 starts after it.)
+			waitLog(t, n0, "invalid peer certificate")
+			relayOK(t, a, a2)
+			a.send(t, b.pub, nonDisco(64))
+			b.expectNone(t, 300*time.Millisecond, "packet through a link with an unverified peer", isPacket)
+			if v, _ := n0.metric(t, "derp_packets_forwarded_out"); v != 0 {
+				t.Errorf("derp_packets_forwarded_out = %v towards an unverified peer", v)
+			}
+		})
+	}
+}
