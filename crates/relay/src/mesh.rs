@@ -69,6 +69,8 @@ const SILENCE: Duration = Duration::from_secs(15);
 const OUT_HIGH: usize = 256 * 1024;
 /// TLS bytes buffered per link beyond the plaintext above.
 const TLS_BUFFER: usize = 256 * 1024;
+/// Bytes one link may move in one go before the others get a turn.
+const PUMP_BUDGET: usize = 4 * 1024 * 1024;
 /// The poll's longest sleep (the stop flag is also checked then).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 const WAKER: Token = Token(usize::MAX);
@@ -271,6 +273,9 @@ pub struct MeshThread {
     rng: StdRng,
     stop: Arc<AtomicBool>,
     buf: Vec<u8>,
+    /// A link stopped at its budget with more to move: poll without
+    /// sleeping.
+    again: bool,
 }
 
 /// What [`MeshThread::new`] could not set up.
@@ -349,6 +354,7 @@ impl MeshThread {
                 rng: StdRng::seed_from_u64(seed),
                 stop,
                 buf: vec![0; 64 * 1024],
+                again: false,
             },
             stats,
         ))
@@ -376,10 +382,13 @@ impl MeshThread {
                 self.check_timers(i, now);
                 self.pump(i, now);
             }
-            let sleep = self
+            let mut sleep = self
                 .next_deadline()
                 .map_or(MAX_SLEEP, |at| at.saturating_duration_since(now))
                 .min(MAX_SLEEP);
+            if std::mem::take(&mut self.again) {
+                sleep = Duration::ZERO;
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(sleep)) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "mesh: poll failed; mesh links stop");
@@ -510,6 +519,7 @@ impl MeshThread {
             accepted: None,
             next_ping: None,
             out: Vec::with_capacity(OUT_HIGH),
+            sent: 0,
         });
     }
 
@@ -540,33 +550,53 @@ impl MeshThread {
         let shards = self.rx[i].len();
         let mut notify = Vec::new();
         let c = self.links[i].conn.as_mut().expect("a connection");
-        if c.up {
-            for (s, rx) in self.rx[i].iter_mut().enumerate() {
-                let mut took = false;
-                while c.out.len() < OUT_HIGH {
-                    let out = &mut c.out;
-                    let popped = rx.pop_with(|a, b| {
-                        out.extend_from_slice(a);
-                        out.extend_from_slice(b);
-                    });
-                    if popped.is_none() {
-                        break;
+        // Take from the rings and write until the socket pushes back (its
+        // next writable edge brings the thread back) or there is nothing
+        // left; past PUMP_BUDGET bytes in one go, the other links get a turn
+        // and the poll does not sleep.
+        let mut moved = 0;
+        loop {
+            let mut took_any = false;
+            if c.up {
+                for (s, rx) in self.rx[i].iter_mut().enumerate() {
+                    let mut took = false;
+                    while c.pending() < OUT_HIGH {
+                        let out = &mut c.out;
+                        let popped = rx.pop_with(|a, b| {
+                            out.extend_from_slice(a);
+                            out.extend_from_slice(b);
+                            a.len() + b.len()
+                        });
+                        match popped {
+                            Some(n) => moved += n,
+                            None => break,
+                        }
+                        took = true;
                     }
-                    took = true;
-                }
-                if took {
-                    if let Some(mesh) = shared.mesh.as_ref() {
-                        if mesh.waiting[i * shards + s].swap(false, Ordering::AcqRel) {
-                            notify.push(s);
+                    if took {
+                        took_any = true;
+                        if let Some(mesh) = shared.mesh.as_ref() {
+                            if mesh.waiting[i * shards + s].swap(false, Ordering::AcqRel) {
+                                notify.push(s);
+                            }
                         }
                     }
                 }
             }
-        }
-        if let Err(e) = c.write() {
-            return self.down(i, now, &format!("write: {e}"));
+            match c.write() {
+                Ok(true) => break, // blocked: wait for the writable edge
+                Ok(false) if !took_any => break,
+                Ok(false) if moved >= PUMP_BUDGET => {
+                    self.again = true;
+                    break;
+                }
+                Ok(false) => {}
+                Err(e) => return self.down(i, now, &format!("write: {e}")),
+            }
         }
         if let Some(bells) = shared.doorbells.get() {
+            notify.sort_unstable();
+            notify.dedup();
             for s in notify {
                 bells[s].notify();
             }
@@ -742,8 +772,9 @@ struct LinkConn {
     accepted: Option<Instant>,
     /// When to ping the peer next (once connected).
     next_ping: Option<Instant>,
-    /// Plaintext waiting for TLS.
+    /// Plaintext waiting for TLS, from `sent` on.
     out: Vec<u8>,
+    sent: usize,
 }
 
 impl LinkConn {
@@ -787,23 +818,40 @@ impl LinkConn {
         }
     }
 
-    /// Moves queued plaintext into TLS and TLS records into the socket, as
-    /// far as the socket takes them.
-    fn write(&mut self) -> io::Result<()> {
+    /// Plaintext bytes waiting for TLS.
+    fn pending(&self) -> usize {
+        self.out.len() - self.sent
+    }
+
+    /// Moves queued plaintext into TLS and TLS records into the socket,
+    /// as far as the socket takes them. `Ok(true)` when the socket pushed
+    /// back (a writable edge follows), `Ok(false)` when everything queued
+    /// went out or TLS waits for something else (its handshake).
+    fn write(&mut self) -> io::Result<bool> {
         self.client.poll_transmit(&mut self.out);
-        if !self.out.is_empty() {
-            let n = self.tls.writer().write(&self.out)?;
-            self.out.drain(..n);
-        }
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.sock) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+        loop {
+            let mut progress = false;
+            if self.sent < self.out.len() {
+                let n = self.tls.writer().write(&self.out[self.sent..])?;
+                self.sent += n;
+                progress |= n > 0;
+            }
+            if self.sent == self.out.len() {
+                self.out.clear();
+                self.sent = 0;
+            }
+            while self.tls.wants_write() {
+                match self.tls.write_tls(&mut self.sock) {
+                    Ok(n) => progress |= n > 0,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if self.out.is_empty() || !progress {
+                return Ok(false);
             }
         }
-        Ok(())
     }
 }
 

@@ -482,6 +482,38 @@ fn graceful_drain_sends_restarting_and_finishes() {
     assert!(Handler::<SimDriver>::finished(&s.shard));
 }
 
+#[test]
+fn graceful_drain_puts_restarting_after_what_was_queued() {
+    let (mut s, a, bk, b) = sender_and_stuck_reader(Duration::from_secs(10));
+    // One send in flight that B does not take, and more queued behind it
+    // (under the 8 KiB cap: the sender is never paused).
+    for i in 0..10u8 {
+        s.send(a, &bk.public(), &[i; 500]);
+        s.settle();
+    }
+    assert!(s.d.send_in_flight(b));
+    assert!(s.d.receiving(a));
+    s.shared.shutdown.store(true, Ordering::Relaxed);
+    s.settle();
+    assert!(!s.d.receiving(a), "input stops at the drain");
+    s.d.complete_send(b, Ok(()));
+    s.settle();
+    s.d.set_reader(b, Reader::Reads);
+    s.settle();
+    let frames = s.frames(b);
+    let types: Vec<u8> = frames.iter().map(|f| f.0).collect();
+    let packets = types
+        .iter()
+        .filter(|&&t| t == FrameType::RecvPacket as u8)
+        .count();
+    assert_eq!(packets, 10, "every queued packet");
+    assert_eq!(
+        types.last(),
+        Some(&(FrameType::Restarting as u8)),
+        "restarting last: {types:?}"
+    );
+}
+
 /// A controller for admission tests: allows the keys in its list; answers
 /// only while its gate is not held.
 struct Controller {

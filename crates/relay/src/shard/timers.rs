@@ -83,8 +83,18 @@ impl Shard {
                 continue;
             }
             if conn.phase == Phase::Active {
-                frame::put_restarting(&mut conn.ctrl, reconnect, try_for);
+                // After everything already queued for it (control frames
+                // go out first, so a data queue takes it at its end): a
+                // client that leaves when told loses nothing. Its input
+                // stops, so nothing new lands behind it.
+                let tail = if conn.data.is_empty() && conn.disco.is_empty() {
+                    &mut conn.ctrl
+                } else {
+                    &mut conn.data
+                };
+                frame::put_restarting(tail, reconnect, try_for);
                 conn.close_after_flush = Some(CloseReason::Shutdown);
+                self.hold_input(slot, Hold::Closing);
                 self.mark_dirty(slot);
             } else if conn.phase != Phase::Responding {
                 self.close(slot, CloseReason::Shutdown);

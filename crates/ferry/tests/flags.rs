@@ -1,0 +1,351 @@
+//! README claims about the DERP server's flags and signals, through the
+//! built binary: a SIGTERM delivers what was queued before `restarting`
+//! and exits 0; the port-80 companion; `--home`; `--derp=false`; `--ktls
+//! on` without the kernel's TLS; the `--dev` banner's DERP map.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_proto::client::{Client, Config, Event};
+use ferry_proto::key::{NodePrivate, NodePublic};
+use support::{ferry, free_tcp_port, get, run, url_addr, Ferry, TempDir, T};
+
+fn relay(dir: &TempDir, extra: &[&str]) -> Command {
+    let mut c = ferry();
+    c.args(["-a", "127.0.0.1:0", "--stun-port", "0", "--workers", "1"])
+        .args(["-c", &dir.path("ferry.key")])
+        .args(extra);
+    c
+}
+
+fn serving(c: &mut Command) -> (Ferry, SocketAddr) {
+    let mut f = Ferry::spawn(c);
+    let url = f.field("ferry relay running", "url");
+    (f, url_addr(&url))
+}
+
+/// A blocking DERP client over plain TCP, driven by `proto::client`.
+struct Derp {
+    sock: TcpStream,
+    client: Client,
+    out: Vec<u8>,
+    buf: Vec<u8>,
+}
+
+impl Derp {
+    fn connect(addr: SocketAddr, key: NodePrivate, rcvbuf: Option<usize>) -> Derp {
+        let sock = match rcvbuf {
+            // A small receive buffer, set before the handshake, so that
+            // what this client does not read stays queued in the relay.
+            Some(n) => {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                s.set_recv_buffer_size(n).unwrap();
+                s.connect_timeout(&addr.into(), T).unwrap();
+                s.into()
+            }
+            None => TcpStream::connect_timeout(&addr, T).unwrap(),
+        };
+        sock.set_read_timeout(Some(T)).unwrap();
+        let nonce = ferry_proto::nacl::random_nonce();
+        let client =
+            Client::new(Config::new(key, addr.to_string()), Instant::now(), nonce).unwrap();
+        let mut d = Derp {
+            sock,
+            client,
+            out: Vec::new(),
+            buf: vec![0; 64 * 1024],
+        };
+        let events = d.read_until(|e| matches!(e, Event::Connected { .. }));
+        assert!(
+            matches!(events.last(), Some(Event::Connected { .. })),
+            "{events:?}"
+        );
+        d
+    }
+
+    fn flush(&mut self) {
+        self.client.poll_transmit(&mut self.out);
+        self.sock.write_all(&self.out).unwrap();
+        self.out.clear();
+    }
+
+    /// Reads events until `stop` says so or the server closes.
+    fn read_until(&mut self, mut stop: impl FnMut(&Event) -> bool) -> Vec<Event> {
+        let mut events = Vec::new();
+        let deadline = Instant::now() + T;
+        loop {
+            self.flush();
+            assert!(Instant::now() < deadline, "no end within {T:?}");
+            let n = self.sock.read(&mut self.buf).unwrap();
+            let mut done = false;
+            if n == 0 {
+                self.client
+                    .handle_eof(|e| events.push(e.into_owned()))
+                    .unwrap();
+                return events;
+            }
+            self.client
+                .handle_bytes(Instant::now(), &self.buf[..n], |e| {
+                    let e = e.into_owned();
+                    done |= stop(&e);
+                    events.push(e);
+                })
+                .unwrap();
+            if done {
+                return events;
+            }
+        }
+    }
+}
+
+/// The value of an unlabelled series in the relay's metrics.
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let page = get(addr, "/debug/varz");
+    page.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| l[name.len()..].starts_with([' ', '{']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Waits (bounded) until `f` holds.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {T:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// "Ctrl-C (or SIGTERM) shuts down gracefully: every client gets a
+/// `restarting` frame and queued packets drain first."
+#[test]
+fn sigterm_delivers_what_was_queued_then_restarting_then_exits_0() {
+    const N: usize = 3000;
+    const SIZE: usize = 1000;
+    let dir = TempDir::new("drain");
+    let (f, addr) = serving(&mut relay(&dir, &[]));
+    let bk = NodePrivate::generate();
+    let b_key: NodePublic = bk.public();
+    let mut b = Derp::connect(addr, bk, Some(4096));
+    let mut a = Derp::connect(addr, NodePrivate::generate(), None);
+    let a_key = a.client.public_key();
+    // A sends N numbered packets to B, which reads nothing: they pile up
+    // in the relay (A is paused while B's queue is over its cap; past the
+    // backpressure budget, B's queue drops new packets over the cap).
+    let sender = std::thread::spawn(move || {
+        for i in 0..N {
+            let mut p = vec![0u8; SIZE];
+            p[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            a.client.send_packet(&mut a.out, &b_key, &p).unwrap();
+            if a.out.len() > 64 * 1024 {
+                a.flush();
+            }
+        }
+        a.flush();
+        a
+    });
+    eventually("the relay read all of A's packets", || {
+        metric(addr, "derp_packets_received") >= N as f64
+    });
+    let mut a = sender.join().unwrap();
+    let dropped = metric(addr, "derp_packets_dropped");
+    let queued = metric(addr, "ferry_queued_bytes");
+    assert!(
+        queued > 0.0,
+        "nothing queued in the relay: the test would prove nothing"
+    );
+    let expect = N - dropped as usize;
+
+    f.signal(libc::SIGTERM);
+    // Everything up to the end of the connection: the queued packets,
+    // then `restarting` (and then, as A leaves during the drain, peerGone
+    // for A), then the close.
+    let events = b.read_until(|_| false);
+    let restarting = events
+        .iter()
+        .position(|e| matches!(e, Event::Restarting { .. }))
+        .expect("a restarting frame");
+    let packets: Vec<u32> = events[..restarting]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Packet { src, packet } => {
+                assert_eq!(*src, a_key);
+                Some(u32::from_be_bytes(packet[..4].try_into().unwrap()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !events[restarting..]
+            .iter()
+            .any(|e| matches!(e, Event::Packet { .. })),
+        "no packet after restarting"
+    );
+    assert!(
+        matches!(events.last(), Some(Event::ServerClosed)),
+        "then the close"
+    );
+    assert_eq!(
+        packets.len(),
+        expect,
+        "every packet the relay kept ({queued} bytes queued at SIGTERM) arrives first"
+    );
+    assert!(packets.windows(2).all(|w| w[0] < w[1]), "in order");
+    let a_events = a.read_until(|_| false);
+    assert!(
+        a_events
+            .iter()
+            .any(|e| matches!(e, Event::Restarting { .. })),
+        "{a_events:?}"
+    );
+    // The process exits 0.
+    let mut f = f;
+    let status = f.wait_exit(T).expect("ferry exits after draining");
+    assert!(status.success(), "{status}:\n{}", f.log());
+}
+
+/// The `--http-port` companion of a TLS listener answers captive-portal
+/// checks and health, and sends everything else to HTTPS.
+#[test]
+fn port_80_companion_answers_checks_and_redirects() {
+    let dir = TempDir::new("port80");
+    let port80 = free_tcp_port();
+    let (f, _) = serving(&mut relay(
+        &dir,
+        &[
+            "--certmode",
+            "selfsigned",
+            "--certdir",
+            &dir.path("certs"),
+            "--http-port",
+            &port80.to_string(),
+        ],
+    ));
+    let p80: SocketAddr = format!("127.0.0.1:{port80}").parse().unwrap();
+    assert!(get(p80, "/generate_204").starts_with("HTTP/1.1 204"));
+    assert!(get(p80, "/healthz").starts_with("HTTP/1.1 200"));
+    let r = get(p80, "/some/page");
+    assert!(r.starts_with("HTTP/1.1 302"), "{r}");
+    assert!(r.contains("Location: https://x/some/page\r\n"), "{r}");
+    f.stop();
+}
+
+#[test]
+fn home_page_blank_and_redirect() {
+    let dir = TempDir::new("home");
+    let (f, addr) = serving(&mut relay(&dir, &["--home", "blank"]));
+    let r = get(addr, "/");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.ends_with("\r\n\r\n"), "a blank page: {r}");
+    f.stop();
+    let (f, addr) = serving(&mut relay(&dir, &["--home", "https://example.net/about"]));
+    let r = get(addr, "/");
+    assert!(r.starts_with("HTTP/1.1 302"), "{r}");
+    assert!(r.contains("Location: https://example.net/about\r\n"), "{r}");
+    f.stop();
+}
+
+#[test]
+fn derp_false_serves_everything_but_derp() {
+    let dir = TempDir::new("noderp");
+    let (f, addr) = serving(&mut relay(&dir, &["--derp=false"]));
+    let r = get(addr, "/derp");
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    assert!(r.contains("derp server disabled"), "{r}");
+    assert!(get(addr, "/healthz").starts_with("HTTP/1.1 200"));
+    assert!(get(addr, "/generate_204").starts_with("HTTP/1.1 204"));
+    f.stop();
+}
+
+/// `--ktls on` refuses to start where the kernel has no TLS ULP, and
+/// starts where it has one.
+#[test]
+fn ktls_on_needs_the_kernels_tls() {
+    let dir = TempDir::new("ktls");
+    let mut c = relay(
+        &dir,
+        &[
+            "--certmode",
+            "selfsigned",
+            "--certdir",
+            &dir.path("certs"),
+            "--ktls",
+            "on",
+        ],
+    );
+    if ferry_sys::ktls::tls_ulp_available().is_ok() {
+        let (f, _) = serving(&mut c);
+        f.stop();
+        return;
+    }
+    let (status, log) = run(&mut c);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("--ktls on: "), "{log}");
+    assert!(
+        !std::path::Path::new(&dir.path("ferry.key")).exists(),
+        "a refused start writes no key"
+    );
+}
+
+/// `--dev` prints the relay's URL and a DERP map that points at it.
+#[test]
+fn dev_banner_holds_a_working_derp_map() {
+    let mut child = ferry()
+        .args([
+            "--dev",
+            "-a",
+            "127.0.0.1:0",
+            "--stun-port",
+            "0",
+            "--workers",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + T;
+    while !lines.iter().any(|l: &String| l == "}") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => lines.push(l),
+            Err(_) => panic!("no complete banner within {T:?}: {lines:?}"),
+        }
+    }
+    let _ = ferry_sys::signal::send(child.id(), libc::SIGTERM);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let banner = lines.join("\n");
+    let derp = lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("DERP:"))
+        .expect("a DERP line")
+        .trim()
+        .to_string();
+    let json = &banner[banner.find("DERP map (JSON):").unwrap() + "DERP map (JSON):".len()..];
+    let map: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    let node = &map["Regions"]["900"]["Nodes"][0];
+    let addr = url_addr(&derp);
+    assert_eq!(node["DERPPort"], addr.port(), "{banner}");
+    assert_eq!(node["IPv4"], addr.ip().to_string(), "{banner}");
+    assert!(
+        derp.starts_with("http://") && derp.ends_with("/derp"),
+        "{derp}"
+    );
+}
