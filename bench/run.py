@@ -2,7 +2,7 @@
 """Ferry against derper, side by side: build, run the suites, report.
 
     bench/run.sh quick            # smoke test (CI): seconds per point, one repeat
-    bench/run.sh full             # the real measurement (~27 min on 2 cores)
+    bench/run.sh full             # the real measurement (~29 min on 2 cores)
 
 Every server under test runs pinned to the same cores (--server-cpus,
 default 0) with the same settings; ferry-bench runs on the others
@@ -16,14 +16,17 @@ Only the Python standard library is needed to run; plots need matplotlib
 """
 
 import argparse
+import contextlib
 import datetime
 import hashlib
+import http.client
 import json
 import os
 import platform
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -54,6 +57,11 @@ MBIT = 1e6
 STUCK_PLAN = {"servers": ["ferry", "derper", "derper-q"], "rate": 500, "stuck_rate": 20, "size": 32768,
               "window": "4s"}
 
+# Cross-node traffic through a two-node TLS region (the mesh suite): the
+# paced point, total offered Mbit/s, besides the unpaced peak. Pings (1 pair,
+# 1000/s) run with each of `ping_loads` Mbit/s of background load (0: alone).
+MESH_PACED = 500
+
 # The two modes. Rates are total offered Mbit/s over all flows (None = unpaced).
 PLANS = {
     "quick": {
@@ -73,6 +81,7 @@ PLANS = {
         "idle": {"servers": ["ferry", "derper"], "conns": 500, "hold": "500ms", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
         "stuck": STUCK_PLAN | {"counts": [3]},
+        "mesh": {"servers": ["ferry", "derper"], "rates": [None], "ping_loads": [0]},
     },
     "full": {
         "repeats": 3,
@@ -93,6 +102,7 @@ PLANS = {
         "idle": {"servers": ["ferry", "derper"], "conns": 10000, "hold": "2s", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
         "stuck": STUCK_PLAN | {"counts": [0, 3]},
+        "mesh": {"servers": ["ferry", "derper"], "rates": [MESH_PACED, None], "ping_loads": [0]},
     },
 }
 
@@ -158,20 +168,42 @@ def derper_is_current(path):
     return f"tailscale.com\t{DERPER_VERSION}" in out
 
 
+# A new ECDSA P-256 key, unencrypted (openssl req).
+EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *(str(a) for a in args)], check=True, capture_output=True)
+
+
 def make_cert(tmp):
     certdir = tmp / "certs"
     certdir.mkdir()
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-days", "30", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+    openssl("req", "-x509", *EC_KEY, "-days", "30", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
             "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth",
-            "-keyout", str(certdir / "localhost.key"), "-out", str(certdir / "localhost.crt"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+            "-keyout", certdir / "localhost.key", "-out", certdir / "localhost.crt")
     return certdir
+
+
+def make_region_certs(tmp):
+    """The mesh suite's certificates: a throw-away CA (ca.pem) and a
+    certificate for localhost it signs, shared by the region's nodes, which
+    verify each other against the CA (SSL_CERT_FILE) as a real region's
+    nodes do against the system's roots; plus the region's mesh key."""
+    d = tmp / "region-certs"
+    d.mkdir()
+    openssl("req", "-x509", *EC_KEY, "-days", "30", "-subj", "/CN=ferry bench CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
+            "-keyout", d / "ca.key", "-out", d / "ca.pem")
+    openssl("req", "-new", *EC_KEY, "-subj", "/CN=localhost", "-keyout", d / "localhost.key", "-out", d / "localhost.csr")
+    (d / "leaf.ext").write_text("subjectAltName=DNS:localhost\nbasicConstraints=critical,CA:FALSE\n"
+                                "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\n")
+    openssl("x509", "-req", "-in", d / "localhost.csr", "-CA", d / "ca.pem", "-CAkey", d / "ca.key",
+            "-set_serial", "0x" + os.urandom(8).hex(), "-days", "30", "-extfile", d / "leaf.ext",
+            "-out", d / "localhost.crt")
+    (d / "mesh.key").write_text(os.urandom(32).hex() + "\n")
+    (d / "mesh.key").chmod(0o600)
+    return d
 
 
 # ---------------------------------------------------------------------------
@@ -179,12 +211,17 @@ def make_cert(tmp):
 
 
 class Server:
-    """One server process, pinned and niced like every other."""
+    """One server process, pinned and niced like every other. A node of a
+    region (the mesh suite) has its CA-signed certificate in `certdir`, the
+    CA in `ca` and `mesh` = (mesh key file, --mesh-with list)."""
 
-    def __init__(self, ctx, name, tls):
+    def __init__(self, ctx, name, tls, certdir=None):
         self.ctx, self.name, self.tls = ctx, name, tls
         self.port = free_port()
         self.proc = None
+        self.certdir = certdir or ctx.certdir
+        self.ca = self.certdir / ("ca.pem" if certdir else "localhost.crt")
+        self.mesh = None
 
     def command(self):
         c = self.ctx
@@ -196,11 +233,11 @@ class Server:
             cmd = [str(c.bins[self.name]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
                    "--workers", str(c.args.workers), "--log", "warn"]
             if self.tls:
-                cmd += ["--certmode", "manual", "--certdir", str(c.certdir), "--hostname", "localhost", "--http-port", "-1"]
+                cmd += ["--certmode", "manual", "--certdir", str(self.certdir), "--hostname", "localhost", "--http-port", "-1"]
         elif self.name in ("derper", "derper-q"):
             cmd = [str(c.bins["derper"]), "-a", addr, "-http-port", "-1", "-stun=false", "-c", str(state / "derper.json")]
             if self.tls:
-                cmd += ["-certmode", "manual", "-certdir", str(c.certdir), "-hostname", "localhost"]
+                cmd += ["-certmode", "manual", "-certdir", str(self.certdir), "-hostname", "localhost"]
             if self.name == "derper-q":
                 env["TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH"] = str(TUNED_QUEUE)
         elif self.name == "ceiling":
@@ -208,6 +245,11 @@ class Server:
             cmd = [str(c.bins["ferry-bench"]), "ceiling-server", "-a", addr]
         else:
             raise ValueError(self.name)
+        if self.mesh:
+            psk, peers = self.mesh
+            # The same flags for both servers (derper takes either dash).
+            cmd += ["--mesh-psk-file", str(psk), "--mesh-with", peers]
+            env["SSL_CERT_FILE"] = str(self.ca)
         return c.pin(c.args.server_cpus) + cmd, env
 
     def __enter__(self):
@@ -237,8 +279,81 @@ class Server:
     def client_args(self):
         a = ["-s", self.url(), "--server-pid", str(self.proc.pid)]
         if self.tls:
-            a += ["--connect", f"127.0.0.1:{self.port}", "--ca", str(self.ctx.certdir / "localhost.crt")]
+            a += ["--connect", f"127.0.0.1:{self.port}", "--ca", str(self.ca)]
         return a
+
+    def varz(self):
+        """The server's /debug/varz samples (name{labels} -> value); empty
+        when it cannot be read (yet)."""
+        try:
+            if self.tls:
+                tls = ssl.create_default_context(cafile=str(self.ca))
+                conn = http.client.HTTPSConnection("localhost", self.port, context=tls, timeout=2)
+            else:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+            conn.request("GET", "/debug/varz")
+            resp = conn.getresponse()
+            body = resp.read().decode(errors="replace") if resp.status == 200 else ""
+            conn.close()
+        except (OSError, http.client.HTTPException):
+            return {}
+        out = {}
+        for line in body.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and not line.startswith("#"):
+                try:
+                    out[parts[0]] = float(parts[1])
+                except ValueError:
+                    pass
+        return out
+
+
+class Region:
+    """Two TLS nodes of one server, meshed both ways: each dials the other
+    (--mesh-with localhost:PORT/127.0.0.1) with the region's mesh key and
+    trusts the CA that signed both certificates. Node 0 takes the senders,
+    node 1 the receivers."""
+
+    def __init__(self, ctx, name):
+        certdir = ctx.region_certdir()
+        self.name = name
+        self.nodes = [Server(ctx, name, True, certdir=certdir) for _ in range(2)]
+        for i, node in enumerate(self.nodes):
+            other = self.nodes[1 - i]
+            node.mesh = (certdir / "mesh.key", f"localhost:{other.port}/127.0.0.1")
+
+    def __enter__(self):
+        self.stack = contextlib.ExitStack()
+        with self.stack as stack:
+            for node in self.nodes:
+                stack.enter_context(node)
+            self.wait_meshed()
+            self.stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc):
+        self.stack.close()
+
+    def wait_meshed(self, timeout=30.0):
+        """Until each node has the other's mesh link watching its clients
+        (derp_watchers, as both servers count it), so each knows the other's
+        clients. derper dials a peer that was not up yet again after 5 s,
+        Ferry after about 1 s."""
+        started = time.time()
+        while time.time() < started + timeout:
+            for node in self.nodes:
+                if node.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} region: a node exited with {node.proc.returncode}")
+            if all(node.varz().get("derp_watchers", 0) >= 1 for node in self.nodes):
+                log(f"{self.name} region: meshed both ways after {time.time() - started:.1f} s")
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} region: the nodes did not mesh within {timeout:.0f} s")
+
+    def peer_args(self):
+        """ferry-bench's flags for the receivers' node."""
+        b = self.nodes[1]
+        return ["--peer-url", b.url(), "--peer-connect", f"127.0.0.1:{b.port}", "--peer-server-pid", str(b.proc.pid)]
 
 
 # ---------------------------------------------------------------------------
@@ -249,8 +364,14 @@ class Context:
     def __init__(self, args, bins, out, tmp, certdir, plan):
         self.args, self.bins, self.out, self.tmp, self.certdir, self.plan = args, bins, out, tmp, certdir, plan
         self.records = []
+        self._region_certdir = None
         self.nice = os.geteuid() == 0 and not args.no_nice
         self.transports = [t for t in getattr(args, "transports", "plain,tls").split(",") if t]
+
+    def region_certdir(self):
+        if self._region_certdir is None:
+            self._region_certdir = make_region_certs(self.tmp)
+        return self._region_certdir
 
     def pin(self, cpus):
         prefix = []
@@ -449,6 +570,31 @@ def suite_churn(ctx):
                               ["-d", p["duration"], "--concurrency", "64", "--keys", str(p["keys"])])
 
 
+def suite_mesh(ctx):
+    """Senders on node A, receivers on node B of a two-node TLS region of
+    each server: every packet crosses the mesh. Round trips first (on a
+    quiet region), then the paced and the unpaced throughput."""
+    p = ctx.plan["mesh"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Region(ctx, name) as region:
+                a = region.nodes[0]
+                across = region.peer_args() + a.metrics()
+                for load in p["ping_loads"]:
+                    extra = ["--ping-pairs", "1", "--ping-rate", "1000", "--ping-size", str(SIZE), *across,
+                             *engine_args(ctx.plan)]
+                    if load:
+                        extra += ["--load-peers", str(PEERS), "--size", str(SIZE), "--load-total-rate", f"{load}M"]
+                    ctx.bench(a, "mesh", mesh_ping_point(load), rep, "latency", extra)
+                for rate in p["rates"]:
+                    ctx.bench(a, "mesh", point_name(rate), rep, "throughput",
+                              ["-n", str(PEERS), "--size", str(SIZE), *across, *rate_arg(rate), *engine_args(ctx.plan)])
+
+
+def mesh_ping_point(load):
+    return "rtt" if not load else f"rtt+{load}M"
+
+
 SUITES = {
     "rate": suite_rate,
     "latency": suite_latency,
@@ -456,6 +602,7 @@ SUITES = {
     "idle": suite_idle,
     "churn": suite_churn,
     "stuck": suite_stuck,
+    "mesh": suite_mesh,
 }
 
 
@@ -504,7 +651,7 @@ def points_of(records, suite):
 
 def summarize(ctx):
     rec = ctx.records
-    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}}
+    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}, "mesh": {}}
     tp = lambda r: r["result"]["delivered_mbps"]  # noqa: E731
     for transport in ("plain", "tls"):
         for name in SERVERS:
@@ -544,6 +691,23 @@ def summarize(ctx):
                     "stuck_cut_off": get(lambda r: (r["result"].get("stuck") or {}).get("cut_off")),
                     "stuck_delivered": get(lambda r: stuck_delivered(r["result"].get("stuck"))),
                 }
+        for point in points_of(rec, "mesh"):
+            def get(f, point=point):
+                return stat(values(rec, "mesh", name, "tls", point, f))
+            modes = values(rec, "mesh", name, "tls", point, lambda r: r["result"]["mode"])
+            if "latency" in modes:
+                q = {pct: get(lambda r, pct=pct: r["result"]["rtt_us"][pct]) for pct in ("p50", "p90", "p99", "p999", "max")}
+                q["ping_loss"] = get(lambda r: r["result"]["ping_loss"])
+                q["background_mbps"] = get(lambda r: (r["result"].get("background") or {}).get("delivered_mbps"))
+                s["mesh"].setdefault(name, {})[point] = q
+            elif "throughput" in modes:
+                s["mesh"].setdefault(name, {})[point] = {
+                    "delivered_mbps": get(tp),
+                    "loss": get(lambda r: r["result"]["loss"]),
+                    "latency_p99_us": get(lambda r: r["result"]["latency_us"]["p99"]),
+                    "server_cpu": get(region_cpu),
+                    "client_busy": get(lambda r: r["client"].get("busy_fraction")),
+                }
         for point in points_of(rec, "peers"):
             d = stat(values(rec, "peers", name, "plain", point, tp))
             if d:
@@ -570,6 +734,13 @@ def summarize(ctx):
                 }
     s["headline"] = headline_rows(ctx, s)
     return s
+
+
+def region_cpu(r):
+    """Both nodes' CPU (cores) over a mesh run's window, or None."""
+    a = (r.get("server") or {}).get("cpu_util")
+    b = ((r.get("peer") or {}).get("server") or {}).get("cpu_util")
+    return None if a is None or b is None else a + b
 
 
 def stuck_delivered(st):
@@ -800,6 +971,36 @@ def markdown(ctx, s, machine):
                     continue
                 w(f"| {label} | " + " | ".join(fmt(st[n].get(point, {}).get(key), digits, scale) for n in names) + " |")
             w("")
+
+    me = s["mesh"]
+    if me:
+        names = [n for n in SERVERS if n in me]
+        w("## Across a two-node region — TLS, senders on node A, receivers on node B\n")
+        w(f"Two nodes of the same server meshed both ways (`--mesh-with`, one mesh key, certificates from one CA), "
+          f"both on CPU {ctx.args.server_cpus}. The {PEERS // 2} senders of {PEERS // 2} pairs connect to node A, their "
+          f"receivers to node B, so every packet is forwarded over the mesh link; {SIZE} B. Round trips: 1 ping pair "
+          "at 1000/s, the ping on node A, the echo on node B. CPU: both nodes together.\n")
+        w("| | " + " | ".join(SERVERS[n]["label"] for n in names) + " | Ferry/derper |")
+        w("|---|" + "---|" * (len(names) + 1))
+        # Round trips first, then throughput by offered rate, unpaced last.
+        order = sorted(points_of(ctx.records, "mesh"),
+                       key=lambda p: (not p.startswith("rtt"), offered_of(p) if p.rstrip("M").isdigit() else float("inf")))
+        for point in order:
+            cells = {n: me[n].get(point) for n in names}
+            f, d = me.get("ferry", {}).get(point), me.get("derper", {}).get(point)
+            if any(v and "p50" in v for v in cells.values()):
+                load = "" if point == "rtt" else f", {point[4:]} background"
+                w(f"| RTT p50 / p99 / p99.9{load}, µs | " + " | ".join(
+                    f"{v['p50']['median']:.0f} / {v['p99']['median']:.0f} / {v['p999']['median']:.0f}" if v else "–"
+                    for v in cells.values()) + f" | {ratio(f and f['p99'], d and d['p99'])} (p99) |")
+                continue
+            offered = "unpaced" if point == "max" else f"{point} offered"
+            w(f"| Delivered, {offered}, Mbit/s | " + " | ".join(fmt(v and v["delivered_mbps"]) for v in cells.values()) +
+              f" | {ratio(f and f['delivered_mbps'], d and d['delivered_mbps'])} |")
+            w(f"| Loss, {offered}, % | " + " | ".join(fmt(v and v["loss"], 3, 100.0) for v in cells.values()) + " | |")
+            w(f"| Both nodes' CPU, {offered}, cores | " + " | ".join(fmt(v and v["server_cpu"], 2) for v in cells.values()) +
+              " | |")
+        w("")
 
     for transport, idle in s["idle"].items():
         w(f"## Idle connections — {transport}\n")
@@ -1086,7 +1287,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=sorted(PLANS), help="quick (smoke test) or full (measurement)")
     ap.add_argument("--out", type=Path, help="output directory (full: bench/results/<date>; quick: a temporary directory)")
-    ap.add_argument("--suites", default="rate,latency,peers,idle,churn,stuck", help="comma-separated subset of " + ",".join(SUITES))
+    ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated subset of " + ",".join(SUITES))
     ap.add_argument("--profile", choices=["release", "dev"], default="release", help="cargo profile to build and measure")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list for the servers")
     ap.add_argument("--client-cpus", default="1", help="taskset CPU list for ferry-bench")
@@ -1160,7 +1361,7 @@ def main():
         transports = [t for t in args.transports.split(",") if t]
         for x in suites:
             for f in (out / "raw" / x).glob("*.json") if (out / "raw" / x).exists() else []:
-                if x in ("idle", "latency", "peers", "stuck") or any(f"-{t}-" in f.name for t in transports):
+                if x in ("idle", "latency", "peers", "stuck", "mesh") or any(f"-{t}-" in f.name for t in transports):
                     f.unlink()
         earlier = load_records(out)
     elif (out / "raw").exists():

@@ -4,7 +4,7 @@
 # markdown table and PNG plots. See bench/README.md.
 #
 #   bench/run.sh quick     # smoke test, a couple of minutes
-#   bench/run.sh full      # the real measurement, about 27 minutes
+#   bench/run.sh full      # the real measurement, about 29 minutes
 #
 # Any further arguments go to bench/run.py (--help lists them).
 set -euo pipefail

@@ -137,6 +137,28 @@ pub struct ThroughputArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub stuck: StuckArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub peer: PeerServerArgs,
+}
+
+/// A second server for the receivers of `throughput` and `latency`: with
+/// two nodes of one meshed region, every packet crosses the mesh.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PeerServerArgs {
+    /// Receivers connect to this server instead of --server: the second
+    /// peer of every pair (the odd-numbered peers, with --pairs-file too;
+    /// in latency runs the echoing side) and stuck receivers. Senders stay
+    /// on --server. TLS as for --server (--ca or --insecure).
+    #[arg(long, value_name = "URL")]
+    pub peer_url: Option<String>,
+    /// Dial this address for --peer-url instead of resolving its host.
+    #[arg(long, value_name = "ADDR", requires = "peer_url")]
+    pub peer_connect: Option<SocketAddr>,
+    /// Pid of the --peer-url server: report its CPU use and memory too
+    /// (and count it as part of the run, not as other work on the machine).
+    #[arg(long, value_name = "PID", requires = "peer_url")]
+    pub peer_server_pid: Option<u32>,
 }
 
 /// Stuck receivers among the pairs of `throughput` (issue 14): extra peers
@@ -192,6 +214,9 @@ pub struct LatencyArgs {
     /// Background rate over all flows, split evenly (overrides --load-rate).
     #[arg(long, value_parser = parse_rate)]
     pub load_total_rate: Option<Rate>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub peer: PeerServerArgs,
 }
 
 /// `idle`.
@@ -281,6 +306,25 @@ mod tests {
         assert_eq!(t.stuck.stuck, 0);
         assert_eq!(t.stuck.stuck_size, 32 * 1024);
         assert_eq!(t.stuck.stuck_rate, Rate::Bits(10e6));
+        assert_eq!(t.peer.peer_url, None);
+        let cli = Cli::try_parse_from([
+            "ferry-bench",
+            "latency",
+            "--peer-url",
+            "https://localhost:8443",
+            "--peer-server-pid",
+            "7",
+        ])
+        .unwrap();
+        let Command::Latency(l) = cli.command else {
+            panic!()
+        };
+        assert_eq!(l.peer.peer_url.as_deref(), Some("https://localhost:8443"));
+        assert_eq!(l.peer.peer_server_pid, Some(7));
+        assert!(
+            Cli::try_parse_from(["ferry-bench", "throughput", "--peer-server-pid", "7"]).is_err(),
+            "a peer pid without a peer server"
+        );
         let cli = Cli::try_parse_from(["ferry-bench", "churn", "-r", "5k"]).unwrap();
         let Command::Churn(c) = cli.command else {
             panic!()

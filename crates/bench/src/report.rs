@@ -44,8 +44,25 @@ pub struct Report {
     /// Things the reader should know (e.g. the client was saturated).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The receivers' server, when it was another one (`--peer-url`: two
+    /// nodes of one region, the packets crossing the mesh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<PeerServer>,
     /// The figures.
     pub result: ModeResult,
+}
+
+/// The second server of a run (`--peer-url`), where the receivers were;
+/// `target`, `server` and `metrics_delta` of the report are the senders'.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerServer {
+    /// The server.
+    pub target: TargetInfo,
+    /// What it spent, when its pid was given (`--peer-server-pid`).
+    pub server: Option<ServerUsage>,
+    /// Changes of its metrics over the window (with `--metrics`).
+    #[serde(default)]
+    pub metrics_delta: BTreeMap<String, f64>,
 }
 
 /// The server under test.
@@ -418,6 +435,7 @@ mod tests {
                 3.0,
             )]),
             warnings: vec!["a warning".into()],
+            peer: None,
             result,
         }
     }
@@ -463,8 +481,18 @@ mod tests {
                 skipped: 0,
             }),
         ];
-        for m in modes {
-            let r = report(m);
+        for (i, m) in modes.into_iter().enumerate() {
+            let mut r = report(m);
+            if i == 0 {
+                r.peer = Some(PeerServer {
+                    target: TargetInfo {
+                        url: "https://localhost:8443/derp".into(),
+                        ..r.target.clone()
+                    },
+                    server: r.server.clone(),
+                    metrics_delta: BTreeMap::from([("derp_packets_forwarded_in".to_owned(), 9.0)]),
+                });
+            }
             let text = serde_json::to_string_pretty(&r).unwrap();
             let back: Report = serde_json::from_str(&text).unwrap();
             assert_eq!(back, r);

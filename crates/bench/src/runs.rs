@@ -8,8 +8,8 @@
 use crate::ceiling::CeilingServer;
 use crate::churn::{self, ChurnPlan};
 use crate::cli::{
-    CeilingArgs, ChurnArgs, Command, CommonArgs, EngineArgs, IdleArgs, LatencyArgs, StuckArgs,
-    ThroughputArgs,
+    CeilingArgs, ChurnArgs, Command, CommonArgs, EngineArgs, IdleArgs, LatencyArgs, PeerServerArgs,
+    StuckArgs, ThroughputArgs,
 };
 use crate::clock::{self, now_ns};
 use crate::idle::{self, IdlePlan};
@@ -17,11 +17,11 @@ use crate::pairs::Topology;
 use crate::procstat;
 use crate::progress::Progress;
 use crate::report::{
-    self, ClientUsage, ModeResult, Report, ServerUsage, Stuck, TargetInfo, Throughput,
+    self, ClientUsage, ModeResult, PeerServer, Report, ServerUsage, Stuck, TargetInfo, Throughput,
 };
 use crate::stamp::{Kind, STAMP_LEN};
 use crate::target::Target;
-use crate::traffic::{self, FlowPlan, FlowStats, StuckPeers, TrafficOutcome, TrafficPlan};
+use crate::traffic::{self, FlowPlan, FlowStats, Servers, StuckPeers, TrafficOutcome, TrafficPlan};
 use crate::varz;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -81,11 +81,14 @@ pub fn summary(r: &Report) -> String {
             t.gap_us.max / 1e3,
         )
     };
-    let server = r
+    let mut server = r
         .server
         .as_ref()
         .map(|s| format!("; server CPU {:.0}%", s.cpu_util * 100.0))
         .unwrap_or_default();
+    if let Some(s) = r.peer.as_ref().and_then(|p| p.server.as_ref()) {
+        server += &format!("; peer server CPU {:.0}%", s.cpu_util * 100.0);
+    }
     let body =
         match &r.result {
             ModeResult::Throughput(t) => tp(t),
@@ -122,17 +125,52 @@ pub fn summary(r: &Report) -> String {
 }
 
 fn target(common: &CommonArgs) -> Result<Arc<Target>> {
-    if let Some(pid) = common.server_pid {
-        if !procstat::exists(pid) {
-            bail!("--server-pid {pid}: no such process");
-        }
-    }
+    check_pid(common.server_pid, "--server-pid")?;
     Ok(Arc::new(Target::new(
         &common.server,
         common.connect,
         common.ca.as_deref(),
         common.insecure,
     )?))
+}
+
+fn check_pid(pid: Option<u32>, flag: &str) -> Result<()> {
+    match pid {
+        Some(pid) if !procstat::exists(pid) => bail!("{flag} {pid}: no such process"),
+        _ => Ok(()),
+    }
+}
+
+/// The run's servers: `--server`, and `--peer-url` for the receivers (with
+/// the same TLS settings).
+fn servers(common: &CommonArgs, peer: &PeerServerArgs) -> Result<Servers> {
+    let main = target(common)?;
+    let Some(url) = &peer.peer_url else {
+        return Ok(Servers::single(main));
+    };
+    check_pid(peer.peer_server_pid, "--peer-server-pid")?;
+    let target = Target::new(
+        url,
+        peer.peer_connect,
+        common.ca.as_deref(),
+        common.insecure,
+    )
+    .context("--peer-url")?;
+    Ok(Servers {
+        main,
+        peer: Some(Arc::new(target)),
+    })
+}
+
+fn target_info(target: &Target) -> TargetInfo {
+    TargetInfo {
+        url: target.url.clone(),
+        addr: target.addr.to_string(),
+        tls: target.tls.is_some(),
+        insecure: target.insecure,
+        tls_version: None,
+        cipher_suite: None,
+    }
 }
 
 fn base_report(target: &Target, config: serde_json::Value, result: ModeResult) -> Report {
@@ -148,14 +186,7 @@ fn base_report(target: &Target, config: serde_json::Value, result: ModeResult) -
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
-        target: TargetInfo {
-            url: target.url.clone(),
-            addr: target.addr.to_string(),
-            tls: target.tls.is_some(),
-            insecure: target.insecure,
-            tls_version: None,
-            cipher_suite: None,
-        },
+        target: target_info(target),
         config,
         client: ClientUsage {
             threads: 1,
@@ -168,6 +199,7 @@ fn base_report(target: &Target, config: serde_json::Value, result: ModeResult) -
         machine: None,
         metrics_delta: BTreeMap::new(),
         warnings,
+        peer: None,
         result,
     }
 }
@@ -182,6 +214,8 @@ struct Observed {
     machine: Option<(procstat::MachineCpu, procstat::MachineCpu)>,
     server: Option<ServerUsage>,
     metrics: BTreeMap<String, f64>,
+    /// The receivers' server, with `--peer-url`.
+    peer: Option<PeerServer>,
     warnings: Vec<String>,
 }
 
@@ -212,16 +246,66 @@ fn engine_plan(
     })
 }
 
+/// A server process sampled at the window's edges.
+struct Watched {
+    pid: u32,
+    start: procstat::Sample,
+}
+
+impl Watched {
+    fn start(pid: Option<u32>) -> Option<Self> {
+        pid.map(|pid| Watched {
+            pid,
+            start: procstat::sample(Some(pid)),
+        })
+    }
+
+    /// Its CPU and memory from the start to now, over a `window_s` window.
+    fn finish(self, window_s: f64) -> ServerUsage {
+        let end = procstat::sample(Some(self.pid));
+        ServerUsage {
+            pid: self.pid,
+            cpu_seconds: end.cpu_s - self.start.cpu_s,
+            cpu_util: (end.cpu_s - self.start.cpu_s) / window_s,
+            rss_before: self.start.rss,
+            rss_after: end.rss,
+            open_fds: procstat::open_fds(Some(self.pid)),
+        }
+    }
+}
+
+/// One scrape of a server's metrics.
+type Scrape = Result<BTreeMap<String, f64>>;
+
+/// The metric changes between two scrapes (when taken), or a warning
+/// about `whose` metrics.
+fn metrics_delta(
+    scrapes: Option<(Scrape, Scrape)>,
+    whose: &str,
+    warnings: &mut Vec<String>,
+) -> BTreeMap<String, f64> {
+    match scrapes {
+        Some((Ok(a), Ok(b))) => varz::delta(&a, &b),
+        Some((Err(e), _)) | Some((_, Err(e))) => {
+            warnings.push(format!("could not read {whose} metrics: {e:#}"));
+            BTreeMap::new()
+        }
+        None => BTreeMap::new(),
+    }
+}
+
 fn run_engine(
-    target: Arc<Target>,
+    servers: &Servers,
+    peer_pid: Option<u32>,
     plan: TrafficPlan,
     common: &CommonArgs,
     what: &str,
 ) -> Result<Observed> {
     let mut progress = Progress::new(!common.quiet);
     let peers = plan.peers;
+    let target = servers.main.clone();
     let connect_started = now_ns();
-    let running = traffic::spawn(target.clone(), plan.clone());
+    let running = traffic::spawn(servers.clone(), plan.clone());
     let shared = running.shared.clone();
     // Wait for every peer (bounded by the handshake timeout plus slack).
     let connect_deadline = connect_started + clock::ns(plan.connect_timeout) + 5_000_000_000;
@@ -240,7 +324,7 @@ fn run_engine(
             let _ = running.join(connect_started);
             bail!(
                 "only {ready} of {peers} peers connected to {} in time",
-                target.url
+                servers.describe()
             );
         }
         progress.show(&format!("{what}: connecting {ready}/{peers}"));
@@ -251,17 +335,18 @@ fn run_engine(
 
     // Metrics are read just before the window and just after it, the CPU
     // samples exactly at its edges, so a slow scrape cannot shift them.
-    clock::sleep_until(tl.ws.saturating_sub(50_000_000));
-    let metrics_before = if common.metrics {
-        Some(scrape(&target))
-    } else {
-        None
+    let scrape_both = || {
+        common
+            .metrics
+            .then(|| (scrape(&target), servers.peer.as_ref().map(|p| scrape(p))))
     };
+    clock::sleep_until(tl.ws.saturating_sub(50_000_000));
+    let metrics_before = scrape_both();
     clock::sleep_until(tl.ws);
     let machine0 = procstat::machine_cpu();
     let client0 = procstat::sample(None);
-    let server0 = pid.map(|p| procstat::sample(Some(p)));
-    let rss_before_server = server0.map(|s| s.rss).unwrap_or(0);
+    let server0 = Watched::start(pid);
+    let peer0 = Watched::start(peer_pid);
 
     // Progress during the window.
     let (mut last_t, mut last_sent, mut last_recv) = (now_ns(), 0u64, 0u64);
@@ -292,13 +377,10 @@ fn run_engine(
     clock::sleep_until(tl.we);
     let machine1 = procstat::machine_cpu();
     let client1 = procstat::sample(None);
-    let server1 = pid.map(|p| procstat::sample(Some(p)));
-    let server_fds = pid.and_then(|p| procstat::open_fds(Some(p)));
-    let metrics_after = if common.metrics {
-        Some(scrape(&target))
-    } else {
-        None
-    };
+    let window_s = plan.duration.as_secs_f64();
+    let server = server0.map(|w| w.finish(window_s));
+    let peer_server = peer0.map(|w| w.finish(window_s));
+    let metrics_after = scrape_both();
     progress.show(&format!("{what}: draining"));
     // Workers end on their own after the drain; bounded by the timeline.
     let join_deadline = tl.end + 5_000_000_000;
@@ -310,27 +392,19 @@ fn run_engine(
     }
     progress.finish();
     let outcome = running.join(connect_started).map_err(anyhow::Error::msg)?;
-    let window_s = plan.duration.as_secs_f64();
-    let server = pid
-        .zip(server0)
-        .zip(server1)
-        .map(|((pid, a), b)| ServerUsage {
-            pid,
-            cpu_seconds: b.cpu_s - a.cpu_s,
-            cpu_util: (b.cpu_s - a.cpu_s) / window_s,
-            rss_before: rss_before_server,
-            rss_after: b.rss,
-            open_fds: server_fds,
-        });
     let mut warnings = Vec::new();
-    let metrics = match (metrics_before, metrics_after) {
-        (Some(Ok(a)), Some(Ok(b))) => varz::delta(&a, &b),
-        (Some(Err(e)), _) | (_, Some(Err(e))) => {
-            warnings.push(format!("could not read server metrics: {e:#}"));
-            BTreeMap::new()
-        }
-        _ => BTreeMap::new(),
-    };
+    let (main_before, peer_before) = metrics_before.unzip();
+    let (main_after, peer_after) = metrics_after.unzip();
+    let metrics = metrics_delta(main_before.zip(main_after), "server", &mut warnings);
+    let peer = servers.peer.as_ref().map(|p| PeerServer {
+        target: target_info(p),
+        server: peer_server,
+        metrics_delta: metrics_delta(
+            peer_before.flatten().zip(peer_after.flatten()),
+            "peer server",
+            &mut warnings,
+        ),
+    });
     if outcome.disconnects > 0 {
         warnings.push(format!(
             "{} connections were lost during the run (first: {})",
@@ -350,6 +424,7 @@ fn run_engine(
         machine: machine0.zip(machine1),
         server,
         metrics,
+        peer,
         warnings,
     })
 }
@@ -492,12 +567,20 @@ fn assemble(
         r.target.tls_version = Some(v.clone());
         r.target.cipher_suite = Some(s.clone());
     }
-    let server_cpu = obs.server.as_ref().map_or(0.0, |s| s.cpu_seconds);
+    let server_cpu = [
+        obs.server.as_ref(),
+        obs.peer.as_ref().and_then(|p| p.server.as_ref()),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|s| s.cpu_seconds)
+    .sum::<f64>();
     r.machine = obs
         .machine
         .map(|(a, b)| machine_usage(a, b, obs.client_cpu_s + server_cpu, window));
     r.server = obs.server;
     r.metrics_delta = obs.metrics;
+    r.peer = obs.peer;
     r.warnings.extend(obs.warnings);
     add_disturbance_warning(&mut r);
     r
@@ -581,11 +664,17 @@ fn throughput(a: ThroughputArgs) -> Result<Report> {
     let healthy = flows.len();
     let (stuck, stuck_flows) = stuck_plan(&a.stuck, &topo, healthy)?;
     flows.extend(stuck_flows);
-    let target = target(&a.common)?;
+    let servers = servers(&a.common, &a.peer)?;
     let peers = topo.peers + a.stuck.stuck;
     let mut plan = engine_plan(&a.engine, peers, flows, a.common.timeout)?;
     plan.stuck = stuck;
-    let obs = run_engine(target.clone(), plan, &a.common, "throughput")?;
+    let obs = run_engine(
+        &servers,
+        a.peer.peer_server_pid,
+        plan,
+        &a.common,
+        "throughput",
+    )?;
     let mut t = throughput_result(
         &obs.outcome.data,
         &obs.outcome.per_flow_delivered[..healthy],
@@ -616,7 +705,7 @@ fn throughput(a: ThroughputArgs) -> Result<Report> {
         "out_cap": a.engine.out_cap,
     });
     Ok(assemble(
-        &target,
+        &servers.main,
         config,
         a.engine.threads,
         obs,
@@ -669,9 +758,9 @@ fn latency(a: LatencyArgs) -> Result<Report> {
         });
     }
     let peers = base + 2 * a.ping_pairs;
-    let target = target(&a.common)?;
+    let servers = servers(&a.common, &a.peer)?;
     let plan = engine_plan(&a.engine, peers, flows, a.common.timeout)?;
-    let obs = run_engine(target.clone(), plan, &a.common, "latency")?;
+    let obs = run_engine(&servers, a.peer.peer_server_pid, plan, &a.common, "latency")?;
     let o = &obs.outcome;
     let background = load.as_ref().map(|t| {
         throughput_result(
@@ -711,7 +800,7 @@ fn latency(a: LatencyArgs) -> Result<Report> {
         "threads": a.engine.threads,
     });
     Ok(assemble(
-        &target,
+        &servers.main,
         config,
         a.engine.threads,
         obs,

@@ -139,6 +139,42 @@ impl StuckPeers {
     }
 }
 
+/// Where the peers connect: all to one server, or, with a second server
+/// (`--peer-url`), the receivers there and the senders to the first, so
+/// that with two nodes of a meshed region every packet crosses the mesh.
+#[derive(Debug, Clone)]
+pub struct Servers {
+    /// The senders' server (everyone's, without `peer`).
+    pub main: Arc<Target>,
+    /// The receivers' server.
+    pub peer: Option<Arc<Target>>,
+}
+
+impl Servers {
+    /// Every peer on `main`.
+    pub fn single(main: Arc<Target>) -> Self {
+        Servers { main, peer: None }
+    }
+
+    /// The server `peer` connects to: with a second server, the receivers
+    /// go there — the second peer of every pair (`2i` sends to `2i+1`, so
+    /// the odd-numbered peers) and the stuck receivers.
+    pub fn of(&self, peer: usize, stuck: &StuckPeers) -> &Arc<Target> {
+        match &self.peer {
+            Some(p) if peer % 2 == 1 || stuck.contains(peer) => p,
+            _ => &self.main,
+        }
+    }
+
+    /// The servers' URLs, for messages.
+    pub fn describe(&self) -> String {
+        match &self.peer {
+            Some(p) => format!("{} (senders) and {} (receivers)", self.main.url, p.url),
+            None => self.main.url.clone(),
+        }
+    }
+}
+
 /// Counters for one kind of traffic, summed over workers.
 #[derive(Debug, Default, Clone)]
 pub struct FlowStats {
@@ -392,7 +428,7 @@ struct WorkerResult {
 }
 
 /// Generates the peers' keys and starts the workers, which connect at once.
-pub fn spawn(target: Arc<Target>, plan: TrafficPlan) -> Running {
+pub fn spawn(servers: Servers, plan: TrafficPlan) -> Running {
     let shared = Arc::new(Shared::default());
     let keys: Arc<Vec<Arc<PeerKey>>> =
         Arc::new((0..plan.peers).map(|_| PeerKey::generate()).collect());
@@ -407,7 +443,7 @@ pub fn spawn(target: Arc<Target>, plan: TrafficPlan) -> Running {
             .cloned()
             .collect();
         let ctx = WorkerCtx {
-            target: target.clone(),
+            servers: servers.clone(),
             keys: keys.clone(),
             shared: shared.clone(),
             my_peers,
@@ -507,7 +543,7 @@ impl Running {
 }
 
 struct WorkerCtx {
-    target: Arc<Target>,
+    servers: Servers,
     keys: Arc<Vec<Arc<PeerKey>>>,
     shared: Arc<Shared>,
     my_peers: Vec<usize>,
@@ -547,7 +583,7 @@ struct RecvStats {
 
 fn worker(ctx: WorkerCtx) -> WorkerResult {
     let WorkerCtx {
-        target,
+        servers,
         keys,
         shared,
         my_peers,
@@ -648,13 +684,14 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
             let i = next_connect;
             next_connect += 1;
             let key = keys[my_peers[i]].clone();
+            let target = servers.of(my_peers[i], &plan.stuck);
             let link = if is_stuck[i] {
                 target
                     .dial_with_rcvbuf(plan.stuck.rcvbuf, plan.connect_timeout)
                     .map_err(LinkError::Connect)
-                    .and_then(|sock| Link::connect_over(sock, &target, key, now))
+                    .and_then(|sock| Link::connect_over(sock, target, key, now))
             } else {
-                Link::connect(&target, key, now)
+                Link::connect(target, key, now)
             };
             match link {
                 Ok(mut l) => {
@@ -666,7 +703,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                     connecting += 1;
                 }
                 Err(e) => {
-                    shared.fail(unreachable_message(&target, my_peers[i], &e));
+                    shared.fail(unreachable_message(target, my_peers[i], &e));
                     break;
                 }
             }
@@ -803,7 +840,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                         e,
                         &mut result,
                         &shared,
-                        (&target, &my_peers, &is_stuck),
+                        (&servers, &my_peers, &plan.stuck),
                         &poll,
                         ready < my_peers.len(),
                     );
@@ -893,7 +930,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                     e,
                     &mut result,
                     &shared,
-                    (&target, &my_peers, &is_stuck),
+                    (&servers, &my_peers, &plan.stuck),
                     &poll,
                     ready < my_peers.len(),
                 );
@@ -969,21 +1006,22 @@ fn lose(
     e: LinkError,
     result: &mut WorkerResult,
     shared: &Shared,
-    (target, my_peers, is_stuck): (&Target, &[usize], &[bool]),
+    (servers, my_peers, stuck): (&Servers, &[usize], &StuckPeers),
     poll: &Poll,
     setting_up: bool,
 ) {
     if let Some(mut l) = links[i].take() {
         let _ = l.deregister(poll.registry());
         let was_ready = l.is_ready();
+        let peer = my_peers[i];
         if setting_up || !was_ready {
-            shared.fail(unreachable_message(target, my_peers[i], &e));
-        } else if is_stuck[i] {
+            shared.fail(unreachable_message(servers.of(peer, stuck), peer, &e));
+        } else if stuck.contains(peer) {
             result.stuck_cut_off += 1;
         } else {
             result.disconnects += 1;
             if result.first_disconnect.is_none() {
-                result.first_disconnect = Some(format!("peer {}: {e}", my_peers[i]));
+                result.first_disconnect = Some(format!("peer {peer}: {e}"));
             }
         }
     }
@@ -1105,5 +1143,28 @@ mod tests {
         g.arrival(7, 1500, &tl);
         g.close([7], &tl);
         assert_eq!(recorded(&g).0, 0);
+    }
+
+    #[test]
+    fn receivers_connect_to_the_peer_server() {
+        let a = Arc::new(Target::new("http://127.0.0.1:1", None, None, false).unwrap());
+        let b = Arc::new(Target::new("http://127.0.0.1:2", None, None, false).unwrap());
+        let stuck = StuckPeers {
+            peers: 4..6,
+            rcvbuf: 4096,
+        };
+        let one = Servers::single(a.clone());
+        assert!((0..6).all(|p| Arc::ptr_eq(one.of(p, &stuck), &a)));
+        let two = Servers {
+            main: a.clone(),
+            peer: Some(b.clone()),
+        };
+        // Pairs 0→1 and 2→3: senders on the first server, receivers on the
+        // second; both stuck receivers (4 and 5) on the second.
+        let on_b: Vec<usize> = (0..6)
+            .filter(|&p| Arc::ptr_eq(two.of(p, &stuck), &b))
+            .collect();
+        assert_eq!(on_b, [1, 3, 4, 5]);
+        assert!(Arc::ptr_eq(two.of(2, &StuckPeers::default()), &a));
     }
 }

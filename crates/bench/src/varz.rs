@@ -17,6 +17,8 @@ pub const INTERESTING: &[&str] = &[
     "derp_bytes_sent",
     "derp_bytes_received",
     "derp_current_connections",
+    "derp_packets_forwarded",
+    "ferry_mesh_link",
     "ferry_shard_busy_seconds_total",
     "ferry_shard_turns_total",
     "ferry_shard_cross_packets_total",
@@ -161,9 +163,15 @@ pub fn delta(
         if !INTERESTING.iter().any(|p| k.starts_with(p)) {
             continue;
         }
-        let gauge = k.starts_with("derp_current_connections")
-            || k.starts_with("ferry_queued_bytes")
-            || k.starts_with("ferry_io_backend");
+        let gauge = [
+            "derp_current_connections",
+            "ferry_queued_bytes",
+            "ferry_io_backend",
+            "ferry_mesh_link_up",
+            "ferry_mesh_link_keys",
+        ]
+        .iter()
+        .any(|g| k.starts_with(g));
         if gauge {
             out.insert(format!("{k}@end"), *v);
             continue;
@@ -199,12 +207,14 @@ mod tests {
             "derp_packets_dropped{reason=\"a\"} 2\nderp_packets_sent 10\nother 1\n",
         );
         let after = parse_prometheus(
-            "derp_packets_dropped{reason=\"a\"} 5\nderp_packets_sent 10\nother 9\nderp_current_connections 20\n",
+            "derp_packets_dropped{reason=\"a\"} 5\nderp_packets_sent 10\nother 9\nderp_current_connections 20\nderp_packets_forwarded_out 7\nferry_mesh_link_up{peer=\"b:1\"} 1\n",
         );
         let d = delta(&before, &after);
-        assert_eq!(d.len(), 2);
+        assert_eq!(d.len(), 4);
         assert_eq!(d["derp_packets_dropped{reason=\"a\"}"], 3.0);
         assert_eq!(d["derp_current_connections@end"], 20.0);
+        assert_eq!(d["derp_packets_forwarded_out"], 7.0);
+        assert_eq!(d["ferry_mesh_link_up{peer=\"b:1\"}@end"], 1.0);
     }
 
     #[test]

@@ -3,15 +3,17 @@
 //! The checks are of the "sane" kind only — something was delivered, loss
 //! is a fraction, percentiles are ordered — never a speed.
 
+mod support;
+
 use ferry_bench::ceiling::CeilingServer;
 use ferry_bench::report::{ModeResult, Report, Throughput};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use support::Scratch;
 
 use ferry_proto::key::NodePrivate;
 
@@ -69,28 +71,6 @@ fn report(args: &[&str]) -> Report {
             String::from_utf8_lossy(&out.stdout)
         )
     })
-}
-
-/// A file in a per-test scratch directory, removed when the guard drops.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("ferry-bench-test-{}-{test}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[test]
@@ -218,19 +198,7 @@ fn stuck_receivers_cut_off_by_a_relay() {
     // progress: both stuck receivers must be counted as cut off.
     let mut config = ferry_relay::RelayConfig::new(NodePrivate::generate());
     config.write_timeout = Some(Duration::from_millis(300));
-    let server = ferry_relay::Server::start(ferry_relay::ServerOptions {
-        config,
-        listeners: vec![ferry_relay::ListenerSpec {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            kind: ferry_relay::ListenerKind::Derp,
-        }],
-        workers: 1,
-        pin: false,
-        stun: None,
-        metrics_addr: None,
-        io: Default::default(),
-    })
-    .expect("relay starts");
+    let server = support::relay(config, "127.0.0.1:0");
     let url = format!("http://{}", server.listen_addrs[0]);
     let t = stuck_run(&url, 2);
     server.shutdown();

@@ -1,0 +1,46 @@
+//! What the integration tests share: scratch directories and in-process
+//! Ferry relays.
+
+use std::path::PathBuf;
+
+/// A per-test scratch directory, removed when the guard drops.
+pub(crate) struct Scratch(pub(crate) PathBuf);
+
+impl Scratch {
+    pub(crate) fn new(test: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("ferry-bench-test-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    /// A file in it.
+    #[allow(dead_code)] // not every test binary names files
+    pub(crate) fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An in-process Ferry relay with one shard and one DERP listener on
+/// `addr` (`127.0.0.1:0` for any port).
+pub(crate) fn relay(config: ferry_relay::RelayConfig, addr: &str) -> ferry_relay::Server {
+    ferry_relay::Server::start(ferry_relay::ServerOptions {
+        config,
+        listeners: vec![ferry_relay::ListenerSpec {
+            addr: addr.parse().unwrap(),
+            kind: ferry_relay::ListenerKind::Derp,
+        }],
+        workers: 1,
+        pin: false,
+        stun: None,
+        metrics_addr: None,
+        io: Default::default(),
+    })
+    .expect("relay starts")
+}
