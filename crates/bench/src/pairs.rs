@@ -98,7 +98,7 @@ impl Topology {
     /// `peers` peers in `peers / 2` pairs: `2i → 2i+1`, plus `2i+1 → 2i`
     /// when `bidirectional`.
     pub fn pairs(peers: usize, bidirectional: bool) -> Result<Self, TopologyError> {
-        if peers < 2 || peers % 2 != 0 || peers > MAX_PEERS {
+        if peers < 2 || !peers.is_multiple_of(2) || peers > MAX_PEERS {
             return Err(TopologyError::OddPeers(peers));
         }
         let mut flows = Vec::with_capacity(if bidirectional { peers } else { peers / 2 });
