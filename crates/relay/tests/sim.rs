@@ -1044,6 +1044,36 @@ fn a_slow_mesh_link_pauses_its_senders_and_loses_nothing() {
 }
 
 #[test]
+fn every_sender_a_slow_mesh_link_paused_goes_on_when_it_drains() {
+    // Several senders, each with more queued in its socket: a sender that
+    // is resumed is read at once and may wait again while the others are
+    // being resumed; none may be forgotten on the way.
+    let (mut s, mut rx, _) = meshed(1, 4 * 1024, |cfg| cfg.send_queue_bytes = 8 * 1024);
+    let k = NodePrivate::generate().public();
+    s.news(0, MeshNews::Present(k));
+    let senders: Vec<Slot> = (0..3).map(|_| s.client(&NodePrivate::generate())).collect();
+    for (n, &a) in senders.iter().enumerate() {
+        for i in 0..40u8 {
+            s.send(a, &k, &[n as u8 * 64 + i; 700]);
+        }
+    }
+    s.settle();
+    let mut got = 0;
+    for _ in 0..500 {
+        got += forwarded(&mut rx[0]).len();
+        if got == 120 {
+            break;
+        }
+        s.advance(Duration::from_millis(1));
+    }
+    assert_eq!(got, 120, "every packet reached the link");
+    for &a in &senders {
+        assert!(s.d.receiving(a), "a sender was left paused");
+    }
+    assert_eq!(s.metric("ferry_senders_paused"), 0.0);
+}
+
+#[test]
 fn a_mesh_link_going_down_forgets_its_keys_and_their_receivers_hear_of_it() {
     let mesh_key = ferry_proto::key::MeshKey([7; 32]);
     let (mut s, mut rx, _) = meshed(1, 4 * 1024, |cfg| {

@@ -178,11 +178,7 @@ impl Shard {
                 }
             }
             if self.mesh.overflow[link].len() <= cap && !self.mesh.waiters[link].is_empty() {
-                let mut waiting = std::mem::take(&mut self.mesh.waiters[link]);
-                for r in waiting.drain(..) {
-                    self.resume_sender(r);
-                }
-                self.mesh.waiters[link] = waiting;
+                self.release_link_waiters(link);
             }
         }
         if std::mem::take(&mut self.mesh.pushed) {
@@ -266,10 +262,19 @@ impl Shard {
             m.dropped(DropReason::GoneDisconnected, kind_of(packet), packet.len());
             at += len;
         }
+        self.release_link_waiters(link);
+    }
+
+    /// Lets every sender waiting on `link` go. A resumed sender may be
+    /// read at once and wait again: those stay on the list (which keeps
+    /// its memory).
+    fn release_link_waiters(&mut self, link: usize) {
         let mut waiting = std::mem::take(&mut self.mesh.waiters[link]);
         for r in waiting.drain(..) {
             self.resume_sender(r);
         }
-        self.mesh.waiters[link] = waiting;
+        let again = &mut self.mesh.waiters[link];
+        std::mem::swap(again, &mut waiting);
+        again.append(&mut waiting);
     }
 }
