@@ -5,7 +5,7 @@
 # running DERP server and UDP relay is checked by the Rust suite (step 10:
 # crates/ferry/tests/monitoring.rs).
 set -euo pipefail
-promtool=${FERRY_PROMTOOL_DIR:-$HOME/.cache/ferry-tools/promtool}/promtool
+promtool=${FERRY_PROMETHEUS_DIR:-$HOME/.cache/ferry-tools/prometheus}/promtool
 if [ ! -x "$promtool" ]; then
   promtool=$(command -v promtool || true)
 fi
