@@ -5,8 +5,9 @@
 # twice on one /data directory:
 #   1. under podman's default seccomp profile, which refuses io_uring:
 #      ferry must run on epoll and say why;
-#   2. under packaging/container/seccomp-ferry.json: io_uring, and the key
-#      and certificate of run 1 still there.
+#   2. under packaging/container/seccomp-ferry.json and a read-only root
+#      (as compose.yaml runs it): io_uring, and the key and certificate of
+#      run 1 still there.
 # Each run: /healthz answers 200 with the JSON status, the image's
 # HEALTHCHECK passes, Tailscale's derpprobe passes its TLS, STUN and
 # relay probes (a packet through the container) against ports 443 and
@@ -160,7 +161,8 @@ if [ "$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null || echo 0)" != 0 ]; t
   echo "kernel.io_uring_disabled is set on this host: expecting epoll under the io_uring profile too"
   want=epoll
 fi
-run "seccomp-ferry.json" "$want" --security-opt "seccomp=$PWD/packaging/container/seccomp-ferry.json"
+run "seccomp-ferry.json, read-only root" "$want" --read-only \
+  --security-opt "seccomp=$PWD/packaging/container/seccomp-ferry.json"
 [ "$(cat "$data/ferry.key")" = "$key" ] || { echo "the key on /data changed across containers" >&2; exit 1; }
 [ "$(cat "$data/certs/localhost.selfsigned.crt")" = "$cert" ] || { echo "the certificate on /data changed across containers" >&2; exit 1; }
 echo "container step: $((SECONDS - start)) s"
