@@ -6,20 +6,21 @@
 #   packaging/container/build.sh [FERRY_BIN] [OUT_DIR]
 #   podman build --format docker -t ferry OUT_DIR     # or: docker build -t ferry OUT_DIR
 #
-# FERRY_BIN defaults to the static release binary
-# (cargo build --release --target x86_64-unknown-linux-musl -p ferry), which
-# is the whole root with the CA bundle and two passwd lines. A dynamically
-# linked binary (the glibc target, as CI uses) gets the libraries ldd
-# lists, copied from this host, beside it. The binary is stripped and given
-# the file capability cap_net_bind_service (ports 80 and 443 as a non-root
-# user), which the archive carries as an extended attribute: COPY from a
-# build context drops it in some builders, ADD of a tar keeps it. Needs
-# root (setcap, and the owner of /data in the archive). Prints OUT_DIR.
+# FERRY_BIN defaults to the release binary (cargo build --release -p
+# ferry). A dynamically linked binary (the glibc target) gets the
+# libraries ldd lists, copied from this host, beside it; a static one
+# would stand alone with the CA bundle and two passwd lines (ferry does not
+# build for the musl target yet: ferry-sys fills libc::msghdr in glibc's
+# layout). The binary is stripped and given the file capability
+# cap_net_bind_service (ports 80 and 443 as a non-root user), which the
+# archive carries as an extended attribute: COPY from a build context
+# drops it in some builders, ADD of a tar keeps it. Needs root (setcap,
+# and the owner of /data in the archive). Prints OUT_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=${1:-target/x86_64-unknown-linux-musl/release/ferry}
+bin=${1:-target/release/ferry}
 out=${2:-target/container}
-[ -x "$bin" ] || { echo "no ferry binary at $bin (cargo build --release --target x86_64-unknown-linux-musl -p ferry)" >&2; exit 1; }
+[ -x "$bin" ] || { echo "no ferry binary at $bin (cargo build --release -p ferry)" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "build.sh needs root: setcap and the owner of /data" >&2; exit 1; }
 command -v setcap >/dev/null || { echo "setcap is missing (Debian: libcap2-bin)" >&2; exit 1; }
 # The user the relay runs as (the same number distroless images use for
