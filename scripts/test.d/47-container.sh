@@ -48,10 +48,13 @@ name=ferry-test-$tag
 ns=ferry-test-$tag
 work=$(mktemp -d)
 # runc: Debian 12's crun refuses this kernel's hybrid cgroup layout. The
-# limits: podman's defaults (nofile 1048576, nproc 4194304) are above this
-# machine's hard limits, which only CAP_SYS_RESOURCE may raise.
+# limits: podman's default ones (open files 1048576, processes above ours)
+# are over this machine's hard limits, which only CAP_SYS_RESOURCE, which
+# this sandbox lacks, may raise.
 podman=(podman --runtime runc)
-limits=(--ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096)
+nofile=$(ulimit -Hn)
+[ "$nofile" != unlimited ] || nofile=1048576
+limits=(--ulimit "nofile=$nofile:$nofile" --ulimit nproc=4096:4096)
 cleanup() {
   "${podman[@]}" rm -f "$name" >/dev/null 2>&1 || true
   podman rmi -f "$image" >/dev/null 2>&1 || true
