@@ -1,8 +1,9 @@
 # The kernel test VM: Debian's own kernel (linux-image-amd64, 6.1, with the
 # tls and wireguard modules this host's kernel lacks) booted in QEMU with
 # the host's root read-only over 9p (scripts/vm/). Inside it: the relay's
-# real kTLS tests with FERRY_REQUIRE_KTLS=1 on epoll and io_uring, and the
-# UDP relay's namespace tests with kernel WireGuard peers
+# real kTLS tests with FERRY_REQUIRE_KTLS=1 on epoll and io_uring, the
+# ferry binary with --ktls on under ferry-bench's TLS load, and the UDP
+# relay's namespace tests with kernel WireGuard peers
 # (scripts/vm/guest.sh). Each check's result comes back on the serial
 # console; the step fails unless the guest reports all passed. Without
 # QEMU it says why and skips; under CI=true that is a failure, and so is a
@@ -47,7 +48,7 @@ esac
 echo "accelerator: $accel ($why)"
 
 target=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --locked -q -p ferry
+cargo build --locked -q -p ferry -p ferry-bench
 cargo build --locked -q -p ferry-engine --example uring_probe
 # The same build as 10-rust.sh's (the whole workspace, so nothing is
 # rebuilt), to find the executables of the tests the guest runs.
@@ -70,6 +71,7 @@ cat >"$plan" <<PLAN
 FERRY_ROOT=$PWD
 FERRY_VM_ACCEL=$accel
 FERRY_BIN=$target/debug/ferry
+BENCH_DEBUG=$target/debug/ferry-bench
 URING_PROBE=$target/debug/examples/uring_probe
 SYS_LIB=$sys_lib
 RELAY_LIB=$relay_lib
