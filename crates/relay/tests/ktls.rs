@@ -1151,9 +1151,16 @@ impl Reader {
     }
 }
 
+/// Set by the kernel test VM (scripts/test.d/55-vm.sh), whose kernel has
+/// kTLS with every suite: a skip there is a failure.
+fn ktls_required() -> bool {
+    std::env::var_os("FERRY_REQUIRE_KTLS").is_some_and(|v| v == "1")
+}
+
 #[test]
 fn real_kernel_tls_over_loopback() {
     if let Err(reason) = sys::tls_ulp_available() {
+        assert!(!ktls_required(), "FERRY_REQUIRE_KTLS=1, but {reason}");
         println!("skipping: {reason}");
         return;
     }
@@ -1163,6 +1170,10 @@ fn real_kernel_tls_over_loopback() {
     ) {
         Ok(()) => true,
         Err(reason) => {
+            assert!(
+                !ktls_required(),
+                "FERRY_REQUIRE_KTLS=1, but {suite:?}: {reason}"
+            );
             println!("skipping {suite:?}: {reason}");
             false
         }

@@ -22,7 +22,10 @@ fu_why_not() {
   done
   if ! ip netns add fu-probe-$$ >/dev/null 2>&1; then echo "cannot create network namespaces"; return; fi
   ip netns del fu-probe-$$ >/dev/null 2>&1 || true
-  if [ ! -c /dev/net/tun ]; then echo "no /dev/net/tun (wireguard-go needs TUN)"; return; fi
+  if [ "${FU_WG:-}" = kernel ]; then
+    if ! ip link add fu-probe-$$ type wireguard >/dev/null 2>&1; then echo "this kernel has no WireGuard (ip link add type wireguard failed)"; return; fi
+    ip link del fu-probe-$$ >/dev/null 2>&1 || true
+  elif [ ! -c /dev/net/tun ]; then echo "no /dev/net/tun (wireguard-go needs TUN)"; return; fi
 }
 
 # Finds the wireguard-go binary (named "wireguard" by go install).
@@ -82,15 +85,20 @@ fu_stop() { # fu_stop PID: stops one process we started
   kill -9 "$pid" 2>/dev/null || true
 }
 
-# fu_wg NS IFNAME KEYFILE PORT ADDR/PLEN: a wireguard-go interface.
+# fu_wg NS IFNAME KEYFILE PORT ADDR/PLEN: a WireGuard interface, from
+# wireguard-go, or the kernel's module with FU_WG=kernel.
 fu_wg() {
   local ns=$1 ifn=$2 key=$3 port=$4 addr=$5 wg_go
-  wg_go=$(fu_wireguard_go) || { fu_log "wireguard-go not found"; return 1; }
-  rm -f "/var/run/wireguard/$ifn.sock"
-  fu_bg "$ns" "$FU_TMP/$ifn.log" env WG_PROCESS_FOREGROUND=1 LOG_LEVEL=error "$wg_go" -f "$ifn"
-  local i
-  for i in $(seq 1 100); do [ -S "/var/run/wireguard/$ifn.sock" ] && break; sleep 0.05; done
-  [ -S "/var/run/wireguard/$ifn.sock" ] || { fu_log "wireguard-go $ifn did not start"; cat "$FU_TMP/$ifn.log" >&2; return 1; }
+  if [ "${FU_WG:-}" = kernel ]; then
+    ip -n "$ns" link add "$ifn" type wireguard
+  else
+    wg_go=$(fu_wireguard_go) || { fu_log "wireguard-go not found"; return 1; }
+    rm -f "/var/run/wireguard/$ifn.sock"
+    fu_bg "$ns" "$FU_TMP/$ifn.log" env WG_PROCESS_FOREGROUND=1 LOG_LEVEL=error "$wg_go" -f "$ifn"
+    local i
+    for i in $(seq 1 100); do [ -S "/var/run/wireguard/$ifn.sock" ] && break; sleep 0.05; done
+    [ -S "/var/run/wireguard/$ifn.sock" ] || { fu_log "wireguard-go $ifn did not start"; cat "$FU_TMP/$ifn.log" >&2; return 1; }
+  fi
   ip netns exec "$ns" wg set "$ifn" private-key "$key" listen-port "$port"
   ip -n "$ns" addr add "$addr" dev "$ifn"
   ip -n "$ns" link set "$ifn" mtu 1420 up

@@ -11,14 +11,16 @@
 #
 # Needs root, ip, wg, wireguard-go, iperf3, ping. Without them it says why
 # and exits 0 (skipped). FERRY_BIN names the ferry binary (default:
-# target/debug/ferry).
+# target/debug/ferry). With FU_WG=kernel every peer is the kernel's
+# WireGuard module instead of wireguard-go (scripts/test.d/55-vm.sh runs it
+# so in the kernel test VM).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../../.." && pwd)
 . "$here/lib.sh"
 
 why=$(fu_why_not wg iperf3 ping timeout)
-if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
+if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
 if [ -n "$why" ]; then
   echo "SKIP udp netns tests: $why"
   # CI's machine has everything (.ci/setup.d installs it): a skip there is
@@ -34,6 +36,14 @@ ferry=${FERRY_BIN:-$root/target/debug/ferry}
 
 fu_init
 T=$FU_TMP
+# Bulk TCP through the tunnel must reach this rate. In an emulated VM
+# (scripts/test.d/55-vm.sh without KVM) every packet costs far more, so
+# FU_MIN_MBITS lowers it there.
+min_mbits=${FU_MIN_MBITS:-20}
+# The transfer across a relay restart must be moving again in its last 3
+# seconds; where the restart itself takes seconds (emulation), TCP's
+# retransmission back-off needs a longer transfer (FU_RESTART_SECS).
+restart_secs=${FU_RESTART_SECS:-10}
 started=$SECONDS
 relay_pid=""
 cleanup() {
@@ -96,7 +106,7 @@ iperf_mbits() { # iperf_mbits NS SERVER SECONDS [extra args]: receiver Mbit/s
 }
 
 # ---------------------------------------------------------------- topology
-step "namespaces"
+step "namespaces (WireGuard peers: ${FU_WG:-wireguard-go})"
 fu_ns fu-a fu-r fu-b fu-c
 fu_link fu-a 10.77.1.2/24 fu-r 10.77.1.1/24
 fu_link fu-b 10.77.2.2/24 fu-r 10.77.2.1/24
@@ -124,17 +134,17 @@ check "B sees the relay ($ep), not A" bash -c "[[ '$ep' == 10.77.2.1:* ]]"
 fu_bg fu-b "$T/iperf-b.log" iperf3 -s -B 10.77.100.2
 sleep 0.5
 mbits=$(iperf_mbits fu-a 10.77.100.2 3)
-check "iperf3 TCP through the bounce: ${mbits:-0} Mbit/s" awk -v m="${mbits:-0}" 'BEGIN { exit !(m > 20) }'
+check "iperf3 TCP through the bounce: ${mbits:-0} Mbit/s (> $min_mbits)" awk -v m="${mbits:-0}" -v min="$min_mbits" 'BEGIN { exit !(m > min) }'
 
 step "bounce: relay restart during a transfer"
-ip netns exec fu-a timeout 30 iperf3 -c 10.77.100.2 -t 10 -i 1 -f m >"$T/iperf-restart.log" 2>&1 &
+ip netns exec fu-a timeout $((restart_secs + 20)) iperf3 -c 10.77.100.2 -t "$restart_secs" -i 1 -f m >"$T/iperf-restart.log" 2>&1 &
 iperf_pid=$!
 sleep 2
 fu_stop "$relay_pid"
 sleep 1
 start_relay relay-bounce2 --listen 10.77.1.1:51820 --target fu-server.test:51820 --resolve-interval 1s
 wait "$iperf_pid" || { cat "$T/iperf-restart.log" >&2; false; }
-late=$(awk '/sec/ && !/sender|receiver/ { split($3, t, "-"); if (t[1] + 0 >= 7) print $7 }' "$T/iperf-restart.log" | sort -n | tail -n 1)
+late=$(awk -v from=$((restart_secs - 3)) '/sec/ && !/sender|receiver/ { split($3, t, "-"); if (t[1] + 0 >= from) print $7 }' "$T/iperf-restart.log" | sort -n | tail -n 1)
 check "the transfer carried on after the restart (last seconds: ${late:-0} Mbit/s)" awk -v m="${late:-0}" 'BEGIN { exit !(m > 1) }'
 
 step "bounce: A changes its address"
@@ -178,7 +188,7 @@ check "ping C -> A" ping_ok fu-c 10.77.200.1
 fu_bg fu-c "$T/iperf-c.log" iperf3 -s -B 10.77.200.3
 sleep 0.5
 mbits=$(iperf_mbits fu-a 10.77.200.3 3)
-check "iperf3 TCP A -> C through the hub: ${mbits:-0} Mbit/s" awk -v m="${mbits:-0}" 'BEGIN { exit !(m > 20) }'
+check "iperf3 TCP A -> C through the hub: ${mbits:-0} Mbit/s (> $min_mbits)" awk -v m="${mbits:-0}" -v min="$min_mbits" 'BEGIN { exit !(m > min) }'
 
 step "hub: C changes its address"
 ip netns exec fu-c wg set fuhubc listen-port 51999

@@ -1,0 +1,112 @@
+# The kernel test VM: Debian's own kernel (linux-image-amd64, 6.1, with the
+# tls and wireguard modules this host's kernel lacks) booted in QEMU with
+# the host's root read-only over 9p (scripts/vm/). Inside it: the relay's
+# real kTLS tests with FERRY_REQUIRE_KTLS=1 on epoll and io_uring, the
+# ferry binary with --ktls on under ferry-bench's TLS load, and the UDP
+# relay's namespace tests with kernel WireGuard peers
+# (scripts/vm/guest.sh). Each check's result comes back on the serial
+# console; the step fails unless the guest reports all passed. Without
+# QEMU it says why and skips; under CI=true that is a failure, and so is a
+# guest that does not start or finish.
+#
+# Acceleration: KVM (-enable-kvm -cpu host) where /dev/kvm is hardware
+# virtualisation (kvm_intel, kvm_amd); otherwise TCG, saying why. This
+# project's machines serve /dev/kvm with kvm_pvm, which runs only
+# PVM-enabled guest kernels: Debian's kernel needs 20 s there just to reach
+# memory set-up, while TCG boots it in 5 s. FERRY_VM_ACCEL=kvm|tcg forces one.
+set -euo pipefail
+skip() {
+  echo "SKIP kernel test VM: $1"
+  if [ "${CI:-}" = true ]; then
+    echo "CI=true: the kernel test VM must run on this machine" >&2
+    exit 1
+  fi
+  exit 0
+}
+command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not found (.ci/setup.d/60-vm.sh installs it)"
+[ "$(id -u)" = 0 ] || skip "not root (the guest reads the host's root over 9p as root)"
+
+accel=${FERRY_VM_ACCEL:-auto}
+if [ "$accel" = auto ]; then
+  if [ ! -w /dev/kvm ]; then
+    accel=tcg why="no usable /dev/kvm"
+  elif [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; then
+    accel=kvm why="hardware KVM"
+  elif [ -d /sys/module/kvm_pvm ]; then
+    accel=tcg why="/dev/kvm is kvm_pvm, which runs only PVM-enabled guest kernels"
+  else
+    accel=tcg why="/dev/kvm is neither kvm_intel nor kvm_amd"
+  fi
+else
+  why="FERRY_VM_ACCEL=$accel"
+fi
+case $accel in
+  kvm) accel_args=(-enable-kvm -cpu host) ;;
+  tcg) accel_args=(-accel tcg,thread=multi -cpu max) ;;
+  *) echo "FERRY_VM_ACCEL: kvm, tcg or auto, not $accel" >&2; exit 1 ;;
+esac
+echo "accelerator: $accel ($why)"
+
+target=${CARGO_TARGET_DIR:-$PWD/target}
+cargo build --locked -q -p ferry -p ferry-bench
+cargo build --locked -q -p ferry-engine --example uring_probe
+# The same build as 10-rust.sh's (the whole workspace, so nothing is
+# rebuilt), to find the executables of the tests the guest runs.
+json=$(cargo test --workspace --locked -q --no-run --message-format=json)
+exe() { # exe TARGET-NAME: the test executable cargo built for it
+  local e
+  e=$(jq -r --arg n "$1" 'select(.reason == "compiler-artifact" and .profile.test and .target.name == $n) | .executable' <<<"$json" | tail -n 1)
+  [ -x "$e" ] || { echo "no test executable for $1" >&2; return 1; }
+  echo "$e"
+}
+guest=$(bash scripts/vm/build-guest.sh)
+mkdir -p "$target/vm"
+plan=$target/vm/plan.sh
+sys_lib=$(exe ferry_sys)
+relay_lib=$(exe ferry_relay)
+ktls_rx=$(exe ktls_rx)
+ktls=$(exe ktls)
+tls_relay=$(exe tls_relay)
+cat >"$plan" <<PLAN
+FERRY_ROOT=$PWD
+FERRY_VM_ACCEL=$accel
+FERRY_BIN=$target/debug/ferry
+BENCH_DEBUG=$target/debug/ferry-bench
+URING_PROBE=$target/debug/examples/uring_probe
+SYS_LIB=$sys_lib
+RELAY_LIB=$relay_lib
+KTLS_RX=$ktls_rx
+KTLS=$ktls
+TLS_RELAY=$tls_relay
+PLAN
+# FERRY_VM_BENCH=1: kTLS against userspace TLS too, with release builds
+# (not in CI: the figures go to the README, nothing asserts a speed).
+if [ "${FERRY_VM_BENCH:-}" = 1 ]; then
+  cargo build --release --locked -q -p ferry -p ferry-bench
+  echo "BENCH_FERRY=$target/release/ferry BENCH_CLIENT=$target/release/ferry-bench" >>"$plan"
+fi
+
+log=$target/vm/serial.log
+modules=$(ls -d "$guest"/modules/*)
+start=$SECONDS
+set +e
+timeout -k 10 900 qemu-system-x86_64 "${accel_args[@]}" -m 2048 -smp 2 \
+  -display none -no-reboot -monitor none -serial stdio \
+  -kernel "$guest/vmlinuz" -initrd "$guest/initrd.img" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+  -append "console=ttyS0 quiet panic=-1 ferry_modules=$modules ferry_run=$PWD/scripts/vm/guest.sh ferry_plan=$plan" \
+  </dev/null 2>&1 | tr -d '\r' | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+echo "== guest ran $((SECONDS - start)) s (QEMU exit $rc, $accel); serial log: $log"
+status=$(sed -n 's/^ferry-vm: status //p' "$log" | tail -n 1)
+if [ -z "$status" ]; then
+  reason=$(grep -m1 '^ferry-vm: init failed' "$log" || true)
+  [ $rc = 124 ] && reason="${reason:+$reason; }timed out after 900 s"
+  echo "FAIL: the guest reported no status (${reason:-its last lines follow})" >&2
+  tail -n 5 "$log" >&2
+  exit 1
+fi
+grep '^ferry-vm: result ' "$log" | sed 's/^ferry-vm: result /  /'
+echo "vm: $status"
+[[ "$status" == *" 0 failed" ]] && [[ "$status" != "0 passed"* ]]

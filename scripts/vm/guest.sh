@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Runs inside the kernel test VM as PID 1 (init.sh hands over to it), on
+# the guest's own kernel (Debian's 6.1) with the host's root as a RAM
+# overlay. $ferry_plan (from the kernel command line) names a file that
+# scripts/test.d/55-vm.sh wrote: FERRY_ROOT and the test binaries.
+#
+# Every check prints "ferry-vm: result NAME ok|FAILED ..." on the serial
+# console, and the last line is "ferry-vm: status N passed, M failed",
+# which 55-vm.sh reads; then the VM powers off.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root LANG=C.UTF-8
+set -u
+poweroff_now() {
+  echo o >/proc/sysrq-trigger
+  sleep 30
+}
+trap poweroff_now EXIT
+
+# A clean /tmp, /run and /dev/shm (the host's are under the overlay).
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -p /dev/shm /dev/pts && mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mount -t devpts devpts /dev/pts
+ip link set lo up
+hostname ferry-vm
+# shellcheck source=/dev/null
+. "$ferry_plan"
+cd "$FERRY_ROOT"
+echo "ferry-vm: kernel $(uname -r), $(nproc) CPUs, plan $ferry_plan"
+
+passed=0
+failed=0
+run() { # run NAME SECONDS CMD...: one check, bounded in time
+  local name=$1 secs=$2 start=$SECONDS rc=0
+  shift 2
+  echo "ferry-vm: --- $name"
+  timeout -k 5 "$secs" "$@" </dev/null 2>&1 || rc=$?
+  if [ $rc = 0 ]; then
+    passed=$((passed + 1))
+    echo "ferry-vm: result $name ok ($((SECONDS - start)) s)"
+  else
+    failed=$((failed + 1))
+    [ $rc = 124 ] && rc="timeout after $secs s"
+    echo "ferry-vm: result $name FAILED (exit $rc, $((SECONDS - start)) s)"
+  fi
+}
+
+run "modprobe tls" 30 modprobe tls
+run "modprobe wireguard" 30 modprobe wireguard
+run "io_uring usable" 30 "$URING_PROBE"
+# kTLS: a skip is a failure here (FERRY_REQUIRE_KTLS=1). Test binaries run
+# from their crate's directory, as cargo test runs them.
+export FERRY_REQUIRE_KTLS=1
+run "ferry-sys ktls unit tests" 120 env -C crates/sys "$SYS_LIB" ktls --test-threads=2 --color never
+run "ferry-relay ktls unit tests" 120 env -C crates/relay "$RELAY_LIB" ktls --test-threads=2 --color never
+run "ferry-engine ktls_rx" 120 env -C crates/engine "$KTLS_RX" --test-threads=2 --color never
+# tests/ktls.rs drives the epoll driver itself (the one back end that reads
+# kTLS records); tls_relay.rs runs the relay on each back end: on epoll
+# the sessions move into the kernel, on io_uring they are refused with
+# reason "backend" and stay in userspace.
+run "ferry-relay ktls" 300 env -C crates/relay "$KTLS" --test-threads=2 --color never --nocapture
+for io in epoll uring; do
+  run "ferry-relay tls_relay ($io)" 300 env -C crates/relay FERRY_IO=$io "$TLS_RELAY" --test-threads=2 --color never --nocapture
+done
+unset FERRY_REQUIRE_KTLS
+# Kernel WireGuard peers through `ferry udp-relay` in namespaces.
+# Under TCG (no KVM) the whole guest is emulated: bulk TCP through the
+# tunnel runs at 5-40 Mbit/s, so the rate check only asks for traffic to
+# flow, and restarting the relay takes seconds, so the transfer across the
+# restart runs longer to outlast TCP's back-off.
+min_mbits=20 restart_secs=10
+[ "$FERRY_VM_ACCEL" = tcg ] && min_mbits=1 restart_secs=20
+run "udp netns with kernel WireGuard" 400 env FU_WG=kernel FU_MIN_MBITS=$min_mbits FU_RESTART_SECS=$restart_secs WG_COLOR_MODE=never \
+  FERRY_BIN="$FERRY_BIN" bash crates/udp/tests/netns/run.sh
+
+# The ferry binary over TLS: one ferry on epoll with --ktls MODE, loaded by
+# ferry-bench (4 peers in 2 pairs, unpaced) for SECS. Every connection
+# must be in the kernel with --ktls on or auto, none with off (the
+# ferry_connections_by_transport{transport="ktls"} gauge, the most seen
+# while it runs), and packets must be delivered. The figures are printed,
+# never asserted.
+ferry_over_tls() { # ferry_over_tls MODE FERRY FERRY-BENCH SECS
+  local mode=$1 dir=/tmp/tls-$1-$RANDOM pid bench rc=0 ktls=0 v i
+  mkdir -p "$dir"
+  "$2" -a 127.0.0.1:8443 --certmode selfsigned --certdir "$dir" --hostname localhost \
+    --http-port -1 --stun=false -c "$dir/ferry.key" --workers 1 --io epoll --ktls "$mode" \
+    --metrics-addr 127.0.0.1:9102 --log warn >"$dir/ferry.log" 2>&1 &
+  pid=$!
+  for i in $(seq 1 100); do
+    timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/8443' 2>/dev/null && break
+    sleep 0.1
+  done
+  "$3" throughput --server https://localhost:8443 --connect 127.0.0.1:8443 --insecure \
+    --server-pid "$pid" -n 4 --warmup 1s --duration "${4}s" --quiet -o "$dir/report.json" &
+  bench=$!
+  for i in $(seq 1 120); do
+    kill -0 "$bench" 2>/dev/null || break
+    v=$(timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/9102; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3' |
+      awk '$1 == "ferry_connections_by_transport{transport=\"ktls\"}" { print $2 }')
+    [ "${v:-0}" -gt "$ktls" ] && ktls=$v
+    sleep 0.5
+  done
+  wait "$bench" || rc=$?
+  kill "$pid"
+  wait "$pid"
+  [ $rc = 0 ] || { cat "$dir/ferry.log"; return $rc; }
+  jq -e -r --arg m "$mode" --arg k "$ktls" 'if .result.packets_delivered > 0 then "ferry-vm: ferry --ktls \($m): \(.result.delivered_mbps | floor) Mbit/s delivered, server CPU \(.server.cpu_util * 100 | floor) %, kTLS connections \($k)" else error("no packets delivered") end' "$dir/report.json" || return 1
+  if [ "$mode" = off ]; then [ "$ktls" = 0 ]; else [ "$ktls" = 4 ]; fi
+}
+export -f ferry_over_tls
+# The debug binaries as CI built them: a check of the binary, not a speed.
+run "ferry --ktls on: TLS sessions in the kernel" 120 bash -c 'ferry_over_tls on "$0" "$1" 2' "$FERRY_BIN" "$BENCH_DEBUG"
+# kTLS against userspace TLS (FERRY_VM_BENCH=1 on the host: release builds).
+if [ -n "${BENCH_FERRY:-}" ]; then
+  run "bench: --ktls auto" 120 bash -c 'ferry_over_tls auto "$0" "$1" 5' "$BENCH_FERRY" "$BENCH_CLIENT"
+  run "bench: --ktls off" 120 bash -c 'ferry_over_tls off "$0" "$1" 5' "$BENCH_FERRY" "$BENCH_CLIENT"
+fi
+
+echo "ferry-vm: status $passed passed, $failed failed"
