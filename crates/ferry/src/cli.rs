@@ -261,6 +261,9 @@ pub(crate) enum Command {
     /// Show what a running relay (DERP or UDP) is doing, from its metrics
     /// endpoint.
     Status(crate::status::StatusArgs),
+    /// Carry a stock WireGuard interface's datagrams to its peers over
+    /// DERP (`ferry link --config FILE`; `pubkey`, `status`).
+    Link(Box<crate::link::LinkArgs>),
 }
 
 /// derper image conventions operators already use, and the flag each

@@ -13,6 +13,7 @@
 
 mod acme;
 mod cli;
+mod link;
 mod status;
 mod udp;
 
@@ -64,6 +65,7 @@ fn run() -> Result<()> {
     match &args.command {
         Some(cli::Command::UdpRelay(udp_args)) => return udp::run(udp_args),
         Some(cli::Command::Status(status_args)) => return status::run(status_args),
+        Some(cli::Command::Link(link_args)) => return link::run(link_args),
         None => {}
     }
     init_logging(&args.log, &args.log_format)?;
