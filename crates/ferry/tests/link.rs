@@ -127,6 +127,15 @@ fn carried(from: &UdpSocket, to: SocketAddr, at: &UdpSocket, payload: &[u8]) -> 
     );
 }
 
+/// Two sides with each other as their peer, configured for `relay` in
+/// `dir`; returns them and their configuration files.
+fn pair(dir: &TempDir, relay: &str) -> (Side, Side, String, String) {
+    let (a, b) = (Side::new(), Side::new());
+    let a_cfg = a.write_config(dir, "a", "b", &b.key, relay);
+    let b_cfg = b.write_config(dir, "b", "a", &a.key, relay);
+    (a, b, a_cfg, b_cfg)
+}
+
 fn relay_block(url: &str, ca_file: Option<&str>) -> String {
     let ca = ca_file.map_or(String::new(), |f| format!("ca_file = \"{f}\"\n"));
     format!("[[relay]]\nname = \"r\"\nurl = \"{url}\"\n{ca}")
@@ -136,10 +145,7 @@ fn relay_block(url: &str, ca_file: Option<&str>) -> String {
 fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     let what = format!("{:?} at {}", server.kind, server.url());
     let dir = TempDir::new("link");
-    let (a, b) = (Side::new(), Side::new());
-    let relay = relay_block(&server.url(), ca_file);
-    let a_cfg = a.write_config(&dir, "a", "b", &b.key, &relay);
-    let b_cfg = b.write_config(&dir, "b", "a", &a.key, &relay);
+    let (a, b, a_cfg, b_cfg) = pair(&dir, &relay_block(&server.url(), ca_file));
     let mut la = link(&a_cfg);
     let mut lb = link(&b_cfg);
     la.wait_log("relay connected");
@@ -392,4 +398,41 @@ fn an_unreachable_relay_is_retried_and_a_bad_file_names_the_key() {
         log.contains("a.toml:12: peer[0].endpoint: \"nowhere127.0.0.1:"),
         "{log}"
     );
+}
+
+#[test]
+fn a_peer_leaving_the_relay_and_coming_back_is_logged() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    let dir = TempDir::new("link-away");
+    let (a, b, a_cfg, b_cfg) = pair(&dir, &relay_block(&server.url(), None));
+    let mut la = link(&a_cfg);
+    let lb = link(&b_cfg);
+    la.wait_log("relay connected");
+    carried(&a.wg, a.peer_endpoint, &b.wg, b"hello b");
+    carried(&b.wg, b.peer_endpoint, &a.wg, b"hello a");
+    la.wait_log("peer reachable");
+    // B's link goes away: the relay tells A (peerGone), once.
+    lb.stop();
+    la.wait_log("peer is not connected to the relay");
+    a.wait_metric(
+        "ferry_link_peer_gone_total{peer=\"b\"}",
+        1,
+        "peerGone from the relay",
+    );
+    assert!(
+        link_stdout("status", &a_cfg).contains("; the relay said 1 times it was not connected"),
+        "{}",
+        link_stdout("status", &a_cfg)
+    );
+    // B comes back: A logs it reachable again with B's first datagram.
+    let lb = link(&b_cfg);
+    carried(&b.wg, b.peer_endpoint, &a.wg, b"back again");
+    let log = la.wait_log_n("peer reachable", 2);
+    assert_eq!(
+        log.matches("peer is not connected to the relay").count(),
+        1,
+        "{log}"
+    );
+    la.stop();
+    lb.stop();
 }

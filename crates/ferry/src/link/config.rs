@@ -186,6 +186,25 @@ impl Errors<'_> {
         }
     }
 
+    /// A name for logs and metric labels: letters, digits, `-`, `_`, `.`.
+    fn name(&self, value: &Spanned<String>, field: &str) -> Result<String, ConfigError> {
+        let name = value.get_ref();
+        if name.is_empty() {
+            return Err(self.at(value, field, "must not be empty"));
+        }
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(self.at(
+                value,
+                field,
+                format!("{name:?}: use only letters, digits, '-', '_' and '.'"),
+            ));
+        }
+        Ok(name.clone())
+    }
+
     fn addr(&self, value: &Spanned<String>, field: &str) -> Result<SocketAddr, ConfigError> {
         let addr: SocketAddr = value.get_ref().parse().map_err(|_| {
             self.at(
@@ -243,10 +262,7 @@ impl Config {
                 return Err(e.at(&r.url, format!("{field}.url"), err.to_string()));
             }
             let name = match &r.name {
-                Some(n) if n.get_ref().is_empty() => {
-                    return Err(e.at(n, format!("{field}.name"), "must not be empty"))
-                }
-                Some(n) => n.get_ref().clone(),
+                Some(n) => e.name(n, &format!("{field}.name"))?,
                 None => format!("relay{i}"),
             };
             if let Some(&j) = relay_names.get(&name) {
@@ -272,10 +288,7 @@ impl Config {
         let mut peers: Vec<Peer> = Vec::new();
         for (i, p) in file.peer.iter().enumerate() {
             let field = format!("peer[{i}]");
-            let name = p.name.get_ref().clone();
-            if name.is_empty() {
-                return Err(e.at(&p.name, format!("{field}.name"), "must not be empty"));
-            }
+            let name = e.name(&p.name, &format!("{field}.name"))?;
             let link_key: NodePublic = p.link_key.get_ref().trim().parse().map_err(|err| {
                 e.at(&p.link_key, format!("{field}.link_key"), format!("{err} (a link key looks like nodekey:<64 hex digits>, as `ferry link pubkey` prints it)"))
             })?;
@@ -485,6 +498,11 @@ relay = "relay1"
         );
         let e = err(&f.replace("https://derp", "ftp://derp"));
         assert!(e.starts_with("link.toml:8: relay[0].url: "), "{e}");
+        let e = err(&f.replace("\"laptop\"", "\"lap top\""));
+        assert!(
+            e.starts_with("link.toml:20: peer[1].name: \"lap top\": use only letters"),
+            "{e}"
+        );
         let e = err(&f.replace("queue = 64", "queue = 0"));
         assert!(
             e.starts_with("link.toml:4: queue: 0: must be between"),

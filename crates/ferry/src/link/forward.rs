@@ -273,16 +273,21 @@ async fn relay_task(t: RelayTask) {
             }
             Event::PeerGone { peer, reason } => {
                 let who = t.by_key.get(&peer).map(|&i| &t.peers[i]);
-                if let Some(p) = who {
+                // Logged when it changes, not on every repeat.
+                let fresh = who.is_none_or(|p| {
+                    p.stats.gone_notices.fetch_add(1, Relaxed);
                     p.stats.heard.store(false, Relaxed);
+                    !p.stats.gone.swap(true, Relaxed)
+                });
+                if fresh {
+                    tracing::info!(
+                        relay = %name,
+                        peer = who.map_or("(not configured)", |p| p.name.as_str()),
+                        link_key = %peer,
+                        ?reason,
+                        "peer is not connected to the relay"
+                    );
                 }
-                tracing::info!(
-                    relay = %name,
-                    peer = who.map_or("(not configured)", |p| p.name.as_str()),
-                    link_key = %peer,
-                    ?reason,
-                    "peer is not connected to the relay"
-                );
             }
             Event::Health { problem: Some(p) } => {
                 tracing::warn!(relay = %name, problem = %p, "relay reports a problem")
@@ -307,6 +312,7 @@ async fn deliver(peer: &PeerCtx, data: &[u8]) {
         Ok(_) => {
             peer.stats.from_peer.add(data.len());
             if !peer.stats.heard.swap(true, Relaxed) {
+                peer.stats.gone.store(false, Relaxed);
                 tracing::info!(peer = %peer.name, "peer reachable: datagrams arrive over DERP");
             }
         }

@@ -73,8 +73,14 @@ pub(crate) struct PeerStats {
     /// From DERP, handed to the local WireGuard.
     pub from_peer: Flow,
     drops: [AtomicU64; DropReason::ALL.len()],
-    /// Whether anything came from the peer yet (logged once).
+    /// Whether the peer is heard from since the relay last said it was
+    /// gone: each change is logged once (the relay repeats `peerGone`
+    /// about every second while the peer is away).
     pub heard: AtomicBool,
+    /// Whether the relay's last word on the peer was `peerGone`.
+    pub gone: AtomicBool,
+    /// `peerGone` notices about the peer.
+    pub gone_notices: AtomicU64,
 }
 
 impl PeerStats {
@@ -169,6 +175,19 @@ impl Metrics {
                 );
             }
         }
+        head(
+            o,
+            "ferry_link_peer_gone_total",
+            "counter",
+            "peerGone notices from the relay: the peer was not connected to it when sent to.",
+        );
+        for (peer, _, s) in &self.peers {
+            let _ = writeln!(
+                o,
+                "ferry_link_peer_gone_total{{peer=\"{peer}\"}} {}",
+                s.gone_notices.load(Relaxed)
+            );
+        }
         type Read = fn(&RelayStats) -> u64;
         let relay_families: [(&str, &str, &str, Read); 4] = [
             (
@@ -246,5 +265,48 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             let _ = conn.write_all(head.as_bytes()).await;
             let _ = conn.write_all(body.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sample_follows_its_family_head_once() {
+        let key = "nodekey:1111111111111111111111111111111111111111111111111111111111111111";
+        let cfg = Config::from_toml(
+            "f",
+            &format!("key_file = \"k\"\nwireguard = \"127.0.0.1:2\"\n[[relay]]\nname = \"r\"\nurl = \"http://r/derp\"\n[[peer]]\nname = \"p\"\nlink_key = \"{key}\"\nendpoint = \"127.0.0.1:1\"\n"),
+        )
+        .unwrap();
+        let m = Metrics::new(&cfg);
+        m.peer(0).to_peer.add(100);
+        m.peer(0).count_drop(DropReason::QueueFull);
+        m.relay(0).connected.store(true, Relaxed);
+        let text = m.render();
+        let mut heads = std::collections::HashSet::new();
+        let mut current = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                current = rest.split(' ').next().unwrap().to_owned();
+                assert!(heads.insert(current.clone()), "{current} twice");
+            } else if !line.starts_with('#') {
+                assert!(
+                    line.starts_with(&format!("{current}{{")),
+                    "{line} outside its family"
+                );
+            }
+        }
+        for sample in [
+            "ferry_link_peer_packets_total{peer=\"p\",direction=\"to_peer\",path=\"derp\"} 1",
+            "ferry_link_peer_bytes_total{peer=\"p\",direction=\"to_peer\",path=\"derp\"} 100",
+            "ferry_link_peer_drops_total{peer=\"p\",reason=\"queue_full\"} 1",
+            "ferry_link_peer_drops_total{peer=\"p\",reason=\"relay_down\"} 0",
+            "ferry_link_relay_connected{relay=\"r\"} 1",
+            "ferry_link_peer_path{peer=\"p\",path=\"derp\",relay=\"r\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == sample), "no {sample} in\n{text}");
+        }
     }
 }

@@ -237,9 +237,15 @@ fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
         if drops.is_empty() {
             drops.push("none".into());
         }
+        let gone = v("ferry_link_peer_gone_total", &[("peer", peer)]);
+        let gone = if gone > 0.0 {
+            format!("; the relay said {gone} times it was not connected")
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "peer {peer} (endpoint {}): path DERP via {}; to peer {}; from peer {}; drops: {}",
+            "peer {peer} (endpoint {}): path DERP via {}; to peer {}; from peer {}; drops: {}{gone}",
             p.endpoint,
             cfg.relays[p.relay].name,
             flow("to_peer"),
