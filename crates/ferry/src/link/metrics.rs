@@ -233,8 +233,14 @@ fn head(out: &mut String, name: &str, kind: &str, help: &str) {
 /// dropped.
 pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            continue;
+        let mut conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            Err(e) => {
+                // Out of descriptors, usually: do not spin.
+                tracing::debug!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {

@@ -11,7 +11,9 @@
 # (besides loopback and the tunnel itself), so UDP between the peers cannot pass; each WireGuard's
 # endpoint for the other is its local `ferry link` on 127.0.0.1:51001.
 # For each relay: ping and a short iperf3 TCP run through the tunnel, the
-# link's counters, `ferry link status`. Prints the figures measured.
+# link's counters, `ferry link status`; with Ferry, also a relay restart
+# during an iperf3 transfer that the TCP connection inside the tunnel
+# survives. Prints the figures measured.
 #
 # Needs root, ip, nft, wg, wireguard-go, iperf3, ping and derper
 # (FERRY_DERPER_BIN, interop/bin/derper or ~/go/bin/derper; built by
@@ -198,10 +200,27 @@ run_case() { # run_case NAME COMMAND...: the relay in fu-lr, then the links, the
   echo "   ferry link status in fu-la:"
   ip netns exec fu-la "$ferry" link status --config "$T/link-a.toml" | sed 's/^/     /'
   results+=("$name: ping avg ${rtt} ms (loss $loss), iperf3 TCP ${mbits} Mbit/s with ${retr} retransmits (3 s)")
+  if [ -n "${RESTART:-}" ]; then
+    step "$name: the relay restarts during an iperf3 transfer"
+    ip netns exec fu-la timeout 40 iperf3 -c 10.77.110.2 -t 10 -i 1 -f m >"$T/iperf-restart.log" 2>&1 &
+    local iperf_pid=$!
+    sleep 2
+    fu_stop "$relay_pid"
+    wait_log "$T/link-a-$name.log" "relay connection lost" 10
+    fu_bg fu-lr "$T/relay-$name-2.log" "$@"
+    relay_pid=$FU_LAST_PID
+    wait "$iperf_pid" || { cat "$T/iperf-restart.log" >&2; false; }
+    check "$name: both links reconnected" test "$(grep -c 'relay connected' "$T/link-a-$name.log")$(grep -c 'relay connected' "$T/link-b-$name.log")" = 22
+    local late
+    late=$(awk '/sec/ && !/sender|receiver/ { split($3, t, "-"); if (t[1] + 0 >= 7) print $7 }' "$T/iperf-restart.log" | sort -n | tail -n 1)
+    check "$name: the TCP transfer inside the tunnel carried on (last seconds: ${late:-0} Mbit/s)" awk -v m="${late:-0}" 'BEGIN { exit !(m > 1) }'
+    echo "   iperf3 Mbit/s per second across the restart: $(awk '/sec/ && !/sender|receiver/ { printf "%s ", $7 }' "$T/iperf-restart.log")"
+    echo "   relay_down drops at A during the restart: $(metric fu-la 'ferry_link_peer_drops_total{peer="b",reason="relay_down"}')"
+  fi
   fu_stop "$la"; fu_stop "$lb"; fu_stop "$relay_pid"
 }
 
-run_case ferry "$ferry" -a :3340 --stun=false -c "$T/relay-ferry.key"
+RESTART=1 run_case ferry "$ferry" -a :3340 --stun=false -c "$T/relay-ferry.key"
 run_case derper "$derper" -a :3340 -http-port -1 -stun=false -c "$T/relay-derper.key"
 
 step "all ferry link namespace tests passed in $((SECONDS - started)) s"
