@@ -345,6 +345,13 @@ fn pem(der: &[u8]) -> String {
     out
 }
 
+/// `ferry link --config CONFIG` fails, saying `why`.
+fn refused(config: &str, why: &str) {
+    let (status, log) = run(ferry().args(["link", "--config", config]));
+    assert!(!status.success(), "{log}");
+    assert!(log.contains(why), "{log}");
+}
+
 #[test]
 fn pubkey_creates_the_key_once() {
     let dir = TempDir::new("link-pubkey");
@@ -363,12 +370,7 @@ fn pubkey_creates_the_key_once() {
     assert_eq!(mode, 0o600, "the key file is private");
     assert_eq!(print(), first, "the same key on the second run");
     // Running with that file alone is refused, naming what is missing.
-    let (status, log) = run(ferry().args(["link", "--config", &cfg]));
-    assert!(!status.success());
-    assert!(
-        log.contains("link.toml: relay: at least one [[relay]]"),
-        "{log}"
-    );
+    refused(&cfg, "link.toml: relay: at least one [[relay]]");
 }
 
 #[test]
@@ -392,12 +394,7 @@ fn an_unreachable_relay_is_retried_and_a_bad_file_names_the_key() {
         .unwrap()
         .replace("endpoint = \"", "endpoint = \"nowhere");
     std::fs::write(&cfg, text).unwrap();
-    let (status, log) = run(ferry().args(["link", "--config", &cfg]));
-    assert!(!status.success());
-    assert!(
-        log.contains("a.toml:12: peer[0].endpoint: \"nowhere127.0.0.1:"),
-        "{log}"
-    );
+    refused(&cfg, "a.toml:12: peer[0].endpoint: \"nowhere127.0.0.1:");
 }
 
 #[test]
