@@ -272,6 +272,9 @@ pub(crate) enum Command {
     /// `ferry udp-relay --config`) without starting anything: exit 0 with a
     /// one-line summary, or 2 with the error.
     CheckConfig(crate::config_file::CheckArgs),
+    /// Carry a stock WireGuard interface's datagrams to its peers over
+    /// DERP (`ferry link --config FILE`; `pubkey`, `status`).
+    Link(Box<crate::link::LinkArgs>),
 }
 
 /// derper image conventions operators already use, and the flag each

@@ -14,6 +14,7 @@
 mod acme;
 mod cli;
 mod config_file;
+mod link;
 mod status;
 mod udp;
 
@@ -67,6 +68,7 @@ fn run() -> Result<()> {
         Some(cli::Command::UdpRelay(udp_args)) => return udp::run(udp_args),
         Some(cli::Command::Status(status_args)) => return status::run(status_args),
         Some(cli::Command::CheckConfig(check_args)) => return config_file::check(check_args),
+        Some(cli::Command::Link(link_args)) => return link::run(link_args),
         None => {}
     }
     // An error about a flag the --config file set names its key and line.

@@ -32,7 +32,7 @@ pub(crate) struct StatusArgs {
 
 /// One scrape: series (name and labels, as written) to value.
 #[derive(Debug, Default)]
-struct Scrape {
+pub(crate) struct Scrape {
     series: Vec<(String, BTreeMap<String, String>, f64)>,
     at: Option<Instant>,
 }
@@ -65,7 +65,7 @@ impl Scrape {
     }
 
     /// The sum of every series named `name` whose labels include `with`.
-    fn sum(&self, name: &str, with: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn sum(&self, name: &str, with: &[(&str, &str)]) -> Option<f64> {
         let mut found = None;
         for (n, labels, v) in &self.series {
             if n == name
@@ -125,7 +125,7 @@ fn endpoint(target: &str) -> Result<(String, String, String)> {
     Ok((hostport, host, path))
 }
 
-fn fetch(target: &str) -> Result<Scrape> {
+pub(crate) fn fetch(target: &str) -> Result<Scrape> {
     let (hostport, host, path) = endpoint(target)?;
     let addr = hostport
         .to_socket_addrs()

@@ -1,0 +1,546 @@
+//! `ferry link`'s configuration file, checked before anything is bound or
+//! dialled. Every mistake names the key (`peer[1].link_key`) and, when the
+//! file has it, the line.
+//!
+//! ```toml
+//! key_file = "/var/lib/ferry/link.key"   # this side's link key; created on first start (0600)
+//! wireguard = "127.0.0.1:51820"          # the local WireGuard's listen address (default for peers)
+//! metrics_addr = "127.0.0.1:9102"        # optional: Prometheus text at /metrics; `ferry link status` reads it
+//! queue = 512                            # optional: datagrams waiting per relay connection
+//!
+//! [[relay]]
+//! name = "home"                          # optional (default relay0, relay1, ...)
+//! url = "https://derp.example.com/derp"
+//! ca_file = "/etc/ferry/test-ca.pem"     # optional: trust only this CA (default: the system's roots)
+//!
+//! [[peer]]
+//! name = "nas"
+//! link_key = "nodekey:..."               # what `ferry link pubkey` prints on the peer
+//! endpoint = "127.0.0.1:51001"           # local UDP address standing for the peer (its WireGuard Endpoint)
+//! wireguard = "127.0.0.1:51820"          # optional: overrides the top-level one
+//! relay = "home"                         # optional: the relay the peer is connected to (default: the first)
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use ferry_proto::key::NodePublic;
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Default number of datagrams waiting for one relay connection.
+pub(crate) const DEFAULT_QUEUE: usize = 512;
+
+/// A checked `ferry link` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Config {
+    /// Where this side's link key lives.
+    pub key_file: PathBuf,
+    /// Prometheus text endpoint.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Datagrams held per relay connection before new ones are dropped.
+    pub queue: usize,
+    /// DERP servers, in the file's order.
+    pub relays: Vec<Relay>,
+    /// The remote `ferry link`s.
+    pub peers: Vec<Peer>,
+}
+
+/// One DERP server.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Relay {
+    /// Name used in logs and metrics.
+    pub name: String,
+    /// `http(s)://host[:port]/derp`.
+    pub url: String,
+    /// A PEM file of CA certificates to trust instead of the system's.
+    pub ca_file: Option<PathBuf>,
+    /// `relay[i]`, for errors found later (reading `ca_file`).
+    pub field: String,
+}
+
+/// One remote `ferry link`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Peer {
+    /// Name used in logs and metrics.
+    pub name: String,
+    /// Its link key: its DERP address.
+    pub link_key: NodePublic,
+    /// The local address that stands for it (its `Endpoint` here).
+    pub endpoint: SocketAddr,
+    /// The local WireGuard's listen address.
+    pub wireguard: SocketAddr,
+    /// Index into [`Config::relays`]: where the peer is reachable.
+    pub relay: usize,
+    /// `peer[i]`.
+    pub field: String,
+}
+
+/// A configuration mistake: the file, the line when known, the key, and
+/// what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConfigError {
+    path: String,
+    line: Option<usize>,
+    field: String,
+    message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.path)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    key_file: Option<Spanned<String>>,
+    wireguard: Option<Spanned<String>>,
+    metrics_addr: Option<Spanned<String>>,
+    queue: Option<Spanned<usize>>,
+    #[serde(default)]
+    relay: Vec<FileRelay>,
+    #[serde(default)]
+    peer: Vec<FilePeer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRelay {
+    name: Option<Spanned<String>>,
+    url: Spanned<String>,
+    ca_file: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePeer {
+    name: Spanned<String>,
+    link_key: Spanned<String>,
+    endpoint: Spanned<String>,
+    wireguard: Option<Spanned<String>>,
+    relay: Option<Spanned<String>>,
+}
+
+/// Builds errors for one file: turns byte spans into line numbers.
+struct Errors<'a> {
+    path: &'a str,
+    text: &'a str,
+}
+
+impl Errors<'_> {
+    fn at<T>(
+        &self,
+        value: &Spanned<T>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            path: self.path.to_owned(),
+            line: Some(1 + self.text[..value.span().start].matches('\n').count()),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn key_file(&self, v: Option<Spanned<String>>) -> Result<PathBuf, ConfigError> {
+        match v {
+            Some(k) if k.get_ref().is_empty() => Err(self.at(&k, "key_file", "must not be empty")),
+            Some(k) => Ok(PathBuf::from(k.into_inner())),
+            None => Err(self.file(
+                "key_file",
+                "missing: the file holding this side's link key (created on first start)",
+            )),
+        }
+    }
+
+    fn toml(&self, err: &toml::de::Error) -> ConfigError {
+        ConfigError {
+            path: self.path.to_owned(),
+            line: err
+                .span()
+                .map(|s| 1 + self.text[..s.start].matches('\n').count()),
+            field: String::new(),
+            message: err.message().to_owned(),
+        }
+    }
+
+    fn file(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            path: self.path.to_owned(),
+            line: None,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A name for logs and metric labels: letters, digits, `-`, `_`, `.`.
+    fn name(&self, value: &Spanned<String>, field: &str) -> Result<String, ConfigError> {
+        let name = value.get_ref();
+        if name.is_empty() {
+            return Err(self.at(value, field, "must not be empty"));
+        }
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(self.at(
+                value,
+                field,
+                format!("{name:?}: use only letters, digits, '-', '_' and '.'"),
+            ));
+        }
+        Ok(name.clone())
+    }
+
+    fn addr(&self, value: &Spanned<String>, field: &str) -> Result<SocketAddr, ConfigError> {
+        let addr: SocketAddr = value.get_ref().parse().map_err(|_| {
+            self.at(
+                value,
+                field,
+                format!(
+                    "{:?} is not an address (expected ip:port or [ipv6]:port)",
+                    value.get_ref()
+                ),
+            )
+        })?;
+        if addr.port() == 0 {
+            return Err(self.at(value, field, format!("{addr}: the port must not be 0")));
+        }
+        Ok(addr)
+    }
+}
+
+impl Config {
+    /// Parses and checks a file's text; `path` names it in errors.
+    pub(crate) fn from_toml(path: &str, text: &str) -> Result<Config, ConfigError> {
+        let e = Errors { path, text };
+        let file: FileConfig = toml::from_str(text).map_err(|err| e.toml(&err))?;
+        let key_file = e.key_file(file.key_file.clone())?;
+        let metrics_addr = file
+            .metrics_addr
+            .as_ref()
+            .map(|v| e.addr(v, "metrics_addr"))
+            .transpose()?;
+        let queue = match &file.queue {
+            None => DEFAULT_QUEUE,
+            Some(q) if (1..=65536).contains(q.get_ref()) => *q.get_ref(),
+            Some(q) => {
+                return Err(e.at(
+                    q,
+                    "queue",
+                    format!("{}: must be between 1 and 65536", q.get_ref()),
+                ))
+            }
+        };
+        let default_wireguard = file
+            .wireguard
+            .as_ref()
+            .map(|v| e.addr(v, "wireguard"))
+            .transpose()?;
+
+        if file.relay.is_empty() {
+            return Err(e.file("relay", "at least one [[relay]] with a DERP url is needed"));
+        }
+        let mut relays: Vec<Relay> = Vec::new();
+        let mut relay_names: HashMap<String, usize> = HashMap::new();
+        for (i, r) in file.relay.iter().enumerate() {
+            let field = format!("relay[{i}]");
+            if let Err(err) = ferry_client::Target::from_url(r.url.get_ref()) {
+                return Err(e.at(&r.url, format!("{field}.url"), err.to_string()));
+            }
+            let name = match &r.name {
+                Some(n) => e.name(n, &format!("{field}.name"))?,
+                None => format!("relay{i}"),
+            };
+            if let Some(&j) = relay_names.get(&name) {
+                let at = r.name.as_ref().unwrap_or(&r.url);
+                return Err(e.at(
+                    at,
+                    format!("{field}.name"),
+                    format!("{name:?} is already used by relay[{j}]"),
+                ));
+            }
+            relay_names.insert(name.clone(), i);
+            relays.push(Relay {
+                name,
+                url: r.url.get_ref().clone(),
+                ca_file: r.ca_file.as_ref().map(PathBuf::from),
+                field,
+            });
+        }
+
+        if file.peer.is_empty() {
+            return Err(e.file("peer", "at least one [[peer]] is needed"));
+        }
+        let mut peers: Vec<Peer> = Vec::new();
+        for (i, p) in file.peer.iter().enumerate() {
+            let field = format!("peer[{i}]");
+            let name = e.name(&p.name, &format!("{field}.name"))?;
+            let link_key: NodePublic = p.link_key.get_ref().trim().parse().map_err(|err| {
+                e.at(&p.link_key, format!("{field}.link_key"), format!("{err} (a link key looks like nodekey:<64 hex digits>, as `ferry link pubkey` prints it)"))
+            })?;
+            let endpoint = e.addr(&p.endpoint, &format!("{field}.endpoint"))?;
+            let wireguard = match &p.wireguard {
+                Some(v) => e.addr(v, &format!("{field}.wireguard"))?,
+                None => default_wireguard.ok_or_else(|| {
+                    e.at(
+                        &p.name,
+                        format!("{field}.wireguard"),
+                        "missing: the local WireGuard's listen address (here or at the top level)",
+                    )
+                })?,
+            };
+            let relay = match &p.relay {
+                None => 0,
+                Some(r) => *relay_names.get(r.get_ref()).ok_or_else(|| {
+                    e.at(
+                        r,
+                        format!("{field}.relay"),
+                        format!("no [[relay]] is named {:?}", r.get_ref()),
+                    )
+                })?,
+            };
+            for (j, q) in peers.iter().enumerate() {
+                let clash = if q.name == name {
+                    Some((&p.name, "name", format!("{name:?}")))
+                } else if q.link_key == link_key {
+                    Some((&p.link_key, "link_key", link_key.to_string()))
+                } else if q.endpoint == endpoint {
+                    Some((&p.endpoint, "endpoint", endpoint.to_string()))
+                } else {
+                    None
+                };
+                if let Some((at, key, value)) = clash {
+                    return Err(e.at(
+                        at,
+                        format!("{field}.{key}"),
+                        format!("{value} is already used by peer[{j}]"),
+                    ));
+                }
+            }
+            if endpoint == wireguard {
+                return Err(e.at(
+                    &p.endpoint,
+                    format!("{field}.endpoint"),
+                    format!("{endpoint} is the local WireGuard's own address"),
+                ));
+            }
+            if metrics_addr == Some(endpoint) {
+                return Err(e.at(
+                    &p.endpoint,
+                    format!("{field}.endpoint"),
+                    format!("{endpoint} is also metrics_addr"),
+                ));
+            }
+            peers.push(Peer {
+                name,
+                link_key,
+                endpoint,
+                wireguard,
+                relay,
+                field,
+            });
+        }
+        Ok(Config {
+            key_file,
+            metrics_addr,
+            queue,
+            relays,
+            peers,
+        })
+    }
+
+    /// Only `key_file`, for `ferry link pubkey`: a new side prints its key
+    /// before it knows its peers' keys.
+    pub(crate) fn key_file_only(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+        use anyhow::Context;
+        #[derive(Deserialize)]
+        struct KeyOnly {
+            key_file: Option<Spanned<String>>,
+        }
+        let name = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("--config: reading {name}"))?;
+        let e = Errors {
+            path: &name,
+            text: &text,
+        };
+        let file: KeyOnly = toml::from_str(&text).map_err(|err| e.toml(&err))?;
+        Ok(e.key_file(file.key_file)?)
+    }
+
+    /// Reads and checks the file at `path`.
+    pub(crate) fn load(path: &std::path::Path) -> anyhow::Result<Config> {
+        use anyhow::Context;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--config: reading {}", path.display()))?;
+        Ok(Config::from_toml(&path.display().to_string(), &text)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY_A: &str = "nodekey:1111111111111111111111111111111111111111111111111111111111111111";
+    const KEY_B: &str = "nodekey:2222222222222222222222222222222222222222222222222222222222222222";
+
+    fn full() -> String {
+        format!(
+            r#"key_file = "/var/lib/ferry/link.key"
+wireguard = "127.0.0.1:51820"
+metrics_addr = "127.0.0.1:9102"
+queue = 64
+
+[[relay]]
+name = "home"
+url = "https://derp.example.com/derp"
+
+[[relay]]
+url = "http://10.0.0.1:3340/derp"
+ca_file = "/tmp/ca.pem"
+
+[[peer]]
+name = "nas"
+link_key = "{KEY_A}"
+endpoint = "127.0.0.1:51001"
+
+[[peer]]
+name = "laptop"
+link_key = "{KEY_B}"
+endpoint = "127.0.0.1:51002"
+wireguard = "127.0.0.1:51821"
+relay = "relay1"
+"#
+        )
+    }
+
+    fn err(text: &str) -> String {
+        Config::from_toml("link.toml", text)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_full_file() {
+        let c = Config::from_toml("link.toml", &full()).unwrap();
+        assert_eq!(c.key_file, PathBuf::from("/var/lib/ferry/link.key"));
+        assert_eq!(c.metrics_addr, Some("127.0.0.1:9102".parse().unwrap()));
+        assert_eq!(c.queue, 64);
+        assert_eq!(c.relays[0].name, "home");
+        assert_eq!(c.relays[1].name, "relay1");
+        assert_eq!(c.relays[1].ca_file, Some(PathBuf::from("/tmp/ca.pem")));
+        assert_eq!(c.peers[0].link_key.to_string(), KEY_A);
+        assert_eq!(c.peers[0].wireguard, "127.0.0.1:51820".parse().unwrap());
+        assert_eq!(c.peers[0].relay, 0);
+        assert_eq!(c.peers[1].wireguard, "127.0.0.1:51821".parse().unwrap());
+        assert_eq!(c.peers[1].relay, 1);
+        assert_eq!(c.peers[1].endpoint, "127.0.0.1:51002".parse().unwrap());
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_toml(
+            "f",
+            &format!("key_file = \"k\"\n[[relay]]\nurl = \"http://r/derp\"\n[[peer]]\nname = \"p\"\nlink_key = \"{KEY_A}\"\nendpoint = \"127.0.0.1:1\"\nwireguard = \"127.0.0.1:2\"\n"),
+        )
+        .unwrap();
+        assert_eq!(c.queue, DEFAULT_QUEUE);
+        assert_eq!(c.metrics_addr, None);
+        assert_eq!(c.relays[0].name, "relay0");
+        assert_eq!(c.relays[0].ca_file, None);
+    }
+
+    #[test]
+    fn mistakes_name_the_key_and_line() {
+        let f = full();
+        let e = err(&f.replace(KEY_B, "nodekey:12"));
+        assert!(e.starts_with("link.toml:21: peer[1].link_key: "), "{e}");
+        let e = err(&f.replace("127.0.0.1:51002", "here"));
+        assert!(
+            e.starts_with("link.toml:22: peer[1].endpoint: \"here\" is not an address"),
+            "{e}"
+        );
+        let e = err(&f.replace("127.0.0.1:51002", "127.0.0.1:51001"));
+        assert!(
+            e.starts_with(
+                "link.toml:22: peer[1].endpoint: 127.0.0.1:51001 is already used by peer[0]"
+            ),
+            "{e}"
+        );
+        let e = err(&f.replace("laptop", "nas"));
+        assert!(
+            e.starts_with("link.toml:20: peer[1].name: \"nas\" is already used by peer[0]"),
+            "{e}"
+        );
+        let e = err(&f.replace(KEY_B, KEY_A));
+        assert!(
+            e.starts_with("link.toml:21: peer[1].link_key: nodekey:1111"),
+            "{e}"
+        );
+        let e = err(&f.replace("relay = \"relay1\"", "relay = \"away\""));
+        assert!(
+            e.starts_with("link.toml:24: peer[1].relay: no [[relay]] is named \"away\""),
+            "{e}"
+        );
+        let e = err(&f.replace("https://derp", "ftp://derp"));
+        assert!(e.starts_with("link.toml:8: relay[0].url: "), "{e}");
+        let e = err(&f.replace("\"laptop\"", "\"lap top\""));
+        assert!(
+            e.starts_with("link.toml:20: peer[1].name: \"lap top\": use only letters"),
+            "{e}"
+        );
+        let e = err(&f.replace("queue = 64", "queue = 0"));
+        assert!(
+            e.starts_with("link.toml:4: queue: 0: must be between"),
+            "{e}"
+        );
+        let e = err(&f.replace("queue = 64", "colour = 1"));
+        assert!(e.starts_with("link.toml:4: unknown field `colour`"), "{e}");
+        let e = err(&f.replace(
+            "metrics_addr = \"127.0.0.1:9102\"",
+            "metrics_addr = \"127.0.0.1:0\"",
+        ));
+        assert!(
+            e.starts_with("link.toml:3: metrics_addr: 127.0.0.1:0: the port must not be 0"),
+            "{e}"
+        );
+        let e = err(&f.replace("key_file = \"/var/lib/ferry/link.key\"\n", ""));
+        assert!(e.starts_with("link.toml: key_file: missing"), "{e}");
+        let e = err(&f.replace("wireguard = \"127.0.0.1:51820\"\n", ""));
+        assert!(
+            e.starts_with("link.toml:14: peer[0].wireguard: missing"),
+            "{e}"
+        );
+        let e = err(&f.replace(
+            "url = \"http://10.0.0.1:3340/derp\"",
+            "name = \"home\"\nurl = \"http://10.0.0.1:3340/derp\"",
+        ));
+        assert!(
+            e.starts_with("link.toml:11: relay[1].name: \"home\" is already used by relay[0]"),
+            "{e}"
+        );
+        let e = err(&f.replace("127.0.0.1:51001", "127.0.0.1:51820"));
+        assert!(
+            e.contains("peer[0].endpoint: 127.0.0.1:51820 is the local WireGuard's own address"),
+            "{e}"
+        );
+        let e = err(&format!("key_file = \"k\"\n[[peer]]\nname = \"p\"\nlink_key = \"{KEY_A}\"\nendpoint = \"127.0.0.1:1\"\n"));
+        assert!(e.starts_with("link.toml: relay: at least one"), "{e}");
+        let e = err("key_file = \"k\"\n[[relay]]\nurl = \"http://r/derp\"\n");
+        assert!(e.starts_with("link.toml: peer: at least one"), "{e}");
+    }
+}

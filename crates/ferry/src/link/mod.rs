@@ -1,0 +1,257 @@
+//! `ferry link`: carries a stock WireGuard interface's datagrams to its
+//! peers over DERP, for networks where UDP between the peers does not
+//! pass.
+//!
+//! ```text
+//! ferry link --config /etc/ferry/link.toml          # run beside WireGuard
+//! ferry link pubkey --config /etc/ferry/link.toml   # this side's link key (created if missing)
+//! ferry link status --config /etc/ferry/link.toml   # per peer: path, traffic, drops; relay state
+//! ```
+//!
+//! Each remote peer is one local UDP address (its `Endpoint` in the local
+//! WireGuard configuration) and one link key (its DERP address); see
+//! [`config`] for the file and [`forward`] for the data path. WireGuard's
+//! keys are never read and nothing is decrypted. This version has one
+//! path, DERP; direct UDP and Ferry relay sessions come later.
+
+mod config;
+mod forward;
+mod metrics;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use ferry_client::{Options, TlsRoots};
+use ferry_proto::key::NodePrivate;
+use ferry_sys::signal::Signal;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+use config::Config;
+
+/// `ferry link` flags.
+#[derive(clap::Args, Debug)]
+pub(crate) struct LinkArgs {
+    #[command(subcommand)]
+    action: Option<Action>,
+
+    /// TOML configuration file (link key file, relays, peers); see the
+    /// README, "ferry link".
+    #[arg(long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+
+    /// Log filter (tracing EnvFilter syntax); FERRY_LOG overrides.
+    #[arg(long, default_value = "info", global = true)]
+    log: String,
+
+    /// Log line format: "text" or "json" (one object per line).
+    #[arg(long = "log-format", default_value = "text", global = true)]
+    log_format: String,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// Print this side's link key (creating the key file if it is
+    /// missing), for the peers' configurations.
+    Pubkey,
+    /// Show each peer's path, traffic and drops and each relay's state,
+    /// from the running link's metrics_addr.
+    Status,
+}
+
+/// Runs `ferry link` and its subcommands.
+pub(crate) fn run(args: &LinkArgs) -> Result<()> {
+    let Some(path) = &args.config else {
+        bail!("--config FILE is required (the link's TOML configuration; see the README, \"ferry link\")");
+    };
+    match args.action {
+        Some(Action::Pubkey) => {
+            let key_file = Config::key_file_only(path)?;
+            let (key, created) = load_key(&key_file)?;
+            if created {
+                eprintln!("created {}", key_file.display());
+            }
+            println!("{}", key.public());
+            Ok(())
+        }
+        Some(Action::Status) => status(path),
+        None => serve(args, path),
+    }
+}
+
+/// Reads the link key, or creates it (mode 0600) when the file does not
+/// exist. `true` when it was created.
+fn load_key(path: &Path) -> Result<(NodePrivate, bool)> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((
+            NodePrivate::from_key_file_json(&text)
+                .map_err(|e| anyhow::anyhow!("key_file {}: {e}", path.display()))?,
+            false,
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = NodePrivate::generate();
+            crate::write_private(path, key.to_key_file_json().as_bytes())
+                .with_context(|| format!("key_file: creating {}", path.display()))?;
+            Ok((key, true))
+        }
+        Err(e) => Err(e).with_context(|| format!("key_file: reading {}", path.display())),
+    }
+}
+
+/// SDK options for each relay: the system's roots, or the relay's
+/// `ca_file`.
+fn relay_options(cfg: &Config) -> Result<Vec<Options>> {
+    let mut all = Vec::with_capacity(cfg.relays.len());
+    for relay in &cfg.relays {
+        let mut options = Options::default();
+        if let Some(file) = &relay.ca_file {
+            let what = || format!("{}.ca_file: {}", relay.field, file.display());
+            let mut store = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(file).with_context(what)? {
+                store.add(cert.with_context(what)?).with_context(what)?;
+            }
+            if store.is_empty() {
+                bail!("{}: no certificates in the file", what());
+            }
+            options.tls_roots = TlsRoots::Custom(Arc::new(store));
+        }
+        all.push(options);
+    }
+    Ok(all)
+}
+
+fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
+    crate::init_logging(&args.log, &args.log_format)?;
+    ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
+    let cfg = Config::load(path)?;
+    let options = relay_options(&cfg)?;
+    let (key, created) = load_key(&cfg.key_file)?;
+    if created {
+        tracing::info!(key_file = %cfg.key_file.display(), "created a new link key");
+    }
+    if let Some(p) = cfg.peers.iter().find(|p| p.link_key == key.public()) {
+        bail!(
+            "{}: {}.link_key is this side's own link key",
+            path.display(),
+            p.field
+        );
+    }
+    tracing::info!(link_key = %key.public(), peers = cfg.peers.len(), relays = cfg.relays.len(), "ferry link starting (path: DERP)");
+    for r in &cfg.relays {
+        tracing::info!(relay = %r.name, url = %r.url, "relay");
+    }
+    let metrics = Arc::new(metrics::Metrics::new(&cfg));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // Signals stay blocked everywhere; this thread waits for them.
+    std::thread::Builder::new()
+        .name("ferry-link-signals".into())
+        .spawn(move || loop {
+            match ferry_sys::signal::wait_signal() {
+                Ok(Signal::Hangup) => tracing::info!(
+                    "SIGHUP: ferry link reads its configuration only at start; restart it to apply changes"
+                ),
+                Ok(sig @ Signal::Terminate(_)) => {
+                    tracing::info!(signal = sig.name(), "shutting down");
+                    let _ = stop_tx.send(());
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "waiting for signals failed; shutting down");
+                    let _ = stop_tx.send(());
+                    return;
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(forward::run(cfg, key, options, metrics, async {
+        let _ = stop_rx.await;
+    }))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `ferry link status`: one scrape of the running link's metrics.
+fn status(path: &Path) -> Result<()> {
+    let cfg = Config::load(path)?;
+    let Some(addr) = cfg.metrics_addr else {
+        bail!(
+            "{}: metrics_addr is not set; ferry link status reads the running link's metrics there",
+            path.display()
+        );
+    };
+    let scrape = crate::status::fetch(&addr.to_string())?;
+    print!("{}", status_text(&cfg, &scrape));
+    Ok(())
+}
+
+fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0);
+    for r in &cfg.relays {
+        let l = [("relay", r.name.as_str())];
+        let state = if v("ferry_link_relay_connected", &l) > 0.0 {
+            "connected"
+        } else {
+            "down"
+        };
+        let _ = writeln!(
+            out,
+            "relay {} ({}): {state}; {} connects, {} disconnects or failed attempts, {} packets from unknown link keys dropped",
+            r.name,
+            r.url,
+            v("ferry_link_relay_connects_total", &l),
+            v("ferry_link_relay_disconnects_total", &l),
+            v("ferry_link_unknown_sender_drops_total", &l),
+        );
+    }
+    for p in &cfg.peers {
+        let peer = p.name.as_str();
+        let flow = |dir: &str| {
+            let l = [("peer", peer), ("direction", dir)];
+            format!(
+                "{} packets, {} bytes",
+                v("ferry_link_peer_packets_total", &l),
+                v("ferry_link_peer_bytes_total", &l)
+            )
+        };
+        let mut drops: Vec<String> = metrics::DropReason::ALL
+            .iter()
+            .map(|why| {
+                (
+                    why.label(),
+                    v(
+                        "ferry_link_peer_drops_total",
+                        &[("peer", peer), ("reason", why.label())],
+                    ),
+                )
+            })
+            .filter(|(_, n)| *n > 0.0)
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect();
+        if drops.is_empty() {
+            drops.push("none".into());
+        }
+        let gone = v("ferry_link_peer_gone_total", &[("peer", peer)]);
+        let gone = if gone > 0.0 {
+            format!("; the relay said {gone} times it was not connected")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "peer {peer} (endpoint {}): path DERP via {}; to peer {}; from peer {}; drops: {}{gone}",
+            p.endpoint,
+            cfg.relays[p.relay].name,
+            flow("to_peer"),
+            flow("from_peer"),
+            drops.join(", ")
+        );
+    }
+    out
+}

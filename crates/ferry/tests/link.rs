@@ -1,0 +1,435 @@
+//! `ferry link` through the built binary: two links on loopback, plain UDP
+//! sockets standing in for each side's WireGuard, carried over an
+//! in-process Ferry relay and over Tailscale's `derper` (TLS with a test
+//! CA given as `ca_file`, and plain HTTP). Checks the datagrams arrive
+//! from the socket that stands for the sender, every datagram is carried
+//! or counted as dropped, strangers are dropped, a relay restart is
+//! survived, and `ferry link pubkey` / `status`.
+
+#[path = "../../client/tests/support/mod.rs"]
+mod derp;
+mod support;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use ferry_proto::key::NodePrivate;
+use support::{ferry, free_tcp_port, get, run, Ferry, TempDir, T};
+
+/// A loopback UDP address that was free a moment ago.
+fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A socket standing in for one side's WireGuard.
+fn wireguard() -> UdpSocket {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    s
+}
+
+/// One side: its key, its WireGuard stand-in, its metrics address, and the
+/// address standing for the other side.
+struct Side {
+    key: NodePrivate,
+    wg: UdpSocket,
+    metrics: SocketAddr,
+    peer_endpoint: SocketAddr,
+}
+
+impl Side {
+    fn new() -> Side {
+        Side {
+            key: NodePrivate::generate(),
+            wg: wireguard(),
+            metrics: SocketAddr::from(([127, 0, 0, 1], free_tcp_port())),
+            peer_endpoint: free_udp(),
+        }
+    }
+
+    /// Writes the key file and the configuration; returns the config path.
+    fn write_config(
+        &self,
+        dir: &TempDir,
+        me: &str,
+        peer: &str,
+        peer_key: &NodePrivate,
+        relay: &str,
+    ) -> String {
+        let key_file = dir.path(&format!("{me}.key"));
+        std::fs::write(&key_file, self.key.to_key_file_json()).unwrap();
+        let text = format!(
+            "key_file = \"{key_file}\"\nwireguard = \"{}\"\nmetrics_addr = \"{}\"\n\n{relay}\n[[peer]]\nname = \"{peer}\"\nlink_key = \"{}\"\nendpoint = \"{}\"\n",
+            self.wg.local_addr().unwrap(),
+            self.metrics,
+            peer_key.public(),
+            self.peer_endpoint,
+        );
+        let path = dir.path(&format!("{me}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Waits until `sample` is at least `want`; panics naming `what`
+    /// after [`T`].
+    fn wait_metric(&self, sample: &str, want: u64, what: &str) {
+        let deadline = Instant::now() + T;
+        while self.metric(sample) < want {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {sample} stayed below {want}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// One metric sample's value (0 when absent).
+    fn metric(&self, sample: &str) -> u64 {
+        let body = get(self.metrics, "/metrics");
+        body.lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0, |v| v as u64)
+    }
+}
+
+fn link(config: &str) -> Ferry {
+    let mut c = ferry();
+    c.args(["link", "--config", config]);
+    Ferry::spawn(&mut c)
+}
+
+/// Sends `payload` from `from` to `to` until `at` receives it (datagrams
+/// are dropped, and counted, until both links are connected); returns the
+/// address it came from. Bounded by [`T`].
+fn carried(from: &UdpSocket, to: SocketAddr, at: &UdpSocket, payload: &[u8]) -> SocketAddr {
+    let deadline = Instant::now() + T;
+    let mut buf = [0u8; 2048];
+    while Instant::now() < deadline {
+        from.send_to(payload, to).unwrap();
+        while let Ok((n, src)) = at.recv_from(&mut buf) {
+            if &buf[..n] == payload {
+                return src;
+            }
+        }
+    }
+    panic!(
+        "{} bytes sent to {to} never arrived within {T:?}",
+        payload.len()
+    );
+}
+
+/// Two sides with each other as their peer, configured for `relay` in
+/// `dir`; returns them and their configuration files.
+fn pair(dir: &TempDir, relay: &str) -> (Side, Side, String, String) {
+    let (a, b) = (Side::new(), Side::new());
+    let a_cfg = a.write_config(dir, "a", "b", &b.key, relay);
+    let b_cfg = b.write_config(dir, "b", "a", &a.key, relay);
+    (a, b, a_cfg, b_cfg)
+}
+
+fn relay_block(url: &str, ca_file: Option<&str>) -> String {
+    let ca = ca_file.map_or(String::new(), |f| format!("ca_file = \"{f}\"\n"));
+    format!("[[relay]]\nname = \"r\"\nurl = \"{url}\"\n{ca}")
+}
+
+/// The whole plumbing over one server.
+fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
+    let what = format!("{:?} at {}", server.kind, server.url());
+    let dir = TempDir::new("link");
+    let (a, b, a_cfg, b_cfg) = pair(&dir, &relay_block(&server.url(), ca_file));
+    let mut la = link(&a_cfg);
+    let mut lb = link(&b_cfg);
+    la.wait_log("relay connected");
+    lb.wait_log("relay connected");
+
+    // Both ways; each side hears the other from the address standing for it.
+    let src = carried(&a.wg, a.peer_endpoint, &b.wg, b"a to b");
+    assert_eq!(
+        src, b.peer_endpoint,
+        "{what}: B's WireGuard hears A from A's endpoint at B"
+    );
+    let src = carried(&b.wg, b.peer_endpoint, &a.wg, b"b to a");
+    assert_eq!(
+        src, a.peer_endpoint,
+        "{what}: A's WireGuard hears B from B's endpoint at A"
+    );
+    lb.wait_log("peer reachable");
+
+    // A burst: every datagram is carried or counted as dropped. (50 fit
+    // in the kernel's default socket buffer, so none is lost before the
+    // link reads it.)
+    let sent_before = a
+        .metric("ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"derp\"}")
+        + a.metric("ferry_link_peer_drops_total{peer=\"b\",reason=\"relay_down\"}")
+        + a.metric("ferry_link_peer_drops_total{peer=\"b\",reason=\"queue_full\"}");
+    let burst = 50u64;
+    let payload = vec![0x5a; 1400];
+    for _ in 0..burst {
+        a.wg.send_to(&payload, a.peer_endpoint).unwrap();
+    }
+    let mut got = 0u64;
+    let mut buf = [0u8; 2048];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got < burst && Instant::now() < deadline {
+        if let Ok((1400, _)) = b.wg.recv_from(&mut buf) {
+            got += 1;
+        }
+    }
+    let accounted = || {
+        a.metric("ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"derp\"}")
+            + a.metric("ferry_link_peer_drops_total{peer=\"b\",reason=\"relay_down\"}")
+            + a.metric("ferry_link_peer_drops_total{peer=\"b\",reason=\"queue_full\"}")
+            - sent_before
+    };
+    let deadline = Instant::now() + T;
+    while accounted() < burst && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        accounted(),
+        burst,
+        "{what}: every datagram of the burst carried or counted"
+    );
+    assert!(got > 0, "{what}: none of the burst arrived");
+    let b_from =
+        b.metric("ferry_link_peer_packets_total{peer=\"a\",direction=\"from_peer\",path=\"derp\"}");
+    assert!(
+        b_from > got,
+        "{what}: B counted {b_from} from A, its WireGuard got {got} + 1"
+    );
+
+    // A datagram to the endpoint from anywhere but the local WireGuard.
+    let stranger = wireguard();
+    stranger.send_to(b"not wireguard", a.peer_endpoint).unwrap();
+    a.wait_metric(
+        "ferry_link_peer_drops_total{peer=\"b\",reason=\"not_wireguard\"}",
+        1,
+        &format!("{what}: the stranger's datagram"),
+    );
+
+    // A DERP client whose key is not a peer of A's.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut options = ferry_client::Options::default();
+        if let Some(ca_file) = ca_file {
+            let pem = std::fs::read(ca_file).unwrap();
+            let mut store = rustls::RootCertStore::empty();
+            use rustls::pki_types::pem::PemObject;
+            for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                store.add(c.unwrap()).unwrap();
+            }
+            options.tls_roots = ferry_client::TlsRoots::Custom(std::sync::Arc::new(store));
+        }
+        let c = ferry_client::DerpClient::connect(&server.url(), NodePrivate::generate(), options)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + T;
+        while a.metric("ferry_link_unknown_sender_drops_total{relay=\"r\"}") < 1 {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the stranger's packet was not counted"
+            );
+            c.send(&a.key.public(), b"who am I".to_vec()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        c.close().await;
+    });
+    la.wait_log("dropped a packet from a link key that is not a configured peer");
+
+    // `ferry link status` reads the running link.
+    let (status, out) = run(ferry()
+        .args(["link", "status", "--config", &a_cfg])
+        .stderr(std::process::Stdio::piped()));
+    assert!(status.success(), "{what}: status failed: {out}");
+    let text = link_stdout("status", &a_cfg);
+    assert!(text.contains("relay r ("), "{what}: {text}");
+    assert!(text.contains(": connected;"), "{what}: {text}");
+    assert!(text.contains("peer b (endpoint"), "{what}: {text}");
+    assert!(text.contains("path DERP via r"), "{what}: {text}");
+    assert!(text.contains("not_wireguard 1"), "{what}: {text}");
+
+    // The relay goes away: datagrams are dropped as relay_down, and after
+    // it comes back (the SDK reconnects) they are carried again.
+    server.stop();
+    la.wait_log("relay connection lost");
+    let down_before = a.metric("ferry_link_peer_drops_total{peer=\"b\",reason=\"relay_down\"}");
+    for _ in 0..10 {
+        a.wg.send_to(b"while down", a.peer_endpoint).unwrap();
+    }
+    a.wait_metric(
+        "ferry_link_peer_drops_total{peer=\"b\",reason=\"relay_down\"}",
+        down_before + 10,
+        &format!("{what}: datagrams while the relay is down"),
+    );
+    server.restart();
+    la.wait_log_n("relay connected", 2);
+    lb.wait_log_n("relay connected", 2);
+    carried(&a.wg, a.peer_endpoint, &b.wg, b"after the restart");
+    carried(&b.wg, b.peer_endpoint, &a.wg, b"and back");
+
+    let log = la.stop();
+    assert!(log.contains("stopped"), "{what}: {log}");
+    lb.stop();
+}
+
+/// Standard output of `ferry link ACTION --config CONFIG`, which must
+/// succeed.
+fn link_stdout(action: &str, config: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["link", action, "--config", config])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn over_ferry_and_derper_plain() {
+    for kind in derp::kinds() {
+        two_links(derp::TestServer::start(kind, None), None);
+    }
+}
+
+#[test]
+fn over_ferry_and_derper_tls_with_a_ca_file() {
+    let ca = derp::TestCa::new();
+    let dir = TempDir::new("link-ca");
+    let ca_file = dir.path("ca.pem");
+    std::fs::write(&ca_file, pem(&ca.root)).unwrap();
+    for kind in derp::kinds() {
+        two_links(
+            derp::TestServer::start(kind, Some(ca.clone())),
+            Some(&ca_file),
+        );
+    }
+}
+
+fn pem(der: &[u8]) -> String {
+    use std::fmt::Write as _;
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::new();
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &b)| acc | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(char::from(B64[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        let _ = writeln!(out, "{}", std::str::from_utf8(line).unwrap());
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// `ferry link --config CONFIG` fails, saying `why`.
+fn refused(config: &str, why: &str) {
+    let (status, log) = run(ferry().args(["link", "--config", config]));
+    assert!(!status.success(), "{log}");
+    assert!(log.contains(why), "{log}");
+}
+
+#[test]
+fn pubkey_creates_the_key_once() {
+    let dir = TempDir::new("link-pubkey");
+    let key_file = dir.path("link.key");
+    let cfg = dir.path("link.toml");
+    // Only key_file: a new side prints its key before it knows its peers.
+    std::fs::write(&cfg, format!("key_file = \"{key_file}\"\n")).unwrap();
+    let print = || link_stdout("pubkey", &cfg).trim().to_owned();
+    let first = print();
+    assert!(
+        first.starts_with("nodekey:") && first.len() == 8 + 64,
+        "{first}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the key file is private");
+    assert_eq!(print(), first, "the same key on the second run");
+    // Running with that file alone is refused, naming what is missing.
+    refused(&cfg, "link.toml: relay: at least one [[relay]]");
+}
+
+#[test]
+fn an_unreachable_relay_is_retried_and_a_bad_file_names_the_key() {
+    let dir = TempDir::new("link-unreachable");
+    let (a, b) = (Side::new(), Side::new());
+    let url = format!("http://127.0.0.1:{}/derp", free_tcp_port());
+    let cfg = a.write_config(&dir, "a", "b", &b.key, &relay_block(&url, None));
+    let mut la = link(&cfg);
+    la.wait_log_n("relay unreachable; retrying", 2);
+    a.wg.send_to(b"nowhere", a.peer_endpoint).unwrap();
+    a.wait_metric(
+        "ferry_link_peer_drops_total{peer=\"b\",reason=\"relay_down\"}",
+        1,
+        "a datagram with no relay",
+    );
+    assert_eq!(a.metric("ferry_link_relay_connected{relay=\"r\"}"), 0);
+    la.stop();
+
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("endpoint = \"", "endpoint = \"nowhere");
+    std::fs::write(&cfg, text).unwrap();
+    refused(&cfg, "a.toml:12: peer[0].endpoint: \"nowhere127.0.0.1:");
+}
+
+#[test]
+fn a_peer_leaving_the_relay_and_coming_back_is_logged() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    let dir = TempDir::new("link-away");
+    let (a, b, a_cfg, b_cfg) = pair(&dir, &relay_block(&server.url(), None));
+    let mut la = link(&a_cfg);
+    let lb = link(&b_cfg);
+    la.wait_log("relay connected");
+    carried(&a.wg, a.peer_endpoint, &b.wg, b"hello b");
+    carried(&b.wg, b.peer_endpoint, &a.wg, b"hello a");
+    la.wait_log("peer reachable");
+    // B's link goes away: the relay tells A (peerGone), once.
+    lb.stop();
+    la.wait_log("peer is not connected to the relay");
+    a.wait_metric(
+        "ferry_link_peer_gone_total{peer=\"b\"}",
+        1,
+        "peerGone from the relay",
+    );
+    assert!(
+        link_stdout("status", &a_cfg).contains("; the relay said 1 times it was not connected"),
+        "{}",
+        link_stdout("status", &a_cfg)
+    );
+    // B comes back: A logs it reachable again with B's first datagram.
+    let lb = link(&b_cfg);
+    carried(&b.wg, b.peer_endpoint, &a.wg, b"back again");
+    let log = la.wait_log_n("peer reachable", 2);
+    assert_eq!(
+        log.matches("peer is not connected to the relay").count(),
+        1,
+        "{log}"
+    );
+    la.stop();
+    lb.stop();
+}
