@@ -171,6 +171,11 @@ struct View {
     senders_paused: Option<f64>,
     budget_expired: Option<f64>,
     admission: BTreeMap<String, f64>,
+    /// Per mesh peer (`--mesh-with`): whether its link is up.
+    mesh_links: BTreeMap<String, bool>,
+    /// Packets forwarded to and from the region's other nodes, per second.
+    forwarded_out_per_second: Option<f64>,
+    forwarded_in_per_second: Option<f64>,
     udp_sessions: Option<f64>,
     udp_hub_peers: Option<f64>,
 }
@@ -241,6 +246,13 @@ fn view(a: &Scrape, b: &Scrape) -> View {
         senders_paused: b.sum("ferry_senders_paused", &[]),
         budget_expired: b.sum("ferry_backpressure_budget_expired_total", &[]),
         admission,
+        mesh_links: b
+            .by("ferry_mesh_link_up", "peer")
+            .into_iter()
+            .map(|(peer, up)| (peer, up > 0.0))
+            .collect(),
+        forwarded_out_per_second: rate(a, b, "derp_packets_forwarded_out", &[]),
+        forwarded_in_per_second: rate(a, b, "derp_packets_forwarded_in", &[]),
         udp_sessions: b.sum("ferry_udp_sessions", &[]),
         udp_hub_peers: b.sum("ferry_udp_hub_known_peers", &[]),
     }
@@ -307,7 +319,21 @@ fn text(target: &str, v: &View) -> String {
                 .collect();
             out.push_str(&format!("admission    {}\n", a.join(", ")));
         }
-        out.push_str("mesh links   none (ferry does not dial mesh peers yet)\n");
+        if v.mesh_links.is_empty() {
+            out.push_str("mesh links   none (no --mesh-with)\n");
+        } else {
+            let links: Vec<String> = v
+                .mesh_links
+                .iter()
+                .map(|(peer, up)| format!("{peer} {}", if *up { "up" } else { "DOWN" }))
+                .collect();
+            out.push_str(&format!(
+                "mesh links   {}  forwarded out {} in {}\n",
+                links.join(", "),
+                human_rate(v.forwarded_out_per_second, "pkt"),
+                human_rate(v.forwarded_in_per_second, "pkt"),
+            ));
+        }
     } else {
         out.push_str(&format!(
             "relayed      {}  {}\nsessions     {}  hub peers {}\n",
@@ -389,6 +415,29 @@ mod tests {
         assert!(t.contains("in           8.0 kbit/s  0.0 pkt/s"), "{t}");
         assert!(t.contains("out          0.0 bit/s  10.0 pkt/s"), "{t}");
         assert!(t.contains("drops        queue_tail 8"), "{t}");
+    }
+
+    #[test]
+    fn mesh_links_and_forwarding() {
+        let t0 = Instant::now();
+        let a = Scrape::parse(DERP, t0);
+        assert!(text("x", &view(&a, &a)).contains("mesh links   none (no --mesh-with)"));
+        let meshed = format!(
+            "{DERP}ferry_mesh_link_up{{peer=\"b.example.com\"}} 1\nferry_mesh_link_up{{peer=\"c.example.com:8443\"}} 0\nderp_packets_forwarded_out 100\nderp_packets_forwarded_in 0\n"
+        );
+        let a = Scrape::parse(&meshed, t0);
+        let b = Scrape::parse(
+            &meshed.replace(
+                "derp_packets_forwarded_out 100",
+                "derp_packets_forwarded_out 300",
+            ),
+            t0 + Duration::from_secs(2),
+        );
+        let t = text("x", &view(&a, &b));
+        assert!(
+            t.contains("mesh links   b.example.com up, c.example.com:8443 DOWN  forwarded out 100.0 pkt/s in 0.0 pkt/s"),
+            "{t}"
+        );
     }
 
     #[test]

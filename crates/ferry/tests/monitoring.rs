@@ -410,14 +410,21 @@ fn selectors_are_found_in_promql() {
 #[test]
 fn dashboard_and_alerts_use_only_exported_metrics() {
     let dir = TempDir::new("monitoring");
-    // The DERP server with admission configured, so its metrics are there
-    // too (nobody connects, so the unreachable controller is never asked).
+    // The DERP server with admission and a mesh link configured, so their
+    // metrics are there too (nobody connects, so the unreachable
+    // controller is never asked; the link's peer is not there either).
+    std::fs::write(dir.path("mesh.key"), "ab".repeat(32)).unwrap();
+    let roots = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.path("roots.pem"), roots.cert.pem()).unwrap();
     let mut derp = Ferry::spawn(
         ferry()
             .args(["-a", "127.0.0.1:0", "--stun-port", "0", "--workers", "1"])
             .args(["-c", &dir.path("ferry.key")])
             .args(["--metrics-addr", "127.0.0.1:0"])
-            .args(["--verify-client-url", "http://127.0.0.1:1/verify"]),
+            .args(["--verify-client-url", "http://127.0.0.1:1/verify"])
+            .args(["--mesh-psk-file", &dir.path("mesh.key")])
+            .args(["--mesh-with", "localhost:1/127.0.0.1"])
+            .env("SSL_CERT_FILE", dir.path("roots.pem")),
     );
     let derp_metrics = derp.field("ferry relay running", "metrics");
     let mut udp = Ferry::spawn(
