@@ -22,6 +22,7 @@ trap 'rm -rf "$root"' EXIT
 install -D -s -m 0755 "$bin" "$root/usr/bin/ferry"
 install -D -m 0644 packaging/systemd/ferry.service "$root/lib/systemd/system/ferry.service"
 install -D -m 0644 packaging/systemd/ferry-udp-relay.service "$root/lib/systemd/system/ferry-udp-relay.service"
+install -D -m 0644 packaging/systemd/ferry.socket "$root/lib/systemd/system/ferry.socket"
 install -D -m 0644 packaging/deb/default-ferry "$root/etc/default/ferry"
 install -D -m 0644 LICENSE "$root/usr/share/doc/ferry/copyright"
 

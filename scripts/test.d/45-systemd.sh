@@ -18,7 +18,8 @@ trap 'rm -rf "$work"' EXIT
 for unit in ferry ferry-udp-relay; do
   sed "s|/usr/bin/ferry|$target_dir/debug/ferry|" "packaging/systemd/$unit.service" > "$work/$unit.service"
 done
-systemd-analyze verify "$work/ferry.service" "$work/ferry-udp-relay.service"
+cp packaging/systemd/ferry.socket "$work/ferry.socket"
+systemd-analyze verify "$work/ferry.service" "$work/ferry-udp-relay.service" "$work/ferry.socket"
 for unit in ferry ferry-udp-relay; do
   line=$(systemd-analyze security --offline=true "$work/$unit.service" | grep 'Overall exposure level')
   echo "$line"

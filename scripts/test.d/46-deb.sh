@@ -24,7 +24,7 @@ touch "$root/var/lib/dpkg/status"
 dpkg --root="$root" --force-script-chrootless --force-depends --log=/dev/null -i "$deb" >/dev/null
 dpkg --root="$root" -s ferry | grep '^Status: install ok installed$' >/dev/null
 "$root/usr/bin/ferry" --version | grep '^ferry ' >/dev/null
-for f in lib/systemd/system/ferry.service lib/systemd/system/ferry-udp-relay.service \
+for f in lib/systemd/system/ferry.service lib/systemd/system/ferry-udp-relay.service lib/systemd/system/ferry.socket \
          etc/default/ferry usr/share/doc/ferry/copyright; do
   [ -f "$root/$f" ] || { echo "missing /$f in the package" >&2; exit 1; }
 done

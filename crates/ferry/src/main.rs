@@ -230,6 +230,13 @@ fn prepare(args: &Args) -> Result<Prepared> {
 
 /// Runs the DERP server until SIGINT or SIGTERM.
 fn serve(args: &Args) -> Result<()> {
+    // Listening sockets from a service manager (packaging/systemd's
+    // ferry.socket), taken before any other thread exists.
+    let inherited: Vec<std::sync::Arc<std::net::TcpListener>> = ferry_sys::activation::listen_fds()
+        .context("sockets from the service manager (LISTEN_FDS)")?
+        .into_iter()
+        .map(|fd| std::sync::Arc::new(std::net::TcpListener::from(fd)))
+        .collect();
     init_logging(&args.log, &args.log_format)?;
 
     // Signals are handled by the main thread only: block them before any
@@ -318,6 +325,7 @@ fn serve(args: &Args) -> Result<()> {
         stun: plan.stun,
         metrics_addr: args.metrics_addr,
         io: args.io,
+        inherited,
     })
     .context("starting the relay")?;
     {

@@ -349,3 +349,78 @@ fn dev_banner_holds_a_working_derp_map() {
         "{derp}"
     );
 }
+
+/// A restart under socket activation refuses no one: the listening socket
+/// belongs to the service manager (played by the test, as systemd's
+/// ferry.socket would), so while one ferry drains and exits and the next
+/// starts, new connections wait in its backlog. Both clients are told
+/// `restarting`, reconnect at once (before the new process is even
+/// started), and the packet stream between them resumes with nothing lost
+/// that was sent on a live connection.
+#[test]
+fn a_restart_on_a_socket_from_the_service_manager_refuses_no_one() {
+    use std::os::fd::AsFd;
+    let dir = TempDir::new("activation");
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    let start = |dir: &TempDir| {
+        let mut c = ferry();
+        c.args([
+            "-a",
+            &addr.to_string(),
+            "--stun-port",
+            "0",
+            "--workers",
+            "2",
+        ])
+        .args(["-c", &dir.path("ferry.key")]);
+        ferry_sys::activation::pass_listen_fds(&mut c, &[socket.as_fd()]);
+        let mut f = Ferry::spawn(&mut c);
+        f.wait_log("listening on a socket from the service manager");
+        f.wait_log("ferry relay running");
+        f
+    };
+    let first = start(&dir);
+    let (ak, bk) = (NodePrivate::generate(), NodePrivate::generate());
+    let mut a = Derp::connect(addr, ak.clone(), None);
+    let mut b = Derp::connect(addr, bk.clone(), None);
+    let stream = |a: &mut Derp, b: &mut Derp, from: u32| {
+        for i in from..from + 50 {
+            a.client
+                .send_packet(&mut a.out, &b.client.public_key(), &i.to_be_bytes())
+                .unwrap();
+        }
+        a.flush();
+        let mut got = Vec::new();
+        b.read_until(|e| {
+            if let Event::Packet { packet, .. } = e {
+                got.push(u32::from_be_bytes(packet[..4].try_into().unwrap()));
+            }
+            got.len() == 50
+        });
+        assert_eq!(got, (from..from + 50).collect::<Vec<_>>());
+    };
+    stream(&mut a, &mut b, 0);
+
+    // systemctl restart: SIGTERM, then the next process once it exited.
+    first.signal(libc::SIGTERM);
+    for c in [&mut a, &mut b] {
+        let events = c.read_until(|_| false);
+        assert!(
+            events.iter().any(|e| matches!(e, Event::Restarting { .. })),
+            "{events:?}"
+        );
+    }
+    // The clients reconnect at once: the connections wait in the backlog.
+    let reconnect = |key: NodePrivate| std::thread::spawn(move || Derp::connect(addr, key, None));
+    let (ra, rb) = (reconnect(ak), reconnect(bk));
+    let mut first = first;
+    let status = first
+        .wait_exit(T)
+        .expect("the first ferry exits after draining");
+    assert!(status.success(), "{status}");
+    let second = start(&dir);
+    let (mut a, mut b) = (ra.join().unwrap(), rb.join().unwrap());
+    stream(&mut a, &mut b, 50);
+    second.stop();
+}

@@ -43,6 +43,11 @@ pub struct ServerOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Which I/O back end to use.
     pub io: IoMode,
+    /// Listening sockets handed over by a service manager (socket
+    /// activation). A listener spec whose address one of them has uses it
+    /// (every shard accepts on it) instead of binding; the socket outlives
+    /// this process, so a restart refuses no one.
+    pub inherited: Vec<Arc<TcpListener>>,
 }
 
 /// One of the relay's sockets, named in errors by the derper flag that
@@ -176,6 +181,17 @@ fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(sock.into())
 }
 
+/// The inherited listener bound to `addr`: the same port, and the same
+/// address or `addr` unspecified (`:443` takes a socket on `0.0.0.0:443`
+/// or `[::]:443`).
+fn inherited_for(inherited: &[Arc<TcpListener>], addr: SocketAddr) -> Option<usize> {
+    inherited.iter().position(|l| {
+        l.local_addr().is_ok_and(|have| {
+            have.port() == addr.port() && (have.ip() == addr.ip() || addr.ip().is_unspecified())
+        })
+    })
+}
+
 /// Binds `addr` with `bind` if there is one, naming `role` on failure.
 fn bind_optional<S>(
     role: SocketRole,
@@ -195,8 +211,20 @@ impl Server {
         // One listener per shard per spec, all on the same port.
         let mut per_shard: Vec<Vec<TcpListener>> = (0..n).map(|_| Vec::new()).collect();
         let mut listen_addrs = Vec::new();
+        let mut used = vec![false; opts.inherited.len()];
         for spec in &opts.listeners {
             let failed = |source| StartError::socket(spec.kind.into(), spec.addr, source);
+            if let Some(i) = inherited_for(&opts.inherited, spec.addr) {
+                used[i] = true;
+                let l = &opts.inherited[i];
+                for shard_listeners in per_shard.iter_mut() {
+                    shard_listeners.push(l.try_clone().map_err(failed)?);
+                }
+                let addr = l.local_addr().map_err(failed)?;
+                tracing::info!(%addr, "listening on a socket from the service manager");
+                listen_addrs.push(addr);
+                continue;
+            }
             // Shards of this process share the port; no other process may.
             let mut addr =
                 ferry_sys::port::ensure_unclaimed(spec.addr, Transport::Tcp).map_err(failed)?;
@@ -206,6 +234,12 @@ impl Server {
                 shard_listeners.push(l);
             }
             listen_addrs.push(addr);
+        }
+
+        for (l, used) in opts.inherited.iter().zip(&used) {
+            if !used {
+                tracing::warn!(addr = ?l.local_addr().ok(), "a socket from the service manager matches no listener; not used");
+            }
         }
 
         // The helpers' sockets too are bound before any thread starts, so a

@@ -906,6 +906,7 @@ fn start_with_metrics() -> (Server, SocketAddr, SocketAddr) {
         stun: None,
         metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
         io: support::io_mode(),
+        inherited: Vec::new(),
     })
     .expect("server starts");
     let (addr, metrics) = (server.listen_addrs[0], server.metrics_addr.unwrap());
@@ -957,6 +958,7 @@ fn a_second_relay_on_a_taken_port_is_refused() {
         stun: None,
         metrics_addr: None,
         io: support::io_mode(),
+        inherited: Vec::new(),
     })
     .err()
     .expect("the port is taken");

@@ -19,6 +19,8 @@
 //!   for metrics.
 //! - [`uring`]: an io_uring instance with its provided-buffer ring, owning
 //!   all memory the kernel touches while operations are in flight.
+//! - [`activation`]: listening sockets handed over by a service manager
+//!   (`LISTEN_FDS`), and handing them to a child.
 //! - [`alloc_count`]: a counting global allocator for tests that prove a
 //!   path allocates nothing.
 //! - [`mmsg`]: batched UDP receive and send (`recvmmsg`/`sendmmsg`) with
@@ -37,6 +39,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod activation;
 pub mod alloc_count;
 mod cmsg;
 pub mod cpu;

@@ -41,6 +41,7 @@ pub(crate) fn relay(config: ferry_relay::RelayConfig, addr: &str) -> ferry_relay
         stun: None,
         metrics_addr: None,
         io: Default::default(),
+        inherited: Vec::new(),
     })
     .expect("relay starts")
 }

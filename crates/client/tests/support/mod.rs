@@ -251,6 +251,7 @@ impl TestServer {
             stun: None,
             metrics_addr: None,
             io,
+            inherited: Vec::new(),
         };
         // The port may still be held briefly by the previous instance.
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -39,6 +39,7 @@ pub(crate) fn start_on(
         stun: Some(SocketAddr::new(addr.ip(), 0)),
         metrics_addr: None,
         io: io_mode(),
+        inherited: Vec::new(),
     })
     .expect("server starts");
     let addr = server.listen_addrs[0];
