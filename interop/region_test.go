@@ -69,6 +69,45 @@ func newTestCA(t *testing.T) *testCA {
 	return &testCA{cert: cert, key: priv, file: file}
 }
 
+// meshSetup is what a region's nodes share: a CA that signs their
+// certificates (and that they trust through SSL_CERT_FILE) and a mesh key.
+type meshSetup struct {
+	ca      *testCA
+	meshHex string
+}
+
+func newMeshSetup(t *testing.T) meshSetup {
+	t.Helper()
+	var raw [32]byte
+	rand.Read(raw[:])
+	return meshSetup{ca: newTestCA(t), meshHex: hex.EncodeToString(raw[:])}
+}
+
+// opts is a node on port dialing peers (a --mesh-with list).
+func (m meshSetup) opts(port int, peers string) serverOpts {
+	return serverOpts{
+		tls: true, mesh: true, meshHex: m.meshHex, port: port, ca: m.ca,
+		env:  []string{"SSL_CERT_FILE=" + m.ca.file},
+		args: []string{"--mesh-with", peers},
+	}
+}
+
+// eachFerryDialer runs fn as parallel subtests in which a ferry node dials
+// a far node that is ferry, then derper.
+func eachFerryDialer(t *testing.T, fn func(t *testing.T, far string)) {
+	for _, far := range []string{kindFerry, kindDerper} {
+		t.Run("ferry+"+far, func(t *testing.T) {
+			for _, k := range []string{kindFerry, far} {
+				if !contains(selectedServers, k) {
+					t.Skipf("INTEROP_SERVERS excludes %s", k)
+				}
+			}
+			t.Parallel()
+			fn(t, far)
+		})
+	}
+}
+
 // region is a set of meshed nodes.
 type region struct {
 	nodes []*server
@@ -80,10 +119,7 @@ type region struct {
 // must recognise itself by its key).
 func startRegion(t *testing.T, kinds []string) *region {
 	t.Helper()
-	ca := newTestCA(t)
-	var raw [32]byte
-	rand.Read(raw[:])
-	meshHex := hex.EncodeToString(raw[:])
+	m := newMeshSetup(t)
 	var peers []string
 	ports := make([]int, len(kinds))
 	for i := range kinds {
@@ -93,15 +129,7 @@ func startRegion(t *testing.T, kinds []string) *region {
 	}
 	r := &region{}
 	for i, kind := range kinds {
-		opts := serverOpts{
-			tls:     true,
-			mesh:    true,
-			meshHex: meshHex,
-			port:    ports[i],
-			ca:      ca,
-			env:     []string{"SSL_CERT_FILE=" + ca.file},
-			args:    []string{"--mesh-with", strings.Join(peers, ",")},
-		}
+		opts := m.opts(ports[i], strings.Join(peers, ","))
 		r.opts = append(r.opts, opts)
 		r.nodes = append(r.nodes, startServer(t, kind, opts))
 	}
@@ -289,18 +317,13 @@ func TestMeshWrongKey(t *testing.T) {
 				}
 			}
 			t.Parallel()
-			ca := newTestCA(t)
+			m := newMeshSetup(t)
 			p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
 			peers := fmt.Sprintf("localhost:%d/127.0.0.1,localhost:%d/127.0.0.1", p0, p1)
 			var nodes []*server
 			for i, port := range []int{p0, p1} {
-				var raw [32]byte
-				rand.Read(raw[:]) // a different key per node
-				nodes = append(nodes, startServer(t, kinds[i], serverOpts{
-					tls: true, mesh: true, meshHex: hex.EncodeToString(raw[:]), port: port, ca: ca,
-					env:  []string{"SSL_CERT_FILE=" + ca.file},
-					args: []string{"--mesh-with", peers},
-				}))
+				m.meshHex = newMeshSetup(t).meshHex // a different key per node
+				nodes = append(nodes, startServer(t, kinds[i], m.opts(port, peers)))
 			}
 			a := nodes[0].newClient(t, "a@0")
 			b := nodes[1].newClient(t, "b@1")
@@ -389,56 +412,39 @@ func (b *blackhole) port() int { return b.ln.Addr().(*net.TCPAddr).Port }
 // mesh client would wait for its two-minute read deadline, so it is not
 // the dialer here (it is the far node in the second mix).
 func TestMeshLinkCut(t *testing.T) {
-	for _, far := range []string{kindFerry, kindDerper} {
-		t.Run("ferry+"+far, func(t *testing.T) {
-			for _, k := range []string{kindFerry, far} {
-				if !contains(selectedServers, k) {
-					t.Skipf("INTEROP_SERVERS excludes %s", k)
-				}
-			}
-			t.Parallel()
-			ca := newTestCA(t)
-			var raw [32]byte
-			rand.Read(raw[:])
-			meshHex := hex.EncodeToString(raw[:])
-			p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
-			hole := startBlackhole(t, fmt.Sprintf("127.0.0.1:%d", p1))
-			opts := func(port int, peers string) serverOpts {
-				return serverOpts{
-					tls: true, mesh: true, meshHex: meshHex, port: port, ca: ca,
-					env:  []string{"SSL_CERT_FILE=" + ca.file},
-					args: []string{"--mesh-with", peers},
-				}
-			}
-			n0 := startServer(t, kindFerry, opts(p0, fmt.Sprintf("localhost:%d/127.0.0.1", hole.port())))
-			n1 := startServer(t, far, opts(p1, fmt.Sprintf("localhost:%d/127.0.0.1", p0)))
-			a := n0.newClient(t, "a@0")
-			b := n1.newClient(t, "b@1")
-			meshDeliver(t, a, b, 20*time.Second)
-			meshDeliver(t, b, a, 20*time.Second)
+	eachFerryDialer(t, func(t *testing.T, far string) {
+		m := newMeshSetup(t)
+		p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
+		hole := startBlackhole(t, fmt.Sprintf("127.0.0.1:%d", p1))
+		opts := m.opts
+		n0 := startServer(t, kindFerry, opts(p0, fmt.Sprintf("localhost:%d/127.0.0.1", hole.port())))
+		n1 := startServer(t, far, opts(p1, fmt.Sprintf("localhost:%d/127.0.0.1", p0)))
+		a := n0.newClient(t, "a@0")
+		b := n1.newClient(t, "b@1")
+		meshDeliver(t, a, b, 20*time.Second)
+		meshDeliver(t, b, a, 20*time.Second)
 
-			hole.cut.Store(true)
-			cutAt := time.Now()
-			deadline := cutAt.Add(30 * time.Second)
-			for !strings.Contains(n0.logs.String(), "mesh: link down") {
-				if time.Now().After(deadline) {
-					t.Fatalf("the cut link was not found dead within 30s")
-				}
-				time.Sleep(100 * time.Millisecond)
+		hole.cut.Store(true)
+		cutAt := time.Now()
+		deadline := cutAt.Add(30 * time.Second)
+		for !strings.Contains(n0.logs.String(), "mesh: link down") {
+			if time.Now().After(deadline) {
+				t.Fatalf("the cut link was not found dead within 30s")
 			}
-			t.Logf("cut link found dead after %v", time.Since(cutAt).Round(100*time.Millisecond))
-			if v, _ := n0.metric(t, "ferry_mesh_link_up", fmt.Sprintf("peer=localhost:%d", hole.port())); v != 0 {
-				t.Errorf("ferry_mesh_link_up = %v after the link died", v)
-			}
-			// The other direction has its own link, untouched.
-			relayOK(t, b, a)
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("cut link found dead after %v", time.Since(cutAt).Round(100*time.Millisecond))
+		if v, _ := n0.metric(t, "ferry_mesh_link_up", fmt.Sprintf("peer=localhost:%d", hole.port())); v != 0 {
+			t.Errorf("ferry_mesh_link_up = %v after the link died", v)
+		}
+		// The other direction has its own link, untouched.
+		relayOK(t, b, a)
 
-			hole.cut.Store(false)
-			healed := time.Now()
-			meshDeliver(t, a, b, 40*time.Second)
-			t.Logf("link back %v after the path healed", time.Since(healed).Round(100*time.Millisecond))
-		})
-	}
+		hole.cut.Store(false)
+		healed := time.Now()
+		meshDeliver(t, a, b, 40*time.Second)
+		t.Logf("link back %v after the path healed", time.Since(healed).Round(100*time.Millisecond))
+	})
 }
 
 // A peer whose certificate the system roots do not vouch for is never
@@ -446,37 +452,22 @@ func TestMeshLinkCut(t *testing.T) {
 // keeps retrying, its clients relay locally as before, and nothing is
 // forwarded to the peer.
 func TestMeshBadCertificate(t *testing.T) {
-	for _, far := range []string{kindFerry, kindDerper} {
-		t.Run("ferry+"+far, func(t *testing.T) {
-			for _, k := range []string{kindFerry, far} {
-				if !contains(selectedServers, k) {
-					t.Skipf("INTEROP_SERVERS excludes %s", k)
-				}
-			}
-			t.Parallel()
-			ca := newTestCA(t)
-			var raw [32]byte
-			rand.Read(raw[:])
-			meshHex := hex.EncodeToString(raw[:])
-			p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
-			n0 := startServer(t, kindFerry, serverOpts{
-				tls: true, mesh: true, meshHex: meshHex, port: p0, ca: ca,
-				env:  []string{"SSL_CERT_FILE=" + ca.file},
-				args: []string{"--mesh-with", fmt.Sprintf("localhost:%d/127.0.0.1", p1)},
-			})
-			// Self-signed: not from the CA node 0 trusts.
-			n1 := startServer(t, far, serverOpts{tls: true, mesh: true, meshHex: meshHex, port: p1})
-			a := n0.newClient(t, "a@0")
-			a2 := n0.newClient(t, "a2@0")
-			b := n1.newClient(t, "b@1")
-			// (Its first dial may be refused: node 1 starts after it.)
-			waitLog(t, n0, "invalid peer certificate")
-			relayOK(t, a, a2)
-			a.send(t, b.pub, nonDisco(64))
-			b.expectNone(t, 300*time.Millisecond, "packet through a link with an unverified peer", isPacket)
-			if v, _ := n0.metric(t, "derp_packets_forwarded_out"); v != 0 {
-				t.Errorf("derp_packets_forwarded_out = %v towards an unverified peer", v)
-			}
-		})
-	}
+	eachFerryDialer(t, func(t *testing.T, far string) {
+		m := newMeshSetup(t)
+		p0, p1 := freePort(t, "tcp"), freePort(t, "tcp")
+		n0 := startServer(t, kindFerry, m.opts(p0, fmt.Sprintf("localhost:%d/127.0.0.1", p1)))
+		// Self-signed: not from the CA node 0 trusts.
+		n1 := startServer(t, far, serverOpts{tls: true, mesh: true, meshHex: m.meshHex, port: p1})
+		a := n0.newClient(t, "a@0")
+		a2 := n0.newClient(t, "a2@0")
+		b := n1.newClient(t, "b@1")
+		// (Its first dial may be refused: node 1 starts after it.)
+		waitLog(t, n0, "invalid peer certificate")
+		relayOK(t, a, a2)
+		a.send(t, b.pub, nonDisco(64))
+		b.expectNone(t, 300*time.Millisecond, "packet through a link with an unverified peer", isPacket)
+		if v, _ := n0.metric(t, "derp_packets_forwarded_out"); v != 0 {
+			t.Errorf("derp_packets_forwarded_out = %v towards an unverified peer", v)
+		}
+	})
 }

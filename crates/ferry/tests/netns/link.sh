@@ -31,16 +31,8 @@ done
 why=$(fu_why_not wg nft iperf3 ping timeout)
 if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
 if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/21-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
-if [ -n "$why" ]; then
-  echo "SKIP ferry link netns tests: $why"
-  if [ "${CI:-}" = true ]; then
-    echo "CI=true: the ferry link namespace tests must run on this machine" >&2
-    exit 1
-  fi
-  exit 0
-fi
-ferry=${FERRY_BIN:-$root/target/debug/ferry}
-[ -x "$ferry" ] || { echo "ferry binary not found at $ferry (cargo build -p ferry)" >&2; exit 1; }
+fu_skip_or_fail "ferry link namespace tests" "$why"
+ferry=$(fu_ferry_bin "$root")
 
 fu_init
 T=$FU_TMP

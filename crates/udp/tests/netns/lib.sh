@@ -39,6 +39,27 @@ fu_wireguard_go() {
 }
 
 # fu_init: creates the scratch directory; call once, not in a subshell.
+# fu_skip_or_fail WHAT WHY: with a reason, says the tests of WHAT skip and
+# exits 0, or, under CI=true (whose machine has everything .ci/setup.d
+# installs), fails: a skip there is not a pass. Without a reason, returns.
+fu_skip_or_fail() {
+  [ -n "$2" ] || return 0
+  echo "SKIP $1: $2"
+  if [ "${CI:-}" = true ]; then
+    echo "CI=true: the $1 must run on this machine" >&2
+    exit 1
+  fi
+  exit 0
+}
+
+# fu_ferry_bin ROOT: the ferry binary under test (FERRY_BIN, or the debug
+# build), or fails saying how to build it.
+fu_ferry_bin() {
+  local f=${FERRY_BIN:-$1/target/debug/ferry}
+  [ -x "$f" ] || { echo "ferry binary not found at $f (cargo build -p ferry)" >&2; exit 1; }
+  echo "$f"
+}
+
 fu_init() { FU_TMP=$(mktemp -d /tmp/fu-udp.XXXXXX); }
 fu_tmpdir() { echo "$FU_TMP"; }
 

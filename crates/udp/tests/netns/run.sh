@@ -21,18 +21,8 @@ root=$(cd "$here/../../../.." && pwd)
 
 why=$(fu_why_not wg iperf3 ping timeout)
 if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
-if [ -n "$why" ]; then
-  echo "SKIP udp netns tests: $why"
-  # CI's machine has everything (.ci/setup.d installs it): a skip there is
-  # a failure, not a pass.
-  if [ "${CI:-}" = true ]; then
-    echo "CI=true: the UDP namespace tests must run on this machine" >&2
-    exit 1
-  fi
-  exit 0
-fi
-ferry=${FERRY_BIN:-$root/target/debug/ferry}
-[ -x "$ferry" ] || { echo "ferry binary not found at $ferry (cargo build -p ferry)" >&2; exit 1; }
+fu_skip_or_fail "UDP namespace tests" "$why"
+ferry=$(fu_ferry_bin "$root")
 
 fu_init
 T=$FU_TMP
