@@ -270,6 +270,7 @@ fn serve(args: &Args) -> Result<()> {
     let mut cert_name = None;
     let mut reloader = None;
     let mut acme_start = None;
+    let mut tls_setup = None;
     if let Some(mode) = &plan.cert_mode {
         let setup =
             tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
@@ -305,6 +306,7 @@ fn serve(args: &Args) -> Result<()> {
             config.acme = Some(state.clone());
             acme_start = Some((opts.clone(), state.clone()));
         }
+        tls_setup = Some(setup);
     }
 
     let mut listeners = vec![ListenerSpec {
@@ -336,6 +338,11 @@ fn serve(args: &Args) -> Result<()> {
     }
     dns.spawn_refresher()
         .context("starting the bootstrap DNS resolver")?;
+    if let Some(setup) = tls_setup {
+        server
+            .metrics()
+            .add_source(Box::new(move |w| certificate_metrics(w, &setup)));
+    }
     // derper publishes its rate limits only when --rate-config is given.
     let rate_now = std::sync::Arc::new(std::sync::Mutex::new(config.rate));
     if rate_path.is_some() {
@@ -444,6 +451,25 @@ const CERT_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// SIGHUP: reloads what can change without a restart (the manual-mode
 /// certificate files) and says what cannot.
+/// When the served certificate stops being valid, for alerts that need no
+/// probe from outside (0 while none is served: ACME before its first).
+fn certificate_metrics(w: &mut String, setup: &tls::TlsSetup) {
+    let not_after = setup
+        .served_leaf()
+        .and_then(|der| {
+            x509_parser::parse_x509_certificate(der.as_ref())
+                .ok()
+                .map(|(_, c)| c.validity().not_after.timestamp())
+        })
+        .unwrap_or(0);
+    ferry_relay::metrics::write_gauge(
+        w,
+        "ferry_tls_certificate_expiry_timestamp_seconds",
+        "When the certificate the DERP listener serves expires, in Unix seconds (0: none served yet).",
+        not_after,
+    );
+}
+
 fn reload(reloader: Option<&tls::CertReloader>) {
     match reloader {
         Some(r) => {

@@ -424,3 +424,36 @@ fn a_restart_on_a_socket_from_the_service_manager_refuses_no_one() {
     stream(&mut a, &mut b, 50);
     second.stop();
 }
+
+/// `ferry_tls_certificate_expiry_timestamp_seconds` is the served
+/// certificate's end of validity (for alerts without an outside probe).
+#[test]
+fn the_served_certificate_expiry_is_a_metric() {
+    let dir = TempDir::new("certexpiry");
+    let certs = dir.path("certs");
+    let (mut f, _) = serving(&mut relay(
+        &dir,
+        &[
+            "--certmode",
+            "selfsigned",
+            "--certdir",
+            &certs,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    ));
+    let metrics = url_addr(&f.field("ferry relay running", "metrics"));
+    let pem = std::fs::read(format!("{certs}/localhost.selfsigned.crt")).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    let want = pem.parse_x509().unwrap().validity().not_after.timestamp();
+    let page = get(metrics, "/metrics");
+    let got: i64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("ferry_tls_certificate_expiry_timestamp_seconds "))
+        .unwrap_or_else(|| panic!("no expiry metric:\n{page}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(got, want);
+    f.stop();
+}

@@ -107,9 +107,21 @@ pub struct TlsSetup {
     /// In ACME mode: where the ACME client puts certificates and challenge
     /// answers.
     pub acme: Option<Arc<AcmeState>>,
+    /// The chain being served (manual and self-signed modes).
+    current: Option<Arc<ArcSwap<CertifiedKey>>>,
 }
 
 impl TlsSetup {
+    /// The leaf certificate handshakes get now (after reloads and ACME
+    /// renewals), if any.
+    pub fn served_leaf(&self) -> Option<CertificateDer<'static>> {
+        match (&self.acme, &self.current) {
+            (Some(acme), _) => acme.served_leaf(),
+            (None, Some(current)) => current.load().cert.first().cloned(),
+            (None, None) => None,
+        }
+    }
+
     /// Starts a thread that checks the certificate files every `interval`
     /// and swaps in a new chain when they change.
     ///
@@ -253,6 +265,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
             cert_name: None,
             reloader: None,
             acme: Some(state),
+            current: None,
         });
     }
     let (leaf, sni, cert_name, watch) = match mode {
@@ -302,13 +315,14 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
     let reloader = watch.map(|(files, stamp)| {
         CertReloader::new(files, stamp, meta.clone(), provider.clone(), &current)
     });
-    let resolver = ChainResolver::new(current, sni);
+    let resolver = ChainResolver::new(current.clone(), sni);
     let config = build_config(provider, Arc::new(resolver))?;
     Ok(TlsSetup {
         config: Arc::new(config),
         cert_name,
         reloader,
         acme: None,
+        current: Some(current),
     })
 }
 

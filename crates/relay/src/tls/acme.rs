@@ -81,6 +81,14 @@ impl AcmeState {
         Ok(())
     }
 
+    /// The leaf certificate being served, if one has been installed.
+    pub fn served_leaf(&self) -> Option<CertificateDer<'static>> {
+        self.current
+            .load()
+            .as_ref()
+            .and_then(|c| c.cert.first().cloned())
+    }
+
     /// Whether a certificate is being served.
     pub fn has_certificate(&self) -> bool {
         self.current.load().is_some()
