@@ -527,12 +527,21 @@ fn hub_learns_indices_and_forwards_across_shards() {
 #[test]
 fn a_reconfigured_hub_applies_on_every_shard() {
     let keys: Vec<PublicKey> = (1..=3).map(|n| PublicKey::from_bytes([n; 32])).collect();
-    let old = hub_config(&keys[..2], 2);
+    // All 64 initiations below come from 127.0.0.1, split between the two
+    // shards by the kernel: the per-source handshake limit (a burst of 40
+    // per shard by default) must not take any of them, or fewer than 32
+    // reach the hub as unknown recipients.
+    let unlimited = |mut c: Config| {
+        c.tuning.handshake_rate = 100_000;
+        c.tuning.handshake_burst = 100_000;
+        c
+    };
+    let old = unlimited(hub_config(&keys[..2], 2));
     let relay = Relay::start(&old).unwrap();
     let hub = relay.bound()[0].1;
     let m = relay.metrics().clone();
     let phone = client();
-    let mut new = hub_config(&keys, 2);
+    let mut new = unlimited(hub_config(&keys, 2));
     new.hub.as_mut().unwrap().peers[2].endpoint = Some(phone.local_addr().unwrap());
     let changes = relay.reconfigure(&old, &new).unwrap();
     let texts: Vec<(&str, bool)> = changes.iter().map(|c| (c.text.as_str(), c.live)).collect();
