@@ -30,6 +30,12 @@ use super::*;
 /// A forwardPacket frame's header and its two keys.
 const FORWARD_HEAD: usize = frame::HEADER_LEN + 64;
 
+/// The length of the whole frame that `queued` starts with (an overflow
+/// queue holds whole forwardPacket frames only).
+fn framed_len(queued: &[u8]) -> usize {
+    frame::HEADER_LEN + u32::from_be_bytes(queued[1..5].try_into().expect("4 bytes")) as usize
+}
+
 /// The mesh links as one shard sees them.
 pub struct MeshOut {
     /// Per link: forwardPacket frames to the mesh thread.
@@ -159,9 +165,7 @@ impl Shard {
                 let tx = &mut self.mesh.tx[link];
                 let mut at = 0;
                 while at < queue.len() {
-                    let len = frame::HEADER_LEN
-                        + u32::from_be_bytes(queue[at + 1..at + 5].try_into().expect("4 bytes"))
-                            as usize;
+                    let len = framed_len(&queue[at..]);
                     if !tx.try_push(&[&queue[at..at + len]]) {
                         break;
                     }
@@ -256,8 +260,7 @@ impl Shard {
         let m = &self.shared.metrics.shards[self.id];
         let mut at = 0;
         while at + FORWARD_HEAD <= queue.len() {
-            let len = frame::HEADER_LEN
-                + u32::from_be_bytes(queue[at + 1..at + 5].try_into().expect("4 bytes")) as usize;
+            let len = framed_len(&queue[at..]);
             let packet = &queue[at + FORWARD_HEAD..at + len];
             m.dropped(DropReason::GoneDisconnected, kind_of(packet), packet.len());
             at += len;
