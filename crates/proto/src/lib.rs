@@ -33,6 +33,9 @@
 //! [`derp_map`] reads Tailscale's DERP map JSON (regions and nodes) for
 //! clients choosing and dialling a home region.
 //!
+//! [`udp_header`] is the 8-byte header of relay sessions and direct UDP
+//! between SDK peers (`docs/relay-sessions.md`).
+//!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
@@ -55,6 +58,7 @@ pub mod proxy;
 pub mod rate_config;
 pub mod stun;
 pub mod tls_record;
+pub mod udp_header;
 pub mod websocket;
 pub mod wireguard;
 
