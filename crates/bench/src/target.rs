@@ -15,11 +15,11 @@
 //! clients do against a relay.
 
 use anyhow::{anyhow, bail, Context, Result};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use ferry_testkit::tls::Verifier;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -236,7 +236,9 @@ fn client_config(ca: Option<&Path>, insecure: bool) -> Result<ClientConfig> {
         ),
         (None, true) => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            // Accepts any chain; handshake signatures are still checked, so
+            // the server must hold the key of the certificate it shows.
+            .with_custom_certificate_verifier(Arc::new(Verifier::accept_any(provider)))
             .with_no_client_auth(),
         (Some(path), false) => {
             let mut roots = RootCertStore::empty();
@@ -257,58 +259,6 @@ fn client_config(ca: Option<&Path>, insecure: bool) -> Result<ClientConfig> {
     };
     config.resumption = rustls::client::Resumption::disabled();
     Ok(config)
-}
-
-/// Accepts any certificate (`--insecure`, and the relay's tests against
-/// self-signed servers). Handshake signatures are still checked with the
-/// provider's algorithms, so the peer must hold the key of the certificate
-/// it shows.
-#[derive(Debug)]
-pub struct NoVerification(pub Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,24 @@
 //!   the turn loop. See its module doc for the data path. The shard never
 //!   reads the clock: `now` comes from the loop, so `tests/sim.rs` drives
 //!   it on `ferry_engine::sim` with simulated time.
-//! - [`conn`] is one client connection; [`front`] answers plain HTTP
+//! - [`conn`] is one client connection, its fields private: the shard
+//!   asks and tells it through methods. Its DERP protocol part is a
+//!   sans-IO session ([`conn::Session`], in `conn/session.rs`): a frame
+//!   [`conn::Reader`] whose `handle_bytes` turns client bytes into
+//!   [`conn::Action`]s that borrow the shard's read buffer (route this
+//!   packet, note preferred, ping, watch, close a peer, and one `Unknown`
+//!   arm where frame types beyond the classic set reach the shard); the
+//!   control, disco and data queues with their caps (`queue_packet`,
+//!   `answer_ping`, ...), drained by `poll_output` into the send buffer
+//!   (with only data queued, the queue itself becomes the buffer); and its
+//!   clocks — handshake deadline, keepalive, write timeout — behind
+//!   `poll_timeout` / `handle_timeout(now)`. Time comes from the caller.
+//!   Two adaptations for the hot path: actions go to a callback instead of
+//!   a returned list (nothing is collected or allocated per packet), and
+//!   the reader leaves the session while it runs, because an action may
+//!   queue output on the same connection (a packet to its own key, a pong).
+//!   `conn` never uses `shard`.
+//! - [`front`] answers plain HTTP
 //!   requests; [`transport`] carries a connection's bytes (plain, TLS,
 //!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
 //!   [`metrics`] counts everything; [`health`] answers `/healthz`;

@@ -254,14 +254,10 @@ fn waiting_questions_are_bounded() {
     }
     // Two threads take one each; three wait: the sixth is refused. The
     // threads take theirs as soon as they are scheduled: wait for it.
-    let deadline = Instant::now() + WAIT;
-    while c.hits.load(Ordering::SeqCst) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "threads did not pick up questions"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert!(
+        ferry_testkit::wait::eventually(WAIT, || c.hits.load(Ordering::SeqCst) >= 2),
+        "threads did not pick up questions"
+    );
     let started = Instant::now();
     let v = a.ask(5, key(), ip("10.0.0.1"), Instant::now());
     assert!(

@@ -114,7 +114,9 @@ fn client_config(suite: SupportedCipherSuite) -> Arc<ClientConfig> {
         .with_protocol_versions(version_of(suite).0)
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(provider)))
+        .with_custom_certificate_verifier(Arc::new(ferry_testkit::tls::Verifier::accept_any(
+            provider,
+        )))
         .with_no_client_auth();
     config.enable_secret_extraction = true;
     Arc::new(config)

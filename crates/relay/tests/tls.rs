@@ -14,13 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_relay::tls::{self, CertMode, TlsError, TlsSetup};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::version::{TLS12, TLS13};
 use rustls::{
-    ClientConfig, ClientConnection, DigitallySignedStruct, ProtocolVersion, RootCertStore,
-    ServerConfig, ServerConnection, SignatureScheme, SupportedProtocolVersion,
+    ClientConfig, ClientConnection, ProtocolVersion, RootCertStore, ServerConfig, ServerConnection,
+    SupportedProtocolVersion,
 };
 use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
@@ -183,88 +182,36 @@ fn pinning_client(cert_name: &str, versions: &[&'static SupportedProtocolVersion
         .strip_prefix("sha256-raw:")
         .expect("sha256-raw prefix");
     assert_eq!(hex.len(), 64);
-    let verifier = PinVerifier {
-        pin: hex.to_owned(),
-        provider: provider(),
-    };
+    let pin = hex.to_owned();
+    let verifier =
+        ferry_testkit::tls::Verifier::new(provider(), move |end_entity, intermediates| {
+            let mut non_meta = 0;
+            let mut matched = false;
+            for der in std::iter::once(end_entity).chain(intermediates) {
+                let (_, cert) = X509Certificate::from_der(der)
+                    .map_err(|_| rustls::Error::General("unparseable certificate".into()))?;
+                if common_name(&cert).starts_with("derpkey") {
+                    continue;
+                }
+                non_meta += 1;
+                if hex_lower(&Sha256::digest(der.as_ref())) == pin && cert.validity().is_valid() {
+                    matched = true;
+                }
+            }
+            if non_meta == 1 && matched {
+                Ok(())
+            } else {
+                Err(rustls::Error::General(format!(
+                    "pin check failed: {non_meta} non-meta certs, matched={matched}"
+                )))
+            }
+        });
     ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)
         .unwrap()
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth()
-}
-
-#[derive(Debug)]
-struct PinVerifier {
-    pin: String,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PinVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let mut non_meta = 0;
-        let mut matched = false;
-        for der in std::iter::once(end_entity).chain(intermediates) {
-            let (_, cert) = X509Certificate::from_der(der)
-                .map_err(|_| rustls::Error::General("unparseable certificate".into()))?;
-            if common_name(&cert).starts_with("derpkey") {
-                continue;
-            }
-            non_meta += 1;
-            if hex_lower(&Sha256::digest(der.as_ref())) == self.pin && cert.validity().is_valid() {
-                matched = true;
-            }
-        }
-        if non_meta == 1 && matched {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(format!(
-                "pin check failed: {non_meta} non-meta certs, matched={matched}"
-            )))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 // ---------------------------------------------------------------------------

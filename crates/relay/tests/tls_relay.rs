@@ -129,13 +129,7 @@ fn websocket_over_tls_relays_with_raw_clients() {
     let (server, addr) = support::start(2, |cfg| {
         cfg.tls = Some(support::self_signed_tls(cfg).config);
     });
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ferry_bench::target::NoVerification(provider)))
-        .with_no_client_auth();
+    let config = ferry_testkit::tls::accept_any_config();
     let tcp = std::net::TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let conn =

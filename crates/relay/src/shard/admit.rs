@@ -17,13 +17,13 @@ impl Shard {
         let Some(admission) = shared.admission.get() else {
             return false;
         };
-        if self.conns[slot].mesh {
+        if self.conns[slot].is_mesh() {
             return false;
         }
         let me = self.conn_ref(slot);
         let conn = &mut self.conns[slot];
-        conn.phase = Phase::Admitting;
-        let (key, ip) = (conn.key, canonical(conn.peer.ip()));
+        conn.set_phase(Phase::Admitting);
+        let (key, ip) = (conn.key(), canonical(conn.peer().ip()));
         self.hold_input(slot, Hold::Admission);
         if let Some(verdict) = admission.ask(me, key, ip, self.now) {
             // Known at once (cache, or too many waiting): handled after
@@ -59,18 +59,18 @@ impl Shard {
 
     fn on_admission(&mut self, r: ConnRef, verdict: Verdict) {
         let Some(slot) = self.live(r) else { return };
-        if self.conns[slot].phase != Phase::Admitting {
+        if self.conns[slot].phase() != Phase::Admitting {
             return;
         }
         match verdict {
             Verdict::Admit => {
-                self.conns[slot].phase = Phase::ClientInfo;
+                self.conns[slot].set_phase(Phase::ClientInfo);
                 // Registered here or sent to its owner; either way handled.
                 let _ = self.after_client_info(slot);
                 self.release_input(slot, Hold::Admission);
             }
             Verdict::Reject(why) => {
-                let key = self.conns[slot].key;
+                let key = self.conns[slot].key();
                 self.fail_handshake(
                     slot,
                     HandshakeFailure::Admission,

@@ -31,13 +31,13 @@ impl Shard {
         let deadline = self.now + self.cfg().handshake_timeout;
         self.next_gen = self.next_gen.wrapping_add(1);
         let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
-        conn.proxy = self.proxy_prelude_for(&peer);
+        conn.set_proxy(self.proxy_prelude_for(&peer));
         if kind == ListenerKind::Derp {
             if let Some(tls) = &self.shared.config.tls {
                 match rustls::ServerConnection::new(tls.clone()) {
                     Ok(mut t) => {
                         t.set_buffer_limit(None);
-                        conn.transport = Transport::tls(t, self.shared.config.ktls);
+                        conn.set_transport(Transport::tls(t, self.shared.config.ktls));
                         self.m().tls_sockets.add(1);
                     }
                     Err(e) => {
@@ -59,17 +59,17 @@ impl Shard {
         detail: &dyn std::fmt::Display,
     ) {
         self.m().handshake_failures[why as usize].inc();
-        let peer = self.conns[slot].peer;
+        let peer = self.conns[slot].peer();
         conn_log!(self, info, %peer, reason = why.label(), %detail, "handshake failed; closing connection");
         self.close(slot, CloseReason::Handshake);
     }
 
     pub(super) fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
         let conn = &mut self.conns[slot];
-        conn.head.extend_from_slice(data);
-        let req = match http::parse_request(&conn.head) {
+        conn.head_mut().extend_from_slice(data);
+        let req = match http::parse_request(conn.head()) {
             Ok(Some(req)) => req,
-            Ok(None) if conn.head.len() < MAX_HEAD => return ControlFlow::Continue(()),
+            Ok(None) if conn.head().len() < MAX_HEAD => return ControlFlow::Continue(()),
             Ok(None) | Err(http::HttpError::TooLarge { .. }) => {
                 self.reject_http(
                     slot,
@@ -82,7 +82,7 @@ impl Shard {
             Err(e) => {
                 let detail = e.to_string();
                 self.m().handshake_failures[HandshakeFailure::HttpMalformed as usize].inc();
-                let peer = self.conns[slot].peer;
+                let peer = self.conns[slot].peer();
                 conn_log!(self, info, %peer, error = %detail, "malformed HTTP request");
                 self.respond(
                     slot,
@@ -91,11 +91,11 @@ impl Shard {
                 return ControlFlow::Break(());
             }
         };
-        let head = std::mem::take(&mut conn.head);
+        let head = conn.take_head();
         self.forwarded_client(slot, &req);
         let conn = &self.conns[slot];
-        let peer = conn.peer;
-        let kind = conn.listener;
+        let peer = conn.peer();
+        let kind = conn.listener();
         match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
             Answer::Respond(route, bytes) => {
                 self.m().http_requests[route as usize].inc();
@@ -121,16 +121,18 @@ impl Shard {
                 if let Some(key) = websocket {
                     let mut link = Box::<crate::conn::WsLink>::default();
                     link.out = ferry_proto::websocket::accept_response(&key);
-                    conn.ws = Some(link);
+                    conn.put_ws(link);
                 } else if !fast_start {
-                    conn.ctrl
+                    conn.session_mut()
+                        .control_mut()
                         .extend_from_slice(&http::switching_protocols(&public));
                 }
-                conn.ctrl
+                conn.session_mut()
+                    .control_mut()
                     .extend_from_slice(&handshake::server_key_frame(&public));
-                conn.not_ideal = req.ideal_node.as_deref().is_some_and(|n| !n.is_empty());
-                conn.phase = Phase::ClientInfo;
-                conn.deadline = deadline;
+                conn.set_not_ideal(req.ideal_node.as_deref().is_some_and(|n| !n.is_empty()));
+                conn.set_phase(Phase::ClientInfo);
+                conn.session_mut().set_deadline(deadline);
                 self.mark_dirty(slot);
                 let rest = head.get(req.head_len..).unwrap_or_default();
                 if rest.is_empty() {
@@ -150,16 +152,16 @@ impl Shard {
         reason: &str,
     ) {
         self.m().handshake_failures[why as usize].inc();
-        let peer = self.conns[slot].peer;
+        let peer = self.conns[slot].peer();
         conn_log!(self, info, %peer, reason = why.label(), "rejecting HTTP request");
         self.respond(slot, http::response(status, reason, &[], b""));
     }
 
     pub(super) fn respond(&mut self, slot: Slot, bytes: Vec<u8>) {
         let conn = &mut self.conns[slot];
-        conn.ctrl.extend_from_slice(&bytes);
-        conn.phase = Phase::Responding;
-        conn.close_after_flush = Some(CloseReason::HttpDone);
+        conn.session_mut().control_mut().extend_from_slice(&bytes);
+        conn.set_phase(Phase::Responding);
+        conn.close_when_flushed(CloseReason::HttpDone);
         self.mark_dirty(slot);
     }
 
@@ -190,9 +192,7 @@ impl Shard {
             _ => false,
         };
         let conn = &mut self.conns[slot];
-        conn.key = key;
-        conn.mesh = mesh;
-        conn.prober = info.is_prober;
+        conn.identify(key, mesh, info.is_prober);
         if self.begin_admission(slot) {
             // Frames after clientInfo wait in the deframer for the verdict.
             return ControlFlow::Break(());
@@ -203,17 +203,17 @@ impl Shard {
     /// Registers a connection whose clientInfo was read (and admitted)
     /// here, or sends it to the shard that owns its key.
     pub(super) fn after_client_info(&mut self, slot: Slot) -> ControlFlow<()> {
-        let key = self.conns[slot].key;
+        let key = self.conns[slot].key();
         let owner = self.shared.owner_of(&key, self.shards);
         let conn = &mut self.conns[slot];
         if owner == self.id {
-            conn.phase = Phase::Active;
+            conn.set_phase(Phase::Active);
             self.register(slot);
             // Stop here: the frames after clientInfo follow other rules.
             ControlFlow::Break(())
         } else {
             // Frames after clientInfo stay in the deframer and travel along.
-            conn.phase = Phase::Migrating;
+            conn.set_phase(Phase::Migrating);
             self.hold_input(slot, Hold::Migrating);
             self.migrating.push(slot);
             ControlFlow::Break(())

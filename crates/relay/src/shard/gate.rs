@@ -8,10 +8,7 @@ use super::*;
 impl Shard {
     /// Holds `slot`'s input for `why`, stopping its socket's reads.
     pub(super) fn hold_input(&mut self, slot: Slot, why: Hold) {
-        let conn = &mut self.conns[slot];
-        conn.gate.hold(why);
-        if !conn.paused {
-            conn.paused = true;
+        if self.conns[slot].hold(why) {
             self.ops.push(Op::SetRecv(slot, false));
         }
     }
@@ -19,14 +16,14 @@ impl Shard {
     /// Lifts `why` from `slot`'s input; reading resumes if nothing else
     /// holds it.
     pub(super) fn release_input(&mut self, slot: Slot, why: Hold) {
-        self.conns[slot].gate.release(why);
+        self.conns[slot].release(why);
         self.try_resume(slot);
     }
 
     /// Stops reading a local sender until every destination that paused
     /// it has drained.
     pub(super) fn pause_sender(&mut self, slot: Slot) {
-        if !self.conns[slot].gate.holds(Hold::Backpressure) {
+        if !self.conns[slot].holds(Hold::Backpressure) {
             let m = &self.shared.metrics.shards[self.id];
             m.backpressure_pauses.inc();
             m.senders_paused.add(1);
@@ -41,7 +38,7 @@ impl Shard {
             return;
         }
         let Some(slot) = self.live(r) else { return };
-        if self.conns[slot].gate.holds(Hold::Backpressure) {
+        if self.conns[slot].holds(Hold::Backpressure) {
             self.shared.metrics.shards[self.id].senders_paused.add(-1);
         }
         self.release_input(slot, Hold::Backpressure);
@@ -50,25 +47,23 @@ impl Shard {
     /// Resumes input if it is stopped and nothing holds it any more.
     pub(super) fn try_resume(&mut self, slot: Slot) {
         let conn = &self.conns[slot];
-        if conn.paused && conn.gate.is_open() && conn.phase == Phase::Active && !self.ended(slot) {
+        if conn.may_resume() && conn.phase() == Phase::Active && !self.ended(slot) {
             self.resume_input(slot);
         }
     }
 
     /// Lets every sender waiting on `slot` go.
     pub(super) fn release_waiters(&mut self, slot: Slot) {
-        if self.conns[slot].waiters.is_empty() {
+        if !self.conns[slot].has_waiters() {
             return;
         }
         // Reuse the list's memory; senders resumed here may queue again
         // (and wait again) while it is being walked.
-        let mut waiting = std::mem::take(&mut self.conns[slot].waiters);
+        let mut waiting = self.conns[slot].take_waiters();
         for r in waiting.drain(..) {
             self.resume_sender(r);
         }
-        let conn = &mut self.conns[slot];
-        std::mem::swap(&mut conn.waiters, &mut waiting);
-        conn.waiters.append(&mut waiting);
+        self.conns[slot].recycle_waiters(waiting);
     }
 
     /// Releases the senders held by destinations that took nothing from
@@ -82,9 +77,9 @@ impl Shard {
         while i < self.holders.len() {
             let (slot, gen) = self.holders[i];
             let conn = match self.conns.get_mut(slot) {
-                Some(c) if c.gen == gen && c.closing.is_none() && !c.waiters.is_empty() => c,
-                Some(c) if c.gen == gen => {
-                    c.holding = false;
+                Some(c) if c.gen() == gen && c.closed().is_none() && c.has_waiters() => c,
+                Some(c) if c.gen() == gen => {
+                    c.stop_holding();
                     self.holders.swap_remove(i);
                     continue;
                 }
@@ -93,15 +88,15 @@ impl Shard {
                     continue;
                 }
             };
-            let held = now.saturating_duration_since(conn.held_since);
+            let held = now.saturating_duration_since(conn.held_since());
             if held < half {
                 i += 1;
                 continue;
             }
-            let Some(mark) = conn.acked_mark else {
+            let Some(mark) = conn.acked_mark() else {
                 // Half the budget gone: note how far the peer has read, and
                 // how far the other long-pending sends' peers have.
-                conn.acked_mark = Some(driver.bytes_acked(slot));
+                conn.mark_acked(driver.bytes_acked(slot), None);
                 probe = true;
                 i += 1;
                 continue;
@@ -113,18 +108,16 @@ impl Shard {
             let acked = driver.bytes_acked(slot);
             if mark.is_some() && acked.is_some() && acked != mark {
                 // It reads, just slowly: a new half-budget window.
-                conn.held_since = now - half;
-                conn.acked_mark = Some(acked);
+                conn.mark_acked(acked, Some(now - half));
                 i += 1;
                 continue;
             }
-            conn.not_draining = true;
-            let key = conn.key;
+            conn.mark_not_draining();
+            let key = conn.key();
             self.announce_draining(key, true);
-            let conn = &mut self.conns[slot];
-            conn.holding = false;
+            let conn = &self.conns[slot];
             self.holders.swap_remove(i);
-            let (peer, key, held_for) = (conn.peer, conn.key, held);
+            let (peer, key, held_for) = (conn.peer(), conn.key(), held);
             self.m().backpressure_expired.inc();
             conn_log!(self, info, %peer, client = %key, held_ms = held_for.as_millis() as u64,
                 "client is taking nothing from its socket; dropping its packets instead of pausing the senders feeding it");
@@ -152,16 +145,8 @@ impl Shard {
         }
         self.last_probe = Some(now);
         for (slot, c) in self.conns.iter_mut() {
-            let pending = c
-                .in_flight
-                .is_some_and(|t| now.saturating_duration_since(t) >= half);
-            if pending
-                && c.probe.is_none()
-                && c.waiters.is_empty()
-                && !c.not_draining
-                && c.closing.is_none()
-            {
-                c.probe = Some((now, driver.bytes_acked(slot)));
+            if c.wants_probe(now, half) {
+                c.set_probe(now, driver.bytes_acked(slot));
             }
         }
     }
@@ -182,15 +167,7 @@ impl Shard {
         self.holders
             .iter()
             .filter_map(|&(slot, _)| self.conns.get(slot))
-            .filter(|c| !c.waiters.is_empty())
-            .map(|c| {
-                c.held_since
-                    + if c.acked_mark.is_none() {
-                        budget / 2
-                    } else {
-                        budget
-                    }
-            })
+            .filter_map(|c| c.budget_check_at(budget))
             .min()
     }
 }

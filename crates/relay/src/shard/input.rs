@@ -8,15 +8,15 @@ impl Shard {
         let Some(conn) = self.conns.get_mut(slot) else {
             return;
         };
-        if conn.closing.is_some() {
+        if conn.is_closed() {
             return;
         }
-        if conn.proxy != crate::conn::ProxyPrelude::Done {
+        if conn.proxy() != crate::conn::ProxyPrelude::Done {
             self.proxy_prelude(slot, data);
             return;
         }
-        if conn.paused || !conn.stash.is_empty() {
-            conn.stash.extend_from_slice(data);
+        if conn.must_stash() {
+            conn.stash(data);
             return;
         }
         self.ingest(slot, data);
@@ -25,7 +25,7 @@ impl Shard {
     /// Feeds raw socket bytes through TLS (if any) into the protocol.
     /// Bytes not consumed because input paused are stashed.
     pub(super) fn ingest(&mut self, slot: Slot, data: &[u8]) {
-        let Some(mut user) = self.conns[slot].transport.take_user() else {
+        let Some(mut user) = self.conns[slot].transport_mut().take_user() else {
             // Without TLS, whatever is not consumed is kept by the phase
             // that stopped (deframer or stash).
             let _ = self.process_plain(slot, data);
@@ -56,25 +56,27 @@ impl Shard {
             if let Err(e) = user.conn.process_new_packets() {
                 // Let rustls send its alert, then close.
                 ok = false;
-                let _ = user.conn.write_tls(&mut self.conns[slot].ctrl);
+                let _ = user
+                    .conn
+                    .write_tls(self.conns[slot].session_mut().control_mut());
                 self.tls_failed(slot, &e);
                 break;
             }
         }
         let conn = &mut self.conns[slot];
-        if ok && !rest.is_empty() && conn.closing.is_none() {
-            conn.stash.extend_from_slice(rest);
+        if ok && !rest.is_empty() && conn.closed().is_none() {
+            conn.stash(rest);
         }
         let wants_write = user.conn.wants_write();
         let handshaken = !user.conn.is_handshaking();
         let may_move = user.boundary.is_some();
-        conn.transport.put_user(user);
+        conn.transport_mut().put_user(user);
         if wants_write {
             self.mark_dirty(slot);
         }
         let conn = &self.conns[slot];
-        if handshaken && may_move && conn.closing.is_none() {
-            let gen = conn.gen;
+        if handshaken && may_move && conn.closed().is_none() {
+            let gen = conn.gen();
             if !self
                 .ktls_candidates
                 .iter()
@@ -89,8 +91,8 @@ impl Shard {
     }
 
     pub(super) fn tls_failed(&mut self, slot: Slot, e: &dyn std::fmt::Display) {
-        if self.conns[slot].phase == Phase::Active {
-            let peer = self.conns[slot].peer;
+        if self.conns[slot].phase() == Phase::Active {
+            let peer = self.conns[slot].peer();
             conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
             self.close(slot, CloseReason::IoError);
         } else {
@@ -105,7 +107,7 @@ impl Shard {
         let mut go_on = true;
         loop {
             let conn = &self.conns[slot];
-            if conn.closing.is_some() || conn.paused {
+            if conn.is_closed() || conn.is_paused() {
                 go_on = false;
                 break;
             }
@@ -138,14 +140,14 @@ impl Shard {
     /// input paused or the connection closed; unconsumed bytes are kept by
     /// the connection (deframer or stash).
     pub(super) fn process_plain(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
-        match self.conns[slot].phase {
+        match self.conns[slot].phase() {
             Phase::Http => self.read_head(slot, data),
-            Phase::ClientInfo | Phase::Active if self.conns[slot].ws.is_some() => {
+            Phase::ClientInfo | Phase::Active if self.conns[slot].is_websocket() => {
                 self.ws_input(slot, data)
             }
             Phase::ClientInfo | Phase::Active => self.deframe(slot, data),
             Phase::Migrating | Phase::Admitting => {
-                self.conns[slot].stash.extend_from_slice(data);
+                self.conns[slot].stash(data);
                 ControlFlow::Break(())
             }
             Phase::Responding => ControlFlow::Continue(()),
@@ -153,44 +155,33 @@ impl Shard {
     }
 
     pub(super) fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
-        let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
-        let was_handshake = self.conns[slot].phase == Phase::ClientInfo;
-        let result = match self.conns[slot].phase {
-            Phase::ClientInfo => {
-                deframer.feed(data, &frame::ClientInfoFramePolicy, |ty, payload| {
-                    self.on_client_info(slot, ty, payload)
-                })
-            }
-            _ => {
-                let policy = ServerFramePolicy {
-                    mesh: self.conns[slot].mesh,
-                };
-                deframer.feed(data, &policy, |ty, payload| {
-                    self.on_frame(slot, ty, payload)
-                })
-            }
+        let mut reader = self.conns[slot].session_mut().take_reader();
+        let was_handshake = self.conns[slot].phase() == Phase::ClientInfo;
+        let mesh = self.conns[slot].is_mesh();
+        let result = if was_handshake {
+            reader.handshake_bytes(data, |ty, payload| self.on_client_info(slot, ty, payload))
+        } else {
+            reader.handle_bytes(data, mesh, |len, action| self.on_frame(slot, len, action))
         };
-        self.conns[slot].deframer = deframer;
+        self.conns[slot].session_mut().put_reader(reader);
         if was_handshake
             && result == Ok(frame::Fed::Paused)
-            && self.conns[slot].phase == Phase::Active
+            && self.conns[slot].phase() == Phase::Active
         {
             // clientInfo registered the connection here: what followed it
-            // in the same read is held by the deframer and now read under
+            // in the same read is held by the reader and now read under
             // the steady-state rules.
             return self.resume_frames(slot);
         }
         self.after_deframe(slot, result)
     }
 
-    /// Continues with frames the deframer holds (after a pause).
+    /// Continues with frames the reader holds (after a pause).
     pub(super) fn resume_frames(&mut self, slot: Slot) -> ControlFlow<()> {
-        let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
-        let policy = ServerFramePolicy {
-            mesh: self.conns[slot].mesh,
-        };
-        let result = deframer.resume(&policy, |ty, payload| self.on_frame(slot, ty, payload));
-        self.conns[slot].deframer = deframer;
+        let mut reader = self.conns[slot].session_mut().take_reader();
+        let mesh = self.conns[slot].is_mesh();
+        let result = reader.resume(mesh, |len, action| self.on_frame(slot, len, action));
+        self.conns[slot].session_mut().put_reader(reader);
         self.after_deframe(slot, result)
     }
 
@@ -208,7 +199,7 @@ impl Shard {
                 }
             }
             Ok(frame::Fed::Paused) => {
-                if self.conns[slot].phase == Phase::ClientInfo {
+                if self.conns[slot].phase() == Phase::ClientInfo {
                     // clientInfo was read; what follows waits for the
                     // connection to register (here or on its owner shard).
                 }
@@ -216,12 +207,12 @@ impl Shard {
             }
             Err(e) => {
                 let conn = &self.conns[slot];
-                let peer = conn.peer;
+                let peer = conn.peer();
                 if !self.ended(slot) {
-                    if conn.phase == Phase::ClientInfo {
+                    if conn.phase() == Phase::ClientInfo {
                         self.fail_handshake(slot, HandshakeFailure::BadFirstFrame, &e);
                     } else {
-                        let key = conn.key;
+                        let key = conn.key();
                         conn_log!(self, info, %peer, client = %key, error = %e, "protocol violation; closing connection");
                         self.finish(slot, CloseReason::FrameError);
                     }
@@ -231,49 +222,46 @@ impl Shard {
         }
     }
 
-    pub(super) fn on_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
-        let flow = self.handle_frame(slot, ty, payload);
-        if self.conns[slot].rate.is_some() {
-            return self.charge_frame(slot, payload.len(), flow);
+    #[inline]
+    pub(super) fn on_frame(
+        &mut self,
+        slot: Slot,
+        len: usize,
+        action: Action<'_>,
+    ) -> ControlFlow<()> {
+        let flow = self.handle_action(slot, action);
+        if self.conns[slot].is_rate_limited() {
+            return self.charge_frame(slot, len, flow);
         }
         flow
     }
 
-    fn handle_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
+    /// What a client frame asks for (see [`Action`]).
+    #[inline]
+    fn handle_action(&mut self, slot: Slot, action: Action<'_>) -> ControlFlow<()> {
         if self.ended(slot) {
             return ControlFlow::Break(());
         }
-        let parsed = match frame::parse_client_frame(ty, payload) {
-            Ok(f) => f,
-            Err(e) => {
-                let peer = self.conns[slot].peer;
-                conn_log!(self, info, %peer, error = %e, "malformed frame; closing connection");
-                self.finish(slot, CloseReason::FrameError);
-                return ControlFlow::Break(());
-            }
-        };
-        if self.conns[slot].dup {
+        if self.conns[slot].is_dup() {
             self.note_activity(slot);
         }
-        let src = self.conns[slot].key;
-        match parsed {
-            ClientFrame::SendPacket { dst, packet } => {
+        let src = self.conns[slot].key();
+        match action {
+            Action::Send { dst, packet } => {
                 let m = self.m();
                 m.packets_received.inc();
                 m.bytes_received.add(packet.len() as u64);
                 m.packets_received_kind[kind_of(packet) as usize].inc();
                 self.route(slot, RECORD_SEND, &src, &dst, packet)
             }
-            ClientFrame::ForwardPacket { src, dst, packet } => {
+            Action::Forward { src, dst, packet } => {
                 self.m().packets_forwarded_in.inc();
                 self.route(slot, RECORD_FORWARD, &src, &dst, packet)
             }
-            ClientFrame::NotePreferred(preferred) => {
-                let young = self.now.duration_since(self.conns[slot].registered_at)
+            Action::NotePreferred(preferred) => {
+                let young = self.now.duration_since(self.conns[slot].registered_at())
                     < Duration::from_secs(5);
-                let conn = &mut self.conns[slot];
-                if conn.preferred != preferred {
-                    conn.preferred = preferred;
+                if self.conns[slot].note_preferred(preferred) {
                     let m = &self.shared.metrics.shards[self.id];
                     m.current_home_connections
                         .add(if preferred { 1 } else { -1 });
@@ -287,21 +275,16 @@ impl Shard {
                 }
                 ControlFlow::Continue(())
             }
-            ClientFrame::Ping(data) => {
+            Action::Ping(data) => {
                 self.m().got_ping.inc();
-                let conn = &mut self.conns[slot];
-                if !conn.pong_pending {
-                    conn.pong_pending = true;
-                    frame::put_pong(&mut conn.ctrl, &data);
+                if self.conns[slot].session_mut().answer_ping(&data) {
                     self.m().sent_pong.inc();
                     self.mark_dirty(slot);
                 }
                 ControlFlow::Continue(())
             }
-            ClientFrame::WatchConns => {
-                let conn = &mut self.conns[slot];
-                if conn.key != self.shared.config.public_key && !conn.watcher {
-                    conn.watcher = true;
+            Action::WatchConns => {
+                if src != self.shared.config.public_key && self.conns[slot].become_watcher() {
                     self.m().watchers.add(1);
                     let me = self.conn_ref(slot);
                     for shard in 0..self.shards {
@@ -314,7 +297,7 @@ impl Shard {
                 }
                 ControlFlow::Continue(())
             }
-            ClientFrame::ClosePeer(key) => {
+            Action::ClosePeer(key) => {
                 let owner = self.shared.owner_of(&key, self.shards);
                 if owner == self.id {
                     self.close_peer(key);
@@ -326,7 +309,7 @@ impl Shard {
                 }
                 ControlFlow::Continue(())
             }
-            ClientFrame::Pong(_) | ClientFrame::Other { .. } => {
+            Action::Unknown { .. } => {
                 self.m().unknown_frames.inc();
                 ControlFlow::Continue(())
             }
@@ -335,10 +318,10 @@ impl Shard {
 
     pub(super) fn on_eof(&mut self, slot: Slot) {
         let conn = &self.conns[slot];
-        if conn.closing.is_some() || conn.close_after_flush.is_some() {
+        if conn.is_closed() || conn.close_after_flush().is_some() {
             return;
         }
-        match conn.phase {
+        match conn.phase() {
             Phase::Active => self.close(slot, CloseReason::Eof),
             _ => {
                 self.m().handshake_failures[HandshakeFailure::Eof as usize].inc();
@@ -350,29 +333,24 @@ impl Shard {
     /// Restarts input after a pause: frames held by the deframer, then
     /// plaintext held by TLS, then stashed raw bytes.
     pub(super) fn resume_input(&mut self, slot: Slot) {
-        let conn = &mut self.conns[slot];
-        conn.paused = false;
+        self.conns[slot].unpause();
         if self.resume_frames(slot).is_break() {
             return;
         }
-        if let Some(mut user) = self.conns[slot].transport.take_user() {
+        if let Some(mut user) = self.conns[slot].transport_mut().take_user() {
             let go_on = self.drain_tls(slot, &mut user.conn);
-            self.conns[slot].transport.put_user(user);
+            self.conns[slot].transport_mut().put_user(user);
             if !go_on {
                 return;
             }
         }
-        let stash = std::mem::take(&mut self.conns[slot].stash);
+        let stash = self.conns[slot].take_stash();
         if !stash.is_empty() {
             self.ingest(slot, &stash);
         }
-        let conn = &mut self.conns[slot];
-        if conn.stash.is_empty() {
-            // Keep the capacity for the next pause.
-            conn.stash = stash;
-            conn.stash.clear();
-        }
-        if !self.conns[slot].paused && self.conns[slot].closing.is_none() {
+        // Keep the capacity for the next pause.
+        self.conns[slot].recycle_stash(stash);
+        if !self.conns[slot].is_paused() && self.conns[slot].closed().is_none() {
             self.ops.push(Op::SetRecv(slot, true));
         }
     }

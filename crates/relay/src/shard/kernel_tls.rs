@@ -11,11 +11,11 @@ impl Shard {
         let Some(conn) = self.conns.get_mut(slot) else {
             return;
         };
-        if conn.closing.is_some() {
+        if conn.is_closed() {
             return;
         }
-        let Some(kernel) = conn.transport.kernel() else {
-            let peer = conn.peer;
+        let Some(kernel) = conn.transport_mut().kernel() else {
+            let peer = conn.peer();
             conn_log!(self, info, %peer, record_type, "TLS control record on a connection without kernel TLS; closing");
             self.close(slot, CloseReason::IoError);
             return;
@@ -33,15 +33,15 @@ impl Shard {
         let mut i = 0;
         while i < self.ktls_candidates.len() {
             let (slot, gen, deadline) = self.ktls_candidates[i];
-            let Some(conn) = self.conns.get_mut(slot).filter(|c| c.gen == gen) else {
+            let Some(conn) = self.conns.get_mut(slot).filter(|c| c.gen() == gen) else {
                 self.ktls_candidates.swap_remove(i);
                 continue;
             };
-            let busy = conn.in_flight.is_some()
-                || !conn.stash.is_empty()
-                || conn.phase == Phase::Migrating;
-            let (closing, responding) = (conn.closing.is_some(), conn.phase == Phase::Responding);
-            let Some(user) = conn.transport.user() else {
+            let busy = conn.session().sending_since().is_some()
+                || conn.has_stash()
+                || conn.phase() == Phase::Migrating;
+            let (closing, responding) = (conn.is_closed(), conn.phase() == Phase::Responding);
+            let Some(user) = conn.transport_mut().user() else {
                 self.ktls_candidates.swap_remove(i);
                 continue;
             };
@@ -80,17 +80,17 @@ impl Shard {
                 self.ktls_refused(KtlsRefusal::Backend);
                 continue;
             };
-            let user = self.conns[slot].transport.take_user().expect("tls");
+            let user = self.conns[slot].transport_mut().take_user().expect("tls");
             match crate::ktls::KtlsSession::start(user.conn, fd) {
                 Ok(session) => {
-                    self.conns[slot].transport = Transport::Kernel(Box::new(KernelTls {
+                    self.conns[slot].set_transport(Transport::Kernel(Box::new(KernelTls {
                         session,
                         records: Vec::new(),
-                    }));
+                    })));
                     self.m().ktls_sockets.add(1);
                 }
                 Err(crate::ktls::Refused::Usable { conn, reason }) => {
-                    self.conns[slot].transport.put_user(Box::new(UserTls {
+                    self.conns[slot].transport_mut().put_user(Box::new(UserTls {
                         conn,
                         boundary: None,
                     }));
@@ -98,7 +98,7 @@ impl Shard {
                 }
                 Err(crate::ktls::Refused::Dead(e)) => {
                     self.ktls_refused(KtlsRefusal::Failed);
-                    let peer = self.conns[slot].peer;
+                    let peer = self.conns[slot].peer();
                     conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
                     self.close(slot, CloseReason::IoError);
                 }
@@ -117,7 +117,7 @@ impl Shard {
             let Some(conn) = self.conns.get_mut(slot) else {
                 continue;
             };
-            let (Some(kernel), Some(fd)) = (conn.transport.kernel(), driver.fd(slot)) else {
+            let (Some(kernel), Some(fd)) = (conn.transport_mut().kernel(), driver.fd(slot)) else {
                 continue;
             };
             let records = std::mem::take(&mut kernel.records);
@@ -141,7 +141,7 @@ impl Shard {
                 None => {}
                 Some(Ok(())) => self.on_eof(slot),
                 Some(Err(e)) => {
-                    let peer = self.conns[slot].peer;
+                    let peer = self.conns[slot].peer();
                     conn_log!(self, info, %peer, error = %e, "kernel TLS session ended; closing connection");
                     self.close(slot, CloseReason::IoError);
                 }

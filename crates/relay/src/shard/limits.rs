@@ -31,16 +31,16 @@ impl Shard {
     ) -> ControlFlow<()> {
         let now = self.now;
         let conn = &mut self.conns[slot];
-        let Some(bucket) = conn.rate.as_mut() else {
+        let Some(bucket) = conn.rate_mut() else {
             return flow;
         };
         let Some(wait) = bucket.take((FRAME_HEADER + payload) as f64, now) else {
             return flow;
         };
-        if conn.closing.is_some() {
+        if conn.is_closed() {
             return flow;
         }
-        let gen = conn.gen;
+        let gen = conn.gen();
         self.m().rate_limit_waits.inc();
         self.hold_input(slot, Hold::RateLimit);
         self.rate_held.push((slot, gen, now + wait));
@@ -60,7 +60,7 @@ impl Shard {
             }
         });
         for (slot, gen) in due {
-            if self.conns.get(slot).is_some_and(|c| c.gen == gen) {
+            if self.conns.get(slot).is_some_and(|c| c.gen() == gen) {
                 self.release_input(slot, Hold::RateLimit);
             }
         }
@@ -72,9 +72,9 @@ impl Shard {
         self.rate = rate;
         let mut held = Vec::new();
         for (slot, conn) in self.conns.iter_mut() {
-            if conn.phase == Phase::Active {
-                conn.rate = bucket_for(&rate, conn.mesh);
-                if conn.gate.holds(Hold::RateLimit) {
+            if conn.phase() == Phase::Active {
+                conn.set_rate(bucket_for(&rate, conn.is_mesh()));
+                if conn.holds(Hold::RateLimit) {
                     held.push(slot);
                 }
             }

@@ -5,21 +5,19 @@ use super::*;
 
 impl Shard {
     pub(super) fn migrate_in(&mut self, mut conn: Box<Conn>) {
-        let Some(stream) = conn.stream.take() else {
+        let Some(stream) = conn.take_stream() else {
             return;
         };
         // Arrived: the move no longer holds its input.
-        conn.gate.release(Hold::Migrating);
+        conn.release(Hold::Migrating);
         self.next_gen = self.next_gen.wrapping_add(1);
-        conn.gen = self.next_gen;
-        conn.dirty = false;
+        conn.arrive(self.next_gen);
         let m = self.m();
         m.migrations_in.inc();
         m.open_sockets.add(1);
-        conn.gauged_bytes = 0;
         m.queued_bytes.add(conn.regauge());
         count_transport(m, &conn, 1);
-        let ktls = conn.transport.is_kernel();
+        let ktls = conn.transport().is_kernel();
         let slot = self.conns.insert(*conn);
         self.ops.push(Op::Attach(slot, stream));
         if ktls {
@@ -37,13 +35,13 @@ impl Shard {
                 self.migrating.swap_remove(i);
                 continue;
             };
-            if conn.closing.is_some() {
+            if conn.is_closed() {
                 self.migrating.swap_remove(i);
                 continue;
             }
             // The socket moves once everything queued here (the 101 and
             // serverKey) is written.
-            if conn.in_flight.is_some() || conn.has_output() {
+            if conn.session().sending_since().is_some() || conn.has_output() {
                 i += 1;
                 continue;
             }
@@ -53,14 +51,13 @@ impl Shard {
             };
             self.migrating.swap_remove(i);
             let mut conn = self.conns.remove(slot);
-            conn.stream = Some(stream);
-            conn.dirty = false;
+            conn.detach(stream);
+            let gauged = conn.leave();
             let m = self.m();
             m.open_sockets.add(-1);
-            m.queued_bytes
-                .add(-(std::mem::take(&mut conn.gauged_bytes) as i64));
+            m.queued_bytes.add(-(gauged as i64));
             count_transport(m, &conn, -1);
-            let owner = self.shared.owner_of(&conn.key, self.shards);
+            let owner = self.shared.owner_of(&conn.key(), self.shards);
             self.mail(owner, Mail::Migrate(Box::new(conn)));
         }
     }

@@ -71,7 +71,7 @@ use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
 use ferry_engine::{Completion, Driver, Handler, Slot};
-use ferry_proto::frame::{self, ClientFrame, PeerGoneReason, ServerFramePolicy};
+use ferry_proto::frame::{self, PeerGoneReason};
 use ferry_proto::handshake::{self, HandshakeError, ServerInfo};
 use ferry_proto::key::NodePublic;
 use ferry_proto::{http, nacl};
@@ -81,7 +81,7 @@ use slab::Slab;
 
 use crate::admission::{Admission, Verdict};
 use crate::config::{ListenerKind, Placement, RelayConfig};
-use crate::conn::{Conn, Hold, Phase};
+use crate::conn::{Action, Caps, Conn, Hold, Phase, Queued, Timeout};
 use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
@@ -103,13 +103,9 @@ const MAX_HEAD: usize = 16 * 1024;
 const PLAIN_CHUNK: usize = 64 * 1024;
 /// Jitter added to the keepalive interval, chosen once per connection.
 const KEEPALIVE_JITTER_MS: u64 = 5_000;
-/// Send buffers larger than this are released when a connection goes idle.
-const IDLE_BUFFER_KEEP: usize = 64 * 1024;
 /// How long a connection being closed for a protocol violation may take to
 /// receive what was queued for it.
 const FINISH_GRACE: Duration = Duration::from_secs(2);
-/// Capacity a data queue gets when it first carries data.
-const QUEUE_START: usize = 64 * 1024;
 /// How long a TLS connection keeps trying to move into kernel TLS (it can
 /// only move between records, with nothing buffered).
 const KTLS_TRY_FOR: Duration = Duration::from_secs(5);
@@ -368,6 +364,8 @@ pub struct Shard {
     done: bool,
     /// Queue size past which even paused-sender overshoot is dropped.
     hard_cap: usize,
+    /// The client queues' caps (with `hard_cap`).
+    caps: Caps,
     log: LogLimiter,
 }
 
@@ -413,6 +411,11 @@ impl Shard {
         let per_shard = cfg.ring_bytes + max_turn_bytes;
         let hard_cap = cfg.send_queue_bytes + (shards - 1) * per_shard + frame::MAX_PACKET_SIZE;
         let rate = cfg.rate;
+        let caps = Caps {
+            disco_packets: cfg.disco_queue_packets as u32,
+            data_bytes: cfg.send_queue_bytes,
+            hard_bytes: hard_cap,
+        };
         let mesh = MeshOut::new(std::mem::take(&mut rings.mesh_tx));
         Shard {
             id,
@@ -456,6 +459,7 @@ impl Shard {
             draining: None,
             done: false,
             hard_cap,
+            caps,
             log: LogLimiter {
                 window: now,
                 lines: 0,
@@ -476,21 +480,19 @@ impl Shard {
         ConnRef {
             shard: self.id,
             slot,
-            gen: self.conns[slot].gen,
+            gen: self.conns[slot].gen(),
         }
     }
 
     fn live(&self, r: ConnRef) -> Option<Slot> {
         match self.conns.get(r.slot) {
-            Some(c) if c.gen == r.gen && c.closing.is_none() => Some(r.slot),
+            Some(c) if c.gen() == r.gen && c.closed().is_none() => Some(r.slot),
             _ => None,
         }
     }
 
     fn mark_dirty(&mut self, slot: Slot) {
-        let c = &mut self.conns[slot];
-        if !c.dirty {
-            c.dirty = true;
+        if self.conns[slot].mark_dirty() {
             self.dirty.push(slot);
         }
     }
@@ -513,7 +515,7 @@ impl Shard {
                     }
                 }
                 Op::SetRecv(slot, on) => {
-                    if self.conns.get(slot).is_some_and(|c| c.closing.is_none()) {
+                    if self.conns.get(slot).is_some_and(|c| c.closed().is_none()) {
                         driver.set_recv(slot, on);
                     }
                 }
@@ -521,7 +523,7 @@ impl Shard {
                     if let Err(e) = driver.set_ktls_rx(slot) {
                         // The session is in the kernel already: without
                         // record-aware reads it cannot go on.
-                        let peer = self.conns[slot].peer;
+                        let peer = self.conns[slot].peer();
                         conn_log!(self, info, %peer, error = %e, "kernel TLS connection moved to a back end that cannot read it; closing");
                         self.close(slot, CloseReason::IoError);
                     }
@@ -600,10 +602,10 @@ impl<D: Driver> Handler<D> for Shard {
             } => self.accept(listener, stream, peer),
             Completion::Received { slot, data } => self.on_received(slot, data),
             Completion::RecvClosed { slot, error } => {
-                if self.conns.get(slot).is_some_and(|c| c.closing.is_none()) {
+                if self.conns.get(slot).is_some_and(|c| c.closed().is_none()) {
                     match error {
                         None => {
-                            if self.conns[slot].paused || !self.conns[slot].stash.is_empty() {
+                            if self.conns[slot].must_stash() {
                                 // Finish what was stashed first; the next
                                 // read after resuming reports the end again.
                             } else {
@@ -611,9 +613,9 @@ impl<D: Driver> Handler<D> for Shard {
                             }
                         }
                         Some(e) => {
-                            let peer = self.conns[slot].peer;
+                            let peer = self.conns[slot].peer();
                             conn_log!(self, debug, %peer, error = %e, "read failed; closing connection");
-                            if self.conns[slot].phase == Phase::Active {
+                            if self.conns[slot].phase() == Phase::Active {
                                 self.close(slot, CloseReason::IoError);
                             } else {
                                 self.fail_handshake(slot, HandshakeFailure::Eof, &e);
@@ -731,10 +733,10 @@ impl<D: Driver> Handler<D> for Shard {
 
 /// Adds `sign` to the TLS gauges a connection counts in.
 fn count_transport(m: &ShardMetrics, conn: &Conn, sign: i64) {
-    if conn.transport.is_tls() {
+    if conn.transport().is_tls() {
         m.tls_sockets.add(sign);
     }
-    if conn.transport.is_kernel() {
+    if conn.transport().is_kernel() {
         m.ktls_sockets.add(sign);
     }
 }

@@ -24,11 +24,13 @@ impl Shard {
         let conn = &mut self.conns[slot];
         match ev {
             WatchEvent::Present { key, addr, flags } => {
-                frame::put_peer_present(&mut conn.ctrl, &key, Some(addr), flags)
+                frame::put_peer_present(conn.session_mut().control_mut(), &key, Some(addr), flags)
             }
-            WatchEvent::Gone(key) => {
-                frame::put_peer_gone(&mut conn.ctrl, &key, PeerGoneReason::Disconnected)
-            }
+            WatchEvent::Gone(key) => frame::put_peer_gone(
+                conn.session_mut().control_mut(),
+                &key,
+                PeerGoneReason::Disconnected,
+            ),
         }
         self.mark_dirty(slot);
     }
@@ -45,7 +47,7 @@ impl Shard {
                 let c = &self.conns[s];
                 WatchEvent::Present {
                     key: *key,
-                    addr: c.peer,
+                    addr: c.peer(),
                     flags: c.presence_flags(),
                 }
             })

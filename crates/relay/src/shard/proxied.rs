@@ -35,19 +35,19 @@ impl Shard {
     /// passes what follows it on as the connection's stream.
     pub(super) fn proxy_prelude(&mut self, slot: Slot, data: &[u8]) {
         let conn = &mut self.conns[slot];
-        conn.head.extend_from_slice(data);
-        let peer = conn.peer;
-        match conn.proxy {
-            ProxyPrelude::Expect => match proxy::parse(&conn.head) {
+        conn.head_mut().extend_from_slice(data);
+        let peer = conn.peer();
+        match conn.proxy() {
+            ProxyPrelude::Expect => match proxy::parse(conn.head()) {
                 Ok(None) => {}
                 Ok(Some(header)) => {
-                    let mut rest = std::mem::take(&mut conn.head);
+                    let mut rest = conn.take_head();
                     rest.drain(..header.len);
                     if let Some(a) = header.addresses {
-                        conn.peer = a.source;
+                        conn.set_peer(a.source);
                         conn_log!(self, debug, proxy = %peer, client = %a.source, "PROXY header");
                     }
-                    self.conns[slot].proxy = ProxyPrelude::Done;
+                    self.conns[slot].set_proxy(ProxyPrelude::Done);
                     if !rest.is_empty() {
                         self.on_received(slot, &rest);
                     }
@@ -63,11 +63,11 @@ impl Shard {
                     &format_args!("bad PROXY header from trusted proxy {peer}: {e}"),
                 ),
             },
-            ProxyPrelude::Refuse => match proxy::starts_with_header(&conn.head) {
+            ProxyPrelude::Refuse => match proxy::starts_with_header(conn.head()) {
                 None => {}
                 Some(false) => {
-                    let rest = std::mem::take(&mut conn.head);
-                    conn.proxy = ProxyPrelude::Done;
+                    let rest = conn.take_head();
+                    conn.set_proxy(ProxyPrelude::Done);
                     self.on_received(slot, &rest);
                 }
                 Some(true) => self.fail_handshake(
@@ -79,7 +79,7 @@ impl Shard {
                 ),
             },
             ProxyPrelude::Done => {
-                conn.head.clear();
+                conn.head_mut().clear();
                 self.on_received(slot, data);
             }
         }
@@ -94,14 +94,14 @@ impl Shard {
         }
         let conn = &mut self.conns[slot];
         let ip = forwarded::client_address(
-            conn.peer.ip(),
+            conn.peer().ip(),
             trusted,
             req.x_forwarded_for.as_deref(),
             req.forwarded.as_deref(),
         );
-        if ip != canonical(conn.peer.ip()) {
-            let proxy = conn.peer;
-            conn.peer = SocketAddr::new(ip, 0);
+        if ip != canonical(conn.peer().ip()) {
+            let proxy = conn.peer();
+            conn.set_peer(SocketAddr::new(ip, 0));
             conn_log!(self, debug, %proxy, client = %ip, "forwarded-for header");
         }
     }

@@ -10,14 +10,13 @@ impl Shard {
         let Some(conn) = self.conns.get_mut(slot) else {
             return;
         };
-        if conn.closing.is_some() {
+        if !conn.mark_closed(reason) {
             return;
         }
-        conn.closing = Some(reason);
-        let phase = conn.phase;
-        let (disco_n, data_n) = (conn.disco_n, conn.data_n);
+        let phase = conn.phase();
+        let (disco_n, data_n) = conn.session().queued_packets();
         let queued = conn.regauge();
-        let bp_paused = conn.gate.release(Hold::Backpressure);
+        let bp_paused = conn.release(Hold::Backpressure);
         self.closing.push(slot);
         let m = &self.shared.metrics.shards[self.id];
         m.closes[reason as usize].inc();
@@ -42,17 +41,17 @@ impl Shard {
     pub(super) fn finish(&mut self, slot: Slot, reason: CloseReason) {
         let now = self.now;
         let conn = &mut self.conns[slot];
-        if conn.closing.is_some() || conn.close_after_flush.is_some() {
+        if conn.is_ending() {
             return;
         }
-        if !conn.has_output() && conn.in_flight.is_none() {
+        if !conn.has_output() && conn.session().sending_since().is_none() {
             self.close(slot, reason);
             return;
         }
-        let was_active = conn.phase == Phase::Active;
-        conn.phase = Phase::Responding;
-        conn.close_after_flush = Some(reason);
-        conn.deadline = now + FINISH_GRACE;
+        let was_active = conn.phase() == Phase::Active;
+        conn.set_phase(Phase::Responding);
+        conn.close_when_flushed(reason);
+        conn.session_mut().set_deadline(now + FINISH_GRACE);
         self.hold_input(slot, Hold::Closing);
         if was_active {
             self.unregister(slot);
@@ -62,8 +61,7 @@ impl Shard {
 
     /// Whether the connection is closed or on its way out.
     pub(super) fn ended(&self, slot: Slot) -> bool {
-        let conn = &self.conns[slot];
-        conn.closing.is_some() || conn.close_after_flush.is_some()
+        self.conns[slot].is_ending()
     }
 
     pub(super) fn register(&mut self, slot: Slot) {
@@ -73,12 +71,21 @@ impl Shard {
         let activity = self.activity;
         let jitter = Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
         let conn = &mut self.conns[slot];
-        conn.phase = Phase::Active;
-        conn.registered_at = now;
-        conn.next_keepalive = now + cfg.keepalive + jitter;
-        conn.last_active = activity;
-        conn.rate = limits::bucket_for(&self.rate, conn.mesh);
-        let key = conn.key;
+        let write_timeout = if conn.is_mesh() {
+            Some(cfg.mesh_write_timeout)
+        } else {
+            cfg.write_timeout
+        };
+        let rate = limits::bucket_for(&self.rate, conn.is_mesh());
+        conn.register(
+            now,
+            now + cfg.keepalive + jitter,
+            cfg.keepalive,
+            write_timeout,
+            rate,
+        );
+        conn.note_active(activity);
+        let key = conn.key();
         let nonce = nacl::random_nonce();
         let info = handshake::seal_server_info(
             &cfg.private_key,
@@ -89,10 +96,10 @@ impl Shard {
             },
             &nonce,
         );
-        conn.ctrl.extend_from_slice(&info);
-        let (addr, flags) = (conn.peer, conn.presence_flags());
+        conn.session_mut().control_mut().extend_from_slice(&info);
+        let (addr, flags) = (conn.peer(), conn.presence_flags());
 
-        let not_ideal = self.conns[slot].not_ideal;
+        let not_ideal = self.conns[slot].is_not_ideal();
         let m = &self.shared.metrics.shards[self.id];
         m.current_connections.add(1);
         if not_ideal {
@@ -116,7 +123,7 @@ impl Shard {
         entry.active = Some(slot);
         if entry.conns.len() > 1 {
             for &s in &entry.conns {
-                self.conns[s].dup = true;
+                self.conns[s].set_dup(true);
             }
         }
         self.mark_dirty(slot);
@@ -126,11 +133,11 @@ impl Shard {
     pub(super) fn unregister(&mut self, slot: Slot) {
         self.release_waiters(slot);
         let conn = &mut self.conns[slot];
-        let key = conn.key;
-        let (preferred, watcher, not_ideal) = (conn.preferred, conn.watcher, conn.not_ideal);
-        let recv_from = std::mem::take(&mut conn.recv_from);
-        conn.last_src = None;
-        if std::mem::take(&mut conn.not_draining) {
+        let key = conn.key();
+        let (preferred, watcher, not_ideal) =
+            (conn.is_preferred(), conn.is_watcher(), conn.is_not_ideal());
+        let recv_from = conn.take_sources();
+        if conn.clear_not_draining() {
             // Its packets go to the key's other connection, if any, again.
             self.announce_draining(key, false);
         }
@@ -181,7 +188,7 @@ impl Shard {
             1 => {
                 let last = entry.conns[0];
                 entry.active = Some(last);
-                self.conns[last].dup = false;
+                self.conns[last].set_dup(false);
                 m.current_dup_client_keys.add(-1);
                 m.current_dup_client_conns.add(-2);
             }
@@ -192,7 +199,7 @@ impl Shard {
                         .conns
                         .iter()
                         .copied()
-                        .max_by_key(|&s| self.conns[s].last_active);
+                        .max_by_key(|&s| self.conns[s].last_active());
                 }
             }
         }
@@ -219,14 +226,12 @@ impl Shard {
             let Some(conn) = self.conns.get_mut(slot) else {
                 continue;
             };
-            if conn.gen != gen || conn.closing.is_some() {
+            if conn.gen() != gen || conn.is_closed() {
                 continue;
             }
-            conn.recv_from.remove(&key);
-            if conn.last_src == Some(key) {
-                conn.last_src = None;
-            }
-            frame::put_peer_gone(&mut conn.ctrl, &key, PeerGoneReason::Disconnected);
+            conn.forget_source(&key);
+            conn.session_mut()
+                .queue_peer_gone(&key, PeerGoneReason::Disconnected);
             self.shared.metrics.shards[self.id]
                 .peer_gone_disconnected_frames
                 .inc();
@@ -237,8 +242,8 @@ impl Shard {
     pub(super) fn note_activity(&mut self, slot: Slot) {
         self.activity += 1;
         let conn = &mut self.conns[slot];
-        conn.last_active = self.activity;
-        if let Some(entry) = self.keys.get_mut(&conn.key) {
+        conn.note_active(self.activity);
+        if let Some(entry) = self.keys.get_mut(&conn.key()) {
             entry.active = Some(slot);
         }
     }
@@ -248,7 +253,7 @@ impl Shard {
             return;
         };
         for slot in entry.conns.clone() {
-            let peer = self.conns[slot].peer;
+            let peer = self.conns[slot].peer();
             conn_log!(self, info, %peer, client = %key, "closing connection at a mesh peer's request");
             self.close(slot, CloseReason::ClosePeer);
         }

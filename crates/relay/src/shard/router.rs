@@ -34,7 +34,7 @@ impl Shard {
                 return ControlFlow::Continue(());
             }
         }
-        let gen = self.conns[slot].gen;
+        let gen = self.conns[slot].gen();
         let mut header = [0u8; RECORD_HEADER];
         write_record_header(&mut header, record_kind, src, dst, slot as u32, gen);
         let tx = self.rings.bytes_tx[owner]
@@ -46,11 +46,7 @@ impl Shard {
             return ControlFlow::Continue(());
         }
         // The owner is behind: keep this packet, stop reading the sender.
-        let conn = &mut self.conns[slot];
-        conn.stall_record.clear();
-        conn.stall_record.extend_from_slice(&header);
-        conn.stall_record.extend_from_slice(packet);
-        conn.stalled_to = Some(owner);
+        self.conns[slot].stall(owner, [&header, packet]);
         self.hold_input(slot, Hold::Ring);
         self.stalled.push(slot);
         self.m().ring_stalls.inc();
@@ -113,79 +109,43 @@ impl Shard {
             drop(m, DropReason::DupClient);
             return false;
         };
-        let cap_bytes = self.shared.config.send_queue_bytes;
-        let cap_disco = self.shared.config.disco_queue_packets as u32;
         let conn = &mut self.conns[slot];
-        if conn.closing.is_some() {
+        if conn.is_closed() {
             drop(m, DropReason::GoneDisconnected);
             return false;
         }
-        let frame_len = frame::HEADER_LEN + 32 + packet.len();
+        // Mesh-forwarded packets never pause their link, nor does a
+        // destination that stopped draining pause anyone.
+        let may_pause = record_kind != RECORD_FORWARD && !conn.is_not_draining();
+        let (queued, frame_len) = conn
+            .session_mut()
+            .queue_packet(src, packet, kind, &self.caps, may_pause);
         let mut pause = false;
-        match kind {
-            PacketKind::Disco => {
-                if conn.disco_n >= cap_disco {
-                    drop(m, DropReason::QueueTail);
-                    return false;
-                }
-                frame::put_recv_packet(&mut conn.disco, src, packet);
-                conn.disco_n += 1;
+        match queued {
+            Queued::Dropped => {
+                drop(m, DropReason::QueueTail);
+                return false;
             }
-            PacketKind::Other => {
-                let after = conn.data.len() + frame_len;
-                if after > cap_bytes
-                    && (record_kind == RECORD_FORWARD || conn.not_draining || after > self.hard_cap)
-                {
-                    drop(m, DropReason::QueueTail);
-                    return false;
-                }
-                if conn.data.capacity() < QUEUE_START {
-                    // A queue that carries data gets a working size at once
-                    // (it and the spare swap roles on every flush), so it
-                    // grows in a few large steps, never packet by packet.
-                    conn.data.reserve(QUEUE_START);
-                }
-                frame::put_recv_packet(&mut conn.data, src, packet);
-                conn.data_n += 1;
-                if after > cap_bytes
-                    && record_kind != RECORD_FORWARD
-                    && !conn.waiters.contains(&from)
-                {
-                    if conn.waiters.is_empty() {
-                        // A new hold: its budget starts now, or half a
-                        // budget before an earlier reading of the socket
-                        // (see `Conn::probe`).
-                        match conn.probe.take() {
-                            Some((at, mark)) => {
-                                let half = self.shared.config.backpressure_budget / 2;
-                                conn.held_since = at.checked_sub(half).unwrap_or(at);
-                                conn.acked_mark = Some(mark);
-                            }
-                            None => {
-                                conn.held_since = self.now;
-                                conn.acked_mark = None;
-                            }
-                        }
-                        if !conn.holding {
-                            conn.holding = true;
-                            self.holders.push((slot, conn.gen));
-                        }
+            Queued::Yes => {}
+            Queued::OverCap => {
+                if !conn.is_waiting(&from) {
+                    // A new hold's budget starts now, or half a budget
+                    // before an earlier reading of the socket.
+                    let half = self.shared.config.backpressure_budget / 2;
+                    if conn.add_waiter(from, self.now, half) {
+                        self.holders.push((slot, conn.gen()));
                     }
-                    conn.waiters.push(from);
                     pause = true;
                 }
             }
         }
         m.packets_sent.inc();
         m.bytes_sent.add(packet.len() as u64);
-        conn.gauged_bytes += frame_len;
+        conn.gauge_queued(frame_len);
         m.queued_bytes.add(frame_len as i64);
-        if conn.last_src != Some(*src) {
-            conn.last_src = Some(*src);
-            if conn.recv_from.insert(*src) {
-                let gen = conn.gen;
-                self.receivers.entry(*src).or_default().push((slot, gen));
-            }
+        if conn.note_source(src) {
+            let gen = conn.gen();
+            self.receivers.entry(*src).or_default().push((slot, gen));
         }
         self.mark_dirty(slot);
         pause
@@ -196,7 +156,8 @@ impl Shard {
         let now = self.now;
         let conn = &mut self.conns[slot];
         if conn.take_not_here_token(now) {
-            frame::put_peer_gone(&mut conn.ctrl, &dst, PeerGoneReason::NotHere);
+            conn.session_mut()
+                .queue_peer_gone(&dst, PeerGoneReason::NotHere);
             self.shared.metrics.shards[self.id]
                 .peer_gone_not_here_frames
                 .inc();
@@ -296,22 +257,22 @@ impl Shard {
                 self.stalled.swap_remove(i);
                 continue;
             };
-            if conn.closing.is_some() {
-                conn.stalled_to = None;
-                conn.gate.release(Hold::Ring);
+            if conn.is_closed() {
+                conn.clear_stall();
+                conn.release(Hold::Ring);
                 self.stalled.swap_remove(i);
                 continue;
             }
-            let Some(shard) = conn.stalled_to else {
+            let Some((shard, record)) = conn.stalled() else {
                 self.stalled.swap_remove(i);
                 continue;
             };
             let tx = self.rings.bytes_tx[shard].as_mut().expect("ring");
-            if !tx.try_push(&[&conn.stall_record]) {
+            if !tx.try_push(&[record]) {
                 i += 1;
                 continue;
             }
-            conn.stalled_to = None;
+            conn.clear_stall();
             self.notify[shard] = true;
             self.shared.metrics.shards[self.id].cross_shard_out.inc();
             self.stalled.swap_remove(i);

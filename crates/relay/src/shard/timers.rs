@@ -6,63 +6,42 @@ use super::*;
 impl Shard {
     pub(super) fn sweep(&mut self) {
         let now = self.now;
-        let cfg = self.shared.config.clone();
         let mut expired: Vec<(Slot, CloseReason, bool)> = Vec::new();
         for (slot, conn) in self.conns.iter_mut() {
-            if conn.closing.is_some() || conn.stream.is_some() {
+            if conn.is_closed() || conn.is_detached() {
                 continue;
             }
-            if conn.phase != Phase::Active {
-                if now >= conn.deadline {
-                    match conn.close_after_flush {
-                        // A response or farewell the client did not take.
-                        Some(reason) => expired.push((slot, reason, false)),
-                        None => expired.push((slot, CloseReason::Handshake, false)),
-                    }
-                }
+            if conn.session().poll_timeout().is_none_or(|at| now < at) {
                 continue;
             }
-            if let Some(since) = conn.in_flight {
-                let limit = if conn.mesh {
-                    Some(cfg.mesh_write_timeout)
-                } else {
-                    cfg.write_timeout
-                };
-                if limit.is_some_and(|l| now.duration_since(since) >= l) {
+            let jitter = &mut self.jitter;
+            let jitter = || Duration::from_millis(jitter.gen_range(0..KEEPALIVE_JITTER_MS));
+            match conn.session_mut().handle_timeout(now, jitter) {
+                None => {}
+                Some(Timeout::Deadline) => match conn.close_after_flush() {
+                    // A response or farewell the client did not take.
+                    Some(reason) => expired.push((slot, reason, false)),
+                    None => expired.push((slot, CloseReason::Handshake, false)),
+                },
+                Some(Timeout::WriteTimeout) => {
                     expired.push((slot, CloseReason::WriteTimeout, true));
-                    continue;
                 }
-            }
-            if now >= conn.next_keepalive {
-                conn.next_keepalive = now
-                    + cfg.keepalive
-                    + Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
-                frame::put_keepalive(&mut conn.ctrl);
-                if !conn.dirty {
-                    conn.dirty = true;
-                    self.dirty.push(slot);
-                }
-                // A quiet moment: give back memory an earlier burst took.
-                if conn.in_flight.is_none() && conn.spare.capacity() > IDLE_BUFFER_KEEP {
-                    conn.spare = Vec::new();
-                }
-                if conn.data.is_empty() && conn.data.capacity() > IDLE_BUFFER_KEEP {
-                    conn.data = Vec::new();
-                }
-                conn.deframer.shrink_if_idle();
+                // A keepAlive was queued: flush it.
+                Some(Timeout::KeepAlive) if conn.mark_dirty() => self.dirty.push(slot),
+                Some(Timeout::KeepAlive) => {}
             }
         }
         for (slot, reason, write_timeout) in expired {
-            let peer = self.conns[slot].peer;
+            let peer = self.conns[slot].peer();
             if write_timeout {
                 self.m().sclient_write_timeouts.inc();
-                let key = self.conns[slot].key;
+                let key = self.conns[slot].key();
                 conn_log!(self, info, %peer, client = %key, "client stopped reading for the write timeout; closing connection");
                 self.close(slot, reason);
             } else if reason != CloseReason::Handshake {
                 self.close(slot, reason);
             } else {
-                let phase = self.conns[slot].phase;
+                let phase = self.conns[slot].phase();
                 self.fail_handshake(
                     slot,
                     HandshakeFailure::Timeout,
@@ -79,24 +58,19 @@ impl Shard {
         let slots: Vec<Slot> = self.conns.iter().map(|(s, _)| s).collect();
         for slot in slots {
             let conn = &mut self.conns[slot];
-            if conn.closing.is_some() || conn.stream.is_some() {
+            if conn.is_closed() || conn.is_detached() {
                 continue;
             }
-            if conn.phase == Phase::Active {
+            if conn.phase() == Phase::Active {
                 // After everything already queued for it (control frames
                 // go out first, so a data queue takes it at its end): a
                 // client that leaves when told loses nothing. Its input
                 // stops, so nothing new lands behind it.
-                let tail = if conn.data.is_empty() && conn.disco.is_empty() {
-                    &mut conn.ctrl
-                } else {
-                    &mut conn.data
-                };
-                frame::put_restarting(tail, reconnect, try_for);
-                conn.close_after_flush = Some(CloseReason::Shutdown);
+                conn.session_mut().queue_restarting(reconnect, try_for);
+                conn.close_when_flushed(CloseReason::Shutdown);
                 self.hold_input(slot, Hold::Closing);
                 self.mark_dirty(slot);
-            } else if conn.phase != Phase::Responding {
+            } else if conn.phase() != Phase::Responding {
                 self.close(slot, CloseReason::Shutdown);
             }
         }

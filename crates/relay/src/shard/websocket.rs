@@ -14,7 +14,7 @@ impl Shard {
     /// Decodes WebSocket frames from `data` and feeds their payload to the
     /// DERP deframer.
     pub(super) fn ws_input(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
-        let Some(mut link) = self.conns[slot].ws.take() else {
+        let Some(mut link) = self.conns[slot].take_ws() else {
             return self.deframe(slot, data);
         };
         let mut payload = std::mem::take(&mut self.ws_payload);
@@ -26,7 +26,7 @@ impl Shard {
             ControlFrame::Close(_) => close = Some(websocket::close_code::NORMAL),
         });
         let wrote = !link.out.is_empty();
-        self.conns[slot].ws = Some(link);
+        self.conns[slot].put_ws(link);
         if wrote {
             self.mark_dirty(slot);
         }
@@ -37,7 +37,7 @@ impl Shard {
         };
         self.ws_payload = payload;
         if let Err(e) = result {
-            let peer = self.conns[slot].peer;
+            let peer = self.conns[slot].peer();
             conn_log!(self, info, %peer, error = %e, "WebSocket protocol error; closing connection");
             self.ws_close(slot, e.close_code(), CloseReason::FrameError);
             return ControlFlow::Break(());
@@ -54,32 +54,29 @@ impl Shard {
         if self.ended(slot) {
             return;
         }
-        if let Some(link) = self.conns[slot].ws.as_mut() {
+        if let Some(link) = self.conns[slot].ws_mut() {
             websocket::put_close(&mut link.out, code);
         }
-        if self.conns[slot].phase == Phase::Active {
+        if self.conns[slot].phase() == Phase::Active {
             self.finish(slot, reason);
         } else {
             self.m().handshake_failures[HandshakeFailure::BadFirstFrame as usize].inc();
             let conn = &mut self.conns[slot];
-            conn.phase = Phase::Responding;
-            conn.close_after_flush = Some(CloseReason::Handshake);
+            conn.set_phase(Phase::Responding);
+            conn.close_when_flushed(CloseReason::Handshake);
             self.mark_dirty(slot);
         }
     }
 
     /// Before a flush: the queued DERP bytes become binary messages, after
-    /// the raw WebSocket bytes, all in `ctrl`.
+    /// the raw WebSocket bytes, all in the control queue.
     pub(super) fn ws_frame_output(&mut self, slot: Slot) {
         let out = &mut self.plain_out;
         let conn = &mut self.conns[slot];
-        let Some(link) = conn.ws.as_mut() else { return };
+        let Some(link) = conn.ws_mut() else { return };
         out.clear();
         out.append(&mut link.out);
-        websocket::put_binary_parts(out, &[&conn.ctrl, &conn.disco, &conn.data]);
-        conn.ctrl.clear();
-        conn.disco.clear();
-        conn.data.clear();
-        std::mem::swap(&mut conn.ctrl, out);
+        conn.session_mut()
+            .rewrap_output(out, |out, parts| websocket::put_binary_parts(out, &parts));
     }
 }

@@ -1,0 +1,17 @@
+//! Test support shared by Ferry's crates (not published).
+//!
+//! - [`derp`]: a blocking DERP client (`ferry_proto::client` over a plain
+//!   or TLS socket) with bounded reads, and dialing helpers.
+//! - [`tls`]: a certificate verifier for self-signed test servers whose
+//!   chain check is the test's (accept any, or match a pin).
+//! - [`alloc`]: the counting global allocator for no-allocation tests (it
+//!   lives in `ferry-sys`, where unsafe code is allowed; re-exported here).
+//! - [`wait`]: waiting for a condition, bounded in time.
+//! - [`http`]: plain HTTP requests and metric scraping.
+
+pub mod derp;
+pub mod http;
+pub mod tls;
+pub mod wait;
+
+pub use ferry_sys::alloc_count as alloc;
