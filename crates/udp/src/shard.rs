@@ -217,6 +217,32 @@ pub fn screen_bounce(
     }
 }
 
+/// Calls `f(source, offset, length)` for each datagram of a received
+/// batch (`meta`, slots of `slot` bytes), GRO runs split at their segment
+/// size; truncated slots are counted and skipped.
+fn each_datagram(
+    meta: &[RecvMeta],
+    slot: usize,
+    metrics: &ShardMetrics,
+    mut f: impl FnMut(SocketAddr, usize, usize),
+) {
+    for (i, m) in meta.iter().enumerate() {
+        let Some(src) = m.src else { continue };
+        if m.truncated {
+            metrics.count_drop(Drop::Truncated, 1);
+            continue;
+        }
+        let start = i * slot;
+        let seg = m.segment.max(1);
+        let mut at = start;
+        while at < start + m.len {
+            let len = seg.min(start + m.len - at);
+            f(src, at, len);
+            at += len;
+        }
+    }
+}
+
 /// Which flow a flush counts in.
 #[derive(Clone, Copy)]
 enum Out {
@@ -637,27 +663,24 @@ impl Shard {
             let Some(hub) = self.hub.as_mut() else {
                 return false;
             };
-            for i in 0..n {
-                let m = self.meta[i];
-                let Some(src) = m.src else { continue };
-                if m.truncated {
-                    self.metrics.count_drop(Drop::Truncated, 1);
-                    continue;
+            each_datagram(&self.meta[..n], self.slot, &self.metrics, |src, at, len| {
+                let dgram = &self.buf[at..at + len];
+                self.metrics.hub_in.add(1, len as u64);
+                if let Some(&t) = dgram.first() {
+                    if (1..=4).contains(&t) {
+                        self.metrics.hub_kinds[usize::from(t)].add(1);
+                    }
                 }
-                let start = i * self.slot;
-                let seg = m.segment.max(1);
-                let mut at = start;
-                while at < start + m.len {
-                    let len = seg.min(start + m.len - at);
-                    let dgram = &self.buf[at..at + len];
-                    self.metrics.hub_in.add(1, len as u64);
-                    if let Some(&t) = dgram.first() {
-                        if (1..=4).contains(&t) {
-                            self.metrics.hub_kinds[usize::from(t)].add(1);
+                match hub.route(self.now, src, via, dgram) {
+                    Verdict::Forward(ep) => {
+                        if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
+                            self.listeners[out]
+                                .outbox
+                                .push(Some(ep.addr), at, len, len, self.gso);
                         }
                     }
-                    match hub.route(self.now, src, via, dgram) {
-                        Verdict::Forward(ep) => {
+                    Verdict::Flood => {
+                        for ep in hub.flood_targets() {
                             if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
                                 self.listeners[out].outbox.push(
                                     Some(ep.addr),
@@ -668,24 +691,10 @@ impl Shard {
                                 );
                             }
                         }
-                        Verdict::Flood => {
-                            for ep in hub.flood_targets() {
-                                if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
-                                    self.listeners[out].outbox.push(
-                                        Some(ep.addr),
-                                        at,
-                                        len,
-                                        len,
-                                        self.gso,
-                                    );
-                                }
-                            }
-                        }
-                        Verdict::Drop(why) => self.metrics.count_drop(Drop::Hub(why), 1),
                     }
-                    at += len;
+                    Verdict::Drop(why) => self.metrics.count_drop(Drop::Hub(why), 1),
                 }
-            }
+            });
             // Other shards must know what this batch taught us before its
             // datagrams leave: replies to them may land there.
             if hub.has_events() {
@@ -725,31 +734,18 @@ impl Shard {
             }
             let mut table = sessions.lock();
             let out = &mut self.listeners[li].outbox;
-            for i in 0..n {
-                let m = self.meta[i];
-                let Some(src) = m.src else { continue };
-                if m.truncated {
-                    self.metrics.count_drop(Drop::Truncated, 1);
-                    continue;
+            each_datagram(&self.meta[..n], self.slot, &self.metrics, |src, at, len| {
+                self.metrics.relay_session_in.add(1, len as u64);
+                let to = match table.handle(self.now, src, &mut self.buf[at..at + len]) {
+                    session::Verdict::Forward(to) => Some(to),
+                    session::Verdict::Reply => Some(src),
+                    // Counted by the table, by reason.
+                    session::Verdict::Drop(_) => None,
+                };
+                if let Some(to) = to {
+                    out.push(Some(to), at, len, len, self.gso);
                 }
-                let start = i * self.slot;
-                let seg = m.segment.max(1);
-                let mut at = start;
-                while at < start + m.len {
-                    let len = seg.min(start + m.len - at);
-                    self.metrics.relay_session_in.add(1, len as u64);
-                    let to = match table.handle(self.now, src, &mut self.buf[at..at + len]) {
-                        session::Verdict::Forward(to) => Some(to),
-                        session::Verdict::Reply => Some(src),
-                        // Counted by the table, by reason.
-                        session::Verdict::Drop(_) => None,
-                    };
-                    if let Some(to) = to {
-                        out.push(Some(to), at, len, len, self.gso);
-                    }
-                    at += len;
-                }
-            }
+            });
             drop(table);
             let l = &mut self.listeners[li];
             let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
