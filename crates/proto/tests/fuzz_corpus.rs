@@ -26,6 +26,8 @@ const TARGETS: &[(&str, Target)] = &[
     ("admission_response", fuzzing::admission_response),
     ("websocket", fuzzing::websocket),
     ("derp_map", fuzzing::derp_map),
+    ("relay_frames", fuzzing::relay_frames),
+    ("bind_message", fuzzing::bind_message),
 ];
 
 #[test]

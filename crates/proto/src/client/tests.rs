@@ -370,6 +370,59 @@ fn without_can_ack_pings_the_owner_answers() {
     assert_eq!(out, built(|o| put_pong(o, b"87654321")));
 }
 
+#[test]
+fn relay_session_frames_reach_only_a_client_that_asked() {
+    use crate::relay_session::{
+        put_allocate, put_refused, put_session, Allocate, RefuseReason, Refused, SessionOffer,
+    };
+    let offer = SessionOffer {
+        request_id: 3,
+        vni: 0x42,
+        peer: NodePublic::from_bytes([9; 32]),
+        slot: 0,
+        token: [1; 32],
+        endpoints: vec!["192.0.2.1:3479".parse().unwrap()],
+        bind_lifetime: Duration::from_secs(30),
+        idle_lifetime: Duration::from_secs(60),
+    };
+    let refused = Refused {
+        request_id: 4,
+        peer: NodePublic::from_bytes([9; 32]),
+        reason: RefuseReason::Limit,
+    };
+    let mut frames = built(|o| put_session(o, &offer));
+    frames.extend(built(|o| put_refused(o, &refused)));
+    // A malformed offer (no endpoint) is ignored, not fatal.
+    frames.extend(built(|o| {
+        frame::put_frame(o, frame::RELAY_SESSION, &[0; 81]);
+    }));
+    frames.extend(built(|o| put_ping(o, b"12345678")));
+
+    let mut plain = connected_client(config());
+    assert_eq!(
+        feed_ok(&mut plain, &frames),
+        vec![Event::Ping(*b"12345678")]
+    );
+    let mut cfg = config();
+    cfg.info.ferry_relay = 1;
+    let mut asked = connected_client(cfg);
+    assert_eq!(
+        feed_ok(&mut asked, &frames),
+        vec![
+            Event::RelaySession(offer),
+            Event::RelayRefused(refused),
+            Event::Ping(*b"12345678")
+        ]
+    );
+    let mut out = Vec::new();
+    let a = Allocate {
+        peer: NodePublic::from_bytes([9; 32]),
+        request_id: 5,
+    };
+    asked.relay_allocate(&mut out, &a).unwrap();
+    assert!(out.ends_with(&built(|o| put_allocate(o, &a))));
+}
+
 // ---------------------------------------------------------------------------
 // Commands
 

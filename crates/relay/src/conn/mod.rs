@@ -16,6 +16,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use ferry_engine::Slot;
+use ferry_proto::frame::ServerFramePolicy;
 use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
@@ -195,6 +196,8 @@ pub struct Conn {
     mesh: bool,
     /// Said it is a prober.
     prober: bool,
+    /// Asked for relay sessions, which this relay offers.
+    relay_sessions: bool,
     /// The upgrade request carried an `Ideal-Node` header.
     not_ideal: bool,
     /// The client calls this server home.
@@ -265,6 +268,7 @@ impl Conn {
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,
             prober: false,
+            relay_sessions: false,
             not_ideal: false,
             preferred: false,
             watcher: false,
@@ -333,6 +337,26 @@ impl Conn {
         self.key = key;
         self.mesh = mesh;
         self.prober = prober;
+    }
+
+    /// Records that the client asked for relay sessions and this relay
+    /// offers them (`docs/relay-sessions.md`, §1).
+    pub fn set_relay_sessions(&mut self, on: bool) {
+        self.relay_sessions = on;
+    }
+
+    /// Which frames the client may send: the mesh-only ones for a mesh
+    /// peer, relayAllocate for a client with relay sessions.
+    pub fn frame_policy(&self) -> ServerFramePolicy {
+        ServerFramePolicy {
+            mesh: self.mesh,
+            relay_sessions: self.relay_sessions,
+        }
+    }
+
+    /// Whether the client may allocate relay sessions.
+    pub fn has_relay_sessions(&self) -> bool {
+        self.relay_sessions
     }
 
     /// Whether the client calls this server home.

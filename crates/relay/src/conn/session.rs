@@ -91,8 +91,10 @@ pub struct Reader {
 
 impl Reader {
     /// Processes `data` after anything held from earlier reads, calling `f`
-    /// with each frame's payload length and action; `mesh` admits the
-    /// mesh-only frames (the client presented the mesh key). Stops early (returning
+    /// with each frame's payload length and action; `policy` says which
+    /// frames this client may send (the mesh-only frames for a client that
+    /// presented the mesh key, relayAllocate for one that asked for relay
+    /// sessions). Stops early (returning
     /// [`Fed::Paused`], keeping the rest) when `f` breaks. A framing error or
     /// a malformed frame is returned as an error: the connection must end
     /// with `CloseReason::FrameError`.
@@ -100,15 +102,13 @@ impl Reader {
     pub fn handle_bytes(
         &mut self,
         data: &[u8],
-        mesh: bool,
+        policy: ServerFramePolicy,
         mut f: impl FnMut(usize, Action<'_>) -> ControlFlow<()>,
     ) -> Result<Fed, FrameError> {
         let mut bad = None;
-        let fed = self
-            .deframer
-            .feed(data, &ServerFramePolicy { mesh }, |ty, payload| {
-                dispatch(ty, payload, &mut bad, &mut f)
-            });
+        let fed = self.deframer.feed(data, &policy, |ty, payload| {
+            dispatch(ty, payload, &mut bad, &mut f)
+        });
         bad.map_or(fed, Err)
     }
 
@@ -116,15 +116,13 @@ impl Reader {
     #[inline]
     pub fn resume(
         &mut self,
-        mesh: bool,
+        policy: ServerFramePolicy,
         mut f: impl FnMut(usize, Action<'_>) -> ControlFlow<()>,
     ) -> Result<Fed, FrameError> {
         let mut bad = None;
-        let fed = self
-            .deframer
-            .resume(&ServerFramePolicy { mesh }, |ty, payload| {
-                dispatch(ty, payload, &mut bad, &mut f)
-            });
+        let fed = self.deframer.resume(&policy, |ty, payload| {
+            dispatch(ty, payload, &mut bad, &mut f)
+        });
         bad.map_or(fed, Err)
     }
 
@@ -534,6 +532,13 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn policy(mesh: bool) -> ServerFramePolicy {
+        ServerFramePolicy {
+            mesh,
+            relay_sessions: false,
+        }
+    }
     use ferry_proto::frame::{FrameType, DISCO_MAGIC};
 
     const CAPS: Caps = Caps {
@@ -741,7 +746,7 @@ mod tests {
         let mut reader = s.take_reader();
         let mut input = frame_bytes(FrameType::Ping, &[1; 8]);
         input.extend(frame_bytes(FrameType::Ping, &[2; 8]));
-        let fed = reader.handle_bytes(&input, false, |_, a| {
+        let fed = reader.handle_bytes(&input, policy(false), |_, a| {
             match a {
                 Action::Ping(data) => {
                     s.answer_ping(&data);
@@ -765,7 +770,7 @@ mod tests {
         input.extend(frame_bytes(FrameType::NotePreferred, &[1]));
         input.extend(frame_bytes(FrameType::Pong, &[0; 8]));
         let mut seen = Vec::new();
-        let fed = reader.handle_bytes(&input, false, |len, a| {
+        let fed = reader.handle_bytes(&input, policy(false), |len, a| {
             seen.push(format!("{len} {a:?}"));
             ControlFlow::Continue(())
         });
@@ -791,11 +796,11 @@ mod tests {
         let mut reader = Reader::default();
         let mut input = frame_bytes(FrameType::NotePreferred, &[1]);
         input.extend(frame_bytes(FrameType::NotePreferred, &[0]));
-        let fed = reader.handle_bytes(&input, false, |_, _| ControlFlow::Break(()));
+        let fed = reader.handle_bytes(&input, policy(false), |_, _| ControlFlow::Break(()));
         assert_eq!(fed, Ok(Fed::Paused));
         assert!(reader.buffered_len() > 0);
         let mut rest = Vec::new();
-        let fed = reader.resume(false, |_, a| {
+        let fed = reader.resume(policy(false), |_, a| {
             rest.push(a == Action::NotePreferred(false));
             ControlFlow::Continue(())
         });
@@ -807,14 +812,14 @@ mod tests {
         // A sendPacket too short to hold its destination key.
         let mut reader = Reader::default();
         let input = frame_bytes(FrameType::SendPacket, &[1; 31]);
-        let r = reader.handle_bytes(&input, false, |_, a| {
+        let r = reader.handle_bytes(&input, policy(false), |_, a| {
             panic!("no action for a bad frame: {a:?}")
         });
         assert!(matches!(r, Err(FrameError::TooShort { .. })), "{r:?}");
         // A mesh-only frame from a client that is not a mesh peer.
         let mut reader = Reader::default();
         let input = frame_bytes(FrameType::WatchConns, &[]);
-        let r = reader.handle_bytes(&input, false, |_, a| {
+        let r = reader.handle_bytes(&input, policy(false), |_, a| {
             panic!("no action for a bad frame: {a:?}")
         });
         assert_eq!(
@@ -826,7 +831,7 @@ mod tests {
         // The same frame from a mesh peer.
         let mut reader = Reader::default();
         let mut got = None;
-        let r = reader.handle_bytes(&input, true, |_, a| {
+        let r = reader.handle_bytes(&input, policy(true), |_, a| {
             got = Some(a == Action::WatchConns);
             ControlFlow::Continue(())
         });

@@ -191,8 +191,10 @@ impl Shard {
             (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
             _ => false,
         };
+        let relay_sessions = self.wants_relay_sessions(&info);
         let conn = &mut self.conns[slot];
         conn.identify(key, mesh, info.is_prober);
+        conn.set_relay_sessions(relay_sessions);
         if self.begin_admission(slot) {
             // Frames after clientInfo wait in the deframer for the verdict.
             return ControlFlow::Break(());

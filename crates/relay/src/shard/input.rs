@@ -157,11 +157,11 @@ impl Shard {
     pub(super) fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
         let mut reader = self.conns[slot].session_mut().take_reader();
         let was_handshake = self.conns[slot].phase() == Phase::ClientInfo;
-        let mesh = self.conns[slot].is_mesh();
+        let policy = self.conns[slot].frame_policy();
         let result = if was_handshake {
             reader.handshake_bytes(data, |ty, payload| self.on_client_info(slot, ty, payload))
         } else {
-            reader.handle_bytes(data, mesh, |len, action| self.on_frame(slot, len, action))
+            reader.handle_bytes(data, policy, |len, action| self.on_frame(slot, len, action))
         };
         self.conns[slot].session_mut().put_reader(reader);
         if was_handshake
@@ -179,8 +179,8 @@ impl Shard {
     /// Continues with frames the reader holds (after a pause).
     pub(super) fn resume_frames(&mut self, slot: Slot) -> ControlFlow<()> {
         let mut reader = self.conns[slot].session_mut().take_reader();
-        let mesh = self.conns[slot].is_mesh();
-        let result = reader.resume(mesh, |len, action| self.on_frame(slot, len, action));
+        let policy = self.conns[slot].frame_policy();
+        let result = reader.resume(policy, |len, action| self.on_frame(slot, len, action));
         self.conns[slot].session_mut().put_reader(reader);
         self.after_deframe(slot, result)
     }
@@ -308,6 +308,11 @@ impl Shard {
                     return ControlFlow::Break(());
                 }
                 ControlFlow::Continue(())
+            }
+            Action::Unknown { ty, payload }
+                if ty == frame::RELAY_ALLOCATE && self.conns[slot].has_relay_sessions() =>
+            {
+                self.on_relay_allocate(slot, payload)
             }
             Action::Unknown { .. } => {
                 self.m().unknown_frames.inc();

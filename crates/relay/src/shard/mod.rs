@@ -119,6 +119,7 @@ const RECORD_FORWARD: u8 = 1;
 
 pub use crate::conn::ConnRef;
 pub use forward::{MeshNews, MeshOut, MeshShared};
+pub use sessions::{RelayMail, SessionService};
 
 /// A presence change for a watcher.
 #[derive(Clone, Copy, Debug)]
@@ -169,6 +170,8 @@ pub enum Mail {
     Pause(ConnRef),
     /// The destination drained (or left): the sender may read again.
     Resume(ConnRef),
+    /// A relay-session allocation or its answer (see `sessions`).
+    Relay(RelayMail),
 }
 
 /// What all shards share, read-only.
@@ -390,6 +393,7 @@ mod presence;
 mod proxied;
 mod registry;
 mod router;
+mod sessions;
 mod timers;
 mod websocket;
 

@@ -70,6 +70,7 @@ impl Shard {
         self.activity += 1;
         let activity = self.activity;
         let jitter = Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
+        let ferry_relay = self.relay_capability(slot);
         let conn = &mut self.conns[slot];
         let write_timeout = if conn.is_mesh() {
             Some(cfg.mesh_write_timeout)
@@ -92,6 +93,7 @@ impl Shard {
             &key,
             &ServerInfo {
                 version: 2,
+                ferry_relay,
                 ..Default::default()
             },
             &nonce,
