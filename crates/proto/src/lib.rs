@@ -31,7 +31,8 @@
 //! from trusted proxies' `X-Forwarded-For` / `Forwarded` headers.
 //!
 //! [`derp_map`] reads Tailscale's DERP map JSON (regions and nodes) for
-//! clients choosing and dialling a home region.
+//! clients choosing and dialling a home region. [`health`] renders the
+//! `/healthz` answer both relays give.
 //!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
@@ -48,6 +49,7 @@ pub mod frame;
 pub mod fuzzing;
 pub mod godur;
 pub mod handshake;
+pub mod health;
 pub mod http;
 pub mod key;
 pub mod nacl;
