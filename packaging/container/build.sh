@@ -9,9 +9,8 @@
 # FERRY_BIN defaults to the release binary (cargo build --release -p
 # ferry). A dynamically linked binary (the glibc target) gets the
 # libraries ldd lists, copied from this host, beside it; a static one
-# would stand alone with the CA bundle and two passwd lines (ferry does not
-# build for the musl target yet: ferry-sys fills libc::msghdr in glibc's
-# layout). The binary is stripped and given the file capability
+# (cargo build --release --target x86_64-unknown-linux-musl -p ferry)
+# stands alone with the CA bundle and two passwd lines. The binary is stripped and given the file capability
 # cap_net_bind_service (ports 80 and 443 as a non-root user), which the
 # archive carries as an extended attribute: COPY from a build context
 # drops it in some builders, ADD of a tar keeps it. Needs root (setcap,
@@ -35,9 +34,11 @@ chmod 0755 "$root"
 install -D -s -m 0755 "$bin" "$root/usr/bin/ferry"
 setcap cap_net_bind_service=+ep "$root/usr/bin/ferry"
 # Libraries of a dynamically linked binary, at the paths ldd gives (the
-# loader included); a static binary has none.
-if ldd "$bin" >/dev/null 2>&1; then
-  ldd "$bin" | grep -oE '/[^ ]+' | while read -r lib; do
+# loader included); a static binary has none (ldd names no path for a
+# static PIE, and fails for a plain static binary).
+libs=$(ldd "$bin" 2>/dev/null | grep -oE '/[^ ]+' || true)
+if [ -n "$libs" ]; then
+  for lib in $libs; do
     install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
   done
   # glibc reads this for host name lookups (ACME, --verify-client-url).

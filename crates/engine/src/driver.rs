@@ -83,6 +83,19 @@ pub trait Driver {
     /// [`Completion::Accepted`].
     fn add_listener(&mut self, listener: TcpListener) -> io::Result<usize>;
 
+    /// Stops accepting on `listener` for good (a draining process: new
+    /// connections stay in the socket's backlog for whoever else holds it,
+    /// such as the next process under socket activation) and lets go of
+    /// this driver's descriptor once nothing in flight uses it. Connections
+    /// the kernel handed over before the stop took effect may still be
+    /// reported; none once [`Driver::accepting`] says `false`.
+    fn stop_accepting(&mut self, listener: usize);
+
+    /// Whether `listener` may still report [`Completion::Accepted`]:
+    /// `false` for an unknown index and once a stop has taken effect
+    /// (at once on epoll; on io_uring when the cancelled accept ended).
+    fn accepting(&self, listener: usize) -> bool;
+
     /// Takes ownership of a connected socket under `slot` and arms
     /// receiving on it.
     fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()>;

@@ -60,7 +60,9 @@ struct Sock {
 }
 
 struct Listener {
-    inner: mio::net::TcpListener,
+    /// `None` once stopped ([`Driver::stop_accepting`]): deregistered and
+    /// closed; its index stays taken.
+    inner: Option<mio::net::TcpListener>,
     ready: bool,
     retry_at: Option<Instant>,
 }
@@ -152,11 +154,28 @@ impl Driver for EpollDriver {
             Interest::READABLE,
         )?;
         self.listeners.push(Listener {
-            inner,
+            inner: Some(inner),
             ready: true,
             retry_at: None,
         });
         Ok(idx)
+    }
+
+    fn stop_accepting(&mut self, listener: usize) {
+        let Some(l) = self.listeners.get_mut(listener) else {
+            return;
+        };
+        if let Some(mut inner) = l.inner.take() {
+            let _ = self.poll.registry().deregister(&mut inner);
+        }
+        l.ready = false;
+        l.retry_at = None;
+    }
+
+    fn accepting(&self, listener: usize) -> bool {
+        self.listeners
+            .get(listener)
+            .is_some_and(|l| l.inner.is_some())
     }
 
     fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()> {
@@ -233,7 +252,7 @@ impl Driver for EpollDriver {
         let mut timeout = timeout;
         let mut accept_due = false;
         for l in &mut self.listeners {
-            if l.ready {
+            if l.ready && l.inner.is_some() {
                 match l.retry_at {
                     Some(at) if at > now => {
                         let wait = at - now;
@@ -282,12 +301,15 @@ impl Driver for EpollDriver {
 
         let now = Instant::now();
         for (idx, l) in self.listeners.iter_mut().enumerate() {
+            let Some(inner) = l.inner.as_ref() else {
+                continue;
+            };
             if !l.ready || l.retry_at.is_some_and(|at| at > now) {
                 continue;
             }
             l.retry_at = None;
             for _ in 0..ACCEPT_BUDGET {
-                match l.inner.accept() {
+                match inner.accept() {
                     Ok((stream, peer)) => on(Completion::Accepted {
                         listener: idx,
                         stream: into_std(stream),

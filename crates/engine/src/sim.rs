@@ -70,6 +70,9 @@ pub struct SimDriver {
     far_ends: Vec<TcpStream>,
     listener: TcpListener,
     listeners: usize,
+    /// Listeners the handler stopped ([`Driver::stop_accepting`]): their
+    /// connections stay queued, as in a backlog nobody reads.
+    stopped: Vec<usize>,
     /// How each newly attached socket's peer behaves.
     default_reader: Reader,
     /// What peers of closed sockets read and the test has not collected.
@@ -87,13 +90,15 @@ impl SimDriver {
             far_ends: Vec::new(),
             listener: TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?,
             listeners: 0,
+            stopped: Vec::new(),
             default_reader: Reader::Reads,
             closed_output: HashMap::new(),
         })
     }
 
     /// A peer connects to listener `listener` from `peer`: reported as
-    /// [`Completion::Accepted`] on the next turn.
+    /// [`Completion::Accepted`] on the next turn, or never if the handler
+    /// stopped accepting on it (see [`SimDriver::backlog`]).
     pub fn connect(&mut self, listener: usize, peer: SocketAddr) -> io::Result<()> {
         let far = TcpStream::connect(self.listener.local_addr()?)?;
         let (near, _) = self.listener.accept()?;
@@ -172,6 +177,12 @@ impl SimDriver {
         self.socks.get(&slot).is_some_and(|s| s.in_flight.is_some())
     }
 
+    /// Connections waiting on listener `listener` and not reported (the
+    /// handler stopped accepting on it).
+    pub fn backlog(&self, listener: usize) -> usize {
+        self.accepts.iter().filter(|a| a.0 == listener).count()
+    }
+
     /// Whether the handler has receiving on for `slot`.
     pub fn receiving(&self, slot: Slot) -> bool {
         self.socks.get(&slot).is_some_and(|s| s.recv_enabled)
@@ -180,7 +191,7 @@ impl SimDriver {
     /// Whether the next turn has completions to report (a real driver's
     /// wait would return at once).
     pub fn has_pending(&self) -> bool {
-        !self.accepts.is_empty()
+        self.accepts.iter().any(|a| !self.stopped.contains(&a.0))
             || !self.completing.is_empty()
             || !self.released.is_empty()
             || self
@@ -217,6 +228,18 @@ impl Driver for SimDriver {
     fn add_listener(&mut self, _listener: TcpListener) -> io::Result<usize> {
         self.listeners += 1;
         Ok(self.listeners - 1)
+    }
+
+    /// Stops at once. Listener indices the test connects to need no
+    /// [`Driver::add_listener`] call, so any index can be stopped.
+    fn stop_accepting(&mut self, listener: usize) {
+        if !self.stopped.contains(&listener) {
+            self.stopped.push(listener);
+        }
+    }
+
+    fn accepting(&self, listener: usize) -> bool {
+        !self.stopped.contains(&listener)
     }
 
     fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()> {
@@ -283,13 +306,19 @@ impl Driver for SimDriver {
         _timeout: Option<Duration>,
         on: &mut dyn FnMut(Completion<'_>),
     ) -> io::Result<()> {
+        let mut waiting = VecDeque::new();
         while let Some((listener, stream, peer)) = self.accepts.pop_front() {
+            if self.stopped.contains(&listener) {
+                waiting.push_back((listener, stream, peer));
+                continue;
+            }
             on(Completion::Accepted {
                 listener,
                 stream,
                 peer,
             });
         }
+        self.accepts = waiting;
         let mut slots: Vec<Slot> = self.socks.keys().copied().collect();
         slots.sort_unstable();
         for slot in slots {

@@ -44,7 +44,9 @@
 //! an error other than a connection that vanished before it was accepted
 //! (EMFILE, ENFILE, ENOMEM, ENOBUFS above all) it is re-armed after a
 //! 100 ms timer instead of at once, so a full descriptor table is retried,
-//! not spun on. The waker is an eventfd with a read armed on the ring.
+//! not spun on. [`Driver::stop_accepting`] cancels the accept by its tag
+//! and closes the listener when the accept's final completion arrives
+//! (connections it took before the cancel are still reported). The waker is an eventfd with a read armed on the ring.
 //!
 //! Sockets are switched to blocking mode on attach: the ring waits for
 //! readiness itself, and some kernels complete operations on `O_NONBLOCK`
@@ -94,6 +96,8 @@ enum Kind {
     CloseCancel = 4,
     Accept = 5,
     AcceptBackoff = 6,
+    /// Cancels a listener's accept ([`Driver::stop_accepting`]).
+    AcceptCancel = 7,
 }
 
 fn tag(kind: Kind, slot: usize, gen: u32) -> u64 {
@@ -186,12 +190,38 @@ pub struct UringStats {
     pub closing: usize,
 }
 
+/// A listener and the state of its accept.
+struct Listen {
+    /// `None` once stopped and its accept ended: closed.
+    socket: Option<TcpListener>,
+    /// A multishot accept is in the ring (its final completion is still
+    /// to come).
+    armed: bool,
+    /// [`Driver::stop_accepting`] was called: not re-armed, closed when
+    /// the accept in the ring ends.
+    stopping: bool,
+}
+
+impl Listen {
+    /// Whether an accept should be (re-)armed now; closes a stopped
+    /// listener whose accept is out of the ring.
+    fn wants_accept(&mut self) -> bool {
+        if self.stopping {
+            if !self.armed {
+                self.socket = None;
+            }
+            return false;
+        }
+        !self.armed && self.socket.is_some()
+    }
+}
+
 /// Everything but the ring, so that completions can be handled while the
 /// ring lends out a buffer.
 struct State {
     socks: Vec<Option<Sock>>,
     closing: HashMap<u64, Closing>,
-    listeners: Vec<TcpListener>,
+    listeners: Vec<Listen>,
     next_gen: u32,
     local: Vec<Local>,
     /// Receives to arm when the next turn starts.
@@ -202,6 +232,8 @@ struct State {
     resend: Vec<(Slot, u32, Vec<u8>, usize)>,
     accept_now: Vec<usize>,
     accept_later: Vec<usize>,
+    /// Accept cancellations that found the accept running; sent again.
+    accept_recancel: Vec<usize>,
     /// Receives that ran out of buffers during this turn.
     dry_now: u32,
     enobufs: u64,
@@ -256,6 +288,7 @@ impl UringDriver {
                 recancel: Vec::with_capacity(64),
                 accept_now: Vec::with_capacity(16),
                 accept_later: Vec::with_capacity(16),
+                accept_recancel: Vec::new(),
                 dry_now: 0,
                 enobufs: 0,
                 growths: 0,
@@ -327,6 +360,12 @@ impl UringDriver {
                 "io_uring receive buffers ran out; grew the buffer ring"
             );
         }
+        for idx in st.accept_recancel.drain(..) {
+            if st.listeners[idx].armed {
+                let _ =
+                    ring.cancel_accept(tag(Kind::Accept, idx, 0), tag(Kind::AcceptCancel, idx, 0));
+            }
+        }
         for (slot, gen) in st.recancel.drain(..) {
             let recv_tag = tag(Kind::Recv, slot, gen);
             let _ = ring.cancel(recv_tag, tag(Kind::RecvCancel, slot, gen));
@@ -355,14 +394,24 @@ impl UringDriver {
         st.resend = resend;
         let mut now = std::mem::take(&mut st.accept_now);
         for idx in now.drain(..) {
-            if let Err(e) = ring.accept_multi(st.listeners[idx].as_fd(), tag(Kind::Accept, idx, 0))
-            {
-                tracing::warn!(listener = idx, error = %e, "could not re-arm accept; retrying shortly");
-                st.accept_later.push(idx);
+            let l = &mut st.listeners[idx];
+            if !l.wants_accept() {
+                continue;
+            }
+            let fd = l.socket.as_ref().expect("wanted").as_fd();
+            match ring.accept_multi(fd, tag(Kind::Accept, idx, 0)) {
+                Ok(()) => l.armed = true,
+                Err(e) => {
+                    tracing::warn!(listener = idx, error = %e, "could not re-arm accept; retrying shortly");
+                    st.accept_later.push(idx);
+                }
             }
         }
         st.accept_now = now;
         for idx in st.accept_later.drain(..) {
+            if !st.listeners[idx].wants_accept() {
+                continue;
+            }
             if let Err(e) = ring.timeout(ACCEPT_BACKOFF, tag(Kind::AcceptBackoff, idx, 0)) {
                 tracing::error!(listener = idx, error = %e, "could not schedule an accept retry");
             }
@@ -428,10 +477,16 @@ impl State {
                     self.closing_op_done(slot, gen);
                 } else if kind == Kind::AcceptBackoff as u8 {
                     self.accept_now.push(slot);
+                } else if kind == Kind::AcceptCancel as u8 && result == -EALREADY {
+                    // Found the accept mid-flight: ask again.
+                    self.accept_recancel.push(slot);
                 }
             }
             Event::Accepted { tag, result, more } => {
                 let (_, idx, _) = untag(tag);
+                if !more {
+                    self.listeners[idx].armed = false;
+                }
                 let errno = match result {
                     Ok(fd) => {
                         let stream = TcpStream::from(fd);
@@ -448,7 +503,11 @@ impl State {
                     }
                     Err(errno) => Some(errno),
                 };
-                if !more {
+                if !more && self.listeners[idx].stopping {
+                    // Stopped: let go of the descriptor now that nothing
+                    // in the ring uses it.
+                    self.listeners[idx].socket = None;
+                } else if !more {
                     match errno {
                         Some(ECANCELED) => {}
                         None
@@ -575,8 +634,45 @@ impl Driver for UringDriver {
         listener.set_nonblocking(false)?;
         self.ring
             .accept_multi(listener.as_fd(), tag(Kind::Accept, idx, 0))?;
-        self.st.listeners.push(listener);
+        self.st.listeners.push(Listen {
+            socket: Some(listener),
+            armed: true,
+            stopping: false,
+        });
         Ok(idx)
+    }
+
+    fn stop_accepting(&mut self, listener: usize) {
+        let Some(l) = self.st.listeners.get_mut(listener) else {
+            return;
+        };
+        if l.stopping {
+            return;
+        }
+        l.stopping = true;
+        if !l.armed {
+            // Waiting for a retry or a re-arm, or never armed: nothing in
+            // the ring uses it.
+            l.socket = None;
+            return;
+        }
+        let target = tag(Kind::Accept, listener, 0);
+        if let Err(e) = self
+            .ring
+            .cancel_accept(target, tag(Kind::AcceptCancel, listener, 0))
+        {
+            // The accept stays armed; the next cancel attempt is after a
+            // turn.
+            tracing::warn!(listener, error = %e, "could not cancel an accept; trying again");
+            self.st.accept_recancel.push(listener);
+        }
+    }
+
+    fn accepting(&self, listener: usize) -> bool {
+        self.st
+            .listeners
+            .get(listener)
+            .is_some_and(|l| l.socket.is_some())
     }
 
     fn attach(&mut self, slot: Slot, stream: TcpStream) -> io::Result<()> {

@@ -751,6 +751,46 @@ fn drop_with_operations_in_flight<D: Driver>(make: Make<D>) {
 
 // ----- instantiation -----
 
+/// A stopped listener takes no more connections: they wait in the
+/// socket's backlog for another holder of the socket (the next process
+/// under socket activation), which accepts them.
+fn stop_accepting_leaves_new_connections_to_the_backlog<D: Driver>(make: Make<D>) {
+    let mut d = make().unwrap();
+    let l = listener();
+    let addr = l.local_addr().unwrap();
+    let other = l.try_clone().unwrap();
+    assert_eq!(d.add_listener(l).unwrap(), 0);
+    let _first = TcpStream::connect(addr).unwrap();
+    pump(&mut d, LONG, |e| {
+        e.iter().any(|e| matches!(e, Ev::Accepted(0, _)))
+    });
+    assert!(d.accepting(0));
+
+    d.stop_accepting(0);
+    let start = Instant::now();
+    while d.accepting(0) {
+        assert!(start.elapsed() < LONG, "the stop did not take effect");
+        let evs = turn(&mut d, Some(Duration::from_millis(20)));
+        assert!(
+            !evs.iter().any(|e| matches!(e, Ev::Accepted(..))),
+            "{}",
+            summary(&evs)
+        );
+    }
+    assert!(!d.accepting(1), "an unknown listener does not accept");
+    let late = TcpStream::connect(addr).unwrap();
+    let evs = run_for(&mut d, Duration::from_millis(200));
+    assert!(
+        !evs.iter().any(|e| matches!(e, Ev::Accepted(..))),
+        "{}",
+        summary(&evs)
+    );
+    // The connection waits in the backlog for the socket's other holder.
+    other.set_nonblocking(false).unwrap();
+    let (_, peer) = other.accept().unwrap();
+    assert_eq!(peer, late.local_addr().unwrap());
+}
+
 fn epoll() -> io::Result<EpollDriver> {
     EpollDriver::new()
 }
@@ -833,6 +873,7 @@ conformance!(
     detach_right_after_pause_keeps_every_byte,
     many_connections_at_once,
     drop_with_operations_in_flight,
+    stop_accepting_leaves_new_connections_to_the_backlog,
 );
 
 // ----- io_uring only -----

@@ -1,7 +1,9 @@
 //! README claims about the DERP server's flags and signals, through the
 //! built binary: a SIGTERM delivers what was queued before `restarting`
 //! and exits 0; the port-80 companion; `--home`; `--derp=false`; `--ktls
-//! on` without the kernel's TLS; the `--dev` banner's DERP map.
+//! on` without the kernel's TLS; the `--dev` banner's DERP map; restarts
+//! on a socket from the service manager, where a draining process leaves
+//! new connections to the next one.
 
 mod support;
 
@@ -50,6 +52,11 @@ impl Derp {
             }
             None => TcpStream::connect_timeout(&addr, T).unwrap(),
         };
+        Derp::handshake(sock, addr, key)
+    }
+
+    /// The DERP handshake over a connected socket.
+    fn handshake(sock: TcpStream, addr: SocketAddr, key: NodePrivate) -> Derp {
         sock.set_read_timeout(Some(T)).unwrap();
         let nonce = ferry_proto::nacl::random_nonce();
         let client =
@@ -122,6 +129,27 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// `a` sends `n` numbered packets of `size` bytes to `to` (from a thread:
+/// the relay may pause it) until the relay on `addr` has read them all.
+fn send_numbered(mut a: Derp, addr: SocketAddr, to: NodePublic, n: usize, size: usize) -> Derp {
+    let sender = std::thread::spawn(move || {
+        for i in 0..n {
+            let mut p = vec![0u8; size];
+            p[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            a.client.send_packet(&mut a.out, &to, &p).unwrap();
+            if a.out.len() > 64 * 1024 {
+                a.flush();
+            }
+        }
+        a.flush();
+        a
+    });
+    eventually("the relay read all of A's packets", || {
+        metric(addr, "derp_packets_received") >= n as f64
+    });
+    sender.join().unwrap()
+}
+
 /// "Ctrl-C (or SIGTERM) shuts down gracefully: every client gets a
 /// `restarting` frame and queued packets drain first."
 #[test]
@@ -133,27 +161,12 @@ fn sigterm_delivers_what_was_queued_then_restarting_then_exits_0() {
     let bk = NodePrivate::generate();
     let b_key: NodePublic = bk.public();
     let mut b = Derp::connect(addr, bk, Some(4096));
-    let mut a = Derp::connect(addr, NodePrivate::generate(), None);
+    let a = Derp::connect(addr, NodePrivate::generate(), None);
     let a_key = a.client.public_key();
     // A sends N numbered packets to B, which reads nothing: they pile up
     // in the relay (A is paused while B's queue is over its cap; past the
     // backpressure budget, B's queue drops new packets over the cap).
-    let sender = std::thread::spawn(move || {
-        for i in 0..N {
-            let mut p = vec![0u8; SIZE];
-            p[..4].copy_from_slice(&(i as u32).to_be_bytes());
-            a.client.send_packet(&mut a.out, &b_key, &p).unwrap();
-            if a.out.len() > 64 * 1024 {
-                a.flush();
-            }
-        }
-        a.flush();
-        a
-    });
-    eventually("the relay read all of A's packets", || {
-        metric(addr, "derp_packets_received") >= N as f64
-    });
-    let mut a = sender.join().unwrap();
+    let mut a = send_numbered(a, addr, b_key, N, SIZE);
     let dropped = metric(addr, "derp_packets_dropped");
     let queued = metric(addr, "ferry_queued_bytes");
     assert!(
@@ -350,6 +363,21 @@ fn dev_banner_holds_a_working_derp_map() {
     );
 }
 
+/// A ferry on `socket`, passed as systemd's socket activation does, with
+/// its key in `key_file`; returns once it serves.
+fn activated(socket: &std::net::TcpListener, key_file: &str, extra: &[&str]) -> Ferry {
+    use std::os::fd::AsFd;
+    let addr = socket.local_addr().unwrap().to_string();
+    let mut c = ferry();
+    c.args(["-a", &addr, "--stun-port", "0", "-c", key_file])
+        .args(extra);
+    ferry_sys::activation::pass_listen_fds(&mut c, &[socket.as_fd()]);
+    let mut f = Ferry::spawn(&mut c);
+    f.wait_log("listening on a socket from the service manager");
+    f.wait_log("ferry relay running");
+    f
+}
+
 /// A restart under socket activation refuses no one: the listening socket
 /// belongs to the service manager (played by the test, as systemd's
 /// ferry.socket would), so while one ferry drains and exits and the next
@@ -359,27 +387,10 @@ fn dev_banner_holds_a_working_derp_map() {
 /// that was sent on a live connection.
 #[test]
 fn a_restart_on_a_socket_from_the_service_manager_refuses_no_one() {
-    use std::os::fd::AsFd;
     let dir = TempDir::new("activation");
     let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = socket.local_addr().unwrap();
-    let start = |dir: &TempDir| {
-        let mut c = ferry();
-        c.args([
-            "-a",
-            &addr.to_string(),
-            "--stun-port",
-            "0",
-            "--workers",
-            "2",
-        ])
-        .args(["-c", &dir.path("ferry.key")]);
-        ferry_sys::activation::pass_listen_fds(&mut c, &[socket.as_fd()]);
-        let mut f = Ferry::spawn(&mut c);
-        f.wait_log("listening on a socket from the service manager");
-        f.wait_log("ferry relay running");
-        f
-    };
+    let start = |dir: &TempDir| activated(&socket, &dir.path("ferry.key"), &["--workers", "2"]);
     let first = start(&dir);
     let (ak, bk) = (NodePrivate::generate(), NodePrivate::generate());
     let mut a = Derp::connect(addr, ak.clone(), None);
@@ -423,6 +434,70 @@ fn a_restart_on_a_socket_from_the_service_manager_refuses_no_one() {
     let (mut a, mut b) = (ra.join().unwrap(), rb.join().unwrap());
     stream(&mut a, &mut b, 50);
     second.stop();
+}
+
+/// The back ends the binary runs on here: epoll, and io_uring where the
+/// kernel allows it (under CI, where it does, a missing io_uring fails).
+fn backends() -> Vec<&'static str> {
+    match ferry_engine::uring::probe() {
+        Ok(()) => vec!["epoll", "uring"],
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but io_uring is not usable here: {why}")
+        }
+        Err(why) => {
+            eprintln!("io_uring not tested here: {why}");
+            vec!["epoll"]
+        }
+    }
+}
+
+/// A draining ferry stops accepting at once: a client that connects to the
+/// shared socket while the old process still drains (a client that reads
+/// nothing holds the drain open) waits in the socket's backlog and is
+/// served by the next process — it meets the new server key — instead of
+/// being accepted and closed by the old one. On each back end.
+#[test]
+fn a_draining_ferry_leaves_new_connections_to_the_next_process() {
+    const N: usize = 3000;
+    for io in backends() {
+        let dir = TempDir::new("handover");
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let opts = ["--workers", "1", "--io", io];
+        let mut old = activated(&socket, &dir.path("old.key"), &opts);
+        let bk = NodePrivate::generate();
+        let b_key = bk.public();
+        let _b = Derp::connect(addr, bk, Some(4096));
+        let a = Derp::connect(addr, NodePrivate::generate(), None);
+        let _a = send_numbered(a, addr, b_key, N, 1000);
+        assert!(
+            metric(addr, "ferry_queued_bytes") > 0.0,
+            "{io}: nothing queued for B: the drain would not wait for it"
+        );
+
+        old.signal(libc::SIGTERM);
+        old.wait_log("draining: stopped accepting new connections");
+        let late = TcpStream::connect_timeout(&addr, T).unwrap();
+        let key = NodePrivate::generate();
+        let client = std::thread::spawn(move || Derp::handshake(late, addr, key));
+        assert!(
+            old.wait_exit(Duration::ZERO).is_none(),
+            "{io}: the old process still drains while the client connects"
+        );
+        let mut new = activated(&socket, &dir.path("new.key"), &opts);
+        let new_key = new.field("ferry relay running", "key");
+        let late = client.join().expect("the late client is served");
+        assert_eq!(
+            late.client.server_key().map(|k| k.to_string()),
+            Some(new_key),
+            "{io}: served by the new process"
+        );
+        let status = old
+            .wait_exit(T)
+            .expect("the old ferry exits after draining");
+        assert!(status.success(), "{io}: {status}");
+        new.stop();
+    }
 }
 
 /// `ferry_tls_certificate_expiry_timestamp_seconds` is the served

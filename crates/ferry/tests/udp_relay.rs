@@ -1,6 +1,6 @@
 //! `ferry udp-relay` as an operator meets it: a taken port, SIGHUP with a
-//! configuration file, buffer warnings and the start and stop lines,
-//! through the built binary on loopback.
+//! configuration file, buffer warnings, the start and stop lines and
+//! `/healthz`, through the built binary on loopback.
 
 mod support;
 
@@ -21,6 +21,12 @@ fn udp_relay(args: &[&str]) -> Command {
         .args(["--send-buffer", "262144"])
         .args(args);
     c
+}
+
+/// A relay on a loopback port bouncing to `target`.
+fn bouncing_to(target: &UdpSocket, extra: &[&str]) -> Ferry {
+    let to = target.local_addr().unwrap().to_string();
+    Ferry::spawn(udp_relay(&["--listen", "127.0.0.1:0", "--target", &to]).args(extra))
 }
 
 /// The address the relay reports for listening `field`.
@@ -264,16 +270,24 @@ fn sighup_applies_hub_peers_and_limits_and_names_what_needs_a_restart() {
 #[test]
 fn sighup_without_a_file_keeps_relaying() {
     let target = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut f = Ferry::spawn(&mut udp_relay(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--target",
-        &target.local_addr().unwrap().to_string(),
-    ]));
+    let mut f = bouncing_to(&target, &[]);
     let relay = bound(&mut f, "--listen");
     f.signal(libc::SIGHUP);
     f.wait_log("SIGHUP: no --config file");
     assert!(relays(relay, &target, b"after SIGHUP"));
+    f.stop();
+}
+
+/// `/healthz` on the metrics listener answers as the DERP server's does
+/// (the same JSON, 200 while serving); other paths still get the metrics.
+#[test]
+fn healthz_on_the_metrics_listener() {
+    let target = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut f = bouncing_to(&target, &["--metrics-addr", "127.0.0.1:0"]);
+    let metrics = support::url_addr(&f.field("metrics", "url"));
+    assert_eq!(support::check_healthz(metrics), "epoll");
+    let page = get(metrics, "/metrics");
+    assert!(page.contains("ferry_udp_packets_total"), "{page}");
     f.stop();
 }
 

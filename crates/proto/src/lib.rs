@@ -31,7 +31,8 @@
 //! from trusted proxies' `X-Forwarded-For` / `Forwarded` headers.
 //!
 //! [`derp_map`] reads Tailscale's DERP map JSON (regions and nodes) for
-//! clients choosing and dialling a home region.
+//! clients choosing and dialling a home region. [`health`] renders the
+//! `/healthz` answer both relays give.
 //!
 //! [`udp_header`] is the 8-byte header of relay sessions and direct UDP
 //! between SDK peers, and [`relay_session`] the frames, bind messages and
@@ -52,6 +53,7 @@ pub mod frame;
 pub mod fuzzing;
 pub mod godur;
 pub mod handshake;
+pub mod health;
 pub mod http;
 pub mod key;
 pub mod nacl;

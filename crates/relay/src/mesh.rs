@@ -74,6 +74,14 @@ const PUMP_BUDGET: usize = 4 * 1024 * 1024;
 /// The poll's longest sleep (the stop flag is also checked then).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 const WAKER: Token = Token(usize::MAX);
+/// Most keys one link's peer may have announced at once. A peer past it
+/// (a bug, or a compromised node that holds the mesh key) would otherwise
+/// grow this thread's set, the shards' inboxes and their forwarding tables
+/// without bound; its further new keys are dropped and counted
+/// (`ferry_mesh_link_refused_keys_total`), and logged once per link. A
+/// million clients is far beyond one relay node: derper's busiest nodes
+/// hold tens of thousands.
+pub const MESH_LINK_MAX_KEYS: usize = 1 << 20;
 
 /// One `--mesh-with` entry: `host[:port]`, or `name[:port]/dialhost` to
 /// connect to `dialhost` while naming `name` in TLS and `Host`.
@@ -186,6 +194,49 @@ pub struct LinkStats {
     connects: AtomicU64,
     failures: AtomicU64,
     discarded: AtomicU64,
+    refused_keys: AtomicU64,
+}
+
+/// The keys one link's peer announced, at most `cap` of them.
+struct Announced {
+    keys: HashSet<NodePublic>,
+    cap: usize,
+    /// The cap was logged (once per link, across its connections).
+    warned: bool,
+}
+
+/// What a peerPresent means for the link's set.
+#[derive(Debug, PartialEq, Eq)]
+enum Presence {
+    /// A new key: the owner shard hears of it.
+    New,
+    /// Announced already: nothing changes.
+    Known,
+    /// New, but the set is full: dropped. `first` on the link's first.
+    OverCap { first: bool },
+}
+
+impl Announced {
+    fn new(cap: usize) -> Announced {
+        Announced {
+            keys: HashSet::new(),
+            cap,
+            warned: false,
+        }
+    }
+
+    fn present(&mut self, key: NodePublic) -> Presence {
+        if self.keys.contains(&key) {
+            Presence::Known
+        } else if self.keys.len() >= self.cap {
+            Presence::OverCap {
+                first: !std::mem::replace(&mut self.warned, true),
+            }
+        } else {
+            self.keys.insert(key);
+            Presence::New
+        }
+    }
 }
 
 /// The links' counters, rendered as `ferry_mesh_*` metrics.
@@ -238,6 +289,13 @@ impl MeshStats {
             "forwardPacket frames discarded because the link was down.",
             "counter",
             &|s| s.discarded.load(Ordering::Relaxed) as i64,
+        );
+        series(
+            w,
+            "ferry_mesh_link_refused_keys_total",
+            "peerPresent announcements dropped because the link's peer had announced the most keys a link may hold.",
+            "counter",
+            &|s| s.refused_keys.load(Ordering::Relaxed) as i64,
         );
         let up = self
             .links
@@ -332,7 +390,7 @@ impl MeshThread {
                 retry_at: None,
                 backoff: BACKOFF_START,
                 is_self: false,
-                announced: HashSet::new(),
+                announced: Announced::new(MESH_LINK_MAX_KEYS),
                 attempts: 0,
             })
             .collect();
@@ -641,9 +699,18 @@ impl MeshThread {
                         .unwrap_or_default();
                     tracing::info!(peer = %link.peer, addr = %c.addr, server, "mesh: link up");
                 }
-                if link.announced.insert(key) {
-                    link.stats.keys.fetch_add(1, Ordering::Relaxed);
-                }
+                match link.announced.present(key) {
+                    Presence::New => link.stats.keys.fetch_add(1, Ordering::Relaxed),
+                    Presence::Known => return,
+                    Presence::OverCap { first } => {
+                        link.stats.refused_keys.fetch_add(1, Ordering::Relaxed);
+                        if first {
+                            tracing::warn!(peer = %link.peer, max = link.announced.cap,
+                                "mesh: the peer announced more keys than a link may hold; dropping its further new keys (counted in ferry_mesh_link_refused_keys_total)");
+                        }
+                        return;
+                    }
+                };
                 let owner = self.shared().owner_of(&key, shards);
                 self.shared().post(
                     owner,
@@ -654,7 +721,7 @@ impl MeshThread {
                 );
             }
             Event::PeerGone { key, .. } => {
-                if link.announced.remove(&key) {
+                if link.announced.keys.remove(&key) {
                     link.stats.keys.fetch_sub(1, Ordering::Relaxed);
                 }
                 let owner = self.shared().owner_of(&key, shards);
@@ -704,8 +771,8 @@ impl MeshThread {
         link.stats.failures.fetch_add(1, Ordering::Relaxed);
         link.stats.up.store(false, Ordering::Relaxed);
         link.stats.keys.store(0, Ordering::Relaxed);
-        let forgot = link.announced.len();
-        link.announced.clear();
+        let forgot = link.announced.keys.len();
+        link.announced.keys.clear();
         if accepted.is_some() {
             tracing::warn!(peer = %link.peer, reason = why, forgot, retry_in = ?wait, "mesh: link down");
         } else if refused {
@@ -753,7 +820,7 @@ struct Link {
     /// The peer is this relay: never dialed again.
     is_self: bool,
     /// Keys the peer announced on this connection.
-    announced: HashSet<NodePublic>,
+    announced: Announced,
     /// Dials since the last successful handshake.
     attempts: u32,
 }
@@ -904,6 +971,32 @@ mod tests {
         assert_eq!(peers[0].host_header(), "a.example.com");
         assert_eq!(peers[3].host_header(), "[::1]:444");
         assert_eq!(peers[2].to_string(), "c.example.com via 10.0.0.3");
+    }
+
+    #[test]
+    fn a_link_holds_at_most_its_cap_of_announced_keys() {
+        let mut a = Announced::new(3);
+        let keys: Vec<NodePublic> = (0..6u8).map(|i| NodePublic::from_bytes([i; 32])).collect();
+        let got: Vec<Presence> = keys.iter().map(|&k| a.present(k)).collect();
+        assert_eq!(
+            got,
+            [
+                Presence::New,
+                Presence::New,
+                Presence::New,
+                Presence::OverCap { first: true },
+                Presence::OverCap { first: false },
+                Presence::OverCap { first: false },
+            ]
+        );
+        assert_eq!(a.keys.len(), 3);
+        // Announced again: known, not refused, nothing to post.
+        assert_eq!(a.present(keys[1]), Presence::Known);
+        // Room again after a peerGone; the warning stays said.
+        assert!(a.keys.remove(&keys[0]));
+        assert_eq!(a.present(keys[4]), Presence::New);
+        assert_eq!(a.present(keys[5]), Presence::OverCap { first: false });
+        assert_eq!(a.keys.len(), 3);
     }
 
     #[test]

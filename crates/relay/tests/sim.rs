@@ -482,6 +482,29 @@ fn graceful_drain_sends_restarting_and_finishes() {
     assert!(Handler::<SimDriver>::finished(&s.shard));
 }
 
+/// A draining shard stops accepting at once: a connection that arrives
+/// during the drain stays in the listener's backlog (for the next process
+/// on the same socket) instead of being accepted and closed.
+#[test]
+fn a_draining_shard_accepts_nothing_more() {
+    let (mut s, a, bk, b) = sender_and_stuck_reader(Duration::from_secs(10));
+    s.send(a, &bk.public(), &[1; 500]);
+    s.settle();
+    use ferry_engine::{Driver, Handler};
+    assert!(s.d.send_in_flight(b), "b holds the drain open");
+    assert!(s.d.accepting(0));
+    let accepted = s.metric("ferry_tcp_accepts_total");
+    s.shared.shutdown.store(true, Ordering::Relaxed);
+    s.settle();
+    assert!(!s.d.accepting(0), "no accept armed once draining");
+    s.d.connect(0, SocketAddr::from(([192, 0, 2, 9], 9)))
+        .unwrap();
+    s.advance(Duration::from_millis(50));
+    assert!(!Handler::<SimDriver>::finished(&s.shard), "still draining");
+    assert_eq!(s.d.backlog(0), 1, "the new connection waits in the backlog");
+    assert_eq!(s.metric("ferry_tcp_accepts_total"), accepted);
+}
+
 #[test]
 fn graceful_drain_puts_restarting_after_what_was_queued() {
     let (mut s, a, bk, b) = sender_and_stuck_reader(Duration::from_secs(10));

@@ -35,7 +35,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::OnceLock;
 
-use crate::cmsg;
+use crate::{cmsg, msghdr};
 
 /// TLS record content types (RFC 8446 §5.1).
 pub mod record_type {
@@ -435,15 +435,9 @@ pub fn recv_record(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<RecvRecord>
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let mut msg = libc::msghdr {
-        msg_name: std::ptr::null_mut(),
-        msg_namelen: 0,
-        msg_iov: &mut iov,
-        msg_iovlen: 1,
-        msg_control: ctrl.0.as_mut_ptr().cast(),
-        msg_controllen: CTRL_LEN,
-        msg_flags: 0,
-    };
+    let mut msg = msghdr::empty();
+    msghdr::set_iov(&mut msg, &mut iov, 1);
+    msghdr::set_control(&mut msg, ctrl.0.as_mut_ptr().cast(), CTRL_LEN);
     // SAFETY: `msg` points at `iov` (covering exactly `buf`) and at `ctrl`
     // with their true lengths, all alive and exclusively borrowed for the
     // call; the kernel writes only within them and updates `msg`'s
@@ -452,7 +446,7 @@ pub fn recv_record(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<RecvRecord>
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let ctrl_len = msg.msg_controllen.min(CTRL_LEN);
+    let ctrl_len = msghdr::control_len(&msg).min(CTRL_LEN);
     Ok(RecvRecord {
         len: n as usize,
         record_type: parse_record_type_cmsg(&ctrl.0[..ctrl_len])
@@ -490,15 +484,9 @@ pub fn send_record(fd: BorrowedFd<'_>, record_type: u8, data: &[u8]) -> io::Resu
         iov_base: data.as_ptr().cast_mut().cast(),
         iov_len: data.len(),
     };
-    let msg = libc::msghdr {
-        msg_name: std::ptr::null_mut(),
-        msg_namelen: 0,
-        msg_iov: &mut iov,
-        msg_iovlen: 1,
-        msg_control: ctrl.0.as_mut_ptr().cast(),
-        msg_controllen: ctrl_len,
-        msg_flags: 0,
-    };
+    let mut msg = msghdr::empty();
+    msghdr::set_iov(&mut msg, &mut iov, 1);
+    msghdr::set_control(&mut msg, ctrl.0.as_mut_ptr().cast(), ctrl_len);
     // SAFETY: `msg` points at `iov` (covering exactly `data`, which the
     // kernel only reads despite the `*mut` in `iovec`) and at `ctrl_len`
     // initialised bytes of `ctrl`, all alive for the call.

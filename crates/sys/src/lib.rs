@@ -47,6 +47,7 @@ pub mod gso;
 pub mod ktls;
 pub mod limits;
 pub mod mmsg;
+mod msghdr;
 pub mod port;
 pub mod process;
 pub mod signal;

@@ -22,7 +22,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr;
 
-use crate::cmsg;
+use crate::{cmsg, msghdr};
 
 /// Most datagrams one call receives or sends.
 pub const MAX_BATCH: usize = 64;
@@ -104,7 +104,7 @@ impl RecvBatch {
             iov_base: ptr::null_mut(),
             iov_len: 0,
         }; MAX_BATCH];
-        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = std::array::from_fn(|_| empty_mmsghdr());
+        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = std::array::from_fn(|_| msghdr::empty_mmsg());
         for (iov, chunk) in iovs.iter_mut().zip(buf.chunks_exact_mut(slot).take(n)) {
             *iov = libc::iovec {
                 iov_base: chunk.as_mut_ptr().cast(),
@@ -123,10 +123,8 @@ impl RecvBatch {
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = name.0.as_mut_ptr().cast();
             h.msg_namelen = NAME_LEN as libc::socklen_t;
-            h.msg_iov = iov_base.wrapping_add(i);
-            h.msg_iovlen = 1;
-            h.msg_control = ctrl.0.as_mut_ptr().cast();
-            h.msg_controllen = CTRL_LEN;
+            msghdr::set_iov(h, iov_base.wrapping_add(i), 1);
+            msghdr::set_control(h, ctrl.0.as_mut_ptr().cast(), CTRL_LEN);
         }
         // SAFETY: `hdrs[..n]` are initialised headers whose name, iovec and
         // control pointers point into `self.names`, `iovs`, `self.ctrls` and
@@ -139,7 +137,7 @@ impl RecvBatch {
                 fd.as_raw_fd(),
                 hdrs.as_mut_ptr(),
                 n as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                libc::MSG_DONTWAIT as _, // `int` on glibc, `unsigned` on musl
                 ptr::null_mut(),
             )
         };
@@ -151,7 +149,7 @@ impl RecvBatch {
             let h = &hdrs[i];
             let len = h.msg_len as usize;
             let name_len = (h.msg_hdr.msg_namelen as usize).min(NAME_LEN);
-            let ctrl_len = h.msg_hdr.msg_controllen.min(CTRL_LEN);
+            let ctrl_len = msghdr::control_len(&h.msg_hdr).min(CTRL_LEN);
             let mut m = RecvMeta {
                 len,
                 src: decode_addr(&self.names[i].0[..name_len]),
@@ -250,7 +248,7 @@ impl SendBatch {
         }; MAX_SPANS];
         let mut next_iov = 0;
         let mut iov_starts = [0usize; MAX_BATCH];
-        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = std::array::from_fn(|_| empty_mmsghdr());
+        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = std::array::from_fn(|_| msghdr::empty_mmsg());
         for (i, m) in msgs[..n].iter().enumerate() {
             let chosen = m
                 .first
@@ -280,7 +278,8 @@ impl SendBatch {
             }
             iov_starts[i] = iov_start;
             let h = &mut hdrs[i].msg_hdr;
-            h.msg_iovlen = chosen.len();
+            // The pointer is set below, once `iovs` is complete.
+            msghdr::set_iov(h, ptr::null_mut(), chosen.len());
             if let Some(dst) = m.dst {
                 let len = encode_addr(dst, &mut self.names[i].0);
                 h.msg_name = self.names[i].0.as_mut_ptr().cast();
@@ -293,8 +292,7 @@ impl SendBatch {
                     libc::UDP_SEGMENT,
                     &m.segment.to_ne_bytes(),
                 );
-                h.msg_control = self.ctrls[i].0.as_mut_ptr().cast();
-                h.msg_controllen = len;
+                msghdr::set_control(h, self.ctrls[i].0.as_mut_ptr().cast(), len);
             }
         }
         // Pointers into `iovs` are taken only after its last write.
@@ -312,7 +310,7 @@ impl SendBatch {
                 fd.as_raw_fd(),
                 hdrs.as_mut_ptr(),
                 n as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                libc::MSG_DONTWAIT as _, // `int` on glibc, `unsigned` on musl
             )
         };
         if rc < 0 {
@@ -325,21 +323,6 @@ impl SendBatch {
 
 fn invalid(what: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what)
-}
-
-fn empty_mmsghdr() -> libc::mmsghdr {
-    libc::mmsghdr {
-        msg_hdr: libc::msghdr {
-            msg_name: ptr::null_mut(),
-            msg_namelen: 0,
-            msg_iov: ptr::null_mut(),
-            msg_iovlen: 0,
-            msg_control: ptr::null_mut(),
-            msg_controllen: 0,
-            msg_flags: 0,
-        },
-        msg_len: 0,
-    }
 }
 
 /// Encodes `addr` as a `sockaddr_in` or `sockaddr_in6` into `out`; returns

@@ -503,6 +503,16 @@ impl Ring {
         unsafe { self.push(&sqe) }
     }
 
+    /// Queues the cancellation of the accept queued with
+    /// [`Ring::accept_multi`] under `target`.
+    pub fn cancel_accept(&mut self, target: u64, tag: u64) -> io::Result<()> {
+        let sqe = opcode::AsyncCancel::new(CLASS_ACCEPT << CLASS_SHIFT | (target & MAX_TAG))
+            .build()
+            .user_data(plain(tag));
+        // SAFETY: a cancellation names no memory.
+        unsafe { self.push(&sqe) }
+    }
+
     /// Queues the cancellation of every operation on `fd` (Linux 5.19+).
     pub fn cancel_fd(&mut self, fd: BorrowedFd<'_>, tag: u64) -> io::Result<()> {
         let sqe = opcode::AsyncCancel2::new(CancelBuilder::fd(Fd(fd.as_raw_fd())).all())

@@ -18,9 +18,15 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use ferry_proto::health::Health;
 
 use crate::hub::DropReason;
+
+/// The I/O back end `/healthz` names: the UDP relay's shards wait on epoll
+/// (through mio) and move datagrams with `recvmmsg`/`sendmmsg`.
+const BACKEND: &str = "epoll";
 
 pub use ferry_engine::stat::{Counter, Gauge};
 
@@ -512,7 +518,9 @@ pub fn kernel_udp_errors() -> [(&'static str, u64); 4] {
     out
 }
 
-/// A tiny HTTP server answering every GET with the metrics text. It runs
+/// A tiny HTTP server answering `GET /healthz` with the relay's health
+/// ([`ferry_proto::health`], as the DERP server's) and every other GET with
+/// the metrics text. It runs
 /// on its own thread, one connection at a time, with short timeouts: it is
 /// for a scraper, not for the public.
 pub struct MetricsServer {
@@ -530,13 +538,15 @@ impl MetricsServer {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        // Started with the relay: its uptime counts from here.
+        let started = Instant::now();
         let thread = std::thread::Builder::new()
             .name("ferry-udp-metrics".into())
             .spawn(move || {
                 while !flag.load(Relaxed) {
                     match listener.accept() {
                         Ok((conn, _)) => {
-                            let _ = serve_one(conn, &metrics);
+                            let _ = serve_one(conn, &metrics, started);
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             std::thread::sleep(Duration::from_millis(50));
@@ -562,7 +572,11 @@ impl std::ops::Drop for MetricsServer {
     }
 }
 
-fn serve_one(conn: std::net::TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+fn serve_one(
+    conn: std::net::TcpStream,
+    metrics: &Metrics,
+    started: Instant,
+) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
     conn.set_write_timeout(Some(Duration::from_secs(2)))?;
@@ -574,12 +588,22 @@ fn serve_one(conn: std::net::TcpStream, metrics: &Metrics) -> std::io::Result<()
     while reader.read_line(&mut header)? > 2 {
         header.clear();
     }
+    let mut w = &conn;
+    if line.starts_with("GET /healthz ") || line.starts_with("GET /healthz?") {
+        // Serving while this thread runs: the relay stops it on shutdown.
+        let health = Health {
+            draining: false,
+            backend: BACKEND,
+            uptime: started.elapsed(),
+        };
+        w.write_all(&health.response())?;
+        return w.flush();
+    }
     let (status, body) = if line.starts_with("GET ") {
         ("200 OK", metrics.render())
     } else {
         ("405 Method Not Allowed", String::new())
     };
-    let mut w = &conn;
     write!(
         w,
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

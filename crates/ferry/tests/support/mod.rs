@@ -214,6 +214,22 @@ pub(crate) fn get(addr: SocketAddr, path: &str) -> String {
     String::from_utf8_lossy(&body).into_owned()
 }
 
+/// Asks `addr` for `/healthz` and checks the answer both relays give:
+/// 200 and the JSON status, version, back end and uptime; returns the
+/// back end.
+pub(crate) fn check_healthz(addr: SocketAddr) -> String {
+    let r = get(addr, "/healthz");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains("Content-Type: application/json"), "{r}");
+    let body = r.split("\r\n\r\n").nth(1).unwrap();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["status"], "ok", "{r}");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(v["backend"] == "uring" || v["backend"] == "epoll", "{r}");
+    assert!(v["uptime_seconds"].is_u64(), "{r}");
+    v["backend"].as_str().unwrap().to_owned()
+}
+
 /// A loopback TCP port that was free a moment ago.
 pub(crate) fn free_tcp_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -24,6 +24,11 @@
 //! resume. A key that leaves the table and has no local connection is gone
 //! from the region: the clients that received from it get peerGone, as
 //! when a local client leaves.
+//!
+//! The table is bounded: a link contributes at most
+//! [`crate::mesh::MESH_LINK_MAX_KEYS`] keys at once, since the mesh thread
+//! drops (and counts) a peer's announcements past that before they reach
+//! a shard's inbox, and sends no news for a key the link announced already.
 
 use super::*;
 

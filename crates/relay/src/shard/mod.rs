@@ -364,6 +364,8 @@ pub struct Shard {
     now: Instant,
     next_sweep: Instant,
     draining: Option<Instant>,
+    /// Draining, and every listener's accept has ended (logged once).
+    accepts_stopped: bool,
     done: bool,
     /// Queue size past which even paused-sender overshoot is dropped.
     hard_cap: usize,
@@ -461,6 +463,7 @@ impl Shard {
             now,
             next_sweep: now + SWEEP_EVERY,
             draining: None,
+            accepts_stopped: false,
             done: false,
             hard_cap,
             caps,
@@ -566,6 +569,8 @@ trait DriverOps {
     fn fd(&self, slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>>;
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()>;
     fn bytes_acked(&self, slot: Slot) -> Option<u64>;
+    fn stop_accepting(&mut self, listener: usize);
+    fn accepting(&self, listener: usize) -> bool;
 }
 
 impl<D: Driver> DriverOps for D {
@@ -592,6 +597,12 @@ impl<D: Driver> DriverOps for D {
     }
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {
         Driver::bytes_acked(self, slot)
+    }
+    fn stop_accepting(&mut self, listener: usize) {
+        Driver::stop_accepting(self, listener)
+    }
+    fn accepting(&self, listener: usize) -> bool {
+        Driver::accepting(self, listener)
     }
 }
 
@@ -653,6 +664,10 @@ impl<D: Driver> Handler<D> for Shard {
         self.retry_stalled();
         if self.shared.shutdown.load(Ordering::Relaxed) && self.draining.is_none() {
             self.start_drain();
+            self.stop_accepting(driver);
+        }
+        if self.draining.is_some() && !self.accepts_stopped {
+            self.note_accepts_stopped(driver);
         }
         if self.now >= self.next_sweep {
             self.next_sweep = self.now + SWEEP_EVERY;

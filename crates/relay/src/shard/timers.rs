@@ -1,5 +1,8 @@
 //! The sweep (handshake deadlines, write timeouts, keepalives, memory
-//! given back when idle) and the start of a graceful drain.
+//! given back when idle) and the start of a graceful drain, which stops
+//! accepting at once: new connections wait in the listening socket's
+//! backlog for whoever else holds it (the next process under socket
+//! activation) instead of being accepted and closed here.
 
 use super::*;
 
@@ -74,5 +77,27 @@ impl Shard {
                 self.close(slot, CloseReason::Shutdown);
             }
         }
+    }
+
+    /// Stops accepting on every listener of this shard (see the module
+    /// docs). Connections the driver took before the stop took effect are
+    /// closed on arrival ([`Shard::accept`] while draining).
+    pub(super) fn stop_accepting(&mut self, driver: &mut dyn DriverOps) {
+        for listener in 0..self.shared.listener_kinds.len() {
+            driver.stop_accepting(listener);
+        }
+    }
+
+    /// Logs, once, that the stop took effect on every listener.
+    pub(super) fn note_accepts_stopped(&mut self, driver: &dyn DriverOps) {
+        if (0..self.shared.listener_kinds.len()).any(|l| driver.accepting(l)) {
+            return;
+        }
+        self.accepts_stopped = true;
+        tracing::info!(
+            shard = self.id,
+            connections = self.conns.len(),
+            "draining: stopped accepting new connections"
+        );
     }
 }
