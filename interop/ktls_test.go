@@ -41,7 +41,7 @@ func TestKernelTLS(t *testing.T) {
 			s := startServer(t, kindFerry, serverOpts{tls: true, ferryArgs: []string{"--io", io, "--ktls", "on"}})
 			a := s.newClient(t, "a")
 			b := s.newClient(t, "b")
-			const rounds = 50
+			const rounds = 10
 			sizes := []int{1, 1400, 16 << 10, derp.MaxPacketSize}
 			var pkts, bytes int
 			for i := range rounds {
