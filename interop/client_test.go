@@ -35,6 +35,10 @@ type dclient struct {
 	err error // the receive error that stopped the reader
 }
 
+// connectTimeout bounds a client's Connect (TestKernelTLS raises it for
+// the emulated kernel test VM).
+var connectTimeout = 10 * time.Second
+
 type clientOption func(*derphttp.Client)
 
 // withMeshKey makes the client present the server's mesh key.
@@ -101,7 +105,7 @@ func (s *server) dialClient(t testing.TB, name string, priv key.NodePrivate, opt
 			}
 		}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	if err := c.Connect(ctx); err != nil {
 		t.Fatalf("%s: Connect to %s: %v", name, s.derpURL(), err)

@@ -167,6 +167,10 @@ func startServer(t *testing.T, kind string, opts serverOpts) *server {
 
 var errExitedEarly = errors.New("server process exited before becoming ready")
 
+// readyTimeout bounds a server's start (TestKernelTLS raises it for the
+// emulated kernel test VM).
+var readyTimeout = 15 * time.Second
+
 func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, attempt int) (*server, error) {
 	port := opts.port
 	if port == 0 {
@@ -267,7 +271,7 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 	}()
 	t.Cleanup(s.stop)
 
-	if err := s.waitReady(15 * time.Second); err != nil {
+	if err := s.waitReady(readyTimeout); err != nil {
 		s.stop()
 		return nil, err
 	}

@@ -2,8 +2,9 @@
 # tls and wireguard modules this host's kernel lacks) booted in QEMU with
 # the host's root read-only over 9p (scripts/vm/). Inside it: the relay's
 # real kTLS tests with FERRY_REQUIRE_KTLS=1 on epoll and io_uring, the
-# ferry binary with --ktls on under ferry-bench's TLS load, and the UDP
-# relay's namespace tests with kernel WireGuard peers
+# ferry binary with --ktls on under ferry-bench's TLS load and against
+# Tailscale's own DERP client (interop TestKernelTLS), and the UDP relay's
+# and `ferry link`'s namespace tests with kernel WireGuard peers
 # (scripts/vm/guest.sh). Each check's result comes back on the serial
 # console; the step fails unless the guest reports all passed. Without
 # QEMU it says why and skips; under CI=true that is a failure, and so is a
@@ -26,6 +27,12 @@ skip() {
 command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not found (.ci/setup.d/60-vm.sh installs it)"
 [ "$(id -u)" = 0 ] || skip "not root (the guest reads the host's root over 9p as root)"
 
+# FERRY_VM_ONLY=REGEX runs only the guest's checks whose names match (to
+# look into one by hand); CI runs them all.
+if [ -n "${FERRY_VM_ONLY:-}" ] && [ "${CI:-}" = true ]; then
+  echo "FERRY_VM_ONLY is for runs by hand; CI runs every check" >&2
+  exit 1
+fi
 accel=${FERRY_VM_ACCEL:-auto}
 if [ "$accel" = auto ]; then
   if [ ! -w /dev/kvm ]; then
@@ -59,8 +66,14 @@ exe() { # exe TARGET-NAME: the test executable cargo built for it
   [ -x "$e" ] || { echo "no test executable for $1" >&2; return 1; }
   echo "$e"
 }
-guest=$(bash scripts/vm/build-guest.sh)
+# Tailscale's client code (the interop suite's TestKernelTLS, built as a
+# test binary), and derpprobe and derper where the suite and the ferry link
+# test look for them (go builds from the cache; quick after 21-derper.sh).
+interop_test=$target/vm/interop.test
 mkdir -p "$target/vm"
+(cd interop && go test -c -o "$interop_test" . && go build -o bin/derpprobe tailscale.com/cmd/derpprobe &&
+  go build -o bin/derper tailscale.com/cmd/derper)
+guest=$(bash scripts/vm/build-guest.sh)
 plan=$target/vm/plan.sh
 sys_lib=$(exe ferry_sys)
 relay_lib=$(exe ferry_relay)
@@ -78,6 +91,9 @@ RELAY_LIB=$relay_lib
 KTLS_RX=$ktls_rx
 KTLS=$ktls
 TLS_RELAY=$tls_relay
+INTEROP_TEST=$interop_test
+DERPER_BIN=$PWD/interop/bin/derper
+FERRY_VM_ONLY='${FERRY_VM_ONLY:-}'
 PLAN
 # FERRY_VM_BENCH=1: kTLS against userspace TLS too, with release builds
 # (not in CI: the figures go to the README, nothing asserts a speed).

@@ -21,6 +21,11 @@ mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /dev/shm /dev/pts && mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t devpts devpts /dev/pts
+# What udev would link: bash's process substitution needs /dev/fd.
+ln -sfn /proc/self/fd /dev/fd
+ln -sfn /proc/self/fd/0 /dev/stdin
+ln -sfn /proc/self/fd/1 /dev/stdout
+ln -sfn /proc/self/fd/2 /dev/stderr
 ip link set lo up
 hostname ferry-vm
 # shellcheck source=/dev/null
@@ -33,6 +38,11 @@ failed=0
 run() { # run NAME SECONDS CMD...: one check, bounded in time
   local name=$1 secs=$2 start=$SECONDS rc=0
   shift 2
+  # FERRY_VM_ONLY (a bash regex; by hand, never in CI): only these checks.
+  if [ -n "${FERRY_VM_ONLY:-}" ] && ! [[ $name =~ $FERRY_VM_ONLY ]]; then
+    echo "ferry-vm: skipped $name (FERRY_VM_ONLY)"
+    return
+  fi
   echo "ferry-vm: --- $name"
   timeout -k 5 "$secs" "$@" </dev/null 2>&1 || rc=$?
   if [ $rc = 0 ]; then
@@ -72,6 +82,22 @@ min_mbits=20 restart_secs=10
 [ "$FERRY_VM_ACCEL" = tcg ] && min_mbits=1 restart_secs=20
 run "udp netns with kernel WireGuard" 400 env FU_WG=kernel FU_MIN_MBITS=$min_mbits FU_RESTART_SECS=$restart_secs WG_COLOR_MODE=never \
   FERRY_BIN="$FERRY_BIN" bash crates/udp/tests/netns/run.sh
+# `ferry link` between kernel WireGuard peers, over Ferry and over derper
+# (crates/ferry/tests/netns/link.sh; the same rates as above under TCG).
+# Through two userspace hops (link, relay, link), emulated, a loaded host
+# carries well under 1 Mbit/s: there the checks ask for traffic to flow.
+link_env=()
+[ "$FERRY_VM_ACCEL" = tcg ] && link_env=(FU_MIN_MBITS=0.05 FU_MIN_DATAGRAMS=20)
+run "ferry link netns with kernel WireGuard" 400 env FU_WG=kernel "${link_env[@]}" FU_RESTART_SECS=$restart_secs \
+  FERRY_BIN="$FERRY_BIN" FERRY_DERPER_BIN="$DERPER_BIN" bash crates/ferry/tests/netns/link.sh
+
+# Tailscale's own DERP client (derphttp, from the interop suite) against
+# `ferry --ktls on` on epoll (sessions in the kernel) and io_uring (kept in
+# userspace for the back end): packets of every size relayed both ways and
+# the server's kTLS metrics checked (interop/ktls_test.go).
+# The relay's connection log at debug level is printed if it fails.
+run "Tailscale's DERP client against ferry --ktls on" 180 env -C interop INTEROP_KTLS=1 INTEROP_SERVERS=ferry \
+  FERRY_BIN="$FERRY_BIN" FERRY_ARGS="--log info,ferry_relay=debug" "$INTEROP_TEST" -test.run '^TestKernelTLS$' -test.count=1 -test.v
 
 # The ferry binary over TLS: one ferry on epoll with --ktls MODE, loaded by
 # ferry-bench (4 peers in 2 pairs, unpaced) for SECS. Every connection

@@ -3,7 +3,9 @@
 //! and exits 0; the port-80 companion; `--home`; `--derp=false`; `--ktls
 //! on` without the kernel's TLS; the `--dev` banner's DERP map; restarts
 //! on a socket from the service manager, where a draining process leaves
-//! new connections to the next one.
+//! new connections to the next one; `--stun=false`,
+//! `--tcp-keepalive-time`, `--tcp-user-timeout`, `--pin`; manual
+//! certificates picked up by the 30-second reload thread.
 
 mod support;
 
@@ -30,9 +32,10 @@ fn serving(c: &mut Command) -> (Ferry, SocketAddr) {
     (f, url_addr(&url))
 }
 
-/// A blocking DERP client over plain TCP, driven by `proto::client`.
-struct Derp {
-    sock: TcpStream,
+/// A blocking DERP client over plain TCP (or TLS: [`Derp::tls`]), driven
+/// by `proto::client`.
+struct Derp<S: Read + Write = TcpStream> {
+    sock: S,
     client: Client,
     out: Vec<u8>,
     buf: Vec<u8>,
@@ -58,9 +61,42 @@ impl Derp {
     /// The DERP handshake over a connected socket.
     fn handshake(sock: TcpStream, addr: SocketAddr, key: NodePrivate) -> Derp {
         sock.set_read_timeout(Some(T)).unwrap();
+        Derp::over(sock, &addr.to_string(), key)
+    }
+
+    /// A client over TLS to `addr` (named `host`) that trusts only the
+    /// certificate in the PEM file `ca`.
+    fn tls(
+        addr: SocketAddr,
+        host: &str,
+        ca: &str,
+        key: NodePrivate,
+    ) -> Derp<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+        let pem = std::fs::read(ca).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(pem.contents))
+            .unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
+        let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+        let sock = TcpStream::connect_timeout(&addr, T).unwrap();
+        sock.set_read_timeout(Some(T)).unwrap();
+        Derp::over(rustls::StreamOwned::new(conn, sock), host, key)
+    }
+}
+
+impl<S: Read + Write> Derp<S> {
+    /// Runs the DERP handshake over `sock`, up to serverInfo.
+    fn over(sock: S, host: &str, key: NodePrivate) -> Derp<S> {
         let nonce = ferry_proto::nacl::random_nonce();
-        let client =
-            Client::new(Config::new(key, addr.to_string()), Instant::now(), nonce).unwrap();
+        let client = Client::new(Config::new(key, host), Instant::now(), nonce).unwrap();
         let mut d = Derp {
             sock,
             client,
@@ -73,6 +109,21 @@ impl Derp {
             "{events:?}"
         );
         d
+    }
+
+    /// Sends one packet to `dst`.
+    fn send(&mut self, dst: &NodePublic, packet: &[u8]) {
+        self.client.send_packet(&mut self.out, dst, packet).unwrap();
+        self.flush();
+    }
+
+    /// The next packet: (source, bytes).
+    fn recv_packet(&mut self) -> (NodePublic, Vec<u8>) {
+        let events = self.read_until(|e| matches!(e, Event::Packet { .. }));
+        match events.into_iter().last() {
+            Some(Event::Packet { src, packet }) => (src, packet.to_vec()),
+            other => panic!("no packet: the connection ended with {other:?}"),
+        }
     }
 
     fn flush(&mut self) {
@@ -530,5 +581,302 @@ fn the_served_certificate_expiry_is_a_metric() {
         .parse()
         .unwrap();
     assert_eq!(got, want);
+    f.stop();
+}
+
+/// A loopback UDP port that was free a moment ago.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `--stun=false` binds no STUN socket: the `--stun-port` it would use
+/// stays free (and is taken without the flag).
+#[test]
+fn stun_false_leaves_the_stun_port_free() {
+    let dir = TempDir::new("nostun");
+    let port = free_udp_port().to_string();
+    let (f, _) = serving(&mut relay(&dir, &["--stun-port", &port]));
+    let taken = std::net::UdpSocket::bind(format!("127.0.0.1:{port}"));
+    assert!(
+        taken.is_err(),
+        "STUN (on by default) holds 127.0.0.1:{port}"
+    );
+    f.stop();
+    let (f, _) = serving(&mut relay(&dir, &["--stun-port", &port, "--stun=false"]));
+    std::net::UdpSocket::bind(format!("127.0.0.1:{port}"))
+        .expect("--stun=false leaves the STUN port free");
+    f.stop();
+}
+
+/// The relay's end of a TCP connection in /proc/net/tcp: (timer kind, when
+/// it fires in clock ticks); kind 2 is the keepalive timer.
+fn server_socket_timer(relay: SocketAddr, client: SocketAddr) -> Option<(u32, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = |field: &str| u16::from_str_radix(field.rsplit(':').next().unwrap(), 16).unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if port(f[1]) != relay.port() || port(f[2]) != client.port() {
+            return None;
+        }
+        let (kind, when) = f[5].split_once(':').unwrap();
+        Some((
+            u32::from_str_radix(kind, 16).unwrap(),
+            u64::from_str_radix(when, 16).unwrap(),
+        ))
+    })
+}
+
+/// `--tcp-keepalive-time`: the relay's client sockets get a keepalive
+/// timer that fires after that much idleness (the kernel shows the timer
+/// and its remaining time in /proc/net/tcp, in 1/100 s); the default is
+/// 10 minutes.
+#[test]
+fn tcp_keepalive_time_is_set_on_client_sockets() {
+    let dir = TempDir::new("keepalive");
+    // (flags, the most and least the timer may show, in 1/100 s)
+    for (flags, most, least) in [
+        (&["--tcp-keepalive-time", "30s"][..], 30 * 100, 1),
+        (&[][..], 600 * 100, 31 * 100),
+    ] {
+        let (f, addr) = serving(&mut relay(&dir, flags));
+        let c = Derp::connect(addr, NodePrivate::generate(), None);
+        let me = c.sock.local_addr().unwrap();
+        let mut seen = None;
+        eventually("the relay's socket to show its keepalive timer", || {
+            seen = server_socket_timer(addr, me);
+            matches!(seen, Some((2, _)))
+        });
+        let (_, when) = seen.unwrap();
+        assert!(
+            (least..=most).contains(&when),
+            "{flags:?}: keepalive fires in {when}/100 s, want {least}..={most}"
+        );
+        drop(c);
+        f.stop();
+    }
+}
+
+/// `--tcp-user-timeout`: a client whose receive window stays closed (it
+/// reads nothing) is cut off by the kernel once the relay's data has gone
+/// unacknowledged that long. The relay's own write timeout is off here
+/// (`--tcp-write-timeout 0`), so nothing but the socket option can close
+/// the connection: without it, this test would wait in vain.
+#[test]
+fn tcp_user_timeout_cuts_off_a_client_that_takes_nothing() {
+    let dir = TempDir::new("usertimeout");
+    let (f, addr) = serving(&mut relay(
+        &dir,
+        &["--tcp-user-timeout", "1s", "--tcp-write-timeout", "0"],
+    ));
+    let bk = NodePrivate::generate();
+    let b_key = bk.public();
+    let b = Derp::connect(addr, bk, Some(4096));
+    let mut a = Derp::connect(addr, NodePrivate::generate(), None);
+    // More than the relay's queue and its socket's send buffer can hold,
+    // so that its data to B waits on B's closed window.
+    let big = vec![7u8; 60_000];
+    for _ in 0..150 {
+        a.client.send_packet(&mut a.out, &b_key, &big).unwrap();
+        a.flush();
+    }
+    let closed = |addr| {
+        get(addr, "/debug/varz")
+            .lines()
+            .find_map(|l| l.strip_prefix("ferry_connections_closed_total{reason=\"io_error\"} "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+            .unwrap_or(0.0)
+    };
+    eventually("the kernel to give up on B", || closed(addr) == 1.0);
+    assert_eq!(metric(addr, "derp_current_connections"), 1.0, "A stays");
+    drop(b);
+    f.stop();
+}
+
+/// CPUs a thread may run on, from /proc/PID/task/TID/status.
+fn cpus_allowed(status: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The allowed-CPU lists of a process's shard threads, by thread name.
+fn shard_affinity(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if name.starts_with("ferry-shard-") {
+            let status = std::fs::read_to_string(task.join("status")).unwrap();
+            out.push((name.trim().to_string(), cpus_allowed(&status)));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Shards are pinned one per core by default; `--pin=false` leaves them
+/// on every CPU the process may use.
+#[test]
+fn shards_are_pinned_unless_pin_false() {
+    let cpus = ferry_sys::available_cpus();
+    if cpus.len() < 2 {
+        println!("SKIPPED: one usable CPU, where pinned and unpinned look the same");
+        return;
+    }
+    let dir = TempDir::new("pin");
+    let mine = cpus_allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    for pin in [true, false] {
+        let (f, _) = serving(&mut relay(
+            &dir,
+            &["--workers", "2", &format!("--pin={pin}")],
+        ));
+        let shards = shard_affinity(f.pid());
+        assert_eq!(shards.len(), 2, "{shards:?}");
+        if pin {
+            let want: Vec<String> = cpus[..2].iter().map(|c| c.to_string()).collect();
+            let got: Vec<String> = shards.iter().map(|(_, c)| c.clone()).collect();
+            assert_eq!(got, want, "one shard per core, in order");
+        } else {
+            for (name, list) in &shards {
+                assert_eq!(list, &mine, "{name} with --pin=false");
+            }
+        }
+        f.stop();
+    }
+}
+
+/// Manual certificates renewed on disk are picked up by the relay's
+/// reload thread (every 30 s), without a signal and without a restart,
+/// while a client stays connected: a new client that trusts only the new
+/// certificate gets in (so it is what the relay serves now), and the two
+/// relay to each other.
+#[test]
+fn the_reload_thread_swaps_in_new_certificate_files_under_a_connected_client() {
+    let dir = TempDir::new("reloadthread");
+    let certs = dir.path("certs");
+    // An IP hostname without files: a certificate is generated and saved.
+    let (mut f, addr) = serving(&mut relay(
+        &dir,
+        &[
+            "--certmode",
+            "manual",
+            "--hostname",
+            "127.0.0.1",
+            "--certdir",
+            &certs,
+            "--http-port",
+            "-1",
+        ],
+    ));
+    f.wait_log("generated a self-signed certificate");
+    let mut old = Derp::tls(
+        addr,
+        "127.0.0.1",
+        &format!("{certs}/127.0.0.1.crt"),
+        NodePrivate::generate(),
+    );
+    // Another certificate for the same name replaces the files, the key
+    // first: a check between the two renames sees a mismatched pair
+    // (refused, the old one kept) and the next one the new pair.
+    let next = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    for (ext, pem) in [
+        ("key", next.key_pair.serialize_pem()),
+        ("crt", next.cert.pem()),
+    ] {
+        let tmp = format!("{certs}/.new.{ext}");
+        std::fs::write(&tmp, pem).unwrap();
+        std::fs::rename(&tmp, format!("{certs}/127.0.0.1.{ext}")).unwrap();
+    }
+    // The thread checks every 30 s: within two checks.
+    let deadline = Instant::now() + Duration::from_secs(75);
+    loop {
+        let log = f.log();
+        if log.contains("reloaded TLS certificate") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no reload within 75 s:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut new = Derp::tls(
+        addr,
+        "127.0.0.1",
+        &format!("{certs}/127.0.0.1.crt"),
+        NodePrivate::generate(),
+    );
+    let (old_key, new_key) = (old.client.public_key(), new.client.public_key());
+    old.send(&new_key, b"from before the reload");
+    assert_eq!(
+        new.recv_packet(),
+        (old_key, b"from before the reload".to_vec())
+    );
+    new.send(&old_key, b"from after it");
+    assert_eq!(old.recv_packet(), (new_key, b"from after it".to_vec()));
+    f.stop();
+}
+
+/// `ferry udp-relay`'s bounce flags through the binary: `--wireguard-only`
+/// drops what is not WireGuard, `--max-sessions 1` refuses a second
+/// client, `--gro=false --gso=false` switch the offloads off (the
+/// `ferry_udp_offload` series say so). What each does to datagrams in
+/// detail is tested in process (crates/udp/tests/bounce_flags.rs).
+#[test]
+fn udp_relay_bounce_flags_take_effect() {
+    let target = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    target.set_read_timeout(Some(T)).unwrap();
+    let mut f = Ferry::spawn(ferry().arg("udp-relay").args([
+        "--workers",
+        "1",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        &target.local_addr().unwrap().to_string(),
+        "--wireguard-only",
+        "--max-sessions",
+        "1",
+        "--gro=false",
+        "--gso=false",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]));
+    let metrics = url_addr(&f.field("metrics", "url"));
+    let log = f.wait_log("UDP relay running");
+    let relay: SocketAddr = log
+        .lines()
+        .find(|l| l.contains("listening"))
+        .and_then(|l| support::field_in(l, "addr"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let series = |name: &str| -> f64 {
+        get(metrics, "/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(series("ferry_udp_offload{feature=\"gro\"}"), 0.0);
+    assert_eq!(series("ferry_udp_offload{feature=\"gso\"}"), 0.0);
+    let mut data = [0xd0u8; 64];
+    data[..4].copy_from_slice(&[4, 0, 0, 0]);
+    let first = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    first.send_to(b"not wireguard", relay).unwrap();
+    first.send_to(&data, relay).unwrap();
+    let mut buf = [0u8; 128];
+    let n = target.recv(&mut buf).expect("the WireGuard datagram");
+    assert_eq!(&buf[..n], &data[..]);
+    eventually("the junk to be counted", || {
+        series("ferry_udp_drops_total{reason=\"not_wireguard\"}") == 1.0
+    });
+    let second = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    second.send_to(&data, relay).unwrap();
+    eventually("the second client to be refused", || {
+        series("ferry_udp_drops_total{reason=\"session_limit\"}") == 1.0
+    });
     f.stop();
 }

@@ -2,7 +2,9 @@
 //! set up, relaying more datagrams must not allocate at all. A counting
 //! global allocator (from ferry-sys, where unsafe code lives) watches every
 //! thread of this test process, the relay's shards included, while traffic
-//! flows; the test's own sockets use pre-allocated buffers.
+//! flows; the test's own sockets use pre-allocated buffers. Counting starts
+//! right after the warm-up's last datagram came back: no pause to let the
+//! relay "settle", since nothing it does in a steady state may allocate.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
@@ -96,7 +98,6 @@ fn bounce_steady_state() {
         pump(&client, at, &server, &mut msg, 1, None);
         pump(&server, upstream, &client, &mut msg, 1, None);
     }
-    std::thread::sleep(Duration::from_millis(300));
     let before = ferry_sys::alloc_count::allocations();
     for _ in 0..1000 {
         pump(&client, at, &server, &mut msg, 1, None);
@@ -155,7 +156,22 @@ fn hub_steady_state() {
     to_p0[4] = 0xaa;
     pump(&p0, hub, &p1, &mut to_p1, 200, Some(8));
     pump(&p1, hub, &p0, &mut to_p0, 200, Some(8));
-    std::thread::sleep(Duration::from_millis(300));
+    // What one shard learns reaches the other's replica a little later
+    // (and allocates there, once): wait for both sessions and both peers'
+    // endpoints in every shard before counting.
+    let m = relay.metrics().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !m
+        .shards
+        .iter()
+        .all(|s| s.hub_sessions.get() == 2 && s.hub_known_peers.get() == 2)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shards' replicas never agreed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let before = ferry_sys::alloc_count::allocations();
     pump(&p0, hub, &p1, &mut to_p1, 1000, Some(8));
     pump(&p1, hub, &p0, &mut to_p0, 1000, Some(8));

@@ -187,6 +187,7 @@ check "ping A -> C" ping_ok fu-a 10.77.200.3
 check "ping B -> C" ping_ok fu-b 10.77.200.3
 check "the hub forwarded by index" test "$(metric 'ferry_udp_packets_total{mode="hub",direction="out"}')" -gt 1000
 check "nothing dropped as malformed" test "$(metric 'ferry_udp_drops_total{reason="not_wireguard"}')" -eq 0
-metrics | grep -E '^ferry_udp_(drops_total|hub_messages_total|hub_known_peers|socket_drops_total|kernel_udp_errors_total)' | awk '$2 != 0 { print "   " $0 }'
+# For the record only: a scrape that times out on a loaded machine fails nothing.
+{ metrics | grep -E '^ferry_udp_(drops_total|hub_messages_total|hub_known_peers|socket_drops_total|kernel_udp_errors_total)' | awk '$2 != 0 { print "   " $0 }'; } || true
 
 step "all UDP relay namespace tests passed in $((SECONDS - started)) s"
