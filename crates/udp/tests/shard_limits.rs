@@ -1,18 +1,22 @@
-//! `--max-sessions` (`bounce[].max_sessions`) over two shards: one count
-//! for the route, whichever shard each client's address hashes to. The
-//! clients are placed by the kernel's `SO_REUSEPORT` hash; each test sends
-//! from new sockets and reads which shard counted each one (its session
-//! opened, or refused at the limit), so the shards each client met are
-//! known, not hoped for.
+//! The UDP relay's limits over two shards, each one count for everything
+//! it limits whichever shard each client's address hashes to: a bounce
+//! route's `--max-sessions` (`bounce[].max_sessions`) and the hub's
+//! `hub.max_indices`. Clients are placed by the kernel's `SO_REUSEPORT`
+//! hash; each test sends from new sockets and reads which shard counted
+//! each one, so the shards each client met are known, not hoped for.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_udp::config::{Bounce, Config, Listen, Tuning};
+use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
+use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
+use ferry_udp::hub::DropReason;
 use ferry_udp::metrics::{Drop, Metrics, ShardMetrics};
 use ferry_udp::Relay;
+
+mod common;
 
 const WORKERS: usize = 2;
 
@@ -41,10 +45,7 @@ fn sink() -> (SocketAddr, Arc<AtomicU64>) {
 fn start(target: SocketAddr, max: usize, idle: Duration) -> (Relay, SocketAddr) {
     let relay = Relay::start(&Config {
         bounce: vec![Bounce {
-            listen: vec![Listen {
-                addr: "127.0.0.1:0".parse().unwrap(),
-                field: "--listen".into(),
-            }],
+            listen: vec![loopback()],
             target: target.to_string(),
             target_field: "--target".into(),
             idle_timeout: idle,
@@ -53,21 +54,32 @@ fn start(target: SocketAddr, max: usize, idle: Duration) -> (Relay, SocketAddr) 
             max_sessions: max,
         }],
         hub: None,
-        tuning: Tuning {
-            workers: WORKERS,
-            pin: false,
-            recv_buffer: 4 << 20,
-            send_buffer: 4 << 20,
-            // No client here is refused for coming too fast.
-            handshake_rate: 1000,
-            handshake_burst: 1000,
-            ..Tuning::default()
-        },
+        tuning: tuning(),
         metrics_addr: None,
     })
     .unwrap();
     let at = relay.bound()[0].1;
     (relay, at)
+}
+
+fn loopback() -> Listen {
+    Listen {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        field: "--listen".into(),
+    }
+}
+
+fn tuning() -> Tuning {
+    Tuning {
+        workers: WORKERS,
+        pin: false,
+        recv_buffer: 4 << 20,
+        send_buffer: 4 << 20,
+        // No client here is refused for coming too fast.
+        handshake_rate: 1000,
+        handshake_burst: 1000,
+        ..Tuning::default()
+    }
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -221,5 +233,85 @@ fn max_sessions_caps_concurrent_clients_across_shards() {
     wait_for("its datagram at the target", || {
         received.load(Ordering::Relaxed) == N as u64 + 1
     });
+    relay.shutdown();
+}
+
+/// A WireGuard handshake initiation from sender index `sender` to the
+/// peer whose public key is `to` (only its MAC1 is real).
+fn initiation(sender: u32, to: &PublicKey) -> Vec<u8> {
+    let mut m = vec![0x5a; wg::INITIATION_LEN];
+    m[..4].copy_from_slice(&[1, 0, 0, 0]);
+    m[4..8].copy_from_slice(&sender.to_le_bytes());
+    assert!(wg::seal_mac1(&mut m, &Mac1Key::new(to)));
+    m
+}
+
+/// A fresh socket that the kernel gives to `shard` of the hub at `at`:
+/// found by sending junk from new sockets and seeing which shard counts it
+/// (each probe is one `not_wireguard` drop).
+fn hub_client_on(m: &Metrics, at: SocketAddr, shard: usize) -> UdpSocket {
+    let junk = Drop::Hub(DropReason::NotWireGuard);
+    for _ in 0..64 {
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let before = m.shards[shard].drops(junk);
+        let total = m.drops(junk);
+        c.send_to(b"which shard?", at).unwrap();
+        wait_for("the probe to be counted", || m.drops(junk) == total + 1);
+        if m.shards[shard].drops(junk) > before {
+            return c;
+        }
+    }
+    panic!("no client socket landed on shard {shard} in 64 tries");
+}
+
+/// `hub.max_indices` is the hub's whole table, not a share per shard:
+/// every shard's replica holds every entry. Ten pending handshakes from a
+/// client on shard 0, then ten from a client on shard 1 with a limit of
+/// 16: shard 1 refuses the last four (with a table per shard, all ten got
+/// through).
+#[test]
+fn hub_max_indices_counts_every_shards_entries() {
+    const EACH: u64 = 10;
+    const MAX: u64 = 16;
+    let (responder, received) = sink();
+    let keys = [
+        PublicKey::from_bytes([1; 32]),
+        PublicKey::from_bytes([2; 32]),
+    ];
+    let relay = Relay::start(&Config {
+        bounce: vec![],
+        hub: Some(Hub {
+            listen: vec![loopback()],
+            // p1 has a fixed endpoint, so initiations to it are forwarded
+            // (and each leaves a pending entry).
+            peers: common::hub_peers(&keys, Some((1, responder))),
+            max_indices: MAX as usize,
+        }),
+        tuning: tuning(),
+        metrics_addr: None,
+    })
+    .unwrap();
+    let at = relay.bound()[0].1;
+    let m = relay.metrics().clone();
+    let on0 = hub_client_on(&m, at, 0);
+    let on1 = hub_client_on(&m, at, 1);
+    for i in 0..EACH as u32 {
+        on0.send_to(&initiation(0x100 + i, &keys[1]), at).unwrap();
+    }
+    // Shard 0 queues its entries to shard 1 before it forwards the
+    // datagrams, and shard 1 takes them in before its next batch.
+    wait_for("shard 0's initiations at p1", || {
+        received.load(Ordering::Relaxed) == EACH
+    });
+    assert_eq!(m.shards[0].drops(Drop::Hub(DropReason::TableFull)), 0);
+    for i in 0..EACH as u32 {
+        on1.send_to(&initiation(0x200 + i, &keys[1]), at).unwrap();
+    }
+    let full = || m.shards[1].drops(Drop::Hub(DropReason::TableFull));
+    wait_for("shard 1's initiations forwarded or refused", || {
+        received.load(Ordering::Relaxed) + full() == 2 * EACH
+    });
+    assert_eq!(received.load(Ordering::Relaxed), MAX);
+    assert_eq!(full(), 2 * EACH - MAX);
     relay.shutdown();
 }
