@@ -103,7 +103,8 @@ pub struct Hub {
     pub listen: Vec<Listen>,
     /// The peers that may use the hub.
     pub peers: Vec<HubPeer>,
-    /// Most index entries (sessions and pending handshakes) per shard.
+    /// Most index entries (sessions and pending handshakes) in the hub,
+    /// all shards together: each shard's replica holds every entry.
     pub max_indices: usize,
 }
 

@@ -23,7 +23,9 @@
 //! receive buffer in the [`outbox`] of the socket it leaves through, and
 //! sends each outbox with one `sendmmsg`, GSO-coalesced. Bounce sessions
 //! live entirely on the shard that received their first datagram (a
-//! client's address always hashes to the same socket). The hub's tables are
+//! client's address always hashes to the same socket); only a route's
+//! session count is shared, one atomic that a shard updates when it opens
+//! or closes a session ([`shard::SessionCap`]). The hub's tables are
 //! replicated across shards through the engine's SPSC rings, as its module
 //! doc explains. No lock and no allocation on the packet path; counters are
 //! per-shard and single-writer ([`metrics`]).
@@ -62,7 +64,7 @@ use crate::hub::HubSettings;
 use crate::live::{Published, SourceRate};
 use crate::metrics::{Metrics, MetricsServer, ShardMetrics, StartInfo};
 use crate::session::Sessions;
-use crate::shard::{HubPart, Role, Route, Shard, ShardSetup, TargetCell};
+use crate::shard::{HubPart, Role, Route, SessionCap, Shard, ShardSetup, TargetCell};
 use crate::socket::{BindError, SocketOptions};
 
 /// Events a replication ring holds before the producer's overflow queue
@@ -213,7 +215,7 @@ impl Relay {
                 target: Arc::new(TargetCell::new(addr)),
                 idle_timeout: b.idle_timeout,
                 wireguard_only: b.wireguard_only,
-                max_sessions: b.max_sessions.div_ceil(workers),
+                sessions: SessionCap::new(b.max_sessions),
             });
         }
         let routes = Arc::new(routes);

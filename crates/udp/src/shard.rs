@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,8 +61,55 @@ pub struct Route {
     pub idle_timeout: Duration,
     /// Forward only WireGuard-shaped datagrams.
     pub wireguard_only: bool,
-    /// Session limit for this shard.
-    pub max_sessions: usize,
+    /// The route's sessions on every shard, and their limit.
+    pub sessions: Arc<SessionCap>,
+}
+
+/// The limit on a bounce route's concurrent sessions, over all shards
+/// (`max_sessions`): one count that every shard serving the route shares.
+/// A shard takes a place when it opens a session and the place is given
+/// back when the session is dropped, whatever removes it (idle expiry, a
+/// failed open, the shard stopping). Touched only when a session opens or
+/// closes, never per packet.
+#[derive(Debug)]
+pub struct SessionCap {
+    max: usize,
+    open: AtomicUsize,
+}
+
+impl SessionCap {
+    /// A count of none out of `max`.
+    pub fn new(max: usize) -> Arc<SessionCap> {
+        Arc::new(SessionCap {
+            max,
+            open: AtomicUsize::new(0),
+        })
+    }
+
+    /// Sessions open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A place for one more session, unless `max` are open.
+    fn take(self: &Arc<Self>) -> Option<SessionPlace> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SessionPlace(self.clone()))
+    }
+}
+
+/// One session's place in its route's [`SessionCap`], given back on drop.
+#[derive(Debug)]
+struct SessionPlace(Arc<SessionCap>);
+
+impl std::ops::Drop for SessionPlace {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What a listening socket is for.
@@ -132,6 +179,8 @@ struct Session {
     outbox: Outbox,
     touched: bool,
     drops_seen: u32,
+    /// Its place in the route's session limit.
+    _place: SessionPlace,
 }
 
 struct RingInbox(Vec<MsgRx<Event>>);
@@ -262,7 +311,6 @@ pub struct Shard {
     routes: Arc<Vec<Route>>,
     route_generation: Vec<u64>,
     route_targets: Vec<SocketAddr>,
-    route_sessions: Vec<usize>,
     sessions: Slab<Session>,
     by_client: HashMap<(usize, SocketAddr), usize>,
     touched: Vec<usize>,
@@ -325,7 +373,6 @@ impl Shard {
             }
             None => (None, Vec::new()),
         };
-        let n_routes = setup.routes.len();
         let (rate, burst) = *setup.source_rate.get();
         let route_targets = setup.routes.iter().map(|r| *r.target.get()).collect();
         let route_generation = setup.routes.iter().map(|r| r.target.generation()).collect();
@@ -337,7 +384,6 @@ impl Shard {
             routes: setup.routes,
             route_generation,
             route_targets,
-            route_sessions: vec![0; n_routes],
             sessions: Slab::new(),
             by_client: HashMap::new(),
             touched: Vec::with_capacity(MAX_BATCH),
@@ -568,10 +614,11 @@ impl Shard {
     }
 
     fn open_session(&mut self, route: usize, li: usize, client: SocketAddr) -> Option<usize> {
-        if self.route_sessions[route] >= self.routes[route].max_sessions {
+        // Dropped on any refusal below, which gives the place back.
+        let Some(place) = self.routes[route].sessions.take() else {
             self.metrics.count_drop(Drop::SessionLimit, 1);
             return None;
-        }
+        };
         if !self.session_limiter.allow(client.ip(), self.now) {
             self.metrics.count_drop(Drop::SessionRate, 1);
             return None;
@@ -607,9 +654,9 @@ impl Shard {
             outbox: Outbox::default(),
             touched: false,
             drops_seen: 0,
+            _place: place,
         });
         self.by_client.insert((route, client), key);
-        self.route_sessions[route] += 1;
         self.metrics.sessions_opened.add(1);
         Some(key)
     }
@@ -801,7 +848,6 @@ impl Shard {
             .registry()
             .deregister(&mut SourceFd(&s.sock.as_raw_fd()));
         self.by_client.remove(&(s.route, s.client));
-        self.route_sessions[s.route] -= 1;
         self.again.retain(|t| t.0 != SESSION_BASE + key);
         tracing::debug!(shard = self.id, client = %s.client, "bounce session closed");
     }
@@ -896,6 +942,30 @@ mod tests {
             |s| got.push(s),
         );
         (got, asked)
+    }
+
+    #[test]
+    fn a_session_cap_is_shared_and_its_places_come_back() {
+        let cap = SessionCap::new(3);
+        // Two shards racing for places: three in all, never more.
+        let held: Vec<Vec<SessionPlace>> = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..2)
+                .map(|_| scope.spawn(|| (0..100).filter_map(|_| cap.take()).collect()))
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert_eq!(held.iter().map(Vec::len).sum::<usize>(), 3);
+        assert_eq!(cap.open(), 3);
+        assert!(cap.take().is_none(), "full");
+        // A session dropped (closed, expired, or its shard stopped) gives
+        // its place back, and only its own.
+        let mut held: Vec<SessionPlace> = held.into_iter().flatten().collect();
+        held.pop();
+        assert_eq!(cap.open(), 2);
+        held.push(cap.take().expect("a place came back"));
+        assert!(cap.take().is_none());
+        drop(held);
+        assert_eq!(cap.open(), 0);
     }
 
     #[test]

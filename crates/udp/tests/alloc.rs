@@ -10,7 +10,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
-use ferry_udp::config::{Bounce, Config, Hub, HubPeer, Listen, Tuning};
+use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
 use ferry_udp::Relay;
 
 #[global_allocator]
@@ -113,6 +113,8 @@ fn bounce_steady_state() {
     relay.shutdown();
 }
 
+mod common;
+
 fn hub_steady_state() {
     let keys: Vec<PublicKey> = (1..=2).map(|n| PublicKey::from_bytes([n; 32])).collect();
     let (p0, p1) = (socket(), socket());
@@ -123,18 +125,8 @@ fn hub_steady_state() {
                 addr: "127.0.0.1:0".parse().unwrap(),
                 field: "--listen".into(),
             }],
-            peers: keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| HubPeer {
-                    name: format!("p{i}"),
-                    public_key: *k,
-                    allow: None,
-                    // p1 has a known address, so p0's initiation goes straight to it.
-                    endpoint: (i == 1).then(|| p1.local_addr().unwrap()),
-                    field: format!("--peer {i}"),
-                })
-                .collect(),
+            // p1 has a known address, so p0's initiation goes straight to it.
+            peers: common::hub_peers(&keys, Some((1, p1.local_addr().unwrap()))),
             max_indices: 1024,
         }),
         tuning: tuning(),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
-use ferry_udp::config::{Bounce, Config, Hub, HubPeer, Listen, Tuning};
+use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
 use ferry_udp::metrics::Drop;
 use ferry_udp::{Relay, Resolve, StartError};
 
@@ -388,22 +388,14 @@ fn start_errors_name_the_field() {
     );
 }
 
+mod common;
+
 fn hub_config(keys: &[PublicKey], workers: usize) -> Config {
     Config {
         bounce: vec![],
         hub: Some(Hub {
             listen: vec![listen("127.0.0.1:0")],
-            peers: keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| HubPeer {
-                    name: format!("p{i}"),
-                    public_key: *k,
-                    allow: None,
-                    endpoint: None,
-                    field: format!("--peer {i}"),
-                })
-                .collect(),
+            peers: common::hub_peers(keys, None),
             max_indices: 1024,
         }),
         tuning: tuning(workers),
