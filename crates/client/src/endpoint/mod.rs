@@ -32,6 +32,7 @@
 //!   block or no allowed path drops the datagram and counts it.
 
 pub mod paths;
+pub mod sessions;
 
 use crate::{DerpClient, Error, Options};
 use ferry_proto::key::{NodePrivate, NodePublic};
