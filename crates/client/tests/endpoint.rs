@@ -431,3 +431,79 @@ async fn stun_learns_the_public_address_and_announces_it() {
     server.shutdown();
     server.wait().expect("ferry stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_probes_and_strangers_payloads_are_dropped() {
+    use ferry_proto::nacl::{random_nonce, SharedKey};
+    use ferry_proto::peer_msg::{self, Probe};
+    let server = TestServer::start(Kind::Ferry, None);
+    let (a, b) = pair(
+        options(&server.url()),
+        options(&server.url()),
+        PeerOptions::default(),
+    )
+    .await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    let stranger = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mallory = NodePrivate::generate();
+    let mut datagrams = Vec::new();
+    // A ping claiming to be A, sealed with another key.
+    let mut forged = Vec::new();
+    peer_msg::put_probe(
+        &mut forged,
+        0,
+        &ka,
+        &SharedKey::new(&mallory, &kb),
+        &random_nonce(),
+        &Probe::Ping { tx: [1; 12] },
+    );
+    datagrams.push(forged);
+    // A well-sealed ping from a key B does not know.
+    let mut unknown = Vec::new();
+    peer_msg::put_probe(
+        &mut unknown,
+        0,
+        &mallory.public(),
+        &SharedKey::new(&mallory, &kb),
+        &random_nonce(),
+        &Probe::Ping { tx: [2; 12] },
+    );
+    datagrams.push(unknown);
+    // A payload from an address that is no peer's path, and garbage.
+    let mut payload = Vec::new();
+    peer_msg::put_payload(&mut payload, 0, b"inject");
+    datagrams.push(payload);
+    datagrams.push(b"\x01\x02garbage".to_vec());
+    for d in &datagrams {
+        stranger.send_to(d, b.local_addr()).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while b.stats().rejected < datagrams.len() as u64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rejected {:?}",
+            b.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Nothing was answered, nothing delivered, the stranger is no path.
+    let mut buf = [0u8; 1500];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stranger.recv_from(&mut buf))
+            .await
+            .is_err(),
+        "B answered a stranger"
+    );
+    let st = b.peer_status(&ka).unwrap();
+    let from = stranger.local_addr().unwrap();
+    assert!(
+        st.paths.iter().all(|p| p.addr != PathAddr::Direct(from)),
+        "{st:?}"
+    );
+    a.send(&kb, b"real").unwrap();
+    assert_eq!(
+        recv_from(&b, &ka).await,
+        b"real",
+        "the first delivery is A's"
+    );
+}
