@@ -25,12 +25,13 @@
 //!   Payloads on UDP carry no key: they are accepted only from an address
 //!   (or relay session) that belongs to a peer's path.
 //! - This side's candidate addresses (the socket's local address, or the
-//!   interface address the default route uses when bound to a wildcard;
+//!   host's addresses of its family when bound to a wildcard;
 //!   the public address STUN reports; [`EndpointOptions::advertise`]) go to
 //!   every peer in call-me-maybe over DERP.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
 
+mod local;
 pub mod paths;
 pub mod sessions;
 
@@ -45,7 +46,7 @@ pub use paths::{
     Timing,
 };
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -481,25 +482,6 @@ async fn default_stun(url: &str) -> Option<SocketAddr> {
     addrs.next()
 }
 
-/// The address the system would send from towards the internet (no packet
-/// is sent: connecting a UDP socket only picks the route).
-fn route_source(v6: bool) -> Option<IpAddr> {
-    let (bind, probe): (SocketAddr, SocketAddr) = if v6 {
-        (
-            (Ipv6Addr::UNSPECIFIED, 0).into(),
-            (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1), 9).into(),
-        )
-    } else {
-        (
-            (Ipv4Addr::UNSPECIFIED, 0).into(),
-            ([192, 0, 2, 1], 9).into(),
-        )
-    };
-    let s = std::net::UdpSocket::bind(bind).ok()?;
-    s.connect(probe).ok()?;
-    Some(s.local_addr().ok()?.ip())
-}
-
 impl Inner {
     fn lock_paths(&self) -> std::sync::MutexGuard<'_, Paths> {
         self.paths.lock().expect("not poisoned")
@@ -565,9 +547,8 @@ impl Inner {
         if self.discover {
             let port = self.local_addr.port();
             if self.local_addr.ip().is_unspecified() {
-                if let Some(ip) = route_source(self.local_addr.is_ipv6()) {
-                    addrs.push(SocketAddr::new(ip, port));
-                }
+                let ips = local::addresses(self.local_addr.is_ipv6());
+                addrs.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, port)));
             } else {
                 addrs.push(self.local_addr);
             }
