@@ -98,17 +98,10 @@ async fn next_event(
 async fn derp_at_once_then_direct_after_probes() {
     for kind in kinds() {
         let server = TestServer::start(kind, None);
-        let a = Endpoint::bind(options(&server.url()))
-            .await
-            .expect("bind a");
-        let b = Endpoint::bind(options(&server.url()))
-            .await
-            .expect("bind b");
+        // Direct UDP is cut until the first datagram went: it must go by
+        // DERP, before any probe could be answered.
+        let (a, b, wire) = wired(&server.url(), PeerOptions::default(), false).await;
         let (ka, kb) = (a.public_key(), b.public_key());
-        b.add_peer(ka, PeerOptions::default());
-        // No direct path can be confirmed before A has pinged B (a DERP
-        // round trip away at least): the first datagram goes by DERP.
-        a.add_peer(kb, PeerOptions::default());
         assert_eq!(
             a.peer_status(&kb).unwrap().active,
             Some(PathAddr::Derp),
@@ -117,12 +110,13 @@ async fn derp_at_once_then_direct_after_probes() {
         a.send(&kb, b"over derp").unwrap();
         assert_eq!(recv_from(&b, &ka).await, b"over derp");
 
+        wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
         until_active(&b, &ka, PathKind::Direct, QUICK).await;
         let st = a.peer_status(&kb).unwrap();
         assert_eq!(
             st.active,
-            Some(PathAddr::Direct(b.local_addr())),
+            Some(PathAddr::Direct(wire.addr_of_b())),
             "{kind:?}"
         );
         for i in 0..50u32 {
@@ -205,8 +199,9 @@ async fn forward(from: Arc<UdpSocket>, out: Arc<UdpSocket>, dst: SocketAddr, up:
 }
 
 /// Two endpoints whose only direct path is through a [`Wire`].
-async fn wired(url: &str, peer: PeerOptions) -> (Endpoint, Endpoint, Wire) {
+async fn wired(url: &str, peer: PeerOptions, up: bool) -> (Endpoint, Endpoint, Wire) {
     let mut wire = Wire::new().await;
+    wire.set_up(up);
     let mut oa = options(url);
     oa.discover = false;
     oa.advertise = vec![wire.addr_of_a()];
@@ -222,7 +217,7 @@ async fn wired(url: &str, peer: PeerOptions) -> (Endpoint, Endpoint, Wire) {
 async fn falls_back_to_derp_within_two_seconds_and_returns_to_direct() {
     for kind in kinds() {
         let server = TestServer::start(kind, None);
-        let (a, b, wire) = wired(&server.url(), PeerOptions::default()).await;
+        let (a, b, wire) = wired(&server.url(), PeerOptions::default(), true).await;
         let (ka, kb) = (a.public_key(), b.public_key());
         let mut events = a.subscribe();
         until_active(&a, &kb, PathKind::Direct, QUICK).await;

@@ -27,6 +27,9 @@ use std::net::SocketAddr;
 pub const MAGIC: [u8; 4] = *b"FRY1";
 /// Length of a ping's transaction id.
 pub const TX_ID_LEN: usize = 12;
+/// Zero bytes after a ping's tx id, so a ping is as large as the pong it
+/// draws (no amplification by a replayed ping).
+pub const PING_PADDING: usize = ENDPOINT_LEN;
 /// Most addresses a call-me-maybe may carry (more is refused, so a peer
 /// cannot make this side probe without bound).
 pub const MAX_ENDPOINTS: usize = 32;
@@ -149,9 +152,13 @@ pub fn open_probe(key: &SharedKey, sealed: &[u8]) -> Result<Probe, PeerMsgError>
         len: body.len(),
     };
     match kind {
-        PING => Ok(Probe::Ping {
-            tx: body.try_into().map_err(|_| bad())?,
-        }),
+        PING if body.len() == TX_ID_LEN + PING_PADDING
+            && body[TX_ID_LEN..] == [0; PING_PADDING] =>
+        {
+            Ok(Probe::Ping {
+                tx: body[..TX_ID_LEN].try_into().expect("length checked"),
+            })
+        }
         PONG if body.len() == TX_ID_LEN + ENDPOINT_LEN => Ok(Probe::Pong {
             tx: body[..TX_ID_LEN].try_into().expect("length checked"),
             observed: endpoint_at(&body[TX_ID_LEN..]),
@@ -191,6 +198,7 @@ pub fn put_probe(
         Probe::Ping { tx } => {
             plain.push(PING);
             plain.extend_from_slice(tx);
+            plain.extend_from_slice(&[0; PING_PADDING]);
         }
         Probe::Pong { tx, observed } => {
             plain.push(PONG);
@@ -283,6 +291,7 @@ mod tests {
             let want = unhex(line.split_once(": ").unwrap().1);
             assert_eq!(*bytes, want, "peer {name}: {}", hex_of(bytes));
         }
+        assert_eq!(ping.len(), pong.len(), "a ping draws no larger answer");
         assert_eq!(
             payload,
             unhex("00007a12 00000000 68656c6c6f"),
@@ -385,7 +394,8 @@ mod tests {
         too_many.extend(std::iter::repeat_n(0u8, ENDPOINT_LEN * (MAX_ENDPOINTS + 1)));
         for (plain, kind, len) in [
             (vec![], 0, 0),
-            (vec![PING; 12], PING, 11),
+            (vec![PING; 13], PING, 12),
+            (vec![PING; 31], PING, 30),
             (vec![PONG; 13], PONG, 12),
             (vec![CALL_ME_MAYBE; 18], CALL_ME_MAYBE, 17),
             (vec![9, 0, 0], 9, 2),

@@ -603,6 +603,11 @@ fn a_ping_is_answered_on_its_path_and_its_source_becomes_a_candidate() {
     let t = m.poll_transmit().unwrap();
     assert_eq!(t.path, PathAddr::Derp);
     assert!(matches!(t.probe, Probe::Pong { observed, .. } if observed.ip().is_unspecified()));
+    // The same ping again (a replay, from anywhere): no pong, no candidate.
+    let elsewhere = PathAddr::Direct(addr("203.0.113.9:1"));
+    m.handle_probe(now, &peer, elsewhere, Probe::Ping { tx: [5; 12] });
+    assert_eq!(m.poll_transmit(), None);
+    assert_eq!(m.owner(&elsewhere), None);
     // Probes from someone who is not a peer: nothing.
     m.handle_probe(now, &key(9), src, Probe::Ping { tx: [7; 12] });
     assert_eq!(m.poll_transmit(), None);
