@@ -217,9 +217,11 @@ async fn wired(url: &str, peer: PeerOptions, up: bool) -> (Endpoint, Endpoint, W
 async fn falls_back_to_derp_within_two_seconds_and_returns_to_direct() {
     for kind in kinds() {
         let server = TestServer::start(kind, None);
-        let (a, b, wire) = wired(&server.url(), PeerOptions::default(), true).await;
+        // Cut until A listens to events, so the first switch is seen.
+        let (a, b, wire) = wired(&server.url(), PeerOptions::default(), false).await;
         let (ka, kb) = (a.public_key(), b.public_key());
         let mut events = a.subscribe();
+        wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
         assert_eq!(
             a.peer_status(&kb).unwrap().active,
@@ -350,19 +352,17 @@ async fn only_and_prefer_hold_while_direct_works() {
         let derp = st.paths.iter().find(|p| p.addr == PathAddr::Derp).unwrap();
         assert_eq!(derp.stats.tx_packets, 1, "{peer:?}");
     }
-    // only = direct: nothing goes until direct is confirmed.
-    let (a, b) = pair(
-        options(&server.url()),
-        options(&server.url()),
-        PeerOptions {
-            only: Some(PathKind::Direct),
-            ..PeerOptions::default()
-        },
-    )
-    .await;
+    // only = direct: nothing goes until direct is confirmed (it is cut
+    // at first).
+    let only_direct = PeerOptions {
+        only: Some(PathKind::Direct),
+        ..PeerOptions::default()
+    };
+    let (a, b, wire) = wired(&server.url(), only_direct, false).await;
     let kb = b.public_key();
     assert_eq!(a.send(&kb, b"x"), Err(ferry_client::SendError::NoPath));
     assert_eq!(a.stats().send_dropped, 1);
+    wire.set_up(true);
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
     a.send(&kb, b"direct").unwrap();
     assert_eq!(recv_from(&b, &a.public_key()).await, b"direct");
