@@ -738,6 +738,15 @@ impl Paths {
         self.events.pop_front()
     }
 
+    /// The state of the peer's relay-session path, if it has one.
+    pub fn relay_state(&self, key: &NodePublic) -> Option<PathState> {
+        let peer = self.peers.get(key)?;
+        peer.paths
+            .iter()
+            .find(|p| p.addr.kind() == PathKind::Relay)
+            .map(|p| p.state)
+    }
+
     /// A peer's paths and counters.
     pub fn status(&self, key: &NodePublic) -> Option<PeerStatus> {
         let peer = self.peers.get(key)?;

@@ -338,7 +338,9 @@ fn switches_up_within_ten_seconds_of_a_path_appearing_whenever_it_appears() {
 fn relay_session_between_direct_and_derp() {
     let mut p = Pair::new(Policy::default(), true);
     p.direct_up = false;
+    assert_eq!(p.a.relay_state(&p.kb), Some(PathState::Unconfirmed));
     p.run_for(Duration::from_secs(3));
+    assert_eq!(p.a.relay_state(&p.kb), Some(PathState::Working));
     let relay = PathAddr::Relay {
         vni: VNI,
         addr: addr(RELAY),

@@ -14,12 +14,14 @@
 //!
 //! Inputs: [`Sessions::want`], [`Sessions::handle_offer`],
 //! [`Sessions::handle_refused`], [`Sessions::handle_datagram`],
-//! [`Sessions::lost`], [`Sessions::handle_timeout`]. Outputs:
+//! [`Sessions::lost`], [`Sessions::check_path`] (the path manager's view of
+//! the session's path), [`Sessions::handle_timeout`]. Outputs:
 //! [`Sessions::poll_allocate`] (ask the relay, over DERP),
 //! [`Sessions::poll_transmit`] (bind messages to send on the UDP socket),
 //! [`Sessions::poll_change`] (the peer's relay path, or none),
 //! [`Sessions::poll_timeout`].
 
+use super::paths::PathState;
 use ferry_proto::key::NodePublic;
 use ferry_proto::relay_session::{Binder, SessionOffer, BIND_LEN};
 use ferry_proto::udp_header::Header;
@@ -35,6 +37,9 @@ pub struct SessionTiming {
     pub retry: Duration,
     /// How long an allocation may go unanswered.
     pub answer_timeout: Duration,
+    /// A bound session whose relay path no pong confirmed this long after
+    /// binding (the peer never bound its slot) is given up.
+    pub confirm_within: Duration,
 }
 
 impl Default for SessionTiming {
@@ -42,6 +47,7 @@ impl Default for SessionTiming {
         SessionTiming {
             retry: Duration::from_secs(10),
             answer_timeout: Duration::from_secs(5),
+            confirm_within: Duration::from_secs(10),
         }
     }
 }
@@ -54,7 +60,7 @@ enum State {
     Idle { at: Instant },
     Asked { until: Instant },
     Binding(Binder),
-    Bound(Binder),
+    Bound(Binder, Instant),
 }
 
 /// The relay sessions of one endpoint.
@@ -82,7 +88,7 @@ impl Sessions {
 
     /// Stop: the peer is gone, or its relay no longer offers sessions.
     pub fn remove(&mut self, peer: &NodePublic) {
-        if let Some(State::Bound(_)) = self.peers.remove(peer) {
+        if let Some(State::Bound(..)) = self.peers.remove(peer) {
             self.changes.push_back((*peer, None));
         }
     }
@@ -106,13 +112,13 @@ impl Sessions {
         let Some(state) = self.peers.get_mut(&offer.peer) else {
             return;
         };
-        if let State::Binding(b) | State::Bound(b) = state {
+        if let State::Binding(b) | State::Bound(b, _) = state {
             if b.vni() == offer.vni && b.slot() == offer.slot {
                 // The same session offered again (both peers asked).
                 return;
             }
         }
-        let was_bound = matches!(state, State::Bound(_));
+        let was_bound = matches!(state, State::Bound(..));
         self.generation = self.generation.wrapping_add(1).max(1);
         *state = State::Binding(Binder::new(offer, relay, self.generation, now));
         if was_bound {
@@ -136,7 +142,7 @@ impl Sessions {
             return false;
         };
         for (peer, state) in &mut self.peers {
-            let (State::Binding(b) | State::Bound(b)) = state else {
+            let (State::Binding(b) | State::Bound(b, _)) = state else {
                 continue;
             };
             if b.vni() != header.vni || !b.handle(now, datagram) {
@@ -146,7 +152,7 @@ impl Sessions {
                 if b.is_bound() {
                     let path = (b.vni(), b.relay());
                     let bound = b.clone();
-                    *state = State::Bound(bound);
+                    *state = State::Bound(bound, now);
                     self.changes.push_back((*peer, Some(path)));
                 }
             }
@@ -161,12 +167,36 @@ impl Sessions {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
         };
-        if matches!(state, State::Bound(_)) {
+        if matches!(state, State::Bound(..)) {
             self.changes.push_back((*peer, None));
         }
         *state = State::Idle {
             at: now + self.timing.retry,
         };
+    }
+
+    /// How the path manager sees the peer's relay path: a bound session
+    /// whose path died, or that no pong confirmed within
+    /// [`SessionTiming::confirm_within`] of binding, is lost.
+    pub fn check_path(&mut self, now: Instant, peer: &NodePublic, state: Option<PathState>) {
+        let Some(State::Bound(_, at)) = self.peers.get(peer) else {
+            return;
+        };
+        let unconfirmed = now.saturating_duration_since(*at) >= self.timing.confirm_within;
+        match state {
+            Some(PathState::Working) => {}
+            Some(PathState::Unconfirmed) if !unconfirmed => {}
+            _ => self.lost(now, peer),
+        }
+    }
+
+    /// The peers with a bound session.
+    pub fn bound(&self) -> Vec<NodePublic> {
+        self.peers
+            .iter()
+            .filter(|(_, s)| matches!(s, State::Bound(..)))
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// Gives up on binds and allocations past their time.
@@ -182,7 +212,7 @@ impl Sessions {
                         b.is_failed()
                     }
                 }
-                State::Idle { .. } | State::Bound(_) => false,
+                State::Idle { .. } | State::Bound(..) => false,
             };
             if expired {
                 *state = State::Idle { at: retry };
@@ -211,14 +241,14 @@ impl Sessions {
                 State::Idle { at } => Some(*at),
                 State::Asked { until } => Some(*until),
                 State::Binding(b) => b.poll_timeout(),
-                State::Bound(_) => None,
+                State::Bound(..) => None,
             })
             .min()
     }
 
     /// Whether `peer` has a bound session.
     pub fn is_bound(&self, peer: &NodePublic) -> bool {
-        matches!(self.peers.get(peer), Some(State::Bound(_)))
+        matches!(self.peers.get(peer), Some(State::Bound(..)))
     }
 }
 
@@ -349,5 +379,37 @@ mod tests {
         assert!(BindMsg::parse(&bind).unwrap().generation > generation);
         s.remove(&peer);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_bound_session_is_lost_when_its_path_dies_or_is_never_confirmed() {
+        let t = SessionTiming::default();
+        let now = Instant::now();
+        let peer = NodePrivate::generate().public();
+        let bind = |s: &mut Sessions, at: Instant, vni: u32| {
+            s.want(at, peer);
+            s.poll_allocate(at).unwrap();
+            s.handle_offer(at, &offer(peer, vni), RELAY.parse().unwrap());
+            assert!(relay_answers(s, at).is_some());
+        };
+        let mut s = Sessions::new(t.clone());
+        bind(&mut s, now, 9);
+        assert_eq!(s.bound(), vec![peer]);
+        let soon = now + t.confirm_within - Duration::from_millis(1);
+        s.check_path(soon, &peer, Some(PathState::Unconfirmed));
+        s.check_path(soon, &peer, Some(PathState::Working));
+        assert!(s.is_bound(&peer));
+        s.check_path(now + t.confirm_within, &peer, Some(PathState::Unconfirmed));
+        assert!(!s.is_bound(&peer));
+        assert_eq!(s.poll_change(), Some((peer, None)));
+
+        let mut s = Sessions::new(t.clone());
+        bind(&mut s, now, 9);
+        s.check_path(now, &peer, Some(PathState::Dead));
+        assert!(!s.is_bound(&peer));
+        let mut s = Sessions::new(t);
+        bind(&mut s, now, 9);
+        s.check_path(now, &peer, None);
+        assert!(!s.is_bound(&peer), "no relay path at all");
     }
 }
