@@ -502,3 +502,39 @@ async fn forged_probes_and_strangers_payloads_are_dropped() {
         "the first delivery is A's"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derp_resumes_after_the_relay_restarts() {
+    for kind in kinds() {
+        let mut server = TestServer::start(kind, None);
+        let only_derp = PeerOptions {
+            only: Some(PathKind::Derp),
+            ..PeerOptions::default()
+        };
+        let (a, b) = pair(options(&server.url()), options(&server.url()), only_derp).await;
+        let (ka, kb) = (a.public_key(), b.public_key());
+        a.send(&kb, b"before").unwrap();
+        assert_eq!(recv_from(&b, &ka).await, b"before", "{kind:?}");
+        server.restart();
+        // Both reconnect by themselves; sends in between are dropped (DERP
+        // is best effort), so send until one arrives.
+        let deadline = tokio::time::Instant::now() + QUICK;
+        let mut n = 0u32;
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{kind:?}: nothing through the restarted relay: {:?}",
+                a.relay_status()
+            );
+            n += 1;
+            let _ = a.send(&kb, &n.to_be_bytes());
+            if let Ok(Ok((from, _))) =
+                tokio::time::timeout(Duration::from_millis(100), b.recv()).await
+            {
+                assert_eq!(from, ka);
+                break;
+            }
+        }
+        assert!(a.relay_status()[0].connected, "{kind:?}");
+    }
+}
