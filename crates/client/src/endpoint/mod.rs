@@ -99,6 +99,9 @@ pub struct EndpointOptions {
     /// Received datagrams held for [`Endpoint::recv`], and datagrams held
     /// per DERP server for sending, before more are dropped.
     pub queue: usize,
+    /// Receive and send buffer asked of the kernel for the UDP socket
+    /// (bytes; the kernel may grant less).
+    pub socket_buffer: usize,
     /// Seed of the ping ids (tests); `None` draws one.
     pub seed: Option<u64>,
     /// The probing schedule.
@@ -121,6 +124,7 @@ impl EndpointOptions {
             relays,
             bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             queue: 1024,
+            socket_buffer: 4 << 20,
             seed: None,
             timing: Timing::default(),
             discover: true,
@@ -271,9 +275,8 @@ impl Endpoint {
     /// Binds the UDP socket, connects to every DERP server (failing if a
     /// first connection fails) and starts probing.
     pub async fn bind(opts: EndpointOptions) -> Result<Endpoint, EndpointError> {
-        let socket = UdpSocket::bind(opts.bind)
-            .await
-            .map_err(|source| EndpointError::Bind {
+        let socket =
+            bind_socket(opts.bind, opts.socket_buffer).map_err(|source| EndpointError::Bind {
                 addr: opts.bind,
                 source,
             })?;
@@ -471,6 +474,23 @@ fn vni_of(path: &PathAddr) -> u32 {
         PathAddr::Relay { vni, .. } => *vni,
         PathAddr::Direct(_) | PathAddr::Derp => 0,
     }
+}
+
+/// A non-blocking UDP socket on `addr` with (up to) `buffer` bytes of
+/// kernel buffer each way, so bursts are not dropped before the driver
+/// reads them.
+fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    // Best effort: the kernel caps both at its configured maximum.
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
 }
 
 /// The URL's host, port 3478, resolved.
