@@ -693,23 +693,21 @@ impl Driver {
     fn on_message(&mut self, path: PathAddr, derp_src: Option<NodePublic>, msg: PeerMessage<'_>) {
         match msg {
             PeerMessage::Payload(bytes) => {
-                let peer = match derp_src {
-                    Some(src) => self
-                        .inner
-                        .peers
-                        .read()
-                        .expect("not poisoned")
-                        .contains_key(&src)
-                        .then_some(src),
-                    None => self.inner.lock_paths().owner(&path),
+                let peer = {
+                    let mut paths = self.inner.lock_paths();
+                    let peer = match derp_src {
+                        Some(src) => paths.is_peer(&src).then_some(src),
+                        None => paths.owner(&path),
+                    };
+                    if let Some(p) = &peer {
+                        paths.on_receive(p, &path, bytes.len());
+                    }
+                    peer
                 };
                 let Some(peer) = peer else {
                     self.inner.reject();
                     return;
                 };
-                self.inner
-                    .lock_paths()
-                    .on_receive(&peer, &path, bytes.len());
                 if self.received.try_send((peer, bytes.to_vec())).is_err() {
                     self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
                 }

@@ -397,6 +397,11 @@ impl Paths {
         }
     }
 
+    /// Whether `key` is a peer.
+    pub fn is_peer(&self, key: &NodePublic) -> bool {
+        self.peers.contains_key(key)
+    }
+
     /// The peers.
     pub fn peers(&self) -> impl Iterator<Item = &NodePublic> {
         self.peers.keys()
