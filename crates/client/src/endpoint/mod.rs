@@ -30,6 +30,24 @@
 //!   every peer in call-me-maybe over DERP.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
+//!
+//! ```no_run
+//! use ferry_client::{Endpoint, EndpointOptions, PeerOptions, RelayOptions};
+//! use ferry_proto::key::{NodePrivate, NodePublic};
+//!
+//! # async fn run(peer: NodePublic) -> Result<(), Box<dyn std::error::Error>> {
+//! let relays = vec![RelayOptions::new("home", "https://derp.example.com/derp")];
+//! let ep = Endpoint::bind(EndpointOptions::new(NodePrivate::generate(), relays)).await?;
+//! ep.add_peer(peer, PeerOptions::default());
+//! let mut switches = ep.subscribe();
+//! ep.send(&peer, b"hello")?;
+//! let (from, data) = ep.recv().await?;
+//! println!("{} bytes from {from}, path {:?}", data.len(), ep.peer_status(&peer).unwrap().active);
+//! let switch = switches.recv().await?;
+//! println!("{:?} → {:?} ({:?}, {} possibly lost)", switch.from, switch.to, switch.reason, switch.lost);
+//! # Ok(())
+//! # }
+//! ```
 
 mod local;
 pub mod paths;
