@@ -25,9 +25,10 @@ use ferry_proto::client::{self as derp, BoxKey};
 use ferry_proto::derp_map::Region;
 use ferry_proto::frame::{PeerGoneReason, MAX_PACKET_SIZE, PING_LEN};
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::{Allocate, RefuseReason, SessionOffer};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -63,6 +64,10 @@ pub struct Options {
     /// set) instead of TLS, as Go's `TS_DEBUG_USE_DERP_HTTP` does. For
     /// development servers only.
     pub plain_http: bool,
+    /// Ask for relay sessions (`"ferryRelay": 1` in clientInfo,
+    /// `docs/relay-sessions.md`); a Ferry relay that offers them says so in
+    /// serverInfo ([`DerpClient::relay_port`]). Off by default.
+    pub relay_sessions: bool,
 }
 
 impl Default for Options {
@@ -78,6 +83,7 @@ impl Default for Options {
             event_queue: 1024,
             command_queue: 256,
             plain_http: false,
+            relay_sessions: false,
         }
     }
 }
@@ -145,6 +151,21 @@ pub enum Event {
         /// Round-trip time.
         rtt: Duration,
     },
+    /// A relay session with a peer: the answer to
+    /// [`DerpSender::allocate`] (with its request id), or the peer's own
+    /// allocation (request id 0). Bind it with
+    /// [`ferry_proto::relay_session::Binder`] at
+    /// [`DerpSender::relay_endpoint`].
+    RelaySession(SessionOffer),
+    /// The relay refused an allocation.
+    RelayRefused {
+        /// The id [`DerpSender::allocate`] returned.
+        request_id: u32,
+        /// The peer asked for.
+        peer: NodePublic,
+        /// Why.
+        reason: RefuseReason,
+    },
 }
 
 /// Counters of one client.
@@ -161,6 +182,9 @@ pub struct Stats {
 struct Shared {
     connected: AtomicBool,
     server_key: Mutex<Option<NodePublic>>,
+    /// The current connection's server address and relay-session port.
+    relay: Mutex<(Option<SocketAddr>, Option<u16>)>,
+    next_request: AtomicU32,
     connects: AtomicU64,
     dropped: AtomicU64,
 }
@@ -169,6 +193,7 @@ enum Command {
     Send { dst: NodePublic, data: Vec<u8> },
     Ping { reply: oneshot::Sender<Duration> },
     NotePreferred(bool),
+    Allocate(Allocate),
 }
 
 /// A DERP client: one connection to one server (or to the first working
@@ -198,6 +223,7 @@ impl std::fmt::Debug for Command {
             Command::Send { dst, data } => write!(f, "Send({dst:?}, {} bytes)", data.len()),
             Command::Ping { .. } => f.write_str("Ping"),
             Command::NotePreferred(p) => write!(f, "NotePreferred({p})"),
+            Command::Allocate(a) => write!(f, "Allocate({}, {})", a.peer, a.request_id),
         }
     }
 }
@@ -312,6 +338,21 @@ impl DerpClient {
         self.sender.is_connected()
     }
 
+    /// See [`DerpSender::relay_port`].
+    pub fn relay_port(&self) -> Option<u16> {
+        self.sender.relay_port()
+    }
+
+    /// See [`DerpSender::allocate`].
+    pub async fn allocate(&self, peer: &NodePublic) -> Result<u32, Error> {
+        self.sender.allocate(peer).await
+    }
+
+    /// See [`DerpSender::relay_endpoint`].
+    pub fn relay_endpoint(&self, offer: &SessionOffer) -> Option<SocketAddr> {
+        self.sender.relay_endpoint(offer)
+    }
+
     /// The key of the server of the current (or last) connection.
     pub fn server_key(&self) -> Option<NodePublic> {
         *self.sender.shared.server_key.lock().expect("not poisoned")
@@ -382,6 +423,48 @@ impl DerpSender {
     /// Whether a connection is up right now.
     pub fn is_connected(&self) -> bool {
         self.shared.connected.load(Ordering::Acquire)
+    }
+
+    /// The relay-session UDP port the current connection's server offered
+    /// (serverInfo's `ferryRelay`); `None` when the client did not ask
+    /// ([`Options::relay_sessions`]) or the server offers none (derper, an
+    /// older Ferry, sessions off).
+    pub fn relay_port(&self) -> Option<u16> {
+        self.shared.relay.lock().expect("not poisoned").1
+    }
+
+    /// Asks the server for a relay session with `peer`; returns the request
+    /// id that the answer ([`Event::RelaySession`] or
+    /// [`Event::RelayRefused`]) carries. The peer gets its own offer.
+    /// [`Error::NoRelaySessions`] when the server offers none.
+    pub async fn allocate(&self, peer: &NodePublic) -> Result<u32, Error> {
+        if self.relay_port().is_none() {
+            return Err(if self.is_connected() {
+                Error::NoRelaySessions
+            } else {
+                Error::NotConnected
+            });
+        }
+        let request_id = self.shared.next_request.fetch_add(1, Ordering::Relaxed) + 1;
+        self.command(Command::Allocate(Allocate {
+            peer: *peer,
+            request_id,
+        }))
+        .await?;
+        Ok(request_id)
+    }
+
+    /// Where to bind `offer` from a UDP socket: its first endpoint, with an
+    /// unspecified address (`0.0.0.0`, `::`: "where you reached the DERP
+    /// server") replaced by the current connection's server address.
+    /// `None` when that is needed and unknown.
+    pub fn relay_endpoint(&self, offer: &SessionOffer) -> Option<SocketAddr> {
+        let e = *offer.endpoints.first()?;
+        if !e.ip().is_unspecified() {
+            return Some(e);
+        }
+        let server = self.shared.relay.lock().expect("not poisoned").0?;
+        Some(SocketAddr::new(server.ip().to_canonical(), e.port()))
     }
 
     async fn command(&self, cmd: Command) -> Result<(), Error> {
@@ -473,6 +556,7 @@ impl Driver {
         self.backoff.reset();
         self.restart = None;
         *self.shared.server_key.lock().expect("not poisoned") = Some(conn.server_key);
+        *self.shared.relay.lock().expect("not poisoned") = (conn.server_addr, conn.relay_port);
         self.shared.connects.fetch_add(1, Ordering::Relaxed);
         self.shared.connected.store(true, Ordering::Release);
         self.emit(Event::Connected {
@@ -613,6 +697,7 @@ impl Driver {
         let result = match cmd {
             Command::Send { dst, data } => conn.derp.send_packet(out, &dst, &data),
             Command::NotePreferred(p) => conn.derp.note_preferred(out, p),
+            Command::Allocate(a) => conn.derp.relay_allocate(out, &a),
             Command::Ping { reply } => {
                 self.next_ping += 1;
                 let data = self.next_ping.to_be_bytes();
@@ -653,6 +738,12 @@ impl Driver {
                     try_for,
                 }
             }
+            derp::Event::RelaySession(offer) => Event::RelaySession(offer),
+            derp::Event::RelayRefused(r) => Event::RelayRefused {
+                request_id: r.request_id,
+                peer: r.peer,
+                reason: r.reason,
+            },
             derp::Event::Pong(data) => match self.pings.remove(&data) {
                 Some((sent, reply)) => {
                     let rtt = sent.elapsed();

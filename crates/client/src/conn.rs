@@ -59,6 +59,10 @@ pub(crate) struct Conn {
     pub(crate) fast_start: bool,
     /// WebSocket framing, when the connection uses it.
     pub(crate) ws: Option<Ws>,
+    /// The server's TCP address.
+    pub(crate) server_addr: Option<std::net::SocketAddr>,
+    /// The relay-session port serverInfo offered, if any.
+    pub(crate) relay_port: Option<u16>,
 }
 
 /// The WebSocket layer of a connection.
@@ -177,6 +181,7 @@ pub(crate) async fn dial(
     let within = async {
         let label = target.label();
         let tcp = connect_tcp(target).await?;
+        let server_addr = tcp.peer_addr().ok();
         // Small frames (pings, short packets) must not wait for Nagle.
         tcp.set_nodelay(true).map_err(|e| Error::io(&label, e))?;
         let (mut io, fast_start): (Box<dyn Stream>, Option<NodePublic>) = match tls {
@@ -209,6 +214,9 @@ pub(crate) async fn dial(
         config.handshake_timeout = limit;
         config.keepalive_timeout = options.keepalive_timeout;
         config.box_key = box_key;
+        if options.relay_sessions {
+            config.info.ferry_relay = ferry_proto::relay_session::VERSION;
+        }
         let client = match leftover {
             None => derp::Client::new(config, now(), nacl::random_nonce()),
             Some(_) => derp::Client::new_upgraded(config, now(), nacl::random_nonce()),
@@ -224,6 +232,8 @@ pub(crate) async fn dial(
             server_key: NodePublic::from_bytes([0; 32]),
             fast_start: fast_start.is_some() && leftover.is_none(),
             ws: leftover.is_some().then(Ws::new),
+            server_addr,
+            relay_port: None,
         };
         handshake(&mut conn, leftover.unwrap_or_default()).await?;
         Ok(conn)
@@ -264,10 +274,12 @@ async fn connect_tcp(target: &Target) -> Result<TcpStream, Error> {
 /// `leftover` is what followed a WebSocket `101` in the same read.
 async fn handshake(conn: &mut Conn, mut leftover: Vec<u8>) -> Result<(), Error> {
     let mut server_key = None;
+    let mut relay_port = None;
     loop {
         conn.flush().await?;
         if let Some(key) = server_key {
             conn.server_key = key;
+            conn.relay_port = relay_port;
             return Ok(());
         }
         let Conn {
@@ -287,7 +299,16 @@ async fn handshake(conn: &mut Conn, mut leftover: Vec<u8>) -> Result<(), Error> 
         };
         let input = decode(ws, raw, label)?;
         let mut on_event = |e: derp::Event<&[u8]>| match e {
-            derp::Event::Connected { server_key: k, .. } => server_key = Some(k),
+            derp::Event::Connected {
+                server_key: k,
+                info,
+            } => {
+                server_key = Some(k);
+                relay_port = info
+                    .ferry_relay
+                    .filter(|r| r.version >= ferry_proto::relay_session::VERSION && r.port != 0)
+                    .map(|r| r.port);
+            }
             other => early.push(other.into_owned()),
         };
         derp.handle_bytes(now(), input.bytes, &mut on_event)

@@ -120,6 +120,11 @@ pub enum Error {
     /// packet or ping was not sent.
     #[error("not connected (reconnecting)")]
     NotConnected,
+    /// The server offers no relay sessions to this client (it did not ask
+    /// with [`Options::relay_sessions`](crate::Options::relay_sessions), or
+    /// the server is derper, an older Ferry, or has them off).
+    #[error("the server offers no relay sessions")]
+    NoRelaySessions,
     /// A ping got no pong within
     /// [`Options::ping_timeout`](crate::Options::ping_timeout).
     #[error("no pong within {limit:?}")]

@@ -96,6 +96,21 @@ pub(crate) struct Args {
     #[arg(long = "stun-port", default_value_t = 3478)]
     pub stun_port: u16,
 
+    /// Relay sessions for Ferry's SDK clients (docs/relay-sessions.md): the
+    /// UDP port of the session socket, bound on the -a address; off when
+    /// not given (0: a port the system picks).
+    #[arg(long = "relay-port")]
+    pub relay_port: Option<u16>,
+
+    /// Relay sessions one client key may be in at once.
+    #[arg(long = "relay-sessions-per-key", default_value_t = 32)]
+    pub relay_sessions_per_key: usize,
+
+    /// Free a bound relay session after this long without traffic (Go
+    /// duration, 1s to 1h).
+    #[arg(long = "relay-idle-timeout", default_value = "60s")]
+    pub relay_idle_timeout: String,
+
     /// Serve DERP (false keeps only STUN and the HTTP endpoints).
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub derp: bool,
@@ -653,6 +668,8 @@ pub(crate) struct Plan {
     pub workers_warning: Option<String>,
     /// How long a non-draining client may hold its senders paused.
     pub backpressure_budget: Duration,
+    /// Relay sessions' socket address and table limits, if on.
+    pub relay_sessions: Option<(SocketAddr, ferry_udp::session::Limits)>,
 }
 
 impl Plan {
@@ -773,6 +790,28 @@ impl Plan {
                 secs(60),
             )?
             .unwrap_or(Duration::ZERO),
+            relay_sessions: match args.relay_port {
+                None => None,
+                Some(port) => {
+                    if args.relay_sessions_per_key == 0 {
+                        bail!("--relay-sessions-per-key 0: must be at least 1");
+                    }
+                    let idle = duration_flag(
+                        "relay-idle-timeout",
+                        &args.relay_idle_timeout,
+                        false,
+                        secs(1),
+                        secs(3600),
+                    )?
+                    .context("--relay-idle-timeout: must be more than 0")?;
+                    let limits = ferry_udp::session::Limits {
+                        per_key: args.relay_sessions_per_key,
+                        idle_lifetime: idle,
+                        ..Default::default()
+                    };
+                    Some((SocketAddr::new(addr.ip(), port), limits))
+                }
+            },
         })
     }
 }

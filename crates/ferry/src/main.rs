@@ -309,6 +309,24 @@ fn serve(args: &Args) -> Result<()> {
         tls_setup = Some(setup);
     }
 
+    // Relay sessions: the UDP socket group first, so serverInfo can name
+    // its port from the first client on.
+    let mut session_relay = None;
+    if let Some((addr, limits)) = plan.relay_sessions {
+        let sessions = std::sync::Arc::new(ferry_udp::session::Sessions::new(limits));
+        let tuning = ferry_udp::config::Tuning {
+            workers: plan.workers,
+            pin: false,
+            ..Default::default()
+        };
+        let relay =
+            ferry_udp::Relay::start_sessions("--relay-port", addr, sessions.clone(), tuning)
+                .context("starting relay sessions")?;
+        tracing::info!(addr = %sessions.bound().unwrap_or(addr), per_key = limits.per_key, idle = ?limits.idle_lifetime, "relay sessions on");
+        config.relay_sessions = Some(std::sync::Arc::new(SessionGlue(sessions.clone())));
+        session_relay = Some((relay, sessions));
+    }
+
     let mut listeners = vec![ListenerSpec {
         addr: plan.addr,
         kind: ListenerKind::Derp,
@@ -338,6 +356,13 @@ fn serve(args: &Args) -> Result<()> {
     }
     dns.spawn_refresher()
         .context("starting the bootstrap DNS resolver")?;
+    if let Some((relay, sessions)) = &session_relay {
+        let (udp, sessions) = (relay.metrics().clone(), sessions.clone());
+        server.metrics().add_source(Box::new(move |w| {
+            w.push_str(&udp.render());
+            sessions.render(w);
+        }));
+    }
     if let Some(setup) = tls_setup {
         server
             .metrics()
@@ -442,8 +467,33 @@ fn serve(args: &Args) -> Result<()> {
     }
     server.shutdown();
     server.wait().context("stopping the relay")?;
+    if let Some((relay, _)) = session_relay {
+        relay.shutdown();
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Relay sessions' table (`ferry-udp`) as the DERP shards use it.
+struct SessionGlue(std::sync::Arc<ferry_udp::session::Sessions>);
+
+impl ferry_relay::shard::SessionService for SessionGlue {
+    fn port(&self) -> u16 {
+        self.0.port()
+    }
+
+    fn allocate(
+        &self,
+        asker: &ferry_proto::key::NodePublic,
+        peer: &ferry_proto::key::NodePublic,
+        ip: std::net::IpAddr,
+        request_id: u32,
+    ) -> Result<
+        [ferry_proto::relay_session::SessionOffer; 2],
+        ferry_proto::relay_session::RefuseReason,
+    > {
+        self.0.allocate(asker, peer, ip, request_id)
+    }
 }
 
 /// How often manual-mode certificate files are checked for changes.

@@ -385,7 +385,7 @@ pub enum ClientError {
 /// What a [`Client`] reports. `P` is the payload type: `&[u8]` borrowed from
 /// the input during [`Client::handle_bytes`], `Vec<u8>` after
 /// [`Event::into_owned`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event<P = Vec<u8>> {
     /// `serverInfo` opened: the handshake is done. Always the first event.
     Connected {
@@ -434,6 +434,10 @@ pub enum Event<P = Vec<u8>> {
     },
     /// The server closed the connection at a frame boundary.
     ServerClosed,
+    /// A relay session offer (relaySession; only to clients that asked).
+    RelaySession(crate::relay_session::SessionOffer),
+    /// A relay session refused (relayRefused; only to clients that asked).
+    RelayRefused(crate::relay_session::Refused),
 }
 
 impl Event<&[u8]> {
@@ -459,6 +463,8 @@ impl Event<&[u8]> {
                 try_for,
             },
             Event::ServerClosed => Event::ServerClosed,
+            Event::RelaySession(o) => Event::RelaySession(o),
+            Event::RelayRefused(r) => Event::RelayRefused(r),
         }
     }
 }
@@ -711,7 +717,7 @@ impl Client {
         dst: &NodePublic,
         packet: &[u8],
     ) -> Result<(), ClientError> {
-        self.ready_for(FrameType::SendPacket, false)?;
+        self.ready_for(FrameType::SendPacket.name(), false)?;
         check_packet(FrameType::SendPacket, packet)?;
         self.poll_transmit(out);
         frame::put_send_packet(out, dst, packet);
@@ -727,7 +733,7 @@ impl Client {
         dst: &NodePublic,
         packet: &[u8],
     ) -> Result<(), ClientError> {
-        self.ready_for(FrameType::ForwardPacket, true)?;
+        self.ready_for(FrameType::ForwardPacket.name(), true)?;
         check_packet(FrameType::ForwardPacket, packet)?;
         self.poll_transmit(out);
         frame::put_forward_packet(out, src, dst, packet);
@@ -737,7 +743,7 @@ impl Client {
     /// Mesh: subscribes to the server's connection list (`watchConns`);
     /// `peerPresent` and `peerGone` events follow.
     pub fn watch_conns(&mut self, out: &mut Vec<u8>) -> Result<(), ClientError> {
-        self.ready_for(FrameType::WatchConns, true)?;
+        self.ready_for(FrameType::WatchConns.name(), true)?;
         self.poll_transmit(out);
         frame::put_watch_conns(out);
         Ok(())
@@ -746,7 +752,7 @@ impl Client {
     /// Mesh: asks the server to close every connection of `key`
     /// (`closePeer`).
     pub fn close_peer(&mut self, out: &mut Vec<u8>, key: &NodePublic) -> Result<(), ClientError> {
-        self.ready_for(FrameType::ClosePeer, true)?;
+        self.ready_for(FrameType::ClosePeer.name(), true)?;
         self.poll_transmit(out);
         frame::put_close_peer(out, key);
         Ok(())
@@ -758,7 +764,7 @@ impl Client {
         out: &mut Vec<u8>,
         preferred: bool,
     ) -> Result<(), ClientError> {
-        self.ready_for(FrameType::NotePreferred, false)?;
+        self.ready_for(FrameType::NotePreferred.name(), false)?;
         self.poll_transmit(out);
         frame::put_note_preferred(out, preferred);
         Ok(())
@@ -767,16 +773,31 @@ impl Client {
     /// Pings the server with caller-chosen bytes; [`Event::Pong`] carries
     /// them back.
     pub fn ping(&mut self, out: &mut Vec<u8>, data: [u8; PING_LEN]) -> Result<(), ClientError> {
-        self.ready_for(FrameType::Ping, false)?;
+        self.ready_for(FrameType::Ping.name(), false)?;
         self.poll_transmit(out);
         frame::put_ping(out, &data);
+        Ok(())
+    }
+
+    /// Asks the server for a relay session with `a.peer`
+    /// (`docs/relay-sessions.md` §2). Only useful when the client asked for
+    /// sessions (`ClientInfo::ferry_relay`) and the server's serverInfo
+    /// offered them; any other server ignores the frame.
+    pub fn relay_allocate(
+        &mut self,
+        out: &mut Vec<u8>,
+        a: &crate::relay_session::Allocate,
+    ) -> Result<(), ClientError> {
+        self.ready_for("relayAllocate", false)?;
+        self.poll_transmit(out);
+        crate::relay_session::put_allocate(out, a);
         Ok(())
     }
 
     /// Answers a server ping by hand (for clients configured without
     /// `can_ack_pings`, which do not answer on their own).
     pub fn pong(&mut self, out: &mut Vec<u8>, data: [u8; PING_LEN]) -> Result<(), ClientError> {
-        self.ready_for(FrameType::Pong, false)?;
+        self.ready_for(FrameType::Pong.name(), false)?;
         self.poll_transmit(out);
         frame::put_pong(out, &data);
         Ok(())
@@ -890,22 +911,15 @@ impl Client {
         self.head = Vec::new();
     }
 
-    fn ready_for(&self, frame: FrameType, mesh_only: bool) -> Result<(), ClientError> {
+    fn ready_for(&self, frame: &'static str, mesh_only: bool) -> Result<(), ClientError> {
         let s = &self.session;
         match s.stage() {
             Stage::AwaitServerInfo | Stage::Connected => {}
             Stage::Failed | Stage::Closed => s.usable()?,
-            stage => {
-                return Err(ClientError::NotReady {
-                    frame: frame.name(),
-                    stage,
-                })
-            }
+            stage => return Err(ClientError::NotReady { frame, stage }),
         }
         if mesh_only && s.info.mesh_key.is_none() {
-            return Err(ClientError::NotMesh {
-                frame: frame.name(),
-            });
+            return Err(ClientError::NotMesh { frame });
         }
         Ok(())
     }
@@ -1117,6 +1131,20 @@ impl Session {
             let src = NodePublic::try_from(src).expect("split at the key length");
             on_event(Event::Packet { src, packet });
             return;
+        }
+        if self.info.ferry_relay != 0 {
+            use crate::relay_session::{parse_frame, RelayFrame};
+            match parse_frame(ty, payload) {
+                Some(Ok(RelayFrame::Session(offer))) => {
+                    return on_event(Event::RelaySession(offer))
+                }
+                Some(Ok(RelayFrame::Refused(r))) => return on_event(Event::RelayRefused(r)),
+                Some(_) => {
+                    self.ignored_frames += 1;
+                    return;
+                }
+                None => {}
+            }
         }
         let Ok(parsed) = parse_server_frame(ty, payload) else {
             self.ignored_frames += 1;

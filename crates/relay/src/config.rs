@@ -146,6 +146,9 @@ pub struct RelayConfig {
     /// (`--accept-connection-limit`, `--accept-connection-burst`); `None`
     /// accepts everything.
     pub accept_limit: Option<(f64, f64)>,
+    /// Relay sessions (`ferry --relay-port`), offered to clients that ask;
+    /// `None`: off, and clients see nothing of them.
+    pub relay_sessions: Option<Arc<dyn crate::shard::SessionService>>,
 }
 
 impl RelayConfig {
@@ -184,6 +187,7 @@ impl RelayConfig {
             admission: AdmissionConfig::default(),
             rate: RateConfig::default(),
             accept_limit: None,
+            relay_sessions: None,
         }
     }
 }

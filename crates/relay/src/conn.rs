@@ -192,6 +192,8 @@ pub struct Conn {
     pub mesh: bool,
     /// Said it is a prober.
     pub prober: bool,
+    /// Asked for relay sessions, which this relay offers.
+    pub relay_sessions: bool,
     /// The upgrade request carried an `Ideal-Node` header.
     pub not_ideal: bool,
     /// The client calls this server home.
@@ -285,6 +287,7 @@ impl Conn {
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,
             prober: false,
+            relay_sessions: false,
             not_ideal: false,
             preferred: false,
             watcher: false,

@@ -61,6 +61,7 @@ use crate::config::{Change, Config, ConfigError};
 use crate::hub::HubSettings;
 use crate::live::{Published, SourceRate};
 use crate::metrics::{Metrics, MetricsServer, ShardMetrics, StartInfo};
+use crate::session::Sessions;
 use crate::shard::{HubPart, Role, Route, Shard, ShardSetup, TargetCell};
 use crate::socket::{BindError, SocketOptions};
 
@@ -153,7 +154,39 @@ impl Relay {
 
     /// Starts a relay that resolves bounce targets with `resolver`.
     pub fn start_with(config: &Config, resolver: Arc<dyn Resolve>) -> Result<Relay, StartError> {
-        config.validate()?;
+        Self::start_inner(config, resolver, None)
+    }
+
+    /// Starts relay sessions' socket group alone (no bounce, no hub) on
+    /// `listen` (`field` names it in errors) with `tuning`, serving the
+    /// table `sessions`, which learns the bound address.
+    pub fn start_sessions(
+        field: &str,
+        listen: SocketAddr,
+        sessions: Arc<Sessions>,
+        tuning: config::Tuning,
+    ) -> Result<Relay, StartError> {
+        let config = Config {
+            bounce: Vec::new(),
+            hub: None,
+            tuning,
+            metrics_addr: None,
+        };
+        let bind = config::Listen {
+            addr: listen,
+            field: field.to_string(),
+        };
+        Self::start_inner(&config, Arc::new(SystemResolver), Some((bind, sessions)))
+    }
+
+    fn start_inner(
+        config: &Config,
+        resolver: Arc<dyn Resolve>,
+        sessions: Option<(config::Listen, Arc<Sessions>)>,
+    ) -> Result<Relay, StartError> {
+        if sessions.is_none() {
+            config.validate()?;
+        }
         let t = &config.tuning;
         let workers = if t.workers == 0 {
             ferry_sys::available_cpus().len().max(1)
@@ -221,6 +254,10 @@ impl Relay {
                 bind(&l.field, l.addr, Role::Hub(via as u16))?;
             }
         }
+        if let Some((l, s)) = &sessions {
+            bind(&l.field, l.addr, Role::Sessions)?;
+            s.set_bound(bound.last().expect("just bound").1);
+        }
         let granted = granted.unwrap_or_default();
 
         let hub_settings = match &config.hub {
@@ -277,6 +314,7 @@ impl Relay {
                 hub: hub_settings
                     .clone()
                     .map(|settings| HubPart { settings, tx, rx }),
+                sessions: sessions.as_ref().map(|(_, s)| s.clone()),
                 socket_options,
                 gso,
                 source_rate: source_rate.clone(),

@@ -8,7 +8,9 @@
 //! (`RcvbufErrors` is the receive-buffer overflow count the issue asks to
 //! see) next to the relay's own per-socket drop counts from `SO_RXQ_OVFL`.
 //!
-//! Names are prefixed `ferry_udp_`; `mode` is `bounce` or `hub`.
+//! Names are prefixed `ferry_udp_`; `mode` is `bounce`, `hub` or
+//! `relay_session` (the session table's own counters are
+//! `crate::session::Sessions::render`'s).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -110,6 +112,10 @@ pub struct ShardMetrics {
     pub hub_in: Flow,
     /// Hub: datagrams sent.
     pub hub_out: Flow,
+    /// Relay sessions: datagrams received on the session port.
+    pub relay_session_in: Flow,
+    /// Relay sessions: datagrams sent (forwarded data and bind replies).
+    pub relay_session_out: Flow,
     /// Hub: received messages by WireGuard type (1–4, index 0 unused).
     pub hub_kinds: [Counter; 5],
     drops: [Counter; N_DROPS],
@@ -149,6 +155,8 @@ impl Default for ShardMetrics {
             to_client: Flow::default(),
             hub_in: Flow::default(),
             hub_out: Flow::default(),
+            relay_session_in: Flow::default(),
+            relay_session_out: Flow::default(),
             hub_kinds: Default::default(),
             drops: std::array::from_fn(|_| Counter::default()),
             sessions: Gauge::default(),
@@ -245,11 +253,13 @@ impl Metrics {
             "counter",
             "Datagrams relayed, by mode and direction.",
         );
-        let flows: [(&str, &str, FlowOf); 4] = [
+        let flows: [(&str, &str, FlowOf); 6] = [
             ("bounce", "to_target", |s| &s.to_target),
             ("bounce", "to_client", |s| &s.to_client),
             ("hub", "in", |s| &s.hub_in),
             ("hub", "out", |s| &s.hub_out),
+            ("relay_session", "in", |s| &s.relay_session_in),
+            ("relay_session", "out", |s| &s.relay_session_out),
         ];
         for (mode, dir, f) in flows {
             let v = self.sum(|s| f(s).packets.get());

@@ -37,6 +37,7 @@ use crate::live::{Published, SourceRate};
 use crate::metrics::{Drop, ShardMetrics};
 use crate::outbox::{Flushed, Outbox};
 use crate::ratelimit::SourceLimiter;
+use crate::session::{self, Sessions};
 use crate::socket::{self, SocketOptions};
 
 /// Batches read from one socket per turn before moving on.
@@ -71,6 +72,8 @@ pub enum Role {
     Bounce(usize),
     /// The hub, through its listening address `via`.
     Hub(u16),
+    /// Relay sessions (`crate::session`).
+    Sessions,
 }
 
 /// A shard's share of the hub: settings, and the rings to and from every
@@ -94,6 +97,8 @@ pub struct ShardSetup {
     pub routes: Arc<Vec<Route>>,
     /// The hub's part, if the relay runs a hub.
     pub hub: Option<HubPart>,
+    /// Relay sessions' shared table, if the relay runs them.
+    pub sessions: Option<Arc<Sessions>>,
     /// Options for upstream sockets.
     pub socket_options: SocketOptions,
     /// Use GSO.
@@ -212,6 +217,41 @@ pub fn screen_bounce(
     }
 }
 
+/// Calls `f(source, offset, length)` for each datagram of a received
+/// batch (`meta`, slots of `slot` bytes), GRO runs split at their segment
+/// size; truncated slots are counted and skipped.
+fn each_datagram(
+    meta: &[RecvMeta],
+    slot: usize,
+    metrics: &ShardMetrics,
+    mut f: impl FnMut(SocketAddr, usize, usize),
+) {
+    for (i, m) in meta.iter().enumerate() {
+        let Some(src) = m.src else { continue };
+        if m.truncated {
+            metrics.count_drop(Drop::Truncated, 1);
+            continue;
+        }
+        let start = i * slot;
+        let seg = m.segment.max(1);
+        let mut at = start;
+        while at < start + m.len {
+            let len = seg.min(start + m.len - at);
+            f(src, at, len);
+            at += len;
+        }
+    }
+}
+
+/// Which flow a flush counts in.
+#[derive(Clone, Copy)]
+enum Out {
+    Client,
+    Target,
+    Hub,
+    Sessions,
+}
+
 /// A running shard's state.
 pub struct Shard {
     id: usize,
@@ -228,6 +268,7 @@ pub struct Shard {
     touched: Vec<usize>,
     hub: Option<Hub>,
     repl_tx: Vec<MsgTx<Event>>,
+    relay_sessions: Option<Arc<Sessions>>,
     socket_options: SocketOptions,
     gso: bool,
     session_limiter: SourceLimiter,
@@ -302,6 +343,7 @@ impl Shard {
             touched: Vec::with_capacity(MAX_BATCH),
             hub,
             repl_tx,
+            relay_sessions: setup.sessions,
             socket_options: setup.socket_options,
             gso: setup.gso,
             session_limiter: SourceLimiter::new(4096, rate, burst),
@@ -364,6 +406,7 @@ impl Shard {
                     match self.listeners.get(token.0).map(|l| l.role) {
                         Some(Role::Bounce(route)) => self.bounce_in(token.0, route),
                         Some(Role::Hub(via)) => self.hub_in(token.0, via),
+                        Some(Role::Sessions) => self.sessions_in(token.0),
                         None => false,
                     }
                 } else {
@@ -438,13 +481,14 @@ impl Shard {
         }
     }
 
-    fn account(&mut self, f: &Flushed, to_client: Option<bool>) {
+    fn account(&mut self, f: &Flushed, out: Out) {
         self.metrics.send_calls.add(f.calls);
         self.metrics.gso_messages.add(f.gso_messages);
-        match to_client {
-            Some(true) => self.metrics.to_client.add(f.sent, f.bytes),
-            Some(false) => self.metrics.to_target.add(f.sent, f.bytes),
-            None => self.metrics.hub_out.add(f.sent, f.bytes),
+        match out {
+            Out::Client => self.metrics.to_client.add(f.sent, f.bytes),
+            Out::Target => self.metrics.to_target.add(f.sent, f.bytes),
+            Out::Hub => self.metrics.hub_out.add(f.sent, f.bytes),
+            Out::Sessions => self.metrics.relay_session_out.add(f.sent, f.bytes),
         }
         if f.buffer_full > 0 {
             self.metrics.count_drop(Drop::SendBufferFull, f.buffer_full);
@@ -512,7 +556,7 @@ impl Shard {
                 let s = &mut self.sessions[key];
                 s.touched = false;
                 let f = s.outbox.flush(s.sock.as_fd(), &self.buf, &mut self.tx);
-                self.account(&f, Some(false));
+                self.account(&f, Out::Target);
             }
             touched.clear();
             self.touched = touched;
@@ -601,7 +645,7 @@ impl Shard {
                 );
             }
             let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
-            self.account(&f, Some(true));
+            self.account(&f, Out::Client);
             if n < MAX_BATCH {
                 return false;
             }
@@ -619,27 +663,24 @@ impl Shard {
             let Some(hub) = self.hub.as_mut() else {
                 return false;
             };
-            for i in 0..n {
-                let m = self.meta[i];
-                let Some(src) = m.src else { continue };
-                if m.truncated {
-                    self.metrics.count_drop(Drop::Truncated, 1);
-                    continue;
+            each_datagram(&self.meta[..n], self.slot, &self.metrics, |src, at, len| {
+                let dgram = &self.buf[at..at + len];
+                self.metrics.hub_in.add(1, len as u64);
+                if let Some(&t) = dgram.first() {
+                    if (1..=4).contains(&t) {
+                        self.metrics.hub_kinds[usize::from(t)].add(1);
+                    }
                 }
-                let start = i * self.slot;
-                let seg = m.segment.max(1);
-                let mut at = start;
-                while at < start + m.len {
-                    let len = seg.min(start + m.len - at);
-                    let dgram = &self.buf[at..at + len];
-                    self.metrics.hub_in.add(1, len as u64);
-                    if let Some(&t) = dgram.first() {
-                        if (1..=4).contains(&t) {
-                            self.metrics.hub_kinds[usize::from(t)].add(1);
+                match hub.route(self.now, src, via, dgram) {
+                    Verdict::Forward(ep) => {
+                        if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
+                            self.listeners[out]
+                                .outbox
+                                .push(Some(ep.addr), at, len, len, self.gso);
                         }
                     }
-                    match hub.route(self.now, src, via, dgram) {
-                        Verdict::Forward(ep) => {
+                    Verdict::Flood => {
+                        for ep in hub.flood_targets() {
                             if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
                                 self.listeners[out].outbox.push(
                                     Some(ep.addr),
@@ -650,24 +691,10 @@ impl Shard {
                                 );
                             }
                         }
-                        Verdict::Flood => {
-                            for ep in hub.flood_targets() {
-                                if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
-                                    self.listeners[out].outbox.push(
-                                        Some(ep.addr),
-                                        at,
-                                        len,
-                                        len,
-                                        self.gso,
-                                    );
-                                }
-                            }
-                        }
-                        Verdict::Drop(why) => self.metrics.count_drop(Drop::Hub(why), 1),
                     }
-                    at += len;
+                    Verdict::Drop(why) => self.metrics.count_drop(Drop::Hub(why), 1),
                 }
-            }
+            });
             // Other shards must know what this batch taught us before its
             // datagrams leave: replies to them may land there.
             if hub.has_events() {
@@ -684,8 +711,45 @@ impl Shard {
                 }
                 let l = &mut self.listeners[out];
                 let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
-                self.account(&f, None);
+                self.account(&f, Out::Hub);
             }
+            if n < MAX_BATCH {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Datagrams on the relay-session port: binds answered in place,
+    /// data forwarded between a session's two bound addresses (see
+    /// [`session`]). The shared table is locked once per batch.
+    fn sessions_in(&mut self, li: usize) -> bool {
+        let Some(sessions) = self.relay_sessions.clone() else {
+            return false;
+        };
+        for _ in 0..ROUNDS {
+            let n = self.recv(Some(li), None);
+            if n == 0 || n == usize::MAX {
+                return false;
+            }
+            let mut table = sessions.lock();
+            let out = &mut self.listeners[li].outbox;
+            each_datagram(&self.meta[..n], self.slot, &self.metrics, |src, at, len| {
+                self.metrics.relay_session_in.add(1, len as u64);
+                let to = match table.handle(self.now, src, &mut self.buf[at..at + len]) {
+                    session::Verdict::Forward(to) => Some(to),
+                    session::Verdict::Reply => Some(src),
+                    // Counted by the table, by reason.
+                    session::Verdict::Drop(_) => None,
+                };
+                if let Some(to) = to {
+                    out.push(Some(to), at, len, len, self.gso);
+                }
+            });
+            drop(table);
+            let l = &mut self.listeners[li];
+            let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
+            self.account(&f, Out::Sessions);
             if n < MAX_BATCH {
                 return false;
             }
@@ -695,6 +759,11 @@ impl Shard {
 
     /// Timers: target changes, idle sessions, hub expiry, gauges.
     fn tick(&mut self) {
+        if self.id == 0 {
+            if let Some(s) = &self.relay_sessions {
+                s.tick(self.now);
+            }
+        }
         for r in 0..self.routes.len() {
             let generation = self.routes[r].target.generation();
             if generation != self.route_generation[r] {

@@ -405,6 +405,41 @@ fn peer_present_address_forms() {
 }
 
 #[test]
+fn relay_allocate_is_read_only_from_clients_that_asked() {
+    use Disposition::*;
+    let ask = |mesh| ServerFramePolicy {
+        mesh,
+        relay_sessions: true,
+    };
+    for mesh in [false, true] {
+        let plain = ServerFramePolicy {
+            mesh,
+            relay_sessions: false,
+        };
+        // Without the capability: an unknown frame, skipped like derper.
+        assert_eq!(plain.check(RELAY_ALLOCATE, 36), Skip);
+        assert_eq!(plain.check(RELAY_ALLOCATE, 100), Skip);
+        // With it: exactly 36 bytes.
+        assert_eq!(ask(mesh).check(RELAY_ALLOCATE, 36), Buffer);
+        for len in [0, 35, 37, 65_568] {
+            assert!(matches!(
+                ask(mesh).check(RELAY_ALLOCATE, len),
+                Reject(FrameError::BadLength { expected: 36, .. })
+            ));
+        }
+        // The server-to-client types stay unknown frames from a client.
+        for ty in [RELAY_SESSION, RELAY_REFUSED] {
+            assert_eq!(ask(mesh).check(ty, 36), Skip);
+        }
+        assert_eq!(
+            ask(mesh).check(0x04, 32),
+            plain.check(0x04, 32),
+            "everything else as before"
+        );
+    }
+}
+
+#[test]
 fn server_policy_table() {
     let ordinary = ServerFramePolicy {
         mesh: false,

@@ -189,10 +189,12 @@ impl Shard {
             (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
             _ => false,
         };
+        let relay_sessions = self.wants_relay_sessions(&info);
         let conn = &mut self.conns[slot];
         conn.key = key;
         conn.mesh = mesh;
         conn.prober = info.is_prober;
+        conn.relay_sessions = relay_sessions;
         if self.begin_admission(slot) {
             // Frames after clientInfo wait in the deframer for the verdict.
             return ControlFlow::Break(());

@@ -164,7 +164,7 @@ impl Shard {
             _ => {
                 let policy = ServerFramePolicy {
                     mesh: self.conns[slot].mesh,
-                    relay_sessions: false,
+                    relay_sessions: self.conns[slot].relay_sessions,
                 };
                 deframer.feed(data, &policy, |ty, payload| {
                     self.on_frame(slot, ty, payload)
@@ -189,7 +189,7 @@ impl Shard {
         let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
         let policy = ServerFramePolicy {
             mesh: self.conns[slot].mesh,
-            relay_sessions: false,
+            relay_sessions: self.conns[slot].relay_sessions,
         };
         let result = deframer.resume(&policy, |ty, payload| self.on_frame(slot, ty, payload));
         self.conns[slot].deframer = deframer;
@@ -244,6 +244,9 @@ impl Shard {
     fn handle_frame(&mut self, slot: Slot, ty: u8, payload: &[u8]) -> ControlFlow<()> {
         if self.ended(slot) {
             return ControlFlow::Break(());
+        }
+        if ty == frame::RELAY_ALLOCATE && self.conns[slot].relay_sessions {
+            return self.on_relay_allocate(slot, payload);
         }
         let parsed = match frame::parse_client_frame(ty, payload) {
             Ok(f) => f,

@@ -123,6 +123,7 @@ const RECORD_FORWARD: u8 = 1;
 
 pub use crate::conn::ConnRef;
 pub use forward::{MeshNews, MeshOut, MeshShared};
+pub use sessions::{RelayMail, SessionService};
 
 /// A presence change for a watcher.
 #[derive(Clone, Copy, Debug)]
@@ -173,6 +174,8 @@ pub enum Mail {
     Pause(ConnRef),
     /// The destination drained (or left): the sender may read again.
     Resume(ConnRef),
+    /// A relay-session allocation or its answer (see `sessions`).
+    Relay(RelayMail),
 }
 
 /// What all shards share, read-only.
@@ -392,6 +395,7 @@ mod presence;
 mod proxied;
 mod registry;
 mod router;
+mod sessions;
 mod timers;
 mod websocket;
 

@@ -72,6 +72,7 @@ impl Shard {
         self.activity += 1;
         let activity = self.activity;
         let jitter = Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
+        let ferry_relay = self.relay_capability(slot);
         let conn = &mut self.conns[slot];
         conn.phase = Phase::Active;
         conn.registered_at = now;
@@ -85,6 +86,7 @@ impl Shard {
             &key,
             &ServerInfo {
                 version: 2,
+                ferry_relay,
                 ..Default::default()
             },
             &nonce,

@@ -278,6 +278,7 @@ impl Shard {
                 }
             }
             Mail::Resume(r) => self.resume_sender(r),
+            Mail::Relay(m) => self.on_relay_mail(m),
             Mail::NotDraining { key, stuck } => {
                 if stuck {
                     self.stuck_remote.insert(key);

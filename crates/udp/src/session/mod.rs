@@ -25,7 +25,7 @@
 //! [`SessionTable::expire`]. Times are passed in; tests drive it with
 //! simulated time.
 //!
-//! The relay's shards share one table (`crate::sessions`), taken once per
+//! The relay's shards share one table ([`Sessions`]), taken once per
 //! received batch, not per datagram.
 
 use std::collections::HashMap;
@@ -522,5 +522,8 @@ impl SessionTable {
     }
 }
 
+mod service;
 #[cfg(test)]
 mod tests;
+
+pub use service::Sessions;

@@ -1,0 +1,348 @@
+//! Relay sessions end to end (`docs/relay-sessions.md`): `ferry
+//! --relay-port` with two SDK clients on loopback that allocate a session
+//! over DERP, bind it from real UDP sockets with the sans-IO `Binder`, and
+//! pass datagrams both ways through it; a third socket's wrong token, wrong
+//! VNI, wrong source and replayed answer are dropped and counted in the
+//! metrics; clients that did not ask, and derper, see nothing of it.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_client::{DerpClient, Error, Event, Options};
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason, SessionOffer};
+use ferry_proto::udp_header::{Header, Protocol};
+use support::{ferry, get, url_addr, Ferry, TempDir, T};
+use tokio::net::UdpSocket;
+
+/// `ferry` with relay sessions on a port the system picks, two shards (so
+/// the two clients' datagrams may land on different ones); returns the
+/// DERP URL, the session address and the metrics address.
+fn start(dir: &TempDir) -> (Ferry, String, SocketAddr, SocketAddr) {
+    let mut f = Ferry::spawn(
+        ferry()
+            .args(["-a", "127.0.0.1:0", "--stun=false", "--workers", "2"])
+            .args(["-c", &dir.path("ferry.key")])
+            .args(["--metrics-addr", "127.0.0.1:0", "--relay-port", "0"]),
+    );
+    let relay: SocketAddr = f.field("relay sessions on", "addr").parse().unwrap();
+    let url = f.field("ferry relay running", "url");
+    let metrics = url_addr(&f.field("ferry relay running", "metrics"));
+    (f, url, relay, metrics)
+}
+
+fn options(relay_sessions: bool) -> Options {
+    let mut o = Options::default();
+    o.relay_sessions = relay_sessions;
+    o
+}
+
+/// The next event `pick` accepts, skipping others; bounded by [`T`].
+async fn next<R>(c: &mut DerpClient, mut pick: impl FnMut(Event) -> Option<R>) -> R {
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let e = tokio::time::timeout_at(deadline, c.recv())
+            .await
+            .expect("event within the deadline")
+            .expect("client running");
+        if let Some(r) = pick(e) {
+            return r;
+        }
+    }
+}
+
+async fn offer(c: &mut DerpClient) -> SessionOffer {
+    next(c, |e| match e {
+        Event::RelaySession(o) => Some(o),
+        _ => None,
+    })
+    .await
+}
+
+async fn refused(c: &mut DerpClient) -> (u32, NodePublic, RefuseReason) {
+    next(c, |e| match e {
+        Event::RelayRefused {
+            request_id,
+            peer,
+            reason,
+        } => Some((request_id, peer, reason)),
+        _ => None,
+    })
+    .await
+}
+
+/// Runs `b` over `sock` until the relay says bound; bounded by [`T`].
+async fn bind(sock: &UdpSocket, b: &mut Binder) {
+    let deadline = Instant::now() + T;
+    let mut buf = [0u8; 1500];
+    while !b.is_bound() {
+        assert!(Instant::now() < deadline && !b.is_failed(), "not bound");
+        let now = Instant::now();
+        if let Some(msg) = b.poll_transmit(now) {
+            sock.send_to(&msg, b.relay()).await.unwrap();
+        }
+        let wait = b
+            .poll_timeout()
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+        if let Ok(r) = tokio::time::timeout(wait, sock.recv_from(&mut buf)).await {
+            let (n, _) = r.unwrap();
+            assert!(b.handle(Instant::now(), &buf[..n]), "a bind reply");
+        }
+    }
+}
+
+fn data(vni: u32, body: &[u8]) -> Vec<u8> {
+    let mut d = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
+    d.extend_from_slice(body);
+    d
+}
+
+async fn recv(sock: &UdpSocket) -> (Vec<u8>, SocketAddr) {
+    let mut buf = [0u8; 1500];
+    let (n, from) = tokio::time::timeout(T, sock.recv_from(&mut buf))
+        .await
+        .expect("a datagram within the deadline")
+        .unwrap();
+    (buf[..n].to_vec(), from)
+}
+
+/// One counter's value from the metrics page.
+fn metric(addr: SocketAddr, series: &str) -> u64 {
+    let page = get(addr, "/metrics");
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{page}"))
+}
+
+/// Waits until the drop counter for `reason` reaches `n`; bounded.
+fn wait_drops(addr: SocketAddr, reason: &str, n: u64) {
+    let series = format!("ferry_udp_relay_session_drops_total{{reason=\"{reason}\"}}");
+    let deadline = Instant::now() + T;
+    while metric(addr, &series) < n {
+        assert!(Instant::now() < deadline, "{series} stays below {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn two_clients_get_a_session_and_talk_through_it() {
+    let dir = TempDir::new("relay-sessions");
+    let (server, url, relay, metrics) = start(&dir);
+    let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
+    let mut a = DerpClient::connect(&url, ka.clone(), options(true))
+        .await
+        .unwrap();
+    let mut b = DerpClient::connect(&url, kb.clone(), options(true))
+        .await
+        .unwrap();
+    assert_eq!(a.relay_port(), Some(relay.port()));
+    assert_eq!(b.relay_port(), Some(relay.port()));
+
+    let id = a.allocate(&kb.public()).await.unwrap();
+    let (oa, ob) = (offer(&mut a).await, offer(&mut b).await);
+    assert_eq!((oa.request_id, oa.slot, oa.peer), (id, 0, kb.public()));
+    assert_eq!((ob.request_id, ob.slot, ob.peer), (0, 1, ka.public()));
+    assert_eq!(oa.vni, ob.vni);
+    assert_ne!(oa.token, ob.token);
+    assert_eq!(oa.bind_lifetime, Duration::from_secs(30));
+    assert_eq!(oa.idle_lifetime, Duration::from_secs(60));
+    let ra = a.relay_endpoint(&oa).unwrap();
+    assert_eq!(ra, relay);
+    // The peer asking again gets the same session and keeps its slot.
+    let again = b.allocate(&ka.public()).await.unwrap();
+    let ob2 = offer(&mut b).await;
+    assert_eq!((ob2.request_id, ob2.vni, ob2.slot), (again, ob.vni, 1));
+    let _ = offer(&mut a).await;
+
+    let ua = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let ub = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut ba = Binder::new(&oa, ra, 1, Instant::now());
+    let mut bb = Binder::new(&ob, b.relay_endpoint(&ob).unwrap(), 1, Instant::now());
+    bind(&ua, &mut ba).await;
+    bind(&ub, &mut bb).await;
+
+    for i in 0..20u8 {
+        let d = data(oa.vni, &[i; 100]);
+        ua.send_to(&d, relay).await.unwrap();
+        assert_eq!(recv(&ub).await, (d.clone(), relay));
+        let back = data(oa.vni, &[i ^ 0xff; 1200]);
+        ub.send_to(&back, relay).await.unwrap();
+        assert_eq!(recv(&ua).await, (back, relay));
+    }
+    assert_eq!(
+        metric(metrics, "ferry_udp_relay_session_forwarded_total"),
+        40
+    );
+    assert_eq!(
+        metric(metrics, "ferry_udp_relay_sessions{state=\"bound\"}"),
+        1
+    );
+
+    // A third socket: a wrong token gets a challenge (to itself) but its
+    // answer binds nothing.
+    let uc = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut forged = oa.clone();
+    forged.token = [7; 32];
+    let mut bc = Binder::new(&forged, relay, 5, Instant::now());
+    uc.send_to(&bc.poll_transmit(Instant::now()).unwrap(), relay)
+        .await
+        .unwrap();
+    let (challenge, _) = recv(&uc).await;
+    assert!(bc.handle(Instant::now(), &challenge));
+    uc.send_to(&bc.poll_transmit(Instant::now()).unwrap(), relay)
+        .await
+        .unwrap();
+    wait_drops(metrics, "bad_proof", 1);
+    // A's genuine answer (a rebind it has not sent) replayed from C.
+    let mut rebind = Binder::new(&oa, relay, 9, Instant::now());
+    ua.send_to(&rebind.poll_transmit(Instant::now()).unwrap(), relay)
+        .await
+        .unwrap();
+    let (challenge, _) = recv(&ua).await;
+    assert!(rebind.handle(Instant::now(), &challenge));
+    let answer = rebind.poll_transmit(Instant::now()).unwrap();
+    assert_eq!(BindMsg::parse(&answer).unwrap().kind, BindKind::Answer);
+    uc.send_to(&answer, relay).await.unwrap();
+    wait_drops(metrics, "bad_cookie", 1);
+    // Data with a wrong VNI, and with the right VNI from the wrong source.
+    uc.send_to(&data(oa.vni ^ 0x1, b"x"), relay).await.unwrap();
+    wait_drops(metrics, "unknown_vni", 1);
+    uc.send_to(&data(oa.vni, b"x"), relay).await.unwrap();
+    wait_drops(metrics, "wrong_source", 1);
+    // None of it moved the session: A still reaches B, and only B.
+    let d = data(oa.vni, b"still here");
+    ua.send_to(&d, relay).await.unwrap();
+    assert_eq!(recv(&ub).await.0, d);
+    let d = data(oa.vni, b"and back");
+    ub.send_to(&d, relay).await.unwrap();
+    assert_eq!(recv(&ua).await.0, d);
+    let mut buf = [0u8; 64];
+    assert!(uc.try_recv_from(&mut buf).is_err(), "C got nothing more");
+
+    // Refusals: oneself, a key that is not connected.
+    let id = a.allocate(&ka.public()).await.unwrap();
+    assert_eq!(
+        refused(&mut a).await,
+        (id, ka.public(), RefuseReason::SelfPeer)
+    );
+    let absent = NodePrivate::generate().public();
+    let id = a.allocate(&absent).await.unwrap();
+    assert_eq!(
+        refused(&mut a).await,
+        (id, absent, RefuseReason::PeerNotHere)
+    );
+    drop((a, b));
+    server.stop();
+}
+
+#[tokio::test]
+async fn clients_that_did_not_ask_see_nothing_and_are_refused_as_peers() {
+    let dir = TempDir::new("relay-sessions-plain");
+    let (server, url, _, metrics) = start(&dir);
+    let (ka, kp) = (NodePrivate::generate(), NodePrivate::generate());
+    let mut a = DerpClient::connect(&url, ka, options(true)).await.unwrap();
+    let mut plain = DerpClient::connect(&url, kp.clone(), options(false))
+        .await
+        .unwrap();
+    assert_eq!(plain.relay_port(), None);
+    assert!(matches!(
+        plain.allocate(&a.public_key()).await,
+        Err(Error::NoRelaySessions)
+    ));
+    let id = a.allocate(&kp.public()).await.unwrap();
+    assert_eq!(
+        refused(&mut a).await,
+        (id, kp.public(), RefuseReason::PeerNotCapable)
+    );
+    // DERP itself is unchanged for both.
+    a.send(&kp.public(), b"hi".to_vec()).await.unwrap();
+    let got = next(&mut plain, |e| match e {
+        Event::Packet { src, data } => Some((src, data)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(got, (a.public_key(), b"hi".to_vec()));
+    assert_eq!(
+        metric(
+            metrics,
+            "ferry_udp_relay_session_events_total{event=\"allocated\"}"
+        ),
+        0
+    );
+    drop((a, plain));
+    server.stop();
+}
+
+fn derper_bin() -> Option<PathBuf> {
+    let p = std::env::var_os("FERRY_DERPER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../interop/bin/derper"));
+    match p.is_file() {
+        true => Some(p),
+        false if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("derper is required under CI=true: none at {}", p.display())
+        }
+        false => None,
+    }
+}
+
+struct Derper(Child);
+
+impl Drop for Derper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn derper_offers_no_sessions_and_relays_as_before() {
+    let Some(bin) = derper_bin() else {
+        eprintln!("SKIPPED: no derper binary (interop/bin/derper or FERRY_DERPER_BIN)");
+        return;
+    };
+    let dir = TempDir::new("relay-sessions-derper");
+    let addr: SocketAddr = format!("127.0.0.1:{}", support::free_tcp_port())
+        .parse()
+        .unwrap();
+    let _derper = Derper(
+        Command::new(bin)
+            .args(["-a", &addr.to_string(), "--http-port", "-1", "--stun=false"])
+            .args(["-c", &dir.path("derper.key")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("derper starts"),
+    );
+    let url = format!("http://{addr}/derp");
+    let deadline = Instant::now() + T;
+    let ka = NodePrivate::generate();
+    let a = loop {
+        match DerpClient::connect(&url, ka.clone(), options(true)).await {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "derper not up: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let mut b = DerpClient::connect(&url, NodePrivate::generate(), options(true))
+        .await
+        .unwrap();
+    assert_eq!(a.relay_port(), None);
+    assert!(matches!(
+        a.allocate(&b.public_key()).await,
+        Err(Error::NoRelaySessions)
+    ));
+    a.send(&b.public_key(), b"hello".to_vec()).await.unwrap();
+    let got = next(&mut b, |e| match e {
+        Event::Packet { data, .. } => Some(data),
+        _ => None,
+    })
+    .await;
+    assert_eq!(got, b"hello");
+}
