@@ -2,17 +2,19 @@
 //! derper: datagrams over DERP at once, direct UDP once probes confirm it,
 //! back to DERP within 2 s when direct UDP goes silent (a UDP "wire" the
 //! test cuts) and up again when it returns; STUN against Ferry's STUN
-//! server; `only` and `prefer`.
+//! server; `only` and `prefer`; the relay-session path through a Ferry
+//! with relay sessions (in this process): allocated, bound and used under
+//! `only` relay, and taken when direct UDP dies while it works.
 
 mod support;
 
 use ferry_client::{
-    BackoffOptions, Endpoint, EndpointOptions, Options, PathAddr, PathEvent, PathKind, PeerOptions,
-    RelayOptions, SwitchReason,
+    BackoffOptions, Endpoint, EndpointOptions, Options, PathAddr, PathEvent, PathKind, PathState,
+    PeerOptions, RelayOptions, SwitchReason,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -372,37 +374,37 @@ async fn only_and_prefer_hold_while_direct_works() {
     );
 }
 
-/// Ferry with its STUN server, in this process.
-fn ferry_with_stun() -> (Server, SocketAddr, SocketAddr) {
+/// Ferry in this process on a loopback port with `config`, and STUN at
+/// `stun` if given; returns it and its DERP URL.
+fn ferry_in_process(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, String) {
     let derp = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let stun = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let server = Server::start(ServerOptions {
-        config: RelayConfig::new(NodePrivate::generate()),
+        config,
         listeners: vec![ListenerSpec {
             addr: derp,
             kind: ListenerKind::Derp,
         }],
         workers: 1,
         pin: false,
-        stun: Some(stun),
+        stun,
         metrics_addr: None,
         io: Default::default(),
         inherited: Vec::new(),
     })
     .expect("ferry starts");
-    (server, derp, stun)
+    (server, format!("http://{derp}/derp"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stun_learns_the_public_address_and_announces_it() {
-    let (server, derp, stun) = ferry_with_stun();
-    let url = format!("http://{derp}/derp");
+    let stun = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (server, url) = ferry_in_process(RelayConfig::new(NodePrivate::generate()), Some(stun));
     let mut o = options(&url);
     o.relays[0].stun = Some(stun);
     let e = Endpoint::bind(o).await.expect("bind");
@@ -537,4 +539,128 @@ async fn derp_resumes_after_the_relay_restarts() {
         }
         assert!(a.relay_status()[0].connected, "{kind:?}");
     }
+}
+
+/// The session table as the DERP shards ask it (as `ferry`'s main wires
+/// it).
+struct Glue(Arc<ferry_udp::session::Sessions>);
+
+impl ferry_relay::shard::SessionService for Glue {
+    fn port(&self) -> u16 {
+        self.0.port()
+    }
+
+    fn allocate(
+        &self,
+        asker: &NodePublic,
+        peer: &NodePublic,
+        ip: IpAddr,
+        request_id: u32,
+    ) -> Result<
+        [ferry_proto::relay_session::SessionOffer; 2],
+        ferry_proto::relay_session::RefuseReason,
+    > {
+        self.0.allocate(asker, peer, ip, request_id)
+    }
+}
+
+/// Ferry with relay sessions: DERP and the session socket on loopback.
+struct SessionRelay {
+    server: Option<Server>,
+    _udp: ferry_udp::Relay,
+    url: String,
+}
+
+impl SessionRelay {
+    fn start() -> SessionRelay {
+        let sessions = Arc::new(ferry_udp::session::Sessions::new(Default::default()));
+        let udp = ferry_udp::Relay::start_sessions(
+            "--relay-port",
+            "127.0.0.1:0".parse().unwrap(),
+            sessions.clone(),
+            Default::default(),
+        )
+        .expect("session socket");
+        let mut config = RelayConfig::new(NodePrivate::generate());
+        config.relay_sessions = Some(Arc::new(Glue(sessions)));
+        let (server, url) = ferry_in_process(config, None);
+        SessionRelay {
+            server: Some(server),
+            _udp: udp,
+            url,
+        }
+    }
+}
+
+impl Drop for SessionRelay {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+            let _ = s.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_relay_goes_through_a_bound_session() {
+    let relay = SessionRelay::start();
+    let only = PeerOptions {
+        only: Some(PathKind::Relay),
+        ..PeerOptions::default()
+    };
+    let (a, b) = pair(options(&relay.url), options(&relay.url), only).await;
+    let port = a.relay_status()[0].relay_port;
+    assert!(port.is_some(), "{:?}", a.relay_status());
+    let (ka, kb) = (a.public_key(), b.public_key());
+    b.add_peer(ka, only);
+    until_active(&a, &kb, PathKind::Relay, QUICK).await;
+    until_active(&b, &ka, PathKind::Relay, QUICK).await;
+    for i in 0..20u32 {
+        a.send(&kb, &i.to_be_bytes()).unwrap();
+        assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes());
+        b.send(&ka, &i.to_be_bytes()).unwrap();
+        assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes());
+    }
+    let st = a.peer_status(&kb).unwrap();
+    let Some(PathAddr::Relay { addr, .. }) = st.active else {
+        panic!("{st:?}")
+    };
+    assert_eq!(Some(addr.port()), port);
+    let path = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
+    assert_eq!((path.stats.tx_packets, path.stats.rx_packets), (20, 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_dies_down_to_the_relay_session_not_derp() {
+    let relay = SessionRelay::start();
+    let (a, b, wire) = wired(&relay.url, PeerOptions::default(), true).await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    until_active(&a, &kb, PathKind::Direct, QUICK).await;
+    // The session is bound and confirmed in the background.
+    let deadline = tokio::time::Instant::now() + QUICK;
+    loop {
+        let st = a.peer_status(&kb).unwrap();
+        let relay_works = st
+            .paths
+            .iter()
+            .any(|p| p.addr.kind() == PathKind::Relay && p.state == PathState::Working);
+        if relay_works {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no relay path: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut events = a.subscribe();
+    let cut = Instant::now();
+    wire.set_up(false);
+    let ev = next_event(&mut events, &kb, QUICK).await;
+    assert_eq!(ev.to.map(|p| p.kind()), Some(PathKind::Relay), "{ev:?}");
+    assert_eq!(ev.reason, SwitchReason::Silent);
+    let took = ev.at.saturating_duration_since(cut);
+    assert!(took <= Duration::from_secs(2), "down after {took:?}");
+    a.send(&kb, b"via relay").unwrap();
+    assert_eq!(recv_from(&b, &ka).await, b"via relay");
 }

@@ -20,6 +20,10 @@
 //! - One DERP client per configured relay; a peer is reached over DERP
 //!   through the relay its [`PeerOptions::relay`] names. Every DERP payload
 //!   is a peer message too (header with VNI 0 ‖ bytes).
+//! - When that relay offers sessions (`docs/relay-sessions.md` §1), the
+//!   endpoint asks for one with the peer over DERP and binds its slot from
+//!   the UDP socket ([`sessions::Sessions`]); once bound, the session is the
+//!   peer's relay path, confirmed and kept alive by the same probes.
 //! - Probes are sealed with this endpoint's key and the peer's; a probe
 //!   from a key that is not a peer, or that does not open, is dropped.
 //!   Payloads on UDP carry no key: they are accepted only from an address
@@ -53,16 +57,19 @@ mod local;
 pub mod paths;
 pub mod sessions;
 
-use crate::{DerpClient, Error, Options};
+use crate::{DerpClient, DerpSender, Error, Options};
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::nacl::{self, SharedKey};
 use ferry_proto::peer_msg::{self, PeerMessage};
+use ferry_proto::relay_session::SessionOffer;
 use ferry_proto::stun;
+use ferry_proto::udp_header::Header;
 use paths::{NoPath, Paths, Policy, Transmit};
 pub use paths::{
     PathAddr, PathEvent, PathKind, PathState, PathStats, PathStatus, PeerStatus, SwitchReason,
     Timing,
 };
+use sessions::{SessionTiming, Sessions};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -132,6 +139,10 @@ pub struct EndpointOptions {
     pub advertise: Vec<SocketAddr>,
     /// How often STUN is asked again.
     pub stun_interval: Duration,
+    /// Ask relays that offer them for relay sessions with peers.
+    pub relay_sessions: bool,
+    /// How persistently relay sessions are sought.
+    pub session_timing: SessionTiming,
 }
 
 impl EndpointOptions {
@@ -148,6 +159,8 @@ impl EndpointOptions {
             discover: true,
             advertise: Vec::new(),
             stun_interval: Duration::from_secs(20),
+            relay_sessions: true,
+            session_timing: SessionTiming::default(),
         }
     }
 }
@@ -223,6 +236,8 @@ pub struct RelayStatus {
     pub stun: Option<SocketAddr>,
     /// This endpoint's address as that STUN server saw it.
     pub public_addr: Option<SocketAddr>,
+    /// The relay's session port, when it offers relay sessions.
+    pub relay_port: Option<u16>,
 }
 
 /// Counters of an endpoint.
@@ -237,11 +252,25 @@ pub struct EndpointStats {
     pub rejected: u64,
 }
 
+/// What a relay's writer task sends.
+enum ToRelay {
+    Packet(NodePublic, Vec<u8>),
+    Allocate(NodePublic),
+}
+
+/// What a relay's reader task hands the driver.
+enum FromRelay {
+    Packet(NodePublic, Vec<u8>),
+    Offer(SessionOffer),
+    Refused(NodePublic),
+}
+
 struct Relay {
     name: String,
     url: String,
     stun: Option<SocketAddr>,
-    out: mpsc::Sender<(NodePublic, Vec<u8>)>,
+    sender: DerpSender,
+    out: mpsc::Sender<ToRelay>,
     connected: Arc<AtomicBool>,
     public_addr: Mutex<Option<SocketAddr>>,
 }
@@ -257,13 +286,14 @@ struct Inner {
     socket: UdpSocket,
     local_addr: SocketAddr,
     paths: Mutex<Paths>,
+    sessions: Mutex<Sessions>,
     peers: RwLock<HashMap<NodePublic, PeerEntry>>,
     relays: Vec<Relay>,
     events: broadcast::Sender<PathEvent>,
     wake: Notify,
     discover: bool,
     advertise: Vec<SocketAddr>,
-    send_dropped: AtomicU64,
+    send_dropped: Arc<AtomicU64>,
     recv_dropped: AtomicU64,
     rejected: AtomicU64,
 }
@@ -304,11 +334,14 @@ impl Endpoint {
         })?;
         let queue = opts.queue.max(1);
         let (rx_tx, rx_rx) = mpsc::channel(queue);
-        let (derp_tx, derp_rx) = mpsc::channel::<(usize, NodePublic, Vec<u8>)>(queue);
+        let (derp_tx, derp_rx) = mpsc::channel::<(usize, FromRelay)>(queue);
         let mut tasks = Vec::new();
         let mut relays = Vec::new();
+        let send_dropped = Arc::new(AtomicU64::new(0));
         for (i, r) in opts.relays.iter().enumerate() {
-            let client = DerpClient::connect(&r.url, opts.key.clone(), r.options.clone())
+            let mut options = r.options.clone();
+            options.relay_sessions = opts.relay_sessions;
+            let client = DerpClient::connect(&r.url, opts.key.clone(), options)
                 .await
                 .map_err(|source| EndpointError::Derp {
                     name: r.name.clone(),
@@ -320,7 +353,12 @@ impl Endpoint {
             };
             let (out_tx, out_rx) = mpsc::channel(queue);
             let connected = Arc::new(AtomicBool::new(true));
-            tasks.push(tokio::spawn(derp_writer(client.sender(), out_rx)));
+            let client_sender = client.sender();
+            tasks.push(tokio::spawn(derp_writer(
+                client.sender(),
+                out_rx,
+                send_dropped.clone(),
+            )));
             tasks.push(tokio::spawn(derp_reader(
                 i,
                 client,
@@ -331,6 +369,7 @@ impl Endpoint {
                 name: r.name.clone(),
                 url: r.url.clone(),
                 stun,
+                sender: client_sender,
                 out: out_tx,
                 connected,
                 public_addr: Mutex::new(None),
@@ -342,13 +381,14 @@ impl Endpoint {
             socket,
             local_addr,
             paths: Mutex::new(Paths::new(opts.timing, opts.seed)),
+            sessions: Mutex::new(Sessions::new(opts.session_timing)),
             peers: RwLock::new(HashMap::new()),
             relays,
             events: broadcast::channel(256).0,
             wake: Notify::new(),
             discover: opts.discover,
             advertise: opts.advertise,
-            send_dropped: AtomicU64::new(0),
+            send_dropped,
             recv_dropped: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
         });
@@ -384,12 +424,26 @@ impl Endpoint {
             only: opts.only,
         };
         self.inner.lock_paths().add_peer(now(), key, policy);
+        let relay_allowed = matches!(opts.only, None | Some(PathKind::Relay));
+        let offered = self
+            .inner
+            .relays
+            .get(relay)
+            .and_then(|r| r.sender.relay_port());
+        let mut sessions = self.inner.lock_sessions();
+        if relay_allowed && offered.is_some() {
+            sessions.want(now(), key);
+        } else {
+            sessions.remove(&key);
+        }
+        drop(sessions);
         self.inner.wake.notify_one();
     }
 
     /// Removes a peer: its datagrams are no longer accepted.
     pub fn remove_peer(&self, key: &NodePublic) {
         self.inner.peers.write().expect("not poisoned").remove(key);
+        self.inner.lock_sessions().remove(key);
         self.inner.lock_paths().remove_peer(key);
     }
 
@@ -450,6 +504,7 @@ impl Endpoint {
                 connected: r.connected.load(Ordering::Relaxed),
                 stun: r.stun,
                 public_addr: *r.public_addr.lock().expect("not poisoned"),
+                relay_port: r.sender.relay_port(),
             })
             .collect()
     }
@@ -525,6 +580,16 @@ impl Inner {
         self.paths.lock().expect("not poisoned")
     }
 
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().expect("not poisoned")
+    }
+
+    /// The relay a peer is reached through over DERP.
+    fn relay_of(&self, peer: &NodePublic) -> Option<&Relay> {
+        let i = self.peers.read().expect("not poisoned").get(peer)?.relay;
+        self.relays.get(i)
+    }
+
     /// Sends a finished peer message on `path`.
     fn transmit(&self, peer: &NodePublic, path: &PathAddr, buf: Vec<u8>) -> Result<(), SendError> {
         match path {
@@ -537,21 +602,12 @@ impl Inner {
                     }
                 }
             }
-            PathAddr::Derp => {
-                let relay = self
-                    .peers
-                    .read()
-                    .expect("not poisoned")
-                    .get(peer)
-                    .map(|p| p.relay)
-                    .ok_or(SendError::UnknownPeer)?;
-                self.relays
-                    .get(relay)
-                    .ok_or(SendError::NoPath)?
-                    .out
-                    .try_send((*peer, buf))
-                    .map_err(|_| SendError::Dropped)
-            }
+            PathAddr::Derp => self
+                .relay_of(peer)
+                .ok_or(SendError::NoPath)?
+                .out
+                .try_send(ToRelay::Packet(*peer, buf))
+                .map_err(|_| SendError::Dropped),
         }
     }
 
@@ -607,7 +663,7 @@ impl Inner {
 struct Driver {
     inner: Arc<Inner>,
     received: mpsc::Sender<(NodePublic, Vec<u8>)>,
-    derp: mpsc::Receiver<(usize, NodePublic, Vec<u8>)>,
+    derp: mpsc::Receiver<(usize, FromRelay)>,
     /// STUN transaction ids in flight → the relay asked.
     stun_pending: HashMap<[u8; 12], usize>,
     stun_interval: Duration,
@@ -618,10 +674,12 @@ impl Driver {
         let mut buf = vec![0u8; 65536];
         let mut stun_at = tokio::time::Instant::now();
         loop {
-            let deadline = self
-                .inner
-                .lock_paths()
-                .poll_timeout()
+            let paths = self.inner.lock_paths().poll_timeout();
+            let sessions = self.inner.lock_sessions().poll_timeout();
+            let deadline = [paths, sessions]
+                .into_iter()
+                .flatten()
+                .min()
                 .map(tokio::time::Instant::from_std);
             let inner = self.inner.clone();
             tokio::select! {
@@ -631,26 +689,61 @@ impl Driver {
                     Err(e) => tracing::trace!(error = %e, "UDP receive error"),
                 },
                 d = self.derp.recv() => match d {
-                    Some((relay, src, data)) => self.on_derp(relay, src, &data),
+                    Some((relay, input)) => self.on_relay(relay, input),
                     None => return,
                 },
-                _ = sleep_until(deadline) => {
-                    self.inner.lock_paths().handle_timeout(now());
-                }
+                _ = sleep_until(deadline) => self.handle_timeout(),
                 _ = tokio::time::sleep_until(stun_at) => {
                     stun_at += self.stun_interval;
                     self.send_stun();
                 }
-                _ = inner.wake.notified() => {
-                    self.inner.lock_paths().handle_timeout(now());
-                }
+                _ = inner.wake.notified() => self.handle_timeout(),
             }
             self.flush();
         }
     }
 
-    /// Sends what the path manager queued and publishes its events.
+    fn handle_timeout(&mut self) {
+        let now = now();
+        self.inner.lock_paths().handle_timeout(now);
+        let mut sessions = self.inner.lock_sessions();
+        sessions.handle_timeout(now);
+        for peer in sessions.bound() {
+            let state = self.inner.lock_paths().relay_state(&peer);
+            sessions.check_path(now, &peer, state);
+        }
+    }
+
+    /// Sends what the session manager and the path manager queued, and
+    /// publishes the path events.
     fn flush(&mut self) {
+        let now = now();
+        loop {
+            let mut sessions = self.inner.lock_sessions();
+            let allocate = sessions.poll_allocate(now);
+            let bind = sessions.poll_transmit(now);
+            let change = sessions.poll_change();
+            drop(sessions);
+            if allocate.is_none() && bind.is_none() && change.is_none() {
+                break;
+            }
+            if let Some(peer) = allocate {
+                let sent = self
+                    .inner
+                    .relay_of(&peer)
+                    .map(|r| r.out.try_send(ToRelay::Allocate(peer)).is_ok());
+                if sent != Some(true) {
+                    self.inner.lock_sessions().lost(now, &peer);
+                }
+            }
+            if let Some((addr, msg)) = bind {
+                // A lost bind message is retransmitted by the binder.
+                let _ = self.inner.socket.try_send_to(&msg, addr);
+            }
+            if let Some((peer, path)) = change {
+                self.inner.lock_paths().set_relay(now, &peer, path);
+            }
+        }
         loop {
             let (transmit, event) = {
                 let mut paths = self.inner.lock_paths();
@@ -688,6 +781,13 @@ impl Driver {
             self.on_stun(datagram, src);
             return;
         }
+        if Header::parse(datagram).is_ok_and(|h| h.control) {
+            // Bind messages from a relay's session socket.
+            if !self.inner.lock_sessions().handle_datagram(now(), datagram) {
+                self.inner.reject();
+            }
+            return;
+        }
         let Ok((header, msg)) = peer_msg::parse(datagram) else {
             self.inner.reject();
             return;
@@ -699,10 +799,21 @@ impl Driver {
         self.on_message(path, None, msg);
     }
 
-    fn on_derp(&mut self, _relay: usize, src: NodePublic, data: &[u8]) {
-        match peer_msg::parse(data) {
-            Ok((header, msg)) if header.vni == 0 => self.on_message(PathAddr::Derp, Some(src), msg),
-            _ => self.inner.reject(),
+    fn on_relay(&mut self, relay: usize, input: FromRelay) {
+        match input {
+            FromRelay::Packet(src, data) => match peer_msg::parse(&data) {
+                Ok((header, msg)) if header.vni == 0 => {
+                    self.on_message(PathAddr::Derp, Some(src), msg)
+                }
+                _ => self.inner.reject(),
+            },
+            FromRelay::Offer(offer) => {
+                let Some(addr) = self.inner.relays[relay].sender.relay_endpoint(&offer) else {
+                    return;
+                };
+                self.inner.lock_sessions().handle_offer(now(), &offer, addr);
+            }
+            FromRelay::Refused(peer) => self.inner.lock_sessions().handle_refused(now(), &peer),
         }
     }
 
@@ -795,33 +906,57 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Sends the queued DERP packets of one relay.
-async fn derp_writer(sender: crate::DerpSender, mut out: mpsc::Receiver<(NodePublic, Vec<u8>)>) {
-    while let Some((dst, data)) = out.recv().await {
-        if let Err(e) = sender.send(&dst, data).await {
-            tracing::trace!(error = %e, "DERP send dropped");
+/// Sends the queued DERP packets and allocations of one relay.
+/// A packet the DERP client refuses (not connected: DERP holds nothing
+/// for a connection that does not exist) counts as dropped by `send`.
+async fn derp_writer(
+    sender: DerpSender,
+    mut out: mpsc::Receiver<ToRelay>,
+    dropped: Arc<AtomicU64>,
+) {
+    while let Some(item) = out.recv().await {
+        match item {
+            ToRelay::Packet(dst, data) => {
+                if let Err(e) = sender.send(&dst, data).await {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::trace!(error = %e, "DERP send dropped");
+                }
+            }
+            // Unanswered, the session manager asks again.
+            ToRelay::Allocate(peer) => {
+                if let Err(e) = sender.allocate(&peer).await {
+                    tracing::trace!(error = %e, "relay allocation not sent");
+                }
+            }
         }
     }
 }
 
-/// Hands one relay's packets to the driver and tracks its connection.
+/// Hands one relay's packets and session answers to the driver, and
+/// tracks its connection.
 async fn derp_reader(
     relay: usize,
     mut client: DerpClient,
-    to_driver: mpsc::Sender<(usize, NodePublic, Vec<u8>)>,
+    to_driver: mpsc::Sender<(usize, FromRelay)>,
     connected: Arc<AtomicBool>,
 ) {
     while let Ok(event) = client.recv().await {
-        match event {
-            crate::Event::Packet { src, data } => {
-                let delivered = to_driver.send((relay, src, data)).await;
-                if delivered.is_err() {
-                    return;
-                }
+        let input = match event {
+            crate::Event::Packet { src, data } => FromRelay::Packet(src, data),
+            crate::Event::RelaySession(offer) => FromRelay::Offer(offer),
+            crate::Event::RelayRefused { peer, .. } => FromRelay::Refused(peer),
+            crate::Event::Connected { .. } => {
+                connected.store(true, Ordering::Relaxed);
+                continue;
             }
-            crate::Event::Connected { .. } => connected.store(true, Ordering::Relaxed),
-            crate::Event::Disconnected { .. } => connected.store(false, Ordering::Relaxed),
-            _ => {}
+            crate::Event::Disconnected { .. } => {
+                connected.store(false, Ordering::Relaxed);
+                continue;
+            }
+            _ => continue,
+        };
+        if to_driver.send((relay, input)).await.is_err() {
+            return;
         }
     }
 }
