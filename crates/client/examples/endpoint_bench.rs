@@ -1,10 +1,10 @@
 //! Datagram throughput and round trip between two SDK endpoints on this
-//! machine, per path, through a Ferry relay started in this process (or
-//! the DERP server at `--url`).
+//! machine, per path, through a Ferry relay started in this process with
+//! relay sessions on (or the DERP server at `--url`).
 //!
 //! ```sh
 //! cargo run --release -p ferry-client --example endpoint_bench -- \
-//!     --path direct|derp [--count 200000] [--size 1200] [--rtt 2000] [--url http://host:port/derp]
+//!     --path direct|relay|derp [--count 200000] [--size 1200] [--rtt 2000] [--url http://host:port/derp]
 //! ```
 //!
 //! Throughput: A sends `count` datagrams of `size` bytes as fast as
@@ -14,9 +14,10 @@
 
 use ferry_client::{Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions};
 use ferry_proto::key::NodePrivate;
-use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
+
+#[path = "../tests/support/ferry_in_process.rs"]
+mod ferry_in_process;
 
 struct Args {
     path: PathKind,
@@ -42,8 +43,9 @@ fn args() -> Result<Args, String> {
             "--path" => {
                 a.path = match value.as_str() {
                     "direct" => PathKind::Direct,
+                    "relay" => PathKind::Relay,
                     "derp" => PathKind::Derp,
-                    other => return Err(format!("--path {other}: direct or derp")),
+                    other => return Err(format!("--path {other}: direct, relay or derp")),
                 }
             }
             "--count" => a.count = value.parse().map_err(bad)?,
@@ -54,27 +56,6 @@ fn args() -> Result<Args, String> {
         }
     }
     Ok(a)
-}
-
-fn start_ferry() -> (Server, String) {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let server = Server::start(ServerOptions {
-        config: RelayConfig::new(NodePrivate::generate()),
-        listeners: vec![ListenerSpec {
-            addr,
-            kind: ListenerKind::Derp,
-        }],
-        workers: 1,
-        pin: false,
-        stun: None,
-        metrics_addr: None,
-        io: Default::default(),
-        inherited: Vec::new(),
-    })
-    .expect("ferry starts");
-    (server, format!("http://{addr}/derp"))
 }
 
 async fn endpoint(url: &str, queue: usize) -> Endpoint {
@@ -98,8 +79,9 @@ async fn main() {
     let (_server, url) = match &args.url {
         Some(u) => (None, u.clone()),
         None => {
-            let (s, u) = start_ferry();
-            (Some(s), u)
+            let relay = ferry_in_process::SessionRelay::start();
+            let url = relay.url.clone();
+            (Some(relay), url)
         }
     };
     let a = endpoint(&url, 8192).await;

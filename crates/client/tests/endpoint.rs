@@ -6,6 +6,8 @@
 //! with relay sessions (in this process): allocated, bound and used under
 //! `only` relay, and taken when direct UDP dies while it works.
 
+#[path = "support/ferry_in_process.rs"]
+mod ferry_in_process;
 mod support;
 
 use ferry_client::{
@@ -13,8 +15,8 @@ use ferry_client::{
     PeerOptions, RelayOptions, SwitchReason,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use ferry_relay::RelayConfig;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -374,37 +376,14 @@ async fn only_and_prefer_hold_while_direct_works() {
     );
 }
 
-/// Ferry in this process on a loopback port with `config`, and STUN at
-/// `stun` if given; returns it and its DERP URL.
-fn ferry_in_process(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, String) {
-    let derp = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let server = Server::start(ServerOptions {
-        config,
-        listeners: vec![ListenerSpec {
-            addr: derp,
-            kind: ListenerKind::Derp,
-        }],
-        workers: 1,
-        pin: false,
-        stun,
-        metrics_addr: None,
-        io: Default::default(),
-        inherited: Vec::new(),
-    })
-    .expect("ferry starts");
-    (server, format!("http://{derp}/derp"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stun_learns_the_public_address_and_announces_it() {
     let stun = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let (server, url) = ferry_in_process(RelayConfig::new(NodePrivate::generate()), Some(stun));
+    let (server, url) =
+        ferry_in_process::start(RelayConfig::new(NodePrivate::generate()), Some(stun));
     let mut o = options(&url);
     o.relays[0].stun = Some(stun);
     let e = Endpoint::bind(o).await.expect("bind");
@@ -541,69 +520,9 @@ async fn derp_resumes_after_the_relay_restarts() {
     }
 }
 
-/// The session table as the DERP shards ask it (as `ferry`'s main wires
-/// it).
-struct Glue(Arc<ferry_udp::session::Sessions>);
-
-impl ferry_relay::shard::SessionService for Glue {
-    fn port(&self) -> u16 {
-        self.0.port()
-    }
-
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        request_id: u32,
-    ) -> Result<
-        [ferry_proto::relay_session::SessionOffer; 2],
-        ferry_proto::relay_session::RefuseReason,
-    > {
-        self.0.allocate(asker, peer, ip, request_id)
-    }
-}
-
-/// Ferry with relay sessions: DERP and the session socket on loopback.
-struct SessionRelay {
-    server: Option<Server>,
-    _udp: ferry_udp::Relay,
-    url: String,
-}
-
-impl SessionRelay {
-    fn start() -> SessionRelay {
-        let sessions = Arc::new(ferry_udp::session::Sessions::new(Default::default()));
-        let udp = ferry_udp::Relay::start_sessions(
-            "--relay-port",
-            "127.0.0.1:0".parse().unwrap(),
-            sessions.clone(),
-            Default::default(),
-        )
-        .expect("session socket");
-        let mut config = RelayConfig::new(NodePrivate::generate());
-        config.relay_sessions = Some(Arc::new(Glue(sessions)));
-        let (server, url) = ferry_in_process(config, None);
-        SessionRelay {
-            server: Some(server),
-            _udp: udp,
-            url,
-        }
-    }
-}
-
-impl Drop for SessionRelay {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            s.shutdown();
-            let _ = s.wait();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_relay_goes_through_a_bound_session() {
-    let relay = SessionRelay::start();
+    let relay = ferry_in_process::SessionRelay::start();
     let only = PeerOptions {
         only: Some(PathKind::Relay),
         ..PeerOptions::default()
@@ -632,7 +551,7 @@ async fn only_relay_goes_through_a_bound_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_dies_down_to_the_relay_session_not_derp() {
-    let relay = SessionRelay::start();
+    let relay = ferry_in_process::SessionRelay::start();
     let (a, b, wire) = wired(&relay.url, PeerOptions::default(), true).await;
     let (ka, kb) = (a.public_key(), b.public_key());
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
