@@ -28,6 +28,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("derp_map", fuzzing::derp_map),
     ("relay_frames", fuzzing::relay_frames),
     ("bind_message", fuzzing::bind_message),
+    ("peer_msg", fuzzing::peer_msg),
 ];
 
 #[test]
@@ -274,5 +275,10 @@ proptest! {
     #[test]
     fn mutated_derp_map(data in mutated(13)) {
         fuzzing::derp_map(&data);
+    }
+
+    #[test]
+    fn mutated_peer_msg(data in mutated(16)) {
+        fuzzing::peer_msg(&data);
     }
 }

@@ -1,0 +1,92 @@
+//! Ferry started in this process for the endpoint tests and the endpoint
+//! bench: plain DERP on a loopback port, optionally with STUN and with
+//! relay sessions (the session socket of `ferry-udp` wired to the DERP
+//! shards as `ferry`'s main wires it).
+#![allow(dead_code)]
+
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::{RefuseReason, SessionOffer};
+use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::Arc;
+
+/// Ferry with `config` on a loopback port, STUN at `stun` if given; the
+/// server and its DERP URL.
+pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, String) {
+    let derp = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let server = Server::start(ServerOptions {
+        config,
+        listeners: vec![ListenerSpec {
+            addr: derp,
+            kind: ListenerKind::Derp,
+        }],
+        workers: 1,
+        pin: false,
+        stun,
+        metrics_addr: None,
+        io: Default::default(),
+        inherited: Vec::new(),
+    })
+    .expect("ferry starts");
+    (server, format!("http://{derp}/derp"))
+}
+
+/// The session table as the DERP shards ask it.
+struct Glue(Arc<ferry_udp::session::Sessions>);
+
+impl ferry_relay::shard::SessionService for Glue {
+    fn port(&self) -> u16 {
+        self.0.port()
+    }
+
+    fn allocate(
+        &self,
+        asker: &NodePublic,
+        peer: &NodePublic,
+        ip: IpAddr,
+        request_id: u32,
+    ) -> Result<[SessionOffer; 2], RefuseReason> {
+        self.0.allocate(asker, peer, ip, request_id)
+    }
+}
+
+/// Ferry with relay sessions: DERP and the session socket on loopback.
+/// Shut down on drop.
+pub(crate) struct SessionRelay {
+    server: Option<Server>,
+    _udp: ferry_udp::Relay,
+    /// The DERP URL.
+    pub(crate) url: String,
+}
+
+impl SessionRelay {
+    pub(crate) fn start() -> SessionRelay {
+        let sessions = Arc::new(ferry_udp::session::Sessions::new(Default::default()));
+        let udp = ferry_udp::Relay::start_sessions(
+            "--relay-port",
+            "127.0.0.1:0".parse().expect("literal"),
+            sessions.clone(),
+            Default::default(),
+        )
+        .expect("session socket");
+        let mut config = RelayConfig::new(NodePrivate::generate());
+        config.relay_sessions = Some(Arc::new(Glue(sessions)));
+        let (server, url) = start(config, None);
+        SessionRelay {
+            server: Some(server),
+            _udp: udp,
+            url,
+        }
+    }
+}
+
+impl Drop for SessionRelay {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+            let _ = s.wait();
+        }
+    }
+}
