@@ -259,6 +259,26 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     assert!(text.contains("peer b (endpoint"), "{what}: {text}");
     assert!(text.contains("path DERP via r"), "{what}: {text}");
     assert!(text.contains("not_wireguard 1"), "{what}: {text}");
+    // The same as JSON, for scripts.
+    let json: serde_json::Value =
+        serde_json::from_str(&link_stdout("status --json", &a_cfg)).unwrap();
+    assert_eq!(json["relays"][0]["name"], "r", "{what}: {json}");
+    assert_eq!(json["relays"][0]["connected"], true, "{what}: {json}");
+    let peer = &json["peers"][0];
+    assert_eq!(peer["name"], "b", "{what}: {json}");
+    assert_eq!(peer["path"], "derp", "{what}: {json}");
+    assert_eq!(peer["relay"], "r", "{what}: {json}");
+    assert_eq!(peer["drops"]["not_wireguard"], 1, "{what}: {json}");
+    let derp = &peer["paths"]["derp"];
+    assert!(
+        derp["to_peer"]["packets"].as_u64().unwrap() >= 1,
+        "{what}: {json}"
+    );
+    assert!(
+        derp["from_peer"]["bytes"].as_u64().unwrap() >= 1,
+        "{what}: {json}"
+    );
+    assert!(peer["paths"].get("direct").is_none(), "{what}: {json}");
 
     // The relay goes away: datagrams are dropped as relay_down, and after
     // it comes back (the SDK reconnects) they are carried again.
@@ -284,11 +304,13 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     lb.stop();
 }
 
-/// Standard output of `ferry link ACTION --config CONFIG`, which must
+/// Standard output of `ferry link ACTION... --config CONFIG`, which must
 /// succeed.
 fn link_stdout(action: &str, config: &str) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["link", action, "--config", config])
+        .arg("link")
+        .args(action.split(' '))
+        .args(["--config", config])
         .output()
         .unwrap();
     assert!(

@@ -57,7 +57,11 @@ enum Action {
     Pubkey,
     /// Show each peer's path, traffic and drops and each relay's state,
     /// from the running link's metrics_addr.
-    Status,
+    Status {
+        /// One JSON object instead of text (see the README, "ferry link").
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `ferry link` and its subcommands.
@@ -75,7 +79,7 @@ pub(crate) fn run(args: &LinkArgs) -> Result<()> {
             println!("{}", key.public());
             Ok(())
         }
-        Some(Action::Status) => status(path),
+        Some(Action::Status { json }) => status(path, json),
         None => serve(args, path),
     }
 }
@@ -176,7 +180,7 @@ fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
 }
 
 /// `ferry link status`: one scrape of the running link's metrics.
-fn status(path: &Path) -> Result<()> {
+fn status(path: &Path, json: bool) -> Result<()> {
     let cfg = Config::load(path)?;
     let Some(addr) = cfg.metrics_addr else {
         bail!(
@@ -185,8 +189,82 @@ fn status(path: &Path) -> Result<()> {
         );
     };
     let scrape = crate::status::fetch(&addr.to_string())?;
-    print!("{}", status_text(&cfg, &scrape));
+    if json {
+        println!("{}", status_json(&cfg, &scrape));
+    } else {
+        print!("{}", status_text(&cfg, &scrape));
+    }
     Ok(())
+}
+
+/// The path kinds a peer's datagrams may take, best first, as the metrics
+/// and `status --json` name them.
+const PATH_KINDS: [&str; 3] = ["direct", "relay", "derp"];
+
+/// `ferry link status --json`: the same scrape as one object, for scripts
+/// (the namespace tests read the path from it).
+fn status_json(cfg: &Config, s: &crate::status::Scrape) -> serde_json::Value {
+    use serde_json::{json, Map};
+    let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with);
+    let n = |name: &str, with: &[(&str, &str)]| v(name, with).unwrap_or(0.0) as u64;
+    let relays: Vec<_> = cfg
+        .relays
+        .iter()
+        .map(|r| {
+            let l = [("relay", r.name.as_str())];
+            json!({
+                "name": r.name,
+                "url": r.url.to_string(),
+                "connected": n("ferry_link_relay_connected", &l) > 0,
+                "connects": n("ferry_link_relay_connects_total", &l),
+                "disconnects": n("ferry_link_relay_disconnects_total", &l),
+                "unknown_sender_drops": n("ferry_link_unknown_sender_drops_total", &l),
+            })
+        })
+        .collect();
+    let peers: Vec<_> = cfg
+        .peers
+        .iter()
+        .map(|p| {
+            let peer = p.name.as_str();
+            let current = PATH_KINDS
+                .iter()
+                .find(|k| n("ferry_link_peer_path", &[("peer", peer), ("path", k)]) > 0);
+            let mut paths = Map::new();
+            for kind in PATH_KINDS {
+                let flow = |dir: &str| {
+                    let l = [("peer", peer), ("direction", dir), ("path", kind)];
+                    Some(json!({
+                        "packets": v("ferry_link_peer_packets_total", &l)? as u64,
+                        "bytes": n("ferry_link_peer_bytes_total", &l),
+                    }))
+                };
+                if let (Some(to), Some(from)) = (flow("to_peer"), flow("from_peer")) {
+                    paths.insert(kind.to_owned(), json!({ "to_peer": to, "from_peer": from }));
+                }
+            }
+            let drops: Map<_, _> = metrics::DropReason::ALL
+                .iter()
+                .map(|why| {
+                    let l = [("peer", peer), ("reason", why.label())];
+                    (
+                        why.label().to_owned(),
+                        n("ferry_link_peer_drops_total", &l).into(),
+                    )
+                })
+                .collect();
+            json!({
+                "name": peer,
+                "endpoint": p.endpoint.to_string(),
+                "relay": cfg.relays[p.relay].name,
+                "path": current,
+                "paths": paths,
+                "drops": drops,
+                "gone": n("ferry_link_peer_gone_total", &[("peer", peer)]),
+            })
+        })
+        .collect();
+    json!({ "relays": relays, "peers": peers })
 }
 
 fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
