@@ -166,7 +166,9 @@ results=()
 relay_pid="" la="" lb="" relay_cmd=()
 relay_start() { # relay_start NAME: the relay of kind NAME (ferry, derper) in fu-lr
   case $1 in
-    ferry) relay_cmd=("$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key") ;;
+    ferry) relay_cmd=("$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key")
+      # Relay sessions (issue 15), once the relay has them.
+      if "$ferry" --help | grep -q -- '--relay-port'; then relay_cmd+=(--relay-port 3341); fi ;;
     derper) relay_cmd=("$derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key") ;;
   esac
   fu_bg fu-lr "$T/relay-$CASE.log" "${relay_cmd[@]}"
