@@ -22,6 +22,10 @@
 //!   timing uses tokio's clock, so tests can pause it.
 //! - [`home`] measures the regions of a DERP map
 //!   ([`ferry_proto::derp_map::DerpMap`]) and connects to the fastest.
+//! - [`Endpoint`] sends datagrams to peers by key over the best path that
+//!   works now (direct UDP confirmed by sealed probes, a relay session,
+//!   DERP as the floor), switching when one goes silent or a better one
+//!   answers ([`endpoint::paths`] decides, without I/O).
 //!
 //! ```no_run
 //! use ferry_client::{DerpClient, Event, Options};
@@ -47,6 +51,7 @@
 mod backoff;
 mod client;
 mod conn;
+pub mod endpoint;
 mod error;
 pub mod home;
 mod target;
@@ -54,6 +59,11 @@ mod tls;
 
 pub use backoff::BackoffOptions;
 pub use client::{DerpClient, DerpSender, Event, Options, Stats};
+pub use endpoint::{
+    Endpoint, EndpointError, EndpointOptions, EndpointStats, PathAddr, PathEvent, PathKind,
+    PathState, PathStatus, PeerOptions, PeerStatus, RelayOptions, RelayStatus, SendError,
+    SwitchReason,
+};
 pub use error::Error;
 pub use target::{Target, Verify};
 pub use tls::TlsRoots;

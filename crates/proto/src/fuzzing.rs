@@ -311,6 +311,61 @@ pub fn stun(data: &[u8]) {
     }
 }
 
+/// Splits `data` as a peer message (`docs/relay-sessions.md` §6). A payload
+/// re-encodes to the same bytes; a probe that opens with the §17.1 keys
+/// (the seeds are sealed with them) re-seals to the same bytes under its own
+/// nonce. Then `data` as a box's plaintext: whatever [`peer_msg::open_probe`]
+/// accepts must survive a seal, parse and open unchanged.
+pub fn peer_msg(data: &[u8]) {
+    use crate::peer_msg::{self, PeerMessage};
+    let k = vector_keys();
+    let client = k.client.public();
+    let client_to_server = SharedKey::new(&k.client, &k.server.public());
+    match peer_msg::parse(data) {
+        Ok((header, PeerMessage::Payload(bytes))) => {
+            let mut again = Vec::new();
+            peer_msg::put_payload(&mut again, header.vni, bytes);
+            assert_eq!(again, data);
+        }
+        Ok((header, PeerMessage::Probe { sender, sealed })) if sender == client => {
+            let opened = SharedKey::new(&k.server, &sender);
+            if let Ok(probe) = peer_msg::open_probe(&opened, sealed) {
+                let nonce: [u8; 24] = sealed[..24].try_into().expect("a box is longer");
+                let mut again = Vec::new();
+                peer_msg::put_probe(
+                    &mut again,
+                    header.vni,
+                    &sender,
+                    &client_to_server,
+                    &nonce,
+                    &probe,
+                );
+                assert_eq!(again, data);
+            }
+        }
+        Ok(_) | Err(_) => {}
+    }
+
+    let boxed = client_to_server.seal(&VECTOR_NONCE, data);
+    let opened = SharedKey::new(&k.server, &client);
+    if let Ok(probe) = peer_msg::open_probe(&opened, &boxed) {
+        let mut out = Vec::new();
+        peer_msg::put_probe(
+            &mut out,
+            9,
+            &client,
+            &client_to_server,
+            &VECTOR_NONCE,
+            &probe,
+        );
+        let Ok((_, PeerMessage::Probe { sender, sealed })) = peer_msg::parse(&out) else {
+            panic!("a built probe does not parse: {probe:?}");
+        };
+        assert_eq!(sender, client);
+        assert_eq!(peer_msg::open_probe(&opened, sealed), Ok(probe));
+    }
+}
+
 /// Classifies `data` as a WireGuard datagram and checks what the relay
 /// relies on: accepted messages have their kind's exact size (transport: at
 /// least 32 bytes), the indices are the bytes at their offsets, MAC1 sealed
@@ -822,6 +877,7 @@ mod tests {
             server_key,
             server_info,
             derp_map,
+            peer_msg,
         ] {
             f(b"");
             f(&[0]);

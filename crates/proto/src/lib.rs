@@ -34,7 +34,8 @@
 //! clients choosing and dialling a home region.
 //!
 //! [`udp_header`] is the 8-byte header of relay sessions and direct UDP
-//! between SDK peers (`docs/relay-sessions.md`).
+//! between SDK peers (`docs/relay-sessions.md`); [`peer_msg`] the payloads
+//! and sealed probes two SDK peers exchange behind it.
 //!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
@@ -54,6 +55,7 @@ pub mod handshake;
 pub mod http;
 pub mod key;
 pub mod nacl;
+pub mod peer_msg;
 pub mod proxy;
 pub mod rate_config;
 pub mod stun;

@@ -26,6 +26,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("admission_response", fuzzing::admission_response),
     ("websocket", fuzzing::websocket),
     ("derp_map", fuzzing::derp_map),
+    ("peer_msg", fuzzing::peer_msg),
 ];
 
 #[test]
@@ -272,5 +273,10 @@ proptest! {
     #[test]
     fn mutated_derp_map(data in mutated(13)) {
         fuzzing::derp_map(&data);
+    }
+
+    #[test]
+    fn mutated_peer_msg(data in mutated(14)) {
+        fuzzing::peer_msg(&data);
     }
 }

@@ -1,0 +1,809 @@
+//! [`Endpoint`]: datagrams to and from peers by key, each on the best path
+//! that works now (direct UDP, a relay session, DERP as the floor).
+//!
+//! The decisions are [`paths::Paths`]'s (sans-IO); this module is its tokio
+//! driver:
+//!
+//! ```text
+//! send() ── Paths::on_send ──▶ UDP socket (direct)   ─┐
+//!                          └─▶ DERP writer task       ─┼─▶ peer
+//! recv() ◀── queue ◀── driver task ◀── UDP socket ◀───┤
+//!                                  ◀── DERP reader tasks
+//!                      driver task: timers → pings, pongs, call-me-maybe,
+//!                                   STUN; path events → subscribe()
+//! ```
+//!
+//! - One UDP socket carries direct datagrams, relay sessions and STUN. A
+//!   datagram is STUN when it opens like a binding response, else a peer
+//!   message (`docs/relay-sessions.md` §6) whose 8-byte header says direct
+//!   (VNI 0) or which relay session.
+//! - One DERP client per configured relay; a peer is reached over DERP
+//!   through the relay its [`PeerOptions::relay`] names. Every DERP payload
+//!   is a peer message too (header with VNI 0 ‖ bytes).
+//! - Probes are sealed with this endpoint's key and the peer's; a probe
+//!   from a key that is not a peer, or that does not open, is dropped.
+//!   Payloads on UDP carry no key: they are accepted only from an address
+//!   (or relay session) that belongs to a peer's path.
+//! - This side's candidate addresses (the socket's local address, or the
+//!   interface address the default route uses when bound to a wildcard;
+//!   the public address STUN reports; [`EndpointOptions::advertise`]) go to
+//!   every peer in call-me-maybe over DERP.
+//! - [`Endpoint::send`] never waits: a full queue, a socket that would
+//!   block or no allowed path drops the datagram and counts it.
+
+pub mod paths;
+
+use crate::{DerpClient, Error, Options};
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::nacl::{self, SharedKey};
+use ferry_proto::peer_msg::{self, PeerMessage};
+use ferry_proto::stun;
+use paths::{NoPath, Paths, Policy, Transmit};
+pub use paths::{
+    PathAddr, PathEvent, PathKind, PathState, PathStats, PathStatus, PeerStatus, SwitchReason,
+    Timing,
+};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::net::UdpSocket;
+use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::task::JoinHandle;
+
+/// The largest application datagram [`Endpoint::send`] takes (what fits a
+/// DERP packet after the 8-byte header).
+pub const MAX_DATAGRAM: usize = ferry_proto::frame::MAX_PACKET_SIZE - ferry_proto::udp_header::LEN;
+
+/// One DERP server the endpoint connects to.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// A name for status and logs.
+    pub name: String,
+    /// `http://host:port/derp` or `https://host/derp`.
+    pub url: String,
+    /// How the DERP client connects.
+    pub options: Options,
+    /// The STUN server that tells this endpoint its public address;
+    /// `None`: the URL's host, port 3478.
+    pub stun: Option<SocketAddr>,
+}
+
+impl RelayOptions {
+    /// A relay at `url` with default options.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> RelayOptions {
+        RelayOptions {
+            name: name.into(),
+            url: url.into(),
+            options: Options::default(),
+            stun: None,
+        }
+    }
+}
+
+/// How an [`Endpoint`] binds, connects and probes.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EndpointOptions {
+    /// This endpoint's key (its DERP address, and the key probes are
+    /// sealed with).
+    pub key: NodePrivate,
+    /// The DERP servers, connected to at [`Endpoint::bind`]; peers name
+    /// theirs by index.
+    pub relays: Vec<RelayOptions>,
+    /// The UDP socket for direct paths, relay sessions and STUN.
+    pub bind: SocketAddr,
+    /// Received datagrams held for [`Endpoint::recv`], and datagrams held
+    /// per DERP server for sending, before more are dropped.
+    pub queue: usize,
+    /// Seed of the ping ids (tests); `None` draws one.
+    pub seed: Option<u64>,
+    /// The probing schedule.
+    pub timing: Timing,
+    /// Announce the local address and the STUN-learned one to peers. Off,
+    /// only [`EndpointOptions::advertise`] is announced.
+    pub discover: bool,
+    /// Further addresses to announce (a port forward, a known public
+    /// address).
+    pub advertise: Vec<SocketAddr>,
+    /// How often STUN is asked again.
+    pub stun_interval: Duration,
+}
+
+impl EndpointOptions {
+    /// Defaults: every interface, an ephemeral port, queues of 1024.
+    pub fn new(key: NodePrivate, relays: Vec<RelayOptions>) -> EndpointOptions {
+        EndpointOptions {
+            key,
+            relays,
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            queue: 1024,
+            seed: None,
+            timing: Timing::default(),
+            discover: true,
+            advertise: Vec::new(),
+            stun_interval: Duration::from_secs(20),
+        }
+    }
+}
+
+/// How a peer is reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerOptions {
+    /// Index into [`EndpointOptions::relays`]: the DERP server the peer is
+    /// connected to.
+    pub relay: usize,
+    /// This kind of path first when it works.
+    pub prefer: Option<PathKind>,
+    /// This kind of path alone.
+    pub only: Option<PathKind>,
+}
+
+/// Why [`Endpoint::bind`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointError {
+    /// The UDP socket could not be bound.
+    #[error("binding UDP {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The first connection to a DERP server failed.
+    #[error("DERP server {name}: {source}")]
+    Derp {
+        /// The relay's name.
+        name: String,
+        /// Why.
+        source: Error,
+    },
+    /// The endpoint's tasks have ended.
+    #[error("endpoint closed")]
+    Closed,
+}
+
+/// Why [`Endpoint::send`] dropped a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The key was never added with [`Endpoint::add_peer`].
+    #[error("unknown peer")]
+    UnknownPeer,
+    /// The peer's `only` kind of path does not work now.
+    #[error("no allowed path to the peer works now")]
+    NoPath,
+    /// Longer than [`MAX_DATAGRAM`].
+    #[error("datagram of {len} bytes, at most {MAX_DATAGRAM}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+    },
+    /// The socket or the DERP queue was full, or the send failed: dropped
+    /// and counted.
+    #[error("dropped: the path's queue is full or its send failed")]
+    Dropped,
+}
+
+/// One DERP server as [`Endpoint::relay_status`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayStatus {
+    /// Its name.
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// Whether the DERP connection is up.
+    pub connected: bool,
+    /// The STUN server asked.
+    pub stun: Option<SocketAddr>,
+    /// This endpoint's address as that STUN server saw it.
+    pub public_addr: Option<SocketAddr>,
+}
+
+/// Counters of an endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Datagrams [`Endpoint::send`] dropped.
+    pub send_dropped: u64,
+    /// Datagrams received and dropped because [`Endpoint::recv`] lagged.
+    pub recv_dropped: u64,
+    /// Datagrams and DERP packets that were neither a peer message from a
+    /// peer nor STUN (unparsable, unknown source, probes that did not open).
+    pub rejected: u64,
+}
+
+struct Relay {
+    name: String,
+    url: String,
+    stun: Option<SocketAddr>,
+    out: mpsc::Sender<(NodePublic, Vec<u8>)>,
+    connected: Arc<AtomicBool>,
+    public_addr: Mutex<Option<SocketAddr>>,
+}
+
+struct PeerEntry {
+    relay: usize,
+    key: Arc<SharedKey>,
+}
+
+struct Inner {
+    key: NodePrivate,
+    public: NodePublic,
+    socket: UdpSocket,
+    local_addr: SocketAddr,
+    paths: Mutex<Paths>,
+    peers: RwLock<HashMap<NodePublic, PeerEntry>>,
+    relays: Vec<Relay>,
+    events: broadcast::Sender<PathEvent>,
+    wake: Notify,
+    discover: bool,
+    advertise: Vec<SocketAddr>,
+    send_dropped: AtomicU64,
+    recv_dropped: AtomicU64,
+    rejected: AtomicU64,
+}
+
+/// Datagrams to and from peers over the best working path. Dropping it
+/// stops its tasks and closes its connections.
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    received: tokio::sync::Mutex<mpsc::Receiver<(NodePublic, Vec<u8>)>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("key", &self.inner.public)
+            .field("local_addr", &self.inner.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl Endpoint {
+    /// Binds the UDP socket, connects to every DERP server (failing if a
+    /// first connection fails) and starts probing.
+    pub async fn bind(opts: EndpointOptions) -> Result<Endpoint, EndpointError> {
+        let socket = UdpSocket::bind(opts.bind)
+            .await
+            .map_err(|source| EndpointError::Bind {
+                addr: opts.bind,
+                source,
+            })?;
+        let local_addr = socket.local_addr().map_err(|source| EndpointError::Bind {
+            addr: opts.bind,
+            source,
+        })?;
+        let queue = opts.queue.max(1);
+        let (rx_tx, rx_rx) = mpsc::channel(queue);
+        let (derp_tx, derp_rx) = mpsc::channel::<(usize, NodePublic, Vec<u8>)>(queue);
+        let mut tasks = Vec::new();
+        let mut relays = Vec::new();
+        for (i, r) in opts.relays.iter().enumerate() {
+            let client = DerpClient::connect(&r.url, opts.key.clone(), r.options.clone())
+                .await
+                .map_err(|source| EndpointError::Derp {
+                    name: r.name.clone(),
+                    source,
+                })?;
+            let stun = match r.stun {
+                Some(a) => Some(a),
+                None => default_stun(&r.url).await,
+            };
+            let (out_tx, out_rx) = mpsc::channel(queue);
+            let connected = Arc::new(AtomicBool::new(true));
+            tasks.push(tokio::spawn(derp_writer(client.sender(), out_rx)));
+            tasks.push(tokio::spawn(derp_reader(
+                i,
+                client,
+                derp_tx.clone(),
+                connected.clone(),
+            )));
+            relays.push(Relay {
+                name: r.name.clone(),
+                url: r.url.clone(),
+                stun,
+                out: out_tx,
+                connected,
+                public_addr: Mutex::new(None),
+            });
+        }
+        let inner = Arc::new(Inner {
+            public: opts.key.public(),
+            key: opts.key,
+            socket,
+            local_addr,
+            paths: Mutex::new(Paths::new(opts.timing, opts.seed)),
+            peers: RwLock::new(HashMap::new()),
+            relays,
+            events: broadcast::channel(256).0,
+            wake: Notify::new(),
+            discover: opts.discover,
+            advertise: opts.advertise,
+            send_dropped: AtomicU64::new(0),
+            recv_dropped: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        });
+        inner.update_candidates();
+        let driver = Driver {
+            inner: inner.clone(),
+            received: rx_tx,
+            derp: derp_rx,
+            stun_pending: HashMap::new(),
+            stun_interval: opts.stun_interval,
+        };
+        tasks.push(tokio::spawn(driver.run()));
+        Ok(Endpoint {
+            inner,
+            received: tokio::sync::Mutex::new(rx_rx),
+            tasks,
+        })
+    }
+
+    /// Adds a peer (or changes how it is reached). It is reachable over
+    /// DERP at once; better paths follow as probes confirm them.
+    pub fn add_peer(&self, key: NodePublic, opts: PeerOptions) {
+        let relay = opts.relay.min(self.inner.relays.len().saturating_sub(1));
+        self.inner.peers.write().expect("not poisoned").insert(
+            key,
+            PeerEntry {
+                relay,
+                key: Arc::new(SharedKey::new(&self.inner.key, &key)),
+            },
+        );
+        let policy = Policy {
+            prefer: opts.prefer,
+            only: opts.only,
+        };
+        self.inner.lock_paths().add_peer(now(), key, policy);
+        self.inner.wake.notify_one();
+    }
+
+    /// Removes a peer: its datagrams are no longer accepted.
+    pub fn remove_peer(&self, key: &NodePublic) {
+        self.inner.peers.write().expect("not poisoned").remove(key);
+        self.inner.lock_paths().remove_peer(key);
+    }
+
+    /// Sends `data` to `peer` on its active path. Never waits: what cannot
+    /// go out now is dropped and counted.
+    pub fn send(&self, peer: &NodePublic, data: &[u8]) -> Result<(), SendError> {
+        if data.len() > MAX_DATAGRAM {
+            return Err(SendError::TooLarge { len: data.len() });
+        }
+        let path = self
+            .inner
+            .lock_paths()
+            .on_send(peer, data.len())
+            .map_err(|e| match e {
+                NoPath::UnknownPeer => SendError::UnknownPeer,
+                NoPath::NoneAllowed => SendError::NoPath,
+            });
+        let result = path.and_then(|path| {
+            let mut buf = Vec::with_capacity(ferry_proto::udp_header::LEN + data.len());
+            peer_msg::put_payload(&mut buf, vni_of(&path), data);
+            self.inner.transmit(peer, &path, buf)
+        });
+        if result.is_err() {
+            self.inner.send_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// The next datagram from a peer.
+    pub async fn recv(&self) -> Result<(NodePublic, Vec<u8>), EndpointError> {
+        self.received
+            .lock()
+            .await
+            .recv()
+            .await
+            .ok_or(EndpointError::Closed)
+    }
+
+    /// Path switches from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<PathEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// A peer's active path, every path's state, round trip and counters,
+    /// and the last switch.
+    pub fn peer_status(&self, key: &NodePublic) -> Option<PeerStatus> {
+        self.inner.lock_paths().status(key)
+    }
+
+    /// The DERP servers.
+    pub fn relay_status(&self) -> Vec<RelayStatus> {
+        self.inner
+            .relays
+            .iter()
+            .map(|r| RelayStatus {
+                name: r.name.clone(),
+                url: r.url.clone(),
+                connected: r.connected.load(Ordering::Relaxed),
+                stun: r.stun,
+                public_addr: *r.public_addr.lock().expect("not poisoned"),
+            })
+            .collect()
+    }
+
+    /// The UDP socket's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// This endpoint's key.
+    pub fn public_key(&self) -> NodePublic {
+        self.inner.public
+    }
+
+    /// The addresses announced to peers now.
+    pub fn local_candidates(&self) -> Vec<SocketAddr> {
+        self.inner.lock_paths().local_candidates().to_vec()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EndpointStats {
+        EndpointStats {
+            send_dropped: self.inner.send_dropped.load(Ordering::Relaxed),
+            recv_dropped: self.inner.recv_dropped.load(Ordering::Relaxed),
+            rejected: self.inner.rejected.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn vni_of(path: &PathAddr) -> u32 {
+    match path {
+        PathAddr::Relay { vni, .. } => *vni,
+        PathAddr::Direct(_) | PathAddr::Derp => 0,
+    }
+}
+
+/// The URL's host, port 3478, resolved.
+async fn default_stun(url: &str) -> Option<SocketAddr> {
+    let target = crate::Target::from_url(url).ok()?;
+    let mut addrs = tokio::net::lookup_host((target.host.as_str(), 3478))
+        .await
+        .ok()?;
+    addrs.next()
+}
+
+/// The address the system would send from towards the internet (no packet
+/// is sent: connecting a UDP socket only picks the route).
+fn route_source(v6: bool) -> Option<IpAddr> {
+    let (bind, probe): (SocketAddr, SocketAddr) = if v6 {
+        (
+            (Ipv6Addr::UNSPECIFIED, 0).into(),
+            (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1), 9).into(),
+        )
+    } else {
+        (
+            (Ipv4Addr::UNSPECIFIED, 0).into(),
+            ([192, 0, 2, 1], 9).into(),
+        )
+    };
+    let s = std::net::UdpSocket::bind(bind).ok()?;
+    s.connect(probe).ok()?;
+    Some(s.local_addr().ok()?.ip())
+}
+
+impl Inner {
+    fn lock_paths(&self) -> std::sync::MutexGuard<'_, Paths> {
+        self.paths.lock().expect("not poisoned")
+    }
+
+    /// Sends a finished peer message on `path`.
+    fn transmit(&self, peer: &NodePublic, path: &PathAddr, buf: Vec<u8>) -> Result<(), SendError> {
+        match path {
+            PathAddr::Direct(addr) | PathAddr::Relay { addr, .. } => {
+                match self.socket.try_send_to(&buf, *addr) {
+                    Ok(_) => Ok(()),
+                    Err(e) => {
+                        tracing::trace!(%addr, error = %e, "UDP send failed");
+                        Err(SendError::Dropped)
+                    }
+                }
+            }
+            PathAddr::Derp => {
+                let relay = self
+                    .peers
+                    .read()
+                    .expect("not poisoned")
+                    .get(peer)
+                    .map(|p| p.relay)
+                    .ok_or(SendError::UnknownPeer)?;
+                self.relays
+                    .get(relay)
+                    .ok_or(SendError::NoPath)?
+                    .out
+                    .try_send((*peer, buf))
+                    .map_err(|_| SendError::Dropped)
+            }
+        }
+    }
+
+    /// Seals and sends a probe.
+    fn send_probe(&self, t: &Transmit) {
+        let Some(key) = self
+            .peers
+            .read()
+            .expect("not poisoned")
+            .get(&t.peer)
+            .map(|p| p.key.clone())
+        else {
+            return;
+        };
+        let mut buf = Vec::with_capacity(128);
+        peer_msg::put_probe(
+            &mut buf,
+            vni_of(&t.path),
+            &self.public,
+            &key,
+            &nacl::random_nonce(),
+            &t.probe,
+        );
+        // A probe that cannot go out is a lost probe; the schedule covers it.
+        let _ = self.transmit(&t.peer, &t.path, buf);
+    }
+
+    /// Recomputes the addresses announced to peers.
+    fn update_candidates(&self) {
+        let mut addrs = self.advertise.clone();
+        if self.discover {
+            let port = self.local_addr.port();
+            if self.local_addr.ip().is_unspecified() {
+                if let Some(ip) = route_source(self.local_addr.is_ipv6()) {
+                    addrs.push(SocketAddr::new(ip, port));
+                }
+            } else {
+                addrs.push(self.local_addr);
+            }
+            for r in &self.relays {
+                if let Some(a) = *r.public_addr.lock().expect("not poisoned") {
+                    addrs.push(a);
+                }
+            }
+        }
+        self.lock_paths().set_local_candidates(now(), addrs);
+    }
+
+    fn reject(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct Driver {
+    inner: Arc<Inner>,
+    received: mpsc::Sender<(NodePublic, Vec<u8>)>,
+    derp: mpsc::Receiver<(usize, NodePublic, Vec<u8>)>,
+    /// STUN transaction ids in flight → the relay asked.
+    stun_pending: HashMap<[u8; 12], usize>,
+    stun_interval: Duration,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let mut buf = vec![0u8; 65536];
+        let mut stun_at = tokio::time::Instant::now();
+        loop {
+            let deadline = self
+                .inner
+                .lock_paths()
+                .poll_timeout()
+                .map(tokio::time::Instant::from_std);
+            let inner = self.inner.clone();
+            tokio::select! {
+                r = inner.socket.recv_from(&mut buf) => match r {
+                    Ok((n, src)) => self.on_udp(&buf[..n], src),
+                    // ICMP errors surface as failed reads on some systems.
+                    Err(e) => tracing::trace!(error = %e, "UDP receive error"),
+                },
+                d = self.derp.recv() => match d {
+                    Some((relay, src, data)) => self.on_derp(relay, src, &data),
+                    None => return,
+                },
+                _ = sleep_until(deadline) => {
+                    self.inner.lock_paths().handle_timeout(now());
+                }
+                _ = tokio::time::sleep_until(stun_at) => {
+                    stun_at += self.stun_interval;
+                    self.send_stun();
+                }
+                _ = inner.wake.notified() => {
+                    self.inner.lock_paths().handle_timeout(now());
+                }
+            }
+            self.flush();
+        }
+    }
+
+    /// Sends what the path manager queued and publishes its events.
+    fn flush(&mut self) {
+        loop {
+            let (transmit, event) = {
+                let mut paths = self.inner.lock_paths();
+                (paths.poll_transmit(), paths.poll_event())
+            };
+            if transmit.is_none() && event.is_none() {
+                return;
+            }
+            if let Some(t) = transmit {
+                self.inner.send_probe(&t);
+            }
+            if let Some(e) = event {
+                // No subscriber is fine.
+                let _ = self.inner.events.send(e);
+            }
+        }
+    }
+
+    fn send_stun(&mut self) {
+        self.stun_pending.clear();
+        for (i, r) in self.inner.relays.iter().enumerate() {
+            let Some(server) = r.stun else { continue };
+            let txid: [u8; 12] = rand::random();
+            self.stun_pending.insert(txid, i);
+            let _ = self
+                .inner
+                .socket
+                .try_send_to(&stun::binding_request(&txid), server);
+        }
+    }
+
+    fn on_udp(&mut self, datagram: &[u8], src: SocketAddr) {
+        let src = ferry_proto::frame::canonical_addr(src);
+        if is_stun_response(datagram) {
+            self.on_stun(datagram, src);
+            return;
+        }
+        let Ok((header, msg)) = peer_msg::parse(datagram) else {
+            self.inner.reject();
+            return;
+        };
+        let path = match header.vni {
+            0 => PathAddr::Direct(src),
+            vni => PathAddr::Relay { vni, addr: src },
+        };
+        self.on_message(path, None, msg);
+    }
+
+    fn on_derp(&mut self, _relay: usize, src: NodePublic, data: &[u8]) {
+        match peer_msg::parse(data) {
+            Ok((header, msg)) if header.vni == 0 => self.on_message(PathAddr::Derp, Some(src), msg),
+            _ => self.inner.reject(),
+        }
+    }
+
+    /// A peer message on `path`; `derp_src` is the DERP-authenticated
+    /// sender of a DERP packet.
+    fn on_message(&mut self, path: PathAddr, derp_src: Option<NodePublic>, msg: PeerMessage<'_>) {
+        match msg {
+            PeerMessage::Payload(bytes) => {
+                let peer = match derp_src {
+                    Some(src) => self
+                        .inner
+                        .peers
+                        .read()
+                        .expect("not poisoned")
+                        .contains_key(&src)
+                        .then_some(src),
+                    None => self.inner.lock_paths().owner(&path),
+                };
+                let Some(peer) = peer else {
+                    self.inner.reject();
+                    return;
+                };
+                self.inner
+                    .lock_paths()
+                    .on_receive(&peer, &path, bytes.len());
+                if self.received.try_send((peer, bytes.to_vec())).is_err() {
+                    self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            PeerMessage::Probe { sender, sealed } => {
+                if derp_src.is_some_and(|s| s != sender) {
+                    self.inner.reject();
+                    return;
+                }
+                let key = self
+                    .inner
+                    .peers
+                    .read()
+                    .expect("not poisoned")
+                    .get(&sender)
+                    .map(|p| p.key.clone());
+                let Some(probe) = key.and_then(|k| peer_msg::open_probe(&k, sealed).ok()) else {
+                    self.inner.reject();
+                    return;
+                };
+                self.inner
+                    .lock_paths()
+                    .handle_probe(now(), &sender, path, probe);
+            }
+        }
+    }
+
+    fn on_stun(&mut self, datagram: &[u8], src: SocketAddr) {
+        let Ok((txid, public)) = stun::parse_binding_response(datagram) else {
+            self.inner.reject();
+            return;
+        };
+        let Some(i) = self.stun_pending.remove(&txid) else {
+            self.inner.reject();
+            return;
+        };
+        let relay = &self.inner.relays[i];
+        if relay.stun.map(ferry_proto::frame::canonical_addr) != Some(src) {
+            self.inner.reject();
+            return;
+        }
+        let changed = relay
+            .public_addr
+            .lock()
+            .expect("not poisoned")
+            .replace(public)
+            != Some(public);
+        if changed {
+            tracing::debug!(relay = %relay.name, %public, "STUN: public address");
+            self.inner.update_candidates();
+        }
+    }
+}
+
+/// A STUN binding success response opens with type 0x0101 and the magic
+/// cookie; no peer message can (its byte 0 is 0).
+fn is_stun_response(d: &[u8]) -> bool {
+    d.len() >= stun::HEADER_LEN
+        && d[..2] == stun::BINDING_SUCCESS.to_be_bytes()
+        && d[4..8] == stun::MAGIC_COOKIE
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends the queued DERP packets of one relay.
+async fn derp_writer(sender: crate::DerpSender, mut out: mpsc::Receiver<(NodePublic, Vec<u8>)>) {
+    while let Some((dst, data)) = out.recv().await {
+        if let Err(e) = sender.send(&dst, data).await {
+            tracing::trace!(error = %e, "DERP send dropped");
+        }
+    }
+}
+
+/// Hands one relay's packets to the driver and tracks its connection.
+async fn derp_reader(
+    relay: usize,
+    mut client: DerpClient,
+    to_driver: mpsc::Sender<(usize, NodePublic, Vec<u8>)>,
+    connected: Arc<AtomicBool>,
+) {
+    while let Ok(event) = client.recv().await {
+        match event {
+            crate::Event::Packet { src, data } => {
+                let delivered = to_driver.send((relay, src, data)).await;
+                if delivered.is_err() {
+                    return;
+                }
+            }
+            crate::Event::Connected { .. } => connected.store(true, Ordering::Relaxed),
+            crate::Event::Disconnected { .. } => connected.store(false, Ordering::Relaxed),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Two SDK endpoints on loopback, through Ferry and through Tailscale's
+//! derper: datagrams over DERP at once, direct UDP once probes confirm it,
+//! back to DERP within 2 s when direct UDP goes silent (a UDP "wire" the
+//! test cuts) and up again when it returns; STUN against Ferry's STUN
+//! server; `only` and `prefer`.
+
+mod support;
+
+use ferry_client::{
+    BackoffOptions, Endpoint, EndpointOptions, Options, PathAddr, PathEvent, PathKind, PeerOptions,
+    RelayOptions, SwitchReason,
+};
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{kinds, Kind, TestServer};
+use tokio::net::UdpSocket;
+
+/// Generous bound for what should take milliseconds.
+const QUICK: Duration = Duration::from_secs(10);
+
+fn relay(url: String) -> RelayOptions {
+    let mut r = RelayOptions::new("test", url);
+    let mut o = Options::default();
+    o.backoff = BackoffOptions {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(500),
+        seed: Some(1),
+    };
+    r.options = o;
+    // Nothing listens there: no STUN unless a test starts one.
+    r.stun = Some("127.0.0.1:9".parse().unwrap());
+    r
+}
+
+fn options(url: &str) -> EndpointOptions {
+    let mut o = EndpointOptions::new(NodePrivate::generate(), vec![relay(url.to_owned())]);
+    o.bind = "127.0.0.1:0".parse().unwrap();
+    o
+}
+
+async fn pair(a: EndpointOptions, b: EndpointOptions, peer: PeerOptions) -> (Endpoint, Endpoint) {
+    let a = Endpoint::bind(a).await.expect("bind a");
+    let b = Endpoint::bind(b).await.expect("bind b");
+    a.add_peer(b.public_key(), peer);
+    b.add_peer(a.public_key(), PeerOptions::default());
+    (a, b)
+}
+
+async fn recv_from(e: &Endpoint, want: &NodePublic) -> Vec<u8> {
+    let (from, data) = tokio::time::timeout(QUICK, e.recv())
+        .await
+        .expect("a datagram within the bound")
+        .expect("endpoint open");
+    assert_eq!(&from, want);
+    data
+}
+
+/// Polls `e`'s status for `peer` until its active path has `kind`.
+async fn until_active(e: &Endpoint, peer: &NodePublic, kind: PathKind, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let st = e.peer_status(peer).expect("a peer");
+        if st.active.map(|a| a.kind()) == Some(kind) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not {kind:?} within {limit:?}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The next path event for `peer`, within `limit`.
+async fn next_event(
+    rx: &mut tokio::sync::broadcast::Receiver<PathEvent>,
+    peer: &NodePublic,
+    limit: Duration,
+) -> PathEvent {
+    let deadline = tokio::time::Instant::now() + limit;
+    for _ in 0..1000 {
+        let ev = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no path event within {limit:?}"))
+            .expect("events not lagging");
+        if &ev.peer == peer {
+            return ev;
+        }
+    }
+    panic!("no event for the peer among 1000");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derp_at_once_then_direct_after_probes() {
+    for kind in kinds() {
+        let server = TestServer::start(kind, None);
+        let a = Endpoint::bind(options(&server.url()))
+            .await
+            .expect("bind a");
+        let b = Endpoint::bind(options(&server.url()))
+            .await
+            .expect("bind b");
+        let (ka, kb) = (a.public_key(), b.public_key());
+        b.add_peer(ka, PeerOptions::default());
+        // No direct path can be confirmed before A has pinged B (a DERP
+        // round trip away at least): the first datagram goes by DERP.
+        a.add_peer(kb, PeerOptions::default());
+        assert_eq!(
+            a.peer_status(&kb).unwrap().active,
+            Some(PathAddr::Derp),
+            "{kind:?}: DERP before any probe"
+        );
+        a.send(&kb, b"over derp").unwrap();
+        assert_eq!(recv_from(&b, &ka).await, b"over derp");
+
+        until_active(&a, &kb, PathKind::Direct, QUICK).await;
+        until_active(&b, &ka, PathKind::Direct, QUICK).await;
+        let st = a.peer_status(&kb).unwrap();
+        assert_eq!(
+            st.active,
+            Some(PathAddr::Direct(b.local_addr())),
+            "{kind:?}"
+        );
+        for i in 0..50u32 {
+            a.send(&kb, &i.to_be_bytes()).unwrap();
+            assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes(), "{kind:?}");
+            b.send(&ka, &i.to_be_bytes()).unwrap();
+            assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes(), "{kind:?}");
+        }
+        let st = a.peer_status(&kb).unwrap();
+        let direct = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
+        assert_eq!(direct.stats.tx_packets, 50, "{kind:?}: {st:?}");
+        assert_eq!(direct.stats.rx_packets, 50, "{kind:?}: {st:?}");
+        assert!(direct.rtt.is_some());
+        let derp = st.paths.iter().find(|p| p.addr == PathAddr::Derp).unwrap();
+        assert_eq!(derp.stats.tx_packets, 1, "{kind:?}: the first datagram");
+        assert!(a.relay_status()[0].connected);
+        assert_eq!(a.stats().send_dropped, 0);
+    }
+}
+
+/// A UDP relay between two endpoints that the test can cut, as a NAT in
+/// between would look: B reaches A at `to_a`, A reaches B at `to_b`, and
+/// each sees the other's datagrams come from the wire's far socket.
+struct Wire {
+    to_a: Arc<UdpSocket>,
+    to_b: Arc<UdpSocket>,
+    up: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Wire {
+    async fn new() -> Wire {
+        Wire {
+            to_a: Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()),
+            to_b: Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()),
+            up: Arc::new(AtomicBool::new(true)),
+            tasks: Vec::new(),
+        }
+    }
+
+    fn addr_of_a(&self) -> SocketAddr {
+        self.to_a.local_addr().unwrap()
+    }
+
+    fn addr_of_b(&self) -> SocketAddr {
+        self.to_b.local_addr().unwrap()
+    }
+
+    /// Starts carrying datagrams between the endpoints at `a` and `b`.
+    fn start(&mut self, a: SocketAddr, b: SocketAddr) {
+        let (ta, tb) = (self.to_a.clone(), self.to_b.clone());
+        self.tasks = vec![
+            tokio::spawn(forward(ta.clone(), tb.clone(), a, self.up.clone())),
+            tokio::spawn(forward(tb, ta, b, self.up.clone())),
+        ];
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Datagrams arriving at `from` leave by `out` towards `dst`; dropped
+/// while the wire is cut.
+async fn forward(from: Arc<UdpSocket>, out: Arc<UdpSocket>, dst: SocketAddr, up: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 65536];
+    while let Ok((n, _)) = from.recv_from(&mut buf).await {
+        if up.load(Ordering::SeqCst) {
+            let _ = out.send_to(&buf[..n], dst).await;
+        }
+    }
+}
+
+/// Two endpoints whose only direct path is through a [`Wire`].
+async fn wired(url: &str, peer: PeerOptions) -> (Endpoint, Endpoint, Wire) {
+    let mut wire = Wire::new().await;
+    let mut oa = options(url);
+    oa.discover = false;
+    oa.advertise = vec![wire.addr_of_a()];
+    let mut ob = options(url);
+    ob.discover = false;
+    ob.advertise = vec![wire.addr_of_b()];
+    let (a, b) = pair(oa, ob, peer).await;
+    wire.start(a.local_addr(), b.local_addr());
+    (a, b, wire)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_derp_within_two_seconds_and_returns_to_direct() {
+    for kind in kinds() {
+        let server = TestServer::start(kind, None);
+        let (a, b, wire) = wired(&server.url(), PeerOptions::default()).await;
+        let (ka, kb) = (a.public_key(), b.public_key());
+        let mut events = a.subscribe();
+        until_active(&a, &kb, PathKind::Direct, QUICK).await;
+        assert_eq!(
+            a.peer_status(&kb).unwrap().active,
+            Some(PathAddr::Direct(wire.addr_of_b())),
+            "{kind:?}"
+        );
+        let up = next_event(&mut events, &kb, QUICK).await;
+        assert_eq!(
+            (up.from, up.reason),
+            (Some(PathAddr::Derp), SwitchReason::Better)
+        );
+
+        // A sends every 10 ms from here on; B counts what arrives.
+        let sending = Arc::new(AtomicBool::new(true));
+        let sender = {
+            let (a, sending) = (Arc::new(a), sending.clone());
+            let task_a = a.clone();
+            let task = tokio::spawn(async move {
+                let mut i = 0u32;
+                while sending.load(Ordering::SeqCst) && i < 100_000 {
+                    let _ = task_a.send(&kb, &i.to_be_bytes());
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                i
+            });
+            (a, task)
+        };
+        let (a, task) = sender;
+        let receiver = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Ok(Ok((from, data))) =
+                tokio::time::timeout(Duration::from_secs(3), b.recv()).await
+            {
+                assert_eq!(from, ka);
+                got.push(u32::from_be_bytes(data.try_into().unwrap()));
+            }
+            (b, got)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let cut = Instant::now();
+        wire.set_up(false);
+        let down = next_event(&mut events, &kb, QUICK).await;
+        assert_eq!(down.to, Some(PathAddr::Derp), "{kind:?}: {down:?}");
+        assert_eq!(down.reason, SwitchReason::Silent);
+        let took = down.at.saturating_duration_since(cut);
+        assert!(
+            took <= Duration::from_secs(2),
+            "{kind:?}: down after {took:?}"
+        );
+        assert!(down.lost > 0, "{kind:?}: datagrams went into the cut wire");
+
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let restored = Instant::now();
+        wire.set_up(true);
+        let back = next_event(&mut events, &kb, QUICK).await;
+        assert_eq!(
+            (back.from, back.to, back.reason),
+            (
+                Some(PathAddr::Derp),
+                Some(PathAddr::Direct(wire.addr_of_b())),
+                SwitchReason::Better
+            ),
+            "{kind:?}"
+        );
+        let took = back.at.saturating_duration_since(restored);
+        assert!(
+            took <= Duration::from_secs(10),
+            "{kind:?}: up after {took:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sending.store(false, Ordering::SeqCst);
+        let sent = task.await.unwrap();
+        let (_b, got) = receiver.await.unwrap();
+
+        // Nothing twice; everything sent after the switch down arrived (by
+        // DERP, then direct), so only datagrams of the silent interval are
+        // missing, no more than reported.
+        let mut unique = got.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            got.len(),
+            "{kind:?}: a datagram arrived twice"
+        );
+        let missing = sent as u64 - got.len() as u64;
+        assert!(
+            missing <= down.lost,
+            "{kind:?}: {missing} missing of {sent}, {} reported",
+            down.lost
+        );
+        let st = a.peer_status(&kb).unwrap();
+        let derp = st.paths.iter().find(|p| p.addr == PathAddr::Derp).unwrap();
+        assert!(derp.stats.tx_packets > 0, "{kind:?}: {st:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_and_prefer_hold_while_direct_works() {
+    let server = TestServer::start(Kind::Ferry, None);
+    for (peer, want) in [
+        (
+            PeerOptions {
+                only: Some(PathKind::Derp),
+                ..PeerOptions::default()
+            },
+            PathKind::Derp,
+        ),
+        (
+            PeerOptions {
+                prefer: Some(PathKind::Derp),
+                ..PeerOptions::default()
+            },
+            PathKind::Derp,
+        ),
+    ] {
+        let (a, b) = pair(options(&server.url()), options(&server.url()), peer).await;
+        let (ka, kb) = (a.public_key(), b.public_key());
+        // B goes direct: the path works both ways, A's policy keeps DERP.
+        until_active(&b, &ka, PathKind::Direct, QUICK).await;
+        let st = a.peer_status(&kb).unwrap();
+        assert_eq!(st.active.map(|p| p.kind()), Some(want), "{peer:?}: {st:?}");
+        a.send(&kb, b"kept").unwrap();
+        assert_eq!(recv_from(&b, &ka).await, b"kept");
+        let st = a.peer_status(&kb).unwrap();
+        let derp = st.paths.iter().find(|p| p.addr == PathAddr::Derp).unwrap();
+        assert_eq!(derp.stats.tx_packets, 1, "{peer:?}");
+    }
+    // only = direct: nothing goes until direct is confirmed.
+    let (a, b) = pair(
+        options(&server.url()),
+        options(&server.url()),
+        PeerOptions {
+            only: Some(PathKind::Direct),
+            ..PeerOptions::default()
+        },
+    )
+    .await;
+    let kb = b.public_key();
+    assert_eq!(a.send(&kb, b"x"), Err(ferry_client::SendError::NoPath));
+    assert_eq!(a.stats().send_dropped, 1);
+    until_active(&a, &kb, PathKind::Direct, QUICK).await;
+    a.send(&kb, b"direct").unwrap();
+    assert_eq!(recv_from(&b, &a.public_key()).await, b"direct");
+    assert_eq!(
+        a.send(&NodePrivate::generate().public(), b"x"),
+        Err(ferry_client::SendError::UnknownPeer)
+    );
+}
+
+/// Ferry with its STUN server, in this process.
+fn ferry_with_stun() -> (Server, SocketAddr, SocketAddr) {
+    let derp = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let stun = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let server = Server::start(ServerOptions {
+        config: RelayConfig::new(NodePrivate::generate()),
+        listeners: vec![ListenerSpec {
+            addr: derp,
+            kind: ListenerKind::Derp,
+        }],
+        workers: 1,
+        pin: false,
+        stun: Some(stun),
+        metrics_addr: None,
+        io: Default::default(),
+        inherited: Vec::new(),
+    })
+    .expect("ferry starts");
+    (server, derp, stun)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stun_learns_the_public_address_and_announces_it() {
+    let (server, derp, stun) = ferry_with_stun();
+    let url = format!("http://{derp}/derp");
+    let mut o = options(&url);
+    o.relays[0].stun = Some(stun);
+    let e = Endpoint::bind(o).await.expect("bind");
+    let deadline = tokio::time::Instant::now() + QUICK;
+    loop {
+        let st = &e.relay_status()[0];
+        if st.public_addr.is_some() {
+            // On loopback the public address is the socket's own.
+            assert_eq!(st.public_addr, Some(e.local_addr()));
+            assert_eq!(st.stun, Some(stun));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no STUN answer: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(e.local_candidates(), vec![e.local_addr()]);
+    drop(e);
+    server.shutdown();
+    server.wait().expect("ferry stops");
+}
