@@ -64,6 +64,8 @@ wait_path() {
   done
 }
 
+on_path() { wait_path "$@" >/dev/null; } # on_path: wait_path, quietly
+
 # iperf_json NS SERVER SECONDS OUT [ARGS...]: an iperf3 TCP run with JSON
 # output into OUT.
 iperf_json() {
