@@ -187,8 +187,8 @@ link_case() {
   fu_bg fu-kb "$T/link-b-$c.log" "$ferry" link --config "$T/link-b.toml"
   local lb=$FU_LAST_PID
   wg_endpoint 127.0.0.1:51001 127.0.0.1:51001
-  if ping_until fu-ka 10.77.120.2 30 && wait_path fu-ka "$T/link-a.toml" b "$path" 15 >/dev/null &&
-     wait_path fu-kb "$T/link-b.toml" a "$path" 15 >/dev/null; then
+  if ping_until fu-ka 10.77.120.2 30 && on_path fu-ka "$T/link-a.toml" b "$path" 15 &&
+     on_path fu-kb "$T/link-b.toml" a "$path" 15; then
     measure "$c" "$path" 10.77.120.2 "$relay_pid"
   else
     record_error "$c" "ferry link is not on path $path here (status: $(link_path fu-ka "$T/link-a.toml" b 2>/dev/null || echo unknown))"
