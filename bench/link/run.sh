@@ -17,7 +17,7 @@ netns=$root/crates/ferry/tests/netns
 
 mode=${1:-}
 case $mode in
-  longhaul) rtt=150 loss=1 duration=20 cases="wg-direct link-relay link-derp tailscaled-derper" ;;
+  longhaul) rtt=150 loss=1 duration=20 cases="wg-direct link-direct link-relay link-derp tailscaled-derper" ;;
   local) rtt=0 loss=0 duration=10 cases="wg-direct link-direct link-relay link-derp" ;;
   *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
