@@ -98,17 +98,10 @@ async fn next_event(
 async fn derp_at_once_then_direct_after_probes() {
     for kind in kinds() {
         let server = TestServer::start(kind, None);
-        let a = Endpoint::bind(options(&server.url()))
-            .await
-            .expect("bind a");
-        let b = Endpoint::bind(options(&server.url()))
-            .await
-            .expect("bind b");
+        // Direct UDP is cut until the first datagram went: it must go by
+        // DERP, before any probe could be answered.
+        let (a, b, wire) = wired(&server.url(), PeerOptions::default(), false).await;
         let (ka, kb) = (a.public_key(), b.public_key());
-        b.add_peer(ka, PeerOptions::default());
-        // No direct path can be confirmed before A has pinged B (a DERP
-        // round trip away at least): the first datagram goes by DERP.
-        a.add_peer(kb, PeerOptions::default());
         assert_eq!(
             a.peer_status(&kb).unwrap().active,
             Some(PathAddr::Derp),
@@ -117,12 +110,13 @@ async fn derp_at_once_then_direct_after_probes() {
         a.send(&kb, b"over derp").unwrap();
         assert_eq!(recv_from(&b, &ka).await, b"over derp");
 
+        wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
         until_active(&b, &ka, PathKind::Direct, QUICK).await;
         let st = a.peer_status(&kb).unwrap();
         assert_eq!(
             st.active,
-            Some(PathAddr::Direct(b.local_addr())),
+            Some(PathAddr::Direct(wire.addr_of_b())),
             "{kind:?}"
         );
         for i in 0..50u32 {
@@ -205,8 +199,9 @@ async fn forward(from: Arc<UdpSocket>, out: Arc<UdpSocket>, dst: SocketAddr, up:
 }
 
 /// Two endpoints whose only direct path is through a [`Wire`].
-async fn wired(url: &str, peer: PeerOptions) -> (Endpoint, Endpoint, Wire) {
+async fn wired(url: &str, peer: PeerOptions, up: bool) -> (Endpoint, Endpoint, Wire) {
     let mut wire = Wire::new().await;
+    wire.set_up(up);
     let mut oa = options(url);
     oa.discover = false;
     oa.advertise = vec![wire.addr_of_a()];
@@ -222,9 +217,11 @@ async fn wired(url: &str, peer: PeerOptions) -> (Endpoint, Endpoint, Wire) {
 async fn falls_back_to_derp_within_two_seconds_and_returns_to_direct() {
     for kind in kinds() {
         let server = TestServer::start(kind, None);
-        let (a, b, wire) = wired(&server.url(), PeerOptions::default()).await;
+        // Cut until A listens to events, so the first switch is seen.
+        let (a, b, wire) = wired(&server.url(), PeerOptions::default(), false).await;
         let (ka, kb) = (a.public_key(), b.public_key());
         let mut events = a.subscribe();
+        wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
         assert_eq!(
             a.peer_status(&kb).unwrap().active,
@@ -355,19 +352,17 @@ async fn only_and_prefer_hold_while_direct_works() {
         let derp = st.paths.iter().find(|p| p.addr == PathAddr::Derp).unwrap();
         assert_eq!(derp.stats.tx_packets, 1, "{peer:?}");
     }
-    // only = direct: nothing goes until direct is confirmed.
-    let (a, b) = pair(
-        options(&server.url()),
-        options(&server.url()),
-        PeerOptions {
-            only: Some(PathKind::Direct),
-            ..PeerOptions::default()
-        },
-    )
-    .await;
+    // only = direct: nothing goes until direct is confirmed (it is cut
+    // at first).
+    let only_direct = PeerOptions {
+        only: Some(PathKind::Direct),
+        ..PeerOptions::default()
+    };
+    let (a, b, wire) = wired(&server.url(), only_direct, false).await;
     let kb = b.public_key();
     assert_eq!(a.send(&kb, b"x"), Err(ferry_client::SendError::NoPath));
     assert_eq!(a.stats().send_dropped, 1);
+    wire.set_up(true);
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
     a.send(&kb, b"direct").unwrap();
     assert_eq!(recv_from(&b, &a.public_key()).await, b"direct");
@@ -430,4 +425,116 @@ async fn stun_learns_the_public_address_and_announces_it() {
     drop(e);
     server.shutdown();
     server.wait().expect("ferry stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_probes_and_strangers_payloads_are_dropped() {
+    use ferry_proto::nacl::{random_nonce, SharedKey};
+    use ferry_proto::peer_msg::{self, Probe};
+    let server = TestServer::start(Kind::Ferry, None);
+    let (a, b) = pair(
+        options(&server.url()),
+        options(&server.url()),
+        PeerOptions::default(),
+    )
+    .await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    let stranger = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mallory = NodePrivate::generate();
+    let mut datagrams = Vec::new();
+    // A ping claiming to be A, sealed with another key.
+    let mut forged = Vec::new();
+    peer_msg::put_probe(
+        &mut forged,
+        0,
+        &ka,
+        &SharedKey::new(&mallory, &kb),
+        &random_nonce(),
+        &Probe::Ping { tx: [1; 12] },
+    );
+    datagrams.push(forged);
+    // A well-sealed ping from a key B does not know.
+    let mut unknown = Vec::new();
+    peer_msg::put_probe(
+        &mut unknown,
+        0,
+        &mallory.public(),
+        &SharedKey::new(&mallory, &kb),
+        &random_nonce(),
+        &Probe::Ping { tx: [2; 12] },
+    );
+    datagrams.push(unknown);
+    // A payload from an address that is no peer's path, and garbage.
+    let mut payload = Vec::new();
+    peer_msg::put_payload(&mut payload, 0, b"inject");
+    datagrams.push(payload);
+    datagrams.push(b"\x01\x02garbage".to_vec());
+    for d in &datagrams {
+        stranger.send_to(d, b.local_addr()).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while b.stats().rejected < datagrams.len() as u64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rejected {:?}",
+            b.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Nothing was answered, nothing delivered, the stranger is no path.
+    let mut buf = [0u8; 1500];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stranger.recv_from(&mut buf))
+            .await
+            .is_err(),
+        "B answered a stranger"
+    );
+    let st = b.peer_status(&ka).unwrap();
+    let from = stranger.local_addr().unwrap();
+    assert!(
+        st.paths.iter().all(|p| p.addr != PathAddr::Direct(from)),
+        "{st:?}"
+    );
+    a.send(&kb, b"real").unwrap();
+    assert_eq!(
+        recv_from(&b, &ka).await,
+        b"real",
+        "the first delivery is A's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derp_resumes_after_the_relay_restarts() {
+    for kind in kinds() {
+        let mut server = TestServer::start(kind, None);
+        let only_derp = PeerOptions {
+            only: Some(PathKind::Derp),
+            ..PeerOptions::default()
+        };
+        let (a, b) = pair(options(&server.url()), options(&server.url()), only_derp).await;
+        let (ka, kb) = (a.public_key(), b.public_key());
+        a.send(&kb, b"before").unwrap();
+        assert_eq!(recv_from(&b, &ka).await, b"before", "{kind:?}");
+        server.restart();
+        // Both reconnect by themselves; sends in between are dropped (DERP
+        // is best effort), so send until one arrives.
+        let deadline = tokio::time::Instant::now() + QUICK;
+        let mut n = 0u32;
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{kind:?}: nothing through the restarted relay: {:?}",
+                a.relay_status()
+            );
+            n += 1;
+            let _ = a.send(&kb, &n.to_be_bytes());
+            if let Ok(Ok((from, _))) =
+                tokio::time::timeout(Duration::from_millis(100), b.recv()).await
+            {
+                assert_eq!(from, ka);
+                break;
+            }
+        }
+        assert!(a.relay_status()[0].connected, "{kind:?}");
+    }
 }

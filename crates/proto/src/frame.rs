@@ -75,6 +75,15 @@ pub fn is_disco(packet: &[u8]) -> bool {
     packet.len() >= DISCO_MIN_LEN && packet.starts_with(&DISCO_MAGIC)
 }
 
+/// Ferry's relayAllocate frame (`docs/relay-sessions.md` §2), C→S, only
+/// from clients that asked for relay sessions (see
+/// [`ServerFramePolicy::relay_sessions`] and [`crate::relay_session`]).
+pub const RELAY_ALLOCATE: u8 = 0xf0;
+/// Ferry's relaySession frame, S→C.
+pub const RELAY_SESSION: u8 = 0xf1;
+/// Ferry's relayRefused frame, S→C.
+pub const RELAY_REFUSED: u8 = 0xf2;
+
 /// The frame types of protocol version 2 (§6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -737,6 +746,7 @@ fn exact_disposition(ty: FrameType, len: u32, expected: usize) -> Disposition {
 /// | closePeer | mesh only; exactly 32 |
 /// | notePreferred | exactly 1 |
 /// | ping | 8 ..= 1 000 |
+/// | relayAllocate (0xf0) | only with `relay_sessions`; exactly 36 |
 /// | anything else | skipped, up to [`MAX_SKIPPED_FRAME`]; longer is fatal |
 ///
 /// The mesh check comes first, as in Go (it happens before the payload is
@@ -748,10 +758,24 @@ fn exact_disposition(ty: FrameType, len: u32, expected: usize) -> Disposition {
 pub struct ServerFramePolicy {
     /// Whether the connection authenticated with the mesh key.
     pub mesh: bool,
+    /// Whether the client asked for relay sessions (`"ferryRelay"` in its
+    /// clientInfo) and the server offers them; without it relayAllocate is
+    /// an unknown frame, skipped.
+    pub relay_sessions: bool,
 }
 
 impl FramePolicy for ServerFramePolicy {
     fn check(&self, ty: u8, len: u32) -> Disposition {
+        if ty == RELAY_ALLOCATE && self.relay_sessions {
+            return match len as usize {
+                crate::relay_session::ALLOCATE_LEN => Disposition::Buffer,
+                n => Disposition::Reject(FrameError::BadLength {
+                    frame: ty,
+                    len: n,
+                    expected: crate::relay_session::ALLOCATE_LEN,
+                }),
+            };
+        }
         let Some(t) = FrameType::from_u8(ty) else {
             return skip_disposition(ty, len);
         };

@@ -156,6 +156,10 @@ pub struct ClientInfo {
     pub is_prober: bool,
     /// Opaque application name; an empty string decodes as `None`.
     pub app_name: Option<String>,
+    /// Ferry's relay-session capability (`"ferryRelay": 1`,
+    /// `docs/relay-sessions.md` §1): the version the client speaks, 0 when
+    /// it did not ask (omitted from the JSON).
+    pub ferry_relay: u32,
 }
 
 impl ClientInfo {
@@ -184,6 +188,9 @@ impl ClientInfo {
         if let Some(name) = self.app_name.as_deref().filter(|n| !n.is_empty()) {
             out.extend_from_slice(b",\"AppName\":");
             push_string(&mut out, name);
+        }
+        if self.ferry_relay != 0 {
+            out.extend_from_slice(format!(",\"ferryRelay\":{}", self.ferry_relay).as_bytes());
         }
         out.push(b'}');
         out
@@ -240,6 +247,12 @@ impl FieldSink for ClientInfo {
                     self.app_name = (!v.is_empty()).then_some(v);
                 }
             }
+            "ferryrelay" => {
+                // Anything but a number (a later version's object, say)
+                // means this version cannot tell: no sessions.
+                let v = map.next_value::<serde_json::Value>()?;
+                self.ferry_relay = v.as_u64().map_or(0, |n| saturate_u32(n.into()));
+            }
             _ => {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -258,6 +271,19 @@ pub struct ServerInfo {
     /// Burst for the above. If set it must exceed one maximum frame (65 573
     /// bytes) or Go clients can never send large packets (§19.15).
     pub token_bucket_bytes_burst: u64,
+    /// Ferry's relay sessions (`"ferryRelay": {"version": 1, "port": P}`),
+    /// only for clients that asked; `None` when absent or malformed.
+    pub ferry_relay: Option<RelayCapability>,
+}
+
+/// The relay-session capability a Ferry relay puts in serverInfo
+/// (`docs/relay-sessions.md` §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct RelayCapability {
+    /// Version of relay sessions the relay speaks (1).
+    pub version: u32,
+    /// The relay's session UDP port.
+    pub port: u16,
 }
 
 impl ServerInfo {
@@ -267,6 +293,7 @@ impl ServerInfo {
             version: crate::frame::PROTOCOL_VERSION,
             token_bucket_bytes_per_second: 0,
             token_bucket_bytes_burst: 0,
+            ferry_relay: None,
         }
     }
 
@@ -286,6 +313,12 @@ impl ServerInfo {
             fields.push(format!(
                 "\"TokenBucketBytesBurst\":{}",
                 self.token_bucket_bytes_burst
+            ));
+        }
+        if let Some(r) = self.ferry_relay {
+            fields.push(format!(
+                "\"ferryRelay\":{{\"version\":{},\"port\":{}}}",
+                r.version, r.port
             ));
         }
         format!("{{{}}}", fields.join(",")).into_bytes()
@@ -311,6 +344,11 @@ impl FieldSink for ServerInfo {
             }
             "tokenbucketbytespersecond" => &mut self.token_bucket_bytes_per_second,
             "tokenbucketbytesburst" => &mut self.token_bucket_bytes_burst,
+            "ferryrelay" => {
+                let v = map.next_value::<serde_json::Value>()?;
+                self.ferry_relay = serde_json::from_value(v).ok();
+                return Ok(());
+            }
             _ => {
                 map.next_value::<IgnoredAny>()?;
                 return Ok(());
@@ -691,7 +729,8 @@ mod tests {
                 can_ack_pings: true,
                 is_prober: true,
                 app_name: Some("x".into()),
-                mesh_key: None
+                mesh_key: None,
+                ferry_relay: 0,
             }
         );
         // Later duplicates win; null leaves a field alone.
@@ -737,6 +776,7 @@ mod tests {
             version: 2,
             token_bucket_bytes_per_second: 1000,
             token_bucket_bytes_burst: 70000,
+            ferry_relay: None,
         };
         assert_eq!(
             limited.to_json(),
@@ -750,6 +790,38 @@ mod tests {
                 ..ServerInfo::default()
             }
         );
+    }
+
+    #[test]
+    fn relay_session_capability_json() {
+        // docs/relay-sessions.md §1.
+        let ask = ClientInfo {
+            version: 2,
+            can_ack_pings: true,
+            ferry_relay: 1,
+            ..ClientInfo::default()
+        };
+        assert_eq!(
+            ask.to_json(),
+            br#"{"version":2,"CanAckPings":true,"ferryRelay":1}"#
+        );
+        assert_eq!(ClientInfo::from_json(&ask.to_json()).unwrap(), ask);
+        let odd = ClientInfo::from_json(br#"{"ferryRelay":{"v":2}}"#).unwrap();
+        assert_eq!(odd.ferry_relay, 0);
+        let offer = ServerInfo {
+            ferry_relay: Some(RelayCapability {
+                version: 1,
+                port: 3479,
+            }),
+            ..ServerInfo::current()
+        };
+        assert_eq!(
+            offer.to_json(),
+            br#"{"version":2,"ferryRelay":{"version":1,"port":3479}}"#
+        );
+        assert_eq!(ServerInfo::from_json(&offer.to_json()).unwrap(), offer);
+        let bad = ServerInfo::from_json(br#"{"version":2,"ferryRelay":1}"#).unwrap();
+        assert_eq!(bad, ServerInfo::current());
     }
 
     #[test]
@@ -806,6 +878,7 @@ mod tests {
             can_ack_pings: false,
             is_prober: true,
             app_name: Some("ferry-test".into()),
+            ferry_relay: 1,
         };
         let sk = server_key_frame(&server.public());
         let learned = parse_server_key(&sk[HEADER_LEN..]).unwrap();

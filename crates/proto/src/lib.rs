@@ -34,8 +34,9 @@
 //! clients choosing and dialling a home region.
 //!
 //! [`udp_header`] is the 8-byte header of relay sessions and direct UDP
-//! between SDK peers (`docs/relay-sessions.md`); [`peer_msg`] the payloads
-//! and sealed probes two SDK peers exchange behind it.
+//! between SDK peers, and [`relay_session`] the frames, bind messages and
+//! client binder of relay sessions (`docs/relay-sessions.md`); [`peer_msg`]
+//! the payloads and sealed probes two SDK peers exchange behind it.
 //!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
@@ -58,6 +59,7 @@ pub mod nacl;
 pub mod peer_msg;
 pub mod proxy;
 pub mod rate_config;
+pub mod relay_session;
 pub mod stun;
 pub mod tls_record;
 pub mod udp_header;

@@ -19,15 +19,17 @@
 
 use crate::key::{NodePublic, KEY_LEN};
 use crate::nacl::{self, SharedKey};
+use crate::relay_session::{endpoint_at, put_endpoint, ENDPOINT_LEN};
 use crate::udp_header::{self, Header, HeaderError, Protocol};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
 /// The four bytes that open a probe after the header.
 pub const MAGIC: [u8; 4] = *b"FRY1";
 /// Length of a ping's transaction id.
 pub const TX_ID_LEN: usize = 12;
-/// Length of one encoded address: IPv6 (IPv4 as `::ffff:a.b.c.d`) ‖ port.
-pub const ENDPOINT_LEN: usize = 18;
+/// Zero bytes after a ping's tx id, so a ping is as large as the pong it
+/// draws (no amplification by a replayed ping).
+pub const PING_PADDING: usize = ENDPOINT_LEN;
 /// Most addresses a call-me-maybe may carry (more is refused, so a peer
 /// cannot make this side probe without bound).
 pub const MAX_ENDPOINTS: usize = 32;
@@ -150,18 +152,22 @@ pub fn open_probe(key: &SharedKey, sealed: &[u8]) -> Result<Probe, PeerMsgError>
         len: body.len(),
     };
     match kind {
-        PING => Ok(Probe::Ping {
-            tx: body.try_into().map_err(|_| bad())?,
-        }),
+        PING if body.len() == TX_ID_LEN + PING_PADDING
+            && body[TX_ID_LEN..] == [0; PING_PADDING] =>
+        {
+            Ok(Probe::Ping {
+                tx: body[..TX_ID_LEN].try_into().expect("length checked"),
+            })
+        }
         PONG if body.len() == TX_ID_LEN + ENDPOINT_LEN => Ok(Probe::Pong {
             tx: body[..TX_ID_LEN].try_into().expect("length checked"),
-            observed: get_endpoint(&body[TX_ID_LEN..]),
+            observed: endpoint_at(&body[TX_ID_LEN..]),
         }),
         CALL_ME_MAYBE
             if body.len() % ENDPOINT_LEN == 0 && body.len() / ENDPOINT_LEN <= MAX_ENDPOINTS =>
         {
             Ok(Probe::CallMeMaybe {
-                endpoints: body.chunks_exact(ENDPOINT_LEN).map(get_endpoint).collect(),
+                endpoints: body.chunks_exact(ENDPOINT_LEN).map(endpoint_at).collect(),
             })
         }
         _ => Err(bad()),
@@ -192,6 +198,7 @@ pub fn put_probe(
         Probe::Ping { tx } => {
             plain.push(PING);
             plain.extend_from_slice(tx);
+            plain.extend_from_slice(&[0; PING_PADDING]);
         }
         Probe::Pong { tx, observed } => {
             plain.push(PONG);
@@ -214,24 +221,6 @@ pub fn put_probe(
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(sender.as_bytes());
     key.seal_into(out, nonce, &plain);
-}
-
-/// Appends an address as 16 bytes of IPv6 (IPv4 mapped) ‖ port.
-pub fn put_endpoint(out: &mut Vec<u8>, addr: SocketAddr) {
-    let ip = match addr.ip() {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    };
-    out.extend_from_slice(&ip.octets());
-    out.extend_from_slice(&addr.port().to_be_bytes());
-}
-
-/// Reads an address written by [`put_endpoint`] (IPv4-mapped addresses come
-/// back as IPv4). `b` must hold [`ENDPOINT_LEN`] bytes.
-pub fn get_endpoint(b: &[u8]) -> SocketAddr {
-    let ip: [u8; 16] = b[..16].try_into().expect("an 18-byte endpoint");
-    let ip = Ipv6Addr::from(ip).to_canonical();
-    SocketAddr::new(ip, u16::from_be_bytes([b[16], b[17]]))
 }
 
 #[cfg(test)]
@@ -302,6 +291,7 @@ mod tests {
             let want = unhex(line.split_once(": ").unwrap().1);
             assert_eq!(*bytes, want, "peer {name}: {}", hex_of(bytes));
         }
+        assert_eq!(ping.len(), pong.len(), "a ping draws no larger answer");
         assert_eq!(
             payload,
             unhex("00007a12 00000000 68656c6c6f"),
@@ -404,7 +394,8 @@ mod tests {
         too_many.extend(std::iter::repeat_n(0u8, ENDPOINT_LEN * (MAX_ENDPOINTS + 1)));
         for (plain, kind, len) in [
             (vec![], 0, 0),
-            (vec![PING; 12], PING, 11),
+            (vec![PING; 13], PING, 12),
+            (vec![PING; 31], PING, 30),
             (vec![PONG; 13], PONG, 12),
             (vec![CALL_ME_MAYBE; 18], CALL_ME_MAYBE, 17),
             (vec![9, 0, 0], 9, 2),
@@ -415,17 +406,6 @@ mod tests {
                 open_probe(&open_key, &sealed),
                 Err(PeerMsgError::Body { kind, len })
             );
-        }
-    }
-
-    #[test]
-    fn endpoints_keep_their_family() {
-        for a in ["1.2.3.4:5", "[::1]:65535", "[2001:db8::ffff:1.2.3.4]:9"] {
-            let a: SocketAddr = a.parse().unwrap();
-            let mut b = Vec::new();
-            put_endpoint(&mut b, a);
-            assert_eq!(b.len(), ENDPOINT_LEN);
-            assert_eq!(get_endpoint(&b), a);
         }
     }
 }

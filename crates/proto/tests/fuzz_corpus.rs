@@ -26,6 +26,8 @@ const TARGETS: &[(&str, Target)] = &[
     ("admission_response", fuzzing::admission_response),
     ("websocket", fuzzing::websocket),
     ("derp_map", fuzzing::derp_map),
+    ("relay_frames", fuzzing::relay_frames),
+    ("bind_message", fuzzing::bind_message),
     ("peer_msg", fuzzing::peer_msg),
 ];
 
@@ -276,7 +278,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_peer_msg(data in mutated(14)) {
+    fn mutated_peer_msg(data in mutated(16)) {
         fuzzing::peer_msg(&data);
     }
 }

@@ -88,7 +88,10 @@ impl Model {
     }
 }
 
-const MESH: ServerFramePolicy = ServerFramePolicy { mesh: true };
+const MESH: ServerFramePolicy = ServerFramePolicy {
+    mesh: true,
+    relay_sessions: false,
+};
 
 fn stream_of(frames: &[Model]) -> Vec<u8> {
     let mut s = Vec::new();
@@ -273,7 +276,7 @@ proptest! {
         chunks in proptest::collection::vec(1usize..5000, 1..30),
         mesh: bool,
     ) {
-        let policy = ServerFramePolicy { mesh };
+        let policy = ServerFramePolicy { mesh, relay_sessions: false };
         let header = encode_header(ty, len);
         let junk = vec![0x5au8; 5000];
         let mut d = Deframer::new();
@@ -303,7 +306,7 @@ proptest! {
         split in 1usize..5,
         mesh: bool,
     ) {
-        let policy = ServerFramePolicy { mesh };
+        let policy = ServerFramePolicy { mesh, relay_sessions: false };
         let header = encode_header(ty, len);
         let mut d = Deframer::new();
         d.feed(&header[..split], &policy, |_, _| ControlFlow::Continue(())).unwrap();
@@ -324,13 +327,13 @@ proptest! {
         is_prober: bool,
         app_name in proptest::option::of("\\PC{1,20}"),
     ) {
-        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name };
+        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_relay: 0 };
         prop_assert_eq!(ClientInfo::from_json(&info.to_json()).unwrap(), info);
     }
 
     #[test]
     fn server_info_json_round_trip(version: u32, rate: u64, burst: u64) {
-        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst };
+        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_relay: None };
         prop_assert_eq!(ServerInfo::from_json(&info.to_json()).unwrap(), info);
     }
 }

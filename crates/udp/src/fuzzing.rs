@@ -1,4 +1,5 @@
-//! Entry point for fuzzing the receiver-index hub as a state machine.
+//! Entry points for fuzzing the receiver-index hub ([`hub`]) and the
+//! relay-session table ([`sessions`]) as state machines.
 //!
 //! [`hub`] reads its input as a configuration byte and then a sequence of
 //! operations against one [`Hub`] replica: WireGuard datagrams of each
@@ -340,6 +341,176 @@ pub fn hub(data: &[u8]) {
             "{} entries in a table of {cap}",
             counts.sessions + counts.pending
         );
+    }
+}
+
+/// Drives a relay-session table ([`crate::session::SessionTable`]) as a
+/// state machine: the input is a sequence of 4-byte operations (op, a, b,
+/// c) over four keys, six source addresses and three DERP source IPs:
+/// allocations, honest clients binding with a [`Binder`] (each holding its
+/// slot's token), data with known or unknown VNIs from any source, forged
+/// bind messages, answers replayed from other addresses, and time passing
+/// (expiry and secret rotation). After each operation it checks:
+///
+/// - a reply is the datagram rewritten in place (never larger), and a
+///   **bound** answers only an honest client's answer: forged and replayed
+///   ones never bind a slot;
+/// - data is forwarded only between two addresses honest clients bound in
+///   that session, never back to its source;
+/// - no key is in more sessions than its limit, and the per-state counts
+///   add up to the table's size;
+/// - nothing panics.
+///
+/// [`Binder`]: ferry_proto::relay_session::Binder
+pub fn sessions(data: &[u8]) {
+    use crate::session::{Limits, SessionTable, Verdict as V};
+    use ferry_proto::key::NodePublic;
+    use ferry_proto::relay_session::{BindKind, BindMsg, Binder, SessionOffer};
+    use ferry_proto::udp_header::{Header, Protocol};
+    use std::net::IpAddr;
+
+    let keys: [NodePublic; 4] = [1u8, 2, 3, 4].map(|b| NodePublic([b; 32]));
+    let source =
+        |i: u8| SocketAddr::from((Ipv4Addr::new(10, 1, 0, i % 6), 4000 + u16::from(i % 6)));
+    let ip = |i: u8| IpAddr::from(Ipv4Addr::new(10, 9, 0, i % 3));
+    let limits = Limits {
+        per_key: 2,
+        per_ip: 3,
+        ..Limits::default()
+    };
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut table = SessionTable::with_seed(limits, 7, now);
+    // Honest clients: (vni, slot) -> binder; what they got bound.
+    let mut binders: HashMap<(u32, u8), Binder> = HashMap::new();
+    let mut bound: HashMap<(u32, u8), SocketAddr> = HashMap::new();
+    let mut vnis: Vec<u32> = Vec::new();
+    let mut last_answer: Option<[u8; 78]> = None;
+    for op in data.chunks_exact(4).take(MAX_OPS) {
+        let (a, b, c) = (op[1], op[2], op[3]);
+        match op[0] % 6 {
+            0 => {
+                let (ka, kb) = (keys[usize::from(a % 4)], keys[usize::from(b % 4)]);
+                if let Ok(al) = table.allocate(&ka, &kb, ip(c), now) {
+                    if !vnis.contains(&al.vni) {
+                        vnis.push(al.vni);
+                    }
+                    for slot in 0..2u8 {
+                        let offer = SessionOffer {
+                            request_id: 0,
+                            vni: al.vni,
+                            peer: kb,
+                            slot,
+                            token: al.tokens[usize::from(slot)],
+                            endpoints: vec![source(0)],
+                            bind_lifetime: limits.bind_lifetime,
+                            idle_lifetime: limits.idle_lifetime,
+                        };
+                        binders
+                            .entry((al.vni, slot))
+                            .or_insert_with(|| Binder::new(&offer, source(0), 1, now));
+                    }
+                }
+            }
+            1 if !vnis.is_empty() => {
+                // An honest client's next message, from source c.
+                let vni = vnis[usize::from(a) % vnis.len()];
+                let slot = b & 1;
+                let from = source(c);
+                if let Some(binder) = binders.get_mut(&(vni, slot)) {
+                    if c & 0x80 != 0 {
+                        let g = binder.generation() + 1;
+                        binder.rebind(now, source(0), g);
+                    }
+                    if let Some(mut msg) = binder.poll_transmit(now + Duration::from_secs(3)) {
+                        let sent = BindMsg::parse(&msg).expect("binder output parses");
+                        if sent.kind == BindKind::Answer {
+                            last_answer = Some(msg);
+                        }
+                        if table.handle(now, from, &mut msg) == V::Reply {
+                            let reply = BindMsg::parse(&msg).expect("a reply parses");
+                            if reply.kind == BindKind::Bound {
+                                assert_eq!(sent.kind, BindKind::Answer);
+                                bound.insert((vni, slot), from);
+                            }
+                            binder.handle(now, &msg);
+                        }
+                    }
+                }
+            }
+            2 => {
+                let vni = match vnis.get(usize::from(b) % (vnis.len() + 1)) {
+                    Some(&v) => v,
+                    None => u32::from(b) + 1,
+                };
+                let from = source(a);
+                let mut d = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
+                d.resize(8 + usize::from(c % 64), c);
+                if let V::Forward(to) = table.handle(now, from, &mut d) {
+                    assert_ne!(to, from, "forwarded back to its source");
+                    let ends = [bound.get(&(vni, 0)), bound.get(&(vni, 1))];
+                    assert!(ends.contains(&Some(&from)), "forwarded from {from}");
+                    assert!(ends.contains(&Some(&to)), "forwarded to {to}");
+                }
+            }
+            3 => {
+                now += Duration::from_millis(u64::from(a) * 250 + u64::from(b));
+                table.rotate(now);
+                table.expire(now);
+            }
+            4 => {
+                // A forged bind message.
+                let vni = vnis
+                    .get(usize::from(a) % (vnis.len() + 1))
+                    .copied()
+                    .unwrap_or(1);
+                let kind = [
+                    BindKind::Bind,
+                    BindKind::Challenge,
+                    BindKind::Answer,
+                    BindKind::Bound,
+                ][usize::from(b % 4)];
+                let mut m = BindMsg::new(kind, vni, b >> 7, u32::from(c) + 1);
+                if kind != BindKind::Bind && kind != BindKind::Bound {
+                    m.cookie = [c; 32];
+                }
+                if kind == BindKind::Answer {
+                    m.proof = [a; 32];
+                }
+                let mut bytes = m.to_bytes();
+                match table.handle(now, source(c), &mut bytes) {
+                    V::Reply => {
+                        assert_eq!(kind, BindKind::Bind, "only a bind is answered");
+                        let r = BindMsg::parse(&bytes).expect("a reply parses");
+                        assert_eq!(r.kind, BindKind::Challenge);
+                    }
+                    V::Forward(_) => panic!("a bind message was forwarded"),
+                    V::Drop(_) => {}
+                }
+            }
+            5 => {
+                // The last honest answer, replayed from another address.
+                if let Some(mut msg) = last_answer {
+                    let m = BindMsg::parse(&msg).expect("parses");
+                    let from = source(a);
+                    let v = table.handle(now, from, &mut msg);
+                    if v == V::Reply {
+                        // Only from the address it was made for (the
+                        // cookie's): then it is a repeat or a (re)bind by
+                        // the honest client itself.
+                        let r = BindMsg::parse(&msg).expect("parses");
+                        assert_eq!(r.kind, BindKind::Bound);
+                        bound.insert((m.vni, m.slot), from);
+                    }
+                }
+            }
+            _ => {}
+        }
+        for k in &keys {
+            assert!(table.sessions_of(k) <= limits.per_key);
+        }
+        let s = table.states();
+        assert_eq!(s.allocated + s.half_bound + s.bound, table.len());
     }
 }
 

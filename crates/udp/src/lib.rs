@@ -42,6 +42,7 @@ pub mod live;
 pub mod metrics;
 pub mod outbox;
 pub mod ratelimit;
+pub mod session;
 pub mod shard;
 pub mod socket;
 

@@ -1,4 +1,5 @@
-//! Replays the `hub` fuzz corpus through `ferry_udp::fuzzing::hub`, then a
+//! Replays the `hub` and `sessions` fuzz corpora through
+//! `ferry_udp::fuzzing`, then a
 //! bounded number of mutated seeds and random operation sequences (from a
 //! fixed seed, so a failure reproduces), so the ordinary test suite catches
 //! regressions the fuzzer would.
@@ -11,20 +12,34 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 #[test]
-fn replay_hub_corpus() {
-    for (name, data) in corpus::seeds("hub") {
-        let outcome = std::panic::catch_unwind(|| fuzzing::hub(&data));
-        assert!(
-            outcome.is_ok(),
-            "fuzz target hub panicked on corpus file {name}"
-        );
+fn replay_corpora() {
+    for (target, run) in [
+        ("hub", fuzzing::hub as fn(&[u8])),
+        ("sessions", fuzzing::sessions),
+    ] {
+        for (name, data) in corpus::seeds(target) {
+            let outcome = std::panic::catch_unwind(|| run(&data));
+            assert!(
+                outcome.is_ok(),
+                "fuzz target {target} panicked on corpus file {name}"
+            );
+        }
     }
 }
 
 #[test]
 fn mutated_and_random_hub_inputs() {
-    let seeds: Vec<Vec<u8>> = corpus::seeds("hub").into_iter().map(|(_, d)| d).collect();
-    let mut rng = StdRng::seed_from_u64(0x4855_4246);
+    mutate("hub", fuzzing::hub, 0x4855_4246);
+}
+
+#[test]
+fn mutated_and_random_sessions_inputs() {
+    mutate("sessions", fuzzing::sessions, 0x5345_5353);
+}
+
+fn mutate(target: &str, run: fn(&[u8]), seed: u64) {
+    let seeds: Vec<Vec<u8>> = corpus::seeds(target).into_iter().map(|(_, d)| d).collect();
+    let mut rng = StdRng::seed_from_u64(seed);
     for case in 0..1000 {
         let mut data = if case % 4 == 3 {
             // Random operations: a configuration byte and up to 200 ops.
@@ -56,7 +71,10 @@ fn mutated_and_random_hub_inputs() {
                 _ => {}
             }
         }
-        let outcome = std::panic::catch_unwind(|| fuzzing::hub(&data));
-        assert!(outcome.is_ok(), "case {case}: hub panicked on {data:02x?}");
+        let outcome = std::panic::catch_unwind(|| run(&data));
+        assert!(
+            outcome.is_ok(),
+            "case {case}: {target} panicked on {data:02x?}"
+        );
     }
 }

@@ -25,13 +25,33 @@
 //!   Payloads on UDP carry no key: they are accepted only from an address
 //!   (or relay session) that belongs to a peer's path.
 //! - This side's candidate addresses (the socket's local address, or the
-//!   interface address the default route uses when bound to a wildcard;
+//!   host's addresses of its family when bound to a wildcard;
 //!   the public address STUN reports; [`EndpointOptions::advertise`]) go to
 //!   every peer in call-me-maybe over DERP.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
+//!
+//! ```no_run
+//! use ferry_client::{Endpoint, EndpointOptions, PeerOptions, RelayOptions};
+//! use ferry_proto::key::{NodePrivate, NodePublic};
+//!
+//! # async fn run(peer: NodePublic) -> Result<(), Box<dyn std::error::Error>> {
+//! let relays = vec![RelayOptions::new("home", "https://derp.example.com/derp")];
+//! let ep = Endpoint::bind(EndpointOptions::new(NodePrivate::generate(), relays)).await?;
+//! ep.add_peer(peer, PeerOptions::default());
+//! let mut switches = ep.subscribe();
+//! ep.send(&peer, b"hello")?;
+//! let (from, data) = ep.recv().await?;
+//! println!("{} bytes from {from}, path {:?}", data.len(), ep.peer_status(&peer).unwrap().active);
+//! let switch = switches.recv().await?;
+//! println!("{:?} → {:?} ({:?}, {} possibly lost)", switch.from, switch.to, switch.reason, switch.lost);
+//! # Ok(())
+//! # }
+//! ```
 
+mod local;
 pub mod paths;
+pub mod sessions;
 
 use crate::{DerpClient, Error, Options};
 use ferry_proto::key::{NodePrivate, NodePublic};
@@ -44,7 +64,7 @@ pub use paths::{
     Timing,
 };
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -97,6 +117,9 @@ pub struct EndpointOptions {
     /// Received datagrams held for [`Endpoint::recv`], and datagrams held
     /// per DERP server for sending, before more are dropped.
     pub queue: usize,
+    /// Receive and send buffer asked of the kernel for the UDP socket
+    /// (bytes; the kernel may grant less).
+    pub socket_buffer: usize,
     /// Seed of the ping ids (tests); `None` draws one.
     pub seed: Option<u64>,
     /// The probing schedule.
@@ -119,6 +142,7 @@ impl EndpointOptions {
             relays,
             bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             queue: 1024,
+            socket_buffer: 4 << 20,
             seed: None,
             timing: Timing::default(),
             discover: true,
@@ -269,9 +293,8 @@ impl Endpoint {
     /// Binds the UDP socket, connects to every DERP server (failing if a
     /// first connection fails) and starts probing.
     pub async fn bind(opts: EndpointOptions) -> Result<Endpoint, EndpointError> {
-        let socket = UdpSocket::bind(opts.bind)
-            .await
-            .map_err(|source| EndpointError::Bind {
+        let socket =
+            bind_socket(opts.bind, opts.socket_buffer).map_err(|source| EndpointError::Bind {
                 addr: opts.bind,
                 source,
             })?;
@@ -471,6 +494,23 @@ fn vni_of(path: &PathAddr) -> u32 {
     }
 }
 
+/// A non-blocking UDP socket on `addr` with (up to) `buffer` bytes of
+/// kernel buffer each way, so bursts are not dropped before the driver
+/// reads them.
+fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    // Best effort: the kernel caps both at its configured maximum.
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
 /// The URL's host, port 3478, resolved.
 async fn default_stun(url: &str) -> Option<SocketAddr> {
     let target = crate::Target::from_url(url).ok()?;
@@ -478,25 +518,6 @@ async fn default_stun(url: &str) -> Option<SocketAddr> {
         .await
         .ok()?;
     addrs.next()
-}
-
-/// The address the system would send from towards the internet (no packet
-/// is sent: connecting a UDP socket only picks the route).
-fn route_source(v6: bool) -> Option<IpAddr> {
-    let (bind, probe): (SocketAddr, SocketAddr) = if v6 {
-        (
-            (Ipv6Addr::UNSPECIFIED, 0).into(),
-            (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1), 9).into(),
-        )
-    } else {
-        (
-            (Ipv4Addr::UNSPECIFIED, 0).into(),
-            ([192, 0, 2, 1], 9).into(),
-        )
-    };
-    let s = std::net::UdpSocket::bind(bind).ok()?;
-    s.connect(probe).ok()?;
-    Some(s.local_addr().ok()?.ip())
 }
 
 impl Inner {
@@ -564,9 +585,8 @@ impl Inner {
         if self.discover {
             let port = self.local_addr.port();
             if self.local_addr.ip().is_unspecified() {
-                if let Some(ip) = route_source(self.local_addr.is_ipv6()) {
-                    addrs.push(SocketAddr::new(ip, port));
-                }
+                let ips = local::addresses(self.local_addr.is_ipv6());
+                addrs.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, port)));
             } else {
                 addrs.push(self.local_addr);
             }
@@ -691,23 +711,21 @@ impl Driver {
     fn on_message(&mut self, path: PathAddr, derp_src: Option<NodePublic>, msg: PeerMessage<'_>) {
         match msg {
             PeerMessage::Payload(bytes) => {
-                let peer = match derp_src {
-                    Some(src) => self
-                        .inner
-                        .peers
-                        .read()
-                        .expect("not poisoned")
-                        .contains_key(&src)
-                        .then_some(src),
-                    None => self.inner.lock_paths().owner(&path),
+                let peer = {
+                    let mut paths = self.inner.lock_paths();
+                    let peer = match derp_src {
+                        Some(src) => paths.is_peer(&src).then_some(src),
+                        None => paths.owner(&path),
+                    };
+                    if let Some(p) = &peer {
+                        paths.on_receive(p, &path, bytes.len());
+                    }
+                    peer
                 };
                 let Some(peer) = peer else {
                     self.inner.reject();
                     return;
                 };
-                self.inner
-                    .lock_paths()
-                    .on_receive(&peer, &path, bytes.len());
                 if self.received.try_send((peer, bytes.to_vec())).is_err() {
                     self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
                 }

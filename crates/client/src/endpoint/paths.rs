@@ -257,6 +257,8 @@ pub enum NoPath {
 const MAX_CANDIDATES: usize = 16;
 /// Pings remembered per path for matching pongs.
 const MAX_PENDING: usize = 16;
+/// A peer's ping tx ids remembered to refuse replays.
+const SEEN_PINGS: usize = 256;
 
 #[derive(Debug)]
 struct Path {
@@ -309,6 +311,8 @@ struct Peer {
     active: Option<PathAddr>,
     last_switch: Option<PathEvent>,
     next_call_me_maybe: Instant,
+    /// The tx ids of the peer's latest pings, answered once each.
+    seen_pings: VecDeque<[u8; TX_ID_LEN]>,
 }
 
 impl Peer {
@@ -380,6 +384,7 @@ impl Paths {
             active: None,
             last_switch: None,
             next_call_me_maybe: now,
+            seen_pings: VecDeque::new(),
         };
         peer.active = peer.best().map(|p| p.addr);
         self.peers.insert(key, peer);
@@ -390,6 +395,11 @@ impl Paths {
         if self.peers.remove(key).is_some() {
             self.owners.retain(|_, k| k != key);
         }
+    }
+
+    /// Whether `key` is a peer.
+    pub fn is_peer(&self, key: &NodePublic) -> bool {
+        self.peers.contains_key(key)
     }
 
     /// The peers.
@@ -450,10 +460,21 @@ impl Paths {
     /// the key shared with `key`, a configured peer) that came on `path`.
     /// A ping is answered on the same path; a pong confirms `path` if it
     /// answers a ping sent on it; a call-me-maybe adds candidates. The
-    /// source of a probe on direct UDP becomes a candidate.
+    /// source of a probe on direct UDP becomes a candidate. A ping whose tx
+    /// id was seen among the peer's last 256 is a replay: ignored.
     pub fn handle_probe(&mut self, now: Instant, key: &NodePublic, path: PathAddr, probe: Probe) {
-        if !self.peers.contains_key(key) {
+        let Some(peer) = self.peers.get_mut(key) else {
             return;
+        };
+        if let Probe::Ping { tx } = &probe {
+            // A replayed ping (from a forged source, say) gets nothing.
+            if peer.seen_pings.contains(tx) {
+                return;
+            }
+            if peer.seen_pings.len() == SEEN_PINGS {
+                peer.seen_pings.pop_front();
+            }
+            peer.seen_pings.push_back(*tx);
         }
         if let PathAddr::Direct(addr) = path {
             self.add_candidate(now, key, addr);
@@ -720,6 +741,15 @@ impl Paths {
     /// The next switch to report.
     pub fn poll_event(&mut self) -> Option<PathEvent> {
         self.events.pop_front()
+    }
+
+    /// The state of the peer's relay-session path, if it has one.
+    pub fn relay_state(&self, key: &NodePublic) -> Option<PathState> {
+        let peer = self.peers.get(key)?;
+        peer.paths
+            .iter()
+            .find(|p| p.addr.kind() == PathKind::Relay)
+            .map(|p| p.state)
     }
 
     /// A peer's paths and counters.

@@ -200,10 +200,11 @@ impl Pair {
         self.b.status(&self.ka).unwrap().active
     }
 
-    /// Runs until A's active path is `want`; the time it took.
+    /// Runs until A's active path is `want` (checked every 10 ms); the
+    /// time from now to the switch.
     fn until_active(&mut self, want: PathKind, limit: Duration) -> Duration {
         let start = self.now;
-        let step = Duration::from_millis(1);
+        let step = Duration::from_millis(10);
         while self.active_a().map(|p| p.kind()) != Some(want) {
             assert!(
                 self.now - start <= limit,
@@ -212,7 +213,8 @@ impl Pair {
             );
             self.run_for(step);
         }
-        self.now - start
+        let switched = self.a.status(&self.kb).unwrap().last_switch.map(|e| e.at);
+        switched.unwrap_or(start).max(start) - start
     }
 }
 
@@ -338,7 +340,9 @@ fn switches_up_within_ten_seconds_of_a_path_appearing_whenever_it_appears() {
 fn relay_session_between_direct_and_derp() {
     let mut p = Pair::new(Policy::default(), true);
     p.direct_up = false;
+    assert_eq!(p.a.relay_state(&p.kb), Some(PathState::Unconfirmed));
     p.run_for(Duration::from_secs(3));
+    assert_eq!(p.a.relay_state(&p.kb), Some(PathState::Working));
     let relay = PathAddr::Relay {
         vni: VNI,
         addr: addr(RELAY),
@@ -603,6 +607,11 @@ fn a_ping_is_answered_on_its_path_and_its_source_becomes_a_candidate() {
     let t = m.poll_transmit().unwrap();
     assert_eq!(t.path, PathAddr::Derp);
     assert!(matches!(t.probe, Probe::Pong { observed, .. } if observed.ip().is_unspecified()));
+    // The same ping again (a replay, from anywhere): no pong, no candidate.
+    let elsewhere = PathAddr::Direct(addr("203.0.113.9:1"));
+    m.handle_probe(now, &peer, elsewhere, Probe::Ping { tx: [5; 12] });
+    assert_eq!(m.poll_transmit(), None);
+    assert_eq!(m.owner(&elsewhere), None);
     // Probes from someone who is not a peer: nothing.
     m.handle_probe(now, &key(9), src, Probe::Ping { tx: [7; 12] });
     assert_eq!(m.poll_transmit(), None);

@@ -406,8 +406,14 @@ fn peer_present_address_forms() {
 
 #[test]
 fn server_policy_table() {
-    let ordinary = ServerFramePolicy { mesh: false };
-    let mesh = ServerFramePolicy { mesh: true };
+    let ordinary = ServerFramePolicy {
+        mesh: false,
+        relay_sessions: false,
+    };
+    let mesh = ServerFramePolicy {
+        mesh: true,
+        relay_sessions: false,
+    };
     use Disposition::*;
     let max = MAX_PACKET_SIZE as u32;
     for p in [ordinary, mesh] {
@@ -538,8 +544,14 @@ fn sample_stream() -> Vec<u8> {
     s
 }
 
-const MESH: ServerFramePolicy = ServerFramePolicy { mesh: true };
-const ORDINARY: ServerFramePolicy = ServerFramePolicy { mesh: false };
+const MESH: ServerFramePolicy = ServerFramePolicy {
+    mesh: true,
+    relay_sessions: false,
+};
+const ORDINARY: ServerFramePolicy = ServerFramePolicy {
+    mesh: false,
+    relay_sessions: false,
+};
 
 #[test]
 fn whole_frames_are_not_copied() {

@@ -164,6 +164,7 @@ impl Shard {
             _ => {
                 let policy = ServerFramePolicy {
                     mesh: self.conns[slot].mesh,
+                    relay_sessions: false,
                 };
                 deframer.feed(data, &policy, |ty, payload| {
                     self.on_frame(slot, ty, payload)
@@ -188,6 +189,7 @@ impl Shard {
         let mut deframer = std::mem::take(&mut self.conns[slot].deframer);
         let policy = ServerFramePolicy {
             mesh: self.conns[slot].mesh,
+            relay_sessions: false,
         };
         let result = deframer.resume(&policy, |ty, payload| self.on_frame(slot, ty, payload));
         self.conns[slot].deframer = deframer;

@@ -108,6 +108,7 @@ pub(crate) fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
         can_ack_pings: true,
         is_prober: false,
         app_name: None,
+        ferry_relay: 0,
     }
 }
 

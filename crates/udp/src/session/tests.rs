@@ -1,0 +1,368 @@
+use super::*;
+use ferry_proto::relay_session::{Binder, SessionOffer, BIND_LEN};
+use ferry_proto::udp_header::Protocol;
+
+fn key(b: u8) -> NodePublic {
+    NodePublic([b; 32])
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+const RELAY: &str = "192.0.2.1:3479";
+const IP: &str = "203.0.113.9";
+
+fn table(now: Instant) -> SessionTable {
+    SessionTable::with_seed(Limits::default(), 1, now)
+}
+
+fn offer(a: &Allocation, slot: u8, peer: NodePublic) -> SessionOffer {
+    SessionOffer {
+        request_id: 0,
+        vni: a.vni,
+        peer,
+        slot,
+        token: a.tokens[usize::from(slot)],
+        endpoints: vec![addr(RELAY)],
+        bind_lifetime: Duration::from_secs(30),
+        idle_lifetime: Duration::from_secs(60),
+    }
+}
+
+/// Runs a binder against the table until it is bound (or `rounds` pass);
+/// every datagram from `from`.
+fn bind(t: &mut SessionTable, b: &mut Binder, from: SocketAddr, now: Instant) -> Vec<Verdict> {
+    let mut verdicts = Vec::new();
+    for _ in 0..4 {
+        let Some(mut msg) = b.poll_transmit(now) else {
+            break;
+        };
+        let v = t.handle(now, from, &mut msg);
+        verdicts.push(v);
+        if v == Verdict::Reply {
+            assert!(b.handle(now, &msg));
+        }
+    }
+    verdicts
+}
+
+/// A table with one session, between keys 1 and 2 (1 asked).
+fn one_session(now: Instant) -> (SessionTable, Allocation) {
+    let mut t = table(now);
+    let al = t
+        .allocate(&key(1), &key(2), IP.parse().unwrap(), now)
+        .unwrap();
+    (t, al)
+}
+
+/// Sends `b`'s bind from `from`, hands it the challenge, and returns the
+/// answer it makes (not sent).
+fn answer_of(
+    t: &mut SessionTable,
+    b: &mut Binder,
+    from: SocketAddr,
+    now: Instant,
+) -> [u8; BIND_LEN] {
+    let mut m = b.poll_transmit(now).unwrap();
+    assert_eq!(t.handle(now, from, &mut m), Verdict::Reply);
+    assert!(b.handle(now, &m));
+    b.poll_transmit(now).unwrap()
+}
+
+fn data(vni: u32, body: &[u8]) -> Vec<u8> {
+    let mut d = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
+    d.extend_from_slice(body);
+    d
+}
+
+/// A session between keys 1 and 2, both bound: (table, allocation, a, b).
+fn bound_pair(now: Instant) -> (SessionTable, Allocation, SocketAddr, SocketAddr) {
+    let (mut t, al) = one_session(now);
+    let (a, b) = (addr("198.51.100.1:1000"), addr("198.51.100.2:2000"));
+    let mut ba = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 1, now);
+    let mut bb = Binder::new(&offer(&al, 1, key(1)), addr(RELAY), 1, now);
+    bind(&mut t, &mut ba, a, now);
+    bind(&mut t, &mut bb, b, now);
+    assert!(ba.is_bound() && bb.is_bound());
+    (t, al, a, b)
+}
+
+#[test]
+fn allocation_is_per_unordered_pair() {
+    let now = Instant::now();
+    let mut t = table(now);
+    let ip = IP.parse().unwrap();
+    let a = t.allocate(&key(1), &key(2), ip, now).unwrap();
+    assert!(a.vni != 0 && a.vni <= udp_header::MAX_VNI);
+    assert_eq!((a.slot, a.existing), (0, false));
+    assert_ne!(a.tokens[0], a.tokens[1]);
+    // The peer asking gets the same session, its own slot.
+    let b = t.allocate(&key(2), &key(1), ip, now).unwrap();
+    assert_eq!(
+        (b.vni, b.slot, b.tokens, b.existing),
+        (a.vni, 1, a.tokens, true)
+    );
+    let again = t.allocate(&key(1), &key(2), ip, now).unwrap();
+    assert_eq!((again.vni, again.slot), (a.vni, 0));
+    let other = t.allocate(&key(1), &key(3), ip, now).unwrap();
+    assert_ne!(other.vni, a.vni);
+    assert_ne!(other.tokens, a.tokens);
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.sessions_of(&key(1)), 2);
+    assert_eq!(t.counters().allocated, 2);
+    assert_eq!(t.counters().reused, 2);
+    assert_eq!(
+        t.allocate(&key(4), &key(4), ip, now),
+        Err(RefuseReason::SelfPeer)
+    );
+}
+
+#[test]
+fn limits_per_key_and_per_source_ip() {
+    let now = Instant::now();
+    let limits = Limits {
+        per_key: 3,
+        per_ip: 5,
+        ..Limits::default()
+    };
+    let mut t = SessionTable::with_seed(limits, 2, now);
+    let ip: IpAddr = IP.parse().unwrap();
+    for p in 2..5 {
+        t.allocate(&key(1), &key(p), ip, now).unwrap();
+    }
+    // Key 1 is in three sessions: as asker and as peer, no more.
+    assert_eq!(
+        t.allocate(&key(1), &key(9), ip, now),
+        Err(RefuseReason::Limit)
+    );
+    assert_eq!(
+        t.allocate(&key(9), &key(1), ip, now),
+        Err(RefuseReason::Limit)
+    );
+    // An existing session is still found.
+    assert!(t.allocate(&key(1), &key(2), ip, now).unwrap().existing);
+    t.allocate(&key(10), &key(11), ip, now).unwrap();
+    t.allocate(&key(12), &key(13), ip, now).unwrap();
+    // Five from this IP.
+    assert_eq!(
+        t.allocate(&key(14), &key(15), ip, now),
+        Err(RefuseReason::Limit)
+    );
+    let elsewhere: IpAddr = "203.0.113.10".parse().unwrap();
+    t.allocate(&key(14), &key(15), elsewhere, now).unwrap();
+    assert_eq!(t.counters().refused_limit, 3);
+    // Freed sessions give their room back.
+    t.expire(now + Duration::from_secs(31));
+    assert!(t.is_empty());
+    t.allocate(&key(1), &key(9), ip, now).unwrap();
+}
+
+#[test]
+fn both_sides_bind_and_data_passes_both_ways() {
+    let now = Instant::now();
+    let (mut t, al, a, b) = bound_pair(now);
+    assert_eq!(
+        t.states(),
+        States {
+            bound: 1,
+            ..States::default()
+        }
+    );
+    let mut d = data(al.vni, b"hello");
+    let before = d.clone();
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Forward(b));
+    assert_eq!(d, before, "forwarded unchanged");
+    assert_eq!(t.handle(now, b, &mut d), Verdict::Forward(a));
+    // A probe (data bit, control protocol) is forwarded too.
+    let mut probe = Header::data(Protocol::Control, al.vni).to_bytes().to_vec();
+    assert_eq!(t.handle(now, b, &mut probe), Verdict::Forward(a));
+    let c = t.counters();
+    assert_eq!((c.forwarded_packets, c.binds, c.challenges), (3, 2, 2));
+    assert_eq!(c.forwarded_bytes, 2 * 13 + 8);
+    // IPv4-mapped sources are the same address.
+    let mapped = addr("[::ffff:198.51.100.1]:1000");
+    assert_eq!(t.handle(now, mapped, &mut d), Verdict::Forward(b));
+}
+
+#[test]
+fn nothing_passes_before_both_slots_bind() {
+    let now = Instant::now();
+    let (mut t, al) = one_session(now);
+    let a = addr("198.51.100.1:1000");
+    let mut d = data(al.vni, b"x");
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Drop(Drop::Unbound));
+    let mut ba = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 1, now);
+    bind(&mut t, &mut ba, a, now);
+    assert_eq!(
+        t.states(),
+        States {
+            half_bound: 1,
+            ..States::default()
+        }
+    );
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Drop(Drop::Unbound));
+    assert_eq!(t.counters().dropped(Drop::Unbound), 2);
+}
+
+#[test]
+fn strangers_wrong_tokens_vnis_and_replays_are_dropped() {
+    let now = Instant::now();
+    let (mut t, al, a, b) = bound_pair(now);
+    let stranger = addr("198.51.100.66:6666");
+    // Data from a third address, and to an unknown VNI.
+    let mut d = data(al.vni, b"x");
+    assert_eq!(
+        t.handle(now, stranger, &mut d),
+        Verdict::Drop(Drop::WrongSource)
+    );
+    let mut d = data(al.vni ^ 1, b"x");
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Drop(Drop::UnknownVni));
+    // A bind for an unknown VNI is not challenged.
+    let mut m = BindMsg::new(BindKind::Bind, al.vni ^ 1, 0, 1).to_bytes();
+    assert_eq!(
+        t.handle(now, stranger, &mut m),
+        Verdict::Drop(Drop::UnknownVni)
+    );
+    // The stranger gets a challenge (to its own address) but has no token.
+    let mut wrong = offer(&al, 0, key(2));
+    wrong.token = [7; 32];
+    let mut bs = Binder::new(&wrong, addr(RELAY), 5, now);
+    let v = bind(&mut t, &mut bs, stranger, now);
+    assert_eq!(v, vec![Verdict::Reply, Verdict::Drop(Drop::BadProof)]);
+    // A's valid answer (a rebind) replayed from the stranger's address:
+    // the cookie is A's address's.
+    let mut ba = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 9, now);
+    let mut replayed = answer_of(&mut t, &mut ba, a, now);
+    assert_eq!(
+        t.handle(now, stranger, &mut replayed),
+        Verdict::Drop(Drop::BadCookie)
+    );
+    // Slot 0 is still A's: data flows as before.
+    let mut d = data(al.vni, b"x");
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Forward(b));
+    // Garbage, a wrong-size bind, a client sending a challenge.
+    assert_eq!(
+        t.handle(now, a, &mut [1, 0, 0, 0, 9, 9, 9, 9]),
+        Verdict::Drop(Drop::BadHeader)
+    );
+    let mut short = BindMsg::new(BindKind::Bind, al.vni, 0, 1).to_bytes()[..70].to_vec();
+    assert_eq!(t.handle(now, a, &mut short), Verdict::Drop(Drop::BadBind));
+    let mut ch = BindMsg::new(BindKind::Challenge, al.vni, 0, 1).to_bytes();
+    assert_eq!(t.handle(now, a, &mut ch), Verdict::Drop(Drop::BadBind));
+    let c = t.counters();
+    assert_eq!(c.dropped(Drop::WrongSource), 1);
+    assert_eq!(c.dropped(Drop::UnknownVni), 2);
+    assert_eq!(c.dropped(Drop::BadProof), 1);
+    assert_eq!(c.dropped(Drop::BadCookie), 1);
+    assert_eq!(c.dropped(Drop::BadHeader), 1);
+    assert_eq!(c.dropped(Drop::BadBind), 2);
+}
+
+#[test]
+fn replies_are_never_larger_than_what_caused_them() {
+    let now = Instant::now();
+    let (mut t, al) = one_session(now);
+    let mut b = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 1, now);
+    let mut msg = b.poll_transmit(now).unwrap();
+    assert_eq!(
+        t.handle(now, addr("198.51.100.1:1"), &mut msg),
+        Verdict::Reply
+    );
+    assert_eq!(msg.len(), BIND_LEN);
+    assert_eq!(BindMsg::parse(&msg).unwrap().kind, BindKind::Challenge);
+}
+
+#[test]
+fn a_repeated_answer_is_answered_again_and_rebinding_needs_a_newer_generation() {
+    let now = Instant::now();
+    let (mut t, al) = one_session(now);
+    let (a, a2, b) = (
+        addr("198.51.100.1:1000"),
+        addr("198.51.100.1:1001"),
+        addr("198.51.100.2:2000"),
+    );
+    let mut ba = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 3, now);
+    let mut bb = Binder::new(&offer(&al, 1, key(1)), addr(RELAY), 1, now);
+    let answer = answer_of(&mut t, &mut ba, a, now);
+    for _ in 0..3 {
+        let mut again = answer;
+        assert_eq!(t.handle(now, a, &mut again), Verdict::Reply);
+        assert_eq!(BindMsg::parse(&again).unwrap().kind, BindKind::Bound);
+    }
+    assert_eq!(t.counters().binds, 1, "repeats change nothing");
+    bind(&mut t, &mut bb, b, now);
+    // The NAT moved A to a new port: an old generation from there fails.
+    let mut old = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 2, now);
+    let v = bind(&mut t, &mut old, a2, now);
+    assert_eq!(
+        v,
+        vec![Verdict::Reply, Verdict::Drop(Drop::StaleGeneration)]
+    );
+    let mut d = data(al.vni, b"x");
+    assert_eq!(t.handle(now, b, &mut d), Verdict::Forward(a));
+    // A newer one moves the slot.
+    ba.rebind(now, addr(RELAY), 4);
+    bind(&mut t, &mut ba, a2, now);
+    assert!(ba.is_bound());
+    assert_eq!(t.handle(now, b, &mut d), Verdict::Forward(a2));
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Drop(Drop::WrongSource));
+}
+
+#[test]
+fn the_cookie_secret_rotates_and_the_previous_one_still_counts() {
+    let t0 = Instant::now();
+    let (mut t, al) = one_session(t0);
+    let a = addr("198.51.100.1:1000");
+    let mut b = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 1, t0);
+    let answer = answer_of(&mut t, &mut b, a, t0);
+    t.rotate(t0 + Duration::from_secs(119));
+    t.rotate(t0 + SECRET_ROTATION);
+    // One rotation: the cookie is the previous secret's, still good.
+    let mut once = answer;
+    assert_eq!(t.handle(t0, a, &mut once), Verdict::Reply);
+    t.rotate(t0 + 2 * SECRET_ROTATION);
+    let mut twice = answer;
+    assert_eq!(t.handle(t0, a, &mut twice), Verdict::Drop(Drop::BadCookie));
+}
+
+#[test]
+fn unbound_sessions_expire_after_the_bind_lifetime_bound_ones_when_idle() {
+    let t0 = Instant::now();
+    let (mut t, al, a, b) = bound_pair(t0);
+    let ip = IP.parse().unwrap();
+    let lonely = t.allocate(&key(3), &key(4), ip, t0).unwrap();
+    assert_eq!(t.expire(t0 + Duration::from_millis(29_999)), 0);
+    assert_eq!(t.expire(t0 + Duration::from_secs(30)), 1);
+    assert_eq!(t.counters().freed_bind_timeout, 1);
+    let mut d = data(lonely.vni, b"x");
+    assert_eq!(t.handle(t0, a, &mut d), Verdict::Drop(Drop::UnknownVni));
+    // Traffic at 50 s keeps the bound one until 110 s.
+    let mut d = data(al.vni, b"x");
+    assert_eq!(
+        t.handle(t0 + Duration::from_secs(50), a, &mut d),
+        Verdict::Forward(b)
+    );
+    assert_eq!(t.expire(t0 + Duration::from_secs(109)), 0);
+    assert_eq!(t.expire(t0 + Duration::from_secs(110)), 1);
+    assert_eq!(t.counters().freed_idle, 1);
+    assert!(t.is_empty());
+    assert_eq!(t.sessions_of(&key(1)), 0);
+    // The pair gets a new session (a new VNI, new tokens).
+    let again = t.allocate(&key(2), &key(1), ip, t0).unwrap();
+    assert!(!again.existing);
+    assert_eq!(again.slot, 0);
+}
+
+#[test]
+fn a_session_bound_twice_from_one_socket_sends_nothing_back() {
+    let now = Instant::now();
+    let (mut t, al) = one_session(now);
+    let a = addr("198.51.100.1:1000");
+    let mut ba = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 1, now);
+    let mut bb = Binder::new(&offer(&al, 1, key(1)), addr(RELAY), 1, now);
+    bind(&mut t, &mut ba, a, now);
+    bind(&mut t, &mut bb, a, now);
+    let mut d = data(al.vni, b"x");
+    assert_eq!(t.handle(now, a, &mut d), Verdict::Drop(Drop::WrongSource));
+}
