@@ -288,7 +288,8 @@ pub(crate) enum Command {
     /// one-line summary, or 2 with the error.
     CheckConfig(crate::config_file::CheckArgs),
     /// Carry a stock WireGuard interface's datagrams to its peers over
-    /// DERP (`ferry link --config FILE`; `pubkey`, `status`).
+    /// the best path: direct UDP, a relay session or DERP (`ferry link
+    /// --config FILE`; `pubkey`, `status`).
     Link(Box<crate::link::LinkArgs>),
 }
 

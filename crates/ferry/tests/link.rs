@@ -59,11 +59,12 @@ impl Side {
         peer: &str,
         peer_key: &NodePrivate,
         relay: &str,
+        peer_extra: &str,
     ) -> String {
         let key_file = dir.path(&format!("{me}.key"));
         std::fs::write(&key_file, self.key.to_key_file_json()).unwrap();
         let text = format!(
-            "key_file = \"{key_file}\"\nwireguard = \"{}\"\nmetrics_addr = \"{}\"\n\n{relay}\n[[peer]]\nname = \"{peer}\"\nlink_key = \"{}\"\nendpoint = \"{}\"\n",
+            "key_file = \"{key_file}\"\nwireguard = \"{}\"\nmetrics_addr = \"{}\"\n\n{relay}\n[[peer]]\nname = \"{peer}\"\nlink_key = \"{}\"\nendpoint = \"{}\"\n{peer_extra}",
             self.wg.local_addr().unwrap(),
             self.metrics,
             peer_key.public(),
@@ -128,11 +129,17 @@ fn carried(from: &UdpSocket, to: SocketAddr, at: &UdpSocket, payload: &[u8]) -> 
 }
 
 /// Two sides with each other as their peer, configured for `relay` in
-/// `dir`; returns them and their configuration files.
+/// `dir`, DERP only (on loopback the direct path would always win);
+/// returns them and their configuration files.
 fn pair(dir: &TempDir, relay: &str) -> (Side, Side, String, String) {
+    pair_with(dir, relay, "only = \"derp\"\n")
+}
+
+/// [`pair`] with `peer_extra` in each side's `[[peer]]` table.
+fn pair_with(dir: &TempDir, relay: &str, peer_extra: &str) -> (Side, Side, String, String) {
     let (a, b) = (Side::new(), Side::new());
-    let a_cfg = a.write_config(dir, "a", "b", &b.key, relay);
-    let b_cfg = b.write_config(dir, "b", "a", &a.key, relay);
+    let a_cfg = a.write_config(dir, "a", "b", &b.key, relay, peer_extra);
+    let b_cfg = b.write_config(dir, "b", "a", &a.key, relay, peer_extra);
     (a, b, a_cfg, b_cfg)
 }
 
@@ -236,7 +243,7 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
             .await
             .unwrap();
         let deadline = Instant::now() + T;
-        while a.metric("ferry_link_unknown_sender_drops_total{relay=\"r\"}") < 1 {
+        while a.metric("ferry_link_rejected_total") < 1 {
             assert!(
                 Instant::now() < deadline,
                 "{what}: the stranger's packet was not counted"
@@ -246,7 +253,7 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
         }
         c.close().await;
     });
-    la.wait_log("dropped a packet from a link key that is not a configured peer");
+    la.wait_log("dropped datagrams that were not from a configured peer");
 
     // `ferry link status` reads the running link.
     let (status, out) = run(ferry()
@@ -259,6 +266,27 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     assert!(text.contains("peer b (endpoint"), "{what}: {text}");
     assert!(text.contains("path DERP via r"), "{what}: {text}");
     assert!(text.contains("not_wireguard 1"), "{what}: {text}");
+    // The same as JSON, for scripts.
+    let json: serde_json::Value =
+        serde_json::from_str(&link_stdout("status --json", &a_cfg)).unwrap();
+    assert_eq!(json["relays"][0]["name"], "r", "{what}: {json}");
+    assert_eq!(json["relays"][0]["connected"], true, "{what}: {json}");
+    let peer = &json["peers"][0];
+    assert_eq!(peer["name"], "b", "{what}: {json}");
+    assert_eq!(peer["path"], "derp", "{what}: {json}");
+    assert_eq!(peer["relay"], "r", "{what}: {json}");
+    assert_eq!(peer["drops"]["not_wireguard"], 1, "{what}: {json}");
+    let derp = &peer["paths"]["derp"];
+    assert!(
+        derp["to_peer"]["packets"].as_u64().unwrap() >= 1,
+        "{what}: {json}"
+    );
+    assert!(
+        derp["from_peer"]["bytes"].as_u64().unwrap() >= 1,
+        "{what}: {json}"
+    );
+    assert_eq!(peer["only"], "derp", "{what}: {json}");
+    assert!(json["rejected"].as_u64().unwrap() >= 1, "{what}: {json}");
 
     // The relay goes away: datagrams are dropped as relay_down, and after
     // it comes back (the SDK reconnects) they are carried again.
@@ -284,11 +312,13 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     lb.stop();
 }
 
-/// Standard output of `ferry link ACTION --config CONFIG`, which must
+/// Standard output of `ferry link ACTION... --config CONFIG`, which must
 /// succeed.
 fn link_stdout(action: &str, config: &str) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["link", action, "--config", config])
+        .arg("link")
+        .args(action.split(' '))
+        .args(["--config", config])
         .output()
         .unwrap();
     assert!(
@@ -378,7 +408,7 @@ fn an_unreachable_relay_is_retried_and_a_bad_file_names_the_key() {
     let dir = TempDir::new("link-unreachable");
     let (a, b) = (Side::new(), Side::new());
     let url = format!("http://127.0.0.1:{}/derp", free_tcp_port());
-    let cfg = a.write_config(&dir, "a", "b", &b.key, &relay_block(&url, None));
+    let cfg = a.write_config(&dir, "a", "b", &b.key, &relay_block(&url, None), "");
     let mut la = link(&cfg);
     la.wait_log_n("relay unreachable; retrying", 2);
     a.wg.send_to(b"nowhere", a.peer_endpoint).unwrap();
@@ -398,7 +428,7 @@ fn an_unreachable_relay_is_retried_and_a_bad_file_names_the_key() {
 }
 
 #[test]
-fn a_peer_leaving_the_relay_and_coming_back_is_logged() {
+fn a_peer_leaving_and_coming_back_is_carried_again() {
     let server = derp::TestServer::start(derp::Kind::Ferry, None);
     let dir = TempDir::new("link-away");
     let (a, b, a_cfg, b_cfg) = pair(&dir, &relay_block(&server.url(), None));
@@ -408,27 +438,60 @@ fn a_peer_leaving_the_relay_and_coming_back_is_logged() {
     carried(&a.wg, a.peer_endpoint, &b.wg, b"hello b");
     carried(&b.wg, b.peer_endpoint, &a.wg, b"hello a");
     la.wait_log("peer reachable");
-    // B's link goes away: the relay tells A (peerGone), once.
+    // B's link goes away and comes back with the same key.
     lb.stop();
-    la.wait_log("peer is not connected to the relay");
-    a.wait_metric(
-        "ferry_link_peer_gone_total{peer=\"b\"}",
-        1,
-        "peerGone from the relay",
-    );
-    assert!(
-        link_stdout("status", &a_cfg).contains("; the relay said 1 times it was not connected"),
-        "{}",
-        link_stdout("status", &a_cfg)
-    );
-    // B comes back: A logs it reachable again with B's first datagram.
     let lb = link(&b_cfg);
     carried(&b.wg, b.peer_endpoint, &a.wg, b"back again");
-    let log = la.wait_log_n("peer reachable", 2);
-    assert_eq!(
-        log.matches("peer is not connected to the relay").count(),
+    carried(&a.wg, a.peer_endpoint, &b.wg, b"welcome back");
+    let log = la.stop();
+    assert_eq!(log.matches("peer reachable").count(), 1, "{log}");
+    lb.stop();
+}
+
+/// Without `only`, two links on one machine find the direct path: the
+/// switch is logged with its reason, the status and metrics show it, and
+/// datagrams still arrive from the address standing for the sender.
+#[test]
+fn two_links_go_direct_and_say_so() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    let dir = TempDir::new("link-direct");
+    let (a, b, a_cfg, b_cfg) = pair_with(&dir, &relay_block(&server.url(), None), "");
+    let mut la = link(&a_cfg);
+    let mut lb = link(&b_cfg);
+    la.wait_log("relay connected");
+    lb.wait_log("relay connected");
+    la.wait_log("path switch: derp -> direct (a better path answered)");
+    let reason = la.field("path switch: derp -> direct", "reason");
+    assert_eq!(reason.trim_matches('"'), "better");
+    lb.wait_log("path switch: derp -> direct");
+    let src = carried(&a.wg, a.peer_endpoint, &b.wg, b"direct a to b");
+    assert_eq!(src, b.peer_endpoint);
+    let src = carried(&b.wg, b.peer_endpoint, &a.wg, b"direct b to a");
+    assert_eq!(src, a.peer_endpoint);
+    a.wait_metric(
+        "ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"direct\"}",
         1,
-        "{log}"
+        "datagrams on the direct path",
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&link_stdout("status --json", &a_cfg)).unwrap();
+    let peer = &json["peers"][0];
+    assert_eq!(peer["path"], "direct", "{json}");
+    assert_eq!(peer["paths"]["direct"]["working"], true, "{json}");
+    assert!(
+        peer["paths"]["direct"]["rtt_ms"].as_f64().is_some(),
+        "{json}"
+    );
+    assert_eq!(peer["last_switch"]["from"], "derp", "{json}");
+    assert_eq!(peer["last_switch"]["to"], "direct", "{json}");
+    assert_eq!(peer["last_switch"]["reason"], "better", "{json}");
+    assert!(peer["switches"]["better"].as_u64().unwrap() >= 1, "{json}");
+    let text = link_stdout("status", &a_cfg);
+    assert!(text.contains("path direct via r"), "{text}");
+    assert!(text.contains("  direct: working, RTT "), "{text}");
+    assert!(
+        text.contains("  last switch: derp -> direct (better)"),
+        "{text}"
     );
     la.stop();
     lb.stop();

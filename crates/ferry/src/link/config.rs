@@ -7,11 +7,13 @@
 //! wireguard = "127.0.0.1:51820"          # the local WireGuard's listen address (default for peers)
 //! metrics_addr = "127.0.0.1:9102"        # optional: Prometheus text at /metrics; `ferry link status` reads it
 //! queue = 512                            # optional: datagrams waiting per relay connection
+//! bind = "0.0.0.0:0"                     # optional: the UDP socket for direct paths and relay sessions
 //!
 //! [[relay]]
 //! name = "home"                          # optional (default relay0, relay1, ...)
 //! url = "https://derp.example.com/derp"
 //! ca_file = "/etc/ferry/test-ca.pem"     # optional: trust only this CA (default: the system's roots)
+//! stun = "192.0.2.1:3478"                # optional: the STUN server (default: the URL's host, port 3478)
 //!
 //! [[peer]]
 //! name = "nas"
@@ -19,6 +21,8 @@
 //! endpoint = "127.0.0.1:51001"           # local UDP address standing for the peer (its WireGuard Endpoint)
 //! wireguard = "127.0.0.1:51820"          # optional: overrides the top-level one
 //! relay = "home"                         # optional: the relay the peer is connected to (default: the first)
+//! prefer = "relay"                       # optional: this kind of path first when it works
+//! only = "derp"                          # optional: this kind of path alone
 //! ```
 
 use std::collections::HashMap;
@@ -26,6 +30,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use ferry_client::PathKind;
 use ferry_proto::key::NodePublic;
 use serde::Deserialize;
 use toml::Spanned;
@@ -42,6 +47,8 @@ pub(crate) struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// Datagrams held per relay connection before new ones are dropped.
     pub queue: usize,
+    /// The UDP socket for direct paths and relay sessions.
+    pub bind: SocketAddr,
     /// DERP servers, in the file's order.
     pub relays: Vec<Relay>,
     /// The remote `ferry link`s.
@@ -57,6 +64,8 @@ pub(crate) struct Relay {
     pub url: String,
     /// A PEM file of CA certificates to trust instead of the system's.
     pub ca_file: Option<PathBuf>,
+    /// The STUN server; `None`: the URL's host, port 3478.
+    pub stun: Option<SocketAddr>,
     /// `relay[i]`, for errors found later (reading `ca_file`).
     pub field: String,
 }
@@ -74,6 +83,10 @@ pub(crate) struct Peer {
     pub wireguard: SocketAddr,
     /// Index into [`Config::relays`]: where the peer is reachable.
     pub relay: usize,
+    /// This kind of path first when it works.
+    pub prefer: Option<PathKind>,
+    /// This kind of path alone.
+    pub only: Option<PathKind>,
     /// `peer[i]`.
     pub field: String,
 }
@@ -110,6 +123,7 @@ struct FileConfig {
     wireguard: Option<Spanned<String>>,
     metrics_addr: Option<Spanned<String>>,
     queue: Option<Spanned<usize>>,
+    bind: Option<Spanned<String>>,
     #[serde(default)]
     relay: Vec<FileRelay>,
     #[serde(default)]
@@ -122,6 +136,7 @@ struct FileRelay {
     name: Option<Spanned<String>>,
     url: Spanned<String>,
     ca_file: Option<String>,
+    stun: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -132,6 +147,8 @@ struct FilePeer {
     endpoint: Spanned<String>,
     wireguard: Option<Spanned<String>>,
     relay: Option<Spanned<String>>,
+    prefer: Option<Spanned<String>>,
+    only: Option<Spanned<String>>,
 }
 
 /// Builds errors for one file: turns byte spans into line numbers.
@@ -221,6 +238,20 @@ impl Errors<'_> {
         }
         Ok(addr)
     }
+
+    /// A kind of path: `direct`, `relay` or `derp`.
+    fn path_kind(&self, value: &Spanned<String>, field: &str) -> Result<PathKind, ConfigError> {
+        match value.get_ref().as_str() {
+            "direct" => Ok(PathKind::Direct),
+            "relay" => Ok(PathKind::Relay),
+            "derp" => Ok(PathKind::Derp),
+            other => Err(self.at(
+                value,
+                field,
+                format!("{other:?}: the kinds of path are \"direct\", \"relay\" (a relay session) and \"derp\""),
+            )),
+        }
+    }
 }
 
 impl Config {
@@ -244,6 +275,19 @@ impl Config {
                     format!("{}: must be between 1 and 65536", q.get_ref()),
                 ))
             }
+        };
+        let bind = match &file.bind {
+            None => SocketAddr::from(([0, 0, 0, 0], 0)),
+            Some(v) => v.get_ref().parse().map_err(|_| {
+                e.at(
+                    v,
+                    "bind",
+                    format!(
+                        "{:?} is not an address (expected ip:port; port 0 picks one)",
+                        v.get_ref()
+                    ),
+                )
+            })?,
         };
         let default_wireguard = file
             .wireguard
@@ -278,6 +322,11 @@ impl Config {
                 name,
                 url: r.url.get_ref().clone(),
                 ca_file: r.ca_file.as_ref().map(PathBuf::from),
+                stun: r
+                    .stun
+                    .as_ref()
+                    .map(|v| e.addr(v, &format!("{field}.stun")))
+                    .transpose()?,
                 field,
             });
         }
@@ -313,6 +362,21 @@ impl Config {
                     )
                 })?,
             };
+            let kind = |v: &Option<Spanned<String>>, key: &str| {
+                v.as_ref()
+                    .map(|v| e.path_kind(v, &format!("{field}.{key}")))
+                    .transpose()
+            };
+            let (prefer, only) = (kind(&p.prefer, "prefer")?, kind(&p.only, "only")?);
+            if let (Some(pv), Some(o), Some(pk)) = (&p.prefer, only, prefer) {
+                if pk != o {
+                    return Err(e.at(
+                        pv,
+                        format!("{field}.prefer"),
+                        format!("{:?} contradicts only = {:?}: with only, no other kind of path is used", pv.get_ref(), p.only.as_ref().map(|v| v.get_ref().as_str()).unwrap_or_default()),
+                    ));
+                }
+            }
             for (j, q) in peers.iter().enumerate() {
                 let clash = if q.name == name {
                     Some((&p.name, "name", format!("{name:?}")))
@@ -351,6 +415,8 @@ impl Config {
                 endpoint,
                 wireguard,
                 relay,
+                prefer,
+                only,
                 field,
             });
         }
@@ -358,6 +424,7 @@ impl Config {
             key_file,
             metrics_addr,
             queue,
+            bind,
             relays,
             peers,
         })
@@ -542,5 +609,45 @@ relay = "relay1"
         assert!(e.starts_with("link.toml: relay: at least one"), "{e}");
         let e = err("key_file = \"k\"\n[[relay]]\nurl = \"http://r/derp\"\n");
         assert!(e.starts_with("link.toml: peer: at least one"), "{e}");
+    }
+
+    #[test]
+    fn paths_bind_and_stun() {
+        let f = full();
+        let c = Config::from_toml("link.toml", &f).unwrap();
+        assert_eq!(c.bind, "0.0.0.0:0".parse().unwrap());
+        assert_eq!((c.peers[0].prefer, c.peers[0].only), (None, None));
+        assert_eq!(c.relays[0].stun, None);
+        let c = Config::from_toml(
+            "link.toml",
+            &f.replace("queue = 64", "bind = \"10.0.0.2:0\"")
+                .replace(
+                    "name = \"home\"",
+                    "name = \"home\"\nstun = \"10.0.0.1:3479\"",
+                )
+                .replace("relay = \"relay1\"", "prefer = \"relay\"\nonly = \"relay\""),
+        )
+        .unwrap();
+        assert_eq!(c.bind, "10.0.0.2:0".parse().unwrap());
+        assert_eq!(c.relays[0].stun, Some("10.0.0.1:3479".parse().unwrap()));
+        assert_eq!(c.peers[1].prefer, Some(PathKind::Relay));
+        assert_eq!(c.peers[1].only, Some(PathKind::Relay));
+        let e = err(&f.replace("relay = \"relay1\"", "only = \"udp\""));
+        assert!(
+            e.starts_with("link.toml:24: peer[1].only: \"udp\": the kinds of path are \"direct\""),
+            "{e}"
+        );
+        let e = err(&f.replace("relay = \"relay1\"", "prefer = \"direct\"\nonly = \"derp\""));
+        assert!(
+            e.starts_with("link.toml:24: peer[1].prefer: \"direct\" contradicts only = \"derp\""),
+            "{e}"
+        );
+        let e = err(&f.replace("queue = 64", "bind = \"any\""));
+        assert!(
+            e.starts_with("link.toml:4: bind: \"any\" is not an address"),
+            "{e}"
+        );
+        let e = err(&f.replace("name = \"home\"", "name = \"home\"\nstun = \"10.0.0.1\""));
+        assert!(e.starts_with("link.toml:8: relay[0].stun: "), "{e}");
     }
 }

@@ -1,43 +1,57 @@
-//! The data path: WireGuard's datagrams to and from DERP.
+//! The data path: WireGuard's datagrams to and from the peers, over the
+//! SDK's [`Endpoint`] (direct UDP, a relay session or DERP, whichever
+//! works best now).
 //!
 //! ```text
-//! local WireGuard ──UDP──▶ peer socket (its Endpoint) ──queue──▶ relay writer ──DERP──▶ peer's link key
-//! local WireGuard ◀──UDP── peer socket ◀── relay reader ◀──DERP── peer's link key
+//! local WireGuard ──UDP──▶ peer socket (its Endpoint) ──▶ Endpoint::send ──path──▶ peer's ferry link
+//! local WireGuard ◀──UDP── peer socket ◀── Endpoint::recv ◀──path── peer's ferry link
 //! ```
 //!
 //! Each peer has one UDP socket, bound to the address the local WireGuard
 //! knows as that peer's endpoint; both directions use it, so WireGuard
-//! sees one stable endpoint per peer. Each relay has one DERP connection
-//! (kept up by the SDK, with backoff), one bounded queue of datagrams
-//! waiting to be written, and one reader. A datagram is dropped and
-//! counted when the queue is full or the connection is down: WireGuard
-//! retransmits its handshakes, and TCP inside the tunnel its data, so
-//! nothing is held for a connection that is not there. Nothing is
-//! decrypted or parsed: the bytes go through as they came.
+//! sees one stable endpoint per peer whatever the path. The `Endpoint`
+//! picks the path per peer and switches it; this module logs every switch
+//! with its reason and counts. A datagram that cannot go out now is dropped
+//! and counted, never held: WireGuard retransmits its handshakes, and TCP
+//! inside the tunnel its data. Nothing is decrypted or parsed: the bytes go
+//! through as they came.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
-use ferry_client::{DerpClient, DerpSender, Event, Options, Target};
-use ferry_proto::frame::MAX_PACKET_SIZE;
+use ferry_client::{
+    Endpoint, EndpointError, EndpointOptions, Options, PathKind, PeerOptions, RelayOptions,
+    SendError,
+};
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_sys::sockopt::{set_buffer, Buffer};
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::mpsc;
 
-use super::config::{Config, Relay};
-use super::metrics::{self, DropReason, Metrics, PeerStats, RelayStats};
+use super::config::Config;
+use super::metrics::{self, kind_label, DropReason, Metrics, PeerStats};
 
-/// First and longest delay between attempts to reach a relay that has
-/// never answered (afterwards the SDK reconnects by itself).
+/// First and longest delay between attempts to reach the relays before
+/// the first connection (afterwards the SDK reconnects by itself).
 const FIRST_RETRY: Duration = Duration::from_millis(500);
 const MAX_RETRY: Duration = Duration::from_secs(10);
+
+/// How often the relays' state and the rejected count are looked at (the
+/// SDK reports them as state, not as events).
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Probing of the active UDP path, faster than the SDK's default (500 ms,
+/// dead after 1.5 s): a TCP connection inside the tunnel retransmits
+/// 0.2, 0.6 and 1.4 s after a loss (its RTO doubling from 200 ms), so a
+/// path declared dead within 1.25 s has the 1.4 s retransmission go out on
+/// the next path, and the transfer stalls for about 1.5 s rather than 3.
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+const DEAD_AFTER: Duration = Duration::from_secs(1);
 
 /// Socket buffer asked for on each peer socket, each way: WireGuard sends
 /// in bursts (a TCP window at a time), and a datagram the kernel drops for
@@ -48,14 +62,11 @@ const SOCKET_BUFFER: usize = 4 << 20;
 struct PeerCtx {
     name: String,
     key: NodePublic,
+    relay: usize,
     wireguard: SocketAddr,
     socket: Arc<UdpSocket>,
     stats: Arc<PeerStats>,
 }
-
-/// A datagram waiting for a relay connection: the peer's index and the
-/// bytes.
-type Queued = (usize, Vec<u8>);
 
 /// Binds every socket (errors name the configuration key), starts the
 /// tasks, and runs until `stop` resolves.
@@ -79,6 +90,7 @@ pub(crate) async fn run(
         peers.push(PeerCtx {
             name: p.name.clone(),
             key: p.link_key,
+            relay: p.relay,
             wireguard: p.wireguard,
             socket: Arc::new(socket),
             stats: metrics.peer(i),
@@ -93,57 +105,108 @@ pub(crate) async fn run(
         tracing::info!(url = %format!("http://{addr}/metrics"), "metrics");
         tasks.spawn(metrics::serve(listener, metrics.clone()));
     }
-    let by_key: Arc<HashMap<NodePublic, usize>> = Arc::new(
-        cfg.peers
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.link_key, i))
-            .collect(),
-    );
-    let mut queues = Vec::with_capacity(cfg.relays.len());
-    for ((i, relay), options) in cfg.relays.iter().enumerate().zip(options) {
-        let (tx, rx) = mpsc::channel(cfg.queue);
-        queues.push(tx);
-        tasks.spawn(relay_task(RelayTask {
-            relay: relay.clone(),
-            key: key.clone(),
-            options,
-            queue: rx,
-            peers: peers.clone(),
-            by_key: by_key.clone(),
-            stats: metrics.relay(i),
-        }));
-    }
-    for (i, p) in cfg.peers.iter().enumerate() {
+    for (p, cp) in peers.iter().zip(&cfg.peers) {
         tracing::info!(
             peer = %p.name,
-            link_key = %p.link_key,
-            endpoint = %p.endpoint,
+            link_key = %p.key,
+            endpoint = %cp.endpoint,
             wireguard = %p.wireguard,
             relay = %cfg.relays[p.relay].name,
-            "peer: its WireGuard endpoint here is {}; path DERP",
-            p.endpoint
+            prefer = ?cp.prefer,
+            only = ?cp.only,
+            "peer: its WireGuard endpoint here is {}",
+            cp.endpoint
         );
+    }
+    // The endpoint once it is up; datagrams before that are dropped.
+    let endpoint: Arc<OnceLock<Arc<Endpoint>>> = Arc::default();
+    for i in 0..peers.len() {
         tasks.spawn(outbound(
             peers.clone(),
             i,
-            queues[p.relay].clone(),
-            metrics.relay(p.relay),
+            endpoint.clone(),
+            metrics.clone(),
         ));
     }
+    let relays: Vec<RelayOptions> = cfg
+        .relays
+        .iter()
+        .zip(options)
+        .map(|(r, options)| RelayOptions {
+            name: r.name.clone(),
+            url: r.url.clone(),
+            options,
+            stun: r.stun,
+        })
+        .collect();
+    let mut opts = EndpointOptions::new(key, relays);
+    opts.bind = cfg.bind;
+    opts.queue = cfg.queue;
+    opts.timing.probe_interval = PROBE_INTERVAL;
+    opts.timing.dead_after = DEAD_AFTER;
+    let bound = bind(opts, &metrics);
+    tokio::pin!(stop);
+    let ep = tokio::select! {
+        ep = bound => ep?,
+        () = &mut stop => {
+            tasks.shutdown().await;
+            return Ok(());
+        }
+    };
+    tracing::info!(udp = %ep.local_addr(), candidates = ?ep.local_candidates(), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
+    for (p, cp) in peers.iter().zip(&cfg.peers) {
+        ep.add_peer(
+            p.key,
+            PeerOptions {
+                relay: p.relay,
+                prefer: cp.prefer,
+                only: cp.only,
+            },
+        );
+    }
+    let ep = Arc::new(ep);
+    metrics.set_endpoint(ep.clone());
+    let _ = endpoint.set(ep.clone());
+    let by_key: Arc<HashMap<NodePublic, usize>> =
+        Arc::new(peers.iter().enumerate().map(|(i, p)| (p.key, i)).collect());
+    tasks.spawn(inbound(ep.clone(), peers.clone(), by_key.clone()));
+    tasks.spawn(switches(ep.clone(), peers.clone(), by_key));
+    tasks.spawn(watch(ep, metrics));
     stop.await;
     tasks.shutdown().await;
     Ok(())
 }
 
-/// Local WireGuard → the peer's relay queue.
+/// Binds the endpoint, retrying with backoff while a relay cannot be
+/// reached for the first time.
+async fn bind(opts: EndpointOptions, metrics: &Metrics) -> Result<Endpoint> {
+    let mut delay = FIRST_RETRY;
+    loop {
+        match Endpoint::bind(opts.clone()).await {
+            Ok(ep) => return Ok(ep),
+            Err(EndpointError::Derp { name, source }) => {
+                if let Some(i) = opts.relays.iter().position(|r| r.name == name) {
+                    metrics.relay(i).disconnects.fetch_add(1, Relaxed);
+                }
+                tracing::warn!(relay = %name, error = %source, retry_in = ?delay, "relay unreachable; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_RETRY);
+            }
+            Err(e @ EndpointError::Bind { .. }) => return Err(e).context("bind"),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Local WireGuard → the endpoint.
 async fn outbound(
     peers: Arc<[PeerCtx]>,
     index: usize,
-    queue: mpsc::Sender<Queued>,
-    relay: Arc<RelayStats>,
+    endpoint: Arc<OnceLock<Arc<Endpoint>>>,
+    metrics: Arc<Metrics>,
 ) {
     let peer = &peers[index];
+    let relay = metrics.relay(peer.relay);
     let mut buf = vec![0u8; 1 << 16];
     let mut warned_foreign = false;
     loop {
@@ -166,167 +229,124 @@ async fn outbound(
             }
             continue;
         }
-        if n > MAX_PACKET_SIZE {
-            peer.stats.count_drop(DropReason::TooLarge);
+        let Some(ep) = endpoint.get() else {
+            peer.stats.count_drop(DropReason::RelayDown);
             continue;
-        }
-        if !relay.connected.load(Relaxed) {
+        };
+        // On DERP with the relay down the datagram could only wait.
+        if peer.stats.current() == Some(PathKind::Derp) && !relay.connected.load(Relaxed) {
             peer.stats.count_drop(DropReason::RelayDown);
             continue;
         }
-        match queue.try_send((index, buf[..n].to_vec())) {
+        match ep.send(&peer.key, &buf[..n]) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => peer.stats.count_drop(DropReason::QueueFull),
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(SendError::TooLarge { .. }) => peer.stats.count_drop(DropReason::TooLarge),
+            Err(SendError::NoPath) => peer.stats.count_drop(DropReason::NoPath),
+            Err(SendError::Dropped) => peer.stats.count_drop(DropReason::QueueFull),
+            Err(SendError::UnknownPeer) => return,
         }
     }
 }
 
-/// The relay queue → DERP.
-async fn writer(sender: DerpSender, mut queue: mpsc::Receiver<Queued>, peers: Arc<[PeerCtx]>) {
-    while let Some((i, data)) = queue.recv().await {
-        let peer = &peers[i];
-        let len = data.len();
-        match sender.send(&peer.key, data).await {
-            Ok(()) => peer.stats.to_peer.add(len),
-            // Not connected (or closing): WireGuard will send again.
-            Err(_) => peer.stats.count_drop(DropReason::RelayDown),
-        }
-    }
-}
-
-struct RelayTask {
-    relay: Relay,
-    key: NodePrivate,
-    options: Options,
-    queue: mpsc::Receiver<Queued>,
+/// The endpoint → the local WireGuard, from the sender's socket.
+async fn inbound(
+    ep: Arc<Endpoint>,
     peers: Arc<[PeerCtx]>,
     by_key: Arc<HashMap<NodePublic, usize>>,
-    stats: Arc<RelayStats>,
-}
-
-/// One relay: connects (retrying until the first connection is up; the
-/// SDK keeps it up from then on), starts the writer, and reads.
-async fn relay_task(t: RelayTask) {
-    let name = &t.relay.name;
-    let mut delay = FIRST_RETRY;
-    let mut client = loop {
-        let target = match Target::from_url(&t.relay.url) {
-            Ok(target) => target,
+) {
+    while let Ok((src, data)) = ep.recv().await {
+        // The endpoint delivers only its peers' datagrams.
+        let Some(&i) = by_key.get(&src) else { continue };
+        let peer = &peers[i];
+        match peer.socket.send_to(&data, peer.wireguard).await {
+            Ok(_) => {
+                if !peer.stats.heard.swap(true, Relaxed) {
+                    tracing::info!(peer = %peer.name, "peer reachable: its datagrams arrive");
+                }
+            }
             Err(e) => {
-                // Checked when the file was read; cannot happen.
-                tracing::error!(relay = %name, error = %e, "bad relay url");
-                return;
-            }
-        };
-        match DerpClient::connect_to(vec![target], t.key.clone(), t.options.clone()).await {
-            Ok(c) => break c,
-            Err(error) => {
-                t.stats.disconnects.fetch_add(1, Relaxed);
-                tracing::warn!(relay = %name, url = %t.relay.url, %error, retry_in = ?delay, "relay unreachable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_RETRY);
+                peer.stats.count_drop(DropReason::DeliverFailed);
+                tracing::debug!(peer = %peer.name, error = %e, "could not hand a datagram to the local WireGuard");
             }
         }
-    };
-    let writer = tokio::spawn(writer(client.sender(), t.queue, t.peers.clone()));
-    let _abort_writer = AbortOnDrop(writer);
-    let mut unknown_logged = 0usize;
+    }
+}
+
+/// Every path switch: one log line with the reason, and the counters.
+async fn switches(
+    ep: Arc<Endpoint>,
+    peers: Arc<[PeerCtx]>,
+    by_key: Arc<HashMap<NodePublic, usize>>,
+) {
+    let mut events = ep.subscribe();
     loop {
-        let event = match client.recv().await {
-            Ok(e) => e,
-            Err(error) => {
-                tracing::error!(relay = %name, %error, "relay client stopped");
-                t.stats.connected.store(false, Relaxed);
-                return;
+        let ev = match events.recv().await {
+            Ok(ev) => ev,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(
+                    missed = n,
+                    "path switches came faster than they were logged"
+                );
+                continue;
             }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
-        match event {
-            Event::Packet { src, data } => {
-                let Some(&i) = t.by_key.get(&src) else {
-                    t.stats.unknown_sender.fetch_add(1, Relaxed);
-                    // A few lines name the keys; the counter has the rest.
-                    if unknown_logged < 16 {
-                        unknown_logged += 1;
-                        tracing::warn!(relay = %name, link_key = %src, "dropped a packet from a link key that is not a configured peer");
-                    }
-                    continue;
-                };
-                deliver(&t.peers[i], &data).await;
-            }
-            Event::Connected {
-                server_key,
-                server,
-                fast_start,
-            } => {
-                t.stats.connected.store(true, Relaxed);
-                t.stats.connects.fetch_add(1, Relaxed);
-                tracing::info!(relay = %name, %server, server_key = %server_key, fast_start, "relay connected");
-            }
-            Event::Disconnected { error, retry_in } => {
-                t.stats.disconnects.fetch_add(1, Relaxed);
-                if t.stats.connected.swap(false, Relaxed) {
-                    tracing::warn!(relay = %name, %error, ?retry_in, "relay connection lost; reconnecting");
-                } else {
-                    tracing::warn!(relay = %name, %error, ?retry_in, "relay reconnect failed; retrying");
-                }
-            }
-            Event::PeerGone { peer, reason } => {
-                let who = t.by_key.get(&peer).map(|&i| &t.peers[i]);
-                // Logged when it changes, not on every repeat.
-                let fresh = who.is_none_or(|p| {
-                    p.stats.gone_notices.fetch_add(1, Relaxed);
-                    p.stats.heard.store(false, Relaxed);
-                    !p.stats.gone.swap(true, Relaxed)
-                });
-                if fresh {
-                    tracing::info!(
-                        relay = %name,
-                        peer = who.map_or("(not configured)", |p| p.name.as_str()),
-                        link_key = %peer,
-                        ?reason,
-                        "peer is not connected to the relay"
-                    );
-                }
-            }
-            Event::Health { problem: Some(p) } => {
-                tracing::warn!(relay = %name, problem = %p, "relay reports a problem")
-            }
-            Event::Health { problem: None } => {
-                tracing::info!(relay = %name, "relay reports healthy")
-            }
-            Event::Restarting {
-                reconnect_in,
-                try_for,
-            } => {
-                tracing::info!(relay = %name, ?reconnect_in, ?try_for, "relay is restarting")
-            }
-            _ => {}
-        }
+        let Some(&i) = by_key.get(&ev.peer) else {
+            continue;
+        };
+        let peer = &peers[i];
+        peer.stats.switched(&ev);
+        let show =
+            |p: &Option<ferry_client::PathAddr>| p.map_or("none".to_owned(), |p| p.to_string());
+        tracing::info!(
+            peer = %peer.name,
+            from = %show(&ev.from),
+            to = %show(&ev.to),
+            reason = metrics::reason_label(ev.reason),
+            possibly_lost = ev.lost,
+            "path switch: {} -> {} ({})",
+            ev.from.map_or("none", |p| kind_label(p.kind())),
+            ev.to.map_or("none", |p| kind_label(p.kind())),
+            metrics::reason_text(ev.reason),
+        );
     }
 }
 
-/// DERP → the local WireGuard, from the peer's socket.
-async fn deliver(peer: &PeerCtx, data: &[u8]) {
-    match peer.socket.send_to(data, peer.wireguard).await {
-        Ok(_) => {
-            peer.stats.from_peer.add(data.len());
-            if !peer.stats.heard.swap(true, Relaxed) {
-                peer.stats.gone.store(false, Relaxed);
-                tracing::info!(peer = %peer.name, "peer reachable: datagrams arrive over DERP");
+/// The relays' connection state and the endpoint's rejected count, as
+/// log lines and counters.
+async fn watch(ep: Arc<Endpoint>, metrics: Arc<Metrics>) {
+    let mut rejected_logged = 0u64;
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    loop {
+        tick.tick().await;
+        for (i, r) in ep.relay_status().into_iter().enumerate() {
+            let s = metrics.relay(i);
+            let was = s.connected.swap(r.connected, Relaxed);
+            match (was, r.connected) {
+                (false, true) => {
+                    s.connects.fetch_add(1, Relaxed);
+                    tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, "relay connected");
+                }
+                (true, false) => {
+                    s.disconnects.fetch_add(1, Relaxed);
+                    tracing::warn!(relay = %r.name, "relay connection lost; reconnecting");
+                }
+                _ => {}
+            }
+            let public = r.public_addr;
+            if s.note_public(public) {
+                tracing::info!(relay = %r.name, public = ?public, "this side's address as the relay's STUN server sees it");
             }
         }
-        Err(e) => {
-            peer.stats.count_drop(DropReason::DeliverFailed);
-            tracing::debug!(peer = %peer.name, error = %e, "could not hand a datagram to the local WireGuard");
+        let rejected = ep.stats().rejected;
+        let before = metrics.rejected.swap(rejected, Relaxed);
+        // A few lines; the counter has the rest.
+        if rejected > before && rejected_logged < 16 {
+            rejected_logged += 1;
+            tracing::warn!(
+                count = rejected - before,
+                "dropped datagrams that were not from a configured peer (an unknown link key, or not a peer message)"
+            );
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

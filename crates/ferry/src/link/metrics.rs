@@ -5,9 +5,16 @@
 //! renderer; nothing here blocks the data path.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_client::{
+    endpoint::PathStats, Endpoint, PathEvent, PathKind, PathState, PathStatus, PeerStatus,
+    SwitchReason,
+};
+use ferry_proto::key::NodePublic;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -17,26 +24,29 @@ use super::config::Config;
 /// Why a datagram was not delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DropReason {
-    /// Towards the peer: the relay's queue was full.
+    /// Towards the peer: the path's queue was full or its send failed.
     QueueFull,
-    /// Towards the peer: the relay connection was down (or went down
-    /// before the datagram was written).
+    /// Towards the peer: on DERP with the relay connection down (or no
+    /// relay reached yet).
     RelayDown,
     /// Towards the peer: the datagram came from an address other than the
     /// local WireGuard's.
     NotWireguard,
-    /// Towards the peer: larger than a DERP packet may be.
+    /// Towards the peer: larger than a path may carry.
     TooLarge,
+    /// Towards the peer: under `only`, no path of that kind works now.
+    NoPath,
     /// From the peer: the local socket refused it.
     DeliverFailed,
 }
 
 impl DropReason {
-    pub(crate) const ALL: [DropReason; 5] = [
+    pub(crate) const ALL: [DropReason; 6] = [
         DropReason::QueueFull,
         DropReason::RelayDown,
         DropReason::NotWireguard,
         DropReason::TooLarge,
+        DropReason::NoPath,
         DropReason::DeliverFailed,
     ];
 
@@ -46,48 +56,89 @@ impl DropReason {
             DropReason::RelayDown => "relay_down",
             DropReason::NotWireguard => "not_wireguard",
             DropReason::TooLarge => "too_large",
+            DropReason::NoPath => "no_path",
             DropReason::DeliverFailed => "deliver_failed",
         }
     }
 }
 
-/// Packets and bytes one way.
-#[derive(Debug, Default)]
-pub(crate) struct Flow {
-    packets: AtomicU64,
-    bytes: AtomicU64,
-}
+/// The kinds of path, best first, as metrics, logs and `status --json`
+/// name them.
+pub(crate) const KINDS: [PathKind; 3] = [PathKind::Direct, PathKind::Relay, PathKind::Derp];
 
-impl Flow {
-    pub(crate) fn add(&self, bytes: usize) {
-        self.packets.fetch_add(1, Relaxed);
-        self.bytes.fetch_add(bytes as u64, Relaxed);
+pub(crate) fn kind_label(kind: PathKind) -> &'static str {
+    match kind {
+        PathKind::Direct => "direct",
+        PathKind::Relay => "relay",
+        PathKind::Derp => "derp",
     }
 }
 
-/// One peer's counters.
+/// Why a switch happened, as a label.
+pub(crate) const REASONS: [SwitchReason; 4] = [
+    SwitchReason::Better,
+    SwitchReason::Silent,
+    SwitchReason::Removed,
+    SwitchReason::Policy,
+];
+
+pub(crate) fn reason_label(reason: SwitchReason) -> &'static str {
+    match reason {
+        SwitchReason::Better => "better",
+        SwitchReason::Silent => "silent",
+        SwitchReason::Removed => "removed",
+        SwitchReason::Policy => "policy",
+    }
+}
+
+/// Why a switch happened, for a log line.
+pub(crate) fn reason_text(reason: SwitchReason) -> &'static str {
+    match reason {
+        SwitchReason::Better => "a better path answered",
+        SwitchReason::Silent => "the path went silent",
+        SwitchReason::Removed => "the path was removed",
+        SwitchReason::Policy => "the peer's prefer/only",
+    }
+}
+
+/// One peer's counters kept here (the per-path traffic is the endpoint's).
 #[derive(Debug, Default)]
 pub(crate) struct PeerStats {
-    /// From the local WireGuard, handed to DERP.
-    pub to_peer: Flow,
-    /// From DERP, handed to the local WireGuard.
-    pub from_peer: Flow,
     drops: [AtomicU64; DropReason::ALL.len()],
-    /// Whether the peer is heard from since the relay last said it was
-    /// gone: each change is logged once (the relay repeats `peerGone`
-    /// about every second while the peer is away).
+    /// Whether a datagram from the peer has arrived (logged once).
     pub heard: AtomicBool,
-    /// Whether the relay's last word on the peer was `peerGone`.
-    pub gone: AtomicBool,
-    /// `peerGone` notices about the peer.
-    pub gone_notices: AtomicU64,
+    /// The current path's kind: 0 none, else 1 + `PathKind as u8`. Starts
+    /// on DERP, as the endpoint does.
+    current: AtomicU8,
+    switches: [AtomicU64; REASONS.len()],
+    lost: AtomicU64,
 }
 
 impl PeerStats {
     pub(crate) fn count_drop(&self, why: DropReason) {
         self.drops[why as usize].fetch_add(1, Relaxed);
     }
+
+    /// The current path's kind, as the last switch said.
+    pub(crate) fn current(&self) -> Option<PathKind> {
+        match self.current.load(Relaxed) {
+            0 => Some(PathKind::Derp),
+            NO_PATH => None,
+            k => KINDS.into_iter().find(|&kind| 1 + kind as u8 == k),
+        }
+    }
+
+    /// Counts a switch.
+    pub(crate) fn switched(&self, ev: &PathEvent) {
+        self.current
+            .store(ev.to.map_or(NO_PATH, |p| 1 + p.kind() as u8), Relaxed);
+        self.switches[ev.reason as usize].fetch_add(1, Relaxed);
+        self.lost.fetch_add(ev.lost, Relaxed);
+    }
 }
+
+/// [`PeerStats::current`]'s value for "no path".
+const NO_PATH: u8 = u8::MAX;
 
 /// One relay connection's state and counters.
 #[derive(Debug, Default)]
@@ -95,15 +146,25 @@ pub(crate) struct RelayStats {
     pub connected: AtomicBool,
     pub connects: AtomicU64,
     pub disconnects: AtomicU64,
-    /// Packets from link keys that are not configured peers.
-    pub unknown_sender: AtomicU64,
+    public: Mutex<Option<SocketAddr>>,
+}
+
+impl RelayStats {
+    /// Records the address STUN reported; true when it changed.
+    pub(crate) fn note_public(&self, addr: Option<SocketAddr>) -> bool {
+        let mut p = self.public.lock().expect("not poisoned");
+        addr.is_some() && std::mem::replace(&mut *p, addr) != addr
+    }
 }
 
 /// Everything counted, in the configuration's order.
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    peers: Vec<(String, String, Arc<PeerStats>)>,
+    peers: Vec<(String, String, NodePublic, Arc<PeerStats>)>,
     relays: Vec<(String, Arc<RelayStats>)>,
+    /// The endpoint's count of datagrams not from a configured peer.
+    pub rejected: AtomicU64,
+    endpoint: OnceLock<Arc<Endpoint>>,
 }
 
 impl Metrics {
@@ -116,6 +177,7 @@ impl Metrics {
                     (
                         p.name.clone(),
                         cfg.relays[p.relay].name.clone(),
+                        p.link_key,
                         Arc::default(),
                     )
                 })
@@ -125,38 +187,141 @@ impl Metrics {
                 .iter()
                 .map(|r| (r.name.clone(), Arc::default()))
                 .collect(),
+            rejected: AtomicU64::new(0),
+            endpoint: OnceLock::new(),
         }
     }
 
     pub(crate) fn peer(&self, i: usize) -> Arc<PeerStats> {
-        self.peers[i].2.clone()
+        self.peers[i].3.clone()
     }
 
     pub(crate) fn relay(&self, i: usize) -> Arc<RelayStats> {
         self.relays[i].1.clone()
     }
 
+    /// The endpoint whose paths are shown, once it is up.
+    pub(crate) fn set_endpoint(&self, ep: Arc<Endpoint>) {
+        let _ = self.endpoint.set(ep);
+    }
+
     /// Prometheus text.
     pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         let o = &mut out;
-        head(o, "ferry_link_peer_path", "gauge", "1 for the path each peer's datagrams take now (only derp in this version), with its relay.");
-        for (peer, relay, _) in &self.peers {
+        let status: Vec<Option<PeerStatus>> = self
+            .peers
+            .iter()
+            .map(|(_, _, key, _)| self.endpoint.get().and_then(|ep| ep.peer_status(key)))
+            .collect();
+        head(o, "ferry_link_peer_path", "gauge", "1 for the kind of path each peer's datagrams take now (direct, relay, derp), with the peer's relay; none while no allowed path works.");
+        for ((peer, relay, _, _), st) in self.peers.iter().zip(&status) {
+            if let Some(kind) = st.as_ref().and_then(|s| s.active).map(|a| a.kind()) {
+                let path = kind_label(kind);
+                let _ = writeln!(
+                    o,
+                    "ferry_link_peer_path{{peer=\"{peer}\",path=\"{path}\",relay=\"{relay}\"}} 1"
+                );
+            }
+        }
+        type Read = fn(&PathStats) -> u64;
+        let traffic: [(&str, &str, &str, Read); 4] = [
+            ("ferry_link_peer_packets_total", "to_peer", "Datagrams carried, by peer, direction (to_peer: from the local WireGuard; from_peer: to it) and path, as the endpoint counts them.", |s| s.tx_packets),
+            ("ferry_link_peer_packets_total", "from_peer", "", |s| s.rx_packets),
+            ("ferry_link_peer_bytes_total", "to_peer", "Bytes of the datagrams carried, by peer, direction and path.", |s| s.tx_bytes),
+            ("ferry_link_peer_bytes_total", "from_peer", "", |s| s.rx_bytes),
+        ];
+        for (name, dir, help, read) in traffic {
+            if !help.is_empty() {
+                head(o, name, "counter", help);
+            }
+            for ((peer, _, _, _), st) in self.peers.iter().zip(&status) {
+                for kind in present(st) {
+                    let n: u64 = of_kind(st, kind).map(|p| read(&p.stats)).sum();
+                    let _ = writeln!(
+                        o,
+                        "{name}{{peer=\"{peer}\",direction=\"{dir}\",path=\"{}\"}} {n}",
+                        kind_label(kind)
+                    );
+                }
+            }
+        }
+        head(
+            o,
+            "ferry_link_peer_path_working",
+            "gauge",
+            "1 when a path of this kind to the peer answers its probes.",
+        );
+        for ((peer, _, _, _), st) in self.peers.iter().zip(&status) {
+            for kind in present(st) {
+                let up = of_kind(st, kind).any(|p| p.state == PathState::Working);
+                let _ = writeln!(
+                    o,
+                    "ferry_link_peer_path_working{{peer=\"{peer}\",path=\"{}\"}} {}",
+                    kind_label(kind),
+                    u8::from(up)
+                );
+            }
+        }
+        head(o, "ferry_link_peer_rtt_seconds", "gauge", "The last round trip a probe measured on the peer's path of this kind (the active one, else the fastest).");
+        for ((peer, _, _, _), st) in self.peers.iter().zip(&status) {
+            let active = st.as_ref().and_then(|s| s.active);
+            for kind in present(st) {
+                let rtt = of_kind(st, kind)
+                    .find(|p| Some(p.addr) == active)
+                    .and_then(|p| p.rtt)
+                    .or_else(|| of_kind(st, kind).filter_map(|p| p.rtt).min());
+                if let Some(rtt) = rtt {
+                    let _ = writeln!(
+                        o,
+                        "ferry_link_peer_rtt_seconds{{peer=\"{peer}\",path=\"{}\"}} {}",
+                        kind_label(kind),
+                        rtt.as_secs_f64()
+                    );
+                }
+            }
+        }
+        head(o, "ferry_link_peer_switches_total", "counter", "Path switches, by peer and reason (better: a better path answered; silent: the path stopped answering; removed; policy).");
+        for (peer, _, _, s) in &self.peers {
+            for reason in REASONS {
+                let _ = writeln!(
+                    o,
+                    "ferry_link_peer_switches_total{{peer=\"{peer}\",reason=\"{}\"}} {}",
+                    reason_label(reason),
+                    s.switches[reason as usize].load(Relaxed)
+                );
+            }
+        }
+        head(o, "ferry_link_peer_switch_lost_total", "counter", "Datagrams sent on a path after its last answer, when it went silent or was removed: possibly lost at a switch.");
+        for (peer, _, _, s) in &self.peers {
             let _ = writeln!(
                 o,
-                "ferry_link_peer_path{{peer=\"{peer}\",path=\"derp\",relay=\"{relay}\"}} 1"
+                "ferry_link_peer_switch_lost_total{{peer=\"{peer}\"}} {}",
+                s.lost.load(Relaxed)
             );
         }
-        for (name, help, packets) in [
-            ("ferry_link_peer_packets_total", "Datagrams carried, by peer and direction (to_peer: from the local WireGuard; from_peer: to it).", true),
-            ("ferry_link_peer_bytes_total", "Bytes of the datagrams carried, by peer and direction.", false),
-        ] {
-            head(o, name, "counter", help);
-            for (peer, _, s) in &self.peers {
-                for (dir, flow) in [("to_peer", &s.to_peer), ("from_peer", &s.from_peer)] {
-                    let v = if packets { &flow.packets } else { &flow.bytes };
-                    let _ = writeln!(o, "{name}{{peer=\"{peer}\",direction=\"{dir}\",path=\"derp\"}} {}", v.load(Relaxed));
-                }
+        head(
+            o,
+            "ferry_link_peer_last_switch_timestamp_seconds",
+            "gauge",
+            "When the peer's path last changed (Unix time), from and to which kind, and why.",
+        );
+        for ((peer, _, _, _), st) in self.peers.iter().zip(&status) {
+            if let Some(ev) = st.as_ref().and_then(|s| s.last_switch.as_ref()) {
+                let ago = std::time::Instant::now().saturating_duration_since(ev.at);
+                let at = SystemTime::now()
+                    .checked_sub(ago)
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0.0, |d| d.as_secs_f64());
+                let kind =
+                    |p: Option<ferry_client::PathAddr>| p.map_or("none", |p| kind_label(p.kind()));
+                let _ = writeln!(
+                    o,
+                    "ferry_link_peer_last_switch_timestamp_seconds{{peer=\"{peer}\",from=\"{}\",to=\"{}\",reason=\"{}\"}} {at:.3}",
+                    kind(ev.from),
+                    kind(ev.to),
+                    reason_label(ev.reason)
+                );
             }
         }
         head(
@@ -165,7 +330,7 @@ impl Metrics {
             "counter",
             "Datagrams dropped, by peer and reason.",
         );
-        for (peer, _, s) in &self.peers {
+        for (peer, _, _, s) in &self.peers {
             for why in DropReason::ALL {
                 let _ = writeln!(
                     o,
@@ -175,21 +340,14 @@ impl Metrics {
                 );
             }
         }
-        head(
+        head(o, "ferry_link_rejected_total", "counter", "Datagrams and DERP packets dropped because they were not from a configured peer (unknown link key, or not a peer message).");
+        let _ = writeln!(
             o,
-            "ferry_link_peer_gone_total",
-            "counter",
-            "peerGone notices from the relay: the peer was not connected to it when sent to.",
+            "ferry_link_rejected_total {}",
+            self.rejected.load(Relaxed)
         );
-        for (peer, _, s) in &self.peers {
-            let _ = writeln!(
-                o,
-                "ferry_link_peer_gone_total{{peer=\"{peer}\"}} {}",
-                s.gone_notices.load(Relaxed)
-            );
-        }
-        type Read = fn(&RelayStats) -> u64;
-        let relay_families: [(&str, &str, &str, Read); 4] = [
+        type RelayRead = fn(&RelayStats) -> u64;
+        let relay_families: [(&str, &str, &str, RelayRead); 3] = [
             (
                 "ferry_link_relay_connected",
                 "gauge",
@@ -199,20 +357,14 @@ impl Metrics {
             (
                 "ferry_link_relay_connects_total",
                 "counter",
-                "DERP connections established to the relay.",
+                "DERP connections to the relay seen established.",
                 |s| s.connects.load(Relaxed),
             ),
             (
                 "ferry_link_relay_disconnects_total",
                 "counter",
-                "DERP connections lost, and connection attempts failed.",
+                "DERP connections seen lost, and first connection attempts failed.",
                 |s| s.disconnects.load(Relaxed),
-            ),
-            (
-                "ferry_link_unknown_sender_drops_total",
-                "counter",
-                "Packets from link keys that are not configured peers, dropped.",
-                |s| s.unknown_sender.load(Relaxed),
             ),
         ];
         for (name, kind, help, read) in relay_families {
@@ -223,6 +375,19 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The kinds of path the peer has now, best first (DERP always).
+fn present(st: &Option<PeerStatus>) -> impl Iterator<Item = PathKind> + '_ {
+    KINDS
+        .into_iter()
+        .filter(move |&k| k == PathKind::Derp || of_kind(st, k).next().is_some())
+}
+
+fn of_kind(st: &Option<PeerStatus>, kind: PathKind) -> impl Iterator<Item = &PathStatus> {
+    st.iter()
+        .flat_map(|s| s.paths.iter())
+        .filter(move |p| p.addr.kind() == kind)
 }
 
 fn head(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -287,7 +452,6 @@ mod tests {
         )
         .unwrap();
         let m = Metrics::new(&cfg);
-        m.peer(0).to_peer.add(100);
         m.peer(0).count_drop(DropReason::QueueFull);
         m.relay(0).connected.store(true, Relaxed);
         let text = m.render();
@@ -299,18 +463,20 @@ mod tests {
                 assert!(heads.insert(current.clone()), "{current} twice");
             } else if !line.starts_with('#') {
                 assert!(
-                    line.starts_with(&format!("{current}{{")),
+                    line.starts_with(&format!("{current}{{"))
+                        || line.starts_with(&format!("{current} ")),
                     "{line} outside its family"
                 );
             }
         }
         for sample in [
-            "ferry_link_peer_packets_total{peer=\"p\",direction=\"to_peer\",path=\"derp\"} 1",
-            "ferry_link_peer_bytes_total{peer=\"p\",direction=\"to_peer\",path=\"derp\"} 100",
+            "ferry_link_peer_packets_total{peer=\"p\",direction=\"to_peer\",path=\"derp\"} 0",
+            "ferry_link_peer_bytes_total{peer=\"p\",direction=\"from_peer\",path=\"derp\"} 0",
+            "ferry_link_peer_switches_total{peer=\"p\",reason=\"silent\"} 0",
+            "ferry_link_rejected_total 0",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"queue_full\"} 1",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"relay_down\"} 0",
             "ferry_link_relay_connected{relay=\"r\"} 1",
-            "ferry_link_peer_path{peer=\"p\",path=\"derp\",relay=\"r\"} 1",
         ] {
             assert!(text.lines().any(|l| l == sample), "no {sample} in\n{text}");
         }

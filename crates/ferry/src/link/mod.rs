@@ -1,6 +1,6 @@
 //! `ferry link`: carries a stock WireGuard interface's datagrams to its
-//! peers over DERP, for networks where UDP between the peers does not
-//! pass.
+//! peers over the best path that works: direct UDP, a Ferry relay
+//! session, or DERP where nothing else passes.
 //!
 //! ```text
 //! ferry link --config /etc/ferry/link.toml          # run beside WireGuard
@@ -10,9 +10,10 @@
 //!
 //! Each remote peer is one local UDP address (its `Endpoint` in the local
 //! WireGuard configuration) and one link key (its DERP address); see
-//! [`config`] for the file and [`forward`] for the data path. WireGuard's
-//! keys are never read and nothing is decrypted. This version has one
-//! path, DERP; direct UDP and Ferry relay sessions come later.
+//! [`config`] for the file and [`forward`] for the data path. The paths
+//! (direct UDP, a relay session, DERP) and the choice between them are the
+//! SDK's `Endpoint`'s. WireGuard's keys are never read and nothing is
+//! decrypted.
 
 mod config;
 mod forward;
@@ -57,7 +58,11 @@ enum Action {
     Pubkey,
     /// Show each peer's path, traffic and drops and each relay's state,
     /// from the running link's metrics_addr.
-    Status,
+    Status {
+        /// One JSON object instead of text (see the README, "ferry link").
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `ferry link` and its subcommands.
@@ -75,7 +80,7 @@ pub(crate) fn run(args: &LinkArgs) -> Result<()> {
             println!("{}", key.public());
             Ok(())
         }
-        Some(Action::Status) => status(path),
+        Some(Action::Status { json }) => status(path, json),
         None => serve(args, path),
     }
 }
@@ -137,7 +142,7 @@ fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
             p.field
         );
     }
-    tracing::info!(link_key = %key.public(), peers = cfg.peers.len(), relays = cfg.relays.len(), "ferry link starting (path: DERP)");
+    tracing::info!(link_key = %key.public(), peers = cfg.peers.len(), relays = cfg.relays.len(), "ferry link starting");
     for r in &cfg.relays {
         tracing::info!(relay = %r.name, url = %r.url, "relay");
     }
@@ -176,7 +181,7 @@ fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
 }
 
 /// `ferry link status`: one scrape of the running link's metrics.
-fn status(path: &Path) -> Result<()> {
+fn status(path: &Path, json: bool) -> Result<()> {
     let cfg = Config::load(path)?;
     let Some(addr) = cfg.metrics_addr else {
         bail!(
@@ -185,7 +190,11 @@ fn status(path: &Path) -> Result<()> {
         );
     };
     let scrape = crate::status::fetch(&addr.to_string())?;
-    print!("{}", status_text(&cfg, &scrape));
+    if json {
+        println!("{}", status_json(&cfg, &scrape));
+    } else {
+        print!("{}", status_text(&cfg, &scrape));
+    }
     Ok(())
 }
 
@@ -202,56 +211,208 @@ fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
         };
         let _ = writeln!(
             out,
-            "relay {} ({}): {state}; {} connects, {} disconnects or failed attempts, {} packets from unknown link keys dropped",
+            "relay {} ({}): {state}; {} connects, {} disconnects or failed attempts",
             r.name,
             r.url,
             v("ferry_link_relay_connects_total", &l),
             v("ferry_link_relay_disconnects_total", &l),
-            v("ferry_link_unknown_sender_drops_total", &l),
         );
     }
-    for p in &cfg.peers {
+    for (p, j) in cfg.peers.iter().zip(peers_json(cfg, s)) {
         let peer = p.name.as_str();
-        let flow = |dir: &str| {
-            let l = [("peer", peer), ("direction", dir)];
-            format!(
-                "{} packets, {} bytes",
-                v("ferry_link_peer_packets_total", &l),
-                v("ferry_link_peer_bytes_total", &l)
-            )
-        };
         let mut drops: Vec<String> = metrics::DropReason::ALL
             .iter()
-            .map(|why| {
-                (
-                    why.label(),
-                    v(
-                        "ferry_link_peer_drops_total",
-                        &[("peer", peer), ("reason", why.label())],
-                    ),
-                )
-            })
-            .filter(|(_, n)| *n > 0.0)
+            .map(|why| (why.label(), j["drops"][why.label()].as_u64().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
             .map(|(reason, n)| format!("{reason} {n}"))
             .collect();
         if drops.is_empty() {
             drops.push("none".into());
         }
-        let gone = v("ferry_link_peer_gone_total", &[("peer", peer)]);
-        let gone = if gone > 0.0 {
-            format!("; the relay said {gone} times it was not connected")
-        } else {
-            String::new()
-        };
+        let path = j["path"].as_str().unwrap_or("none").to_uppercase();
         let _ = writeln!(
             out,
-            "peer {peer} (endpoint {}): path DERP via {}; to peer {}; from peer {}; drops: {}{gone}",
+            "peer {peer} (endpoint {}): path {} via {}; drops: {}",
             p.endpoint,
+            if path == "DERP" {
+                path
+            } else {
+                path.to_lowercase()
+            },
             cfg.relays[p.relay].name,
-            flow("to_peer"),
-            flow("from_peer"),
             drops.join(", ")
         );
+        for kind in metrics::KINDS.map(metrics::kind_label) {
+            let Some(pj) = j["paths"].get(kind) else {
+                continue;
+            };
+            let rtt = pj["rtt_ms"]
+                .as_f64()
+                .map_or("no RTT yet".to_owned(), |ms| format!("RTT {ms:.1} ms"));
+            let flow =
+                |dir: &str| format!("{} packets, {} bytes", pj[dir]["packets"], pj[dir]["bytes"]);
+            let _ = writeln!(
+                out,
+                "  {kind}: {}, {rtt}; to peer {}; from peer {}",
+                if pj["working"] == true {
+                    "working"
+                } else {
+                    "not answering"
+                },
+                flow("to_peer"),
+                flow("from_peer"),
+            );
+        }
+        let switches: Vec<String> = metrics::REASONS
+            .map(metrics::reason_label)
+            .iter()
+            .filter_map(|r| {
+                let n = j["switches"][r].as_u64().unwrap_or(0);
+                (n > 0).then(|| format!("{r} {n}"))
+            })
+            .collect();
+        match j["last_switch"].as_object() {
+            Some(ls) => {
+                let _ = writeln!(
+                    out,
+                    "  last switch: {} -> {} ({}) at {}; switches: {}; possibly lost at switches: {}",
+                    ls["from"].as_str().unwrap_or("?"),
+                    ls["to"].as_str().unwrap_or("?"),
+                    ls["reason"].as_str().unwrap_or("?"),
+                    ls["at_unix"],
+                    switches.join(", "),
+                    j["lost"],
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  no switch yet");
+            }
+        }
     }
+    let _ = writeln!(
+        out,
+        "{} datagrams not from a configured peer dropped",
+        v("ferry_link_rejected_total", &[])
+    );
     out
+}
+
+/// `ferry link status --json`: the same scrape as one object, for scripts
+/// (the namespace tests read the path from it).
+fn status_json(cfg: &Config, s: &crate::status::Scrape) -> serde_json::Value {
+    use serde_json::json;
+    let n = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0) as u64;
+    let relays: Vec<_> = cfg
+        .relays
+        .iter()
+        .map(|r| {
+            let l = [("relay", r.name.as_str())];
+            json!({
+                "name": r.name,
+                "url": r.url.to_string(),
+                "connected": n("ferry_link_relay_connected", &l) > 0,
+                "connects": n("ferry_link_relay_connects_total", &l),
+                "disconnects": n("ferry_link_relay_disconnects_total", &l),
+            })
+        })
+        .collect();
+    json!({
+        "relays": relays,
+        "peers": peers_json(cfg, s),
+        "rejected": n("ferry_link_rejected_total", &[]),
+    })
+}
+
+/// Each peer's path, paths, switches and drops from one scrape.
+fn peers_json(cfg: &Config, s: &crate::status::Scrape) -> Vec<serde_json::Value> {
+    use serde_json::{json, Map};
+    let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with);
+    let n = |name: &str, with: &[(&str, &str)]| v(name, with).unwrap_or(0.0) as u64;
+    cfg.peers
+        .iter()
+        .map(|p| {
+            let peer = p.name.as_str();
+            let kinds = metrics::KINDS.map(metrics::kind_label);
+            let current = kinds
+                .iter()
+                .find(|k| n("ferry_link_peer_path", &[("peer", peer), ("path", k)]) > 0);
+            let mut paths = Map::new();
+            for kind in kinds {
+                let l = [("peer", peer), ("path", kind)];
+                let flow = |dir: &str| {
+                    let l = [("peer", peer), ("direction", dir), ("path", kind)];
+                    Some(json!({
+                        "packets": v("ferry_link_peer_packets_total", &l)? as u64,
+                        "bytes": n("ferry_link_peer_bytes_total", &l),
+                    }))
+                };
+                if let (Some(to), Some(from)) = (flow("to_peer"), flow("from_peer")) {
+                    let rtt = v("ferry_link_peer_rtt_seconds", &l).map(|s| s * 1e3);
+                    paths.insert(
+                        kind.to_owned(),
+                        json!({
+                            "working": n("ferry_link_peer_path_working", &l) > 0,
+                            "rtt_ms": rtt,
+                            "to_peer": to,
+                            "from_peer": from,
+                        }),
+                    );
+                }
+            }
+            let drops: Map<_, _> = metrics::DropReason::ALL
+                .iter()
+                .map(|why| {
+                    let l = [("peer", peer), ("reason", why.label())];
+                    (
+                        why.label().to_owned(),
+                        n("ferry_link_peer_drops_total", &l).into(),
+                    )
+                })
+                .collect();
+            let switches: Map<_, _> = metrics::REASONS
+                .map(metrics::reason_label)
+                .iter()
+                .map(|r| {
+                    let l = [("peer", peer), ("reason", r)];
+                    (
+                        (*r).to_owned(),
+                        n("ferry_link_peer_switches_total", &l).into(),
+                    )
+                })
+                .collect();
+            // One series holds the last switch; its labels say what it was.
+            let ends = ["none", "direct", "relay", "derp"];
+            let last_switch = ends
+                .iter()
+                .flat_map(|from| ends.iter().map(move |to| (from, to)))
+                .flat_map(|(from, to)| {
+                    metrics::REASONS
+                        .map(metrics::reason_label)
+                        .map(move |r| (from, to, r))
+                })
+                .find_map(|(from, to, reason)| {
+                    let l = [
+                        ("peer", peer),
+                        ("from", from),
+                        ("to", to),
+                        ("reason", reason),
+                    ];
+                    let at = v("ferry_link_peer_last_switch_timestamp_seconds", &l)?;
+                    Some(json!({ "from": from, "to": to, "reason": reason, "at_unix": at }))
+                });
+            json!({
+                "name": peer,
+                "endpoint": p.endpoint.to_string(),
+                "relay": cfg.relays[p.relay].name,
+                "prefer": p.prefer.map(metrics::kind_label),
+                "only": p.only.map(metrics::kind_label),
+                "path": current,
+                "paths": paths,
+                "switches": switches,
+                "lost": n("ferry_link_peer_switch_lost_total", &[("peer", peer)]),
+                "last_switch": last_switch,
+                "drops": drops,
+            })
+        })
+        .collect()
 }

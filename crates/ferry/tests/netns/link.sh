@@ -1,49 +1,80 @@
 #!/usr/bin/env bash
-# Stock WireGuard over `ferry link` (DERP path), in network namespaces this
-# script creates (fu-la, fu-lb, fu-lr; 10.77.11.0/24, 10.77.12.0/24,
+# Stock WireGuard over `ferry link`, in network namespaces this script
+# creates (fu-la, fu-lb, fu-lr; 10.77.11.0/24, 10.77.12.0/24,
 # 10.77.110.0/24) and removes again, also on failure:
 #
-#   fu-la: wireguard-go (fulka) + ferry link ──TCP──┐
-#                                                     fu-lr: the relay (Ferry, then derper) on :3340
-#   fu-lb: wireguard-go (fulkb) + ferry link ──TCP──┘
+#   fu-la: wireguard-go (fulka) + ferry link ──┐
+#                                                fu-lr: router + the relay (Ferry or derper): DERP :3340, STUN :3478
+#   fu-lb: wireguard-go (fulkb) + ferry link ──┘
 #
-# nftables in fu-la and fu-lb lets out only TCP to the relay's DERP port
-# (besides loopback and the tunnel itself), so UDP between the peers cannot pass; each WireGuard's
-# endpoint for the other is its local `ferry link` on 127.0.0.1:51001.
-# For each relay: ping and a short iperf3 TCP run through the tunnel, the
-# link's counters, `ferry link status`; with Ferry, also a relay restart
-# during an iperf3 transfer that the TCP connection inside the tunnel
-# survives. Prints the figures measured.
+# fu-lr routes between the peers, so without a firewall they could talk
+# UDP directly. nftables in fu-la and fu-lb decides which paths exist, one
+# firewall mode per case (`firewall`): "derp" lets out only TCP to the
+# relay's DERP port, "relay" also UDP to the relay, "direct" also UDP to
+# the other peer (loopback and the tunnel itself always pass). Each
+# WireGuard's endpoint for the other is its local `ferry link` on
+# 127.0.0.1:51001. The path a link uses is read from `ferry link status
+# --json`; gaps and resets of a TCP transfer from iperf3's JSON (0.1 s
+# intervals).
 #
-# Needs root, ip, nft, wg, wireguard-go, iperf3, ping and derper
+# The cases (issue 16), LINK_CASES picks them (default: those whose paths
+# are built):
+#   ferry-derp     (a) only TCP to the relay: DERP; ping, iperf3, counters,
+#                  status, and a relay restart during a transfer
+#   derper-derp    (a) the same against Tailscale's derper (no restart)
+#   ferry-relay    (b) UDP to the relay, not between the peers: relay session
+#   ferry-direct   (c) everything allowed: direct
+#   derper-direct  (c) against derper: direct
+#   ferry-failover (d) during one iperf3 transfer, direct is cut (-> relay
+#                  session), then the relay's UDP (-> DERP): each switch
+#                  within 2 s, the transfer's longest gap under 2 s, no reset
+#                  (while the relay has no sessions: direct -> DERP)
+#   ferry-upgrade  (e) from DERP, the firewall opens: relay session, then
+#                  direct, each within 10 s of being allowed (while the
+#                  relay has no sessions: DERP -> direct)
+# FU_WG=kernel uses the kernel's WireGuard instead of wireguard-go (the VM).
+#
+# Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq and derper
 # (FERRY_DERPER_BIN, interop/bin/derper or ~/go/bin/derper; built by
 # .ci/setup.d/21-derper.sh). Without them it says why and exits 0, except
-# under CI=true, where it fails. FERRY_BIN names the ferry binary. With
-# FU_WG=kernel both peers are the kernel's WireGuard instead of
-# wireguard-go, and FU_MIN_MBITS / FU_MIN_DATAGRAMS / FU_RESTART_SECS lower
-# the rate and datagram count asked of the iperf3 runs and lengthen the
-# transfer across the restart (as in crates/udp/tests/netns/run.sh;
-# scripts/vm/guest.sh sets them in the emulated kernel test VM).
+# under CI=true, where it fails. FERRY_BIN names the ferry binary.
+# FU_MIN_MBITS / FU_MIN_DATAGRAMS / FU_RESTART_SECS lower the rate and
+# datagram count asked of the iperf3 runs and lengthen the transfer across
+# the restart (as in crates/udp/tests/netns/run.sh; scripts/vm/guest.sh sets
+# them in the emulated kernel test VM).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../../.." && pwd)
 . "$root/crates/udp/tests/netns/lib.sh"
 
+. "$here/link-lib.sh"
+
 derper=""
 for c in "${FERRY_DERPER_BIN:-}" "$root/interop/bin/derper" "$HOME/go/bin/derper"; do
   [ -n "$c" ] && [ -x "$c" ] && { derper=$c; break; }
 done
-why=$(fu_why_not wg nft iperf3 ping timeout)
+why=$(fu_why_not wg nft iperf3 ping timeout jq)
 if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
 if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/21-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
 fu_skip_or_fail "ferry link namespace tests" "$why"
 ferry=$(fu_ferry_bin "$root")
 
+# Relay sessions once the relay has them (issue 15); until then the
+# failover and upgrade cases go between direct and DERP.
+if "$ferry" --help | grep -q -- '--relay-port'; then sessions=1; else sessions=""; fi
+# The paths built so far: direct and DERP. Add ferry-relay as it lands.
+cases=${LINK_CASES:-ferry-derp derper-derp ferry-direct derper-direct ferry-failover ferry-upgrade}
+for c in $cases; do
+  case " ferry-derp derper-derp ferry-relay ferry-direct derper-direct ferry-failover ferry-upgrade " in
+    *" $c "*) ;; *) echo "unknown case $c in LINK_CASES" >&2; exit 2 ;;
+  esac
+done
+
 fu_init
 T=$FU_TMP
+LK_STARTED=$SECONDS
 min_mbits=${FU_MIN_MBITS:-5} late_mbits=${FU_MIN_MBITS:-1} min_datagrams=${FU_MIN_DATAGRAMS:-1000}
 restart_secs=${FU_RESTART_SECS:-10}
-started=$SECONDS
 cleanup() {
   local rc=$?
   if [ $rc -ne 0 ]; then
@@ -57,57 +88,40 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-step() { echo "== [$((SECONDS - started))s] $*"; }
-check() { # check DESCRIPTION COMMAND...
-  if ! "${@:2}"; then echo "FAIL: $1" >&2; return 1; fi
-  echo "   ok: $1"
-}
-metrics() { # metrics NS: the link's metrics there
-  ip netns exec "$1" timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/9102; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3'
-}
-metric() { # metric NS 'NAME{labels}' -> value (0 when absent)
-  metrics "$1" | awk -v k="$2" '$1 == k { print $2; found=1 } END { if (!found) print 0 }'
-}
-wait_tcp() { # wait_tcp NS ADDR PORT SECONDS
-  local end=$((SECONDS + $4))
-  until ip netns exec "$1" timeout 1 bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null; do
-    [ $SECONDS -lt $end ] || { echo "nothing listening on $2:$3 in $1 after $4 s" >&2; return 1; }
-    sleep 0.1
-  done
-}
-wait_log() { # wait_log FILE TEXT SECONDS
-  local end=$((SECONDS + $3))
-  until grep -q "$2" "$1" 2>/dev/null; do
-    [ $SECONDS -lt $end ] || { echo "no \"$2\" in $1 after $3 s" >&2; cat "$1" >&2; return 1; }
-    sleep 0.1
-  done
-}
-ping_until() { # ping_until NS DST SECONDS: until one ping answers
-  local end=$((SECONDS + $3))
-  while [ $SECONDS -lt $end ]; do
-    ip netns exec "$1" ping -c 1 -W 1 "$2" >/dev/null 2>&1 && return 0
-  done
-  return 1
-}
-
 # ---------------------------------------------------------------- topology
-step "namespaces: fu-la and fu-lb reach only TCP 3340 on the relay in fu-lr"
+step "namespaces: fu-la and fu-lb routed through fu-lr"
 fu_ns fu-la fu-lb fu-lr
 fu_link fu-la 10.77.11.2/24 fu-lr 10.77.11.1/24
 fu_link fu-lb 10.77.12.2/24 fu-lr 10.77.12.1/24
-# Routed through fu-lr, so without the firewall the peers could talk UDP.
 ip netns exec fu-lr sysctl -qw net.ipv4.ip_forward=1
 fu_route fu-la 10.77.12.0/24 10.77.11.1
 fu_route fu-lb 10.77.11.0/24 10.77.12.1
-for n in a b; do
-  relay_ip=10.77.1$([ $n = a ] && echo 1 || echo 2).1
-  ip netns exec "fu-l$n" nft -f - <<NFT
-table inet link {
+
+# firewall MODE: the paths that exist. derp: TCP to the relay's DERP port
+# only; relay: also UDP to the relay (STUN, relay sessions); direct: also
+# UDP between the peers, both ways (no hole punching needed). Replaced
+# atomically (one nft transaction).
+firewall() {
+  local n relay_ip other udp_relay udp_peer
+  for n in a b; do
+    relay_ip=10.77.1$([ $n = a ] && echo 1 || echo 2).1
+    other=10.77.1$([ $n = a ] && echo 2 || echo 1).2
+    udp_relay="# no UDP to the relay"; udp_peer="# no UDP to the peer"; udp_peer_in="# nor from it"
+    case $1 in
+      derp) ;;
+      relay) udp_relay="ip daddr $relay_ip meta l4proto udp accept" ;;
+      direct) udp_relay="ip daddr $relay_ip meta l4proto udp accept"; udp_peer="ip daddr $other meta l4proto udp accept"
+        udp_peer_in="ip saddr $other meta l4proto udp accept" ;;
+      *) echo "firewall: unknown mode $1" >&2; return 1 ;;
+    esac
+    nft_table "fu-l$n" link <<NFT
   chain out {
     type filter hook output priority 0; policy drop;
     oifname "lo" accept
     oifname "fulk$n" accept
     ip daddr $relay_ip tcp dport 3340 accept
+    $udp_relay
+    $udp_peer
     counter drop comment "blocked"
   }
   chain in {
@@ -115,15 +129,17 @@ table inet link {
     iifname "lo" accept
     iifname "fulk$n" accept
     ct state established,related accept
+    $udp_peer_in
     counter drop
   }
-}
 NFT
-done
+  done
+}
 blocked() { ip netns exec "$1" nft list chain inet link out | awk '/blocked/ { for (i = 1; i <= NF; i++) if ($i == "packets") print $(i+1) }'; }
+firewall derp
 before=$(blocked fu-la)
 ip netns exec fu-la bash -c 'echo probe >/dev/udp/10.77.12.2/51820' 2>/dev/null || true
-check "UDP from fu-la to fu-lb is dropped by nftables" test "$(blocked fu-la)" -gt "$before"
+check "firewall derp: UDP from fu-la to fu-lb is dropped by nftables" test "$(blocked fu-la)" -gt "$before"
 
 step "WireGuard (${FU_WG:-wireguard-go}) on both sides; each one's endpoint for the other is its ferry link"
 for n in a b; do fu_key "wg$n"; done
@@ -138,11 +154,12 @@ for n in a b; do
   "$ferry" link pubkey --config "$T/link-$n.toml" >"$T/link-$n.pub" 2>/dev/null
   check "link key of $n is 0600" test "$(stat -c %a "$T/link-$n.key")" = 600
 done
-write_link_config() { # write_link_config SIDE RELAY_IP OTHER
+write_link_config() { # write_link_config SIDE RELAY_IP OTHER OWN_IP
   cat >"$T/link-$1.toml" <<TOML
 key_file = "$T/link-$1.key"
 wireguard = "127.0.0.1:51820"
 metrics_addr = "127.0.0.1:9102"
+bind = "$4:0"
 
 [[relay]]
 name = "r"
@@ -154,73 +171,147 @@ link_key = "$(cat "$T/link-$3.pub")"
 endpoint = "127.0.0.1:51001"
 TOML
 }
-write_link_config a 10.77.11.1 b
-write_link_config b 10.77.12.1 a
-
-iperf_run() { # iperf_run NS SERVER SECONDS: "Mbit/s retransmits" (receiver's rate, sender's retransmits)
-  ip netns exec "$1" timeout $(($3 + 15)) iperf3 -c "$2" -t "$3" -f m |
-    awk '/sender/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") r = $(i+1) }
-         /receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") m = $(i-1) }
-         END { print m, r }'
-}
+write_link_config a 10.77.11.1 b 10.77.11.2
+write_link_config b 10.77.12.1 a 10.77.12.2
 
 fu_bg fu-lb "$T/iperf-server.log" iperf3 -s -B 10.77.110.2
 results=()
-run_case() { # run_case NAME COMMAND...: the relay in fu-lr, then the links, then traffic
-  local name=$1; shift
-  step "$name: relay, links, WireGuard through DERP"
-  fu_bg fu-lr "$T/relay-$name.log" "$@"
-  local relay_pid=$FU_LAST_PID
+
+# ------------------------------------------------------------ one setup
+relay_pid="" la="" lb="" relay_cmd=()
+relay_start() { # relay_start NAME: the relay of kind NAME (ferry, derper) in fu-lr
+  case $1 in
+    ferry) relay_cmd=("$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key")
+      # Relay sessions (issue 15), once the relay has them.
+      if "$ferry" --help | grep -q -- '--relay-port'; then relay_cmd+=(--relay-port 3341); fi ;;
+    derper) relay_cmd=("$derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key") ;;
+  esac
+  fu_bg fu-lr "$T/relay-$CASE.log" "${relay_cmd[@]}"
+  relay_pid=$FU_LAST_PID
   wait_tcp fu-lr 127.0.0.1 3340 20
-  fu_bg fu-la "$T/link-a-$name.log" "$ferry" link --config "$T/link-a.toml"
-  local la=$FU_LAST_PID
-  fu_bg fu-lb "$T/link-b-$name.log" "$ferry" link --config "$T/link-b.toml"
-  local lb=$FU_LAST_PID
-  wait_log "$T/link-a-$name.log" "relay connected" 20
-  wait_log "$T/link-b-$name.log" "relay connected" 20
+}
+links_start() { # both links, connected to the relay, and a first ping through the tunnel
+  fu_bg fu-la "$T/link-a-$CASE.log" "$ferry" link --config "$T/link-a.toml"
+  la=$FU_LAST_PID
+  fu_bg fu-lb "$T/link-b-$CASE.log" "$ferry" link --config "$T/link-b.toml"
+  lb=$FU_LAST_PID
+  wait_log "$T/link-a-$CASE.log" "relay connected" 20
+  wait_log "$T/link-b-$CASE.log" "relay connected" 20
   # wireguard-go retries its handshake every 5 s.
-  check "$name: first ping through the tunnel within 30 s" ping_until fu-la 10.77.110.2 30
-  local rtt loss
+  check "$CASE: first ping through the tunnel within 30 s" ping_until fu-la 10.77.110.2 30
+}
+all_stop() { fu_stop "$la"; fu_stop "$lb"; fu_stop "$relay_pid"; }
+a_path() { link_path fu-la "$T/link-a.toml" b; }
+b_path() { link_path fu-lb "$T/link-b.toml" a; }
+
+# traffic PATH: ping and a short iperf3 TCP run through the tunnel, both
+# links on PATH before and after, and the datagrams counted on PATH.
+traffic() {
+  local path=$1 rtt loss
+  check "$CASE: A's link to B on $path" on_path fu-la "$T/link-a.toml" b "$path" 15
+  check "$CASE: B's link to A on $path" on_path fu-lb "$T/link-b.toml" a "$path" 15
   read -r loss rtt < <(ip netns exec fu-la ping -c 20 -i 0.2 -W 2 10.77.110.2 |
     awk '/packet loss/ { for (i = 1; i <= NF; i++) if ($i == "packet") l = $(i-1) } /^rtt/ { split($4, v, "/"); r = v[2] } END { print l, r }')
-  check "$name: 20 pings A -> B, loss $loss, average RTT $rtt ms" test "${loss%\%}" -le 10
-  check "$name: B answers pings too" ping_until fu-lb 10.77.110.1 10
+  check "$CASE: 20 pings A -> B, loss $loss, average RTT $rtt ms" test "${loss%\%}" -le 10
+  check "$CASE: B answers pings too" ping_until fu-lb 10.77.110.1 10
   local ep
   ep=$(ip netns exec fu-lb wg show fulkb endpoints | awk '{ print $2 }')
-  check "$name: B's WireGuard sees A at its link (127.0.0.1:51001), got $ep" test "$ep" = 127.0.0.1:51001
+  check "$CASE: B's WireGuard sees A at its link (127.0.0.1:51001), got $ep" test "$ep" = 127.0.0.1:51001
   local mbits retr
-  read -r mbits retr < <(iperf_run fu-la 10.77.110.2 3)
-  check "$name: iperf3 TCP A -> B through WireGuard over DERP: $mbits Mbit/s, $retr retransmits" awk -v m="${mbits:-0}" -v min="$min_mbits" 'BEGIN { exit !(m > min) }'
+  iperf_json fu-la 10.77.110.2 3 "$T/iperf-$CASE.json"
+  read -r mbits retr < <(iperf_summary "$T/iperf-$CASE.json")
+  check "$CASE: iperf3 TCP A -> B through WireGuard over $path: $mbits Mbit/s, $retr retransmits" awk -v m="${mbits:-0}" -v min="$min_mbits" 'BEGIN { exit !(m > min) }'
   local sent
-  sent=$(metric fu-la 'ferry_link_peer_packets_total{peer="b",direction="to_peer",path="derp"}')
-  check "$name: A's link carried $sent datagrams to B" test "$sent" -gt "$min_datagrams"
-  check "$name: B's link took them from the relay" test "$(metric fu-lb 'ferry_link_peer_packets_total{peer="a",direction="from_peer",path="derp"}')" -gt "$min_datagrams"
-  check "$name: no packets from unknown link keys" test "$(metric fu-la 'ferry_link_unknown_sender_drops_total{relay="r"}')" -eq 0
+  sent=$(metric fu-la "ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"$path\"}")
+  check "$CASE: A's link carried $sent datagrams to B on $path" test "$sent" -gt "$min_datagrams"
+  check "$CASE: B's link took them from $path" test "$(metric fu-lb "ferry_link_peer_packets_total{peer=\"a\",direction=\"from_peer\",path=\"$path\"}")" -gt "$min_datagrams"
+  check "$CASE: still on $path afterwards (A, B)" test "$(a_path) $(b_path)" = "$path $path"
+  check "$CASE: nothing from strangers or unparsable dropped (ferry_link_rejected_total)" test "$(metric fu-la ferry_link_rejected_total)" -eq 0
   echo "   ferry link status in fu-la:"
   ip netns exec fu-la "$ferry" link status --config "$T/link-a.toml" | sed 's/^/     /'
-  results+=("$name: ping avg ${rtt} ms (loss $loss), iperf3 TCP ${mbits} Mbit/s with ${retr} retransmits (3 s)")
-  if [ -n "${RESTART:-}" ]; then
-    step "$name: the relay restarts during an iperf3 transfer"
-    ip netns exec fu-la timeout $((restart_secs + 30)) iperf3 -c 10.77.110.2 -t "$restart_secs" -i 1 -f m >"$T/iperf-restart.log" 2>&1 &
-    local iperf_pid=$!
-    sleep 2
-    fu_stop "$relay_pid"
-    wait_log "$T/link-a-$name.log" "relay connection lost" 10
-    fu_bg fu-lr "$T/relay-$name-2.log" "$@"
-    relay_pid=$FU_LAST_PID
-    wait "$iperf_pid" || { cat "$T/iperf-restart.log" >&2; false; }
-    check "$name: both links reconnected" test "$(grep -c 'relay connected' "$T/link-a-$name.log")$(grep -c 'relay connected' "$T/link-b-$name.log")" = 22
-    local late
-    late=$(awk -v last=$((restart_secs - 3)) '/sec/ && !/sender|receiver/ { split($3, t, "-"); if (t[1] + 0 >= last) print $7 }' "$T/iperf-restart.log" | sort -n | tail -n 1)
-    check "$name: the TCP transfer inside the tunnel carried on (last seconds: ${late:-0} Mbit/s)" awk -v m="${late:-0}" -v min="$late_mbits" 'BEGIN { exit !(m > min) }'
-    echo "   iperf3 Mbit/s per second across the restart: $(awk '/sec/ && !/sender|receiver/ { printf "%s ", $7 }' "$T/iperf-restart.log")"
-    echo "   relay_down drops at A during the restart: $(metric fu-la 'ferry_link_peer_drops_total{peer="b",reason="relay_down"}')"
-  fi
-  fu_stop "$la"; fu_stop "$lb"; fu_stop "$relay_pid"
+  results+=("$CASE: path $path, ping avg ${rtt} ms (loss $loss), iperf3 TCP ${mbits} Mbit/s with ${retr} retransmits (3 s)")
 }
 
-RESTART=1 run_case ferry "$ferry" -a :3340 --stun=false -c "$T/relay-ferry.key"
-run_case derper "$derper" -a :3340 -http-port -1 -stun=false -c "$T/relay-derper.key"
+# ----------------------------------------------------------------- cases
+case_ferry_derp() {
+  firewall derp; relay_start ferry; links_start
+  traffic derp
+  step "$CASE: the relay restarts during an iperf3 transfer"
+  iperf_json fu-la 10.77.110.2 "$restart_secs" "$T/iperf-restart.json" &
+  local iperf_pid=$!
+  sleep 2
+  fu_stop "$relay_pid"
+  wait_log "$T/link-a-$CASE.log" "relay connection lost" 10
+  fu_bg fu-lr "$T/relay-$CASE-2.log" "${relay_cmd[@]}"
+  relay_pid=$FU_LAST_PID
+  wait "$iperf_pid" || { cat "$T/iperf-restart.json" >&2; false; }
+  check "$CASE: both links reconnected" test "$(grep -c 'relay connected' "$T/link-a-$CASE.log")$(grep -c 'relay connected' "$T/link-b-$CASE.log")" = 22
+  local late gap err
+  late=$(jq --argjson last $((restart_secs - 3)) '[.intervals[] | select(.sum.start >= ($last)) | .sum.bits_per_second] | max / 1e6 | round' "$T/iperf-restart.json")
+  read -r gap err < <(iperf_gap "$T/iperf-restart.json")
+  check "$CASE: the TCP transfer inside the tunnel carried on (no error: $err; last seconds up to ${late:-0} Mbit/s; longest gap $gap s)" awk -v m="${late:-0}" -v min="$late_mbits" -v e="$err" 'BEGIN { exit !(m > min && e == "ok") }'
+  echo "   relay_down drops at A during the restart: $(metric fu-la 'ferry_link_peer_drops_total{peer="b",reason="relay_down"}')"
+  all_stop
+}
+case_derper_derp() { firewall derp; relay_start derper; links_start; traffic derp; all_stop; }
+case_ferry_relay() { firewall relay; relay_start ferry; links_start; traffic relay; all_stop; }
+case_ferry_direct() { firewall direct; relay_start ferry; links_start; traffic direct; all_stop; }
+case_derper_direct() { firewall direct; relay_start derper; links_start; traffic direct; all_stop; }
 
-step "all ferry link namespace tests passed in $((SECONDS - started)) s"
+# switch_within MODE PATH: the firewall goes to MODE (during a transfer);
+# both links must be on PATH within 2 s.
+switch_within() {
+  local mode=$1 path=$2 took
+  firewall "$mode"
+  took=$(wait_path fu-la "$T/link-a.toml" b "$path" 2) || { echo "FAIL: $CASE: A not on $path within 2 s of firewall $mode" >&2; return 1; }
+  echo "   ok: $CASE: firewall $mode -> A on $path after $took s"
+  took=$(wait_path fu-lb "$T/link-b.toml" a "$path" 2) || { echo "FAIL: $CASE: B not on $path within 2 s of firewall $mode" >&2; return 1; }
+  echo "   ok: $CASE: B on $path after $took s more"
+}
+case_ferry_failover() {
+  firewall direct; relay_start ferry; links_start
+  check "$CASE: starts direct" on_path fu-la "$T/link-a.toml" b direct 15
+  iperf_json fu-la 10.77.110.2 14 "$T/iperf-failover.json" &
+  local iperf_pid=$!
+  sleep 3
+  if [ -n "$sessions" ]; then
+    step "$CASE: direct cut during the transfer"
+    switch_within relay relay
+    sleep 3
+    step "$CASE: the relay's UDP cut during the transfer"
+  else
+    step "$CASE: all UDP cut during the transfer (no relay sessions in this build)"
+  fi
+  switch_within derp derp
+  wait "$iperf_pid" || { cat "$T/iperf-failover.json" >&2; false; }
+  local gap err mbits retr
+  read -r gap err < <(iperf_gap "$T/iperf-failover.json")
+  read -r mbits retr < <(iperf_summary "$T/iperf-failover.json")
+  check "$CASE: the transfer was never reset ($err)" test "$err" = ok
+  check "$CASE: its longest gap across both switches was $gap s (< 2 s)" awk -v g="$gap" 'BEGIN { exit !(g < 2) }'
+  check "$CASE: it carried on at $mbits Mbit/s overall, $retr retransmits" awk -v m="$mbits" -v min="$late_mbits" 'BEGIN { exit !(m > min) }'
+  results+=("$CASE: direct -> ${sessions:+relay -> }DERP during one transfer: longest gap $gap s, $mbits Mbit/s, $retr retransmits")
+  all_stop
+}
+case_ferry_upgrade() {
+  firewall derp; relay_start ferry; links_start
+  check "$CASE: starts on DERP" on_path fu-la "$T/link-a.toml" b derp 15
+  local took t
+  for t in ${sessions:+relay:relay} direct:direct; do
+    firewall "${t%%:*}"
+    took=$(wait_path fu-la "$T/link-a.toml" b "${t#*:}" 10) || { echo "FAIL: $CASE: not upgraded to ${t#*:} within 10 s" >&2; return 1; }
+    echo "   ok: $CASE: firewall ${t%%:*} -> A on ${t#*:} after $took s"
+    check "$CASE: B on ${t#*:} too" on_path fu-lb "$T/link-b.toml" a "${t#*:}" 10
+    check "$CASE: the tunnel works on ${t#*:}" ping_until fu-la 10.77.110.2 5
+    results+=("$CASE: upgraded to ${t#*:} $took s after the firewall allowed it")
+  done
+  all_stop
+}
+
+for CASE in $cases; do
+  step "case $CASE"
+  "case_${CASE//-/_}"
+done
+
+step "ferry link namespace cases ($cases) passed in $((SECONDS - LK_STARTED)) s"
 for r in "${results[@]}"; do echo "   $r"; done
