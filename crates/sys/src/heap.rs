@@ -61,6 +61,25 @@ pub fn set_mmap_threshold(bytes: usize) -> bool {
     }
 }
 
+/// Fixes how much free memory at the top of an arena `free` leaves in
+/// place before giving it back (`M_TRIM_THRESHOLD`); `true` if set. A no-op
+/// (`false`) outside glibc.
+pub fn set_trim_threshold(bytes: usize) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let Ok(v) = libc::c_int::try_from(bytes) else {
+            return false;
+        };
+        // SAFETY: as for `set_mmap_threshold`.
+        unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, v) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = bytes;
+        false
+    }
+}
+
 /// Returns the free memory of every arena that the allocator can give back
 /// to the system; `true` if any was. A no-op (`false`) outside glibc.
 pub fn trim() -> bool {
