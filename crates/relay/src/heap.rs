@@ -25,9 +25,11 @@ pub const MMAP_THRESHOLD: usize = 128 * 1024;
 /// Free memory at the top of an arena that `free` leaves in place. Fixing
 /// the mmap threshold would also fix this one at glibc's 128 KiB, and the
 /// shard's arena would then shrink and grow (page faults, zeroed pages) on
-/// every few flushes under load: about a tenth of the shard's cycles in a
-/// TLS profile. Giving memory back is the trimmer's work instead.
-pub const TRIM_THRESHOLD: usize = 64 << 20;
+/// every few flushes under load: a fifth of the shard's cycles in a TLS
+/// profile. It must stay modest all the same: `malloc_trim` returns the
+/// free pages inside a thread's arena but not its top, which only `free`
+/// gives back, past this threshold.
+pub const TRIM_THRESHOLD: usize = 16 << 20;
 
 /// How often the trimmer looks at the heap.
 pub const TRIM_EVERY: Duration = Duration::from_secs(10);
