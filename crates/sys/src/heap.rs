@@ -47,12 +47,7 @@ pub fn heap_stats() -> Option<HeapStats> {
 pub fn set_mmap_threshold(bytes: usize) -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let Ok(v) = libc::c_int::try_from(bytes) else {
-            return false;
-        };
-        // SAFETY: mallopt only changes the allocator's parameters under its
-        // own lock; an out-of-range value is refused with 0.
-        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, v) == 1 }
+        mallopt(libc::M_MMAP_THRESHOLD, bytes)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
@@ -67,17 +62,23 @@ pub fn set_mmap_threshold(bytes: usize) -> bool {
 pub fn set_trim_threshold(bytes: usize) -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let Ok(v) = libc::c_int::try_from(bytes) else {
-            return false;
-        };
-        // SAFETY: as for `set_mmap_threshold`.
-        unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, v) == 1 }
+        mallopt(libc::M_TRIM_THRESHOLD, bytes)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         let _ = bytes;
         false
     }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn mallopt(param: libc::c_int, bytes: usize) -> bool {
+    let Ok(v) = libc::c_int::try_from(bytes) else {
+        return false;
+    };
+    // SAFETY: mallopt only changes the allocator's parameters under its own
+    // lock; an out-of-range value is refused with 0.
+    unsafe { libc::mallopt(param, v) == 1 }
 }
 
 /// Returns the free memory of every arena that the allocator can give back
