@@ -5,6 +5,7 @@
 #
 #   bench/run.sh quick     # smoke test, a couple of minutes
 #   bench/run.sh full      # the real measurement, about 29 minutes
+#   bench/run.sh soak      # fixed load for 10 minutes, then idle: memory over time
 #
 # Any further arguments go to bench/run.py (--help lists them).
 set -euo pipefail
@@ -18,4 +19,8 @@ for cand in python3 /usr/bin/python3; do
     break
   fi
 done
+if [ "${1:-}" = soak ]; then
+  shift
+  exec "$py" bench/soak.py "$@"
+fi
 exec "$py" bench/run.py "$@"

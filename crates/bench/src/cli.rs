@@ -105,6 +105,12 @@ pub struct EngineArgs {
     /// connection per interval).
     #[arg(long, default_value = "200us", value_parser = parse_duration)]
     pub batch: Duration,
+    /// Soak: every this often during the run, record the server's RSS,
+    /// descriptors and CPU (with --server-pid), its memory gauges (with
+    /// --metrics), and the rates and data latency of the interval, in the
+    /// report's `samples`.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub sample_every: Option<Duration>,
 }
 
 /// `throughput`.

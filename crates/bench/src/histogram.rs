@@ -87,6 +87,15 @@ impl Histogram {
         self.sum += u128::from(v);
     }
 
+    /// Forgets every value, keeping the counters' memory.
+    pub fn clear(&mut self) {
+        self.counts.fill(0);
+        self.total = 0;
+        self.min = u64::MAX;
+        self.max = 0;
+        self.sum = 0;
+    }
+
     /// Number of values recorded.
     pub fn count(&self) -> u64 {
         self.total
@@ -187,6 +196,21 @@ impl Percentiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clear_forgets_everything() {
+        let mut h = Histogram::new();
+        for v in [5, 500, 50_000] {
+            h.record(v);
+        }
+        h.clear();
+        assert_eq!(h.count(), 0);
+        assert_eq!(h.quantile(0.5), None);
+        h.record(700);
+        assert_eq!(h.quantile(0.0), Some(700));
+        assert_eq!(h.quantile(1.0), Some(700));
+        assert_eq!(h.percentiles().count, 1);
+    }
 
     #[test]
     fn buckets_tile_the_range() {

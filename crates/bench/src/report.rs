@@ -48,8 +48,36 @@ pub struct Report {
     /// nodes of one region, the packets crossing the mesh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<PeerServer>,
+    /// The server and the traffic over time, one entry per interval of
+    /// `--sample-every` (soak runs); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<TimeSample>,
     /// The figures.
     pub result: ModeResult,
+}
+
+/// One interval of a sampled run (`--sample-every`): the server's memory,
+/// descriptors and selected gauges at its end, and the traffic within it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeSample {
+    /// End of the interval, seconds since sending started (the warm-up
+    /// included).
+    pub t_s: f64,
+    /// Server RSS at that moment, bytes (with `--server-pid`).
+    pub rss: Option<u64>,
+    /// Server open descriptors (with `--server-pid`).
+    pub open_fds: Option<u64>,
+    /// Server CPU over the interval, cores (with `--server-pid`).
+    pub cpu_util: Option<f64>,
+    /// Payload sent over the interval, Mbit/s.
+    pub sent_mbps: f64,
+    /// Payload received over the interval, Mbit/s.
+    pub received_mbps: f64,
+    /// One-way latency of the data packets that arrived in the interval.
+    pub latency_us: Percentiles,
+    /// The server's gauges named in `varz::SAMPLED` (with `--metrics`).
+    #[serde(default)]
+    pub gauges: BTreeMap<String, f64>,
 }
 
 /// The second server of a run (`--peer-url`), where the receivers were;
@@ -436,6 +464,16 @@ mod tests {
             )]),
             warnings: vec!["a warning".into()],
             peer: None,
+            samples: vec![TimeSample {
+                t_s: 5.0,
+                rss: Some(3 << 20),
+                open_fds: Some(30),
+                cpu_util: Some(0.5),
+                sent_mbps: 1000.0,
+                received_mbps: 999.0,
+                latency_us: sample_percentiles(),
+                gauges: BTreeMap::from([("ferry_queued_bytes".to_owned(), 4096.0)]),
+            }],
             result,
         }
     }

@@ -18,6 +18,7 @@ use crate::procstat;
 use crate::progress::Progress;
 use crate::report::{
     self, ClientUsage, ModeResult, PeerServer, Report, ServerUsage, Stuck, TargetInfo, Throughput,
+    TimeSample,
 };
 use crate::stamp::{Kind, STAMP_LEN};
 use crate::target::Target;
@@ -200,6 +201,7 @@ fn base_report(target: &Target, config: serde_json::Value, result: ModeResult) -
         metrics_delta: BTreeMap::new(),
         warnings,
         peer: None,
+        samples: Vec::new(),
         result,
     }
 }
@@ -216,7 +218,68 @@ struct Observed {
     metrics: BTreeMap<String, f64>,
     /// The receivers' server, with `--peer-url`.
     peer: Option<PeerServer>,
+    /// Over time, with `--sample-every`.
+    samples: Vec<TimeSample>,
     warnings: Vec<String>,
+}
+
+/// Takes the `--sample-every` samples of a run: each call closes one
+/// interval.
+struct Sampler {
+    pid: Option<u32>,
+    metrics: Option<Arc<Target>>,
+    start: u64,
+    last_t: u64,
+    last_cpu: Option<f64>,
+    last_sent: u64,
+    last_recv: u64,
+}
+
+impl Sampler {
+    fn new(pid: Option<u32>, metrics: Option<Arc<Target>>, start: u64) -> Self {
+        Sampler {
+            pid,
+            metrics,
+            start,
+            last_t: start,
+            last_cpu: pid.and_then(|p| procstat::cpu_seconds(Some(p))),
+            last_sent: 0,
+            last_recv: 0,
+        }
+    }
+
+    fn take(&mut self, live: &traffic::Live, warnings: &mut Vec<String>) -> TimeSample {
+        let t = now_ns();
+        let dt = t.saturating_sub(self.last_t).max(1) as f64 / 1e9;
+        let sent = live.sent_bytes.load(Ordering::Relaxed);
+        let recv = live.recv_bytes.load(Ordering::Relaxed);
+        let latency = std::mem::take(&mut *live.latency.lock().unwrap_or_else(|p| p.into_inner()));
+        let cpu = self.pid.and_then(|p| procstat::cpu_seconds(Some(p)));
+        let gauges = match self.metrics.as_ref().map(|m| scrape(m)) {
+            Some(Ok(all)) => varz::select(&all, varz::SAMPLED),
+            Some(Err(e)) => {
+                if warnings.len() < 20 {
+                    warnings.push(format!(
+                        "could not read the server's metrics for a sample: {e:#}"
+                    ));
+                }
+                BTreeMap::new()
+            }
+            None => BTreeMap::new(),
+        };
+        let sample = TimeSample {
+            t_s: t.saturating_sub(self.start) as f64 / 1e9,
+            rss: self.pid.and_then(|p| procstat::rss_bytes(Some(p))),
+            open_fds: self.pid.and_then(|p| procstat::open_fds(Some(p))),
+            cpu_util: cpu.zip(self.last_cpu).map(|(b, a)| (b - a) / dt),
+            sent_mbps: sent.saturating_sub(self.last_sent) as f64 * 8.0 / dt / 1e6,
+            received_mbps: recv.saturating_sub(self.last_recv) as f64 * 8.0 / dt / 1e6,
+            latency_us: latency.percentiles(),
+            gauges,
+        };
+        (self.last_t, self.last_cpu, self.last_sent, self.last_recv) = (t, cpu, sent, recv);
+        sample
+    }
 }
 
 fn engine_plan(
@@ -243,6 +306,7 @@ fn engine_plan(
         spin: !engine.no_spin,
         batch_ns: crate::clock::ns(engine.batch),
         stuck: StuckPeers::default(),
+        sample_every: engine.sample_every,
     })
 }
 
@@ -332,6 +396,18 @@ fn run_engine(
     }
     let tl = running.start_at(now_ns() + 20_000_000);
     let pid = common.server_pid;
+    let mut warnings = Vec::new();
+    let mut samples = Vec::new();
+    let sample_every = plan.sample_every.map(clock::ns);
+    let mut sampler = Sampler::new(pid, common.metrics.then(|| target.clone()), tl.start);
+    let mut next_sample = sample_every.map(|d| tl.start + d);
+    clock::sleep_until(tl.start);
+    // Samples in the warm-up too: a soak's first minutes are its baseline.
+    while let Some(at) = next_sample.filter(|&at| at < tl.ws) {
+        clock::sleep_until(at);
+        samples.push(sampler.take(&shared.live, &mut warnings));
+        next_sample = sample_every.map(|d| at + d);
+    }
 
     // Metrics are read just before the window and just after it, the CPU
     // samples exactly at its edges, so a slow scrape cannot shift them.
@@ -373,6 +449,10 @@ fn run_engine(
             ));
             (last_t, last_sent, last_recv) = (t, s, r);
         }
+        if let Some(at) = next_sample.filter(|&at| now_ns() >= at) {
+            samples.push(sampler.take(&shared.live, &mut warnings));
+            next_sample = sample_every.map(|d| at + d);
+        }
     }
     clock::sleep_until(tl.we);
     let machine1 = procstat::machine_cpu();
@@ -392,7 +472,6 @@ fn run_engine(
     }
     progress.finish();
     let outcome = running.join(connect_started).map_err(anyhow::Error::msg)?;
-    let mut warnings = Vec::new();
     let (main_before, peer_before) = metrics_before.unzip();
     let (main_after, peer_after) = metrics_after.unzip();
     let metrics = metrics_delta(main_before.zip(main_after), "server", &mut warnings);
@@ -425,6 +504,7 @@ fn run_engine(
         server,
         metrics,
         peer,
+        samples,
         warnings,
     })
 }
@@ -581,6 +661,7 @@ fn assemble(
     r.server = obs.server;
     r.metrics_delta = obs.metrics;
     r.peer = obs.peer;
+    r.samples = obs.samples;
     r.warnings.extend(obs.warnings);
     add_disturbance_warning(&mut r);
     r

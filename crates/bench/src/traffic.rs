@@ -121,6 +121,8 @@ pub struct TrafficPlan {
     pub batch_ns: u64,
     /// Peers that stop reading after their handshake (see the module docs).
     pub stuck: StuckPeers,
+    /// Sample the server and the traffic this often (soak runs).
+    pub sample_every: Option<Duration>,
 }
 
 /// The stuck receivers of a run (see the module docs).
@@ -342,6 +344,10 @@ pub struct Live {
     pub recv_bytes: AtomicU64,
     /// Pongs received.
     pub pongs: AtomicU64,
+    /// One-way latency of the data packets that arrived since the
+    /// coordinator last took it (workers add theirs every 50 ms), for
+    /// figures over time (`--sample-every`).
+    pub latency: Mutex<Histogram>,
 }
 
 /// State shared by the coordinator and the workers.
@@ -579,6 +585,8 @@ struct RecvStats {
     recv_bytes: u64,
     pongs: u64,
     last_arrival: u64,
+    /// Data latency since the last hand-over to [`Live::latency`].
+    recent: Histogram,
 }
 
 fn worker(ctx: WorkerCtx) -> WorkerResult {
@@ -601,6 +609,7 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
         recv_bytes: 0,
         pongs: 0,
         last_arrival: 0,
+        recent: Histogram::new(),
     };
     let mut result = WorkerResult {
         tally: Tally::default(),
@@ -863,6 +872,16 @@ fn worker(ctx: WorkerCtx) -> WorkerResult {
                 .pongs
                 .fetch_add(stats.pongs - live_pongs, Ordering::Relaxed);
             (live_sent, live_recv, live_pongs) = (sent_bytes, stats.recv_bytes, stats.pongs);
+            if stats.recent.count() > 0 {
+                let mut l = shared
+                    .live
+                    .latency
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                l.merge(&stats.recent);
+                drop(l);
+                stats.recent.clear();
+            }
             last_live = now;
         }
 
@@ -1066,6 +1085,9 @@ fn on_server_frame(
                 stats.pongs += 1;
             }
             let Some(tl) = tl else { return };
+            if class == Class::Data {
+                stats.recent.record(arrival.saturating_sub(s.sent_ns));
+            }
             if tl.in_window(arrival) {
                 st.arrived_in_window += 1;
                 st.arrived_bytes_in_window += packet.len() as u64;

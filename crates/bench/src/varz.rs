@@ -28,6 +28,27 @@ pub const INTERESTING: &[&str] = &[
     "ferry_backpressure",
 ];
 
+/// Gauge name prefixes recorded over time in sampled runs
+/// (`--sample-every`): what a server holds, as opposed to what it did.
+pub const SAMPLED: &[&str] = &[
+    "derp_current_connections",
+    "ferry_queued_bytes",
+    "ferry_recv_buffer",
+    "ferry_buffer",
+    "ferry_heap",
+    "ferry_senders_paused",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+];
+
+/// The samples of `all` whose names start with one of `prefixes`.
+pub fn select(all: &BTreeMap<String, f64>, prefixes: &[&str]) -> BTreeMap<String, f64> {
+    all.iter()
+        .filter(|(k, _)| prefixes.iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
 /// Fetches `path` from the target over its own transport and returns the
 /// parsed samples (`name{labels}` → value).
 pub fn scrape(target: &Target, path: &str) -> Result<BTreeMap<String, f64>> {

@@ -208,6 +208,89 @@ fn stuck_receivers_cut_off_by_a_relay() {
 }
 
 #[test]
+fn sampled_run_against_a_relay() {
+    // A soak in miniature: 1.2 s of load sampled every 200 ms, against a
+    // Ferry relay (this process) whose metrics carry the heap gauges.
+    let server = support::relay(
+        ferry_relay::RelayConfig::new(NodePrivate::generate()),
+        "127.0.0.1:0",
+    );
+    let url = format!("http://{}", server.listen_addrs[0]);
+    let pid = std::process::id().to_string();
+    let r = report(&[
+        "throughput",
+        "-q",
+        "-s",
+        &url,
+        "-n",
+        "4",
+        "--rate",
+        "20M",
+        "--warmup",
+        "400ms",
+        "-d",
+        "800ms",
+        "--drain",
+        "500ms",
+        "--server-pid",
+        &pid,
+        "--metrics",
+        "--sample-every",
+        "200ms",
+    ]);
+    server.shutdown();
+    server.wait().expect("relay stops cleanly");
+    // Sending starts 0.2 s before the first sample; the run lasts 1.2 s.
+    let n = r.samples.len();
+    assert!((4..=6).contains(&n), "{n} samples: {:?}", r.samples);
+    let mut last_t = 0.0;
+    for s in &r.samples {
+        assert!(s.t_s > last_t, "samples in time order: {:?}", r.samples);
+        last_t = s.t_s;
+        assert!(
+            s.rss.unwrap_or(0) > 0 && s.open_fds.unwrap_or(0) > 0,
+            "{s:?}"
+        );
+        assert!(s.latency_us.is_ordered(), "{s:?}");
+        let in_use = s.gauges.get("ferry_heap_in_use_bytes").copied();
+        assert!(in_use.unwrap_or(0.0) > 0.0, "heap gauge in {:?}", s.gauges);
+        assert!(
+            s.gauges.contains_key("derp_current_connections"),
+            "{:?}",
+            s.gauges
+        );
+    }
+    // 2 flows × 20 Mbit/s: once running, every interval carries traffic and
+    // its latency.
+    let later = &r.samples[2..];
+    assert!(
+        later
+            .iter()
+            .all(|s| s.received_mbps > 5.0 && s.latency_us.count > 0),
+        "{later:?}"
+    );
+    // Samples are not part of an unsampled report.
+    let c = Ceiling::start();
+    let plain = report(&[
+        "throughput",
+        "-q",
+        "-s",
+        &c.url(),
+        "-n",
+        "2",
+        "--rate",
+        "10M",
+        "--warmup",
+        "100ms",
+        "-d",
+        "200ms",
+        "--drain",
+        "300ms",
+    ]);
+    assert!(plain.samples.is_empty());
+}
+
+#[test]
 fn latency_with_background_load() {
     let c = Ceiling::start();
     let r = report(&[

@@ -246,6 +246,11 @@ fn serve(args: &Args) -> Result<()> {
         Ok(n) => tracing::debug!(limit = n, "open file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
     }
+    // Memory taken by load goes back when the load does (issue 17).
+    ferry_relay::heap::tune();
+    if let Err(e) = ferry_relay::heap::spawn_trimmer(ferry_relay::heap::TRIM_EVERY) {
+        tracing::warn!(error = %e, "could not start the heap trimmer");
+    }
 
     // Everything is checked before anything is written: the key file is
     // only created once the relay runs.

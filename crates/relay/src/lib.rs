@@ -55,6 +55,7 @@ pub mod config;
 pub mod conn;
 pub mod front;
 pub mod health;
+pub mod heap;
 pub mod ktls;
 pub mod mesh;
 pub mod metrics;

@@ -634,6 +634,33 @@ impl Metrics {
             );
             gauge(w, "process_open_fds", "Open file descriptors.", fds as i64);
         }
+        if let Some(h) = ferry_sys::heap::heap_stats() {
+            let rows = [
+                (
+                    "ferry_heap_in_use_bytes",
+                    "Heap bytes allocated and not freed (glibc mallinfo2).",
+                    h.in_use,
+                ),
+                (
+                    "ferry_heap_free_bytes",
+                    "Heap bytes freed but held by the allocator's arenas.",
+                    h.free,
+                ),
+                (
+                    "ferry_heap_arena_bytes",
+                    "Bytes the allocator's arenas obtained from the system.",
+                    h.arena,
+                ),
+                (
+                    "ferry_heap_mmapped_bytes",
+                    "Heap bytes in separate mappings (large allocations).",
+                    h.mmapped,
+                ),
+            ];
+            for (name, help, v) in rows {
+                gauge(w, name, help, v as i64);
+            }
+        }
         let p = ferry_sys::process::process_stats();
         if let Some(cpu) = p.cpu_seconds {
             let _ = writeln!(w, "# HELP process_cpu_seconds_total User and system CPU time.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {cpu}");

@@ -17,6 +17,8 @@
 //!   thread.
 //! - [`process`]: cheap self-observation (resident memory, open descriptors)
 //!   for metrics.
+//! - [`heap`]: the C allocator's split of the heap into in use and free, and
+//!   giving free memory back (`malloc_trim`).
 //! - [`uring`]: an io_uring instance with its provided-buffer ring, owning
 //!   all memory the kernel touches while operations are in flight.
 //! - [`activation`]: listening sockets handed over by a service manager
@@ -44,6 +46,7 @@ pub mod alloc_count;
 mod cmsg;
 pub mod cpu;
 pub mod gso;
+pub mod heap;
 pub mod ktls;
 pub mod limits;
 pub mod mmsg;
