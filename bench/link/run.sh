@@ -166,9 +166,7 @@ record_error() {
 relay_pid=""
 relay_start() { # relay_start ferry|derper
   if [ "$1" = ferry ]; then
-    local extra=()
-    if "$ferry" --help | grep -q -- '--relay-port'; then extra=(--relay-port 3341); fi
-    fu_bg fu-kr "$T/relay-$1.log" "$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key" "${extra[@]}"
+    fu_bg fu-kr "$T/relay-$1.log" "$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key" --relay-port 3341
   else
     fu_bg fu-kr "$T/relay-$1.log" "$bin/derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key"
   fi

@@ -15,7 +15,7 @@ skip() {
   echo "SKIP: $1"
   exit 0
 }
-rustup target list --installed | grep -qx "$triple" || skip "the Rust target $triple is not installed"
+rustup target list --installed | grep -x "$triple" >/dev/null || skip "the Rust target $triple is not installed"
 command -v musl-gcc >/dev/null || skip "musl-gcc (Debian: musl-tools) is not installed"
 for tool in jq file readelf; do
   command -v "$tool" >/dev/null || skip "$tool is not installed"
@@ -28,8 +28,8 @@ bin="$target_dir/$triple/release/ferry"
 echo "static build: $((SECONDS - start)) s"
 # No interpreter and no libraries (a static PIE, which ldd calls
 # "statically linked").
-file "$bin" | grep -qE 'static-pie linked|statically linked' || { file "$bin" >&2; echo "not a static binary" >&2; exit 1; }
-! readelf -d "$bin" | grep -q NEEDED || { readelf -d "$bin" >&2; echo "the binary needs shared libraries" >&2; exit 1; }
+file "$bin" | grep -E 'static-pie linked|statically linked' >/dev/null || { file "$bin" >&2; echo "not a static binary" >&2; exit 1; }
+[ "$(readelf -d "$bin" | grep -c NEEDED)" = 0 ] || { readelf -d "$bin" >&2; echo "the binary needs shared libraries" >&2; exit 1; }
 "$bin" --version | grep -E '^ferry [0-9]' || { echo "--version printed nothing useful" >&2; exit 1; }
 
 work=$(mktemp -d)
@@ -49,7 +49,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 [ -n "$url" ] || { cat "$work/log" >&2; echo "the static ferry did not start" >&2; exit 1; }
-grep -o 'backend="[a-z]*"' "$work/log" | head -n 1
+grep -m 1 -o 'backend="[a-z]*"' "$work/log"
 cargo run --locked -q -p ferry-bench -- latency -s "${url%/derp}" -q \
   --warmup 0s -d 1s --drain 2s -o "$work/latency.json"
 jq -e '.result.pings_sent > 0 and .result.ping_loss == 0' "$work/latency.json" >/dev/null || {
