@@ -345,10 +345,15 @@ fn bad_handshakes_are_closed_and_counted() {
         s.write_all(upgrade).unwrap();
         s.write_all(extra).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
+        // Closed by the relay (end of stream, or a reset if it left input
+        // unread), not still open when the read times out: at T, ten times
+        // the handshake deadline.
         let mut sink = Vec::new();
-        let start = Instant::now();
-        let _ = s.read_to_end(&mut sink);
-        assert!(start.elapsed() < Duration::from_secs(3), "closed promptly");
+        match s.read_to_end(&mut sink) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("not closed within {T:?}: {e}"),
+        }
     };
     // A sendPacket where clientInfo belongs.
     let mut wrong_first = Vec::new();
@@ -699,7 +704,12 @@ fn slow_reader_gets_backpressure_not_loss() {
             cfg.backpressure_budget = Duration::from_secs(20);
         });
         let mut sender = Client::connect(addr);
-        let mut reader = Client::connect(addr);
+        // A small receive buffer, so that the kernel cannot take in the
+        // whole stream (3.6 MB) and leave the relay nothing to queue.
+        let mut reader = Client::over(
+            support::dial(addr, Some(4096)),
+            support::config(NodePrivate::generate(), support::info(None)),
+        );
         let reader_key = reader.public;
         const N: u32 = 3000;
         let writer = std::thread::spawn(move || {
@@ -775,8 +785,10 @@ impl Flood {
 
 /// One heavy sender stuck behind a slow reader does not hold up a pair
 /// that talks elsewhere. The backpressure budget is longer than the test,
-/// so the heavy sender stays paused from the first exchange to the last
-/// (how the budget ends a pause is checked in sim.rs).
+/// so the heavy sender stays held by the slow reader from the first
+/// exchange to the last: paused, resumed only when the kernel takes more
+/// of the slow reader's queue, never let go with drops (how the budget
+/// ends a hold is checked in sim.rs).
 #[test]
 fn backpressure_is_per_sender() {
     let (server, addr) = start(2, |cfg| {
@@ -798,12 +810,22 @@ fn backpressure_is_per_sender() {
         let (_, p) = b.recv_packet(T).expect("the other pair is unaffected");
         assert_eq!(p, i.to_be_bytes());
     }
-    assert_eq!(
-        metric(addr, "ferry_senders_paused"),
-        1.0,
-        "the heavy sender was paused all along"
+    assert!(
+        eventually(T, || metric(addr, "ferry_senders_paused") >= 1.0),
+        "the heavy sender is still held"
     );
-    assert_eq!(metric(addr, "ferry_backpressure_budget_expired_total"), 0.0);
+    assert_eq!(
+        metric(addr, "ferry_backpressure_budget_expired_total"),
+        0.0,
+        "the slow reader never let the heavy sender go"
+    );
+    assert_eq!(
+        metric(
+            addr,
+            "derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}"
+        ),
+        0.0
+    );
     flood.stop();
     drop(slow);
     stop(server);
