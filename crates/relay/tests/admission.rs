@@ -258,13 +258,16 @@ fn waiting_questions_are_bounded() {
         ferry_testkit::wait::eventually(WAIT, || c.hits.load(Ordering::SeqCst) >= 2),
         "threads did not pick up questions"
     );
+    // Refused without asking: a question that waited would wait for the
+    // hung controller until the pool's timeout (30 s), and be refused as
+    // unreachable, not busy.
     let started = Instant::now();
     let v = a.ask(5, key(), ip("10.0.0.1"), Instant::now());
     assert!(
         matches!(v, Some(Verdict::Reject(Rejection::Busy(_)))),
         "{v:?}"
     );
-    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(stats.in_flight.load(Ordering::Relaxed), 5);
     drop(held);
     let mut got: Vec<u32> = (0..5).map(|_| rx.recv_timeout(WAIT).unwrap().0).collect();

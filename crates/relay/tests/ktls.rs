@@ -1111,6 +1111,8 @@ enum Event {
 struct Reader {
     d: EpollDriver,
     pending: std::collections::VecDeque<Event>,
+    /// Sends the driver reported finished.
+    sent: usize,
 }
 
 impl Reader {
@@ -1121,23 +1123,27 @@ impl Reader {
                 start.elapsed() < Duration::from_secs(10),
                 "no event within 10 s"
             );
-            let pending = &mut self.pending;
-            self.d
-                .turn(Some(Duration::from_millis(20)), &mut |c| match c {
-                    Completion::Received { data, .. } => {
-                        pending.push_back(Event::Data(data.to_vec()))
-                    }
-                    Completion::Record {
-                        record_type, data, ..
-                    } => pending.push_back(Event::Record(record_type, data.to_vec())),
-                    Completion::RecvClosed { error, .. } => {
-                        pending.push_back(Event::Closed(error.map(|e| e.kind())))
-                    }
-                    _ => {}
-                })
-                .unwrap();
+            self.turn();
         }
         self.pending.pop_front().unwrap()
+    }
+
+    /// One driver turn, its completions noted.
+    fn turn(&mut self) {
+        let (pending, sent) = (&mut self.pending, &mut self.sent);
+        self.d
+            .turn(Some(Duration::from_millis(20)), &mut |c| match c {
+                Completion::Received { data, .. } => pending.push_back(Event::Data(data.to_vec())),
+                Completion::Sent { .. } => *sent += 1,
+                Completion::Record {
+                    record_type, data, ..
+                } => pending.push_back(Event::Record(record_type, data.to_vec())),
+                Completion::RecvClosed { error, .. } => {
+                    pending.push_back(Event::Closed(error.map(|e| e.kind())))
+                }
+                _ => {}
+            })
+            .unwrap();
     }
 
     /// Application data until `len` bytes arrived.
@@ -1227,6 +1233,7 @@ fn real_exchange(suite: SupportedCipherSuite, unbuffered: bool, key_update: bool
     let mut r = Reader {
         d,
         pending: Default::default(),
+        sent: 0,
     };
     assert_eq!(r.data(4), b"ping", "{what}");
 
@@ -1267,11 +1274,14 @@ fn real_exchange(suite: SupportedCipherSuite, unbuffered: bool, key_update: bool
         }
     }
     session.send_close_notify(r.d.fd(0).unwrap()).unwrap();
-    // Let the pending send finish before closing.
+    // Let the pending send (the pong) finish before closing.
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
-        r.d.turn(Some(Duration::from_millis(20)), &mut |_| {})
-            .unwrap();
+    while r.sent < usize::from(rekeyed) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: the pong was not sent within 10 s"
+        );
+        r.turn();
     }
     r.d.close(0);
     let log = client.join().unwrap();

@@ -138,6 +138,10 @@ fn not_here_only_for_disco_and_rate_limited() {
         "no peerGone for a non-disco packet"
     );
 
+    // The exact policy (burst 3, then 1/s) is checked in simulated time in
+    // sim.rs; here, on a real clock, the bucket may refill while the relay
+    // reads the burst: at most one more answer per second measured.
+    let started = Instant::now();
     for i in 0..10 {
         let dst = NodePrivate::generate().public();
         a.send(&dst, &disco_packet(i));
@@ -154,7 +158,12 @@ fn not_here_only_for_disco_and_rate_limited() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(not_here, 3, "burst of 3, then 1/s");
+    let elapsed = started.elapsed();
+    let most = (3 + elapsed.as_secs()).min(10);
+    assert!(
+        (3..=most).contains(&not_here),
+        "{not_here} NotHere answers in {elapsed:?}: a burst of 3, then 1/s"
+    );
     assert_eq!(
         metric(
             addr,
@@ -336,10 +345,15 @@ fn bad_handshakes_are_closed_and_counted() {
         s.write_all(upgrade).unwrap();
         s.write_all(extra).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
+        // Closed by the relay (end of stream, or a reset if it left input
+        // unread), not still open when the read times out: at T, ten times
+        // the handshake deadline.
         let mut sink = Vec::new();
-        let start = Instant::now();
-        let _ = s.read_to_end(&mut sink);
-        assert!(start.elapsed() < Duration::from_secs(3), "closed promptly");
+        match s.read_to_end(&mut sink) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("not closed within {T:?}: {e}"),
+        }
     };
     // A sendPacket where clientInfo belongs.
     let mut wrong_first = Vec::new();
@@ -381,13 +395,15 @@ fn silent_sockets_do_not_delay_anyone() {
         s.write_all(b"GET /derp HTTP/1.1\r\nHost: x\r\nUpg")
             .unwrap();
     }
+    // A shard held up by a silent socket would be held until its
+    // handshake deadline (10 s): well within it is not held up.
     let start = Instant::now();
     let mut a = Client::connect(addr);
     let mut b = Client::connect(addr);
     a.send(&b.public, b"fast");
     assert_eq!(b.recv_packet(T).unwrap().1, b"fast");
     assert!(
-        start.elapsed() < Duration::from_secs(1),
+        start.elapsed() < Duration::from_secs(5),
         "took {:?}",
         start.elapsed()
     );
@@ -674,16 +690,26 @@ fn frames_in_the_same_write_as_client_info() {
 
 /// A reader that falls behind slows its senders down instead of losing
 /// their packets: nothing is dropped, the sender is paused and resumed,
-/// and every packet arrives in order.
+/// and every packet arrives in order. The reader takes nothing until the
+/// pause is seen, which on a busy machine can take longer than the default
+/// backpressure budget (after which a reader that takes nothing loses
+/// packets, as sim.rs checks): the budget here is as long as the write
+/// timeout.
 #[test]
 fn slow_reader_gets_backpressure_not_loss() {
     for workers in [1, 2] {
         let (server, addr) = start(workers, |cfg| {
             cfg.send_queue_bytes = 64 * 1024;
             cfg.write_timeout = Some(Duration::from_secs(20));
+            cfg.backpressure_budget = Duration::from_secs(20);
         });
         let mut sender = Client::connect(addr);
-        let mut reader = Client::connect(addr);
+        // A small receive buffer, so that the kernel cannot take in the
+        // whole stream (3.6 MB) and leave the relay nothing to queue.
+        let mut reader = Client::over(
+            support::dial(addr, Some(4096)),
+            support::config(NodePrivate::generate(), support::info(None)),
+        );
         let reader_key = reader.public;
         const N: u32 = 3000;
         let writer = std::thread::spawn(move || {
@@ -758,12 +784,17 @@ impl Flood {
 }
 
 /// One heavy sender stuck behind a slow reader does not hold up a pair
-/// that talks elsewhere.
+/// that talks elsewhere. The backpressure budget is longer than the test,
+/// so the heavy sender stays held by the slow reader from the first
+/// exchange to the last: paused, resumed only when the kernel takes more
+/// of the slow reader's queue, never let go with drops (how the budget
+/// ends a hold is checked in sim.rs).
 #[test]
 fn backpressure_is_per_sender() {
     let (server, addr) = start(2, |cfg| {
         cfg.send_queue_bytes = 32 * 1024;
         cfg.write_timeout = Some(Duration::from_secs(30));
+        cfg.backpressure_budget = Duration::from_secs(30);
     });
     let heavy = Client::connect(addr);
     let slow = Client::connect(addr);
@@ -774,16 +805,26 @@ fn backpressure_is_per_sender() {
         eventually(T, || metric(addr, "ferry_senders_paused") >= 1.0),
         "heavy sender paused"
     );
-    let start = Instant::now();
     for i in 0..200u32 {
         a.send(&b.public, &i.to_be_bytes());
         let (_, p) = b.recv_packet(T).expect("the other pair is unaffected");
         assert_eq!(p, i.to_be_bytes());
     }
     assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
+        eventually(T, || metric(addr, "ferry_senders_paused") >= 1.0),
+        "the heavy sender is still held"
+    );
+    assert_eq!(
+        metric(addr, "ferry_backpressure_budget_expired_total"),
+        0.0,
+        "the slow reader never let the heavy sender go"
+    );
+    assert_eq!(
+        metric(
+            addr,
+            "derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"}"
+        ),
+        0.0
     );
     flood.stop();
     drop(slow);

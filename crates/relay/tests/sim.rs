@@ -177,6 +177,19 @@ impl Sim {
         then: &[u8],
     ) -> Slot {
         let slot = self.connect();
+        self.greet(slot, key, mesh, then);
+        slot
+    }
+
+    /// The client on `slot` sends its upgrade request and clientInfo,
+    /// followed by `then` in the same read.
+    fn greet(
+        &mut self,
+        slot: Slot,
+        key: &NodePrivate,
+        mesh: Option<ferry_proto::key::MeshKey>,
+        then: &[u8],
+    ) {
         let server = self.shared.config.public_key;
         let mut hello =
             b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: DERP\r\nConnection: Upgrade\r\n\r\n"
@@ -190,7 +203,6 @@ impl Sim {
         hello.extend_from_slice(then);
         self.d.receive(slot, &hello);
         self.settle();
-        slot
     }
 
     /// Frames the client on `slot` has read since the last call.
@@ -317,6 +329,58 @@ fn duplicate_key_packets_go_to_the_most_recently_active_connection() {
     assert_eq!(s.packets(first).len(), 1);
     assert!(s.packets(second).is_empty());
     assert_eq!(s.metric("derp_current_dup_client_keys"), 1.0);
+}
+
+/// peerGone(NotHere) for disco packets to keys nobody holds, per
+/// connection at most 3 at once and then 1 a second; never for other
+/// packets.
+#[test]
+fn not_here_is_only_for_disco_and_limited_to_three_then_one_a_second() {
+    let mut s = Sim::new(|_| {});
+    let a = s.client(&NodePrivate::generate());
+    let disco = |tag: u8| {
+        let mut p = frame::DISCO_MAGIC.to_vec();
+        p.resize(80, tag);
+        p
+    };
+    // Disco packets to `n` keys nobody holds; the NotHere answers for them.
+    let unknown = |s: &mut Sim, n: u8| {
+        let mut asked = Vec::new();
+        for tag in 0..n {
+            let dst = NodePrivate::generate().public();
+            s.send(a, &dst, &disco(tag));
+            asked.push(dst);
+        }
+        s.settle();
+        let gone: Vec<NodePublic> = s
+            .frames(a)
+            .into_iter()
+            .map(|(ty, p)| match frame::parse_server_frame(ty, &p) {
+                Ok(ServerFrame::PeerGone {
+                    key,
+                    reason: frame::PeerGoneReason::NotHere,
+                }) => key,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert!(gone.iter().all(|k| asked.contains(k)), "for keys asked");
+        gone.len()
+    };
+    s.send(a, &NodePrivate::generate().public(), b"wireguard bytes");
+    s.settle();
+    assert!(s.frames(a).is_empty(), "nothing for a non-disco packet");
+    assert_eq!(unknown(&mut s, 10), 3, "a burst of 3");
+    s.advance(Duration::from_secs(1) - MS);
+    assert_eq!(unknown(&mut s, 1), 0, "no token within the second");
+    s.advance(2 * MS);
+    assert_eq!(unknown(&mut s, 5), 1, "one a second after it");
+    s.advance(Duration::from_secs(10));
+    assert_eq!(unknown(&mut s, 10), 3, "the bucket holds 3 at most");
+    assert_eq!(s.metric("derp_peer_gone_not_here_frames"), 7.0);
+    assert_eq!(
+        s.metric("derp_packets_dropped{kind=\"disco\",reason=\"unknown_dest\"}"),
+        26.0
+    );
 }
 
 /// Fills `b`'s queue from `a` until `a` is paused; returns how many
@@ -603,18 +667,27 @@ impl Sim {
     /// waiting in real time (the verdict comes from a thread) for at most
     /// 10 s; simulated time stands still.
     fn await_verdict(&mut self, slot: Slot) -> Vec<u8> {
-        let deadline = Instant::now() + Duration::from_secs(10);
         let mut types = Vec::new();
+        let done = self.settle_until(|s| {
+            types.extend(s.frames(slot).iter().map(|f| f.0));
+            types.contains(&(FrameType::ServerInfo as u8)) || !s.d.is_open(slot)
+        });
+        assert!(done, "no verdict within 10 s: {types:?}");
+        types
+    }
+
+    /// Settles the shard until `done` holds, waiting in real time (for
+    /// another thread) for at most 10 s; simulated time stands still.
+    fn settle_until(&mut self, mut done: impl FnMut(&mut Sim) -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             self.settle();
-            types.extend(self.frames(slot).iter().map(|f| f.0));
-            if types.contains(&(FrameType::ServerInfo as u8)) || !self.d.is_open(slot) {
-                return types;
+            if done(self) {
+                return true;
             }
-            assert!(
-                Instant::now() < deadline,
-                "no verdict within 10 s: {types:?}"
-            );
+            if Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(MS);
         }
     }
@@ -651,17 +724,56 @@ fn admission_holds_a_client_until_admitted_then_reads_what_followed() {
     assert_eq!(s.packets(r), [(ak.public(), b"early".to_vec())]);
 }
 
+const REFUSED: &str = "ferry_handshake_failures_total{reason=\"admission\"}";
+
+/// The refusal comes after the 101 and serverKey were written (the
+/// controller's answer is held until then): the connection closes without
+/// serverInfo.
 #[test]
-fn admission_refusal_closes_without_server_info() {
+fn admission_refusal_after_the_server_key_closes_without_server_info() {
     let c = controller(vec![]);
     let (mut s, _) = admitting(&c);
+    let held = c.gate.lock().unwrap();
     let x = s.hello(&NodePrivate::generate(), &[]);
-    assert_eq!(s.await_verdict(x), [FrameType::ServerKey as u8]);
-    assert!(!s.d.is_open(x));
     assert_eq!(
-        s.metric("ferry_handshake_failures_total{reason=\"admission\"}"),
-        1.0
+        s.frames(x).iter().map(|f| f.0).collect::<Vec<_>>(),
+        [FrameType::ServerKey as u8],
+        "the 101 and serverKey before the verdict"
     );
+    assert!(s.d.is_open(x), "waiting for the verdict");
+    drop(held);
+    assert_eq!(
+        s.await_verdict(x),
+        Vec::<u8>::new(),
+        "nothing after serverKey"
+    );
+    assert!(!s.d.is_open(x));
+    assert_eq!(s.metric(REFUSED), 1.0);
+}
+
+/// The refusal comes while the 101 and serverKey are still unwritten (the
+/// client takes nothing until the verdict is in): the client still reads
+/// them, then the close, as when the refusal comes later.
+#[test]
+fn admission_refusal_before_the_server_key_is_written_still_sends_it() {
+    let c = controller(vec![]);
+    let (mut s, _) = admitting(&c);
+    let x = s.connect();
+    s.d.set_reader(x, Reader::Stuck);
+    s.greet(x, &NodePrivate::generate(), None, &[]);
+    assert!(s.d.send_in_flight(x), "the 101 and serverKey are in flight");
+    assert!(
+        s.settle_until(|s| s.metric(REFUSED) == 1.0),
+        "no verdict within 10 s"
+    );
+    assert!(s.d.is_open(x), "open until what was queued is written");
+    s.d.set_reader(x, Reader::Reads);
+    s.settle();
+    assert_eq!(
+        s.frames(x).iter().map(|f| f.0).collect::<Vec<_>>(),
+        [FrameType::ServerKey as u8]
+    );
+    assert!(!s.d.is_open(x), "closed once they are written");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Admission: a connection whose clientInfo was read waits, its input
 //! held, for the admission pool's verdict (which arrives through the
-//! shard's inbox), then registers or is refused without `serverInfo`.
+//! shard's inbox), then registers or is refused: the 101 and serverKey are written,
+//! then the connection closes without `serverInfo`.
 //! Mesh peers skip it. The wait is bounded by the handshake deadline, like
 //! every phase before registration; a verdict for a connection that has
 //! gone since is dropped.
@@ -71,11 +72,16 @@ impl Shard {
             }
             Verdict::Reject(why) => {
                 let key = self.conns[slot].key();
-                self.fail_handshake(
+                self.count_handshake_failure(
                     slot,
                     HandshakeFailure::Admission,
                     &format_args!("client {key} refused by admission ({}): {why}", why.label()),
                 );
+                // The 101 and serverKey were queued before the question was
+                // asked; the client reads them whether or not they were
+                // written by the time the answer came, then the close
+                // (derper's answer to a client it refuses).
+                self.finish(slot, CloseReason::Handshake);
             }
         }
     }

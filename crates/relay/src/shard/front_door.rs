@@ -58,10 +58,20 @@ impl Shard {
         why: HandshakeFailure,
         detail: &dyn std::fmt::Display,
     ) {
+        self.count_handshake_failure(slot, why, detail);
+        self.close(slot, CloseReason::Handshake);
+    }
+
+    /// Counts and logs a failed handshake.
+    pub(super) fn count_handshake_failure(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        detail: &dyn std::fmt::Display,
+    ) {
         self.m().handshake_failures[why as usize].inc();
         let peer = self.conns[slot].peer();
         conn_log!(self, info, %peer, reason = why.label(), %detail, "handshake failed; closing connection");
-        self.close(slot, CloseReason::Handshake);
     }
 
     pub(super) fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
