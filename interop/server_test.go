@@ -275,6 +275,10 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		s.stop()
 		return nil, err
 	}
+	if err := s.checkBackend(kind, opts); err != nil {
+		s.stop()
+		return nil, err
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("%s server (%s %s) output:\n%s", kind, filepath.Base(bin), strings.Join(s.args, " "), s.logs.String())
@@ -311,6 +315,26 @@ func (s *server) doStop() {
 			}
 		}
 	}
+}
+
+// checkBackend: with FERRY_EXPECT_BACKEND set (scripts/test.d/20-interop.sh
+// sets it for the `--io auto` pass where io_uring runs), a ferry whose
+// command line does not choose a back end itself must have logged that it
+// runs on that one, so a pass meant for io_uring cannot quietly test epoll.
+func (s *server) checkBackend(kind string, opts serverOpts) error {
+	want := os.Getenv("FERRY_EXPECT_BACKEND")
+	if kind != kindFerry || want == "" {
+		return nil
+	}
+	for _, a := range opts.ferryArgs {
+		if a == "--io" || strings.HasPrefix(a, "--io=") {
+			return nil
+		}
+	}
+	if !strings.Contains(s.logs.String(), `backend="`+want+`"`) {
+		return fmt.Errorf("ferry did not report the %s back end (FERRY_EXPECT_BACKEND); output:\n%s", want, s.logs.String())
+	}
+	return nil
 }
 
 func (s *server) waitReady(timeout time.Duration) error {

@@ -27,7 +27,10 @@
 //! session count is shared, one atomic that a shard updates when it opens
 //! or closes a session ([`shard::SessionCap`]). The hub's tables are
 //! replicated across shards through the engine's SPSC rings, as its module
-//! doc explains. No lock and no allocation on the packet path; counters are
+//! doc explains. Bounce and hub take no lock and allocate nothing on the
+//! packet path. Relay sessions ([`session`]) share one table behind a
+//! lock, taken once per received batch, not per datagram, so a bind seen
+//! by one shard is in force on every other at once. Counters are
 //! per-shard and single-writer ([`metrics`]).
 //!
 //! [`Relay::start`] validates a [`config::Config`], resolves targets,
