@@ -601,6 +601,14 @@ impl Binder {
         }
     }
 
+    /// Notes that `now` came: past the bind lifetime of its start or last
+    /// rebind, a binder still waiting for bound fails. Sends nothing and
+    /// leaves the retransmission schedule alone (a due bind message stays
+    /// due for [`poll_transmit`](Self::poll_transmit)).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.expire(now);
+    }
+
     /// The next bind message to send to [`relay`](Self::relay), if one is
     /// due at `now`.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<[u8; BIND_LEN]> {

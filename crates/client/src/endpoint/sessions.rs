@@ -103,6 +103,7 @@ impl Sessions {
         *state = State::Asked {
             until: now + self.timing.answer_timeout,
         };
+        tracing::debug!(%peer, "asking the relay for a session");
         Some(*peer)
     }
 
@@ -115,10 +116,24 @@ impl Sessions {
         if let State::Binding(b) | State::Bound(b, _) = state {
             if b.vni() == offer.vni && b.slot() == offer.slot {
                 // The same session offered again (both peers asked).
+                tracing::debug!(
+                    peer = %offer.peer,
+                    vni = offer.vni,
+                    bound = b.is_bound(),
+                    "session offered again: ignored"
+                );
                 return;
             }
         }
         let was_bound = matches!(state, State::Bound(..));
+        tracing::debug!(
+            peer = %offer.peer,
+            vni = offer.vni,
+            slot = offer.slot,
+            %relay,
+            was_bound,
+            "session offered: binding"
+        );
         self.generation = self.generation.wrapping_add(1).max(1);
         *state = State::Binding(Binder::new(offer, relay, self.generation, now));
         if was_bound {
@@ -152,6 +167,7 @@ impl Sessions {
                 if b.is_bound() {
                     let path = (b.vni(), b.relay());
                     let bound = b.clone();
+                    tracing::debug!(%peer, vni = b.vni(), "session bound");
                     *state = State::Bound(bound, now);
                     self.changes.push_back((*peer, Some(path)));
                 }
@@ -167,6 +183,7 @@ impl Sessions {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
         };
+        tracing::debug!(%peer, "session lost: asking again after the retry wait");
         if matches!(state, State::Bound(..)) {
             self.changes.push_back((*peer, None));
         }
@@ -186,7 +203,10 @@ impl Sessions {
         match state {
             Some(PathState::Working) => {}
             Some(PathState::Unconfirmed) if !unconfirmed => {}
-            _ => self.lost(now, peer),
+            _ => {
+                tracing::debug!(%peer, ?state, "bound session's relay path not working");
+                self.lost(now, peer)
+            }
         }
     }
 
@@ -206,15 +226,20 @@ impl Sessions {
             let expired = match state {
                 State::Asked { until } => *until <= now,
                 State::Binding(b) => {
-                    // Lets the binder notice its bind lifetime passed.
-                    b.poll_timeout().is_none_or(|t| t <= now) && {
-                        let _ = b.poll_transmit(now);
-                        b.is_failed()
-                    }
+                    // Only the lifetime: a due retransmission is left for
+                    // poll_transmit, which the caller calls next.
+                    b.handle_timeout(now);
+                    b.is_failed()
                 }
                 State::Idle { .. } | State::Bound(..) => false,
             };
             if expired {
+                let what = if matches!(state, State::Asked { .. }) {
+                    "allocation unanswered"
+                } else {
+                    "bind lifetime passed"
+                };
+                tracing::debug!(what, "no session: asking again after the retry wait");
                 *state = State::Idle { at: retry };
             }
         }
@@ -273,6 +298,22 @@ mod tests {
         }
     }
 
+    /// The relay's reply to a client's bind message sent to `to`: a
+    /// challenge to a bind, bound to an answer.
+    fn relay_reply(to: SocketAddr, msg: &[u8]) -> [u8; BIND_LEN] {
+        assert_eq!(to, RELAY.parse().unwrap());
+        let m = BindMsg::parse(msg).unwrap();
+        let reply = match m.kind {
+            BindKind::Bind => BindMsg {
+                cookie: [3; 32],
+                ..BindMsg::new(BindKind::Challenge, m.vni, m.slot, m.generation)
+            },
+            BindKind::Answer => BindMsg::new(BindKind::Bound, m.vni, m.slot, m.generation),
+            other => panic!("client sent {other:?}"),
+        };
+        reply.to_bytes()
+    }
+
     /// Plays the relay's part of one bind: challenge the bind, bound the
     /// answer.
     fn relay_answers(s: &mut Sessions, now: Instant) -> Option<RelayPath> {
@@ -280,19 +321,66 @@ mod tests {
             let Some((to, msg)) = s.poll_transmit(now) else {
                 break;
             };
-            assert_eq!(to, RELAY.parse().unwrap());
-            let m = BindMsg::parse(&msg).unwrap();
-            let reply = match m.kind {
-                BindKind::Bind => BindMsg {
-                    cookie: [3; 32],
-                    ..BindMsg::new(BindKind::Challenge, m.vni, m.slot, m.generation)
-                },
-                BindKind::Answer => BindMsg::new(BindKind::Bound, m.vni, m.slot, m.generation),
-                other => panic!("client sent {other:?}"),
-            };
-            assert!(s.handle_datagram(now, &reply.to_bytes()));
+            assert!(s.handle_datagram(now, &relay_reply(to, &msg)));
         }
         s.poll_change().and_then(|(_, p)| p)
+    }
+
+    /// UDP to the relay is blocked for a while after the offer (a firewall
+    /// that only lets DERP through, then opens): driven as the endpoint's
+    /// driver does (at each deadline `handle_timeout`, then `poll_transmit`
+    /// until empty), the binder keeps retransmitting while blocked, and the
+    /// session is bound within one retransmission interval (at most 2 s) of
+    /// the relay becoming reachable.
+    #[test]
+    fn binds_once_udp_to_the_relay_opens() {
+        let start = Instant::now();
+        let peer = NodePrivate::generate().public();
+        for blocked in [1, 3, 8, 20] {
+            let open = start + Duration::from_secs(blocked);
+            let mut s = Sessions::new(SessionTiming::default());
+            s.want(start, peer);
+            assert_eq!(s.poll_allocate(start), Some(peer));
+            s.handle_offer(start, &offer(peer, 0x77), RELAY.parse().unwrap());
+            let (mut at, mut lost, mut bound_at) = (start, 0, None);
+            for _ in 0..200 {
+                s.handle_timeout(at);
+                while let Some((to, msg)) = s.poll_transmit(at) {
+                    if at < open {
+                        lost += 1;
+                    } else {
+                        assert!(s.handle_datagram(at, &relay_reply(to, &msg)));
+                    }
+                }
+                if let Some((p, path)) = s.poll_change() {
+                    assert_eq!((p, path), (peer, Some((0x77, RELAY.parse().unwrap()))));
+                    bound_at = Some(at);
+                    break;
+                }
+                // Past the bind lifetime the session would be asked for
+                // again (a new allocation): not bound in time.
+                let Some(next) = s.poll_timeout().filter(|&n| n > at) else {
+                    break;
+                };
+                at = next;
+            }
+            let bound_at = bound_at.unwrap_or_else(|| {
+                panic!(
+                    "blocked {blocked} s: not bound, {lost} binds lost, at {:?}",
+                    at - start
+                )
+            });
+            assert!(
+                bound_at - open <= Duration::from_secs(2),
+                "blocked {blocked} s: bound {:?} after the relay became reachable",
+                bound_at - open
+            );
+            assert!(
+                lost >= 2,
+                "blocked {blocked} s: only {lost} binds sent while blocked"
+            );
+            assert!(s.is_bound(&peer));
+        }
     }
 
     #[test]

@@ -298,6 +298,22 @@ fn binder_retransmits_with_backoff_and_gives_up() {
 }
 
 #[test]
+fn binder_timeout_checks_the_lifetime_and_leaves_a_due_bind_due() {
+    let t0 = Instant::now();
+    let relay: SocketAddr = "192.0.2.1:3479".parse().unwrap();
+    let mut b = Binder::new(&offer(), relay, GENERATION, t0);
+    assert!(b.poll_transmit(t0).is_some());
+    let due = b.poll_timeout().unwrap();
+    b.handle_timeout(due);
+    assert!(!b.is_failed());
+    assert_eq!(b.poll_timeout(), Some(due), "the schedule is unchanged");
+    assert!(b.poll_transmit(due).is_some(), "the due bind is still sent");
+    b.handle_timeout(t0 + offer().bind_lifetime);
+    assert!(b.is_failed());
+    assert_eq!(b.poll_timeout(), None);
+}
+
+#[test]
 fn binder_ignores_other_sessions_slots_and_generations() {
     let now = Instant::now();
     let relay: SocketAddr = "192.0.2.1:3479".parse().unwrap();
