@@ -28,10 +28,8 @@
 #   ferry-failover (d) during one iperf3 transfer, direct is cut (-> relay
 #                  session), then the relay's UDP (-> DERP): each switch
 #                  within 2 s, the transfer's longest gap under 2 s, no reset
-#                  (while the relay has no sessions: direct -> DERP)
 #   ferry-upgrade  (e) from DERP, the firewall opens: relay session, then
-#                  direct, each within 10 s of being allowed (while the
-#                  relay has no sessions: DERP -> direct)
+#                  direct, each within 10 s of being allowed
 # FU_WG=kernel uses the kernel's WireGuard instead of wireguard-go (the VM).
 #
 # Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq and derper
@@ -59,11 +57,7 @@ if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/21
 fu_skip_or_fail "ferry link namespace tests" "$why"
 ferry=$(fu_ferry_bin "$root")
 
-# Relay sessions once the relay has them (issue 15); until then the
-# failover and upgrade cases go between direct and DERP.
-if "$ferry" --help | grep -q -- '--relay-port'; then sessions=1; else sessions=""; fi
-# The paths built so far: direct and DERP. Add ferry-relay as it lands.
-cases=${LINK_CASES:-ferry-derp derper-derp ferry-direct derper-direct ferry-failover ferry-upgrade}
+cases=${LINK_CASES:-ferry-derp derper-derp ferry-relay ferry-direct derper-direct ferry-failover ferry-upgrade}
 for c in $cases; do
   case " ferry-derp derper-derp ferry-relay ferry-direct derper-direct ferry-failover ferry-upgrade " in
     *" $c "*) ;; *) echo "unknown case $c in LINK_CASES" >&2; exit 2 ;;
@@ -181,9 +175,7 @@ results=()
 relay_pid="" la="" lb="" relay_cmd=()
 relay_start() { # relay_start NAME: the relay of kind NAME (ferry, derper) in fu-lr
   case $1 in
-    ferry) relay_cmd=("$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key")
-      # Relay sessions (issue 15), once the relay has them.
-      if "$ferry" --help | grep -q -- '--relay-port'; then relay_cmd+=(--relay-port 3341); fi ;;
+    ferry) relay_cmd=("$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key" --relay-port 3341) ;;
     derper) relay_cmd=("$derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key") ;;
   esac
   fu_bg fu-lr "$T/relay-$CASE.log" "${relay_cmd[@]}"
@@ -274,14 +266,10 @@ case_ferry_failover() {
   iperf_json fu-la 10.77.110.2 14 "$T/iperf-failover.json" &
   local iperf_pid=$!
   sleep 3
-  if [ -n "$sessions" ]; then
-    step "$CASE: direct cut during the transfer"
-    switch_within relay relay
-    sleep 3
-    step "$CASE: the relay's UDP cut during the transfer"
-  else
-    step "$CASE: all UDP cut during the transfer (no relay sessions in this build)"
-  fi
+  step "$CASE: direct cut during the transfer"
+  switch_within relay relay
+  sleep 3
+  step "$CASE: the relay's UDP cut during the transfer"
   switch_within derp derp
   wait "$iperf_pid" || { cat "$T/iperf-failover.json" >&2; false; }
   local gap err mbits retr
@@ -290,14 +278,14 @@ case_ferry_failover() {
   check "$CASE: the transfer was never reset ($err)" test "$err" = ok
   check "$CASE: its longest gap across both switches was $gap s (< 2 s)" awk -v g="$gap" 'BEGIN { exit !(g < 2) }'
   check "$CASE: it carried on at $mbits Mbit/s overall, $retr retransmits" awk -v m="$mbits" -v min="$late_mbits" 'BEGIN { exit !(m > min) }'
-  results+=("$CASE: direct -> ${sessions:+relay -> }DERP during one transfer: longest gap $gap s, $mbits Mbit/s, $retr retransmits")
+  results+=("$CASE: direct -> relay -> DERP during one transfer: longest gap $gap s, $mbits Mbit/s, $retr retransmits")
   all_stop
 }
 case_ferry_upgrade() {
   firewall derp; relay_start ferry; links_start
   check "$CASE: starts on DERP" on_path fu-la "$T/link-a.toml" b derp 15
   local took t
-  for t in ${sessions:+relay:relay} direct:direct; do
+  for t in relay:relay direct:direct; do
     firewall "${t%%:*}"
     took=$(wait_path fu-la "$T/link-a.toml" b "${t#*:}" 10) || { echo "FAIL: $CASE: not upgraded to ${t#*:} within 10 s" >&2; return 1; }
     echo "   ok: $CASE: firewall ${t%%:*} -> A on ${t#*:} after $took s"
