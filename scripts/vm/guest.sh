@@ -55,6 +55,16 @@ run() { # run NAME SECONDS CMD...: one check, bounded in time
   fi
 }
 
+# FERRY_VM_HOG=N (by hand, never in CI): N busy loops in the guest for
+# the whole run, at the checks' own priority, to make the guest as slow
+# as a loaded host makes it (races that only show there).
+if [ "${FERRY_VM_HOG:-0}" -gt 0 ]; then
+  for _ in $(seq 1 "$FERRY_VM_HOG"); do
+    (trap - EXIT; while :; do :; done) &
+  done
+  echo "ferry-vm: $FERRY_VM_HOG busy loops running (FERRY_VM_HOG)"
+fi
+
 run "modprobe tls" 30 modprobe tls
 run "modprobe wireguard" 30 modprobe wireguard
 run "io_uring usable" 30 "$URING_PROBE"

@@ -64,6 +64,19 @@ impl RecordBoundary {
     pub fn at_boundary(&self) -> bool {
         self.header_len == 0 && self.body_left == 0
     }
+
+    /// Bytes that the current record still needs before anything is known
+    /// about what follows: the rest of its header if that is incomplete
+    /// (ask again after feeding them: then the body's length is known),
+    /// else the rest of its body. 0 at a boundary. Feeding exactly this
+    /// many bytes, repeatedly, never reads past the record's end.
+    pub fn bytes_to_next(&self) -> usize {
+        if self.header_len > 0 {
+            HEADER_LEN - usize::from(self.header_len)
+        } else {
+            self.body_left
+        }
+    }
 }
 
 #[cfg(test)]
@@ -82,6 +95,29 @@ mod tests {
     fn three_records() -> (Vec<u8>, [usize; 3]) {
         let stream = [record(3), record(0), record(300)].concat();
         (stream, [8, 13, 318])
+    }
+
+    #[test]
+    fn feeding_what_is_needed_stops_at_each_record_end() {
+        let (stream, ends) = three_records();
+        for cut in 0..=stream.len() {
+            let mut b = RecordBoundary::new();
+            b.feed(&stream[..cut]);
+            let mut at = cut;
+            // At most a header's rest and then a body per record.
+            for _ in 0..2 {
+                let need = b.bytes_to_next();
+                if need == 0 {
+                    break;
+                }
+                b.feed(&stream[at..at + need]);
+                at += need;
+            }
+            assert!(b.at_boundary(), "cut at {cut}: ended at {at}");
+            assert_eq!(b.bytes_to_next(), 0);
+            let next_end = ends.iter().copied().find(|&e| e >= cut).unwrap_or(cut);
+            assert_eq!(at, if cut == 0 { 0 } else { next_end }, "cut at {cut}");
+        }
     }
 
     #[test]

@@ -36,7 +36,11 @@
 //!      [`RecordBoundary::at_boundary`]. Bytes still in the socket are
 //!      fine, the kernel decrypts them; a partial record already read into
 //!      userspace cannot be given back, and the kernel would fail on its
-//!      tail (`EBADMSG`);
+//!      tail (`EBADMSG`). A peer that keeps sending may never leave a read
+//!      on a boundary (reads end wherever its writes or the read size
+//!      fall), so the shard reads the rest of that record itself, and not
+//!      a byte more ([`RecordBoundary::bytes_to_next`]), between turns
+//!      and only on a back end that reads kTLS records (step 3 first);
 //!    - no receive is pending in the back end (epoll: between turns;
 //!      io_uring: receive cancelled and its completion seen).
 //! 3. `driver.set_ktls_rx(slot)` first: a back end that cannot read typed

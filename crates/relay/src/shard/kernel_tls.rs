@@ -28,80 +28,175 @@ impl Shard {
 
     /// Moves TLS sessions into the kernel where it is safe now: between
     /// turns (no receive pending), no send in flight, nothing stashed, at a
-    /// record boundary, rustls holding nothing (see `crate::ktls`).
+    /// record boundary, rustls holding nothing (see `crate::ktls`). A
+    /// candidate that cannot move yet is tried again after later turns
+    /// until its deadline.
     pub(super) fn try_ktls(&mut self, driver: &mut dyn DriverOps) {
         let mut i = 0;
         while i < self.ktls_candidates.len() {
             let (slot, gen, deadline) = self.ktls_candidates[i];
-            let Some(conn) = self.conns.get_mut(slot).filter(|c| c.gen() == gen) else {
-                self.ktls_candidates.swap_remove(i);
-                continue;
-            };
-            let busy = conn.session().sending_since().is_some()
-                || conn.has_stash()
-                || conn.phase() == Phase::Migrating;
-            let (closing, responding) = (conn.is_closed(), conn.phase() == Phase::Responding);
-            let Some(user) = conn.transport_mut().user() else {
-                self.ktls_candidates.swap_remove(i);
-                continue;
-            };
-            if closing || responding {
-                user.boundary = None;
-                self.ktls_candidates.swap_remove(i);
-                continue;
-            }
-            if busy || !user.boundary.as_ref().is_some_and(|b| b.at_boundary()) {
-                if self.now >= deadline {
-                    user.boundary = None;
+            match self.ktls_attempt(slot, gen, driver) {
+                Attempt::Wait { .. } if self.now < deadline => i += 1,
+                Attempt::Wait { why, refusal } => {
                     self.ktls_candidates.swap_remove(i);
-                } else {
-                    i += 1;
+                    if let Some(user) = self.conns[slot].transport_mut().user() {
+                        user.boundary = None;
+                    }
+                    if let Some(r) = refusal {
+                        self.ktls_refused(r);
+                    }
+                    let peer = self.conns[slot].peer();
+                    conn_log!(self, debug, %peer, why, "kTLS move given up at its deadline; TLS stays in userspace");
                 }
-                continue;
-            }
-            use crate::ktls::Handoff;
-            if let Err(reason) = user.conn.ready() {
-                if reason.is_transient() && self.now < deadline {
-                    i += 1;
-                } else {
-                    user.boundary = None;
-                    self.ktls_refused(reason.refusal());
+                Attempt::Done => {
                     self.ktls_candidates.swap_remove(i);
                 }
-                continue;
+            }
+        }
+    }
+
+    /// One try at moving `slot` (of generation `gen`) into the kernel.
+    fn ktls_attempt(&mut self, slot: Slot, gen: u32, driver: &mut dyn DriverOps) -> Attempt {
+        let Some(conn) = self.conns.get_mut(slot).filter(|c| c.gen() == gen) else {
+            return Attempt::Done;
+        };
+        let (closing, responding) = (conn.is_closed(), conn.phase() == Phase::Responding);
+        let waiting = if conn.session().sending_since().is_some() {
+            Some("a send is in flight")
+        } else if conn.has_stash() {
+            Some("input is stashed")
+        } else if conn.phase() == Phase::Migrating {
+            Some("the connection is moving to another shard")
+        } else {
+            None
+        };
+        let paused = conn.is_paused();
+        let Some(user) = conn.transport_mut().user() else {
+            return Attempt::Done;
+        };
+        if closing || responding {
+            user.boundary = None;
+            return Attempt::Done;
+        }
+        if let Some(why) = waiting {
+            return Attempt::wait(why);
+        }
+        if !user.boundary.as_ref().is_some_and(|b| b.at_boundary()) {
+            if paused {
+                return Attempt::wait("input paused inside a record");
+            }
+            // A peer that keeps sending may never let a read end on a
+            // boundary: read the rest of this record, and no more, from
+            // the socket (nothing else reads it between turns). The back
+            // end must read kTLS records from now on, so ask it first: one
+            // that cannot has a receive pending and must not be bypassed.
+            if driver.set_ktls_rx(slot).is_err() {
+                self.conns[slot]
+                    .transport_mut()
+                    .user()
+                    .expect("tls")
+                    .boundary = None;
+                self.ktls_refused(KtlsRefusal::Backend);
+                return Attempt::Done;
+            }
+            self.complete_record(slot, driver);
+            let whole = self.conns.get_mut(slot).is_some_and(|c| {
+                c.gen() == gen
+                    && !c.has_stash()
+                    && c.transport_mut()
+                        .user()
+                        .and_then(|u| u.boundary.as_ref())
+                        .is_some_and(|b| b.at_boundary())
+            });
+            if !whole {
+                return Attempt::wait("the rest of a record is not in the socket yet");
+            }
+            // What the record held may have changed the connection (a
+            // phase, its output, a close): every check again, once (it is
+            // at a boundary now).
+            return self.ktls_attempt(slot, gen, driver);
+        }
+        use crate::ktls::Handoff;
+        let user = self.conns[slot].transport_mut().user().expect("tls");
+        if let Err(reason) = user.conn.ready() {
+            if reason.is_transient() {
+                return Attempt::Wait {
+                    why: reason.label(),
+                    refusal: Some(reason.refusal()),
+                };
             }
             user.boundary = None;
-            self.ktls_candidates.swap_remove(i);
-            if driver.set_ktls_rx(slot).is_err() {
-                self.ktls_refused(KtlsRefusal::Backend);
-                continue;
+            self.ktls_refused(reason.refusal());
+            return Attempt::Done;
+        }
+        user.boundary = None;
+        if driver.set_ktls_rx(slot).is_err() {
+            self.ktls_refused(KtlsRefusal::Backend);
+            return Attempt::Done;
+        }
+        let Some(fd) = driver.fd(slot) else {
+            self.ktls_refused(KtlsRefusal::Backend);
+            return Attempt::Done;
+        };
+        let user = self.conns[slot].transport_mut().take_user().expect("tls");
+        match crate::ktls::KtlsSession::start(user.conn, fd) {
+            Ok(session) => {
+                self.conns[slot].set_transport(Transport::Kernel(Box::new(KernelTls {
+                    session,
+                    records: Vec::new(),
+                })));
+                self.m().ktls_sockets.add(1);
+                let peer = self.conns[slot].peer();
+                conn_log!(self, debug, %peer, "TLS session moved into the kernel");
             }
-            let Some(fd) = driver.fd(slot) else {
-                self.ktls_refused(KtlsRefusal::Backend);
-                continue;
+            Err(crate::ktls::Refused::Usable { conn, reason }) => {
+                self.conns[slot].transport_mut().put_user(Box::new(UserTls {
+                    conn,
+                    boundary: None,
+                }));
+                self.ktls_refused(reason.refusal());
+            }
+            Err(crate::ktls::Refused::Dead(e)) => {
+                self.ktls_refused(KtlsRefusal::Failed);
+                let peer = self.conns[slot].peer();
+                conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
+                self.close(slot, CloseReason::IoError);
+            }
+        }
+        Attempt::Done
+    }
+
+    /// Reads the rest of the TLS record that `slot`'s last read ended in
+    /// straight from its socket, never past the record's end, and feeds it
+    /// in as a receive would. Only between turns, on a back end that reads
+    /// kTLS records (so no receive of its own is pending). What stays in
+    /// the socket is read by the back end as before: this takes no
+    /// readiness from it (epoll still holds the socket as readable, or an
+    /// edge for what arrived since its last read).
+    fn complete_record(&mut self, slot: Slot, driver: &mut dyn DriverOps) {
+        // At most a header's rest and then the body.
+        for _ in 0..2 {
+            let Some(need) = self.conns[slot]
+                .transport_mut()
+                .user()
+                .and_then(|u| u.boundary.as_ref())
+                .map(|b| b.bytes_to_next())
+                .filter(|&n| n > 0)
+            else {
+                return;
             };
-            let user = self.conns[slot].transport_mut().take_user().expect("tls");
-            match crate::ktls::KtlsSession::start(user.conn, fd) {
-                Ok(session) => {
-                    self.conns[slot].set_transport(Transport::Kernel(Box::new(KernelTls {
-                        session,
-                        records: Vec::new(),
-                    })));
-                    self.m().ktls_sockets.add(1);
-                }
-                Err(crate::ktls::Refused::Usable { conn, reason }) => {
-                    self.conns[slot].transport_mut().put_user(Box::new(UserTls {
-                        conn,
-                        boundary: None,
-                    }));
-                    self.ktls_refused(reason.refusal());
-                }
-                Err(crate::ktls::Refused::Dead(e)) => {
-                    self.ktls_refused(KtlsRefusal::Failed);
-                    let peer = self.conns[slot].peer();
-                    conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
-                    self.close(slot, CloseReason::IoError);
-                }
+            let Some(fd) = driver.fd(slot) else { return };
+            let mut buf = vec![0; need];
+            match ferry_sys::ktls::recv_record(fd, &mut buf) {
+                // A plain socket: every read is application data.
+                Ok(rec) if rec.len > 0 => self.ingest(slot, &buf[..rec.len]),
+                // Nothing there yet, the end or an error: the back end's
+                // next read sees them.
+                _ => return,
+            }
+            let conn = &self.conns[slot];
+            if conn.is_closed() || conn.is_paused() || conn.has_stash() {
+                return;
             }
         }
     }
@@ -149,5 +244,23 @@ impl Shard {
         }
         std::mem::swap(&mut self.record_slots, &mut slots);
         self.record_slots.append(&mut slots);
+    }
+}
+
+/// The outcome of one try at moving a session into the kernel.
+enum Attempt {
+    /// Not now; try again after a later turn, until the deadline. Past it,
+    /// `refusal` (if any) is counted.
+    Wait {
+        why: &'static str,
+        refusal: Option<KtlsRefusal>,
+    },
+    /// Moved, refused for good, or no longer a candidate.
+    Done,
+}
+
+impl Attempt {
+    fn wait(why: &'static str) -> Attempt {
+        Attempt::Wait { why, refusal: None }
     }
 }
