@@ -327,7 +327,7 @@ pub fn stun(data: &[u8]) {
 /// Splits `data` as a peer message (`docs/relay-sessions.md` §6). A payload
 /// re-encodes to the same bytes; a probe that opens with the §17.1 keys
 /// (the seeds are sealed with them) re-seals to the same bytes under its own
-/// nonce. Then `data` as a box's plaintext: whatever [`peer_msg::open_probe`]
+/// nonce. Then `data` as a box's plaintext: whatever [`crate::peer_msg::open_probe`]
 /// accepts must survive a seal, parse and open unchanged.
 pub fn peer_msg(data: &[u8]) {
     use crate::peer_msg::{self, PeerMessage};

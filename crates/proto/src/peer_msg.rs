@@ -2,7 +2,7 @@
 //! datagrams and the sealed probes (ping, pong, call-me-maybe) that confirm
 //! and measure every path.
 //!
-//! Every peer message starts with the 8-byte [`udp_header`](crate::udp_header)
+//! Every peer message starts with the 8-byte [`udp_header`]
 //! with the control bit clear, whatever carries it: direct UDP (VNI 0), a
 //! relay session (the session's VNI) or a DERP packet (VNI 0). So one
 //! [`parse`] serves every path:
