@@ -1276,9 +1276,13 @@ fn real_exchange(suite: SupportedCipherSuite, unbuffered: bool, key_update: bool
         }
     }
     session.send_close_notify(r.d.fd(0).unwrap()).unwrap();
-    // Let the pending send (the pong) finish before closing.
+    // Let the pending send (the pong) finish before closing, and keep
+    // reading for a moment: what the client sent after its KeyUpdate must
+    // leave our receive queue, or closing the socket sends a reset instead
+    // of a FIN and the client's last read fails with a broken pipe instead
+    // of the end of the stream it checks for.
     let start = Instant::now();
-    while r.sent < usize::from(rekeyed) {
+    while r.sent < usize::from(rekeyed) || start.elapsed() < Duration::from_millis(200) {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "{what}: the pong was not sent within 10 s"
