@@ -328,7 +328,7 @@ fn serve(args: &Args) -> Result<()> {
             ferry_udp::Relay::start_sessions("--relay-port", addr, sessions.clone(), tuning)
                 .context("starting relay sessions")?;
         tracing::info!(addr = %sessions.bound().unwrap_or(addr), per_key = limits.per_key, idle = ?limits.idle_lifetime, "relay sessions on");
-        config.relay_sessions = Some(std::sync::Arc::new(SessionGlue(sessions.clone())));
+        config.relay_sessions = Some(sessions.clone());
         session_relay = Some((relay, sessions));
     }
 
@@ -477,28 +477,6 @@ fn serve(args: &Args) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Relay sessions' table (`ferry-udp`) as the DERP shards use it.
-struct SessionGlue(std::sync::Arc<ferry_udp::session::Sessions>);
-
-impl ferry_relay::shard::SessionService for SessionGlue {
-    fn port(&self) -> u16 {
-        self.0.port()
-    }
-
-    fn allocate(
-        &self,
-        asker: &ferry_proto::key::NodePublic,
-        peer: &ferry_proto::key::NodePublic,
-        ip: std::net::IpAddr,
-        request_id: u32,
-    ) -> Result<
-        [ferry_proto::relay_session::SessionOffer; 2],
-        ferry_proto::relay_session::RefuseReason,
-    > {
-        self.0.allocate(asker, peer, ip, request_id)
-    }
 }
 
 /// How often manual-mode certificate files are checked for changes.

@@ -517,6 +517,26 @@ enum BindState {
     Failed,
 }
 
+/// The session side of a relay, as the DERP server asks it: implemented by
+/// `ferry-udp`'s session table, used by `ferry-relay`'s shards, so neither
+/// crate needs the other.
+pub trait SessionService: Send + Sync {
+    /// The UDP port of the session socket (serverInfo's `ferryRelay`).
+    fn port(&self) -> u16;
+
+    /// Finds or makes the session of `asker` and `peer` (`ip` is the
+    /// asker's DERP connection's source address, for the per-IP limit) and
+    /// returns the two offers: the asker's (with `request_id`) and the
+    /// peer's (request id 0).
+    fn allocate(
+        &self,
+        asker: &NodePublic,
+        peer: &NodePublic,
+        ip: std::net::IpAddr,
+        request_id: u32,
+    ) -> Result<[SessionOffer; 2], RefuseReason>;
+}
+
 /// Binds one slot of a relay session from a client's UDP socket (§4),
 /// without I/O.
 ///

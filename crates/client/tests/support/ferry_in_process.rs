@@ -4,10 +4,9 @@
 //! shards as `ferry`'s main wires it).
 #![allow(dead_code)]
 
-use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_proto::relay_session::{RefuseReason, SessionOffer};
+use ferry_proto::key::NodePrivate;
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 /// Ferry with `config` on a loopback port, STUN at `stun` if given; the
@@ -33,25 +32,6 @@ pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, S
     (server, format!("http://{derp}/derp"))
 }
 
-/// The session table as the DERP shards ask it.
-struct Glue(Arc<ferry_udp::session::Sessions>);
-
-impl ferry_relay::shard::SessionService for Glue {
-    fn port(&self) -> u16 {
-        self.0.port()
-    }
-
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        request_id: u32,
-    ) -> Result<[SessionOffer; 2], RefuseReason> {
-        self.0.allocate(asker, peer, ip, request_id)
-    }
-}
-
 /// Ferry with relay sessions: DERP and the session socket on loopback.
 /// Shut down on drop.
 pub(crate) struct SessionRelay {
@@ -72,7 +52,7 @@ impl SessionRelay {
         )
         .expect("session socket");
         let mut config = RelayConfig::new(NodePrivate::generate());
-        config.relay_sessions = Some(Arc::new(Glue(sessions)));
+        config.relay_sessions = Some(sessions);
         let (server, url) = start(config, None);
         SessionRelay {
             server: Some(server),

@@ -14,27 +14,11 @@
 
 use std::net::IpAddr;
 
-use ferry_proto::relay_session::{self as rs, Allocate, RefuseReason, Refused, SessionOffer};
+use ferry_proto::relay_session::{self as rs, Allocate, RefuseReason, Refused};
 
 use super::*;
 
-/// The session side of a relay, as the DERP shards use it.
-pub trait SessionService: Send + Sync {
-    /// The UDP port of the session socket (serverInfo's `ferryRelay`).
-    fn port(&self) -> u16;
-
-    /// Finds or makes the session of `asker` and `peer` (`ip` is the
-    /// asker's DERP connection's source address, for the per-IP limit) and
-    /// returns the two offers: the asker's (with `request_id`) and the
-    /// peer's (request id 0).
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        request_id: u32,
-    ) -> Result<[SessionOffer; 2], RefuseReason>;
-}
+pub use ferry_proto::relay_session::SessionService;
 
 /// An allocation on its way to the peer's owner shard, or an answer on its
 /// way back to the asker's.

@@ -174,3 +174,20 @@ impl Sessions {
         }
     }
 }
+
+/// The DERP server's view of the table: the inherent methods above.
+impl ferry_proto::relay_session::SessionService for Sessions {
+    fn port(&self) -> u16 {
+        Sessions::port(self)
+    }
+
+    fn allocate(
+        &self,
+        asker: &NodePublic,
+        peer: &NodePublic,
+        ip: IpAddr,
+        request_id: u32,
+    ) -> Result<[SessionOffer; 2], RefuseReason> {
+        Sessions::allocate(self, asker, peer, ip, request_id)
+    }
+}
