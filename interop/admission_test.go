@@ -94,7 +94,10 @@ func (c *controller) sourceOf(k key.NodePublic) string {
 }
 
 // refusedClient connects and expects the server to close the connection
-// without sending serverInfo.
+// without sending serverInfo. Connect (in dialClient) has by then read the
+// HTTP 101 and the serverKey frame — derphttp fails Connect without them —
+// so a refusal is pinned, for Ferry and derper alike, to come after 101 and
+// serverKey, as a close instead of serverInfo.
 func (s *server) refusedClient(t *testing.T, name string, within time.Duration) {
 	t.Helper()
 	d := s.dialClient(t, name, key.NewNode())
