@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_client::{DerpClient, Error, Event, Options};
+use ferry_client::{DerpClient, Error, Event};
 use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason, SessionOffer};
-use ferry_proto::udp_header::{Header, Protocol};
+use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason};
+use support::sessions::{data, next, offer, options};
 use support::{ferry, get, url_addr, Ferry, TempDir, T};
 use tokio::net::UdpSocket;
 
@@ -33,34 +33,6 @@ fn start(dir: &TempDir) -> (Ferry, String, SocketAddr, SocketAddr) {
     let url = f.field("ferry relay running", "url");
     let metrics = url_addr(&f.field("ferry relay running", "metrics"));
     (f, url, relay, metrics)
-}
-
-fn options(relay_sessions: bool) -> Options {
-    let mut o = Options::default();
-    o.relay_sessions = relay_sessions;
-    o
-}
-
-/// The next event `pick` accepts, skipping others; bounded by [`T`].
-async fn next<R>(c: &mut DerpClient, mut pick: impl FnMut(Event) -> Option<R>) -> R {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let e = tokio::time::timeout_at(deadline, c.recv())
-            .await
-            .expect("event within the deadline")
-            .expect("client running");
-        if let Some(r) = pick(e) {
-            return r;
-        }
-    }
-}
-
-async fn offer(c: &mut DerpClient) -> SessionOffer {
-    next(c, |e| match e {
-        Event::RelaySession(o) => Some(o),
-        _ => None,
-    })
-    .await
 }
 
 async fn refused(c: &mut DerpClient) -> (u32, NodePublic, RefuseReason) {
@@ -93,12 +65,6 @@ async fn bind(sock: &UdpSocket, b: &mut Binder) {
             assert!(b.handle(Instant::now(), &buf[..n]), "a bind reply");
         }
     }
-}
-
-fn data(vni: u32, body: &[u8]) -> Vec<u8> {
-    let mut d = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
-    d.extend_from_slice(body);
-    d
 }
 
 async fn recv(sock: &UdpSocket) -> (Vec<u8>, SocketAddr) {
