@@ -3,7 +3,9 @@
 //! over DERP, bind it from real UDP sockets with the sans-IO `Binder`, and
 //! pass datagrams both ways through it; a third socket's wrong token, wrong
 //! VNI, wrong source and replayed answer are dropped and counted in the
-//! metrics; clients that did not ask, and derper, see nothing of it.
+//! metrics; an idle session is freed and its id then unknown; clients that
+//! did not ask, and derper, see nothing of it. (The same across network
+//! namespaces, with an attacker forging sources: `relay_sessions_netns.rs`.)
 
 mod support;
 
@@ -12,55 +14,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_client::{DerpClient, Error, Event, Options};
+use ferry_client::{DerpClient, Error, Event};
 use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason, SessionOffer};
-use ferry_proto::udp_header::{Header, Protocol};
+use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason};
+use support::sessions::{data, next, offer, options};
 use support::{ferry, get, url_addr, Ferry, TempDir, T};
 use tokio::net::UdpSocket;
 
 /// `ferry` with relay sessions on a port the system picks, two shards (so
-/// the two clients' datagrams may land on different ones); returns the
-/// DERP URL, the session address and the metrics address.
-fn start(dir: &TempDir) -> (Ferry, String, SocketAddr, SocketAddr) {
+/// the two clients' datagrams may land on different ones) and `extra`
+/// flags; returns the DERP URL, the session address and the metrics
+/// address.
+fn start(dir: &TempDir, extra: &[&str]) -> (Ferry, String, SocketAddr, SocketAddr) {
     let mut f = Ferry::spawn(
         ferry()
             .args(["-a", "127.0.0.1:0", "--stun=false", "--workers", "2"])
             .args(["-c", &dir.path("ferry.key")])
-            .args(["--metrics-addr", "127.0.0.1:0", "--relay-port", "0"]),
+            .args(["--metrics-addr", "127.0.0.1:0", "--relay-port", "0"])
+            .args(extra),
     );
     let relay: SocketAddr = f.field("relay sessions on", "addr").parse().unwrap();
     let url = f.field("ferry relay running", "url");
     let metrics = url_addr(&f.field("ferry relay running", "metrics"));
     (f, url, relay, metrics)
-}
-
-fn options(relay_sessions: bool) -> Options {
-    let mut o = Options::default();
-    o.relay_sessions = relay_sessions;
-    o
-}
-
-/// The next event `pick` accepts, skipping others; bounded by [`T`].
-async fn next<R>(c: &mut DerpClient, mut pick: impl FnMut(Event) -> Option<R>) -> R {
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let e = tokio::time::timeout_at(deadline, c.recv())
-            .await
-            .expect("event within the deadline")
-            .expect("client running");
-        if let Some(r) = pick(e) {
-            return r;
-        }
-    }
-}
-
-async fn offer(c: &mut DerpClient) -> SessionOffer {
-    next(c, |e| match e {
-        Event::RelaySession(o) => Some(o),
-        _ => None,
-    })
-    .await
 }
 
 async fn refused(c: &mut DerpClient) -> (u32, NodePublic, RefuseReason) {
@@ -95,12 +71,6 @@ async fn bind(sock: &UdpSocket, b: &mut Binder) {
     }
 }
 
-fn data(vni: u32, body: &[u8]) -> Vec<u8> {
-    let mut d = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
-    d.extend_from_slice(body);
-    d
-}
-
 async fn recv(sock: &UdpSocket) -> (Vec<u8>, SocketAddr) {
     let mut buf = [0u8; 1500];
     let (n, from) = tokio::time::timeout(T, sock.recv_from(&mut buf))
@@ -131,7 +101,7 @@ fn wait_drops(addr: SocketAddr, reason: &str, n: u64) {
 #[tokio::test]
 async fn two_clients_get_a_session_and_talk_through_it() {
     let dir = TempDir::new("relay-sessions");
-    let (server, url, relay, metrics) = start(&dir);
+    let (server, url, relay, metrics) = start(&dir, &[]);
     let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
     let mut a = DerpClient::connect(&url, ka.clone(), options(true))
         .await
@@ -240,9 +210,49 @@ async fn two_clients_get_a_session_and_talk_through_it() {
 }
 
 #[tokio::test]
+async fn an_idle_session_is_freed_and_its_id_then_unknown() {
+    let dir = TempDir::new("relay-sessions-idle");
+    let (server, url, relay, metrics) = start(&dir, &["--relay-idle-timeout", "1s"]);
+    let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
+    let mut a = DerpClient::connect(&url, ka, options(true)).await.unwrap();
+    let mut b = DerpClient::connect(&url, kb.clone(), options(true))
+        .await
+        .unwrap();
+    a.allocate(&kb.public()).await.unwrap();
+    let (oa, ob) = (offer(&mut a).await, offer(&mut b).await);
+    assert_eq!(oa.idle_lifetime, Duration::from_secs(1));
+    let ua = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let ub = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    bind(&ua, &mut Binder::new(&oa, relay, 1, Instant::now())).await;
+    bind(&ub, &mut Binder::new(&ob, relay, 1, Instant::now())).await;
+    let d = data(oa.vni, b"last words");
+    let last = Instant::now();
+    ua.send_to(&d, relay).await.unwrap();
+    assert_eq!(recv(&ub).await.0, d);
+
+    // Quiet from here: the session is freed, not before its idle lifetime.
+    let bound = "ferry_udp_relay_sessions{state=\"bound\"}";
+    let deadline = Instant::now() + T;
+    while metric(metrics, bound) != 0 {
+        assert!(Instant::now() < deadline, "the session stays bound");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(last.elapsed() >= oa.idle_lifetime, "{:?}", last.elapsed());
+    let freed = "ferry_udp_relay_session_events_total{event=\"freed_idle\"}";
+    assert_eq!(metric(metrics, freed), 1);
+    // Its id is unknown now: dropped and counted, B gets nothing.
+    ua.send_to(&data(oa.vni, b"too late"), relay).await.unwrap();
+    wait_drops(metrics, "unknown_vni", 1);
+    let mut buf = [0u8; 64];
+    assert!(ub.try_recv_from(&mut buf).is_err(), "B got nothing more");
+    drop((a, b));
+    server.stop();
+}
+
+#[tokio::test]
 async fn clients_that_did_not_ask_see_nothing_and_are_refused_as_peers() {
     let dir = TempDir::new("relay-sessions-plain");
-    let (server, url, _, metrics) = start(&dir);
+    let (server, url, _, metrics) = start(&dir, &[]);
     let (ka, kp) = (NodePrivate::generate(), NodePrivate::generate());
     let mut a = DerpClient::connect(&url, ka, options(true)).await.unwrap();
     let mut plain = DerpClient::connect(&url, kp.clone(), options(false))

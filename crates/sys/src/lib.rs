@@ -33,6 +33,8 @@
 //!   also joined by another process.
 //! - [`ktls`]: kernel TLS: probing for it, handing a session's keys to a
 //!   socket, and typed record reads and writes (cmsg parsing in `cmsg`).
+//! - [`netns`]: moving a thread into a named network namespace (tests that
+//!   run parts of themselves in namespaces they made).
 //!
 //! Ferry targets Linux only; this crate reads `/proc` and calls Linux-specific
 //! syscalls.
@@ -51,6 +53,7 @@ pub mod ktls;
 pub mod limits;
 pub mod mmsg;
 mod msghdr;
+pub mod netns;
 pub mod port;
 pub mod process;
 pub mod signal;
@@ -60,3 +63,12 @@ pub mod uring;
 pub use cpu::{available_cpus, pin_current_thread};
 pub use limits::raise_nofile_limit;
 pub use process::{is_root, open_fds, rss_bytes};
+
+/// A system call's `0 or -1 with errno` return value as a result.
+fn zero_or_errno(rc: libc::c_int) -> std::io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -81,12 +81,7 @@ pub fn send(pid: u32, signal: i32) -> io::Result<()> {
     let pid =
         libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-    let rc = unsafe { libc::kill(pid, signal) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::zero_or_errno(unsafe { libc::kill(pid, signal) })
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! signal it, wait for it to exit. Every wait is bounded.
 #![allow(dead_code)]
 
+pub(crate) mod sessions;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
