@@ -888,7 +888,7 @@ def markdown(ctx, s, machine):
       f"{', both at nice -20' if ctx.nice else ''}. Ferry {machine['ferry_rev']} (`--workers {ctx.args.workers}`, "
       f"I/O back end: {machine.get('ferry_backend', '?')}), derper {DERPER_VERSION} ({machine['go']}), "
       f"tuned derper: `TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH={TUNED_QUEUE}`"
-      + (f", Hyper-DERP {machine['hyperderp']} (`--workers {ctx.args.workers}`, plain DERP only)" if machine.get("hyperderp") else "")
+      + (f", {machine['hyperderp']} (`--workers {ctx.args.workers}`, plain DERP only)" if machine.get("hyperderp") else "")
       + ".\n")
     w(f"Cells: median over {ctx.plan['repeats']} repeat(s) (min–max). Rates: Mbit/s of DERP packet payload. "
       f"Window {ctx.plan['window']} after {ctx.plan['warmup']} warm-up. See bench/README.md.\n")
@@ -906,15 +906,17 @@ def markdown(ctx, s, machine):
         names = [n for n in SERVERS if n in rs]
         w(f"## Throughput vs offered rate — {transport}, {PEERS} peers / {PEERS // 2} pairs, {SIZE} B\n")
         w("Delivered Mbit/s.\n")
-        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " | Ferry/derper | Ferry/derper (q) |")
-        w("|---|" + "---|" * (len(names) + 2))
+        # Ferry against each of these, where it ran.
+        against = [n for n in ("derper", "derper-q", "hyperderp") if n in rs or n != "hyperderp"]
+        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " | "
+          + " | ".join(f"Ferry/{SERVERS[n]['label']}" for n in against) + " |")
+        w("|---|" + "---|" * (len(names) + len(against)))
         for point in points_of(ctx.records, "rate"):
             row = [rs.get(n, {}).get(point, {}).get("delivered_mbps") for n in names]
             f = rs.get("ferry", {}).get(point, {}).get("delivered_mbps")
-            d = rs.get("derper", {}).get(point, {}).get("delivered_mbps")
-            q = rs.get("derper-q", {}).get(point, {}).get("delivered_mbps")
             if any(row):
-                w(f"| {point} | " + " | ".join(fmt(v) for v in row) + f" | {ratio(f, d)} | {ratio(f, q)} |")
+                w(f"| {point} | " + " | ".join(fmt(v) for v in row) + " | "
+                  + " | ".join(ratio(f, rs.get(n, {}).get(point, {}).get("delivered_mbps")) for n in against) + " |")
         w("\nLoss (% of the window's packets):\n")
         w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " |")
         w("|---|" + "---|" * len(names))
@@ -940,15 +942,18 @@ def markdown(ctx, s, machine):
         w(f"## Round-trip latency under load — plain, 1 ping pair at 1000/s, {SIZE} B\n")
         w(f"Load: {PEERS} background peers, as a share of derper's saturation throughput ({base:.0f} Mbit/s). "
           "RTT in µs, p50 / p99 / p99.9 (medians over repeats).\n")
-        w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | p99 Ferry/derper |")
-        w("|---|" + "---|" * (len(names) + 1))
+        against = [n for n in ("derper", "hyperderp") if n in lat or n != "hyperderp"]
+        w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | "
+          + " | ".join(f"p99 Ferry/{SERVERS[n]['label']}" for n in against) + " |")
+        w("|---|" + "---|" * (len(names) + len(against)))
         for point in points_of(ctx.records, "latency"):
             cells = []
             for n in names:
                 q = lat[n].get(point)
                 cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}" if q else "–")
-            f, d = lat.get("ferry", {}).get(point), lat.get("derper", {}).get(point)
-            w(f"| {point} | " + " | ".join(cells) + f" | {ratio(f and f['p99'], d and d['p99'])} |")
+            f = lat.get("ferry", {}).get(point)
+            w(f"| {point} | " + " | ".join(cells) + " | "
+              + " | ".join(ratio(f and f["p99"], (lat.get(n, {}).get(point) or {}).get("p99")) for n in against) + " |")
         w("")
 
     pe = s["peers"]

@@ -26,15 +26,15 @@
 #   libcli11-dev libasio-dev libmnl-dev
 set -euo pipefail
 
+if [ "${CI:-}" = true ]; then
+  echo "build.sh: not for CI (builds a third-party server for a manual comparison)" >&2
+  exit 2
+fi
 [ $# -eq 2 ] || { sed -n '5,9p' "$0" >&2; exit 2; }
 src=$(realpath "$1")
 work=$(mkdir -p "$2" && realpath "$2")
 [ -f "$src/CMakeLists.txt" ] && [ -f "$src/src/main.cc" ] \
   || { echo "build.sh: $src is not a Hyper-DERP source tree" >&2; exit 2; }
-if [ "${CI:-}" = true ]; then
-  echo "build.sh: not for CI (builds a third-party server for a manual comparison)" >&2
-  exit 2
-fi
 
 github='https://github.com/{owner}/{name}.git'
 git_src=${HD_GIT:-$github}
@@ -128,10 +128,13 @@ cat >"$work/einheit-absent/CMakeLists.txt" <<'CMAKE'
 add_custom_target(einheit)
 CMAKE
 
+# Debian 12's asio (1.24, which Crow includes) uses std::nested_exception and
+# std::terminate without including <exception>; libc++ 19 no longer includes
+# it transitively in C++23, hence the -include.
 cmake -S "$src" -B "$work/build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_CXX_FLAGS=-stdlib=libc++ \
+  -DCMAKE_CXX_FLAGS="-stdlib=libc++ -include exception" \
   -DCMAKE_EXE_LINKER_FLAGS=-stdlib=libc++ \
   -DBUILD_TESTING=OFF \
   -DURING_LIB="$uring/lib/liburing.a" -DURING_INCLUDE_DIR="$uring/include" \
