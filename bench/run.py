@@ -39,13 +39,22 @@ BENCH = ROOT / "bench"
 DERPER_VERSION = "v1.102.5"
 TUNED_QUEUE = 4096  # TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH of the tuned baseline
 
-# Servers. "plain_only" servers take no part in TLS suites.
+# Servers. "plain_only" servers take no part in TLS suites; "no_varz" ones
+# serve no /debug/varz for ferry-bench --metrics to read.
 SERVERS = {
     "ferry": {"label": "Ferry"},
     "derper": {"label": "derper"},
     "derper-q": {"label": f"derper (queue {TUNED_QUEUE})"},
-    "ceiling": {"label": "ceiling", "plain_only": True},
+    "ceiling": {"label": "ceiling", "plain_only": True, "no_varz": True},
+    # Hyper-DERP (github.com/hyper-derp/Hyper-DERP, C++/io_uring), built
+    # outside the repository by bench/hyperderp/build.sh and given with
+    # --hyperderp; its DERP listener has no TLS of its own (kTLS only), so
+    # plain DERP only, in the rate and latency suites.
+    "hyperderp": {"label": "Hyper-DERP", "plain_only": True, "no_varz": True},
 }
+
+# The suites a --hyperderp binary joins, after derper.
+HYPERDERP_SUITES = ("rate", "latency")
 
 MBIT = 1e6
 
@@ -243,6 +252,15 @@ class Server:
         elif self.name == "ceiling":
             assert not self.tls, "the ceiling speaks plain DERP only"
             cmd = [str(c.bins["ferry-bench"]), "ceiling-server", "-a", addr]
+        elif self.name == "hyperderp":
+            assert not self.tls, "Hyper-DERP is measured with plain DERP only"
+            # It listens on every address (no bind-address option); the
+            # generator connects over loopback. Its key is made at start, like
+            # the others' (their key files are new per run). The workers
+            # count is Ferry's; taskset confines all its threads, as for the
+            # others, so --pin-workers would add nothing on one CPU.
+            cmd = [str(c.bins["hyperderp"]), "--port", str(self.port), "--workers", str(c.args.workers),
+                   "--log-level", "warn"]
         else:
             raise ValueError(self.name)
         if self.mesh:
@@ -273,8 +291,8 @@ class Server:
         return f"{'https://localhost' if self.tls else 'http://127.0.0.1'}:{self.port}"
 
     def metrics(self):
-        """--metrics for servers that serve /debug/varz (not the ceiling)."""
-        return [] if self.name == "ceiling" else ["--metrics"]
+        """--metrics for servers that serve /debug/varz."""
+        return [] if SERVERS[self.name].get("no_varz") else ["--metrics"]
 
     def client_args(self):
         a = ["-s", self.url(), "--server-pid", str(self.proc.pid)]
@@ -869,7 +887,9 @@ def markdown(ctx, s, machine):
       f"Servers on CPU {ctx.args.server_cpus}, ferry-bench on CPU {ctx.args.client_cpus}"
       f"{', both at nice -20' if ctx.nice else ''}. Ferry {machine['ferry_rev']} (`--workers {ctx.args.workers}`, "
       f"I/O back end: {machine.get('ferry_backend', '?')}), derper {DERPER_VERSION} ({machine['go']}), "
-      f"tuned derper: `TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH={TUNED_QUEUE}`.\n")
+      f"tuned derper: `TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH={TUNED_QUEUE}`"
+      + (f", {machine['hyperderp']} (`--workers {ctx.args.workers}`, plain DERP only)" if machine.get("hyperderp") else "")
+      + ".\n")
     w(f"Cells: median over {ctx.plan['repeats']} repeat(s) (min–max). Rates: Mbit/s of DERP packet payload. "
       f"Window {ctx.plan['window']} after {ctx.plan['warmup']} warm-up. See bench/README.md.\n")
     disturbed = sum(1 for r in ctx.records if r["report"] and (r["report"].get("machine") or {}).get("disturbed"))
@@ -886,15 +906,17 @@ def markdown(ctx, s, machine):
         names = [n for n in SERVERS if n in rs]
         w(f"## Throughput vs offered rate — {transport}, {PEERS} peers / {PEERS // 2} pairs, {SIZE} B\n")
         w("Delivered Mbit/s.\n")
-        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " | Ferry/derper | Ferry/derper (q) |")
-        w("|---|" + "---|" * (len(names) + 2))
+        # Ferry against each of these, where it ran.
+        against = [n for n in ("derper", "derper-q", "hyperderp") if n in rs or n != "hyperderp"]
+        w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " | "
+          + " | ".join(f"Ferry/{SERVERS[n]['label']}" for n in against) + " |")
+        w("|---|" + "---|" * (len(names) + len(against)))
         for point in points_of(ctx.records, "rate"):
             row = [rs.get(n, {}).get(point, {}).get("delivered_mbps") for n in names]
             f = rs.get("ferry", {}).get(point, {}).get("delivered_mbps")
-            d = rs.get("derper", {}).get(point, {}).get("delivered_mbps")
-            q = rs.get("derper-q", {}).get(point, {}).get("delivered_mbps")
             if any(row):
-                w(f"| {point} | " + " | ".join(fmt(v) for v in row) + f" | {ratio(f, d)} | {ratio(f, q)} |")
+                w(f"| {point} | " + " | ".join(fmt(v) for v in row) + " | "
+                  + " | ".join(ratio(f, rs.get(n, {}).get(point, {}).get("delivered_mbps")) for n in against) + " |")
         w("\nLoss (% of the window's packets):\n")
         w("| Offered | " + " | ".join(SERVERS[n]["label"] for n in names) + " |")
         w("|---|" + "---|" * len(names))
@@ -920,15 +942,18 @@ def markdown(ctx, s, machine):
         w(f"## Round-trip latency under load — plain, 1 ping pair at 1000/s, {SIZE} B\n")
         w(f"Load: {PEERS} background peers, as a share of derper's saturation throughput ({base:.0f} Mbit/s). "
           "RTT in µs, p50 / p99 / p99.9 (medians over repeats).\n")
-        w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | p99 Ferry/derper |")
-        w("|---|" + "---|" * (len(names) + 1))
+        against = [n for n in ("derper", "hyperderp") if n in lat or n != "hyperderp"]
+        w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | "
+          + " | ".join(f"p99 Ferry/{SERVERS[n]['label']}" for n in against) + " |")
+        w("|---|" + "---|" * (len(names) + len(against)))
         for point in points_of(ctx.records, "latency"):
             cells = []
             for n in names:
                 q = lat[n].get(point)
                 cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}" if q else "–")
-            f, d = lat.get("ferry", {}).get(point), lat.get("derper", {}).get(point)
-            w(f"| {point} | " + " | ".join(cells) + f" | {ratio(f and f['p99'], d and d['p99'])} |")
+            f = lat.get("ferry", {}).get(point)
+            w(f"| {point} | " + " | ".join(cells) + " | "
+              + " | ".join(ratio(f and f["p99"], (lat.get(n, {}).get(point) or {}).get("p99")) for n in against) + " |")
         w("")
 
     pe = s["peers"]
@@ -1025,9 +1050,10 @@ def markdown(ctx, s, machine):
 
 
 STYLE = {"ferry": ("tab:blue", "o"), "ferry-base": ("tab:cyan", "v"), "derper": ("tab:red", "s"),
-         "derper-q": ("tab:orange", "^"), "ceiling": ("tab:gray", "D")}
+         "derper-q": ("tab:orange", "^"), "ceiling": ("tab:gray", "D"), "hyperderp": ("tab:green", "P")}
 # Drawing order and a small horizontal nudge, so coinciding lines stay visible.
-LAYER = {"ferry": (4, 0.0), "ferry-base": (4, 0.006), "derper": (3, -0.012), "derper-q": (3, 0.012), "ceiling": (2, 0.0)}
+LAYER = {"ferry": (4, 0.0), "ferry-base": (4, 0.006), "derper": (3, -0.012), "derper-q": (3, 0.012), "ceiling": (2, 0.0),
+         "hyperderp": (3, 0.0)}
 
 
 def line_style(n):
@@ -1235,7 +1261,7 @@ def machine_info(ctx):
         "derper": DERPER_VERSION,
         "tuned_queue": TUNED_QUEUE,
         "binary_sha256": digests,
-    }
+    } | ({"hyperderp": sh([str(ctx.bins["hyperderp"]), "--version"])} if "hyperderp" in (ctx.bins or {}) else {})
 
 
 def write_outputs(ctx, machine):
@@ -1307,6 +1333,9 @@ def main():
     ap.add_argument("--latency-base", type=float, metavar="MBPS",
                     help="latency suite: load levels as shares of this rate instead of derper's measured saturation "
                          "(for runs whose rate suite has no paced points, e.g. --peak-only)")
+    ap.add_argument("--hyperderp", type=Path, metavar="HYPER_DERP_BIN",
+                    help="also measure this Hyper-DERP server binary (bench/hyperderp/build.sh builds it) as "
+                         "'hyperderp' in the rate and latency suites, plain DERP only")
     ap.add_argument("--rerender", action="store_true",
                     help="rebuild results.md, summary.json and the plots from --out's raw reports, running nothing")
     args = ap.parse_args()
@@ -1318,6 +1347,10 @@ def main():
             if isinstance(spec, dict) and "ferry" in spec.get("servers", []):
                 i = spec["servers"].index("ferry")
                 spec["servers"].insert(i + 1, "ferry-base")
+    if args.hyperderp:
+        for x in HYPERDERP_SUITES:
+            servers = plan[x]["servers"]
+            servers.insert(servers.index("derper") + 1, "hyperderp")
     if args.repeats:
         plan["repeats"] = args.repeats
     if args.peak_only:
@@ -1349,6 +1382,8 @@ def main():
         bins = build(args)
     if args.baseline:
         bins["ferry-base"] = args.baseline
+    if args.hyperderp:
+        bins["hyperderp"] = args.hyperderp
     for k, v in bins.items():
         if not Path(v).exists():
             sys.exit(f"bench: {k} not found at {v}")
