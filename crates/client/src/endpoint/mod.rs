@@ -29,9 +29,11 @@
 //!   Payloads on UDP carry no key: they are accepted only from an address
 //!   (or relay session) that belongs to a peer's path.
 //! - This side's candidate addresses (the socket's local address, or the
-//!   host's addresses of its family when bound to a wildcard;
-//!   the public address STUN reports; [`EndpointOptions::advertise`]) go to
-//!   every peer in call-me-maybe over DERP.
+//!   host's addresses of its family when bound to a wildcard, of both
+//!   families when bound to `[::]` dual-stack; the public address STUN
+//!   reports; the addresses peers' pongs say they saw, at most four;
+//!   [`EndpointOptions::advertise`]) go to every peer in call-me-maybe over
+//!   DERP. A dual-stack socket sends to IPv4 addresses as IPv4-mapped.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
 //!
@@ -360,6 +362,8 @@ struct Inner {
     public: NodePublic,
     socket: UdpSocket,
     local_addr: SocketAddr,
+    /// An IPv6 socket that also carries IPv4 (`IPV6_V6ONLY` off).
+    dual_stack: bool,
     paths: Mutex<Paths>,
     sessions: Mutex<Sessions>,
     peers: RwLock<HashMap<NodePublic, PeerEntry>>,
@@ -404,7 +408,7 @@ impl Endpoint {
     /// [`Endpoint::relay_status`]). Direct paths need no relay once
     /// confirmed, but the first exchange of addresses goes over DERP.
     pub async fn bind(opts: EndpointOptions) -> Result<Endpoint, EndpointError> {
-        let socket =
+        let (socket, dual_stack) =
             bind_socket(opts.bind, opts.socket_buffer).map_err(|source| EndpointError::Bind {
                 addr: opts.bind,
                 source,
@@ -464,6 +468,7 @@ impl Endpoint {
             key: opts.key,
             socket,
             local_addr,
+            dual_stack,
             paths: Mutex::new(Paths::new(opts.timing, opts.seed)),
             sessions: Mutex::new(Sessions::new(opts.session_timing)),
             peers: RwLock::new(HashMap::new()),
@@ -639,8 +644,9 @@ fn vni_of(path: &PathAddr) -> u32 {
 
 /// A non-blocking UDP socket on `addr` with (up to) `buffer` bytes of
 /// kernel buffer each way, so bursts are not dropped before the driver
-/// reads them.
-fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
+/// reads them; bound to `[::]`, dual-stack where the system allows it.
+/// `true` when it is dual-stack.
+fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<(UdpSocket, bool)> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::DGRAM,
@@ -649,9 +655,16 @@ fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     // Best effort: the kernel caps both at its configured maximum.
     let _ = socket.set_recv_buffer_size(buffer);
     let _ = socket.set_send_buffer_size(buffer);
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // Not the system's default (net.ipv6.bindv6only) but what a
+        // wildcard endpoint means: both families. A system without IPv4
+        // refuses; the socket is then IPv6 alone.
+        let _ = socket.set_only_v6(false);
+    }
+    let dual_stack = addr.is_ipv6() && socket.only_v6().is_ok_and(|only| !only);
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    UdpSocket::from_std(socket.into())
+    Ok((UdpSocket::from_std(socket.into())?, dual_stack))
 }
 
 /// The URL's host, port 3478, resolved.
@@ -681,11 +694,23 @@ impl Inner {
         Some(self.peers.read().expect("not poisoned").get(peer)?.relay)
     }
 
+    /// Sends one datagram from the UDP socket without waiting; to an IPv4
+    /// address as IPv4-mapped when the socket is IPv6.
+    fn send_udp(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+        let to = match to {
+            SocketAddr::V4(v4) if self.local_addr.is_ipv6() => {
+                SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port())
+            }
+            other => other,
+        };
+        self.socket.try_send_to(buf, to)
+    }
+
     /// Sends a finished peer message on `path`.
     fn transmit(&self, peer: &NodePublic, path: &PathAddr, buf: Vec<u8>) -> Result<(), SendError> {
         match path {
             PathAddr::Direct(addr) | PathAddr::Relay { addr, .. } => {
-                match self.socket.try_send_to(&buf, *addr) {
+                match self.send_udp(&buf, *addr) {
                     Ok(_) => Ok(()),
                     Err(e) => {
                         tracing::trace!(%addr, error = %e, "UDP send failed");
@@ -732,7 +757,10 @@ impl Inner {
         if self.discover {
             let port = self.local_addr.port();
             if self.local_addr.ip().is_unspecified() {
-                let ips = local::addresses(self.local_addr.is_ipv6());
+                let mut ips = local::addresses(self.local_addr.is_ipv6());
+                if self.dual_stack {
+                    ips.extend(local::addresses(false));
+                }
                 addrs.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, port)));
             } else {
                 addrs.push(self.local_addr);
@@ -861,7 +889,7 @@ impl Driver {
             }
             if let Some((addr, msg)) = bind {
                 // A lost bind message is retransmitted by the binder.
-                let _ = self.inner.socket.try_send_to(&msg, addr);
+                let _ = self.inner.send_udp(&msg, addr);
             }
             if let Some((peer, path)) = change {
                 self.inner.lock_paths().set_relay(now, &peer, path);
@@ -892,10 +920,7 @@ impl Driver {
             let Some(server) = r.stun else { continue };
             let txid: [u8; 12] = rand::random();
             self.stun_pending.insert(txid, i);
-            let _ = self
-                .inner
-                .socket
-                .try_send_to(&stun::binding_request(&txid), server);
+            let _ = self.inner.send_udp(&stun::binding_request(&txid), server);
         }
     }
 
