@@ -2,7 +2,9 @@
 //! at bind does not fail it (retried in the background, its state in
 //! `relay_status`, each failure an event), DERP and relay sessions start
 //! once it is up; a peer that leaves its relay is reported gone, and back
-//! when it returns; events tell all of it.
+//! when it returns; events tell all of it. And an endpoint bound to
+//! `[::]` is dual-stack: it announces IPv4 candidates besides IPv6 ones
+//! and reaches an IPv4-only peer directly.
 
 #[path = "support/ferry_in_process.rs"]
 mod ferry_in_process;
@@ -25,6 +27,10 @@ use tokio::sync::broadcast;
 const QUICK: Duration = Duration::from_secs(10);
 
 fn options(url: &str, key: NodePrivate) -> EndpointOptions {
+    options_at(url, key, "127.0.0.1:0")
+}
+
+fn options_at(url: &str, key: NodePrivate, bind: &str) -> EndpointOptions {
     let mut r = RelayOptions::new("test", url);
     let mut o = Options::default();
     o.backoff = BackoffOptions {
@@ -36,7 +42,7 @@ fn options(url: &str, key: NodePrivate) -> EndpointOptions {
     // Nothing listens there: no STUN.
     r.stun = Some("127.0.0.1:9".parse().unwrap());
     let mut e = EndpointOptions::new(key, vec![r]);
-    e.bind = "127.0.0.1:0".parse().unwrap();
+    e.bind = bind.parse().unwrap();
     e
 }
 
@@ -304,4 +310,56 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
         delivered(&a, &b, &format!("{kind:?}: again")).await;
         drop(b);
     }
+}
+
+/// Bound to `[::]`: IPv4 candidates announced, an IPv4-only peer reached
+/// directly both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wildcard_ipv6_endpoint_is_dual_stack() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 on this host: nothing to test");
+        return;
+    }
+    let server = TestServer::start(Kind::Ferry, None);
+    let a = Endpoint::bind(options_at(&server.url(), NodePrivate::generate(), "[::]:0"))
+        .await
+        .unwrap();
+    let b = Endpoint::bind(options(&server.url(), NodePrivate::generate()))
+        .await
+        .unwrap();
+    let candidates = a.local_candidates();
+    assert!(
+        candidates.iter().any(|c| c.is_ipv4()),
+        "no IPv4 candidate: {candidates:?}"
+    );
+    assert!(candidates.iter().all(|c| c.port() == a.local_addr().port()));
+    let (ka, kb) = (a.public_key(), b.public_key());
+    a.add_peer(kb, PeerOptions::default());
+    b.add_peer(ka, PeerOptions::default());
+    let deadline = tokio::time::Instant::now() + QUICK;
+    loop {
+        let on = |e: &Endpoint, k| e.peer_status(k).unwrap().active.map(|p| p.kind());
+        if on(&a, &kb) == Some(PathKind::Direct) && on(&b, &ka) == Some(PathKind::Direct) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not direct: a {:?}, b {:?}",
+            a.peer_status(&kb),
+            b.peer_status(&ka)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.send(&kb, b"over IPv4 from [::]").unwrap();
+    let (from, data) = tokio::time::timeout(QUICK, b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((from, data.as_slice()), (ka, &b"over IPv4 from [::]"[..]));
+    b.send(&ka, b"back").unwrap();
+    let (from, data) = tokio::time::timeout(QUICK, a.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((from, data.as_slice()), (kb, &b"back"[..]));
 }
