@@ -575,3 +575,29 @@ fn a_peer_that_never_answers_is_logged_and_nothing_crashes() {
     );
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Two running links, one with the other's link key wrong: neither is
+/// answered, and each says so once after 10 s; the one whose key the
+/// other has wrong also logs the probes it cannot place (not from a
+/// configured peer). Neither crashes.
+#[test]
+fn a_wrong_link_key_on_one_side_is_logged_on_both() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    let dir = TempDir::new("link-wrongkey");
+    let relay = relay_block(&server.url(), None);
+    let (a, b) = (Side::new(), Side::new());
+    let wrong = NodePrivate::generate();
+    let a_cfg = a.write_config(&dir, "a", "b", &b.key, &relay, "");
+    // B has a key for "a" that is not A's.
+    let b_cfg = b.write_config(&dir, "b", "a", &wrong, &relay, "");
+    let mut la = link(&a_cfg);
+    let mut lb = link(&b_cfg);
+    assert_eq!(la.field("peer not answering after 10 s", "peer"), "b");
+    assert_eq!(lb.field("peer not answering after 10 s", "peer"), "a");
+    lb.wait_log("dropped datagrams that were not from a configured peer");
+    a.wg.send_to(b"lost", a.peer_endpoint).unwrap();
+    assert!(b.wg.recv_from(&mut [0u8; 16]).is_err(), "nothing crosses");
+    let (la, lb) = (la.stop(), lb.stop());
+    assert_eq!(la.matches("peer not answering").count(), 1, "{la}");
+    assert_eq!(lb.matches("peer not answering").count(), 1, "{lb}");
+}
