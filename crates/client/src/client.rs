@@ -264,6 +264,54 @@ impl DerpClient {
         key: NodePrivate,
         options: Options,
     ) -> Result<Self, Error> {
+        let (sender, events, mut driver) = DerpClient::prepare(targets, key, options)?;
+        let conn = driver.dial_any().await?;
+        driver.connected(&conn).await;
+        Ok(DerpClient {
+            sender,
+            events,
+            task: tokio::spawn(driver.run(conn)),
+        })
+    }
+
+    /// Like [`DerpClient::connect`], but a first attempt that fails is not
+    /// an error: it is reported as [`Event::Disconnected`] (the first
+    /// event then) and retried after the backoff delay, like a lost
+    /// connection. Returns once the first attempt has succeeded or failed.
+    /// `Err` only for what no retry can mend: the URL, the TLS setup.
+    pub async fn start(url: &str, key: NodePrivate, options: Options) -> Result<Self, Error> {
+        let (sender, events, mut driver) =
+            DerpClient::prepare(vec![Target::from_url(url)?], key, options)?;
+        let first = match driver.dial_any().await {
+            Ok(conn) => {
+                driver.connected(&conn).await;
+                Ok(conn)
+            }
+            Err(e) => Err(e),
+        };
+        let task = tokio::spawn(async move {
+            let conn = match first {
+                Ok(conn) => conn,
+                Err(e) => match driver.reconnect(e).await {
+                    Some(conn) => conn,
+                    None => return,
+                },
+            };
+            driver.run(conn).await;
+        });
+        Ok(DerpClient {
+            sender,
+            events,
+            task,
+        })
+    }
+
+    /// The handles and the driver of a client that has not dialled yet.
+    fn prepare(
+        targets: Vec<Target>,
+        key: NodePrivate,
+        options: Options,
+    ) -> Result<(DerpSender, mpsc::Receiver<Event>, Driver), Error> {
         if targets.is_empty() {
             return Err(Error::NoTarget);
         }
@@ -284,7 +332,7 @@ impl DerpClient {
             public_key: key.public(),
             ping_timeout: options.ping_timeout,
         };
-        let mut driver = Driver {
+        let driver = Driver {
             backoff: Backoff::new(&options.backoff),
             targets: dial,
             key,
@@ -298,14 +346,7 @@ impl DerpClient {
             next_ping: 0,
             scratch: Vec::new(),
         };
-        let conn = driver.dial_any().await?;
-        driver.connected(&conn).await;
-        let task = tokio::spawn(driver.run(conn));
-        Ok(DerpClient {
-            sender,
-            events: ev_rx,
-            task,
-        })
+        Ok((sender, ev_rx, driver))
     }
 
     /// The next event. [`Error::Closed`] once the client has stopped.

@@ -60,8 +60,8 @@ mod tls;
 pub use backoff::BackoffOptions;
 pub use client::{DerpClient, DerpSender, Event, Options, Stats};
 pub use endpoint::{
-    Endpoint, EndpointError, EndpointOptions, EndpointStats, PathAddr, PathEvent, PathKind,
-    PathState, PathStatus, PeerOptions, PeerStatus, RelayOptions, RelayStatus, SendError,
+    Endpoint, EndpointError, EndpointEvent, EndpointOptions, EndpointStats, PathAddr, PathEvent,
+    PathKind, PathState, PathStatus, PeerOptions, PeerStatus, RelayOptions, RelayStatus, SendError,
     SwitchReason,
 };
 pub use error::Error;

@@ -496,3 +496,108 @@ fn two_links_go_direct_and_say_so() {
     la.stop();
     lb.stop();
 }
+
+/// A relay that is down when the links start: each failed attempt is one
+/// log line naming the relay, the error and the next try, spaced by the
+/// backoff; once the relay starts, the links connect by themselves and
+/// carry datagrams, with no restart.
+#[test]
+fn a_relay_down_at_start_is_retried_then_used() {
+    let mut server = derp::TestServer::start(derp::Kind::Ferry, None);
+    server.stop();
+    let dir = TempDir::new("link-late");
+    let (a, b, a_cfg, b_cfg) = pair(&dir, &relay_block(&server.url(), None));
+    let mut la = link(&a_cfg);
+    let mut lb = link(&b_cfg);
+    let log = la.wait_log_n("relay unreachable; retrying in", 2);
+    let line = log
+        .lines()
+        .find(|l| l.contains("relay unreachable; retrying in"))
+        .unwrap();
+    assert_eq!(
+        support::field_in(line, "relay").as_deref(),
+        Some("r"),
+        "{line}"
+    );
+    assert!(support::field_in(line, "error").is_some(), "{line}");
+    assert!(support::field_in(line, "retry_in").is_some(), "{line}");
+    assert_eq!(a.metric("ferry_link_relay_connected{relay=\"r\"}"), 0);
+    assert!(a.metric("ferry_link_relay_disconnects_total{relay=\"r\"}") >= 2);
+    server.restart();
+    la.wait_log("relay connected");
+    lb.wait_log("relay connected");
+    a.wait_metric("ferry_link_relay_connected{relay=\"r\"}", 1, "the relay up");
+    carried(&a.wg, a.peer_endpoint, &b.wg, b"late a to b");
+    carried(&b.wg, b.peer_endpoint, &a.wg, b"late b to a");
+    assert_eq!(a.metric("ferry_link_relay_connects_total{relay=\"r\"}"), 1);
+    la.stop();
+    lb.stop();
+}
+
+/// A peer whose link key nobody uses (a wrong key, or a peer never
+/// started) never answers: after 10 s that is logged once with the
+/// peer's name; datagrams for it are sent (and counted) while the link
+/// keeps running and serving its status.
+#[test]
+fn a_peer_that_never_answers_is_logged_and_nothing_crashes() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    let dir = TempDir::new("link-nobody");
+    let (a, nobody) = (Side::new(), Side::new());
+    let cfg = a.write_config(
+        &dir,
+        "a",
+        "b",
+        &nobody.key,
+        &relay_block(&server.url(), None),
+        "",
+    );
+    let mut la = link(&cfg);
+    la.wait_log("relay connected");
+    for i in 0..5u8 {
+        a.wg.send_to(&[i; 32], a.peer_endpoint).unwrap();
+    }
+    let line = la.field("peer not answering after 10 s", "peer");
+    assert_eq!(line.trim_matches('"'), "b");
+    a.wait_metric(
+        "ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"derp\"}",
+        5,
+        "datagrams sent towards the absent peer",
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&link_stdout("status --json", &cfg)).unwrap();
+    assert_eq!(json["peers"][0]["path"], "derp", "{json}");
+    assert_eq!(json["relays"][0]["connected"], true, "{json}");
+    let log = la.stop();
+    assert_eq!(
+        log.matches("peer not answering").count(),
+        1,
+        "logged once while it stays away:\n{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Two running links, one with the other's link key wrong: neither is
+/// answered, and each says so once after 10 s; the one whose key the
+/// other has wrong also logs the probes it cannot place (not from a
+/// configured peer). Neither crashes.
+#[test]
+fn a_wrong_link_key_on_one_side_is_logged_on_both() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    let dir = TempDir::new("link-wrongkey");
+    let relay = relay_block(&server.url(), None);
+    let (a, b) = (Side::new(), Side::new());
+    let wrong = NodePrivate::generate();
+    let a_cfg = a.write_config(&dir, "a", "b", &b.key, &relay, "");
+    // B has a key for "a" that is not A's.
+    let b_cfg = b.write_config(&dir, "b", "a", &wrong, &relay, "");
+    let mut la = link(&a_cfg);
+    let mut lb = link(&b_cfg);
+    assert_eq!(la.field("peer not answering after 10 s", "peer"), "b");
+    assert_eq!(lb.field("peer not answering after 10 s", "peer"), "a");
+    lb.wait_log("dropped datagrams that were not from a configured peer");
+    a.wg.send_to(b"lost", a.peer_endpoint).unwrap();
+    assert!(b.wg.recv_from(&mut [0u8; 16]).is_err(), "nothing crosses");
+    let (la, lb) = (la.stop(), lb.stop());
+    assert_eq!(la.matches("peer not answering").count(), 1, "{la}");
+    assert_eq!(lb.matches("peer not answering").count(), 1, "{lb}");
+}

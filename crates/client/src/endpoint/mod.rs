@@ -29,9 +29,11 @@
 //!   Payloads on UDP carry no key: they are accepted only from an address
 //!   (or relay session) that belongs to a peer's path.
 //! - This side's candidate addresses (the socket's local address, or the
-//!   host's addresses of its family when bound to a wildcard;
-//!   the public address STUN reports; [`EndpointOptions::advertise`]) go to
-//!   every peer in call-me-maybe over DERP.
+//!   host's addresses of its family when bound to a wildcard, of both
+//!   families when bound to `[::]` dual-stack; the public address STUN
+//!   reports; the addresses peers' pongs say they saw, at most four;
+//!   [`EndpointOptions::advertise`]) go to every peer in call-me-maybe over
+//!   DERP. A dual-stack socket sends to IPv4 addresses as IPv4-mapped.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
 //!
@@ -58,6 +60,7 @@ pub mod paths;
 pub mod sessions;
 
 use crate::{DerpClient, DerpSender, Error, Options};
+use ferry_proto::frame::PeerGoneReason;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::nacl::{self, SharedKey};
 use ferry_proto::peer_msg::{self, PeerMessage};
@@ -70,9 +73,9 @@ pub use paths::{
     Timing,
 };
 use sessions::{SessionTiming, Sessions};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::net::UdpSocket;
@@ -189,7 +192,8 @@ pub enum EndpointError {
         /// Why.
         source: std::io::Error,
     },
-    /// The first connection to a DERP server failed.
+    /// A DERP server's URL or TLS setup is unusable (a server that cannot
+    /// be reached is retried in the background instead).
     #[error("DERP server {name}: {source}")]
     Derp {
         /// The relay's name.
@@ -232,6 +236,15 @@ pub struct RelayStatus {
     pub url: String,
     /// Whether the DERP connection is up.
     pub connected: bool,
+    /// Connections established so far.
+    pub connects: u64,
+    /// Connections lost and attempts failed so far.
+    pub failures: u64,
+    /// Why the last attempt failed or the connection was lost, while it
+    /// is down.
+    pub last_error: Option<String>,
+    /// When the next attempt is due, while it is down.
+    pub next_attempt: Option<std::time::Instant>,
     /// The STUN server asked.
     pub stun: Option<SocketAddr>,
     /// This endpoint's address as that STUN server saw it.
@@ -252,6 +265,54 @@ pub struct EndpointStats {
     pub rejected: u64,
 }
 
+/// Something that happened to the endpoint, from [`Endpoint::events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndpointEvent {
+    /// A peer's active path changed (as [`Endpoint::subscribe`] reports).
+    Path(PathEvent),
+    /// A DERP connection is up (the first one, or again).
+    RelayUp {
+        /// Index into [`EndpointOptions::relays`].
+        relay: usize,
+        /// The relay-session port it offers.
+        relay_port: Option<u16>,
+    },
+    /// A DERP connection was lost, or an attempt failed; the next one is
+    /// due in `retry_in`.
+    RelayDown {
+        /// Index into [`EndpointOptions::relays`].
+        relay: usize,
+        /// Why.
+        error: String,
+        /// Delay before the next attempt.
+        retry_in: Duration,
+        /// Whether the connection had been up (lost) or not (an attempt
+        /// failed).
+        was_up: bool,
+    },
+    /// A peer's DERP server says the peer is not connected to it.
+    PeerGone {
+        /// The peer.
+        peer: NodePublic,
+        /// As the server said.
+        reason: PeerGoneReason,
+    },
+    /// A peer reported gone is back: its server said so (`peerPresent`),
+    /// or an authenticated message from it arrived.
+    PeerPresent {
+        /// The peer.
+        peer: NodePublic,
+    },
+    /// This endpoint's address as a relay's STUN server sees it changed.
+    PublicAddr {
+        /// Index into [`EndpointOptions::relays`].
+        relay: usize,
+        /// The address.
+        addr: SocketAddr,
+    },
+}
+
 /// What a relay's writer task sends.
 enum ToRelay {
     Packet(NodePublic, Vec<u8>),
@@ -263,6 +324,10 @@ enum FromRelay {
     Packet(NodePublic, Vec<u8>),
     Offer(SessionOffer),
     Refused(NodePublic),
+    Up,
+    Down { error: String, retry_in: Duration },
+    Gone(NodePublic, PeerGoneReason),
+    Present(NodePublic),
 }
 
 struct Relay {
@@ -271,13 +336,25 @@ struct Relay {
     stun: Option<SocketAddr>,
     sender: DerpSender,
     out: mpsc::Sender<ToRelay>,
-    connected: Arc<AtomicBool>,
+    health: Mutex<RelayHealth>,
     public_addr: Mutex<Option<SocketAddr>>,
+}
+
+/// A DERP connection's state, as the driver saw its events.
+#[derive(Default)]
+struct RelayHealth {
+    connected: bool,
+    connects: u64,
+    failures: u64,
+    last_error: Option<String>,
+    next_attempt: Option<std::time::Instant>,
 }
 
 struct PeerEntry {
     relay: usize,
     key: Arc<SharedKey>,
+    /// Whether the peer's policy allows a relay-session path.
+    sessions: bool,
 }
 
 struct Inner {
@@ -285,11 +362,14 @@ struct Inner {
     public: NodePublic,
     socket: UdpSocket,
     local_addr: SocketAddr,
+    /// An IPv6 socket that also carries IPv4 (`IPV6_V6ONLY` off).
+    dual_stack: bool,
     paths: Mutex<Paths>,
     sessions: Mutex<Sessions>,
     peers: RwLock<HashMap<NodePublic, PeerEntry>>,
     relays: Vec<Relay>,
     events: broadcast::Sender<PathEvent>,
+    all_events: broadcast::Sender<EndpointEvent>,
     wake: Notify,
     discover: bool,
     advertise: Vec<SocketAddr>,
@@ -320,10 +400,15 @@ fn now() -> std::time::Instant {
 }
 
 impl Endpoint {
-    /// Binds the UDP socket, connects to every DERP server (failing if a
-    /// first connection fails) and starts probing.
+    /// Binds the UDP socket, makes a first attempt to connect to every DERP
+    /// server (all at once) and starts probing. A server that cannot be
+    /// reached does not fail the bind: it is retried in the background with
+    /// exponential backoff and jitter ([`Options::backoff`]), each failure
+    /// logged and reported ([`EndpointEvent::RelayDown`],
+    /// [`Endpoint::relay_status`]). Direct paths need no relay once
+    /// confirmed, but the first exchange of addresses goes over DERP.
     pub async fn bind(opts: EndpointOptions) -> Result<Endpoint, EndpointError> {
-        let socket =
+        let (socket, dual_stack) =
             bind_socket(opts.bind, opts.socket_buffer).map_err(|source| EndpointError::Bind {
                 addr: opts.bind,
                 source,
@@ -338,11 +423,20 @@ impl Endpoint {
         let mut tasks = Vec::new();
         let mut relays = Vec::new();
         let send_dropped = Arc::new(AtomicU64::new(0));
-        for (i, r) in opts.relays.iter().enumerate() {
-            let mut options = r.options.clone();
-            options.relay_sessions = opts.relay_sessions;
-            let client = DerpClient::connect(&r.url, opts.key.clone(), options)
+        let starts: Vec<_> = opts
+            .relays
+            .iter()
+            .map(|r| {
+                let mut options = r.options.clone();
+                options.relay_sessions = opts.relay_sessions;
+                let (url, key) = (r.url.clone(), opts.key.clone());
+                tokio::spawn(async move { DerpClient::start(&url, key, options).await })
+            })
+            .collect();
+        for (i, (r, start)) in opts.relays.iter().zip(starts).enumerate() {
+            let client = start
                 .await
+                .map_err(|_| EndpointError::Closed)?
                 .map_err(|source| EndpointError::Derp {
                     name: r.name.clone(),
                     source,
@@ -352,26 +446,20 @@ impl Endpoint {
                 None => default_stun(&r.url).await,
             };
             let (out_tx, out_rx) = mpsc::channel(queue);
-            let connected = Arc::new(AtomicBool::new(true));
             let client_sender = client.sender();
             tasks.push(tokio::spawn(derp_writer(
                 client.sender(),
                 out_rx,
                 send_dropped.clone(),
             )));
-            tasks.push(tokio::spawn(derp_reader(
-                i,
-                client,
-                derp_tx.clone(),
-                connected.clone(),
-            )));
+            tasks.push(tokio::spawn(derp_reader(i, client, derp_tx.clone())));
             relays.push(Relay {
                 name: r.name.clone(),
                 url: r.url.clone(),
                 stun,
                 sender: client_sender,
                 out: out_tx,
-                connected,
+                health: Mutex::default(),
                 public_addr: Mutex::new(None),
             });
         }
@@ -380,11 +468,13 @@ impl Endpoint {
             key: opts.key,
             socket,
             local_addr,
+            dual_stack,
             paths: Mutex::new(Paths::new(opts.timing, opts.seed)),
             sessions: Mutex::new(Sessions::new(opts.session_timing)),
             peers: RwLock::new(HashMap::new()),
             relays,
             events: broadcast::channel(256).0,
+            all_events: broadcast::channel(256).0,
             wake: Notify::new(),
             discover: opts.discover,
             advertise: opts.advertise,
@@ -399,6 +489,7 @@ impl Endpoint {
             derp: derp_rx,
             stun_pending: HashMap::new(),
             stun_interval: opts.stun_interval,
+            gone: HashSet::new(),
         };
         tasks.push(tokio::spawn(driver.run()));
         Ok(Endpoint {
@@ -417,6 +508,7 @@ impl Endpoint {
             PeerEntry {
                 relay,
                 key: Arc::new(SharedKey::new(&self.inner.key, &key)),
+                sessions: matches!(opts.only, None | Some(PathKind::Relay)),
             },
         );
         let policy = Policy {
@@ -424,19 +516,7 @@ impl Endpoint {
             only: opts.only,
         };
         self.inner.lock_paths().add_peer(now(), key, policy);
-        let relay_allowed = matches!(opts.only, None | Some(PathKind::Relay));
-        let offered = self
-            .inner
-            .relays
-            .get(relay)
-            .and_then(|r| r.sender.relay_port());
-        let mut sessions = self.inner.lock_sessions();
-        if relay_allowed && offered.is_some() {
-            sessions.want(now(), key);
-        } else {
-            sessions.remove(&key);
-        }
-        drop(sessions);
+        self.inner.update_sessions(&key);
         self.inner.wake.notify_one();
     }
 
@@ -487,6 +567,12 @@ impl Endpoint {
         self.inner.events.subscribe()
     }
 
+    /// Everything from now on: path switches, relays up and down, peers
+    /// gone and back, public address changes.
+    pub fn events(&self) -> broadcast::Receiver<EndpointEvent> {
+        self.inner.all_events.subscribe()
+    }
+
     /// A peer's active path, every path's state, round trip and counters,
     /// and the last switch.
     pub fn peer_status(&self, key: &NodePublic) -> Option<PeerStatus> {
@@ -498,13 +584,20 @@ impl Endpoint {
         self.inner
             .relays
             .iter()
-            .map(|r| RelayStatus {
-                name: r.name.clone(),
-                url: r.url.clone(),
-                connected: r.connected.load(Ordering::Relaxed),
-                stun: r.stun,
-                public_addr: *r.public_addr.lock().expect("not poisoned"),
-                relay_port: r.sender.relay_port(),
+            .map(|r| {
+                let h = r.health.lock().expect("not poisoned");
+                RelayStatus {
+                    name: r.name.clone(),
+                    url: r.url.clone(),
+                    connected: h.connected,
+                    connects: h.connects,
+                    failures: h.failures,
+                    last_error: h.last_error.clone(),
+                    next_attempt: h.next_attempt,
+                    stun: r.stun,
+                    public_addr: *r.public_addr.lock().expect("not poisoned"),
+                    relay_port: r.sender.relay_port(),
+                }
             })
             .collect()
     }
@@ -551,8 +644,9 @@ fn vni_of(path: &PathAddr) -> u32 {
 
 /// A non-blocking UDP socket on `addr` with (up to) `buffer` bytes of
 /// kernel buffer each way, so bursts are not dropped before the driver
-/// reads them.
-fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
+/// reads them; bound to `[::]`, dual-stack where the system allows it.
+/// `true` when it is dual-stack.
+fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<(UdpSocket, bool)> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::DGRAM,
@@ -561,9 +655,16 @@ fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     // Best effort: the kernel caps both at its configured maximum.
     let _ = socket.set_recv_buffer_size(buffer);
     let _ = socket.set_send_buffer_size(buffer);
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // Not the system's default (net.ipv6.bindv6only) but what a
+        // wildcard endpoint means: both families. A system without IPv4
+        // refuses; the socket is then IPv6 alone.
+        let _ = socket.set_only_v6(false);
+    }
+    let dual_stack = addr.is_ipv6() && socket.only_v6().is_ok_and(|only| !only);
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    UdpSocket::from_std(socket.into())
+    Ok((UdpSocket::from_std(socket.into())?, dual_stack))
 }
 
 /// The URL's host, port 3478, resolved.
@@ -586,15 +687,30 @@ impl Inner {
 
     /// The relay a peer is reached through over DERP.
     fn relay_of(&self, peer: &NodePublic) -> Option<&Relay> {
-        let i = self.peers.read().expect("not poisoned").get(peer)?.relay;
-        self.relays.get(i)
+        self.relays.get(self.relay_index_of(peer)?)
+    }
+
+    fn relay_index_of(&self, peer: &NodePublic) -> Option<usize> {
+        Some(self.peers.read().expect("not poisoned").get(peer)?.relay)
+    }
+
+    /// Sends one datagram from the UDP socket without waiting; to an IPv4
+    /// address as IPv4-mapped when the socket is IPv6.
+    fn send_udp(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+        let to = match to {
+            SocketAddr::V4(v4) if self.local_addr.is_ipv6() => {
+                SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port())
+            }
+            other => other,
+        };
+        self.socket.try_send_to(buf, to)
     }
 
     /// Sends a finished peer message on `path`.
     fn transmit(&self, peer: &NodePublic, path: &PathAddr, buf: Vec<u8>) -> Result<(), SendError> {
         match path {
             PathAddr::Direct(addr) | PathAddr::Relay { addr, .. } => {
-                match self.socket.try_send_to(&buf, *addr) {
+                match self.send_udp(&buf, *addr) {
                     Ok(_) => Ok(()),
                     Err(e) => {
                         tracing::trace!(%addr, error = %e, "UDP send failed");
@@ -641,7 +757,10 @@ impl Inner {
         if self.discover {
             let port = self.local_addr.port();
             if self.local_addr.ip().is_unspecified() {
-                let ips = local::addresses(self.local_addr.is_ipv6());
+                let mut ips = local::addresses(self.local_addr.is_ipv6());
+                if self.dual_stack {
+                    ips.extend(local::addresses(false));
+                }
                 addrs.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, port)));
             } else {
                 addrs.push(self.local_addr);
@@ -658,6 +777,36 @@ impl Inner {
     fn reject(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Seeks a relay session with `peer` while its policy allows one and
+    /// its relay offers them; stops when the relay (connected) offers none
+    /// or the policy rules it out. While the relay is down, nothing
+    /// changes: its next connection decides.
+    fn update_sessions(&self, peer: &NodePublic) {
+        let Some((relay, allowed)) = self
+            .peers
+            .read()
+            .expect("not poisoned")
+            .get(peer)
+            .map(|p| (p.relay, p.sessions))
+        else {
+            return;
+        };
+        let sender = self.relays.get(relay).map(|r| &r.sender);
+        let offered = sender.and_then(|s| s.relay_port()).is_some();
+        let connected = sender.is_some_and(|s| s.is_connected());
+        let mut sessions = self.lock_sessions();
+        if allowed && offered {
+            sessions.want(now(), *peer);
+        } else if !allowed || connected {
+            sessions.remove(peer);
+        }
+    }
+
+    /// Publishes an event to [`Endpoint::events`] (no subscriber is fine).
+    fn publish(&self, event: EndpointEvent) {
+        let _ = self.all_events.send(event);
+    }
 }
 
 struct Driver {
@@ -667,6 +816,8 @@ struct Driver {
     /// STUN transaction ids in flight → the relay asked.
     stun_pending: HashMap<[u8; 12], usize>,
     stun_interval: Duration,
+    /// Peers their DERP server reported gone, until heard from again.
+    gone: HashSet<NodePublic>,
 }
 
 impl Driver {
@@ -738,7 +889,7 @@ impl Driver {
             }
             if let Some((addr, msg)) = bind {
                 // A lost bind message is retransmitted by the binder.
-                let _ = self.inner.socket.try_send_to(&msg, addr);
+                let _ = self.inner.send_udp(&msg, addr);
             }
             if let Some((peer, path)) = change {
                 self.inner.lock_paths().set_relay(now, &peer, path);
@@ -757,7 +908,8 @@ impl Driver {
             }
             if let Some(e) = event {
                 // No subscriber is fine.
-                let _ = self.inner.events.send(e);
+                let _ = self.inner.events.send(e.clone());
+                self.inner.publish(EndpointEvent::Path(e));
             }
         }
     }
@@ -768,10 +920,7 @@ impl Driver {
             let Some(server) = r.stun else { continue };
             let txid: [u8; 12] = rand::random();
             self.stun_pending.insert(txid, i);
-            let _ = self
-                .inner
-                .socket
-                .try_send_to(&stun::binding_request(&txid), server);
+            let _ = self.inner.send_udp(&stun::binding_request(&txid), server);
         }
     }
 
@@ -814,6 +963,80 @@ impl Driver {
                 self.inner.lock_sessions().handle_offer(now(), &offer, addr);
             }
             FromRelay::Refused(peer) => self.inner.lock_sessions().handle_refused(now(), &peer),
+            FromRelay::Up => self.on_relay_up(relay),
+            FromRelay::Down { error, retry_in } => self.on_relay_down(relay, error, retry_in),
+            FromRelay::Gone(peer, reason) => {
+                let ours = self.inner.relay_index_of(&peer) == Some(relay);
+                if ours && self.gone.insert(peer) {
+                    tracing::info!(peer = %peer.short(), relay = %self.inner.relays[relay].name, ?reason, "peer gone from its relay");
+                    self.inner.publish(EndpointEvent::PeerGone { peer, reason });
+                }
+            }
+            FromRelay::Present(peer) => self.heard_from(&peer),
+        }
+    }
+
+    fn on_relay_up(&mut self, relay: usize) {
+        let r = &self.inner.relays[relay];
+        {
+            let mut h = r.health.lock().expect("not poisoned");
+            h.connected = true;
+            h.connects += 1;
+            h.last_error = None;
+            h.next_attempt = None;
+        }
+        let relay_port = r.sender.relay_port();
+        tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, ?relay_port, "relay connected");
+        self.inner
+            .publish(EndpointEvent::RelayUp { relay, relay_port });
+        // Its sessions offer may have changed (or come for the first time).
+        let peers: Vec<NodePublic> = self
+            .inner
+            .peers
+            .read()
+            .expect("not poisoned")
+            .iter()
+            .filter(|(_, p)| p.relay == relay)
+            .map(|(k, _)| *k)
+            .collect();
+        for peer in &peers {
+            self.inner.update_sessions(peer);
+            self.inner.lock_sessions().reset(now(), peer);
+        }
+    }
+
+    fn on_relay_down(&mut self, relay: usize, error: String, retry_in: Duration) {
+        let r = &self.inner.relays[relay];
+        let was_up = {
+            let mut h = r.health.lock().expect("not poisoned");
+            h.failures += 1;
+            h.last_error = Some(error.clone());
+            h.next_attempt = Some(now() + retry_in);
+            std::mem::replace(&mut h.connected, false)
+        };
+        let next = format!("{:.1} s", retry_in.as_secs_f64());
+        if was_up {
+            tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay connection lost; reconnecting in {next}");
+        } else {
+            tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay unreachable; retrying in {next}");
+        }
+        self.inner.publish(EndpointEvent::RelayDown {
+            relay,
+            error,
+            retry_in,
+            was_up,
+        });
+    }
+
+    /// `peer` is there (its server said so, or an authenticated message
+    /// from it arrived): if it was gone, it is back, and its session is
+    /// sought again without waiting.
+    fn heard_from(&mut self, peer: &NodePublic) {
+        if self.gone.remove(peer) {
+            tracing::info!(peer = %peer.short(), "peer back");
+            self.inner.lock_sessions().reset(now(), peer);
+            self.inner
+                .publish(EndpointEvent::PeerPresent { peer: *peer });
         }
     }
 
@@ -837,6 +1060,7 @@ impl Driver {
                     self.inner.reject();
                     return;
                 };
+                self.heard_from(&peer);
                 if self.received.try_send((peer, bytes.to_vec())).is_err() {
                     self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
                 }
@@ -857,6 +1081,7 @@ impl Driver {
                     self.inner.reject();
                     return;
                 };
+                self.heard_from(&sender);
                 self.inner
                     .lock_paths()
                     .handle_probe(now(), &sender, path, probe);
@@ -885,8 +1110,12 @@ impl Driver {
             .replace(public)
             != Some(public);
         if changed {
-            tracing::debug!(relay = %relay.name, %public, "STUN: public address");
+            tracing::info!(relay = %relay.name, %public, "this side's address as the relay's STUN server sees it");
             self.inner.update_candidates();
+            self.inner.publish(EndpointEvent::PublicAddr {
+                relay: i,
+                addr: public,
+            });
         }
     }
 }
@@ -932,27 +1161,25 @@ async fn derp_writer(
     }
 }
 
-/// Hands one relay's packets and session answers to the driver, and
-/// tracks its connection.
+/// Hands one relay's packets, session answers, connection changes and
+/// peer presence to the driver.
 async fn derp_reader(
     relay: usize,
     mut client: DerpClient,
     to_driver: mpsc::Sender<(usize, FromRelay)>,
-    connected: Arc<AtomicBool>,
 ) {
     while let Ok(event) = client.recv().await {
         let input = match event {
             crate::Event::Packet { src, data } => FromRelay::Packet(src, data),
             crate::Event::RelaySession(offer) => FromRelay::Offer(offer),
             crate::Event::RelayRefused { peer, .. } => FromRelay::Refused(peer),
-            crate::Event::Connected { .. } => {
-                connected.store(true, Ordering::Relaxed);
-                continue;
-            }
-            crate::Event::Disconnected { .. } => {
-                connected.store(false, Ordering::Relaxed);
-                continue;
-            }
+            crate::Event::Connected { .. } => FromRelay::Up,
+            crate::Event::Disconnected { error, retry_in } => FromRelay::Down {
+                error: error.to_string(),
+                retry_in,
+            },
+            crate::Event::PeerGone { peer, reason } => FromRelay::Gone(peer, reason),
+            crate::Event::PeerPresent { peer, .. } => FromRelay::Present(peer),
             _ => continue,
         };
         if to_driver.send((relay, input)).await.is_err() {

@@ -259,6 +259,9 @@ const MAX_CANDIDATES: usize = 16;
 const MAX_PENDING: usize = 16;
 /// A peer's ping tx ids remembered to refuse replays.
 const SEEN_PINGS: usize = 256;
+/// This side's addresses as peers' pongs reported them, kept (latest
+/// first) and announced besides the local candidates.
+const MAX_REFLEXIVE: usize = 4;
 
 #[derive(Debug)]
 struct Path {
@@ -348,6 +351,10 @@ pub struct Paths {
     /// datagrams that carry no key (payloads).
     owners: HashMap<PathAddr, NodePublic>,
     local: Vec<SocketAddr>,
+    /// The candidates last set, without the reflexive ones.
+    base: Vec<SocketAddr>,
+    /// This side's addresses as peers saw them (pongs on direct paths).
+    reflexive: VecDeque<SocketAddr>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<PathEvent>,
     rng: StdRng,
@@ -361,6 +368,8 @@ impl Paths {
             peers: HashMap::new(),
             owners: HashMap::new(),
             local: Vec::new(),
+            base: Vec::new(),
+            reflexive: VecDeque::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             rng: match seed {
@@ -408,11 +417,23 @@ impl Paths {
     }
 
     /// This side's candidate direct addresses (local interfaces, STUN). A
-    /// change is sent to every peer at once.
-    pub fn set_local_candidates(&mut self, now: Instant, mut addrs: Vec<SocketAddr>) {
+    /// change is sent to every peer at once. The addresses peers' pongs
+    /// reported (at most four, the latest) are announced with them.
+    pub fn set_local_candidates(&mut self, now: Instant, addrs: Vec<SocketAddr>) {
+        self.base = addrs;
+        self.announce(now);
+    }
+
+    /// Announces the base candidates and the reflexive ones, deduplicated,
+    /// at most [`MAX_ENDPOINTS`] (base first).
+    fn announce(&mut self, now: Instant) {
+        let mut addrs: Vec<SocketAddr> = Vec::with_capacity(MAX_ENDPOINTS);
+        for a in self.base.iter().chain(&self.reflexive) {
+            if addrs.len() < MAX_ENDPOINTS && !addrs.contains(a) {
+                addrs.push(*a);
+            }
+        }
         addrs.sort();
-        addrs.dedup();
-        addrs.truncate(MAX_ENDPOINTS);
         if addrs != self.local {
             self.local = addrs;
             for peer in self.peers.values_mut() {
@@ -491,7 +512,11 @@ impl Paths {
                     probe: Probe::Pong { tx, observed },
                 });
             }
-            Probe::Pong { tx, .. } => self.pong(now, key, path, tx),
+            Probe::Pong { tx, observed } => {
+                if self.pong(now, key, path, tx) {
+                    self.note_reflexive(now, path, observed);
+                }
+            }
             Probe::CallMeMaybe { endpoints } => {
                 for addr in endpoints {
                     self.add_candidate(now, key, addr);
@@ -543,13 +568,20 @@ impl Paths {
         self.owners.insert(path, *key);
     }
 
-    fn pong(&mut self, now: Instant, key: &NodePublic, path: PathAddr, tx: [u8; TX_ID_LEN]) {
+    /// A pong on `path`; `true` when it answered a ping sent there.
+    fn pong(
+        &mut self,
+        now: Instant,
+        key: &NodePublic,
+        path: PathAddr,
+        tx: [u8; TX_ID_LEN],
+    ) -> bool {
         let peer = self.peers.get_mut(key).expect("checked by the caller");
         let Some(p) = peer.path_mut(&path) else {
-            return;
+            return false;
         };
         let Some(i) = p.pending.iter().position(|(id, _)| *id == tx) else {
-            return;
+            return false;
         };
         let (_, sent) = p.pending.remove(i).expect("found");
         p.rtt = Some(now.saturating_duration_since(sent));
@@ -561,6 +593,28 @@ impl Paths {
             p.next_ping = now + self.timing.probe_interval;
             self.choose(now, *key, SwitchReason::Better);
         }
+        true
+    }
+
+    /// The address a pong on a direct path says the peer saw this side
+    /// at: a candidate of this side (through a NAT, the mapped address;
+    /// STUN may not know it, or not for this peer's network). Pongs on a
+    /// relay session or DERP report the relay's view, not this side's.
+    fn note_reflexive(&mut self, now: Instant, path: PathAddr, observed: SocketAddr) {
+        let observed = ferry_proto::frame::canonical_addr(observed);
+        let usable = observed.port() != 0
+            && !observed.ip().is_unspecified()
+            && !observed.ip().is_multicast();
+        if !matches!(path, PathAddr::Direct(_)) || !usable {
+            return;
+        }
+        if self.reflexive.front() == Some(&observed) {
+            return;
+        }
+        self.reflexive.retain(|a| *a != observed);
+        self.reflexive.push_front(observed);
+        self.reflexive.truncate(MAX_REFLEXIVE);
+        self.announce(now);
     }
 
     /// Picks the active path again; switches to a better kind, or away from
@@ -766,3 +820,7 @@ impl Paths {
 #[cfg(test)]
 #[path = "paths_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "paths_reflexive_tests.rs"]
+mod reflexive_tests;

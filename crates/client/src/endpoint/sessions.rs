@@ -9,13 +9,19 @@
 //! the one session of the pair, so a repeated offer of the session being
 //! bound is ignored. A refusal, an offer that never comes, a bind that
 //! never completes, or a bound session whose relay path went silent
-//! ([`Sessions::lost`]) starts over after [`SessionTiming::retry`], with a
-//! higher bind generation each time.
+//! ([`Sessions::lost`]) starts over after a wait, with a higher bind
+//! generation each time. The wait is [`SessionTiming::retry`] after the
+//! first failure and doubles with each further one up to
+//! [`SessionTiming::retry_max`], so a peer that never takes part (an old
+//! `ferry link`, sessions off on its side, not connected) is asked rarely;
+//! it starts over from the first wait once a session's path is confirmed,
+//! and [`Sessions::reset`] (the peer came back, the relay reconnected)
+//! asks again at once.
 //!
 //! Inputs: [`Sessions::want`], [`Sessions::handle_offer`],
 //! [`Sessions::handle_refused`], [`Sessions::handle_datagram`],
 //! [`Sessions::lost`], [`Sessions::check_path`] (the path manager's view of
-//! the session's path), [`Sessions::handle_timeout`]. Outputs:
+//! the session's path), [`Sessions::reset`], [`Sessions::handle_timeout`]. Outputs:
 //! [`Sessions::poll_allocate`] (ask the relay, over DERP),
 //! [`Sessions::poll_transmit`] (bind messages to send on the UDP socket),
 //! [`Sessions::poll_change`] (the peer's relay path, or none),
@@ -33,8 +39,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionTiming {
     /// Wait before asking again after a refusal, a failed bind or a lost
-    /// session.
+    /// session; doubled after each further failure in a row.
     pub retry: Duration,
+    /// The longest wait between attempts.
+    pub retry_max: Duration,
     /// How long an allocation may go unanswered.
     pub answer_timeout: Duration,
     /// A bound session whose relay path no pong confirmed this long after
@@ -46,6 +54,7 @@ impl Default for SessionTiming {
     fn default() -> Self {
         SessionTiming {
             retry: Duration::from_secs(10),
+            retry_max: Duration::from_secs(320),
             answer_timeout: Duration::from_secs(5),
             confirm_within: Duration::from_secs(10),
         }
@@ -70,6 +79,27 @@ pub struct Sessions {
     peers: HashMap<NodePublic, State>,
     changes: VecDeque<(NodePublic, Option<RelayPath>)>,
     generation: u32,
+    /// Failures in a row per peer since its last confirmed session.
+    failures: HashMap<NodePublic, u32>,
+}
+
+impl SessionTiming {
+    /// When to ask again after a failure, counting it.
+    fn next_try(
+        &self,
+        failures: &mut HashMap<NodePublic, u32>,
+        peer: &NodePublic,
+        now: Instant,
+    ) -> Instant {
+        let n = failures.entry(*peer).or_insert(0);
+        let delay = self
+            .retry
+            .saturating_mul(1u32 << (*n).min(20))
+            .min(self.retry_max.max(self.retry));
+        *n = n.saturating_add(1);
+        tracing::debug!(%peer, failures = *n, ?delay, "no session: asking again after the wait");
+        now + delay
+    }
 }
 
 impl Sessions {
@@ -88,6 +118,7 @@ impl Sessions {
 
     /// Stop: the peer is gone, or its relay no longer offers sessions.
     pub fn remove(&mut self, peer: &NodePublic) {
+        self.failures.remove(peer);
         if let Some(State::Bound(..)) = self.peers.remove(peer) {
             self.changes.push_back((*peer, None));
         }
@@ -145,8 +176,18 @@ impl Sessions {
     pub fn handle_refused(&mut self, now: Instant, peer: &NodePublic) {
         if let Some(state @ State::Asked { .. }) = self.peers.get_mut(peer) {
             *state = State::Idle {
-                at: now + self.timing.retry,
+                at: self.timing.next_try(&mut self.failures, peer, now),
             };
+        }
+    }
+
+    /// The peer's circumstances changed (it came back to its relay, the
+    /// relay reconnected): forget the failures, and if waiting to ask
+    /// again, ask now.
+    pub fn reset(&mut self, now: Instant, peer: &NodePublic) {
+        self.failures.remove(peer);
+        if let Some(State::Idle { at }) = self.peers.get_mut(peer) {
+            *at = (*at).min(now);
         }
     }
 
@@ -183,12 +224,12 @@ impl Sessions {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
         };
-        tracing::debug!(%peer, "session lost: asking again after the retry wait");
+        tracing::debug!(%peer, "session lost");
         if matches!(state, State::Bound(..)) {
             self.changes.push_back((*peer, None));
         }
         *state = State::Idle {
-            at: now + self.timing.retry,
+            at: self.timing.next_try(&mut self.failures, peer, now),
         };
     }
 
@@ -201,7 +242,9 @@ impl Sessions {
         };
         let unconfirmed = now.saturating_duration_since(*at) >= self.timing.confirm_within;
         match state {
-            Some(PathState::Working) => {}
+            Some(PathState::Working) => {
+                self.failures.remove(peer);
+            }
             Some(PathState::Unconfirmed) if !unconfirmed => {}
             _ => {
                 tracing::debug!(%peer, ?state, "bound session's relay path not working");
@@ -221,8 +264,7 @@ impl Sessions {
 
     /// Gives up on binds and allocations past their time.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let retry = now + self.timing.retry;
-        for state in self.peers.values_mut() {
+        for (peer, state) in &mut self.peers {
             let expired = match state {
                 State::Asked { until } => *until <= now,
                 State::Binding(b) => {
@@ -239,8 +281,10 @@ impl Sessions {
                 } else {
                     "bind lifetime passed"
                 };
-                tracing::debug!(what, "no session: asking again after the retry wait");
-                *state = State::Idle { at: retry };
+                tracing::debug!(%peer, what, "no session");
+                *state = State::Idle {
+                    at: self.timing.next_try(&mut self.failures, peer, now),
+                };
             }
         }
     }
@@ -409,7 +453,11 @@ mod tests {
 
     #[test]
     fn starts_over_after_refusal_silence_and_loss() {
-        let t = SessionTiming::default();
+        // Without the doubling: this is about what starts over.
+        let t = SessionTiming {
+            retry_max: SessionTiming::default().retry,
+            ..SessionTiming::default()
+        };
         let now = Instant::now();
         let peer = NodePrivate::generate().public();
         let mut s = Sessions::new(t.clone());
@@ -467,6 +515,125 @@ mod tests {
         assert!(BindMsg::parse(&bind).unwrap().generation > generation);
         s.remove(&peer);
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    /// The times a peer is asked for, driven as the endpoint's driver
+    /// does, from `from` until `until`; `answer` plays the relay and the
+    /// peer for each allocation.
+    fn asked_at(
+        s: &mut Sessions,
+        peer: NodePublic,
+        from: Instant,
+        until: Instant,
+        mut answer: impl FnMut(&mut Sessions, Instant),
+    ) -> Vec<Instant> {
+        let mut asked = Vec::new();
+        let mut at = from;
+        for _ in 0..10_000 {
+            s.handle_timeout(at);
+            for p in s.bound() {
+                s.check_path(at, &p, Some(PathState::Unconfirmed));
+            }
+            while s.poll_change().is_some() {}
+            if let Some(p) = s.poll_allocate(at) {
+                assert_eq!(p, peer);
+                asked.push(at);
+                answer(s, at);
+            }
+            while s.poll_transmit(at).is_some() {}
+            // A bound session has no deadline of its own: the driver
+            // checks its path at the path manager's (every second or so).
+            let checks = (!s.bound().is_empty()).then(|| at + Duration::from_secs(1));
+            match s.poll_timeout().or(checks) {
+                Some(next) if next > at && next < until => at = next,
+                Some(next) if next <= at => {}
+                _ => break,
+            }
+        }
+        asked
+    }
+
+    /// A peer that never takes part: its allocations go unanswered (or
+    /// are refused, or the session is bound but never confirmed because the
+    /// peer never binds). The waits double from 10 s to the cap instead of
+    /// staying at 10 s; a reset asks at once and starts the waits over; a
+    /// confirmed session forgets the failures.
+    #[test]
+    fn a_peer_that_never_takes_part_is_asked_ever_more_rarely() {
+        let t = SessionTiming::default();
+        let start = Instant::now();
+        let peer = NodePrivate::generate().public();
+        let hour = start + Duration::from_secs(3600);
+        let gaps = |asked: &[Instant], after: Duration| -> Vec<Duration> {
+            asked.windows(2).map(|w| w[1] - w[0] - after).collect()
+        };
+        let expected = |n: usize| -> Vec<Duration> {
+            (0..n)
+                .map(|i| (t.retry * (1 << i.min(20))).min(t.retry_max))
+                .collect()
+        };
+        // Unanswered: each attempt waits answer_timeout, then the backoff.
+        let mut s = Sessions::new(t.clone());
+        s.want(start, peer);
+        let asked = asked_at(&mut s, peer, start, hour, |_, _| {});
+        let g = gaps(&asked, t.answer_timeout);
+        assert_eq!(g, expected(g.len()), "unanswered");
+        assert_eq!(g[..6], expected(6)[..]);
+        assert!(asked.len() < 20, "{} allocations in an hour", asked.len());
+        // Refused at once.
+        let mut s = Sessions::new(t.clone());
+        s.want(start, peer);
+        let asked = asked_at(&mut s, peer, start, hour, |s, at| {
+            s.handle_refused(at, &peer)
+        });
+        let g = gaps(&asked, Duration::ZERO);
+        assert_eq!(g, expected(g.len()), "refused");
+        // Bound, but the peer never binds its slot: never confirmed.
+        let mut s = Sessions::new(t.clone());
+        s.want(start, peer);
+        let mut vni = 0;
+        let asked = asked_at(&mut s, peer, start, hour, |s, at| {
+            vni += 1;
+            s.handle_offer(at, &offer(peer, vni), RELAY.parse().unwrap());
+            assert!(relay_answers(s, at).is_some());
+        });
+        let g = gaps(&asked, t.confirm_within);
+        assert_eq!(g, expected(g.len()), "never confirmed");
+        assert!(g.len() >= 6, "{g:?}");
+
+        // A reset asks at once and starts over from the first wait.
+        let mut s = Sessions::new(t.clone());
+        s.want(start, peer);
+        let asked = asked_at(
+            &mut s,
+            peer,
+            start,
+            start + Duration::from_secs(400),
+            |s, at| s.handle_refused(at, &peer),
+        );
+        let at = *asked.last().unwrap() + Duration::from_secs(1);
+        assert_eq!(s.poll_allocate(at), None);
+        s.reset(at, &peer);
+        assert_eq!(s.poll_allocate(at), Some(peer));
+        s.handle_refused(at, &peer);
+        assert_eq!(
+            s.poll_allocate(at + t.retry),
+            Some(peer),
+            "first wait again"
+        );
+
+        // A confirmed session forgets the failures: lost later, the first
+        // wait again.
+        s.handle_offer(at + t.retry, &offer(peer, 99), RELAY.parse().unwrap());
+        assert!(relay_answers(&mut s, at + t.retry).is_some());
+        let later = at + t.retry + Duration::from_secs(1);
+        s.check_path(later, &peer, Some(PathState::Working));
+        s.lost(later, &peer);
+        assert_eq!(
+            s.poll_allocate(later + t.retry - Duration::from_millis(1)),
+            None
+        );
+        assert_eq!(s.poll_allocate(later + t.retry), Some(peer));
     }
 
     #[test]

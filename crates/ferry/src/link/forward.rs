@@ -26,24 +26,26 @@ use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 use ferry_client::{
-    Endpoint, EndpointError, EndpointOptions, Options, PathKind, PeerOptions, RelayOptions,
-    SendError,
+    Endpoint, EndpointEvent, EndpointOptions, Options, PathEvent, PathKind, PeerOptions,
+    RelayOptions, SendError,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_sys::sockopt::{set_buffer, Buffer};
 use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::broadcast;
 
 use super::config::Config;
 use super::metrics::{self, kind_label, DropReason, Metrics, PeerStats};
 
-/// First and longest delay between attempts to reach the relays before
-/// the first connection (afterwards the SDK reconnects by itself).
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-const MAX_RETRY: Duration = Duration::from_secs(10);
+/// How often a growing count of datagrams not from a configured peer is
+/// logged (a summary; the counter is read at each scrape).
+const REJECTED_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How often the relays' state and the rejected count are looked at (the
-/// SDK reports them as state, not as events).
-const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// A peer none of whose paths has answered a probe this long after the
+/// start is logged as not answering (once): its link is not running, not
+/// connected to the relay, or does not know this side's link key. A
+/// relay says nothing of a key that never connected.
+const UNANSWERED_AFTER: Duration = Duration::from_secs(10);
 
 /// Probing of the active UDP path, faster than the SDK's default (500 ms,
 /// dead after 1.5 s): a TCP connection inside the tunnel retransmits
@@ -144,10 +146,12 @@ pub(crate) async fn run(
     opts.queue = cfg.queue;
     opts.timing.probe_interval = PROBE_INTERVAL;
     opts.timing.dead_after = DEAD_AFTER;
-    let bound = bind(opts, &metrics);
+    // A relay that cannot be reached does not fail this: the endpoint
+    // retries it in the background and says so (its log lines, events).
+    let bound = Endpoint::bind(opts);
     tokio::pin!(stop);
     let ep = tokio::select! {
-        ep = bound => ep?,
+        ep = bound => ep.context("starting the endpoint")?,
         () = &mut stop => {
             tasks.shutdown().await;
             return Ok(());
@@ -165,37 +169,17 @@ pub(crate) async fn run(
         );
     }
     let ep = Arc::new(ep);
+    // Subscribed before anything else runs, so no event is missed.
+    let events = ep.events();
     metrics.set_endpoint(ep.clone());
     let _ = endpoint.set(ep.clone());
     let by_key: Arc<HashMap<NodePublic, usize>> =
         Arc::new(peers.iter().enumerate().map(|(i, p)| (p.key, i)).collect());
     tasks.spawn(inbound(ep.clone(), peers.clone(), by_key.clone()));
-    tasks.spawn(switches(ep.clone(), peers.clone(), by_key));
-    tasks.spawn(watch(ep, metrics));
+    tasks.spawn(react(ep, events, peers.clone(), by_key, metrics));
     stop.await;
     tasks.shutdown().await;
     Ok(())
-}
-
-/// Binds the endpoint, retrying with backoff while a relay cannot be
-/// reached for the first time.
-async fn bind(opts: EndpointOptions, metrics: &Metrics) -> Result<Endpoint> {
-    let mut delay = FIRST_RETRY;
-    loop {
-        match Endpoint::bind(opts.clone()).await {
-            Ok(ep) => return Ok(ep),
-            Err(EndpointError::Derp { name, source }) => {
-                if let Some(i) = opts.relays.iter().position(|r| r.name == name) {
-                    metrics.relay(i).disconnects.fetch_add(1, Relaxed);
-                }
-                tracing::warn!(relay = %name, error = %source, retry_in = ?delay, "relay unreachable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_RETRY);
-            }
-            Err(e @ EndpointError::Bind { .. }) => return Err(e).context("bind"),
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 /// Local WireGuard → the endpoint.
@@ -272,81 +256,132 @@ async fn inbound(
     }
 }
 
-/// Every path switch: one log line with the reason, and the counters.
-async fn switches(
+/// Reacts to the endpoint's events: every path switch one log line with
+/// its reason and the counters; the relays' state copied to the metrics
+/// at each change (the endpoint logs the changes themselves); peers gone
+/// from their relay and back, by name. Datagrams rejected by the endpoint
+/// are summed up in a log line now and then.
+async fn react(
     ep: Arc<Endpoint>,
+    mut events: broadcast::Receiver<EndpointEvent>,
     peers: Arc<[PeerCtx]>,
     by_key: Arc<HashMap<NodePublic, usize>>,
+    metrics: Arc<Metrics>,
 ) {
-    let mut events = ep.subscribe();
+    // What happened before the subscription (the first attempts).
+    relays_changed(&ep, &metrics);
+    let mut rejected_seen = 0u64;
+    let mut rejected_logged = 0u32;
+    let started = tokio::time::Instant::now();
+    let mut answered = vec![false; peers.len()];
+    let mut tick = tokio::time::interval(REJECTED_LOG_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let ev = match events.recv().await {
-            Ok(ev) => ev,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(
-                    missed = n,
-                    "path switches came faster than they were logged"
-                );
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            _ = tick.tick() => {
+                let rejected = ep.stats().rejected;
+                // A few lines; the counter has the rest.
+                if rejected > rejected_seen && rejected_logged < 16 {
+                    rejected_logged += 1;
+                    tracing::warn!(
+                        count = rejected - rejected_seen,
+                        "dropped datagrams that were not from a configured peer (an unknown link key, or not a peer message)"
+                    );
+                }
+                rejected_seen = rejected;
+                if started.elapsed() >= UNANSWERED_AFTER {
+                    unanswered(&ep, &peers, &mut answered);
+                }
                 continue;
             }
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
-        let Some(&i) = by_key.get(&ev.peer) else {
-            continue;
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(
+                    missed = n,
+                    "endpoint events came faster than they were handled"
+                );
+                relays_changed(&ep, &metrics);
+                continue;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
         };
-        let peer = &peers[i];
-        peer.stats.switched(&ev);
-        let show =
-            |p: &Option<ferry_client::PathAddr>| p.map_or("none".to_owned(), |p| p.to_string());
-        tracing::info!(
-            peer = %peer.name,
-            from = %show(&ev.from),
-            to = %show(&ev.to),
-            reason = metrics::reason_label(ev.reason),
-            possibly_lost = ev.lost,
-            "path switch: {} -> {} ({})",
-            ev.from.map_or("none", |p| kind_label(p.kind())),
-            ev.to.map_or("none", |p| kind_label(p.kind())),
-            metrics::reason_text(ev.reason),
-        );
+        match ev {
+            EndpointEvent::Path(ev) => {
+                if let Some(&i) = by_key.get(&ev.peer) {
+                    switched(&peers[i], &ev);
+                }
+            }
+            EndpointEvent::RelayUp { .. } | EndpointEvent::RelayDown { .. } => {
+                relays_changed(&ep, &metrics);
+            }
+            EndpointEvent::PeerGone { peer, reason } => {
+                if let Some(&i) = by_key.get(&peer) {
+                    tracing::warn!(
+                        peer = %peers[i].name,
+                        link_key = %peer,
+                        ?reason,
+                        "peer not connected to its relay (not started, gone, or a wrong link_key); its probes continue and its datagrams are sent as they come"
+                    );
+                }
+            }
+            EndpointEvent::PeerPresent { peer } => {
+                if let Some(&i) = by_key.get(&peer) {
+                    tracing::info!(peer = %peers[i].name, "peer back on its relay");
+                }
+            }
+            _ => {}
+        }
     }
 }
 
-/// The relays' connection state and the endpoint's rejected count, as
-/// log lines and counters.
-async fn watch(ep: Arc<Endpoint>, metrics: Arc<Metrics>) {
-    let mut rejected_logged = 0u64;
-    let mut tick = tokio::time::interval(WATCH_INTERVAL);
-    loop {
-        tick.tick().await;
-        for (i, r) in ep.relay_status().into_iter().enumerate() {
-            let s = metrics.relay(i);
-            let was = s.connected.swap(r.connected, Relaxed);
-            match (was, r.connected) {
-                (false, true) => {
-                    s.connects.fetch_add(1, Relaxed);
-                    tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, "relay connected");
-                }
-                (true, false) => {
-                    s.disconnects.fetch_add(1, Relaxed);
-                    tracing::warn!(relay = %r.name, "relay connection lost; reconnecting");
-                }
-                _ => {}
-            }
-            let public = r.public_addr;
-            if s.note_public(public) {
-                tracing::info!(relay = %r.name, public = ?public, "this side's address as the relay's STUN server sees it");
-            }
+/// Logs, once each, the peers none of whose paths has answered yet.
+fn unanswered(ep: &Endpoint, peers: &[PeerCtx], answered: &mut [bool]) {
+    for (p, done) in peers.iter().zip(answered.iter_mut()) {
+        if *done {
+            continue;
         }
-        let rejected = ep.stats().rejected;
-        let before = metrics.rejected.swap(rejected, Relaxed);
-        // A few lines; the counter has the rest.
-        if rejected > before && rejected_logged < 16 {
-            rejected_logged += 1;
+        *done = true;
+        let heard = ep
+            .peer_status(&p.key)
+            .is_some_and(|st| st.paths.iter().any(|path| path.stats.pongs > 0));
+        if !heard {
             tracing::warn!(
-                count = rejected - before,
-                "dropped datagrams that were not from a configured peer (an unknown link key, or not a peer message)"
+                peer = %p.name,
+                link_key = %p.key,
+                this_side = %ep.public_key(),
+                "peer not answering after {} s: is its ferry link running and connected to the relay, with this side's link key in its configuration (and is this link_key its own)? probing continues",
+                UNANSWERED_AFTER.as_secs()
             );
         }
     }
+}
+
+/// The relays' state and counters as the endpoint has them now.
+fn relays_changed(ep: &Endpoint, metrics: &Metrics) {
+    for (i, r) in ep.relay_status().into_iter().enumerate() {
+        let s = metrics.relay(i);
+        s.connected.store(r.connected, Relaxed);
+        s.connects.store(r.connects, Relaxed);
+        s.disconnects.store(r.failures, Relaxed);
+    }
+}
+
+/// One path switch: a log line with the reason, and the counters.
+fn switched(peer: &PeerCtx, ev: &PathEvent) {
+    peer.stats.switched(ev);
+    let show = |p: &Option<ferry_client::PathAddr>| p.map_or("none".to_owned(), |p| p.to_string());
+    tracing::info!(
+        peer = %peer.name,
+        from = %show(&ev.from),
+        to = %show(&ev.to),
+        reason = metrics::reason_label(ev.reason),
+        possibly_lost = ev.lost,
+        "path switch: {} -> {} ({})",
+        ev.from.map_or("none", |p| kind_label(p.kind())),
+        ev.to.map_or("none", |p| kind_label(p.kind())),
+        metrics::reason_text(ev.reason),
+    );
 }

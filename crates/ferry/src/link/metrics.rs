@@ -5,9 +5,8 @@
 //! renderer; nothing here blocks the data path.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_client::{
@@ -140,21 +139,13 @@ impl PeerStats {
 /// [`PeerStats::current`]'s value for "no path".
 const NO_PATH: u8 = u8::MAX;
 
-/// One relay connection's state and counters.
+/// One relay connection's state and counters, as the endpoint's last
+/// event about it left them.
 #[derive(Debug, Default)]
 pub(crate) struct RelayStats {
     pub connected: AtomicBool,
     pub connects: AtomicU64,
     pub disconnects: AtomicU64,
-    public: Mutex<Option<SocketAddr>>,
-}
-
-impl RelayStats {
-    /// Records the address STUN reported; true when it changed.
-    pub(crate) fn note_public(&self, addr: Option<SocketAddr>) -> bool {
-        let mut p = self.public.lock().expect("not poisoned");
-        addr.is_some() && std::mem::replace(&mut *p, addr) != addr
-    }
 }
 
 /// Everything counted, in the configuration's order.
@@ -162,8 +153,6 @@ impl RelayStats {
 pub(crate) struct Metrics {
     peers: Vec<(String, String, NodePublic, Arc<PeerStats>)>,
     relays: Vec<(String, Arc<RelayStats>)>,
-    /// The endpoint's count of datagrams not from a configured peer.
-    pub rejected: AtomicU64,
     endpoint: OnceLock<Arc<Endpoint>>,
 }
 
@@ -187,7 +176,6 @@ impl Metrics {
                 .iter()
                 .map(|r| (r.name.clone(), Arc::default()))
                 .collect(),
-            rejected: AtomicU64::new(0),
             endpoint: OnceLock::new(),
         }
     }
@@ -341,11 +329,8 @@ impl Metrics {
             }
         }
         head(o, "ferry_link_rejected_total", "counter", "Datagrams and DERP packets dropped because they were not from a configured peer (unknown link key, or not a peer message).");
-        let _ = writeln!(
-            o,
-            "ferry_link_rejected_total {}",
-            self.rejected.load(Relaxed)
-        );
+        let rejected = self.endpoint.get().map_or(0, |ep| ep.stats().rejected);
+        let _ = writeln!(o, "ferry_link_rejected_total {rejected}");
         type RelayRead = fn(&RelayStats) -> u64;
         let relay_families: [(&str, &str, &str, RelayRead); 3] = [
             (
@@ -357,13 +342,13 @@ impl Metrics {
             (
                 "ferry_link_relay_connects_total",
                 "counter",
-                "DERP connections to the relay seen established.",
+                "DERP connections to the relay established.",
                 |s| s.connects.load(Relaxed),
             ),
             (
                 "ferry_link_relay_disconnects_total",
                 "counter",
-                "DERP connections seen lost, and first connection attempts failed.",
+                "DERP connections lost and connection attempts failed.",
                 |s| s.disconnects.load(Relaxed),
             ),
         ];
