@@ -162,7 +162,8 @@ measure() {
       relay_cpu_s: $cpu,
       relay_cores_per_gbit_s: (if $cpu == null or $bps == null or $bps == 0 then null
         else ($cpu / $d) / ($bps / 1e9) | . * 1000 | round / 1000 end),
-      error: (.error // (if $bps == null then "iperf3 reported no received total" else null end)) }' "$T/iperf-$c.json" 2>/dev/null); then
+      error: (.error // (if $bps == null then "iperf3 reported no received total" else null end)) }' "$T/iperf-$c.json" 2>/dev/null) ||
+     [ -z "$one" ]; then
     record_error "$c" "iperf3 wrote no JSON result ($(head -c 200 "$T/iperf-$c.json" 2>/dev/null | tr '\n' ' '))"
     return
   fi
