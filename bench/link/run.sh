@@ -132,31 +132,43 @@ link_key = "$(cat "$T/link-$(other $n).pub")"
 endpoint = "127.0.0.1:51001"
 TOML
 done
-fu_bg fu-kb "$T/iperf-server.log" iperf3 -s
-wait_tcp fu-kb 127.0.0.1 5201 10
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 results="[]"
 # measure CASE PATH SERVER_IP RELAY_PID: ping and iperf3 A -> B, the
-# relay's CPU during the transfer; appends to $results.
+# relay's CPU during the transfer; appends to $results. Each case has its
+# own iperf3 server, stopped after it: a server left serving a client
+# whose tunnel broke would keep the next case's client waiting until its
+# timeout ("interrupt - the client has terminated"). A case that yields no
+# figure is recorded with its reason (iperf3's error, or none written) and
+# the run goes on.
 measure() {
-  local c=$1 path=$2 dst=$3 rpid=${4:-} rtt c0 c1 cpu=null
+  local c=$1 path=$2 dst=$3 rpid=${4:-} rtt c0 c1 cpu=null spid
   ping_until fu-ka "$dst" 30 || { record_error "$c" "no ping through the tunnel within 30 s"; return; }
   rtt=$(ping_rtt fu-ka "$dst")
+  fu_bg fu-kb "$T/iperf-server-$c.log" iperf3 -s
+  spid=$FU_LAST_PID
+  wait_tcp fu-kb 127.0.0.1 5201 10 || { record_error "$c" "iperf3 server did not start"; fu_stop "$spid"; return; }
   [ -n "$rpid" ] && c0=$(cpu_ticks "$rpid")
   iperf_json fu-ka "$dst" "$duration" "$T/iperf-$c.json" || true
   [ -n "$rpid" ] && { c1=$(cpu_ticks "$rpid"); cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / hz }'); }
+  fu_stop "$spid"
   local one
-  one=$(jq --arg c "$c" --arg p "$path" --arg rtt "${rtt:-0}" --argjson cpu "$cpu" --argjson d "$duration" '{
+  if ! one=$(jq -e --arg c "$c" --arg p "$path" --arg rtt "${rtt:-0}" --argjson cpu "$cpu" --argjson d "$duration" '
+      (.end.sum_received.bits_per_second // null) as $bps | {
       case: $c, path: $p, ping_rtt_ms: ($rtt | tonumber),
-      mbit_s: (.end.sum_received.bits_per_second / 1e6 | . * 10 | round / 10),
+      mbit_s: (if $bps == null then null else $bps / 1e6 | . * 10 | round / 10 end),
       retransmits: (.end.sum_sent.retransmits // 0),
       relay_cpu_s: $cpu,
-      relay_cores_per_gbit_s: (if $cpu == null or .end.sum_received.bits_per_second == 0 then null
-        else ($cpu / $d) / (.end.sum_received.bits_per_second / 1e9) | . * 1000 | round / 1000 end),
-      error: .error }' "$T/iperf-$c.json")
+      relay_cores_per_gbit_s: (if $cpu == null or $bps == null or $bps == 0 then null
+        else ($cpu / $d) / ($bps / 1e9) | . * 1000 | round / 1000 end),
+      error: (.error // (if $bps == null then "iperf3 reported no received total" else null end)) }' "$T/iperf-$c.json" 2>/dev/null) ||
+     [ -z "$one" ]; then
+    record_error "$c" "iperf3 wrote no JSON result ($(head -c 200 "$T/iperf-$c.json" 2>/dev/null | tr '\n' ' '))"
+    return
+  fi
   results=$(jq --argjson r "$one" '. + [$r]' <<<"$results")
-  echo "   $c: $(jq -r '"\(.mbit_s) Mbit/s, \(.retransmits) retransmits, ping \(.ping_rtt_ms) ms, relay CPU \(.relay_cpu_s // "-") s\(if .error then ", error: " + .error else "" end)"' <<<"$one")"
+  echo "   $c: $(jq -r '"\(.mbit_s // "-") Mbit/s, \(.retransmits) retransmits, ping \(.ping_rtt_ms) ms, relay CPU \(.relay_cpu_s // "-") s\(if .error then ", error: " + .error else "" end)"' <<<"$one")"
 }
 record_error() {
   results=$(jq --arg c "$1" --arg e "$2" '. + [{case: $c, error: $e}]' <<<"$results")

@@ -1,45 +1,60 @@
-//! Datagram throughput and round trip between two SDK endpoints on this
-//! machine, per path, through a Ferry relay started in this process with
-//! relay sessions on (or the DERP server at `--url`).
+//! Datagram goodput and round trip between two SDK endpoints on this
+//! machine, over one path (direct UDP, a relay session, or DERP), through
+//! the Ferry relay at `--url` (relay sessions on). `bench/sdk/run.sh` runs
+//! it per path with the relay as its own process; see bench/README.md.
 //!
 //! ```sh
 //! cargo run --release -p ferry-client --example endpoint_bench -- \
-//!     --path direct|relay|derp [--count 200000] [--size 1200] [--rtt 2000] [--url http://host:port/derp]
+//!     --url http://127.0.0.1:3340/derp --path direct|relay|derp \
+//!     [--seconds 5] [--size 1200] [--rate 0] [--rtt 2000] [--json]
 //! ```
 //!
-//! Throughput: A sends `count` datagrams of `size` bytes as fast as
-//! `send` takes them (it never waits; what it drops is counted), B counts
-//! what arrives until nothing came for a second. Round trip: `rtt` echoes
-//! one at a time, B answering each. Measure on a quiet machine.
+//! Round trip: `rtt` echoes, one at a time, B answering each.
+//!
+//! Goodput: A sends datagrams of `size` bytes to B for `seconds`. With
+//! `--rate 0` it sends as fast as `send` takes them and backs off (yields,
+//! then tries the same datagram again) when `send` reports the path's
+//! queue full, so what it offers is what the path accepts; with `--rate R`
+//! it offers R Mbit/s, paced, and a datagram `send` refuses is dropped.
+//! B counts what arrives until one second after A stopped. Reported:
+//! offered (accepted by `send`), delivered, the loss between them, refused
+//! at `send`, and goodput = delivered bytes over the time from the first
+//! send to the last arrival.
 
-use ferry_client::{Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions};
+use ferry_client::{Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions, SendError};
 use ferry_proto::key::NodePrivate;
 use std::time::{Duration, Instant};
 
-#[path = "../tests/support/ferry_in_process.rs"]
-mod ferry_in_process;
-
 struct Args {
+    url: String,
     path: PathKind,
-    count: u64,
+    seconds: f64,
     size: usize,
+    rate: f64,
     rtt: usize,
-    url: Option<String>,
+    json: bool,
 }
 
 fn args() -> Result<Args, String> {
     let mut a = Args {
+        url: String::new(),
         path: PathKind::Direct,
-        count: 200_000,
+        seconds: 5.0,
         size: 1200,
+        rate: 0.0,
         rtt: 2000,
-        url: None,
+        json: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--json" {
+            a.json = true;
+            continue;
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let bad = |e: std::num::ParseIntError| format!("{flag} {value}: {e}");
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
         match flag.as_str() {
+            "--url" => a.url = value,
             "--path" => {
                 a.path = match value.as_str() {
                     "direct" => PathKind::Direct,
@@ -48,23 +63,107 @@ fn args() -> Result<Args, String> {
                     other => return Err(format!("--path {other}: direct, relay or derp")),
                 }
             }
-            "--count" => a.count = value.parse().map_err(bad)?,
-            "--size" => a.size = value.parse().map_err(bad)?,
-            "--rtt" => a.rtt = value.parse().map_err(bad)?,
-            "--url" => a.url = Some(value),
+            "--seconds" => a.seconds = value.parse().map_err(|e| bad(&e))?,
+            "--size" => a.size = value.parse().map_err(|e| bad(&e))?,
+            "--rate" => a.rate = value.parse().map_err(|e| bad(&e))?,
+            "--rtt" => a.rtt = value.parse().map_err(|e| bad(&e))?,
             other => return Err(format!("unknown flag {other}")),
         }
+    }
+    if a.url.is_empty() {
+        return Err(
+            "--url http://host:port/derp (a Ferry relay with --relay-port) is required".into(),
+        );
+    }
+    if a.size < 8 || a.seconds <= 0.0 || a.seconds.is_nan() || a.rate < 0.0 {
+        return Err("--size at least 8, --seconds above 0, --rate 0 or above".into());
     }
     Ok(a)
 }
 
-async fn endpoint(url: &str, queue: usize) -> Endpoint {
+async fn endpoint(url: &str) -> Endpoint {
     let mut relay = RelayOptions::new("bench", url);
+    // No STUN: both endpoints are on loopback.
     relay.stun = Some("127.0.0.1:9".parse().expect("literal"));
     let mut o = EndpointOptions::new(NodePrivate::generate(), vec![relay]);
     o.bind = "127.0.0.1:0".parse().expect("literal");
-    o.queue = queue;
+    o.queue = 8192;
     Endpoint::bind(o).await.expect("endpoint binds")
+}
+
+/// What one goodput run measured.
+struct Goodput {
+    offered: u64,
+    refused: u64,
+    delivered: u64,
+    recv_dropped: u64,
+    took: Duration,
+}
+
+/// A → B for `args.seconds`, as the module documentation says.
+async fn goodput(a: &Endpoint, b: std::sync::Arc<Endpoint>, args: &Args) -> Goodput {
+    let kb = b.public_key();
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let receiver = tokio::spawn(async move {
+        let mut got = 0u64;
+        let mut last = None;
+        let mut stop_at: Option<tokio::time::Instant> = None;
+        loop {
+            let limit =
+                stop_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                r = b.recv() => match r {
+                    Ok(_) => { got += 1; last = Some(Instant::now()); }
+                    Err(_) => break,
+                },
+                _ = done_rx.changed(), if stop_at.is_none() => {
+                    stop_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                }
+                _ = tokio::time::sleep_until(limit) => break,
+            }
+        }
+        (got, last, b.stats().recv_dropped)
+    });
+    let payload = vec![0x5a; args.size];
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(args.seconds);
+    // Paced: datagram i is due at start + i × gap.
+    let gap = (args.rate > 0.0)
+        .then(|| Duration::from_secs_f64(args.size as f64 * 8.0 / (args.rate * 1e6)));
+    let (mut offered, mut refused) = (0u64, 0u64);
+    let mut i = 0u64;
+    while Instant::now() < end {
+        if let Some(gap) = gap {
+            let due = start + gap.mul_f64(i as f64);
+            if due > Instant::now() {
+                tokio::time::sleep_until(due.into()).await;
+            }
+        }
+        i += 1;
+        match a.send(&kb, &payload) {
+            Ok(()) => offered += 1,
+            Err(SendError::Dropped) => {
+                refused += 1;
+                if gap.is_none() {
+                    // Back off: the path's queue is full; let it drain.
+                    tokio::task::yield_now().await;
+                }
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+        if i.is_multiple_of(64) {
+            tokio::task::yield_now().await;
+        }
+    }
+    let _ = done_tx.send(true);
+    let (delivered, last, recv_dropped) = receiver.await.expect("receiver");
+    Goodput {
+        offered,
+        refused,
+        delivered,
+        recv_dropped,
+        took: last.map_or(Duration::ZERO, |l| l - start),
+    }
 }
 
 #[tokio::main]
@@ -76,16 +175,8 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let (_server, url) = match &args.url {
-        Some(u) => (None, u.clone()),
-        None => {
-            let relay = ferry_in_process::SessionRelay::start();
-            let url = relay.url.clone();
-            (Some(relay), url)
-        }
-    };
-    let a = endpoint(&url, 8192).await;
-    let b = endpoint(&url, 8192).await;
+    let a = endpoint(&args.url).await;
+    let b = endpoint(&args.url).await;
     let (ka, kb) = (a.public_key(), b.public_key());
     let peer = PeerOptions {
         only: Some(args.path),
@@ -97,11 +188,10 @@ async fn main() {
     while a.peer_status(&kb).and_then(|s| s.active).map(|p| p.kind()) != Some(args.path)
         || b.peer_status(&ka).and_then(|s| s.active).map(|p| p.kind()) != Some(args.path)
     {
-        assert!(
-            Instant::now() < deadline,
-            "no {:?} path within 15 s",
-            args.path
-        );
+        if Instant::now() >= deadline {
+            eprintln!("endpoint_bench: no {:?} path within 15 s", args.path);
+            std::process::exit(1);
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -122,44 +212,32 @@ async fn main() {
         rtts.push(t.elapsed());
     }
     rtts.sort();
-    let pct = |p: usize| rtts.get(rtts.len() * p / 100).copied().unwrap_or_default();
+    let pct = |p: usize| {
+        rtts.get(rtts.len() * p / 100)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
 
-    // Throughput, one way.
-    let payload = vec![0x5a; args.size];
-    let receiver = tokio::spawn(async move {
-        let mut got = 0u64;
-        let mut first = None;
-        let mut last = Instant::now();
-        while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), b.recv()).await {
-            last = Instant::now();
-            first.get_or_insert(last);
-            got += 1;
-        }
-        let lagged = b.stats().recv_dropped;
-        (got, first.map(|f| last - f).unwrap_or_default(), lagged)
-    });
-    let mut dropped = 0u64;
-    for i in 0..args.count {
-        if a.send(&kb, &payload).is_err() {
-            dropped += 1;
-        }
-        if i % 256 == 0 {
-            tokio::task::yield_now().await;
-        }
-    }
-    let (got, took, lagged) = receiver.await.expect("receiver");
-    let secs = took.as_secs_f64().max(1e-9);
-    println!(
-        "path={:?} size={} sent={} dropped_at_send={} dropped_at_recv_queue={} received={} rate={:.0} pkt/s {:.1} Mbit/s rtt_p50={:?} rtt_p99={:?}",
-        args.path,
-        args.size,
-        args.count,
-        dropped,
-        lagged,
-        got,
-        got as f64 / secs,
-        got as f64 * args.size as f64 * 8.0 / secs / 1e6,
-        pct(50),
-        pct(99),
+    let g = goodput(&a, std::sync::Arc::new(b), &args).await;
+    let mbit = |n: u64, secs: f64| n as f64 * args.size as f64 * 8.0 / secs.max(1e-9) / 1e6;
+    let loss = if g.offered == 0 {
+        0.0
+    } else {
+        g.offered.saturating_sub(g.delivered) as f64 * 100.0 / g.offered as f64
+    };
+    let path = format!("{:?}", args.path).to_lowercase();
+    let (offered_mbit, goodput_mbit) = (
+        mbit(g.offered, args.seconds),
+        mbit(g.delivered, g.took.as_secs_f64()),
     );
+    if args.json {
+        println!(
+            "{{\"path\":\"{path}\",\"size\":{},\"seconds\":{},\"rate_mbit_s\":{},\"offered\":{},\"refused_at_send\":{},\"delivered\":{},\"dropped_at_recv_queue\":{},\"loss_percent\":{loss:.3},\"offered_mbit_s\":{offered_mbit:.1},\"goodput_mbit_s\":{goodput_mbit:.1},\"rtt_p50_us\":{:.1},\"rtt_p99_us\":{:.1}}}",
+            args.size, args.seconds, args.rate, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99),
+        );
+    } else {
+        println!(
+            "path={path} size={} seconds={} offered={} ({offered_mbit:.1} Mbit/s) refused_at_send={} delivered={} loss={loss:.2}% dropped_at_recv_queue={} goodput={goodput_mbit:.1} Mbit/s rtt_p50={:.1}us rtt_p99={:.1}us",
+            args.size, args.seconds, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99),
+        );
+    }
 }

@@ -23,6 +23,8 @@
 //!   all memory the kernel touches while operations are in flight.
 //! - [`activation`]: listening sockets handed over by a service manager
 //!   (`LISTEN_FDS`), and handing them to a child.
+//! - [`ifaddrs`]: the host's interface addresses, and which interfaces are
+//!   point-to-point tunnels.
 //! - [`alloc_count`]: a counting global allocator for tests that prove a
 //!   path allocates nothing.
 //! - [`mmsg`]: batched UDP receive and send (`recvmmsg`/`sendmmsg`) with
@@ -49,6 +51,7 @@ mod cmsg;
 pub mod cpu;
 pub mod gso;
 pub mod heap;
+pub mod ifaddrs;
 pub mod ktls;
 pub mod limits;
 pub mod mmsg;

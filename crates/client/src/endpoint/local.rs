@@ -3,6 +3,14 @@
 //! `/proc/net/fib_trie` for IPv4, `/proc/net/if_inet6` for IPv6, loopback
 //! and link-local left out), or else the address the default route would
 //! send from.
+//!
+//! Addresses of point-to-point interfaces (WireGuard and other tun devices,
+//! PPP) are left out too: such an address is reached through its tunnel,
+//! and when the tunnel is one this endpoint carries (`ferry link` beside a
+//! WireGuard interface) a "direct" path to it would run inside itself —
+//! working while the tunnel works over another path, then taking the
+//! tunnel's own traffic and collapsing, again and again. A public address
+//! on a PPP link is still found by STUN.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -20,7 +28,19 @@ pub(crate) fn addresses(v6: bool) -> Vec<IpAddr> {
     if found.is_empty() {
         found.extend(route_source(v6));
     }
+    let tunnels = ferry_sys::ifaddrs::interface_addrs()
+        .map(|all| tunnel_addresses(&all))
+        .unwrap_or_default();
+    found.retain(|ip| !tunnels.contains(ip));
     found
+}
+
+/// The addresses that sit on point-to-point interfaces.
+fn tunnel_addresses(all: &[ferry_sys::ifaddrs::InterfaceAddr]) -> Vec<IpAddr> {
+    all.iter()
+        .filter(|a| a.point_to_point)
+        .map(|a| a.addr)
+        .collect()
 }
 
 /// The IPv4 addresses the kernel's local table marks `host LOCAL`, in
@@ -127,11 +147,31 @@ fe800000000000000000000000000001 02 40 20 80     eth0
     }
 
     #[test]
+    fn point_to_point_addresses_are_tunnels() {
+        let iface = |name: &str, addr: [u8; 4], point_to_point| ferry_sys::ifaddrs::InterfaceAddr {
+            name: name.into(),
+            addr: IpAddr::from(addr),
+            point_to_point,
+            loopback: false,
+        };
+        let all = [
+            iface("eth0", [10, 0, 0, 7], false),
+            iface("wg0", [10, 77, 120, 1], true),
+        ];
+        assert_eq!(tunnel_addresses(&all), vec![IpAddr::from([10, 77, 120, 1])]);
+    }
+
+    #[test]
     fn this_host_has_some_address_or_none_without_panicking() {
         for v6 in [false, true] {
+            let tunnels = tunnel_addresses(&ferry_sys::ifaddrs::interface_addrs().unwrap());
             for ip in addresses(v6) {
                 assert_eq!(ip.is_ipv6(), v6);
                 assert!(!ip.is_loopback());
+                assert!(
+                    !tunnels.contains(&ip),
+                    "{ip} is on a point-to-point interface"
+                );
             }
         }
     }

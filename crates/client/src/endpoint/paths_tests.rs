@@ -51,14 +51,22 @@ struct Pair {
     next_send: Instant,
     sending: bool,
     events_a: Vec<PathEvent>,
+    /// One-way delay of every path.
+    latency: Duration,
+    /// The next this many probes on a direct path (either way) are lost.
+    lose_direct_probes: usize,
 }
 
 impl Pair {
     fn new(policy_a: Policy, relay: bool) -> Pair {
+        Pair::with(policy_a, relay, Timing::default(), LATENCY)
+    }
+
+    fn with(policy_a: Policy, relay: bool, timing: Timing, latency: Duration) -> Pair {
         let now = Instant::now();
         let (ka, kb) = (key(1), key(2));
-        let mut a = Paths::new(Timing::default(), Some(1));
-        let mut b = Paths::new(Timing::default(), Some(2));
+        let mut a = Paths::new(timing.clone(), Some(1));
+        let mut b = Paths::new(timing, Some(2));
         a.add_peer(now, kb, policy_a);
         b.add_peer(now, ka, Policy::default());
         a.set_local_candidates(now, vec![addr(A_ADDR)]);
@@ -81,6 +89,8 @@ impl Pair {
             next_send: now,
             sending: false,
             events_a: Vec::new(),
+            latency,
+            lose_direct_probes: 0,
         }
     }
 
@@ -115,9 +125,13 @@ impl Pair {
                 }
             }
             for t in out {
+                if t.path.kind() == PathKind::Direct && self.lose_direct_probes > 0 {
+                    self.lose_direct_probes -= 1;
+                    continue;
+                }
                 if self.carries(to_b, &t.path) {
                     self.flights.push(Flight {
-                        at: self.now + LATENCY,
+                        at: self.now + self.latency,
                         to_b,
                         path: t.path,
                         what: Carried::Probe(t.probe),
@@ -174,7 +188,7 @@ impl Pair {
                     self.sent.push((id, path, now));
                     if self.carries(true, &path) {
                         self.flights.push(Flight {
-                            at: now + LATENCY,
+                            at: now + self.latency,
                             to_b: true,
                             path,
                             what: Carried::Payload(id),
@@ -312,6 +326,69 @@ fn switches_down_within_two_seconds_of_silence_whenever_it_starts() {
                 .all(|id| p.sent[*id as usize].1 == PathAddr::Derp),
             "offset {offset_ms}: after the switch everything goes by DERP"
         );
+    }
+}
+
+/// `ferry link`'s schedule: a ping every 250 ms, dead after 1 s.
+fn link_timing() -> Timing {
+    Timing {
+        probe_interval: Duration::from_millis(250),
+        dead_after: Duration::from_secs(1),
+        ..Timing::default()
+    }
+}
+
+#[test]
+fn link_timing_keeps_a_long_round_trip_path_and_still_drops_a_dead_one_within_two_seconds() {
+    for rtt_ms in [150u64, 300, 500] {
+        let mut p = Pair::with(
+            Policy::default(),
+            false,
+            link_timing(),
+            Duration::from_millis(rtt_ms / 2),
+        );
+        p.sending = true;
+        p.until_active(PathKind::Direct, Duration::from_secs(3));
+        let switches = p.events_a.len();
+        // A minute on a working path with a round trip of up to half the
+        // dead time: no switch.
+        p.run_for(Duration::from_secs(60));
+        assert_eq!(p.active_a().unwrap().kind(), PathKind::Direct);
+        assert_eq!(
+            p.events_a.len(),
+            switches,
+            "rtt {rtt_ms} ms: {:?}",
+            p.events_a
+        );
+        // Cut: down to DERP within 2 s, even with pongs still in flight.
+        let cut = p.now;
+        p.direct_up = false;
+        p.until_active(PathKind::Derp, Duration::from_secs(2));
+        let took = p.events_a.last().unwrap().at - cut;
+        assert!(took <= Duration::from_secs(2), "rtt {rtt_ms} ms: {took:?}");
+    }
+}
+
+#[test]
+fn probes_lost_under_load_do_not_kill_a_path_that_answers_again() {
+    // Two probes in a row lost (a ping and its pong, or two pings) at
+    // every phase of the 250 ms cycle: the path stays, with traffic on it.
+    for offset_ms in (0..250).step_by(25) {
+        let mut p = Pair::with(Policy::default(), false, link_timing(), LATENCY);
+        p.sending = true;
+        p.until_active(PathKind::Direct, Duration::from_secs(3));
+        let switches = p.events_a.len();
+        p.run_for(Duration::from_millis(1000 + offset_ms));
+        p.lose_direct_probes = 2;
+        p.run_for(Duration::from_secs(5));
+        assert_eq!(p.lose_direct_probes, 0, "the probes were lost");
+        assert_eq!(
+            p.events_a.len(),
+            switches,
+            "offset {offset_ms}: {:?}",
+            p.events_a
+        );
+        assert_eq!(p.active_a().unwrap().kind(), PathKind::Direct);
     }
 }
 
