@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import shutil
+import shlex
 import signal
 import socket
 import ssl
@@ -76,7 +77,7 @@ PLANS = {
             "plain": [500, None],
             "tls": [500, None],
         },
-        "latency": {"servers": ["ferry", "derper"], "levels": [0.5], "window": "1s", "fixed_base_mbps": 500},
+        "latency": {"servers": ["ferry", "derper", "ceiling"], "levels": [0.5], "window": "1s", "fixed_base_mbps": 500},
         "peers": {"servers": ["ferry", "derper", "ceiling"], "counts": [20, 100]},
         "idle": {"servers": ["ferry", "derper"], "conns": 500, "hold": "500ms", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
@@ -97,7 +98,8 @@ PLANS = {
         },
         # Background load as a fraction of derper's plain saturation (its peak
         # delivered rate in the rate suite), 0 = pings alone.
-        "latency": {"servers": ["ferry", "derper", "derper-q"], "levels": [0, 0.25, 0.5, 0.75, 1.0, 1.5], "window": "3s"},
+        "latency": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "levels": [0, 0.25, 0.5, 0.75, 1.0, 1.5],
+                    "window": "3s"},
         "peers": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "counts": [20, 100, 200, 1000]},
         "idle": {"servers": ["ferry", "derper"], "conns": 10000, "hold": "2s", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
@@ -232,6 +234,7 @@ class Server:
         if self.name in ("ferry", "ferry-base"):
             cmd = [str(c.bins[self.name]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
                    "--workers", str(c.args.workers), "--log", "warn"]
+            cmd += shlex.split(c.args.ferry_args if self.name == "ferry" else c.args.baseline_args)
             if self.tls:
                 cmd += ["--certmode", "manual", "--certdir", str(self.certdir), "--hostname", "localhost", "--http-port", "-1"]
         elif self.name in ("derper", "derper-q"):
@@ -868,7 +871,8 @@ def markdown(ctx, s, machine):
     w(f"Machine: {machine['cpu']}, {machine['cpus']} CPUs, {machine['mem_gib']:.0f} GiB, Linux {machine['kernel']}. "
       f"Servers on CPU {ctx.args.server_cpus}, ferry-bench on CPU {ctx.args.client_cpus}"
       f"{', both at nice -20' if ctx.nice else ''}. Ferry {machine['ferry_rev']} (`--workers {ctx.args.workers}`, "
-      f"I/O back end: {machine.get('ferry_backend', '?')}), derper {DERPER_VERSION} ({machine['go']}), "
+      f"I/O back end: {machine.get('ferry_backend', '?')}"
+      f"{extra_flags(machine)}), derper {DERPER_VERSION} ({machine['go']}), "
       f"tuned derper: `TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH={TUNED_QUEUE}`.\n")
     w(f"Cells: median over {ctx.plan['repeats']} repeat(s) (min–max). Rates: Mbit/s of DERP packet payload. "
       f"Window {ctx.plan['window']} after {ctx.plan['warmup']} warm-up. See bench/README.md.\n")
@@ -1232,10 +1236,22 @@ def machine_info(ctx):
         "client_cpus": ctx.args.client_cpus,
         "nice": ctx.nice,
         "workers": ctx.args.workers,
+        "ferry_args": ctx.args.ferry_args,
+        "baseline_args": ctx.args.baseline_args,
         "derper": DERPER_VERSION,
         "tuned_queue": TUNED_QUEUE,
         "binary_sha256": digests,
     }
+
+
+def extra_flags(machine):
+    """The flags given to the ferries beside the bench's own, for the heading."""
+    out = ""
+    if machine.get("ferry_args"):
+        out += f", ferry with `{machine['ferry_args']}`"
+    if machine.get("baseline_args"):
+        out += f", baseline with `{machine['baseline_args']}`"
+    return out
 
 
 def write_outputs(ctx, machine):
@@ -1304,6 +1320,10 @@ def main():
                     help="keep --out's raw reports of suites not being run (run suites one at a time into one directory)")
     ap.add_argument("--peak-only", action="store_true",
                     help="rate suite: only the unpaced (peak) point of each transport, for a quick before/after")
+    ap.add_argument("--ferry-args", default="", metavar="FLAGS",
+                    help="extra flags for the ferry under test, shell-quoted (\"--busy-poll 50us\")")
+    ap.add_argument("--baseline-args", default="", metavar="FLAGS",
+                    help="extra flags for --baseline's ferry (the same binary with other flags is an A/B of a flag)")
     ap.add_argument("--latency-base", type=float, metavar="MBPS",
                     help="latency suite: load levels as shares of this rate instead of derper's measured saturation "
                          "(for runs whose rate suite has no paced points, e.g. --peak-only)")
