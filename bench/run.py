@@ -678,6 +678,8 @@ def summarize(ctx):
                 q["ping_loss"] = stat(values(rec, "latency", name, "plain", point, lambda r: r["result"]["ping_loss"]))
                 q["background_mbps"] = stat(values(rec, "latency", name, "plain", point,
                                                    lambda r: (r["result"].get("background") or {}).get("delivered_mbps")))
+                q["server_cpu"] = stat(values(rec, "latency", name, "plain", point,
+                                              lambda r: (r.get("server") or {}).get("cpu_util")))
                 s["latency"].setdefault(name, {})[point] = q
         for point in points_of(rec, "stuck"):
             d = stat(values(rec, "stuck", name, "plain", point, tp))
@@ -923,14 +925,16 @@ def markdown(ctx, s, machine):
         base = getattr(ctx, "latency_base", 0)
         w(f"## Round-trip latency under load — plain, 1 ping pair at 1000/s, {SIZE} B\n")
         w(f"Load: {PEERS} background peers, as a share of derper's saturation throughput ({base:.0f} Mbit/s). "
-          "RTT in µs, p50 / p99 / p99.9 (medians over repeats).\n")
+          "RTT in µs, p50 / p99 / p99.9, and the server's CPU in cores (medians over repeats).\n")
         w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | p99 Ferry/derper |")
         w("|---|" + "---|" * (len(names) + 1))
         for point in points_of(ctx.records, "latency"):
             cells = []
             for n in names:
                 q = lat[n].get(point)
-                cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}" if q else "–")
+                cpu = (q or {}).get("server_cpu")
+                cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}"
+                             f"{f' · {fmt(cpu, 2)}' if cpu else ''}" if q else "–")
             f, d = lat.get("ferry", {}).get(point), lat.get("derper", {}).get(point)
             w(f"| {point} | " + " | ".join(cells) + f" | {ratio(f and f['p99'], d and d['p99'])} |")
         w("")
@@ -1327,6 +1331,9 @@ def main():
     ap.add_argument("--latency-base", type=float, metavar="MBPS",
                     help="latency suite: load levels as shares of this rate instead of derper's measured saturation "
                          "(for runs whose rate suite has no paced points, e.g. --peak-only)")
+    ap.add_argument("--latency-levels", metavar="SHARES",
+                    help="latency suite: comma-separated background loads as shares of the base (0 = pings alone) "
+                         "instead of the plan's, e.g. 0,0.01,0.1 for idle and low rates")
     ap.add_argument("--rerender", action="store_true",
                     help="rebuild results.md, summary.json and the plots from --out's raw reports, running nothing")
     args = ap.parse_args()
@@ -1345,6 +1352,8 @@ def main():
             plan["rate"][transport] = [None]
     if args.latency_base:
         plan["latency"]["fixed_base_mbps"] = args.latency_base
+    if args.latency_levels:
+        plan["latency"]["levels"] = [float(x) for x in args.latency_levels.split(",")]
     suites = [x for x in args.suites.split(",") if x]
     for x in suites:
         if x not in SUITES:
