@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import shutil
+import shlex
 import signal
 import socket
 import ssl
@@ -85,7 +86,7 @@ PLANS = {
             "plain": [500, None],
             "tls": [500, None],
         },
-        "latency": {"servers": ["ferry", "derper"], "levels": [0.5], "window": "1s", "fixed_base_mbps": 500},
+        "latency": {"servers": ["ferry", "derper", "ceiling"], "levels": [0.5], "window": "1s", "fixed_base_mbps": 500},
         "peers": {"servers": ["ferry", "derper", "ceiling"], "counts": [20, 100]},
         "idle": {"servers": ["ferry", "derper"], "conns": 500, "hold": "500ms", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
@@ -106,7 +107,8 @@ PLANS = {
         },
         # Background load as a fraction of derper's plain saturation (its peak
         # delivered rate in the rate suite), 0 = pings alone.
-        "latency": {"servers": ["ferry", "derper", "derper-q"], "levels": [0, 0.25, 0.5, 0.75, 1.0, 1.5], "window": "3s"},
+        "latency": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "levels": [0, 0.25, 0.5, 0.75, 1.0, 1.5],
+                    "window": "3s"},
         "peers": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "counts": [20, 100, 200, 1000]},
         "idle": {"servers": ["ferry", "derper"], "conns": 10000, "hold": "2s", "tls": True},
         "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
@@ -241,6 +243,7 @@ class Server:
         if self.name in ("ferry", "ferry-base"):
             cmd = [str(c.bins[self.name]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
                    "--workers", str(c.args.workers), "--log", "warn"]
+            cmd += shlex.split(c.args.ferry_args if self.name == "ferry" else c.args.baseline_args)
             if self.tls:
                 cmd += ["--certmode", "manual", "--certdir", str(self.certdir), "--hostname", "localhost", "--http-port", "-1"]
         elif self.name in ("derper", "derper-q"):
@@ -693,6 +696,8 @@ def summarize(ctx):
                 q["ping_loss"] = stat(values(rec, "latency", name, "plain", point, lambda r: r["result"]["ping_loss"]))
                 q["background_mbps"] = stat(values(rec, "latency", name, "plain", point,
                                                    lambda r: (r["result"].get("background") or {}).get("delivered_mbps")))
+                q["server_cpu"] = stat(values(rec, "latency", name, "plain", point,
+                                              lambda r: (r.get("server") or {}).get("cpu_util")))
                 s["latency"].setdefault(name, {})[point] = q
         for point in points_of(rec, "stuck"):
             d = stat(values(rec, "stuck", name, "plain", point, tp))
@@ -886,7 +891,8 @@ def markdown(ctx, s, machine):
     w(f"Machine: {machine['cpu']}, {machine['cpus']} CPUs, {machine['mem_gib']:.0f} GiB, Linux {machine['kernel']}. "
       f"Servers on CPU {ctx.args.server_cpus}, ferry-bench on CPU {ctx.args.client_cpus}"
       f"{', both at nice -20' if ctx.nice else ''}. Ferry {machine['ferry_rev']} (`--workers {ctx.args.workers}`, "
-      f"I/O back end: {machine.get('ferry_backend', '?')}), derper {DERPER_VERSION} ({machine['go']}), "
+      f"I/O back end: {machine.get('ferry_backend', '?')}"
+      f"{extra_flags(machine)}), derper {DERPER_VERSION} ({machine['go']}), "
       f"tuned derper: `TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH={TUNED_QUEUE}`"
       + (f", {machine['hyperderp']} (`--workers {ctx.args.workers}`, plain DERP only)" if machine.get("hyperderp") else "")
       + ".\n")
@@ -941,7 +947,7 @@ def markdown(ctx, s, machine):
         base = getattr(ctx, "latency_base", 0)
         w(f"## Round-trip latency under load — plain, 1 ping pair at 1000/s, {SIZE} B\n")
         w(f"Load: {PEERS} background peers, as a share of derper's saturation throughput ({base:.0f} Mbit/s). "
-          "RTT in µs, p50 / p99 / p99.9 (medians over repeats).\n")
+          "RTT in µs, p50 / p99 / p99.9, and the server's CPU in cores (medians over repeats).\n")
         against = [n for n in ("derper", "hyperderp") if n in lat or n != "hyperderp"]
         w("| Load | " + " | ".join(SERVERS[n]["label"] for n in names) + " | "
           + " | ".join(f"p99 Ferry/{SERVERS[n]['label']}" for n in against) + " |")
@@ -950,7 +956,9 @@ def markdown(ctx, s, machine):
             cells = []
             for n in names:
                 q = lat[n].get(point)
-                cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}" if q else "–")
+                cpu = (q or {}).get("server_cpu")
+                cells.append(f"{q['p50']['median']:.0f} / {q['p99']['median']:.0f} / {q['p999']['median']:.0f}"
+                             f"{f' · {fmt(cpu, 2)}' if cpu else ''}" if q else "–")
             f = lat.get("ferry", {}).get(point)
             w(f"| {point} | " + " | ".join(cells) + " | "
               + " | ".join(ratio(f and f["p99"], (lat.get(n, {}).get(point) or {}).get("p99")) for n in against) + " |")
@@ -1258,10 +1266,22 @@ def machine_info(ctx):
         "client_cpus": ctx.args.client_cpus,
         "nice": ctx.nice,
         "workers": ctx.args.workers,
+        "ferry_args": ctx.args.ferry_args,
+        "baseline_args": ctx.args.baseline_args,
         "derper": DERPER_VERSION,
         "tuned_queue": TUNED_QUEUE,
         "binary_sha256": digests,
     } | ({"hyperderp": sh([str(ctx.bins["hyperderp"]), "--version"])} if "hyperderp" in (ctx.bins or {}) else {})
+
+
+def extra_flags(machine):
+    """The flags given to the ferries beside the bench's own, for the heading."""
+    out = ""
+    if machine.get("ferry_args"):
+        out += f", ferry with `{machine['ferry_args']}`"
+    if machine.get("baseline_args"):
+        out += f", baseline with `{machine['baseline_args']}`"
+    return out
 
 
 def write_outputs(ctx, machine):
@@ -1330,12 +1350,19 @@ def main():
                     help="keep --out's raw reports of suites not being run (run suites one at a time into one directory)")
     ap.add_argument("--peak-only", action="store_true",
                     help="rate suite: only the unpaced (peak) point of each transport, for a quick before/after")
+    ap.add_argument("--ferry-args", default="", metavar="FLAGS",
+                    help="extra flags for the ferry under test, shell-quoted (\"--busy-poll 50us\")")
+    ap.add_argument("--baseline-args", default="", metavar="FLAGS",
+                    help="extra flags for --baseline's ferry (the same binary with other flags is an A/B of a flag)")
     ap.add_argument("--latency-base", type=float, metavar="MBPS",
                     help="latency suite: load levels as shares of this rate instead of derper's measured saturation "
                          "(for runs whose rate suite has no paced points, e.g. --peak-only)")
     ap.add_argument("--hyperderp", type=Path, metavar="HYPER_DERP_BIN",
                     help="also measure this Hyper-DERP server binary (bench/hyperderp/build.sh builds it) as "
                          "'hyperderp' in the rate and latency suites, plain DERP only")
+    ap.add_argument("--latency-levels", metavar="SHARES",
+                    help="latency suite: comma-separated background loads as shares of the base (0 = pings alone) "
+                         "instead of the plan's, e.g. 0,0.01,0.1 for idle and low rates")
     ap.add_argument("--rerender", action="store_true",
                     help="rebuild results.md, summary.json and the plots from --out's raw reports, running nothing")
     args = ap.parse_args()
@@ -1358,6 +1385,8 @@ def main():
             plan["rate"][transport] = [None]
     if args.latency_base:
         plan["latency"]["fixed_base_mbps"] = args.latency_base
+    if args.latency_levels:
+        plan["latency"]["levels"] = [float(x) for x in args.latency_levels.split(",")]
     suites = [x for x in args.suites.split(",") if x]
     for x in suites:
         if x not in SUITES:

@@ -39,5 +39,5 @@ pub use backend::{Backend, IoMode};
 pub use driver::{Completion, Driver, RecvBuffers, Slot};
 pub use epoll::EpollDriver;
 pub use mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
-pub use runtime::{run_shard, Handler};
+pub use runtime::{run_shard, run_shard_polling, BusyPoll, Handler, Wait};
 pub use uring::UringDriver;

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::driver::{Completion, Driver, Slot};
-use crate::runtime::Handler;
+use crate::mailbox::Doorbell;
+use crate::runtime::{self, BusyPoll, Handler, Wait};
 
 /// What [`SimDriver`] reports as [`Driver::max_turn_bytes`].
 pub const SIM_TURN_BYTES: usize = 256 * 1024;
@@ -77,6 +78,9 @@ pub struct SimDriver {
     default_reader: Reader,
     /// What peers of closed sockets read and the test has not collected.
     closed_output: HashMap<Slot, Vec<u8>>,
+    /// The doorbell [`SimDriver::run_turn`] parks on; ringing it does
+    /// nothing, as nothing here blocks.
+    bell: Arc<Doorbell>,
 }
 
 impl SimDriver {
@@ -93,6 +97,7 @@ impl SimDriver {
             stopped: Vec::new(),
             default_reader: Reader::Reads,
             closed_output: HashMap::new(),
+            bell: Doorbell::new(Arc::new(|| {})),
         })
     }
 
@@ -221,6 +226,22 @@ impl SimDriver {
         let _ = self.turn(Some(Duration::ZERO), &mut |c| handler.on_completion(c, now));
         handler.after_turn(self, now);
         handler.timeout(now)
+    }
+
+    /// One turn of the real shard loop ([`runtime::turn`]) at `now`, with
+    /// busy polling as `poll` allows. Nothing blocks: the answer says how
+    /// a real driver would have waited before this turn's completions
+    /// (parked, polled, or found work pending), which is what a test of
+    /// busy polling checks with simulated time.
+    pub fn run_turn<H: Handler<SimDriver>>(
+        &mut self,
+        handler: &mut H,
+        poll: &mut BusyPoll,
+        now: Instant,
+    ) -> Wait {
+        let bell = self.bell.clone();
+        runtime::turn(self, &bell, handler, poll, &mut || now)
+            .expect("the simulated driver does not fail")
     }
 }
 

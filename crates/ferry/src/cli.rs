@@ -261,6 +261,13 @@ pub(crate) struct Args {
     #[arg(long = "backpressure-budget", default_value = "50ms")]
     pub backpressure_budget: String,
 
+    /// After a loop turn that had work, keep polling the sockets without
+    /// sleeping for up to this long while more keeps arriving, then sleep
+    /// (Go duration, 1us to 10ms; 0 is off). Trades CPU after traffic for
+    /// the wake-up latency of the next packet; an idle relay still sleeps.
+    #[arg(long = "busy-poll", default_value = "0")]
+    pub busy_poll: String,
+
     /// Log filter: a level (error, warn, info, debug, trace, off) and/or
     /// target=level directives, comma-separated (tracing's EnvFilter
     /// syntax); FERRY_LOG overrides. A bad directive stops the start.
@@ -599,8 +606,14 @@ fn duration_flag(
 /// "1h0m0s", "0s".
 pub(crate) fn go_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms == 0 {
+    if d.is_zero() {
         return "0s".into();
+    }
+    if d < Duration::from_micros(1) {
+        return format!("{}ns", d.as_nanos());
+    }
+    if ms == 0 {
+        return format!("{}µs", d.as_micros());
     }
     if ms < 1000 {
         return format!("{ms}ms");
@@ -669,6 +682,8 @@ pub(crate) struct Plan {
     pub workers_warning: Option<String>,
     /// How long a non-draining client may hold its senders paused.
     pub backpressure_budget: Duration,
+    /// How long a shard polls in quiet before it parks (zero: at once).
+    pub busy_poll: Duration,
     /// Relay sessions' socket address and table limits, if on.
     pub relay_sessions: Option<(SocketAddr, ferry_udp::session::Limits)>,
 }
@@ -736,6 +751,7 @@ impl Plan {
         let cpus = ferry_sys::available_cpus().len().max(1);
         let workers = args.workers.unwrap_or(cpus);
         let workers_warning = check_workers("--workers", workers, cpus)?;
+        let us = Duration::from_micros;
         let ms = Duration::from_millis;
         let secs = Duration::from_secs;
         Ok(Plan {
@@ -791,6 +807,8 @@ impl Plan {
                 secs(60),
             )?
             .unwrap_or(Duration::ZERO),
+            busy_poll: duration_flag("busy-poll", &args.busy_poll, true, us(1), ms(10))?
+                .unwrap_or(Duration::ZERO),
             relay_sessions: match args.relay_port {
                 None => None,
                 Some(port) => {
@@ -1050,6 +1068,18 @@ mod tests {
     }
 
     #[test]
+    fn busy_poll_is_off_by_default_and_bounded() {
+        let p = Plan::from_args(&args(&["--dev"])).unwrap();
+        assert_eq!(p.busy_poll, Duration::ZERO);
+        let p = Plan::from_args(&args(&["--dev", "--busy-poll", "50us"])).unwrap();
+        assert_eq!(p.busy_poll, Duration::from_micros(50));
+        let e = Plan::from_args(&args(&["--dev", "--busy-poll", "1s"]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--busy-poll 1s: must be between 1µs and 10ms (or 0)");
+    }
+
+    #[test]
     fn ranges_and_worker_counts() {
         let ms = Duration::from_millis;
         assert_eq!(duration_flag("x", "0", true, ms(1), ms(10)).unwrap(), None);
@@ -1059,6 +1089,8 @@ mod tests {
             .to_string();
         assert_eq!(e, "--x 1h: must be between 10ms and 1m0s (or 0)");
         assert_eq!(go_duration(Duration::from_secs(32767)), "9h6m7s");
+        assert_eq!(go_duration(Duration::from_micros(50)), "50µs");
+        assert_eq!(go_duration(Duration::from_nanos(5)), "5ns");
         assert!(check_workers("--workers", 0, 2).is_err());
         assert!(check_workers("--workers", 1025, 2).is_err());
         assert_eq!(check_workers("--workers", 2, 2).unwrap(), None);

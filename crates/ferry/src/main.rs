@@ -145,6 +145,7 @@ fn prepare(args: &Args) -> Result<Prepared> {
     config.handshake_timeout = plan.handshake_timeout;
     config.send_queue_bytes = args.send_queue_bytes;
     config.backpressure_budget = plan.backpressure_budget;
+    config.busy_poll = plan.busy_poll;
     config.home = match args.home.as_str() {
         "" => HomePage::Default,
         "blank" => HomePage::Blank,

@@ -107,6 +107,10 @@ pub struct RelayConfig {
     /// a write to it completes, so one receiver that does not read cannot
     /// stall its senders' traffic to everyone else.
     pub backpressure_budget: Duration,
+    /// After a turn with completions, poll for up to this long of quiet
+    /// before parking (`--busy-poll`; zero: park at once). See
+    /// [`ferry_engine::BusyPoll`].
+    pub busy_poll: Duration,
     /// Disco packets queued per client before new ones are dropped.
     pub disco_queue_packets: usize,
     /// Bytes per cross-shard packet ring.
@@ -171,6 +175,7 @@ impl RelayConfig {
             keepalive: Duration::from_secs(60),
             send_queue_bytes: 1 << 20,
             backpressure_budget: Duration::from_millis(50),
+            busy_poll: Duration::ZERO,
             disco_queue_packets: 32,
             ring_bytes: 1 << 20,
             tcp_keepalive: Some(Duration::from_secs(600)),

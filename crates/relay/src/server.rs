@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ferry_engine::mailbox::{byte_ring, msg_ring, ByteRx, ByteTx, Doorbell};
-use ferry_engine::{run_shard, Backend, Driver, EpollDriver, IoMode};
+use ferry_engine::{run_shard_polling, Backend, BusyPoll, Driver, EpollDriver, IoMode};
 use ferry_sys::port::Transport;
 
 use crate::admission::{Admission, AdmissionStats};
@@ -561,6 +561,7 @@ impl ShardStart {
             return Ok(());
         }
         let bell = shared.doorbells.get().expect("doorbells published")[id].clone();
+        let poll = BusyPoll::new(shared.config.busy_poll);
         let mut shard = Shard::new(
             id,
             shards,
@@ -570,7 +571,7 @@ impl ShardStart {
             rand::random(),
             driver.max_turn_bytes(),
         );
-        let result = run_shard(&mut driver, &bell, &mut shard);
+        let result = run_shard_polling(&mut driver, &bell, &mut shard, poll);
         if let Err(e) = &result {
             tracing::error!(shard = id, error = %e, "shard stopped on an I/O error");
         }

@@ -22,12 +22,18 @@ fn disco_packet(tag: u8) -> Vec<u8> {
 }
 
 /// Keys are placed (not hashed at random) so that every pair of shards,
-/// each shard with itself included, carries packets every time.
+/// each shard with itself included, carries packets every time. Also with
+/// busy polling, where mail reaches a shard that polls and is not parked
+/// (nobody rings its doorbell then).
 #[test]
 fn packets_cross_every_pair_of_shards() {
     use ferry_relay::Placement;
-    for workers in [1, 2, 3] {
-        let (server, addr) = start(workers, |cfg| cfg.placement = Placement::FirstByte);
+    let polls = [Duration::ZERO, Duration::from_millis(10)];
+    for (workers, busy_poll) in [1, 2, 3].into_iter().flat_map(|w| polls.map(|p| (w, p))) {
+        let (server, addr) = start(workers, |cfg| {
+            cfg.placement = Placement::FirstByte;
+            cfg.busy_poll = busy_poll;
+        });
         // Client i on shard i % workers: with 8 clients every shard has at
         // least two.
         let mut clients: Vec<Client> = (0..8)
@@ -56,10 +62,10 @@ fn packets_cross_every_pair_of_shards() {
             got.sort();
             let mut want: Vec<String> = (0..8).map(|i| format!("{i}->{j}")).collect();
             want.sort();
-            assert_eq!(got, want, "workers={workers}");
+            assert_eq!(got, want, "workers={workers} busy_poll={busy_poll:?}");
         }
         let sent = metric(addr, "derp_packets_sent");
-        assert_eq!(sent, 64.0, "workers={workers}");
+        assert_eq!(sent, 64.0, "workers={workers} busy_poll={busy_poll:?}");
         // Every shard sent to every other: (8 / workers)² packets per
         // ordered pair of distinct shards, at least.
         for shard in 0..workers {
