@@ -6,8 +6,12 @@
 #
 #   bash bench/udp/pps.sh [-r REPEATS] [-d SECONDS] [-relays "ferry socat nft"]
 #                         [-cases "bounce bounce-gso hub hub-gso"] [-flows N]
-#                         [-procs N] [-size BYTES] [-out FILE] [-profile debug]
+#                         [-procs N] [-size BYTES] [-pps RATE] [-out FILE]
+#                         [-profile debug]
 #
+# -pps caps the offered rate (all generator processes together; default:
+# as fast as the kernel takes it), to find a relay's lossless rate below
+# overload.
 # -profile debug builds and runs the debug binaries (the suite's smoke check
 # in scripts/test.d/30-udp.sh); figures come from the release build only.
 # Relay (and all receive processing in its namespace, with RPS) on CPU 0,
@@ -18,7 +22,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 repeats=3 secs=5 relays="ferry socat nft" cases="bounce bounce-gso hub hub-gso"
-flows=8 procs=1 size=1400 out="" profile=release
+flows=8 procs=1 size=1400 rate=0 out="" profile=release
 while [ $# -gt 0 ]; do
   case $1 in
     -r) repeats=$2; shift 2 ;;
@@ -28,6 +32,7 @@ while [ $# -gt 0 ]; do
     -flows) flows=$2; shift 2 ;;
     -procs) procs=$2; shift 2 ;;
     -size) size=$2; shift 2 ;;
+    -pps) rate=$2; shift 2 ;;
     -out) out=$2; shift 2 ;;
     -profile) profile=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -163,7 +168,7 @@ measure() {
   t0=$(date +%s.%N)
   for i in $(seq 0 $((procs - 1))); do
     ip netns exec $A taskset -c 1 "$gen" send --to "$relay_ip:$port" --flows $((flows / procs)) \
-      --first-flow $((i * flows / procs)) --size "$size" --gso "$gso" --shape "$shape" --seconds "$secs" >"$T/send$i.json" &
+      --first-flow $((i * flows / procs)) --size "$size" --gso "$gso" --shape "$shape" --pps $((rate / procs)) --seconds "$secs" >"$T/send$i.json" &
     gens+=($!)
   done
   local failed=0
@@ -179,8 +184,8 @@ measure() {
     --argjson cpu0 "$(awk -v a="$b0" -v b="$b1" -v t0="$t0" -v t1="$t1" -v hz="$hz" 'BEGIN { printf "%.3f", (b - a) / hz / (t1 - t0) }')" \
     --argjson proc "$(awk -v a="$p0" -v b="$p1" -v t0="$t0" -v t1="$t1" -v hz="$hz" 'BEGIN { printf "%.3f", (b - a) / hz / (t1 - t0) }')" \
     --argjson backlog "$((d1 - d0))" --argjson rcvbuf "$((r1 - r0))" --argjson load0 "$load0" \
-    --argjson load1 "$(cut -d' ' -f1 /proc/loadavg)" --argjson flows "$flows" --argjson procs "$procs" --argjson size "$size" \
-    '{relay: $relay, case: $case, flows: $flows, generator_processes: $procs, size: $size,
+    --argjson load1 "$(cut -d' ' -f1 /proc/loadavg)" --argjson flows "$flows" --argjson procs "$procs" --argjson size "$size" --argjson cap "$rate" \
+    '{relay: $relay, case: $case, flows: $flows, generator_processes: $procs, size: $size, offered_cap_pps: $cap,
       offered_pps: $offered, pps: $sink.pps, delivered_fraction: (if $offered > 0 then $sink.pps / $offered else null end),
       cpu0_busy: $cpu0, relay_process_cpu: $proc,
       pps_per_core: (if $cpu0 > 0.05 then $sink.pps / $cpu0 else null end),
