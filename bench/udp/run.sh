@@ -25,24 +25,22 @@ while [ $# -gt 0 ]; do
 done
 
 . crates/udp/tests/netns/lib.sh
+. bench/udp/common.sh
 why=$(fu_why_not wg iperf3 socat nft jq taskset)
 if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found"; fi
 [ -z "$why" ] || { echo "cannot run the UDP benchmark: $why" >&2; exit 1; }
 
 cargo build --release --locked -q -p ferry
-cargo build --release --locked -q -p ferry-udp --example udp_load
+cargo build --release --locked -q -p ferry-udp --example udp_gen
 ferry=$root/target/release/ferry
-load=$root/target/release/examples/udp_load
+load=$root/target/release/examples/udp_gen
 mkdir -p bench/udp/results
 out="$root/bench/udp/results/$(date -u +%Y-%m-%dT%H%M%SZ).json"
 
 fu_init
 T=$FU_TMP
 trap fu_cleanup EXIT
-A=fu-bench-a R=fu-bench-r B=fu-bench-b
-fu_ns $A $R $B
-fu_link $A 10.77.11.2/24 $R 10.77.11.1/24
-fu_link $B 10.77.12.2/24 $R 10.77.12.1/24
+bench_topology fu-bench 11 12
 fu_key a; fu_key b
 fu_wg $A fubencha "$T/a.key" 51820 10.77.110.1/24
 fu_wg $B fubenchb "$T/b.key" 51820 10.77.110.2/24
@@ -112,20 +110,10 @@ EOF
 }
 
 stop_relay() {
-  local p
-  for p in "${relay_pids[@]}"; do fu_stop "$p"; done
-  # socat's forked children are not ours by pid: end whatever still runs in R.
-  for p in $(ip netns pids $R); do kill "$p" 2>/dev/null || true; done
-  ip netns exec $R nft delete table ip fu_bench 2>/dev/null || true
-  ip netns exec $R sysctl -qw net.ipv4.ip_forward=0
-  ip netns exec $R conntrack -F >/dev/null 2>&1 || true
+  bench_stop_relay $R fu_bench "${relay_pids[@]}"
   sleep 0.5
 }
 
-# RcvbufErrors of a namespace's UDP counters.
-udp_rcvbuf_errors() {
-  ip netns exec "$1" awk '/^Udp:/ { n++; if (n == 1) { for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i } else print $c }' /proc/net/snmp
-}
 
 # Until the tunnel works through the current relay (WireGuard roams to the
 # relay's new source port after authenticated data).
@@ -156,11 +144,11 @@ for rep in $(seq 1 "$repeats"); do
     sleep 1
     # Where UDP loss happens: the relay namespace's receive-buffer drops
     # (ferry, socat) or the WireGuard receiver's (B).
-    rbe0=$(udp_rcvbuf_errors $R) bbe0=$(udp_rcvbuf_errors $B)
+    rbe0=$(bench_rcvbuf_errors $R) bbe0=$(bench_rcvbuf_errors $B)
     udp=$(ip netns exec $A timeout $((secs + 20)) iperf3 -c 10.77.110.2 -u -b 200M -l 1360 -t "$secs" -J)
     udp_mbits=$(jq '.end.sum.bits_per_second / 1e6 * (1 - .end.sum.lost_percent / 100)' <<<"$udp")
     udp_loss=$(jq '.end.sum.lost_percent' <<<"$udp")
-    relay_drops=$(($(udp_rcvbuf_errors $R) - rbe0)) receiver_drops=$(($(udp_rcvbuf_errors $B) - bbe0))
+    relay_drops=$(($(bench_rcvbuf_errors $R) - rbe0)) receiver_drops=$(($(bench_rcvbuf_errors $B) - bbe0))
     sleep 1
     rps on
     fu_bg $B "$T/sink.log" taskset -c 0 "$load" sink --listen 10.77.12.2:6000 --seconds $((secs + 10))
@@ -169,7 +157,7 @@ for rep in $(seq 1 "$repeats"); do
     load0=$(cut -d' ' -f1 /proc/loadavg)
     busy0=$(core_busy)
     t0=$(date +%s.%N)
-    ip netns exec $A taskset -c 0 "$load" send --to 10.77.11.1:5000 --size 1400 --seconds "$secs" >"$T/send.json"
+    ip netns exec $A taskset -c 0 "$load" send --to 10.77.11.1:5000 --flows 1 --size 1400 --seconds "$secs" >"$T/send.json"
     busy1=$(core_busy)
     t1=$(date +%s.%N)
     wait "$sink_pid" || true
@@ -184,7 +172,7 @@ for rep in $(seq 1 "$repeats"); do
     sleep 0.3
     busy0=$(core_busy)
     t0=$(date +%s.%N)
-    ip netns exec $A taskset -c 0 "$load" send --to 10.77.11.1:5000 --size 1400 --seconds "$secs" --gso 46 >"$T/send2.json"
+    ip netns exec $A taskset -c 0 "$load" send --to 10.77.11.1:5000 --flows 1 --size 1400 --seconds "$secs" --gso 46 >"$T/send2.json"
     busy1=$(core_busy)
     t1=$(date +%s.%N)
     wait "$sink_pid" || true
