@@ -100,40 +100,39 @@ impl Shard {
         }
     }
 
-    /// Moves decrypted bytes from TLS into the protocol. Returns `false`
-    /// when input paused or the connection closed.
+    /// Moves decrypted bytes from TLS into the protocol, parsing them where
+    /// rustls keeps them (one plaintext chunk per record) instead of
+    /// copying them out first. Returns `false` when input paused or the
+    /// connection closed.
     pub(super) fn drain_tls(&mut self, slot: Slot, tls: &mut rustls::ServerConnection) -> bool {
-        let mut plain = std::mem::take(&mut self.plain);
-        let mut go_on = true;
         loop {
             let conn = &self.conns[slot];
             if conn.is_closed() || conn.is_paused() {
-                go_on = false;
-                break;
+                return false;
             }
-            match tls.reader().read(&mut plain) {
-                Ok(0) => {
+            match tls.reader().into_first_chunk() {
+                Ok([]) => {
                     // close_notify: an orderly end.
                     self.on_eof(slot);
-                    go_on = false;
-                    break;
+                    return false;
                 }
-                Ok(n) => {
-                    if self.process_plain(slot, &plain[..n]).is_break() {
-                        go_on = false;
-                        break;
+                Ok(chunk) => {
+                    let n = chunk.len();
+                    // The phase keeps whatever it does not consume (partial
+                    // frame, stash), so the whole chunk is used either way.
+                    let flow = self.process_plain(slot, chunk);
+                    tls.reader().consume(n);
+                    if flow.is_break() {
+                        return false;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(e) => {
                     self.tls_failed(slot, &e);
-                    go_on = false;
-                    break;
+                    return false;
                 }
             }
         }
-        self.plain = plain;
-        go_on
     }
 
     /// Feeds decrypted bytes to the connection's current phase. Breaks when

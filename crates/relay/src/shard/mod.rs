@@ -62,7 +62,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,8 +99,6 @@ const WORK_LIST_START: usize = 256;
 const STALL_RETRY: Duration = Duration::from_millis(1);
 /// Largest HTTP request head accepted.
 const MAX_HEAD: usize = 16 * 1024;
-/// Bytes of plaintext pulled from TLS at a time.
-const PLAIN_CHUNK: usize = 64 * 1024;
 /// Jitter added to the keepalive interval, chosen once per connection.
 const KEEPALIVE_JITTER_MS: u64 = 5_000;
 /// How long a connection being closed for a protocol violation may take to
@@ -346,7 +344,6 @@ pub struct Shard {
     /// Destinations holding paused senders, watched against the
     /// backpressure budget.
     holders: Vec<(Slot, u32)>,
-    plain: Box<[u8]>,
     plain_out: Vec<u8>,
     record: Vec<u8>,
     mail_batch: Vec<Mail>,
@@ -450,7 +447,6 @@ impl Shard {
             record_slots: Vec::with_capacity(WORK_LIST_START),
             stalled: Vec::with_capacity(WORK_LIST_START),
             holders: Vec::with_capacity(WORK_LIST_START),
-            plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
             plain_out: Vec::new(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Plaintext bytes in a full TLS record (the protocol's limit).
+const RECORD_PLAINTEXT: usize = 16 * 1024;
+
 impl Shard {
     pub(super) fn flush(&mut self, driver: &mut dyn DriverOps) {
         let now = self.now;
@@ -45,20 +48,34 @@ impl Shard {
             let mut buf = session.take_send_buffer();
             if let Some(UserTls { conn: tls, .. }) = transport.user() {
                 if !tls.is_handshaking() {
-                    // One plaintext write per flush: rustls cuts it into as
-                    // few records as the 16 KiB record limit allows, so many
-                    // small frames share records.
+                    // One plaintext write per flush, cut into full records
+                    // (many small frames share one). Each record is copied
+                    // into the send buffer right after it is encrypted,
+                    // while it is still in cache, and its memory is reused
+                    // for the next one, instead of encrypting the whole
+                    // flush first and copying it all out afterwards.
                     let plain = &mut self.plain_out;
+                    let buf = &mut buf;
                     session.poll_output_with(|parts| {
-                        let mut w = tls.writer();
-                        if parts.iter().filter(|p| !p.is_empty()).count() > 1 {
+                        let data: &[u8] = if parts.iter().filter(|p| !p.is_empty()).count() > 1 {
                             plain.clear();
                             for p in parts {
                                 plain.extend_from_slice(p);
                             }
-                            let _ = w.write_all(plain);
-                        } else if let Some(p) = parts.into_iter().find(|p| !p.is_empty()) {
-                            let _ = w.write_all(p);
+                            plain
+                        } else {
+                            parts
+                                .into_iter()
+                                .find(|p| !p.is_empty())
+                                .unwrap_or_default()
+                        };
+                        for record in data.chunks(RECORD_PLAINTEXT) {
+                            let _ = tls.writer().write_all(record);
+                            while tls.wants_write() {
+                                if tls.write_tls(buf).is_err() {
+                                    break;
+                                }
+                            }
                         }
                     });
                 } else if phase == Phase::Responding || session.has_control() {
