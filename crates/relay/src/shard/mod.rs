@@ -348,6 +348,8 @@ pub struct Shard {
     holders: Vec<(Slot, u32)>,
     plain: Box<[u8]>,
     plain_out: Vec<u8>,
+    /// Send buffers of connections with nothing in flight.
+    send_pool: buffers::SendPool,
     record: Vec<u8>,
     mail_batch: Vec<Mail>,
     /// Control messages taken from the inbox, handled after the turn.
@@ -383,6 +385,7 @@ macro_rules! conn_log {
 }
 
 mod admit;
+mod buffers;
 mod forward;
 mod front_door;
 mod gate;
@@ -452,6 +455,7 @@ impl Shard {
             holders: Vec::with_capacity(WORK_LIST_START),
             plain: vec![0u8; PLAIN_CHUNK].into_boxed_slice(),
             plain_out: Vec::new(),
+            send_pool: buffers::SendPool::default(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             control: Vec::new(),
