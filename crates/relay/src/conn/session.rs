@@ -42,6 +42,9 @@ use crate::metrics::PacketKind;
 const QUEUE_START: usize = 64 * 1024;
 /// Send buffers larger than this are released when a connection goes idle.
 const IDLE_BUFFER_KEEP: usize = 64 * 1024;
+/// What the control queue keeps once the handshake's responses are out:
+/// room for a pong or a keepAlive.
+const IDLE_CONTROL_KEEP: usize = 64;
 
 /// What one client frame asks of the shard. Slices borrow the bytes given
 /// to [`Reader::handle_bytes`] (or the reader's own buffer for a frame that
@@ -219,6 +222,9 @@ pub struct Session {
     /// Until established: when the connection must be done.
     deadline: Instant,
     established: Option<Established>,
+    /// Established, and the control queue still has the capacity the
+    /// handshake's responses took (trimmed once the connection is quiet).
+    trim_control: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -244,6 +250,7 @@ impl Session {
             in_flight_bytes: 0,
             deadline,
             established: None,
+            trim_control: false,
         }
     }
 
@@ -275,6 +282,7 @@ impl Session {
             keepalive,
             write_timeout,
         });
+        self.trim_control = true;
     }
 
     /// The connection must be done by `at` (a new handshake stage, or a
@@ -508,6 +516,24 @@ impl Session {
         self.spare = buf;
     }
 
+    /// Gives up the send buffer when the connection is quiet (no send in
+    /// flight, nothing queued) and the buffer small enough to share:
+    /// the caller pools it, so that idle connections hold none. Larger
+    /// buffers stay until a keepAlive finds the connection idle. The
+    /// first time after the handshake, the control queue's memory also
+    /// shrinks back to a pong's worth (only then: a WebSocket client's
+    /// control queue carries its framed output and keeps its size).
+    pub fn release_idle_send_buffer(&mut self, share_up_to: usize) -> Option<Vec<u8>> {
+        if self.in_flight.is_some() || self.has_output() {
+            return None;
+        }
+        if std::mem::take(&mut self.trim_control) {
+            self.ctrl.shrink_to(IDLE_CONTROL_KEEP);
+        }
+        let cap = self.spare.capacity();
+        (cap > 0 && cap <= share_up_to).then(|| std::mem::take(&mut self.spare))
+    }
+
     /// The send finished; `buf` is the next send buffer.
     #[inline]
     pub fn on_sent(&mut self, buf: Vec<u8>) {
@@ -614,6 +640,32 @@ mod tests {
         s.set_deadline(bye);
         assert_eq!(s.poll_timeout(), Some(bye));
         assert_eq!(s.handle_timeout(bye, no_jitter), Some(Timeout::Deadline));
+    }
+
+    #[test]
+    fn a_quiet_connection_gives_up_its_send_buffer_and_the_handshakes_room() {
+        let t0 = Instant::now();
+        let mut s = established(t0);
+        s.control_mut().extend_from_slice(&[0u8; 512]);
+        let mut buf = s.take_send_buffer();
+        s.poll_output(&mut buf);
+        s.start_send(t0, buf.len());
+        assert_eq!(
+            s.release_idle_send_buffer(usize::MAX),
+            None,
+            "a send in flight keeps its buffer"
+        );
+        s.on_sent(buf);
+        s.answer_ping(&[1; PING_LEN]);
+        assert_eq!(s.release_idle_send_buffer(usize::MAX), None, "output waits");
+        let mut buf = s.take_send_buffer();
+        s.poll_output(&mut buf);
+        s.on_sent(buf);
+        assert_eq!(s.release_idle_send_buffer(16), None, "too large to share");
+        let released = s.release_idle_send_buffer(usize::MAX).expect("quiet");
+        assert!(released.capacity() >= 512);
+        assert!(s.ctrl.capacity() <= IDLE_CONTROL_KEEP);
+        assert_eq!(s.spare.capacity(), 0);
     }
 
     #[test]

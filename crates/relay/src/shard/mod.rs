@@ -345,6 +345,8 @@ pub struct Shard {
     /// backpressure budget.
     holders: Vec<(Slot, u32)>,
     plain_out: Vec<u8>,
+    /// Send buffers of connections with nothing in flight.
+    send_pool: buffers::SendPool,
     record: Vec<u8>,
     mail_batch: Vec<Mail>,
     /// Control messages taken from the inbox, handled after the turn.
@@ -380,6 +382,7 @@ macro_rules! conn_log {
 }
 
 mod admit;
+mod buffers;
 mod forward;
 mod front_door;
 mod gate;
@@ -448,6 +451,7 @@ impl Shard {
             stalled: Vec::with_capacity(WORK_LIST_START),
             holders: Vec::with_capacity(WORK_LIST_START),
             plain_out: Vec::new(),
+            send_pool: buffers::SendPool::default(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             control: Vec::new(),

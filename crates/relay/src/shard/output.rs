@@ -46,6 +46,9 @@ impl Shard {
             let phase = conn.phase();
             let (transport, session) = conn.transport_and_session();
             let mut buf = session.take_send_buffer();
+            if buf.capacity() == 0 {
+                buf = self.send_pool.take();
+            }
             if let Some(UserTls { conn: tls, .. }) = transport.user() {
                 if !tls.is_handshaking() {
                     // One plaintext write per flush, cut into full records
@@ -95,6 +98,7 @@ impl Shard {
             }
             if buf.is_empty() {
                 session.keep_send_buffer(buf);
+                self.send_pool.release_idle(session);
                 let delta = conn.regauge();
                 self.shared.metrics.shards[self.id].queued_bytes.add(delta);
                 if let Some(reason) = conn.close_after_flush() {
@@ -145,9 +149,11 @@ impl Shard {
             }
             return;
         }
-        let conn = &self.conns[slot];
+        let conn = &mut self.conns[slot];
         if conn.has_output() || conn.close_after_flush().is_some() {
             self.mark_dirty(slot);
+        } else {
+            self.send_pool.release_idle(conn.session_mut());
         }
     }
 }
