@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The UDP relay's own packet rate per core: bounce and receiver-index hub,
-# Ferry against socat and the kernel (nftables DNAT), in the same
+# The UDP relay's own packet rate per core: bounce, receiver-index hub and
+# relay sessions, Ferry against socat and the kernel (nftables DNAT), in the same
 # namespaces, in one run, interleaved, with a load generator on its own
 # core that is not the bottleneck. See README.md ("Packet rate").
 #
 #   bash bench/udp/pps.sh [-r REPEATS] [-d SECONDS] [-relays "ferry socat nft"]
-#                         [-cases "bounce bounce-gso hub hub-gso"] [-flows N]
+#                         [-cases "bounce bounce-gso hub hub-gso session session-gso"] [-flows N]
 #                         [-procs N] [-size BYTES] [-pps RATE] [-out FILE]
 #                         [-profile debug]
 #
@@ -21,7 +21,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-repeats=3 secs=5 relays="ferry socat nft" cases="bounce bounce-gso hub hub-gso"
+repeats=3 secs=5 relays="ferry socat nft" cases="bounce bounce-gso hub hub-gso session session-gso"
 flows=8 procs=1 size=1400 rate=0 out="" profile=release
 while [ $# -gt 0 ]; do
   case $1 in
@@ -53,9 +53,11 @@ case $profile in
 esac
 cargo build "${build[@]}" --locked -q -p ferry
 cargo build "${build[@]}" --locked -q -p ferry-udp --example udp_gen
+cargo build "${build[@]}" --locked -q -p ferry-client --example session_pps
 bin=${CARGO_TARGET_DIR:-$root/target}/$profile
 ferry=$bin/ferry
 gen=$bin/examples/udp_gen
+sessions=$bin/examples/session_pps
 mkdir -p bench/udp/results
 [ -n "$out" ] || out="$root/bench/udp/results/pps-$(date -u +%Y-%m-%dT%H%M%SZ).json"
 
@@ -65,7 +67,7 @@ trap fu_cleanup EXIT
 bench_topology fu-pps 21 22
 fu_route $A 10.77.22.0/24 10.77.21.1
 fu_route $B 10.77.21.0/24 10.77.22.1
-relay_ip=10.77.21.1 sink_ip=10.77.22.2
+relay_ip=10.77.21.1 sink_ip=10.77.22.2 gen_ip=10.77.21.2
 
 # CPU 0 is the relay's: its process is pinned there and R's receive
 # processing (socket delivery for Ferry and socat, forwarding for nft) is
@@ -111,6 +113,11 @@ start_relay() {
   case $1 in
     ferry)
       fu_bg $R "$T/ferry.log" taskset -c 0 "$ferry" udp-relay --config "$T/ferry.toml" --log warn
+      relay_pids+=("$FU_LAST_PID")
+      # Relay sessions: a DERP server (plain HTTP on 8080) with its
+      # session port 5002, one shard, also on CPU 0.
+      fu_bg $R "$T/ferry-derp.log" taskset -c 0 "$ferry" -a "$relay_ip:8080" --stun=false \
+        -c "$T/derp.key" --workers 1 --relay-port 5002
       relay_pids+=("$FU_LAST_PID") ;;
     socat)
       # As people bounce with it: a child per client (flow), all on CPU 0.
@@ -122,7 +129,7 @@ start_relay() {
 table ip fu_pps {
   chain pre {
     type nat hook prerouting priority dstnat;
-    ip daddr $relay_ip udp dport { 5000, 5001 } dnat to $sink_ip:6000
+    ip daddr $relay_ip udp dport { 5000, 5001, 5002 } dnat to $sink_ip:6000
   }
   chain post {
     type nat hook postrouting priority srcnat;
@@ -135,7 +142,8 @@ EOF
   # Until the relay's ports are bound (nft binds none).
   local end=$((SECONDS + 10))
   if [ "$1" != nft ]; then
-    until ip netns exec $R ss -Huln | grep -E ':5000\b' >/dev/null; do
+    until ip netns exec $R ss -Huln | grep -E ':5000\b' >/dev/null \
+      && { [ "$1" != ferry ] || ip netns exec $R ss -Huln | grep -E ':5002\b' >/dev/null; }; do
       [ $SECONDS -lt $end ] || { echo "$1 did not bind :5000" >&2; cat "$T"/*.log >&2; return 1; }
       sleep 0.05
     done
@@ -148,17 +156,37 @@ stop_relay() {
 
 # measure RELAY CASE: one sample, printed as a JSON object.
 measure() {
-  local relay=$1 case=$2 port=5000 shape=raw gso=0 answer=""
+  local relay=$1 case=$2 port=5000 shape=raw gso=0 answer="" sink_ns=$B sink_at=$sink_ip vni=() sess_pid=""
   case $case in
     bounce) ;;
     bounce-gso) gso=46 ;;
     hub) port=5001 shape=hub answer=--answer ;;
     hub-gso) port=5001 shape=hub answer=--answer gso=46 ;;
+    session | session-gso)
+      port=5002
+      [ "$case" = session ] || gso=46
+      # nft forwards the same bytes to B as plain DNAT. For Ferry, A's
+      # clients allocate a session per flow over DERP and bind its two
+      # slots from A: the generator's port and the sink's, which then runs
+      # in A (a session's slots are bound from where the binder runs).
+      if [ "$relay" = ferry ]; then
+        shape=session sink_ns=$A sink_at=$gen_ip vni=(--vni-file "$T/sessions")
+        rm -f "$T/sessions"
+        fu_bg $A "$T/sessions.log" taskset -c 1 "$sessions" --derp "http://$relay_ip:8080/derp" \
+          --from "$gen_ip" --sink "$gen_ip:6000" --flows "$flows" --seconds $((secs + 30)) --out "$T/sessions"
+        sess_pid=$FU_LAST_PID
+        local until=$((SECONDS + 20))
+        until [ -s "$T/sessions" ]; do
+          [ $SECONDS -lt $until ] && kill -0 "$sess_pid" 2>/dev/null \
+            || { echo "relay sessions not bound" >&2; cat "$T/sessions.log" "$T/ferry-derp.log" >&2; return 1; }
+          sleep 0.05
+        done
+      fi ;;
     *) echo "unknown case $case" >&2; return 1 ;;
   esac
-  fu_bg $B "$T/sink.log" taskset -c 1 "$gen" sink --listen "$sink_ip:6000" --ports "$flows" --seconds $((secs + 15)) $answer
+  fu_bg $sink_ns "$T/sink.log" taskset -c 1 "$gen" sink --listen "$sink_at:6000" --ports "$flows" --seconds $((secs + 15)) $answer
   local sink_pid=$FU_LAST_PID end=$((SECONDS + 10))
-  until ip netns exec $B ss -Huln | grep -E ":$((6000 + flows - 1))\b" >/dev/null; do
+  until ip netns exec $sink_ns ss -Huln | grep -E ":$((6000 + flows - 1))\b" >/dev/null; do
     [ $SECONDS -lt $end ] || { echo "sink did not bind" >&2; return 1; }
     sleep 0.05
   done
@@ -168,7 +196,7 @@ measure() {
   t0=$(date +%s.%N)
   for i in $(seq 0 $((procs - 1))); do
     ip netns exec $A taskset -c 1 "$gen" send --to "$relay_ip:$port" --flows $((flows / procs)) \
-      --first-flow $((i * flows / procs)) --size "$size" --gso "$gso" --shape "$shape" --pps $((rate / procs)) --seconds "$secs" >"$T/send$i.json" &
+      --first-flow $((i * flows / procs)) --size "$size" --gso "$gso" --shape "$shape" "${vni[@]}" --pps $((rate / procs)) --seconds "$secs" >"$T/send$i.json" &
     gens+=($!)
   done
   local failed=0
@@ -176,6 +204,7 @@ measure() {
   b1=$(cpu0_busy) p1=$(procs_busy) d1=$(backlog_drops) r1=$(bench_rcvbuf_errors $R)
   t1=$(date +%s.%N)
   wait "$sink_pid" || true
+  [ -z "$sess_pid" ] || fu_stop "$sess_pid"
   [ $failed = 0 ] || { echo "a generator failed ($relay $case)" >&2; cat "$T"/send*.json >&2; return 1; }
   local sink offered
   sink=$(tail -n 1 "$T/sink.log")
@@ -199,8 +228,9 @@ for rep in $(seq 1 "$repeats"); do
   for relay in $relays; do
     start_relay "$relay"
     for case in $cases; do
-      # socat has no hub; nft forwards the hub's packets as plain DNAT.
-      if [ "$relay" = socat ] && [ "${case#hub}" != "$case" ]; then continue; fi
+      # socat has no hub and no sessions; nft forwards the hub's and the
+      # sessions' packets as plain DNAT.
+      if [ "$relay" = socat ] && [ "${case#bounce}" = "$case" ]; then continue; fi
       line=$(measure "$relay" "$case")
       echo "   $rep $line" >&2
       if [ $first = 1 ]; then first=0; else echo "," >>"$out"; fi

@@ -9,14 +9,16 @@ cargo build --locked -q -p ferry
 FERRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ferry" timeout 360 bash crates/udp/tests/netns/run.sh
 
 # The packet-rate benchmark (bench/udp/pps.sh), as a smoke check of about
-# 15 s: one short sample of Ferry and nftables for the bounce and the hub,
-# debug build. It checks that every sample delivered packets and that the
-# hub's handshakes went through, not how many packets.
+# 20 s: one short sample of Ferry and nftables for the bounce, the hub and
+# relay sessions, debug build. It checks that every sample delivered
+# packets (for Ferry's sessions that means they were allocated, bound and
+# forwarded: nothing else sends to that sink) and that the hub's handshakes
+# went through, not how many packets.
 . crates/udp/tests/netns/lib.sh
 fu_skip_or_fail "UDP packet-rate smoke check" "$(fu_why_not nft socat jq taskset)"
 smoke=$(mktemp)
-timeout 180 bash bench/udp/pps.sh -profile debug -r 1 -d 1 -relays "ferry nft" -cases "bounce hub" -flows 2 -out "$smoke" >/dev/null
-if ! jq -e 'length == 4 and all(.[]; .pps > 0 and .sink.packets > 0)
+timeout 180 bash bench/udp/pps.sh -profile debug -r 1 -d 1 -relays "ferry nft" -cases "bounce hub session" -flows 2 -out "$smoke" >/dev/null
+if ! jq -e 'length == 6 and all(.[]; .pps > 0 and .sink.packets > 0)
     and all(.[] | select(.case == "hub"); .sink.handshakes_answered == 2)' "$smoke" >/dev/null; then
   echo "UDP packet-rate smoke check: unexpected samples" >&2
   cat "$smoke" >&2

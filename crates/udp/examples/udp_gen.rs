@@ -3,6 +3,7 @@
 //! ```text
 //! udp_gen send --to 10.77.11.1:5000 [--flows 8] [--size 1400] [--gso 0]
 //!              [--seconds 5] [--pps 0] [--shape raw|hub] [--first-flow 0]
+//!              [--shape session --vni-file FILE]
 //! udp_gen sink --listen 10.77.12.2:6000 [--ports 8] [--seconds 15] [--answer]
 //! udp_gen hub-config --flows 8 --sink 10.77.12.2:6000
 //! ```
@@ -23,6 +24,12 @@
 //! hub both indices, then sends transport messages to the responder's
 //! index.
 //!
+//! `--shape session` sends through relay sessions set up by
+//! `crates/client/examples/session_pps.rs`: line `i` of `--vni-file` is
+//! flow `i`'s `VNI SOURCE_PORT`; the flow's socket is bound to that port
+//! (from which the session's slot 0 was bound) and every datagram starts
+//! with the session's 8-byte data header.
+//!
 //! `sink` listens on `--ports` consecutive ports, counts what arrives (with
 //! GRO on, so it stays cheap: one receive per train), from the first data
 //! datagram until the senders have been quiet for a second (or `--seconds`
@@ -39,6 +46,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
+use ferry_proto::udp_header::{Header, Protocol};
 use ferry_proto::wireguard::{self as wg, Index, Mac1Key, Message, PublicKey};
 use ferry_sys::mmsg::{OutMsg, RecvBatch, RecvMeta, SendBatch, Span, MAX_BATCH, MAX_SPANS};
 
@@ -69,7 +77,11 @@ fn main() {
             let shape = match arg(&args, "--shape").unwrap_or("raw") {
                 "raw" => Shape::Raw,
                 "hub" => Shape::Hub,
-                other => panic!("--shape: raw or hub, not {other}"),
+                "session" => {
+                    let file = arg(&args, "--vni-file").expect("--shape session needs --vni-file");
+                    Shape::Session(sessions(file))
+                }
+                other => panic!("--shape: raw, hub or session, not {other}"),
             };
             send(&Load {
                 to: addr(&args, "--to"),
@@ -103,18 +115,34 @@ fn main() {
             }
         }
         _ => {
-            eprintln!("usage: udp_gen send --to ADDR [--flows N] [--size B] [--gso N] [--seconds S] [--pps P] [--shape raw|hub] [--first-flow F]\n       udp_gen sink --listen ADDR [--ports N] [--seconds S] [--answer]\n       udp_gen hub-config --flows N --sink ADDR");
+            eprintln!("usage: udp_gen send --to ADDR [--flows N] [--size B] [--gso N] [--seconds S] [--pps P] [--shape raw|hub|session] [--vni-file FILE] [--first-flow F]\n       udp_gen sink --listen ADDR [--ports N] [--seconds S] [--answer]\n       udp_gen hub-config --flows N --sink ADDR");
             std::process::exit(2);
         }
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
 enum Shape {
     /// Bytes with no meaning (bounce).
     Raw,
     /// WireGuard transport messages after a handshake (hub).
     Hub,
+    /// Data datagrams of relay sessions: per flow, the VNI and the source
+    /// port its slot 0 was bound from.
+    Session(Vec<(u32, u16)>),
+}
+
+/// The `VNI SOURCE_PORT` lines of a session file.
+fn sessions(file: &str) -> Vec<(u32, u16)> {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    text.lines()
+        .map(|l| {
+            let mut w = l.split_whitespace().map(str::parse);
+            match (w.next(), w.next()) {
+                (Some(Ok(vni)), Some(Ok(port))) => (vni, port as u16),
+                _ => panic!("{file}: not `VNI PORT`: {l}"),
+            }
+        })
+        .collect()
 }
 
 struct Load {
@@ -249,16 +277,30 @@ fn send(load: &Load) {
     let flows: Vec<Flow> = (0..load.flows)
         .map(|i| {
             let flow = load.first_flow + i;
-            let socket = socket(any);
             let mut buf: Vec<u8> = (0..size * dgrams).map(|b| (b % 251) as u8).collect();
-            if load.shape == Shape::Hub {
-                let to = hub_handshake(&socket, load.to, flow);
-                for (n, d) in buf.chunks_exact_mut(size).enumerate() {
-                    d[..4].copy_from_slice(&[wg::TYPE_TRANSPORT, 0, 0, 0]);
-                    d[4..8].copy_from_slice(&to.to_le_bytes());
-                    d[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+            let socket = match &load.shape {
+                Shape::Raw => socket(any),
+                Shape::Hub => {
+                    let socket = socket(any);
+                    let to = hub_handshake(&socket, load.to, flow);
+                    for (n, d) in buf.chunks_exact_mut(size).enumerate() {
+                        d[..4].copy_from_slice(&[wg::TYPE_TRANSPORT, 0, 0, 0]);
+                        d[4..8].copy_from_slice(&to.to_le_bytes());
+                        d[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+                    }
+                    socket
                 }
-            }
+                Shape::Session(s) => {
+                    let (vni, port) = *s
+                        .get(usize::from(flow))
+                        .unwrap_or_else(|| panic!("no session for flow {flow}"));
+                    let header = Header::data(Protocol::Payload, vni).to_bytes();
+                    for d in buf.chunks_exact_mut(size) {
+                        d[..header.len()].copy_from_slice(&header);
+                    }
+                    socket(SocketAddr::new(any.ip(), port))
+                }
+            };
             Flow { socket, buf }
         })
         .collect();
