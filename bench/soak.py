@@ -184,6 +184,7 @@ def main():
     ap.add_argument("--no-nice", action="store_true")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--profile", choices=["release", "dev"], default="release")
+    ap.add_argument("--ferry-args", default="", help="extra arguments for the ferry server (quoted)")
     a = ap.parse_args()
     target = rb.ROOT / "target" / a.profile
     if not a.no_build:
@@ -192,6 +193,7 @@ def main():
     out = a.out or Path(tempfile.mkdtemp(prefix="ferry-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     a.transports = a.transport
+    a.baseline_args = ""
     with tempfile.TemporaryDirectory(prefix="ferry-soak-") as tmpname:
         tmp = Path(tmpname)
         bins = {}
