@@ -4,6 +4,7 @@
     bench/run.sh soak                                  # 10 min at 80 % of the measured peak
     bench/run.sh soak --duration 5m --peers 200 --rate 4400
     MALLOC_ARENA_MAX=1 bench/run.sh soak ...           # the server inherits the environment
+    bench/run.sh soak --relay udp [--shape raw|hub|session] [--gso 46] [--pps 100000]
 
 One Ferry (TLS unless --transport plain), pinned like every server of the
 suite. Unless --rate is given, a first Ferry process measures the unpaced
@@ -15,6 +16,9 @@ connection closed) this script keeps sampling for --idle to see what memory
 comes back. Output in --out: soak.json (the ferry-bench report, the idle
 samples and a summary: RSS drift between minute 2 and the end, RSS after
 idle against the start) and soak.png.
+
+--relay udp soaks the UDP relay instead, in network namespaces, with the
+same summary and plot: bench/udp/soak_udp.py.
 """
 
 import argparse
@@ -26,35 +30,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "udp"))
 import run as rb  # noqa: E402  (the suite's servers, pinning and build)
+import soak_udp  # noqa: E402  (the UDP relay's soak: --relay udp)
+from soak_udp import seconds  # noqa: E402
 
 DEFAULT_SAMPLE = "5s"
 
 
-def seconds(text):
-    """'90s', '10m', '250ms' or a bare number of seconds."""
-    t = str(text).strip()
-    for suffix, f in (("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if t.endswith(suffix) and t[: -len(suffix)].replace(".", "", 1).isdigit():
-            return float(t[: -len(suffix)]) * f
-    return float(t)
-
-
 def server_state(server):
     """RSS, descriptors and memory gauges of a running server, now."""
-    pid = server.proc.pid
-    rss = fds = None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        pass
     gauges = {k: v for k, v in server.varz().items()
               if any(k.startswith(p) for p in ("ferry_queued_bytes", "ferry_recv_buffer", "ferry_buffer",
                                                 "ferry_heap", "derp_current_connections"))}
-    return {"rss": rss, "open_fds": fds, "gauges": gauges}
+    return soak_udp.process_usage(server.proc.pid) | {"gauges": gauges}
 
 
 def bench_cmd(ctx, server, a, out, extra):
@@ -101,16 +90,29 @@ def rss_at(samples, t):
 
 
 def summarize(a, rate, start, report, idle):
+    """The same fields for both relays, plus each one's own: DERP's offered
+    and delivered Mbit/s, the UDP relay's pps and its probe's losses."""
     samples = report.get("samples", [])
     warm = seconds(a.warmup)
     end = samples[-1]["rss"] if samples else None
     base = rss_at(samples, warm + 120.0) or rss_at(samples, warm)
     idle_end = idle[-1]["rss"] if idle else None
     res = report["result"]
-    return {
-        "offered_mbps": rate,
+    out = {"offered_mbps": rate} if a.relay == "derp" else {
+        "offered_pps": round(rate),
+        "delivered_pps": res["delivered_pps"],
+        "backlog_drops": res["backlog_drops"],
+        "sent_packets": res["sent_packets"],
+        "delivered_packets": res["delivered_packets"],
+        "probe_sent": res["probe"]["sent"],
+        "probe_lost": res["probe"]["lost"],
+        "drops_at_end": {k: v for k, v in samples[-1]["gauges"].items() if "drops" in k or "errors" in k}
+        if samples else None,
+    }
+    return out | {
         "delivered_mbps": res["delivered_mbps"],
         "loss": res["loss"],
+        "samples": len(samples),
         "rss_start": start["rss"],
         "rss_minute2": base,
         "rss_end_of_load": end,
@@ -119,6 +121,7 @@ def summarize(a, rate, start, report, idle):
         "rss_after_idle": idle_end,
         "after_idle_over_start": (idle_end - start["rss"]) / start["rss"] if idle_end and start["rss"] else None,
         "fds_start": start["open_fds"],
+        "fds_end_of_load": samples[-1]["open_fds"] if samples else None,
         "fds_after_idle": idle[-1]["open_fds"] if idle else None,
         "latency_p50_first_last_us": [samples[0]["latency_us"]["p50"], samples[-1]["latency_us"]["p50"]] if samples else None,
     }
@@ -152,14 +155,20 @@ def plot(path, a, report, idle):
     for q in ("p50", "p99", "p999"):
         ax[2].plot(t, [x["latency_us"][q] for x in samples], label=q)
     ax[2].set_yscale("log")
-    ax[2].set_ylabel("one-way latency, µs")
+    ax[2].set_ylabel("one-way latency, µs" if a.relay == "derp" else "probe round trip, µs (p999: max)")
     ax[2].legend(fontsize=7)
-    ax[3].plot(t, [x["received_mbps"] for x in samples], label="received")
-    ax[3].plot(t, [x["sent_mbps"] for x in samples], label="sent")
-    ax[3].set_ylabel("Mbit/s")
+    if a.relay == "derp":
+        rates, unit = (("received_mbps", "received"), ("sent_mbps", "sent")), "Mbit/s"
+        title = f"Ferry soak: {a.transport}, {a.peers} peers, {a.size} B"
+    else:
+        rates, unit = (("received_pps", "delivered to the sink"), ("relayed_pps", "forwarded (relay's counter)")), "datagrams/s"
+        title = f"Ferry UDP relay soak: {a.shape}, {a.flows} flows, {a.size} B{f' in GSO trains of {a.gso}' if a.gso else ''}"
+    for key, label in rates:
+        ax[3].plot(t, [x[key] for x in samples], label=label)
+    ax[3].set_ylabel(unit)
     ax[3].set_xlabel("minutes")
     ax[3].legend(fontsize=7)
-    fig.suptitle(f"Ferry soak: {a.transport}, {a.peers} peers, {a.size} B")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -185,11 +194,26 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--profile", choices=["release", "dev"], default="release")
     ap.add_argument("--ferry-args", default="", help="extra arguments for the ferry server (quoted)")
+    ap.add_argument("--relay", choices=["derp", "udp"], default="derp",
+                    help="DERP (ferry-bench's peers) or the UDP relay (`ferry udp-relay` in namespaces)")
+    u = ap.add_argument_group("--relay udp")
+    u.add_argument("--shape", choices=["raw", "hub", "session"], default="raw",
+                   help="raw datagrams through a static bounce, WireGuard transport messages through the hub, "
+                        "or data datagrams through relay sessions (a DERP server's session port)")
+    u.add_argument("--flows", type=int, default=8, help="generator sockets (source ports)")
+    u.add_argument("--gso", type=int, default=0, help="datagrams per GSO train (0: single datagrams, as WireGuard)")
+    u.add_argument("--pps", type=float, help="offered datagrams per second (default: --fraction of the peak)")
+    u.add_argument("--probe-rate", type=float, default=10, help="latency probe datagrams per second")
     a = ap.parse_args()
-    target = rb.ROOT / "target" / a.profile
+    udp = a.relay == "udp"
+    target = Path(os.environ.get("CARGO_TARGET_DIR", rb.ROOT / "target")) / ("release" if a.profile == "release" else "debug")
     if not a.no_build:
         flag = ["--release"] if a.profile == "release" else []
         rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=rb.ROOT)
+        if udp:  # examples: builds of their own (target flags select only them)
+            rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry-udp", "--example", "udp_gen"], cwd=rb.ROOT)
+        if udp and a.shape == "session":
+            rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry-client", "--example", "session_pps"], cwd=rb.ROOT)
     out = a.out or Path(tempfile.mkdtemp(prefix="ferry-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     a.transports = a.transport
@@ -198,18 +222,25 @@ def main():
         tmp = Path(tmpname)
         bins = {}
         (tmp / "bin").mkdir()
-        for k in ("ferry", "ferry-bench"):
-            bins[k] = tmp / "bin" / k
-            bins[k].write_bytes((target / k).read_bytes())
-            bins[k].chmod(0o755)
+        wanted = ("ferry", "ferry-bench")
+        if udp:
+            wanted = ("ferry", "examples/udp_gen") + (("examples/session_pps",) if a.shape == "session" else ())
+        for k in wanted:
+            name = k.rpartition("/")[2]
+            bins[name] = tmp / "bin" / name
+            bins[name].write_bytes((target / k).read_bytes())
+            bins[name].chmod(0o755)
         ctx = rb.Context(a, bins, out, tmp, rb.make_cert(tmp), {})
-        peak, peak_report = (None, None) if a.rate else measure_peak(ctx, a)
-        rate = a.rate or a.fraction * peak
-        rb.log(f"soak: {rate:.0f} Mbit/s offered for {a.duration} (+{a.warmup} warm-up), then {a.idle} idle")
-        start, report, idle = soak(ctx, a, rate)
+        if udp:
+            peak, peak_report, rate, start, report, idle = soak_udp.run(ctx, a, rb.log)
+        else:
+            peak, peak_report = (None, None) if a.rate else measure_peak(ctx, a)
+            rate = a.rate or a.fraction * peak
+            rb.log(f"soak: {rate:.0f} Mbit/s offered for {a.duration} (+{a.warmup} warm-up), then {a.idle} idle")
+            start, report, idle = soak(ctx, a, rate)
     summary = summarize(a, rate, start, report, idle)
     doc = {
-        "config": {k: v for k, v in vars(a).items() if k != "out"} | {"peak_mbps": peak,
+        "config": {k: v for k, v in vars(a).items() if k != "out"} | {"peak_pps" if udp else "peak_mbps": peak,
                                                                       "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX")},
         "summary": summary,
         "start": start,
@@ -229,8 +260,9 @@ def main():
     rb.log(f"RSS: start {m(summary['rss_start'])}, minute 2 {m(summary['rss_minute2'])}, "
            f"end of load {m(summary['rss_end_of_load'])} (drift {pct(summary['drift_minute2_to_end'])}), "
            f"after {a.idle} idle {m(summary['rss_after_idle'])} ({pct(summary['after_idle_over_start'])} over start)")
-    rb.log(f"delivered {summary['delivered_mbps']:.0f} of {rate:.0f} Mbit/s, loss {summary['loss'] * 100:.3f} %; "
-           f"wrote {out / 'soak.json'} and {out / 'soak.png'}")
+    offered = f"{summary['delivered_pps']:.0f} of {rate:.0f} pps" if udp else f"{summary['delivered_mbps']:.0f} of {rate:.0f} Mbit/s"
+    rb.log(f"delivered {offered}, loss {summary['loss'] * 100:.3f} %, descriptors {summary['fds_start']} → "
+           f"{summary['fds_end_of_load']} → {summary['fds_after_idle']}; wrote {out / 'soak.json'} and {out / 'soak.png'}")
 
 
 if __name__ == "__main__":

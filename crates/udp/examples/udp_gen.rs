@@ -1,10 +1,14 @@
-//! The UDP relay benchmark's load generator and sink (bench/udp/pps.sh).
+//! The UDP relay benchmark's load generator, sink and latency probe
+//! (bench/udp/pps.sh, bench/udp/soak_udp.py).
 //!
 //! ```text
 //! udp_gen send --to 10.77.11.1:5000 [--flows 8] [--size 1400] [--gso 0]
 //!              [--seconds 5] [--pps 0] [--shape raw|hub] [--first-flow 0]
 //!              [--shape session --vni-file FILE]
 //! udp_gen sink --listen 10.77.12.2:6000 [--ports 8] [--seconds 15] [--answer]
+//!              [--quiet 1] [--report-every SECONDS]
+//! udp_gen probe --to 10.77.11.1:5000 [--rate 10] [--seconds 5]
+//!               [--report-every SECONDS] [--shape raw|hub|session] [--flow 0]
 //! udp_gen hub-config --flows 8 --sink 10.77.12.2:6000
 //! ```
 //!
@@ -37,6 +41,21 @@
 //! the time it was receiving and the kernel's receive-buffer drops. With
 //! `--answer`, an initiation arriving at port `P + i` is answered with a
 //! response sealed for `a<i>`, as `b<i>` would.
+//!
+//! The sink stops `--quiet` seconds after the last data datagram. With
+//! `--report-every S` it also prints, from the first datagram on, one JSON
+//! line per interval of S seconds (`interval`, `packets`, `bytes`, `pps`,
+//! `mbits`, `probes_echoed`, the cumulative `sink_drops`); the summary
+//! stays the last line. A probe datagram (64 bytes with the probe's magic
+//! at byte 16) is not counted but sent back to where it came from, through
+//! the hub (with `--answer`) as a transport message to `a<i>`'s index.
+//!
+//! `probe` is a low-rate flow through the relay for latency under load:
+//! `--rate` datagrams per second, each with a sequence number and its send
+//! time, shaped like flow `--flow` of `send` (its own bounce session, hub
+//! handshake or relay session), which the sink echoes. It prints the
+//! round-trip times (count, p50, p99, max in µs) with what it sent and got
+//! back, per interval with `--report-every` and in all on the last line.
 //!
 //! `hub-config` prints the `[hub]` peers for `--flows` flows: `a<i>` and
 //! `b<i>`, `b<i>` with the fixed endpoint `--sink` port `+ i`.
@@ -73,33 +92,32 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds = Duration::from_secs_f64(num(&args, "--seconds", "5"));
     match args.get(1).map(String::as_str) {
-        Some("send") => {
-            let shape = match arg(&args, "--shape").unwrap_or("raw") {
-                "raw" => Shape::Raw,
-                "hub" => Shape::Hub,
-                "session" => {
-                    let file = arg(&args, "--vni-file").expect("--shape session needs --vni-file");
-                    Shape::Session(sessions(file))
-                }
-                other => panic!("--shape: raw, hub or session, not {other}"),
-            };
-            send(&Load {
-                to: addr(&args, "--to"),
-                flows: num(&args, "--flows", "8"),
-                first_flow: num(&args, "--first-flow", "0"),
-                size: num(&args, "--size", "1400"),
-                gso: num(&args, "--gso", "0"),
-                pps: num(&args, "--pps", "0"),
-                shape,
-                duration: seconds,
-            });
-        }
-        Some("sink") => sink(
-            addr(&args, "--listen"),
-            num(&args, "--ports", "1"),
-            args.iter().any(|a| a == "--answer"),
-            seconds,
-        ),
+        Some("send") => send(&Load {
+            to: addr(&args, "--to"),
+            flows: num(&args, "--flows", "8"),
+            first_flow: num(&args, "--first-flow", "0"),
+            size: num(&args, "--size", "1400"),
+            gso: num(&args, "--gso", "0"),
+            pps: num(&args, "--pps", "0"),
+            shape: shape(&args),
+            duration: seconds,
+        }),
+        Some("sink") => sink(&Sink {
+            at: addr(&args, "--listen"),
+            ports: num(&args, "--ports", "1"),
+            answer: args.iter().any(|a| a == "--answer"),
+            duration: seconds,
+            quiet: Duration::from_secs_f64(num(&args, "--quiet", "1")),
+            report_every: every(&args),
+        }),
+        Some("probe") => probe(&Probe {
+            to: addr(&args, "--to"),
+            flow: num(&args, "--flow", "0"),
+            rate: num(&args, "--rate", "10"),
+            shape: shape(&args),
+            duration: seconds,
+            report_every: every(&args),
+        }),
         Some("hub-config") => {
             let sink = addr(&args, "--sink");
             for i in 0..num::<u16>(&args, "--flows", "8") {
@@ -115,10 +133,28 @@ fn main() {
             }
         }
         _ => {
-            eprintln!("usage: udp_gen send --to ADDR [--flows N] [--size B] [--gso N] [--seconds S] [--pps P] [--shape raw|hub|session] [--vni-file FILE] [--first-flow F]\n       udp_gen sink --listen ADDR [--ports N] [--seconds S] [--answer]\n       udp_gen hub-config --flows N --sink ADDR");
+            eprintln!("usage: udp_gen send --to ADDR [--flows N] [--size B] [--gso N] [--seconds S] [--pps P] [--shape raw|hub|session] [--vni-file FILE] [--first-flow F]\n       udp_gen sink --listen ADDR [--ports N] [--seconds S] [--answer] [--quiet S] [--report-every S]\n       udp_gen probe --to ADDR [--rate R] [--seconds S] [--report-every S] [--shape raw|hub|session] [--vni-file FILE] [--flow F]\n       udp_gen hub-config --flows N --sink ADDR");
             std::process::exit(2);
         }
     }
+}
+
+/// `--shape` (and `--vni-file` for sessions).
+fn shape(args: &[String]) -> Shape {
+    match arg(args, "--shape").unwrap_or("raw") {
+        "raw" => Shape::Raw,
+        "hub" => Shape::Hub,
+        "session" => {
+            let file = arg(args, "--vni-file").expect("--shape session needs --vni-file");
+            Shape::Session(sessions(file))
+        }
+        other => panic!("--shape: raw, hub or session, not {other}"),
+    }
+}
+
+/// `--report-every SECONDS`: the period of per-interval reports, if any.
+fn every(args: &[String]) -> Option<Duration> {
+    arg(args, "--report-every").map(|_| Duration::from_secs_f64(num(args, "--report-every", "0")))
 }
 
 enum Shape {
@@ -236,6 +272,35 @@ fn hub_handshake(s: &UdpSocket, to: SocketAddr, flow: u16) -> Index {
     panic!("flow {flow}: no handshake response through {to} within 5 s");
 }
 
+/// Opens flow `flow`'s socket for `shape` (for the hub, after its
+/// handshake) and returns it with the header every datagram of the flow
+/// starts with: nothing (raw), a transport message's type and receiver
+/// index (hub), or the session's data header (session).
+fn open_flow(shape: &Shape, to: SocketAddr, flow: u16) -> (UdpSocket, Vec<u8>) {
+    let any: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
+    match shape {
+        Shape::Raw => (socket(any), Vec::new()),
+        Shape::Hub => {
+            let socket = socket(any);
+            let responder = hub_handshake(&socket, to, flow);
+            let mut header = vec![wg::TYPE_TRANSPORT, 0, 0, 0];
+            header.extend_from_slice(&responder.to_le_bytes());
+            (socket, header)
+        }
+        Shape::Session(s) => {
+            let (vni, port) = *s
+                .get(usize::from(flow))
+                .unwrap_or_else(|| panic!("no session for flow {flow}"));
+            let header = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
+            (socket(SocketAddr::new(any.ip(), port)), header)
+        }
+    }
+}
+
 /// One flow: its socket and the datagrams it sends.
 struct Flow {
     socket: UdpSocket,
@@ -243,11 +308,6 @@ struct Flow {
 }
 
 fn send(load: &Load) {
-    let any: SocketAddr = if load.to.is_ipv4() {
-        "0.0.0.0:0".parse().unwrap()
-    } else {
-        "[::]:0".parse().unwrap()
-    };
     let size = load.size.max(wg::TRANSPORT_MIN_LEN);
     // With GSO, each message is a train of `per_msg` datagrams (spans).
     let per_msg = load.gso.clamp(
@@ -278,29 +338,13 @@ fn send(load: &Load) {
         .map(|i| {
             let flow = load.first_flow + i;
             let mut buf: Vec<u8> = (0..size * dgrams).map(|b| (b % 251) as u8).collect();
-            let socket = match &load.shape {
-                Shape::Raw => socket(any),
-                Shape::Hub => {
-                    let socket = socket(any);
-                    let to = hub_handshake(&socket, load.to, flow);
-                    for (n, d) in buf.chunks_exact_mut(size).enumerate() {
-                        d[..4].copy_from_slice(&[wg::TYPE_TRANSPORT, 0, 0, 0]);
-                        d[4..8].copy_from_slice(&to.to_le_bytes());
-                        d[8..16].copy_from_slice(&(n as u64).to_le_bytes());
-                    }
-                    socket
+            let (socket, header) = open_flow(&load.shape, load.to, flow);
+            for (n, d) in buf.chunks_exact_mut(size).enumerate() {
+                d[..header.len()].copy_from_slice(&header);
+                if matches!(load.shape, Shape::Hub) {
+                    d[8..16].copy_from_slice(&(n as u64).to_le_bytes());
                 }
-                Shape::Session(s) => {
-                    let (vni, port) = *s
-                        .get(usize::from(flow))
-                        .unwrap_or_else(|| panic!("no session for flow {flow}"));
-                    let header = Header::data(Protocol::Payload, vni).to_bytes();
-                    for d in buf.chunks_exact_mut(size) {
-                        d[..header.len()].copy_from_slice(&header);
-                    }
-                    socket(SocketAddr::new(any.ip(), port))
-                }
-            };
+            }
             Flow { socket, buf }
         })
         .collect();
@@ -341,11 +385,148 @@ fn send(load: &Load) {
     );
 }
 
-fn sink(at: SocketAddr, ports: u16, answer: bool, duration: Duration) {
+/// Probe datagrams: the flow's header (up to `PROBE_MAGIC_AT` bytes),
+/// then the magic, the sequence number and the send time in nanoseconds
+/// since the probe started.
+const PROBE_LEN: usize = 64;
+const PROBE_MAGIC_AT: usize = 16;
+const PROBE_MAGIC: [u8; 8] = *b"FRYPROBE";
+
+fn is_probe(d: &[u8]) -> bool {
+    d.len() == PROBE_LEN && d[PROBE_MAGIC_AT..PROBE_MAGIC_AT + 8] == PROBE_MAGIC
+}
+
+/// Count, p50, p99 and maximum of round-trip times in microseconds, as JSON.
+fn rtt_json(rtts: &mut [u32]) -> String {
+    rtts.sort_unstable();
+    let at = |q: f64| {
+        if rtts.is_empty() {
+            0
+        } else {
+            rtts[((rtts.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    format!(
+        "{{\"count\":{},\"p50\":{},\"p99\":{},\"max\":{}}}",
+        rtts.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
+}
+
+struct Probe {
+    to: SocketAddr,
+    flow: u16,
+    rate: f64,
+    shape: Shape,
+    duration: Duration,
+    report_every: Option<Duration>,
+}
+
+/// A low-rate flow of timestamped datagrams through the relay, echoed by
+/// the sink: round-trip times per interval (one JSON line each with
+/// `--report-every`) and in all (the last line).
+fn probe(p: &Probe) {
+    let (socket, header) = open_flow(&p.shape, p.to, p.flow);
+    assert!(
+        header.len() <= PROBE_MAGIC_AT,
+        "header too long for a probe"
+    );
+    socket.set_nonblocking(false).expect("blocking");
+    let period = Duration::from_secs_f64(1.0 / p.rate.max(0.1));
+    let start = Instant::now();
+    let end = start + p.duration;
+    let mut out = [0u8; PROBE_LEN];
+    out[..header.len()].copy_from_slice(&header);
+    out[PROBE_MAGIC_AT..PROBE_MAGIC_AT + 8].copy_from_slice(&PROBE_MAGIC);
+    let (mut sent, mut received, mut sent_at_report) = (0u64, 0u64, 0u64);
+    let mut received_at_report = 0u64;
+    let (mut all, mut interval) = (Vec::new(), Vec::new());
+    let mut next_send = start;
+    let mut next_report = p.report_every.map(|e| (1u64, start + e));
+    let mut buf = [0u8; 2048];
+    // Echoes may come back for up to a second after the last send.
+    while Instant::now() < end + Duration::from_secs(1) {
+        let now = Instant::now();
+        if now >= next_send && now < end {
+            out[PROBE_MAGIC_AT + 8..PROBE_MAGIC_AT + 16].copy_from_slice(&sent.to_le_bytes());
+            let t = now.duration_since(start).as_nanos() as u64;
+            out[PROBE_MAGIC_AT + 16..PROBE_MAGIC_AT + 24].copy_from_slice(&t.to_le_bytes());
+            if socket.send_to(&out, p.to).is_ok() {
+                sent += 1;
+            }
+            next_send += period;
+        }
+        if let Some((k, at)) = next_report {
+            if now >= at {
+                println!(
+                    "{{\"interval\":{k},\"t_s\":{:.3},\"sent\":{},\"received\":{},\"rtt_us\":{}}}",
+                    at.duration_since(start).as_secs_f64(),
+                    sent - sent_at_report,
+                    received - received_at_report,
+                    rtt_json(&mut interval)
+                );
+                interval.clear();
+                (sent_at_report, received_at_report) = (sent, received);
+                next_report = p.report_every.map(|e| (k + 1, at + e));
+            }
+        }
+        let mut wake = if now < end {
+            next_send
+        } else {
+            end + Duration::from_secs(1)
+        };
+        if let Some((_, at)) = next_report {
+            wake = wake.min(at);
+        }
+        let wait = wake.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            continue;
+        }
+        socket.set_read_timeout(Some(wait)).expect("read timeout");
+        if let Ok(n) = socket.recv(&mut buf) {
+            let got = Instant::now().duration_since(start).as_nanos() as u64;
+            if is_probe(&buf[..n]) {
+                let mut t = [0u8; 8];
+                t.copy_from_slice(&buf[PROBE_MAGIC_AT + 16..PROBE_MAGIC_AT + 24]);
+                let rtt = (got.saturating_sub(u64::from_le_bytes(t)) / 1000) as u32;
+                interval.push(rtt);
+                all.push(rtt);
+                received += 1;
+            }
+        }
+    }
+    println!(
+        "{{\"sent\":{sent},\"received\":{received},\"lost\":{},\"rtt_us\":{}}}",
+        sent.saturating_sub(received),
+        rtt_json(&mut all)
+    );
+}
+
+struct Sink {
+    at: SocketAddr,
+    ports: u16,
+    answer: bool,
+    duration: Duration,
+    /// Stop this long after the last data datagram.
+    quiet: Duration,
+    report_every: Option<Duration>,
+}
+
+/// What the sink has counted so far.
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    packets: u64,
+    bytes: u64,
+    echoed: u64,
+}
+
+fn sink(k: &Sink) {
     let mut poll = mio::Poll::new().expect("poll");
-    let mut sockets: Vec<mio::net::UdpSocket> = (0..ports.max(1))
+    let mut sockets: Vec<mio::net::UdpSocket> = (0..k.ports.max(1))
         .map(|i| {
-            let s = socket(SocketAddr::new(at.ip(), at.port() + i));
+            let s = socket(SocketAddr::new(k.at.ip(), k.at.port() + i));
             let _ = ferry_sys::gso::set_gro(s.as_fd(), true);
             let _ = ferry_sys::sockopt::enable_drop_counter(s.as_fd());
             mio::net::UdpSocket::from_std(s)
@@ -361,17 +542,33 @@ fn sink(at: SocketAddr, ports: u16, answer: bool, duration: Duration) {
     let mut buf = vec![0u8; slot * MAX_BATCH];
     let mut meta = vec![RecvMeta::default(); MAX_BATCH];
     let mut rx = RecvBatch::new();
-    let deadline = Instant::now() + duration;
-    let (mut packets, mut bytes) = (0u64, 0u64);
+    let deadline = Instant::now() + k.duration;
+    let mut c = Counts::default();
     let mut drops: HashMap<usize, u32> = HashMap::new();
+    let total_drops = |d: &HashMap<usize, u32>| d.values().map(|&d| u64::from(d)).sum::<u64>();
     let mut answered = 0u64;
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();
+    // Per-interval reports, from the first datagram (data or probe) on.
+    let mut report: Option<(u64, Instant, Counts)> = None;
     loop {
         let now = Instant::now();
-        if now >= deadline
-            || first.is_some_and(|_| now.duration_since(last) > Duration::from_secs(1))
-        {
+        if let (Some(e), Some((n, at, before))) = (k.report_every, report) {
+            if now >= at {
+                let secs = e.as_secs_f64();
+                println!(
+                    "{{\"interval\":{n},\"packets\":{},\"bytes\":{},\"pps\":{:.0},\"mbits\":{:.1},\"probes_echoed\":{},\"sink_drops\":{}}}",
+                    c.packets - before.packets,
+                    c.bytes - before.bytes,
+                    (c.packets - before.packets) as f64 / secs,
+                    (c.bytes - before.bytes) as f64 * 8.0 / 1e6 / secs,
+                    c.echoed - before.echoed,
+                    total_drops(&drops)
+                );
+                report = Some((n + 1, at + e, c));
+            }
+        }
+        if now >= deadline || first.is_some_and(|_| now.duration_since(last) > k.quiet) {
             break;
         }
         let _ = poll.poll(&mut events, Some(Duration::from_millis(100)));
@@ -385,13 +582,17 @@ fn sink(at: SocketAddr, ports: u16, answer: bool, duration: Duration) {
                     _ => break,
                 };
                 let now = Instant::now();
-                for (m, d) in meta[..n].iter().zip(buf.chunks_exact(slot)) {
+                if report.is_none() {
+                    report = k.report_every.map(|e| (1, now + e, c));
+                }
+                for (m, d) in meta[..n].iter().zip(buf.chunks_exact_mut(slot)) {
                     if let Some(d) = m.drops {
                         drops.insert(i, d);
                     }
-                    if answer && m.len == wg::INITIATION_LEN {
+                    let d = &mut d[..m.len];
+                    if k.answer && m.len == wg::INITIATION_LEN {
                         if let (Ok(Message::Initiation { sender }), Some(src)) =
-                            (wg::classify(&d[..m.len]), m.src)
+                            (wg::classify(d), m.src)
                         {
                             let flow = i as u16;
                             let r = handshake(
@@ -405,10 +606,20 @@ fn sink(at: SocketAddr, ports: u16, answer: bool, duration: Duration) {
                             continue;
                         }
                     }
+                    if let (true, Some(src)) = (is_probe(d), m.src) {
+                        // Back the way it came; through the hub, as a
+                        // transport message to the initiator's index.
+                        if k.answer {
+                            d[4..8].copy_from_slice(&index(Side::A, i as u16).to_le_bytes());
+                        }
+                        let _ = s.send_to(d, src);
+                        c.echoed += 1;
+                        continue;
+                    }
                     first.get_or_insert(now);
                     last = now;
-                    packets += m.len.div_ceil(m.segment.max(1)) as u64;
-                    bytes += m.len as u64;
+                    c.packets += m.len.div_ceil(m.segment.max(1)) as u64;
+                    c.bytes += m.len as u64;
                 }
             }
         }
@@ -416,9 +627,12 @@ fn sink(at: SocketAddr, ports: u16, answer: bool, duration: Duration) {
     let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
     let rate = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
     println!(
-        "{{\"packets\":{packets},\"bytes\":{bytes},\"seconds\":{secs:.3},\"pps\":{:.0},\"mbits\":{:.1},\"sink_drops\":{},\"handshakes_answered\":{answered}}}",
-        rate(packets as f64),
-        rate(bytes as f64 * 8.0 / 1e6),
-        drops.values().map(|&d| u64::from(d)).sum::<u64>()
+        "{{\"packets\":{},\"bytes\":{},\"seconds\":{secs:.3},\"pps\":{:.0},\"mbits\":{:.1},\"sink_drops\":{},\"handshakes_answered\":{answered},\"probes_echoed\":{}}}",
+        c.packets,
+        c.bytes,
+        rate(c.packets as f64),
+        rate(c.bytes as f64 * 8.0 / 1e6),
+        total_drops(&drops),
+        c.echoed
     );
 }
