@@ -142,7 +142,7 @@ def plot(path, a, report, idle):
     fig, ax = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
     mib = 2 ** 20
     ax[0].plot(t, [(x["rss"] or 0) / mib for x in samples], label="RSS under load")
-    ax[0].plot(ti, [(x["rss"] or 0) / mib for x in idle], label="RSS idle (all closed)")
+    ax[0].plot(ti, [(x["rss"] or 0) / mib for x in idle], label="RSS idle (all closed)" if a.relay == "derp" else "RSS idle (load stopped)")
     names = sorted({k for x in samples for k in x.get("gauges", {}) if "bytes" in k})
     for n in names:
         ax[0].plot(t, [x["gauges"].get(n, 0) / mib for x in samples], "--", label=n)

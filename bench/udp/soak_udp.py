@@ -144,15 +144,15 @@ class Relay:
         self.log = open(ctx.tmp / "relay.log", "ab")
         if a.shape == "session":
             args = ["-a", f"{RELAY_IP}:{DERP_PORT}", "--stun=false", "-c", ctx.tmp / "derp.key",
-                    "--workers", a.workers, "--relay-port", PORTS["session"]]
-            udp, self.port, self.path = PORTS["session"], DERP_PORT, "/debug/varz"
+                    "--workers", a.workers, "--relay-port", PORTS["session"], "--metrics-addr",
+                    f"{RELAY_IP}:{METRICS_PORT}"]
         else:
             args = ["udp-relay", "--config", self.config, "--log", "warn"]
-            udp, self.port, self.path = PORTS[a.shape], METRICS_PORT, "/metrics"
+        udp = PORTS[a.shape]
         cmd = nsx(R, *ctx.pin(a.server_cpus), ctx.bins["ferry"], *args, *a.ferry_args.split())
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         wait_until("the relay binding its ports",
-                   lambda: bound(R, udp) and bound(R, self.port, tcp=True) or self.proc.poll() is not None)
+                   lambda: bound(R, udp) and bound(R, METRICS_PORT, tcp=True) or self.proc.poll() is not None)
         if self.proc.poll() is not None:
             raise RuntimeError(f"the relay exited: {(ctx.tmp / 'relay.log').read_text()[-2000:]}")
         if a.shape == "session":
@@ -200,9 +200,9 @@ class Relay:
         """The relay's sampled metrics, name{labels} → value (empty when
         they cannot be read)."""
         try:
-            conn = http.client.HTTPConnection(RELAY_IP, self.port, timeout=3)
-            conn.sock = in_netns(R, lambda: socket.create_connection((RELAY_IP, self.port), timeout=3))
-            conn.request("GET", self.path)
+            conn = http.client.HTTPConnection(RELAY_IP, METRICS_PORT, timeout=3)
+            conn.sock = in_netns(R, lambda: socket.create_connection((RELAY_IP, METRICS_PORT), timeout=3))
+            conn.request("GET", "/metrics")
             text = conn.getresponse().read().decode(errors="replace")
             conn.close()
         except (OSError, http.client.HTTPException):
