@@ -33,6 +33,7 @@ from pathlib import Path
 A, R, B = "fu-soak-a", "fu-soak-r", "fu-soak-b"
 GEN_IP, RELAY_IP, RELAY_B_IP, SINK_IP = "10.77.31.2", "10.77.31.1", "10.77.32.1", "10.77.32.2"
 CLONE_NEWNET = 0x40000000
+BOUNCE_IDLE = "30s"
 METRICS_PORT, DERP_PORT, SINK_PORT = 9101, 8080, 6000
 PORTS = {"raw": 5000, "hub": 5001, "session": 5002}
 # What the relay exposes that a soak watches (counters as well as gauges).
@@ -259,7 +260,9 @@ def stop(proc):
 
 def write_config(ctx, a, gen):
     """The relay's configuration: a bounce on 5000 and a hub on 5001 with a
-    peer pair per flow and one for the probe."""
+    peer pair per flow and one for the probe. The bounce's sessions idle out
+    after BOUNCE_IDLE (instead of 3 minutes), so the idle phase sees their
+    sockets close; the flows never idle under load."""
     path = ctx.tmp / "relay.toml"
     hub = subprocess.run([str(gen), "hub-config", "--flows", str(a.flows + 1), "--sink", f"{SINK_IP}:{SINK_PORT}"],
                          check=True, capture_output=True, text=True).stdout
@@ -269,6 +272,7 @@ metrics_addr = "{RELAY_IP}:{METRICS_PORT}"
 [[bounce]]
 listen = ["{RELAY_IP}:{PORTS['raw']}"]
 target = "{SINK_IP}:{SINK_PORT}"
+idle_timeout = "{BOUNCE_IDLE}"
 [hub]
 listen = ["0.0.0.0:{PORTS['hub']}"]
 """ + hub)
