@@ -606,14 +606,18 @@ fn sink(k: &Sink) {
                             continue;
                         }
                     }
-                    if let (true, Some(src)) = (is_probe(d), m.src) {
-                        // Back the way it came; through the hub, as a
-                        // transport message to the initiator's index.
-                        if k.answer {
-                            d[4..8].copy_from_slice(&index(Side::A, i as u16).to_le_bytes());
+                    // Probes (GRO may have joined several of one flow).
+                    let seg = if m.segment == 0 { m.len } else { m.segment };
+                    if let (true, Some(src)) = (seg == PROBE_LEN && is_probe(&d[..seg]), m.src) {
+                        for p in d.chunks_exact_mut(PROBE_LEN).filter(|p| is_probe(p)) {
+                            // Back the way it came; through the hub, as a
+                            // transport message to the initiator's index.
+                            if k.answer {
+                                p[4..8].copy_from_slice(&index(Side::A, i as u16).to_le_bytes());
+                            }
+                            let _ = s.send_to(p, src);
+                            c.echoed += 1;
                         }
-                        let _ = s.send_to(d, src);
-                        c.echoed += 1;
                         continue;
                     }
                     first.get_or_insert(now);
