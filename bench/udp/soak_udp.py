@@ -1,7 +1,7 @@
 """The UDP relay's soak (bench/soak.py --relay udp; see bench/README.md).
 
-Namespaces fu-soak-a (generator and latency probe, 10.77.31.2) ──
-fu-soak-r (`ferry udp-relay`, 10.77.31.1 / 10.77.32.1) ── fu-soak-b (sink,
+Namespaces fu-soakPID-a (generator and latency probe, 10.77.31.2) ──
+fu-soakPID-r (`ferry udp-relay`, 10.77.31.1 / 10.77.32.1) ── fu-soakPID-b (sink,
 10.77.32.2), veth pairs, as bench/udp/pps.sh builds them. The relay and R's
 receive processing (RPS) on --server-cpus, generator, sink and probe (and
 A's and B's receive processing) on --client-cpus.
@@ -25,12 +25,16 @@ import ctypes
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-A, R, B = "fu-soak-a", "fu-soak-r", "fu-soak-b"
+# Named per run, so that two soaks (a long run and a CI check, say) never
+# take down each other's namespaces.
+A, R, B = (f"fu-soak{os.getpid()}-{x}" for x in "arb")
 GEN_IP, RELAY_IP, RELAY_B_IP, SINK_IP = "10.77.31.2", "10.77.31.1", "10.77.32.1", "10.77.32.2"
 CLONE_NEWNET = 0x40000000
 BOUNCE_IDLE = "30s"
@@ -152,12 +156,16 @@ class Relay:
         udp = PORTS[a.shape]
         cmd = nsx(R, *ctx.pin(a.server_cpus), ctx.bins["ferry"], *args, *a.ferry_args.split())
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until("the relay binding its ports",
-                   lambda: bound(R, udp) and bound(R, METRICS_PORT, tcp=True) or self.proc.poll() is not None)
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the relay exited: {(ctx.tmp / 'relay.log').read_text()[-2000:]}")
-        if a.shape == "session":
-            self.bind_sessions()
+        try:
+            wait_until("the relay binding its ports",
+                       lambda: bound(R, udp) and bound(R, METRICS_PORT, tcp=True) or self.proc.poll() is not None)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the relay exited: {(ctx.tmp / 'relay.log').read_text()[-2000:]}")
+            if a.shape == "session":
+                self.bind_sessions()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def bind_sessions(self):
@@ -419,6 +427,9 @@ def result(a, pps, sent, sink, probe):
 def run(ctx, a, log):
     """Peak (unless --pps), then the soak, in namespaces made here."""
     a.sample_s = seconds(a.sample)
+    # Killed (timeout, Ctrl-C): unwind, so the relay, the load and the
+    # namespaces go with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with Topology() as topo:
         topo.steer(a.server_cpus, a.client_cpus)
         peak, peak_report = (None, None) if a.pps else measure_peak(ctx, a, log)

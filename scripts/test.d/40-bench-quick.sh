@@ -26,7 +26,7 @@ soak_check() { # soak_check DIR JQ-FILTER: the summary passes the filter
 common='.summary | .rss_start > 0 and .rss_end_of_load > 0 and .rss_after_idle > 0 and .samples >= 7
   and .fds_start > 0 and .fds_after_idle > 0 and .loss == 0 and .delivered_mbps > 0
   and (.latency_p50_first_last_us | all(. > 0))'
-bash bench/run.sh soak --profile dev --peers 20 --rate 20 --warmup 1s --duration 8s --sample 1s \
+timeout 120 bash bench/run.sh soak --profile dev --peers 20 --rate 20 --warmup 1s --duration 8s --sample 1s \
   --idle 3s --out "$out/soak-derp"
 soak_check "$out/soak-derp" "$common"
 . crates/udp/tests/netns/lib.sh
