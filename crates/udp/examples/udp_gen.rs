@@ -152,9 +152,14 @@ fn shape(args: &[String]) -> Shape {
     }
 }
 
-/// `--report-every SECONDS`: the period of per-interval reports, if any.
+/// `--report-every SECONDS`: the period of per-interval reports, if any
+/// (more than zero).
 fn every(args: &[String]) -> Option<Duration> {
-    arg(args, "--report-every").map(|_| Duration::from_secs_f64(num(args, "--report-every", "0")))
+    arg(args, "--report-every").map(|_| {
+        let e: f64 = num(args, "--report-every", "0");
+        assert!(e > 0.0, "--report-every: more than 0 seconds");
+        Duration::from_secs_f64(e)
+    })
 }
 
 enum Shape {
