@@ -143,7 +143,7 @@ def plot(path, a, report, idle):
     mib = 2 ** 20
     ax[0].plot(t, [(x["rss"] or 0) / mib for x in samples], label="RSS under load")
     ax[0].plot(ti, [(x["rss"] or 0) / mib for x in idle], label="RSS idle (all closed)" if a.relay == "derp" else "RSS idle (load stopped)")
-    names = sorted({k for x in samples for k in x.get("gauges", {}) if "bytes" in k})
+    names = sorted({k for x in samples for k in x.get("gauges", {}) if "bytes" in k and not k.endswith("_total")})
     for n in names:
         ax[0].plot(t, [x["gauges"].get(n, 0) / mib for x in samples], "--", label=n)
     ax[0].set_ylabel("MiB")
