@@ -241,6 +241,24 @@ pub enum Verdict {
     Drop(DropReason),
 }
 
+/// A run of transport messages to one index within a received train, so
+/// the run's next datagrams skip the lookup ([`Hub::route_in_train`]).
+/// Start a new one for every train: it holds for one source only.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Train {
+    run: Option<TrainRun>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct TrainRun {
+    receiver: Index,
+    /// The session entry's way in its bucket.
+    way: usize,
+    dest: Endpoint,
+    /// The highest counter of the run so far.
+    max_counter: u64,
+}
+
 /// A change to the hub's state, replicated to every shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -390,20 +408,58 @@ impl Hub {
     /// Decides where `datagram`, received from `src` on listening socket
     /// `via`, goes. Events it causes are queued for [`Hub::take_events`].
     pub fn route(&mut self, now: Instant, src: SocketAddr, via: u16, datagram: &[u8]) -> Verdict {
-        let msg = match wg::classify(datagram) {
-            Ok(m) => m,
-            Err(_) => return Verdict::Drop(DropReason::NotWireGuard),
+        let mut train = Train::default();
+        let v = self.route_in_train(now, src, via, datagram, &mut train);
+        self.end_train(&mut train);
+        v
+    }
+
+    /// [`Hub::route`] for one datagram of a received train (the datagrams
+    /// of one source that GRO glued into one receive; `train` starts empty
+    /// for each, and [`Hub::end_train`] closes it). Every datagram is
+    /// classified and its receiver index read; a transport message to the
+    /// index of the one before it, which came from its session partner's
+    /// endpoint, goes the same way without another lookup (nothing else
+    /// can change the replica in between: any other datagram ends the
+    /// run), and the highest counter of the run is recorded when it ends.
+    pub fn route_in_train(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        via: u16,
+        datagram: &[u8],
+        train: &mut Train,
+    ) -> Verdict {
+        let msg = wg::classify(datagram);
+        if let (Some(run), Ok(Message::Transport { receiver, counter })) = (&mut train.run, &msg) {
+            if *receiver == run.receiver {
+                run.max_counter = run.max_counter.max(*counter);
+                return Verdict::Forward(run.dest);
+            }
+        }
+        self.end_train(train);
+        let Ok(msg) = msg else {
+            return Verdict::Drop(DropReason::NotWireGuard);
         };
         let from = Endpoint { addr: src, via };
         match msg {
             Message::Transport { receiver, counter } => {
-                match self.transport(from, receiver, counter) {
-                    Verdict::Drop(DropReason::UnknownIndex) => {
+                let (v, home) = match self.transport(from, receiver, counter) {
+                    (Verdict::Drop(DropReason::UnknownIndex), _) => {
                         self.sync();
                         self.transport(from, receiver, counter)
                     }
                     v => v,
+                };
+                if let (Verdict::Forward(dest), Some(way)) = (v, home) {
+                    train.run = Some(TrainRun {
+                        receiver,
+                        way,
+                        dest,
+                        max_counter: counter,
+                    });
                 }
+                v
             }
             _ if !self.limiter.allow(src.ip(), now) => Verdict::Drop(DropReason::RateLimited),
             // Handshake messages are rare and rate-limited: bring the
@@ -420,6 +476,22 @@ impl Hub {
                 self.sync();
                 self.cookie(from, receiver)
             }
+        }
+    }
+
+    /// Ends a train's run of transport messages: records its highest
+    /// counter on the session entry, as routing each of them one by one
+    /// would have.
+    pub fn end_train(&mut self, train: &mut Train) {
+        let Some(run) = train.run.take() else {
+            return;
+        };
+        if let Some(s) = self
+            .sessions
+            .get_mut(&run.receiver)
+            .and_then(|b| b[run.way].as_mut())
+        {
+            s.max_counter = s.max_counter.max(run.max_counter);
         }
     }
 
@@ -844,13 +916,20 @@ impl Hub {
         Verdict::Drop(DropReason::UnknownIndex)
     }
 
-    fn transport(&mut self, from: Endpoint, receiver: Index, counter: u64) -> Verdict {
-        let Some(bucket) = self.sessions.get(&receiver) else {
-            return Verdict::Drop(DropReason::UnknownIndex);
-        };
+    /// Routes a transport message; with the way of its entry when it came
+    /// from the partner's committed endpoint (the common case, which a
+    /// train's next datagrams may repeat without a lookup).
+    fn transport(
+        &mut self,
+        from: Endpoint,
+        receiver: Index,
+        counter: u64,
+    ) -> (Verdict, Option<usize>) {
         let endpoints = &self.endpoints;
+        let Some(bucket) = self.sessions.get_mut(&receiver) else {
+            return (Verdict::Drop(DropReason::UnknownIndex), None);
+        };
         let at = |p: PeerId| endpoints[usize::from(p)].map(|(e, _)| e);
-        let from_peer = self.by_addr.get(&from.addr).copied();
         // Which entry: the one whose partner sends from here; failing that
         // (a roaming partner), the only entry.
         let mut way = None;
@@ -864,27 +943,26 @@ impl Hub {
             }
         }
         if way.is_none() {
-            if from_peer.is_some() {
+            if self.by_addr.contains_key(&from.addr) {
                 // A known peer may not use an index of a session it is not in.
-                return Verdict::Drop(DropReason::WrongSource);
+                return (Verdict::Drop(DropReason::WrongSource), None);
             }
             if live > 1 {
-                return Verdict::Drop(DropReason::IndexCollision);
+                return (Verdict::Drop(DropReason::IndexCollision), None);
             }
             way = bucket.iter().position(|s| s.is_some()).map(|i| (i, false));
         }
         let Some((i, at_home)) = way else {
-            return Verdict::Drop(DropReason::UnknownIndex);
+            return (Verdict::Drop(DropReason::UnknownIndex), None);
         };
-        let bucket = self.sessions.get_mut(&receiver).expect("looked up above");
         let s = bucket[i].as_mut().expect("chosen entry exists");
-        let Some(dest) = self.endpoints[usize::from(s.owner)].map(|(e, _)| e) else {
-            return Verdict::Drop(DropReason::NoEndpoint);
+        let Some(dest) = at(s.owner) else {
+            return (Verdict::Drop(DropReason::NoEndpoint), None);
         };
         if at_home {
             s.max_counter = s.max_counter.max(counter);
             s.roam = None;
-            return Verdict::Forward(dest);
+            return (Verdict::Forward(dest), Some(i));
         }
         // From a new address: forward only what could be fresh, and move
         // the endpoint once it has proven itself a few times.
@@ -893,7 +971,7 @@ impl Hub {
             _ => s.max_counter,
         };
         if counter <= floor && !(counter == 0 && s.max_counter == 0 && s.roam.is_none()) {
-            return Verdict::Drop(DropReason::StaleCounter);
+            return (Verdict::Drop(DropReason::StaleCounter), None);
         }
         let seen = match s.roam {
             Some((ep, _, n)) if ep == from => n + 1,
@@ -906,7 +984,7 @@ impl Hub {
             let partner = s.partner;
             self.commit_endpoint(partner, from);
         }
-        Verdict::Forward(dest)
+        (Verdict::Forward(dest), None)
     }
 }
 

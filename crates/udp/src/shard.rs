@@ -32,7 +32,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::hub::{DropReason, Event, Hub, HubSettings, Inbox, Verdict};
+use crate::hub::{self, DropReason, Endpoint, Event, Hub, HubSettings, Inbox, Verdict};
 use crate::live::{Published, SourceRate};
 use crate::metrics::{Drop, ShardMetrics};
 use crate::outbox::{Flushed, Outbox};
@@ -287,14 +287,15 @@ pub fn screen_bounce(
     }
 }
 
-/// Calls `f(source, offset, length)` for each datagram of a received
-/// batch (`meta`, slots of `slot` bytes), GRO runs split at their segment
-/// size; truncated slots are counted and skipped.
-fn each_datagram(
+/// Calls `f(source, offset, length, segment)` for each slot of a received
+/// batch (`meta`, slots of `slot` bytes): one datagram, or a GRO train of
+/// datagrams of `segment` bytes (the last may be shorter) from one source;
+/// truncated slots are counted and skipped.
+fn each_train(
     meta: &[RecvMeta],
     slot: usize,
     metrics: &ShardMetrics,
-    mut f: impl FnMut(SocketAddr, usize, usize),
+    mut f: impl FnMut(SocketAddr, usize, usize, usize),
 ) {
     for (i, m) in meta.iter().enumerate() {
         let Some(src) = m.src else { continue };
@@ -302,15 +303,55 @@ fn each_datagram(
             metrics.count_drop(Drop::Truncated, 1);
             continue;
         }
-        let start = i * slot;
-        let seg = m.segment.max(1);
-        let mut at = start;
-        while at < start + m.len {
-            let len = seg.min(start + m.len - at);
-            f(src, at, len);
-            at += len;
+        f(src, i * slot, m.len, m.segment.max(1));
+    }
+}
+
+/// Calls `f(offset, length)` for each datagram of a train of `len` bytes
+/// at `start`, `seg` bytes each but the last.
+fn each_datagram(start: usize, len: usize, seg: usize, mut f: impl FnMut(usize, usize)) {
+    let mut at = start;
+    while at < start + len {
+        let n = seg.min(start + len - at);
+        f(at, n);
+        at += n;
+    }
+}
+
+/// Consecutive datagrams of one train that go to the same place, gathered
+/// into one span so they are queued with one [`Outbox::push`] (one GSO
+/// message) instead of one each.
+struct Run<K> {
+    to: K,
+    start: usize,
+    len: usize,
+}
+
+impl<K: Copy + PartialEq> Run<K> {
+    /// Adds the datagram at `start` (`len` bytes) bound for `to`: to this
+    /// run if it continues it, else it starts a new run and the finished
+    /// one is handed to `queue`.
+    fn add(run: &mut Option<Self>, to: K, start: usize, len: usize, queue: impl FnOnce(Self)) {
+        if let Some(r) = run {
+            if r.to == to && r.start + r.len == start {
+                r.len += len;
+                return;
+            }
+        }
+        if let Some(done) = run.replace(Run { to, start, len }) {
+            queue(done);
         }
     }
+}
+
+/// The outbox of the hub listener through which datagrams for `via` leave.
+fn hub_outbox<'a>(
+    listeners: &'a mut [Listener],
+    hub_listeners: &[usize],
+    via: u16,
+) -> Option<&'a mut Outbox> {
+    let &out = hub_listeners.get(usize::from(via))?;
+    listeners.get_mut(out).map(|l| &mut l.outbox)
 }
 
 /// Which flow a flush counts in.
@@ -744,38 +785,51 @@ impl Shard {
             let Some(hub) = self.hub.as_mut() else {
                 return false;
             };
-            each_datagram(&self.meta[..n], self.slot, &self.metrics, |src, at, len| {
-                let dgram = &self.buf[at..at + len];
-                self.metrics.hub_in.add(1, len as u64);
-                if let Some(&t) = dgram.first() {
-                    if (1..=4).contains(&t) {
-                        self.metrics.hub_kinds[usize::from(t)].add(1);
-                    }
-                }
-                match hub.route(self.now, src, via, dgram) {
-                    Verdict::Forward(ep) => {
-                        if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
-                            self.listeners[out]
-                                .outbox
-                                .push(Some(ep.addr), at, len, len, self.gso);
+            let (listeners, hub_listeners) = (&mut self.listeners, &self.hub_listeners);
+            let (buf, metrics, now, gso) = (&self.buf, &self.metrics, self.now, self.gso);
+            each_train(
+                &self.meta[..n],
+                self.slot,
+                metrics,
+                |src, start, len, seg| {
+                    metrics.hub_in.add(len.div_ceil(seg) as u64, len as u64);
+                    let mut train = hub::Train::default();
+                    let mut run: Option<Run<Endpoint>> = None;
+                    let queue = |listeners: &mut [Listener], r: Run<Endpoint>| {
+                        if let Some(o) = hub_outbox(listeners, hub_listeners, r.to.via) {
+                            o.push(Some(r.to.addr), r.start, r.len, seg, gso);
                         }
-                    }
-                    Verdict::Flood => {
-                        for ep in hub.flood_targets() {
-                            if let Some(&out) = self.hub_listeners.get(usize::from(ep.via)) {
-                                self.listeners[out].outbox.push(
-                                    Some(ep.addr),
-                                    at,
-                                    len,
-                                    len,
-                                    self.gso,
-                                );
+                    };
+                    each_datagram(start, len, seg, |at, n| {
+                        let dgram = &buf[at..at + n];
+                        if let Some(&t) = dgram.first() {
+                            if (1..=4).contains(&t) {
+                                metrics.hub_kinds[usize::from(t)].add(1);
                             }
                         }
+                        match hub.route_in_train(now, src, via, dgram, &mut train) {
+                            Verdict::Forward(ep) => {
+                                Run::add(&mut run, ep, at, n, |r| queue(listeners, r));
+                            }
+                            Verdict::Flood => {
+                                if let Some(r) = run.take() {
+                                    queue(listeners, r);
+                                }
+                                for &ep in hub.flood_targets() {
+                                    if let Some(o) = hub_outbox(listeners, hub_listeners, ep.via) {
+                                        o.push(Some(ep.addr), at, n, n, gso);
+                                    }
+                                }
+                            }
+                            Verdict::Drop(why) => metrics.count_drop(Drop::Hub(why), 1),
+                        }
+                    });
+                    if let Some(r) = run {
+                        queue(listeners, r);
                     }
-                    Verdict::Drop(why) => self.metrics.count_drop(Drop::Hub(why), 1),
-                }
-            });
+                    hub.end_train(&mut train);
+                },
+            );
             // Other shards must know what this batch taught us before its
             // datagrams leave: replies to them may land there.
             if hub.has_events() {
@@ -815,18 +869,35 @@ impl Shard {
             }
             let mut table = sessions.lock();
             let out = &mut self.listeners[li].outbox;
-            each_datagram(&self.meta[..n], self.slot, &self.metrics, |src, at, len| {
-                self.metrics.relay_session_in.add(1, len as u64);
-                let to = match table.handle(self.now, src, &mut self.buf[at..at + len]) {
-                    session::Verdict::Forward(to) => Some(to),
-                    session::Verdict::Reply => Some(src),
-                    // Counted by the table, by reason.
-                    session::Verdict::Drop(_) => None,
-                };
-                if let Some(to) = to {
-                    out.push(Some(to), at, len, len, self.gso);
-                }
-            });
+            let (buf, now, gso) = (&mut self.buf, self.now, self.gso);
+            each_train(
+                &self.meta[..n],
+                self.slot,
+                &self.metrics,
+                |src, start, len, seg| {
+                    self.metrics
+                        .relay_session_in
+                        .add(len.div_ceil(seg) as u64, len as u64);
+                    let mut train = session::Train::default();
+                    let mut run = None;
+                    each_datagram(start, len, seg, |at, n| {
+                        let to =
+                            match table.handle_in_train(now, src, &mut buf[at..at + n], &mut train)
+                            {
+                                session::Verdict::Forward(to) => to,
+                                session::Verdict::Reply => src,
+                                // Counted by the table, by reason.
+                                session::Verdict::Drop(_) => return,
+                            };
+                        Run::add(&mut run, to, at, n, |r| {
+                            out.push(Some(r.to), r.start, r.len, seg, gso)
+                        });
+                    });
+                    if let Some(r) = run {
+                        out.push(Some(r.to), r.start, r.len, seg, gso);
+                    }
+                },
+            );
             drop(table);
             let l = &mut self.listeners[li];
             let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);

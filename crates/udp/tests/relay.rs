@@ -548,6 +548,72 @@ fn hub_learns_indices_and_forwards_across_shards() {
     relay.shutdown();
 }
 
+/// A GRO train through the hub: each datagram is routed on its own (junk
+/// and an unknown index inside the train are dropped and counted), and
+/// the rest leave in order, as one GSO message.
+#[test]
+fn a_mixed_train_through_the_hub_is_split_and_its_bad_datagrams_dropped() {
+    use ferry_udp::hub::DropReason;
+    use std::os::fd::AsFd;
+
+    let keys: Vec<PublicKey> = (1..=2).map(|n| PublicKey::from_bytes([n; 32])).collect();
+    let p1 = client();
+    let mut config = hub_config(&keys, 1);
+    config.hub.as_mut().unwrap().peers =
+        common::hub_peers(&keys, Some((1, p1.local_addr().unwrap())));
+    let relay = Relay::start(&config).unwrap();
+    let hub = relay.bound()[0].1;
+    let m = relay.metrics().clone();
+    let p0 = client();
+    if !(m.info.gro && ferry_sys::gso::probe(p0.as_fd()).gso) {
+        eprintln!("skipped: this kernel has no UDP GSO/GRO, so no trains");
+        relay.shutdown();
+        return;
+    }
+    // p0 calls p1 (whose endpoint is fixed), p1 answers.
+    let init = handshake(1, 0x100, 0, &keys[1]);
+    p0.send_to(&init, hub).unwrap();
+    expect(&p1, &init);
+    let resp = handshake(2, 0x200, 0x100, &keys[0]);
+    p1.send_to(&resp, hub).unwrap();
+    expect(&p0, &resp);
+
+    let mut junk = data(0x200, 3, 1000);
+    junk[0] = 9;
+    let good: Vec<Vec<u8>> = (1..=4).map(|c| data(0x200, c, 1000)).collect();
+    let train = [
+        good[0].clone(),
+        good[1].clone(),
+        junk,
+        good[2].clone(),
+        data(0xdead, 9, 1000),
+        good[3].clone(),
+    ]
+    .concat();
+    let gso_before = m.sum(|s| s.gso_messages.get());
+    support::send_gso_train(&p0, hub, &train, 1000);
+    for d in &good {
+        expect(&p1, d);
+    }
+    // Counted once the send returns, which may be after p1 has them.
+    wait_for("the train's drops and sends to be counted", || {
+        m.drops(Drop::Hub(DropReason::NotWireGuard)) == 1
+            && m.drops(Drop::Hub(DropReason::UnknownIndex)) == 1
+            && m.sum(|s| s.hub_out.packets.get()) == 2 + 4
+    });
+    assert!(
+        m.sum(|s| s.gro_datagrams.get()) >= 6,
+        "the train arrived as one GRO slot"
+    );
+    assert_eq!(m.sum(|s| s.hub_in.packets.get()), 2 + 6);
+    assert_eq!(
+        m.sum(|s| s.gso_messages.get()) - gso_before,
+        1,
+        "the four left as one GSO message"
+    );
+    relay.shutdown();
+}
+
 #[test]
 fn a_reconfigured_hub_applies_on_every_shard() {
     let keys: Vec<PublicKey> = (1..=3).map(|n| PublicKey::from_bytes([n; 32])).collect();

@@ -188,10 +188,7 @@ fn cookie_reply_goes_back_to_the_initiator_only_from_the_responder() {
 #[test]
 fn roaming_commits_only_after_fresh_counters() {
     let t = Instant::now();
-    let mut h = abc();
-    let (a_index, b_index) = indices();
-    go(&mut h, t, XA, &hex(INIT));
-    go(&mut h, t, XB, &hex(RESP));
+    let (mut h, a_index, b_index) = a_and_b(t);
     for c in 0..10 {
         assert_eq!(
             go(&mut h, t, XA, &transport(b_index, c)),
@@ -612,4 +609,100 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     });
     assert_eq!(late.counts().sessions, 2);
     assert_eq!(other.settings.peers.len(), 4);
+}
+
+/// [`abc`] after A's and B's real handshake: (hub, A's index, B's index).
+fn a_and_b(t: Instant) -> (Hub, Index, Index) {
+    let mut h = abc();
+    let (a_index, b_index) = indices();
+    go(&mut h, t, XA, &hex(INIT));
+    go(&mut h, t, XB, &hex(RESP));
+    (h, a_index, b_index)
+}
+
+/// Routes the datagrams of one train (one source) as the shard does, and
+/// checks each one's verdict.
+fn check_train(h: &mut Hub, now: Instant, from: &str, train: &[(Vec<u8>, Verdict)]) {
+    let mut t = Train::default();
+    let got: Vec<Verdict> = train
+        .iter()
+        .map(|(m, _)| h.route_in_train(now, from.parse().unwrap(), 0, m, &mut t))
+        .collect();
+    h.end_train(&mut t);
+    let want: Vec<Verdict> = train.iter().map(|&(_, v)| v).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_train_is_checked_datagram_by_datagram_and_keeps_its_highest_counter() {
+    let t = Instant::now();
+    let (mut h, a_index, b_index) = a_and_b(t);
+    h.take_events().for_each(drop);
+
+    // A train from A mixing B's index, an unknown index, junk, A's own
+    // index (A is not that session's partner) and B's index again: each
+    // datagram gets its own verdict, in order.
+    let mut junk = transport(b_index, 3);
+    junk[0] = 9;
+    let to_b = Verdict::Forward(ep(XB));
+    check_train(
+        &mut h,
+        t,
+        XA,
+        &[
+            (transport(b_index, 1), to_b),
+            (transport(b_index, 2), to_b),
+            (
+                transport(a_index ^ b_index ^ 1, 3),
+                Verdict::Drop(DropReason::UnknownIndex),
+            ),
+            (transport(b_index, 4), to_b),
+            (junk, Verdict::Drop(DropReason::NotWireGuard)),
+            (
+                transport(a_index, 6),
+                Verdict::Drop(DropReason::WrongSource),
+            ),
+            (transport(b_index, 20), to_b),
+            (transport(b_index, 7), to_b),
+        ],
+    );
+    // The run's highest counter (20, not its last, 7) was recorded: from a
+    // new address, 20 is a replay and 21 fresh.
+    let xa2 = "10.77.1.3:40000";
+    assert_eq!(
+        go(&mut h, t, xa2, &transport(b_index, 20)),
+        Verdict::Drop(DropReason::StaleCounter)
+    );
+    assert_eq!(go(&mut h, t, xa2, &transport(b_index, 21)), to_b);
+}
+
+#[test]
+fn a_train_from_a_roaming_address_is_judged_per_datagram() {
+    let t = Instant::now();
+    let (mut h, _, b_index) = a_and_b(t);
+    go(&mut h, t, XA, &transport(b_index, 10));
+    // From a new address nothing is taken on trust from the datagram
+    // before: replays inside the train are dropped one by one, and the
+    // endpoint moves on the second fresh one.
+    let xa2 = "10.77.1.3:40000";
+    let (to_b, stale) = (
+        Verdict::Forward(ep(XB)),
+        Verdict::Drop(DropReason::StaleCounter),
+    );
+    check_train(
+        &mut h,
+        t,
+        xa2,
+        &[
+            (transport(b_index, 11), to_b),
+            (transport(b_index, 11), stale),
+            (transport(b_index, 5), stale),
+            (transport(b_index, 12), to_b),
+            (transport(b_index, 13), to_b),
+        ],
+    );
+    assert_eq!(h.endpoint(0), Some(ep(xa2)));
+    // At home there now, and its train's counters recorded: the old
+    // address's replay of the last one is refused.
+    check_train(&mut h, t, XA, &[(transport(b_index, 13), stale)]);
 }

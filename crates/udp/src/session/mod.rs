@@ -139,6 +139,15 @@ pub enum Verdict {
     Drop(Drop),
 }
 
+/// Where the last datagram of a received train went, so the next one of
+/// the same session skips the lookup ([`SessionTable::handle_in_train`]).
+/// Start a new one for every train: it holds for one source only.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Train {
+    /// The VNI and destination of the last datagram, if it was forwarded.
+    last: Option<(u32, SocketAddr)>,
+}
+
 /// A session as [`SessionTable::allocate`] returns it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allocation {
@@ -435,14 +444,50 @@ impl SessionTable {
     /// Decides what happens to `datagram`, received from `src` at `now`.
     /// A bind reply is written over `datagram` ([`Verdict::Reply`]).
     pub fn handle(&mut self, now: Instant, src: SocketAddr, datagram: &mut [u8]) -> Verdict {
-        let src = ferry_proto::frame::canonical_addr(src);
+        self.handle_in_train(now, src, datagram, &mut Train::default())
+    }
+
+    /// [`SessionTable::handle`] for one datagram of a received train (the
+    /// datagrams of one source that GRO glued into one receive; `train`
+    /// starts empty for each). Every datagram's header is checked; a data
+    /// datagram with the VNI of the one before it, which was forwarded,
+    /// goes the same way without another table lookup: the table cannot
+    /// have changed in between, since anything else a datagram can do
+    /// (a bind, a drop) ends the run.
+    pub fn handle_in_train(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        datagram: &mut [u8],
+        train: &mut Train,
+    ) -> Verdict {
         let Ok(h) = Header::parse(datagram) else {
+            train.last = None;
             return self.drop(Drop::BadHeader);
         };
-        if h.control {
-            return self.bind(now, src, datagram);
+        if let Some((vni, to)) = train.last {
+            if !h.control && h.vni == vni {
+                self.counters.forwarded_packets += 1;
+                self.counters.forwarded_bytes += datagram.len() as u64;
+                return Verdict::Forward(to);
+            }
         }
-        let Some(s) = self.sessions.get_mut(&h.vni) else {
+        let src = ferry_proto::frame::canonical_addr(src);
+        let v = if h.control {
+            self.bind(now, src, datagram)
+        } else {
+            self.data(now, src, h.vni, datagram.len())
+        };
+        train.last = match v {
+            Verdict::Forward(to) => Some((h.vni, to)),
+            Verdict::Reply | Verdict::Drop(_) => None,
+        };
+        v
+    }
+
+    /// A data datagram of `len` bytes for session `vni` from `src`.
+    fn data(&mut self, now: Instant, src: SocketAddr, vni: u32, len: usize) -> Verdict {
+        let Some(s) = self.sessions.get_mut(&vni) else {
             return self.drop(Drop::UnknownVni);
         };
         let (Some(a), Some(b)) = (s.bound[0], s.bound[1]) else {
@@ -462,7 +507,7 @@ impl SessionTable {
         }
         s.last_active = now;
         self.counters.forwarded_packets += 1;
-        self.counters.forwarded_bytes += datagram.len() as u64;
+        self.counters.forwarded_bytes += len as u64;
         Verdict::Forward(to)
     }
 

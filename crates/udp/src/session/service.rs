@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use ferry_proto::key::NodePublic;
-use ferry_proto::relay_session::{RefuseReason, SessionOffer};
+use ferry_proto::relay_session::{RefuseReason, SessionOffer, SessionService};
 
 use super::{Drop, Limits, SessionTable};
 
@@ -51,8 +51,103 @@ impl Sessions {
         self.bound.get().copied()
     }
 
+    /// Timers: rotates the cookie secret when due and frees expired
+    /// sessions.
+    pub fn tick(&self, now: Instant) {
+        let mut t = self.lock();
+        t.rotate(now);
+        t.expire(now);
+    }
+
+    /// Appends the sessions' metrics in Prometheus text form
+    /// (`ferry_udp_relay_session*`).
+    pub fn render(&self, o: &mut String) {
+        let (states, c) = {
+            let t = self.lock();
+            (t.states(), *t.counters())
+        };
+        family(
+            o,
+            "ferry_udp_relay_sessions",
+            "gauge",
+            "Relay sessions, by state (allocated: no side bound; half_bound; bound: forwarding).",
+            "state",
+            &[
+                ("allocated", states.allocated as u64),
+                ("half_bound", states.half_bound as u64),
+                ("bound", states.bound as u64),
+            ],
+        );
+        family(
+            o,
+            "ferry_udp_relay_session_events_total",
+            "counter",
+            "Relay session allocations, refusals, binds and frees.",
+            "event",
+            &[
+                ("allocated", c.allocated),
+                ("reused", c.reused),
+                ("refused_limit", c.refused_limit),
+                ("challenged", c.challenges),
+                ("bound", c.binds),
+                ("freed_bind_timeout", c.freed_bind_timeout),
+                ("freed_idle", c.freed_idle),
+            ],
+        );
+        family(
+            o,
+            "ferry_udp_relay_session_forwarded_total",
+            "counter",
+            "Datagrams forwarded between the two sides of relay sessions.",
+            "",
+            &[("", c.forwarded_packets)],
+        );
+        family(
+            o,
+            "ferry_udp_relay_session_forwarded_bytes_total",
+            "counter",
+            "Bytes forwarded between the two sides of relay sessions.",
+            "",
+            &[("", c.forwarded_bytes)],
+        );
+        let drops = Drop::ALL.map(|why| (why.label(), c.dropped(why)));
+        family(
+            o,
+            "ferry_udp_relay_session_drops_total",
+            "counter",
+            "Datagrams on the relay-session port dropped, by reason.",
+            "reason",
+            &drops,
+        );
+    }
+}
+
+/// Appends one metric family: its help and type lines, then one sample per
+/// `(value of label, number)`; an empty `label` writes the one sample
+/// without labels.
+fn family(
+    o: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    label: &str,
+    samples: &[(&str, u64)],
+) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (value, n) in samples {
+        if label.is_empty() {
+            let _ = writeln!(o, "{name} {n}");
+        } else {
+            let _ = writeln!(o, "{name}{{{label}=\"{value}\"}} {n}");
+        }
+    }
+}
+
+/// What the DERP server asks of the table: the session socket's port to
+/// offer, and allocations.
+impl SessionService for Sessions {
     /// The session socket's port (0 before start).
-    pub fn port(&self) -> u16 {
+    fn port(&self) -> u16 {
         self.bound().map_or(0, |a| a.port())
     }
 
@@ -61,7 +156,7 @@ impl Sessions {
     /// The endpoint is the session socket's address; an unspecified one
     /// (`0.0.0.0`, `::`) means the address the client reached the DERP
     /// server at (`docs/relay-sessions.md` §2).
-    pub fn allocate(
+    fn allocate(
         &self,
         asker: &NodePublic,
         peer: &NodePublic,
@@ -84,110 +179,46 @@ impl Sessions {
         };
         Ok([offer(request_id, a.slot, peer), offer(0, 1 - a.slot, asker)])
     }
-
-    /// Timers: rotates the cookie secret when due and frees expired
-    /// sessions.
-    pub fn tick(&self, now: Instant) {
-        let mut t = self.lock();
-        t.rotate(now);
-        t.expire(now);
-    }
-
-    /// Appends the sessions' metrics in Prometheus text form
-    /// (`ferry_udp_relay_session*`).
-    pub fn render(&self, o: &mut String) {
-        let (states, c) = {
-            let t = self.lock();
-            (t.states(), *t.counters())
-        };
-        let family = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            o,
-            "ferry_udp_relay_sessions",
-            "gauge",
-            "Relay sessions, by state (allocated: no side bound; half_bound; bound: forwarding).",
-        );
-        for (state, n) in [
-            ("allocated", states.allocated),
-            ("half_bound", states.half_bound),
-            ("bound", states.bound),
-        ] {
-            let _ = writeln!(o, "ferry_udp_relay_sessions{{state=\"{state}\"}} {n}");
-        }
-        family(
-            o,
-            "ferry_udp_relay_session_events_total",
-            "counter",
-            "Relay session allocations, refusals, binds and frees.",
-        );
-        for (event, n) in [
-            ("allocated", c.allocated),
-            ("reused", c.reused),
-            ("refused_limit", c.refused_limit),
-            ("challenged", c.challenges),
-            ("bound", c.binds),
-            ("freed_bind_timeout", c.freed_bind_timeout),
-            ("freed_idle", c.freed_idle),
-        ] {
-            let _ = writeln!(
-                o,
-                "ferry_udp_relay_session_events_total{{event=\"{event}\"}} {n}"
-            );
-        }
-        family(
-            o,
-            "ferry_udp_relay_session_forwarded_total",
-            "counter",
-            "Datagrams forwarded between the two sides of relay sessions.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_relay_session_forwarded_total {}",
-            c.forwarded_packets
-        );
-        family(
-            o,
-            "ferry_udp_relay_session_forwarded_bytes_total",
-            "counter",
-            "Bytes forwarded between the two sides of relay sessions.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_relay_session_forwarded_bytes_total {}",
-            c.forwarded_bytes
-        );
-        family(
-            o,
-            "ferry_udp_relay_session_drops_total",
-            "counter",
-            "Datagrams on the relay-session port dropped, by reason.",
-        );
-        for why in Drop::ALL {
-            let _ = writeln!(
-                o,
-                "ferry_udp_relay_session_drops_total{{reason=\"{}\"}} {}",
-                why.label(),
-                c.dropped(why)
-            );
-        }
-    }
 }
 
-/// The DERP server's view of the table: the inherent methods above.
-impl ferry_proto::relay_session::SessionService for Sessions {
-    fn port(&self) -> u16 {
-        Sessions::port(self)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        request_id: u32,
-    ) -> Result<[SessionOffer; 2], RefuseReason> {
-        Sessions::allocate(self, asker, peer, ip, request_id)
+    #[test]
+    fn render_writes_every_family_and_sample() {
+        let mut o = String::new();
+        Sessions::new(Limits::default()).render(&mut o);
+        let samples: Vec<&str> = o.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            samples,
+            [
+                "ferry_udp_relay_sessions{state=\"allocated\"} 0",
+                "ferry_udp_relay_sessions{state=\"half_bound\"} 0",
+                "ferry_udp_relay_sessions{state=\"bound\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"allocated\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"reused\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"refused_limit\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"challenged\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"bound\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"freed_bind_timeout\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"freed_idle\"} 0",
+                "ferry_udp_relay_session_forwarded_total 0",
+                "ferry_udp_relay_session_forwarded_bytes_total 0",
+                "ferry_udp_relay_session_drops_total{reason=\"bad_header\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"bad_bind\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"unknown_vni\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"bad_cookie\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"bad_proof\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"stale_generation\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"unbound\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"wrong_source\"} 0",
+            ]
+        );
+        assert!(o.contains(
+            "# HELP ferry_udp_relay_session_forwarded_total Datagrams forwarded between the two sides of relay sessions.\n# TYPE ferry_udp_relay_session_forwarded_total counter\n"
+        ));
+        // Before start there is nothing to offer.
+        assert_eq!(SessionService::port(&Sessions::new(Limits::default())), 0);
     }
 }

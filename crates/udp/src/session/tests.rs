@@ -366,3 +366,87 @@ fn a_session_bound_twice_from_one_socket_sends_nothing_back() {
     let mut d = data(al.vni, b"x");
     assert_eq!(t.handle(now, a, &mut d), Verdict::Drop(Drop::WrongSource));
 }
+
+/// Handles the datagrams of one train (one source) as the shard does.
+fn train(
+    t: &mut SessionTable,
+    from: SocketAddr,
+    now: Instant,
+    msgs: &mut [Vec<u8>],
+) -> Vec<Verdict> {
+    let mut train = Train::default();
+    msgs.iter_mut()
+        .map(|m| t.handle_in_train(now, from, m, &mut train))
+        .collect()
+}
+
+#[test]
+fn a_train_is_checked_datagram_by_datagram() {
+    let now = Instant::now();
+    let (mut t, al, a, b) = bound_pair(now);
+    // A second session, of keys 1 and 3, bound from the same socket `a`.
+    let al2 = t
+        .allocate(&key(1), &key(3), IP.parse().unwrap(), now)
+        .unwrap();
+    let c = addr("198.51.100.3:3000");
+    let mut b1 = Binder::new(&offer(&al2, 0, key(3)), addr(RELAY), 1, now);
+    let mut b3 = Binder::new(&offer(&al2, 1, key(1)), addr(RELAY), 1, now);
+    bind(&mut t, &mut b1, a, now);
+    bind(&mut t, &mut b3, c, now);
+    let before = *t.counters();
+
+    let mut bad = data(al.vni, b"x");
+    bad[0] = 0x80;
+    let mut msgs = [
+        data(al.vni, b"1"),
+        data(al.vni, b"2"),
+        bad,
+        data(al.vni, b"3"),
+        data(al2.vni, b"4"),
+        data(al.vni ^ 0x5a5a, b"5"),
+        data(al.vni, b"6"),
+    ];
+    assert_eq!(
+        train(&mut t, a, now, &mut msgs),
+        [
+            Verdict::Forward(b),
+            Verdict::Forward(b),
+            Verdict::Drop(Drop::BadHeader),
+            Verdict::Forward(b),
+            Verdict::Forward(c),
+            Verdict::Drop(Drop::UnknownVni),
+            Verdict::Forward(b),
+        ]
+    );
+    let after = *t.counters();
+    assert_eq!(after.forwarded_packets - before.forwarded_packets, 5);
+    assert_eq!(after.forwarded_bytes - before.forwarded_bytes, 5 * 9);
+    assert_eq!(after.dropped(Drop::BadHeader), 1);
+    assert_eq!(after.dropped(Drop::UnknownVni), 1);
+    // From a stranger, every datagram of a train is refused.
+    let mut msgs = [data(al.vni, b"1"), data(al.vni, b"2")];
+    assert_eq!(
+        train(&mut t, addr("198.51.100.9:9"), now, &mut msgs),
+        [Verdict::Drop(Drop::WrongSource); 2]
+    );
+}
+
+#[test]
+fn a_bind_inside_a_train_is_seen_by_the_datagrams_after_it() {
+    let now = Instant::now();
+    let (mut t, al, a, b) = bound_pair(now);
+    // `a` binds B's slot too (a newer generation), in the middle of a
+    // train of data from `a`: after it, both slots are `a`, and data from
+    // `a` must not be sent back to it.
+    let mut b2 = Binder::new(&offer(&al, 1, key(1)), addr(RELAY), 2, now);
+    let answer = answer_of(&mut t, &mut b2, a, now).to_vec();
+    let mut msgs = [data(al.vni, b"1"), answer, data(al.vni, b"2")];
+    assert_eq!(
+        train(&mut t, a, now, &mut msgs),
+        [
+            Verdict::Forward(b),
+            Verdict::Reply,
+            Verdict::Drop(Drop::WrongSource)
+        ]
+    );
+}
