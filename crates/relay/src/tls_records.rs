@@ -42,7 +42,7 @@ use rustls::{
     AlertDescription, ConnectionTrafficSecrets, ExtractedSecrets, ServerConfig, ServerConnection,
 };
 
-use crate::ktls::{Handoff, KtlsError, RefuseReason, Refused};
+use crate::ktls::{KtlsError, RefuseReason, Refused};
 
 /// `--tls-records`: who runs the TLS record layer after a TLS 1.3
 /// handshake when kernel TLS does not.
@@ -234,16 +234,15 @@ impl RecordLayer {
     // does.
     #[allow(clippy::result_large_err)]
     pub fn start(mut conn: ServerConnection) -> Result<RecordLayer, Refused<ServerConnection>> {
-        let mut pending = Vec::new();
-        while conn.wants_write() {
-            if conn.write_tls(&mut pending).is_err() {
-                break;
-            }
-        }
-        let negotiated = conn
-            .ready()
-            .and_then(|()| crate::ktls::negotiated(&conn))
-            .and_then(|(version, _, limit)| {
+        // Everything that can refuse is checked before TLS output is taken
+        // out of rustls (which could not be given back): TLS 1.2 finishes
+        // its handshake with a flight still to write.
+        let negotiated = if conn.is_handshaking() {
+            Err(RefuseReason::Handshaking)
+        } else if !conn.wants_read() {
+            Err(RefuseReason::PendingInput)
+        } else {
+            crate::ktls::negotiated(&conn).and_then(|(version, _, limit)| {
                 if version == Version::Tls13 {
                     Ok(limit)
                 } else {
@@ -252,20 +251,18 @@ impl RecordLayer {
                         suite: conn.negotiated_cipher_suite().map(|s| s.suite()),
                     })
                 }
-            });
+            })
+        };
         let tx_limit = match negotiated {
             Ok(limit) => limit,
-            Err(reason) => {
-                // Written TLS output cannot be given back to rustls: only
-                // a connection with none can stay on it.
-                if !pending.is_empty() {
-                    return Err(Refused::Dead(KtlsError::Secrets(
-                        "rustls output already taken before a refusal",
-                    )));
-                }
-                return Err(Refused::Usable { conn, reason });
-            }
+            Err(reason) => return Err(Refused::Usable { conn, reason }),
         };
+        let mut pending = Vec::new();
+        while conn.wants_write() {
+            if conn.write_tls(&mut pending).is_err() {
+                break;
+            }
+        }
         let secrets = conn
             .dangerous_extract_secrets()
             .map_err(|e| Refused::Dead(KtlsError::Extract(e)))?;

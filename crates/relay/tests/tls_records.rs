@@ -4,14 +4,17 @@
 //! read, flushes of many frames); a peer's KeyUpdate ends a session on
 //! Ferry's layer cleanly (close_notify, as kTLS started from rustls's
 //! buffered connection does) and is followed by rustls; a record that
-//! fails authentication gets a bad_record_mac alert and the end.
+//! fails authentication gets a bad_record_mac alert and the end; a TLS
+//! 1.2 client stays on rustls and relays as well.
 
 mod support;
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_proto::client::Event;
+use ferry_proto::key::NodePrivate;
 use ferry_relay::tls_records::TlsRecords;
 use ferry_relay::Server;
 use support::{connect_tls, Client, Tls};
@@ -111,5 +114,38 @@ fn a_forged_record_gets_bad_record_mac() {
     let err = end_of(&mut a).expect_err("not a clean end");
     assert!(err.contains("BadRecordMac"), "{err}");
     relay_burst(&mut b, &mut connect_tls(addr), 5, 100);
+    support::stop(server);
+}
+
+/// A DERP client that speaks TLS 1.2 only.
+fn connect_tls12(addr: std::net::SocketAddr) -> Client<Tls> {
+    use ferry_testkit::tls::{provider, Verifier};
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Verifier::accept_any(provider())))
+        .with_no_client_auth();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap();
+    let tcp = support::dial(addr, None);
+    let derp = support::config(NodePrivate::generate(), support::info(None));
+    let c = Client::over(rustls::StreamOwned::new(conn, tcp), derp);
+    assert_eq!(
+        c.stream.conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    c
+}
+
+#[test]
+fn a_tls12_client_stays_on_rustls_and_relays() {
+    let (server, addr) = start(TlsRecords::Ferry);
+    let mut a = connect_tls12(addr);
+    let mut b = connect_tls(addr);
+    for (n, len) in [(100, 4), (40, 16_000)] {
+        relay_burst(&mut a, &mut b, n, len);
+        relay_burst(&mut b, &mut a, n, len);
+    }
     support::stop(server);
 }
