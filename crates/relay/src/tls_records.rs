@@ -22,7 +22,7 @@
 //!   ([`crate::ktls`], "Buffered or unbuffered rustls"): a peer's KeyUpdate
 //!   ends the connection cleanly (close_notify), and so does the transmit
 //!   key reaching half its confidentiality limit
-//!   ([`crate::ktls::past_record_limit`]).
+//!   (`ktls::past_record_limit`).
 //!
 //! TLS 1.2 sessions, and servers run with `--tls-records rustls`, stay on
 //! rustls for the whole connection.
