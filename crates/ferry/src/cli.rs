@@ -238,6 +238,13 @@ pub(crate) struct Args {
     #[arg(long, default_value = "auto")]
     pub ktls: ferry_relay::ktls::KtlsMode,
 
+    /// TLS record layer after a TLS 1.3 handshake where kernel TLS is not
+    /// used: ferry (Ferry's own: records opened and sealed in place, rustls
+    /// dropped after the handshake) or rustls (rustls for the whole
+    /// connection). TLS 1.2 always stays on rustls.
+    #[arg(long = "tls-records", default_value = "ferry")]
+    pub tls_records: ferry_relay::tls_records::TlsRecords,
+
     /// Extra listener serving Prometheus metrics at /metrics (any client;
     /// /debug/varz on the main listener is loopback-only).
     #[arg(long = "metrics-addr")]

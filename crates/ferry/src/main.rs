@@ -281,6 +281,7 @@ fn serve(args: &Args) -> Result<()> {
         let setup =
             tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
         cert_name = setup.cert_name.clone();
+        config.tls_records = args.tls_records;
         match args.ktls.resolve() {
             Ok(true) => {
                 // Same certificate resolver (and reloader), plus what a

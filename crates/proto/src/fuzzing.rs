@@ -464,13 +464,7 @@ pub fn tls_record(data: &[u8]) {
     whole.feed(stream);
     assert_eq!(whole.at_boundary(), ends.last() == Some(&stream.len()));
 
-    let max_read = match ctl & 3 {
-        0 => 1,
-        1 => 8,
-        2 => 600,
-        _ => stream.len().max(1),
-    };
-    let mut rng = XorShift(0x2545_f491 ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
+    let (max_read, mut rng) = read_sizes(ctl, stream.len(), 0x2545_f491);
     let mut split = RecordBoundary::new();
     let mut fed = 0;
     while fed < stream.len() {
@@ -487,6 +481,72 @@ pub fn tls_record(data: &[u8]) {
         );
     }
     assert_eq!(split.at_boundary(), whole.at_boundary());
+}
+
+/// The largest read and the generator of read sizes a control byte picks
+/// for a stream of `len` bytes: single bytes, a few, hundreds, or any.
+fn read_sizes(ctl: u8, len: usize, seed: u32) -> (usize, XorShift) {
+    let max_read = match ctl & 3 {
+        0 => 1,
+        1 => 8,
+        2 => 600,
+        _ => len.max(1),
+    };
+    let rng = XorShift(seed ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
+    (max_read, rng)
+}
+
+/// TLS 1.3 protected records (`tls13`): the stream after the first byte,
+/// cut into reads of sizes the first byte chooses, gives the same records
+/// and the same error as one pass over the whole stream; an opened
+/// record's inner plaintext (each record body, read as if it were one)
+/// never panics and names a type byte that is really there.
+pub fn tls13(data: &[u8]) {
+    use crate::tls13::{inner_plaintext, RecordReader, Step};
+    let Some((&ctl, stream)) = data.split_first() else {
+        return;
+    };
+    let read = |max_read: usize, rng: &mut XorShift| {
+        let mut reader = RecordReader::new();
+        let mut records: Vec<Vec<u8>> = Vec::new();
+        let mut fed = 0;
+        while fed < stream.len() {
+            let n = 1 + rng.below(max_read.min(stream.len() - fed));
+            let mut input = &stream[fed..fed + n];
+            fed += n;
+            loop {
+                match reader.next(&mut input) {
+                    Ok(Step::Whole(r)) => records.push(r.to_vec()),
+                    Ok(Step::Held) => {
+                        records.push(reader.held_mut().to_vec());
+                        reader.clear_held();
+                    }
+                    Ok(Step::More) => break,
+                    Err(e) => return (records, Some(e), 0),
+                }
+            }
+            assert!(input.is_empty(), "More leaves no input behind");
+        }
+        (records, None, reader.held_len())
+    };
+    let whole = read(stream.len().max(1), &mut XorShift(1));
+    let (max_read, mut rng) = read_sizes(ctl, stream.len(), 0x9e37_79b9);
+    let split = read(max_read, &mut rng);
+    assert_eq!(split, whole);
+    let mut at = 0;
+    for r in &whole.0 {
+        assert_eq!(
+            &stream[at..at + r.len()],
+            &r[..],
+            "records are the stream's bytes"
+        );
+        at += r.len();
+        if let Ok((ty, len)) = inner_plaintext(&r[TLS_HEADER_LEN..]) {
+            assert_eq!(r[TLS_HEADER_LEN + len], ty);
+            assert_ne!(ty, 0);
+        }
+    }
+    assert!(at + whole.2 <= stream.len());
 }
 
 /// The §17.1 keys, so seeds can carry the §17.3 handshake vectors, with the
@@ -959,6 +1019,7 @@ mod tests {
             stun,
             wireguard,
             tls_record,
+            tls13,
             client,
             server_key,
             server_info,

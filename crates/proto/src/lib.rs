@@ -63,6 +63,7 @@ pub mod proxy;
 pub mod rate_config;
 pub mod relay_session;
 pub mod stun;
+pub mod tls13;
 pub mod tls_record;
 pub mod udp_header;
 pub mod websocket;

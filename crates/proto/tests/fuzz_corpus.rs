@@ -29,6 +29,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("relay_frames", fuzzing::relay_frames),
     ("bind_message", fuzzing::bind_message),
     ("peer_msg", fuzzing::peer_msg),
+    ("tls13", fuzzing::tls13),
 ];
 
 #[test]
@@ -280,5 +281,10 @@ proptest! {
     #[test]
     fn mutated_peer_msg(data in mutated(16)) {
         fuzzing::peer_msg(&data);
+    }
+
+    #[test]
+    fn mutated_tls13(data in mutated(17)) {
+        fuzzing::tls13(&data);
     }
 }

@@ -449,7 +449,7 @@ const KEY_UPDATE: u8 = 24;
 const KEY_UPDATE_NOT_REQUESTED: [u8; 5] = [KEY_UPDATE, 0, 0, 1, 0];
 /// Alert description close_notify.
 const CLOSE_NOTIFY: u8 = 0;
-const NO_KEY_SCHEDULE: &str =
+pub(crate) const NO_KEY_SCHEDULE: &str =
     "the session came from a buffered rustls connection, which keeps no key schedule";
 
 /// A connection whose TLS record layer runs in the kernel.
@@ -662,17 +662,10 @@ impl KtlsSession {
         // usual split.
         let records = len.div_ceil(MAX_RECORD) as u64 + 1;
         self.tx_records = self.tx_records.saturating_add(records);
-        if self.tx_records < self.tx_limit {
-            return Ok(());
-        }
-        if self.can_rekey() {
+        if past_record_limit(self.tx_records, self.tx_limit, self.can_rekey())? {
             self.key_update_due = true;
-            Ok(())
-        } else {
-            Err(KtlsError::CannotRekey(
-                "the transmit key reached its record limit and cannot be renewed",
-            ))
         }
+        Ok(())
     }
 
     /// Sends a close_notify alert, if our keys still agree with the peer's
@@ -687,13 +680,33 @@ impl KtlsSession {
     }
 }
 
+/// The record-limit policy of every record layer after a hand-off (kernel
+/// or Ferry's own): `records` sent under a transmit key whose renewal is
+/// due at `limit`. `Ok(true)`: renew it now; `Ok(false)`: not yet; where
+/// keys cannot be renewed, an error: end the session cleanly.
+pub(crate) fn past_record_limit(
+    records: u64,
+    limit: u64,
+    can_rekey: bool,
+) -> Result<bool, KtlsError> {
+    if records < limit {
+        Ok(false)
+    } else if can_rekey {
+        Ok(true)
+    } else {
+        Err(KtlsError::CannotRekey(
+            "the transmit key reached its record limit and cannot be renewed",
+        ))
+    }
+}
+
 fn socket_error(what: &'static str, source: io::Error) -> KtlsError {
     KtlsError::Socket { what, source }
 }
 
 /// The negotiated version and cipher in kernel terms, and when to renew
 /// the transmit key.
-fn negotiated(common: &CommonState) -> Result<(Version, Cipher, u64), RefuseReason> {
+pub(crate) fn negotiated(common: &CommonState) -> Result<(Version, Cipher, u64), RefuseReason> {
     let unsupported = || RefuseReason::Unsupported {
         version: common.protocol_version(),
         suite: common.negotiated_cipher_suite().map(|s| s.suite()),
@@ -753,7 +766,7 @@ pub fn crypto_info(
 
 /// Reads a TLS 1.3 post-handshake record that must hold exactly one
 /// KeyUpdate; returns its `update_requested` flag.
-fn parse_key_update(data: &[u8]) -> Result<bool, KtlsError> {
+pub(crate) fn parse_key_update(data: &[u8]) -> Result<bool, KtlsError> {
     let [msg_type, l0, l1, l2, body @ ..] = data else {
         return Err(KtlsError::Malformed(
             "handshake record (shorter than a message header)",

@@ -63,6 +63,7 @@ pub mod server;
 pub mod shard;
 pub mod stun;
 pub mod tls;
+pub mod tls_records;
 pub mod transport;
 
 pub use config::{HomePage, ListenerKind, ListenerSpec, Placement, RelayConfig};

@@ -291,7 +291,7 @@ impl Server {
         }
 
         let shared = Arc::new(Shared {
-            config: Arc::new(opts.config.clone()),
+            config: Arc::new(opts.config.clone().prepared()),
             metrics: metrics.clone(),
             doorbells: OnceLock::new(),
             hasher: std::hash::RandomState::new(),

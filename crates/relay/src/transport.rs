@@ -1,13 +1,16 @@
 //! How a connection's bytes are carried: plain TCP, TLS in userspace
-//! (rustls), or TLS whose record layer moved into the kernel (kTLS).
+//! (rustls), TLS whose record layer moved into the kernel (kTLS), or TLS
+//! 1.3 whose record layer moved to Ferry's own after the handshake
+//! ([`crate::tls_records`]).
 //!
 //! One enum instead of a set of `Option`s, so that a connection is always
 //! exactly one of them: a TLS connection starts in [`Transport::Tls`] and
-//! may move to [`Transport::Kernel`] (see `shard::kernel_tls`), never
-//! back. DERP over WebSocket is not a transport of its own but a layer
+//! may move to [`Transport::Kernel`] (see `shard::kernel_tls`) or to
+//! [`Transport::Records`] (see `shard::input`), never back. DERP over WebSocket is not a transport of its own but a layer
 //! above any of them (`conn::WsLink`, `shard::websocket`).
 
 use crate::ktls::{KtlsSession, RecordBoundary};
+use crate::tls_records::RecordLayer;
 
 /// A connection's transport.
 pub enum Transport {
@@ -19,6 +22,9 @@ pub enum Transport {
     /// plaintext both ways, and only control records (alerts, KeyUpdate)
     /// come up as `ferry_engine::Completion::Record`.
     Kernel(Box<KernelTls>),
+    /// TLS 1.3 after the handshake on Ferry's own record layer: two AEAD
+    /// keys and their counters, no rustls.
+    Records(Box<RecordLayer>),
 }
 
 /// rustls in userspace.
@@ -28,6 +34,10 @@ pub struct UserTls {
     /// While a move into the kernel is still possible: where the TLS
     /// records read so far end (a move is only safe at a record boundary).
     pub boundary: Option<RecordBoundary>,
+    /// The session moves to Ferry's own record layer after the handshake
+    /// (rustls is then fed whole records only, so that the move happens
+    /// on a record boundary, tracked by `boundary`).
+    pub own_records: bool,
 }
 
 /// A session whose record layer moved into the kernel.
@@ -40,11 +50,13 @@ pub struct KernelTls {
 
 impl Transport {
     /// A userspace TLS session; `ktls` keeps the record boundary so that
-    /// it may move into the kernel later.
-    pub fn tls(conn: rustls::ServerConnection, ktls: bool) -> Transport {
+    /// it may move into the kernel later, `own_records` so that it moves
+    /// to Ferry's record layer once the handshake is over.
+    pub fn tls(conn: rustls::ServerConnection, ktls: bool, own_records: bool) -> Transport {
         Transport::Tls(Box::new(UserTls {
             conn,
-            boundary: ktls.then(RecordBoundary::new),
+            boundary: (ktls || own_records).then(RecordBoundary::new),
+            own_records,
         }))
     }
 
@@ -92,9 +104,39 @@ impl Transport {
         *self = Transport::Tls(tls);
     }
 
+    /// Takes Ferry's record layer out (leaving [`Transport::Plain`]);
+    /// [`Transport::put_records`] puts it back.
+    pub fn take_records(&mut self) -> Option<Box<RecordLayer>> {
+        match std::mem::replace(self, Transport::Plain) {
+            Transport::Records(r) => Some(r),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
+    /// Puts back what [`Transport::take_records`] took.
+    pub fn put_records(&mut self, records: Box<RecordLayer>) {
+        *self = Transport::Records(records);
+    }
+
+    /// Ferry's record layer, if that is what this is.
+    pub fn records(&mut self) -> Option<&mut RecordLayer> {
+        match self {
+            Transport::Records(r) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Whether the userspace session has bytes of its own to write (a
-    /// handshake message, an alert).
+    /// handshake message, an alert, session tickets written before a move
+    /// to Ferry's record layer).
     pub fn wants_write(&self) -> bool {
-        matches!(self, Transport::Tls(t) if t.conn.wants_write())
+        match self {
+            Transport::Tls(t) => t.conn.wants_write(),
+            Transport::Records(r) => r.has_pending(),
+            _ => false,
+        }
     }
 }

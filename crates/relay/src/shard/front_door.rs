@@ -37,7 +37,13 @@ impl Shard {
                 match rustls::ServerConnection::new(tls.clone()) {
                     Ok(mut t) => {
                         t.set_buffer_limit(None);
-                        conn.set_transport(Transport::tls(t, self.shared.config.ktls));
+                        let cfg = &self.shared.config;
+                        // Ferry's record layer needs the keys out of
+                        // rustls (`RelayConfig::prepared` allows that).
+                        let own_records = cfg.tls_records == TlsRecords::Ferry
+                            && !cfg.ktls
+                            && tls.enable_secret_extraction;
+                        conn.set_transport(Transport::tls(t, cfg.ktls, own_records));
                         self.m().tls_sockets.add(1);
                     }
                     Err(e) => {

@@ -26,6 +26,10 @@ impl Shard {
     /// Bytes not consumed because input paused are stashed.
     pub(super) fn ingest(&mut self, slot: Slot, data: &[u8]) {
         let Some(mut user) = self.conns[slot].transport_mut().take_user() else {
+            if let Some(records) = self.conns[slot].transport_mut().take_records() {
+                self.ingest_records(slot, records, data);
+                return;
+            }
             // Without TLS, whatever is not consumed is kept by the phase
             // that stopped (deframer or stash).
             let _ = self.process_plain(slot, data);
@@ -37,12 +41,37 @@ impl Shard {
             if !self.drain_tls(slot, &mut user.conn) {
                 break 'feed;
             }
+            if user.own_records && !user.conn.is_handshaking() {
+                match self.move_to_own_records(slot, user) {
+                    Some(back) => user = back,
+                    None => {
+                        if self.conns[slot].closed().is_none() {
+                            self.ingest(slot, rest);
+                        }
+                        return;
+                    }
+                }
+            }
             if rest.is_empty() {
                 break;
             }
             let before = rest;
-            match user.conn.read_tls(&mut rest) {
+            // Before a move to Ferry's record layer, rustls gets whole
+            // records only (a header, then its body), so that the move
+            // finds it at a record boundary.
+            let mut input = match user.boundary.as_ref().filter(|_| user.own_records) {
+                Some(b) => {
+                    let upto = match b.bytes_to_next() {
+                        0 => ferry_proto::tls_record::HEADER_LEN,
+                        n => n,
+                    };
+                    &rest[..upto.min(rest.len())]
+                }
+                None => rest,
+            };
+            match user.conn.read_tls(&mut input) {
                 Ok(n) => {
+                    rest = &before[n..];
                     if let Some(b) = user.boundary.as_mut() {
                         b.feed(&before[..n]);
                     }
@@ -69,7 +98,7 @@ impl Shard {
         }
         let wants_write = user.conn.wants_write();
         let handshaken = !user.conn.is_handshaking();
-        let may_move = user.boundary.is_some();
+        let may_move = user.boundary.is_some() && !user.own_records;
         conn.transport_mut().put_user(user);
         if wants_write {
             self.mark_dirty(slot);
@@ -86,6 +115,116 @@ impl Shard {
                 // for good, or this deadline passes.
                 let deadline = self.now + KTLS_TRY_FOR;
                 self.ktls_candidates.push((slot, gen, deadline));
+            }
+        }
+    }
+
+    /// Moves a finished TLS 1.3 session from rustls to Ferry's record
+    /// layer (the bytes given to rustls end on a record boundary, and it
+    /// holds no plaintext: `drain_tls` emptied it). `None`: moved, or the
+    /// connection failed; `Some`: it stays on rustls (TLS 1.2, or input
+    /// paused with plaintext still in rustls: tried again on the next
+    /// input).
+    fn move_to_own_records(&mut self, slot: Slot, user: Box<UserTls>) -> Option<Box<UserTls>> {
+        if !user.boundary.as_ref().is_some_and(|b| b.at_boundary()) {
+            return Some(user);
+        }
+        let UserTls { conn, boundary, .. } = *user;
+        match crate::tls_records::RecordLayer::start(conn) {
+            Ok(layer) => {
+                let pending = layer.has_pending();
+                self.conns[slot]
+                    .transport_mut()
+                    .put_records(Box::new(layer));
+                if pending {
+                    self.mark_dirty(slot);
+                }
+                None
+            }
+            Err(crate::ktls::Refused::Usable { conn, reason }) => {
+                // TLS 1.2 (not transient): rustls for the whole connection.
+                let own_records = reason.is_transient();
+                Some(Box::new(UserTls {
+                    conn,
+                    boundary: boundary.filter(|_| own_records),
+                    own_records,
+                }))
+            }
+            Err(crate::ktls::Refused::Dead(e)) => {
+                self.tls_failed(slot, &e);
+                None
+            }
+        }
+    }
+
+    /// Feeds raw socket bytes through Ferry's TLS record layer into the
+    /// protocol: each record's plaintext goes to the connection's phase
+    /// where it was opened. Bytes not consumed because input paused are
+    /// stashed.
+    fn ingest_records(
+        &mut self,
+        slot: Slot,
+        mut records: Box<crate::tls_records::RecordLayer>,
+        data: &[u8],
+    ) {
+        use crate::tls_records::Content;
+        let mut plain = std::mem::take(&mut self.tls_plain);
+        if plain.len() < PLAINTEXT_BUFFER {
+            plain.resize(PLAINTEXT_BUFFER, 0);
+        }
+        let mut rest = data;
+        let mut end = None;
+        loop {
+            let conn = &self.conns[slot];
+            if conn.is_closed() || conn.is_paused() {
+                break;
+            }
+            match records.read(&mut rest, &mut plain) {
+                Ok(Some(Content::Data(data))) => {
+                    // The phase keeps whatever it does not consume, so the
+                    // record is used either way.
+                    let _ = self.process_plain(slot, data);
+                }
+                Ok(Some(Content::Closed)) => {
+                    end = Some(Ok(()));
+                    break;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    end = Some(Err(e));
+                    break;
+                }
+            }
+        }
+        self.tls_plain = plain;
+        let conn = &mut self.conns[slot];
+        if end.is_none() && !rest.is_empty() && conn.closed().is_none() {
+            conn.stash(rest);
+        }
+        match end {
+            None => conn.transport_mut().put_records(records),
+            Some(Ok(())) => {
+                conn.transport_mut().put_records(records);
+                // close_notify: an orderly end.
+                self.on_eof(slot);
+            }
+            Some(Err(e)) => {
+                let peer = conn.peer();
+                conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
+                let conn = &mut self.conns[slot];
+                match e.alert() {
+                    Some(alert) if conn.closed().is_none() => {
+                        // The alert goes out, nothing after it, then the
+                        // connection closes.
+                        records.queue_alert(alert);
+                        conn.transport_mut().put_records(records);
+                        self.finish(slot, CloseReason::IoError);
+                    }
+                    _ => {
+                        conn.transport_mut().put_records(records);
+                        self.close(slot, CloseReason::IoError);
+                    }
+                }
             }
         }
     }

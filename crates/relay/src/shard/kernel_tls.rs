@@ -153,6 +153,7 @@ impl Shard {
                 self.conns[slot].transport_mut().put_user(Box::new(UserTls {
                     conn,
                     boundary: None,
+                    own_records: false,
                 }));
                 self.ktls_refused(reason.refusal());
             }

@@ -86,6 +86,7 @@ use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
+use crate::tls_records::{TlsRecords, PLAINTEXT_BUFFER};
 use crate::transport::{KernelTls, Transport, UserTls};
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
@@ -345,6 +346,9 @@ pub struct Shard {
     /// backpressure budget.
     holders: Vec<(Slot, u32)>,
     plain_out: Vec<u8>,
+    /// Where records of Ferry's TLS record layer are opened (one record's
+    /// plaintext; empty until the first).
+    tls_plain: Vec<u8>,
     /// Send buffers of connections with nothing in flight.
     send_pool: buffers::SendPool,
     record: Vec<u8>,
@@ -451,6 +455,7 @@ impl Shard {
             stalled: Vec::with_capacity(WORK_LIST_START),
             holders: Vec::with_capacity(WORK_LIST_START),
             plain_out: Vec::new(),
+            tls_plain: Vec::new(),
             send_pool: buffers::SendPool::default(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),

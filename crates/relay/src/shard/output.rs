@@ -45,6 +45,7 @@ impl Shard {
             let conn = &mut self.conns[slot];
             let phase = conn.phase();
             let (transport, session) = conn.transport_and_session();
+            let mut worn = None;
             let mut buf = session.take_send_buffer();
             if buf.capacity() == 0 {
                 buf = self.send_pool.take();
@@ -91,11 +92,23 @@ impl Shard {
                         break;
                     }
                 }
+            } else if let Some(records) = transport.records() {
+                // Ferry's record layer: the frames are copied once, into
+                // full records in the send buffer, and sealed there.
+                session.poll_output_with(|parts| worn = records.seal(&mut buf, parts).err());
             } else {
                 // Under load, only data frames are queued: the queue itself
                 // becomes the send buffer — no copy.
                 session.poll_output(&mut buf);
             }
+            if let Some(e) = worn {
+                // The key is worn and cannot be renewed: what was sealed
+                // goes out with a close_notify, then the end.
+                let peer = conn.peer();
+                conn_log!(self, info, %peer, error = %e, "TLS session ends; closing connection after this send");
+                conn.close_when_flushed(CloseReason::IoError);
+            }
+            let session = conn.session_mut();
             if buf.is_empty() {
                 session.keep_send_buffer(buf);
                 self.send_pool.release_idle(session);

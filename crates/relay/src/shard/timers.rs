@@ -29,9 +29,16 @@ impl Shard {
                 Some(Timeout::WriteTimeout) => {
                     expired.push((slot, CloseReason::WriteTimeout, true));
                 }
-                // A keepAlive was queued: flush it.
-                Some(Timeout::KeepAlive) if conn.mark_dirty() => self.dirty.push(slot),
-                Some(Timeout::KeepAlive) => {}
+                // A keepAlive was queued: flush it. A quiet moment, too:
+                // Ferry's TLS record layer gives back a cut record's room.
+                Some(Timeout::KeepAlive) => {
+                    if let Some(records) = conn.transport_mut().records() {
+                        records.release();
+                    }
+                    if conn.mark_dirty() {
+                        self.dirty.push(slot);
+                    }
+                }
             }
         }
         for (slot, reason, write_timeout) in expired {
