@@ -79,7 +79,7 @@ python3 - "$tmp/runs.jsonl" "$out" "$seconds" "$repeats" "$size" "$rate" "$paths
 import json, platform, statistics, sys, datetime, os
 runs_file, out, seconds, repeats, size, rate, paths, ferry = sys.argv[1:]
 runs = [json.loads(l) for l in open(runs_file) if l.strip()]
-metrics = ["goodput_mbit_s", "offered_mbit_s", "loss_percent", "refused_at_send", "rtt_p50_us", "rtt_p99_us"]
+metrics = ["goodput_mbit_s", "offered_mbit_s", "loss_percent", "refused_at_send", "rtt_p50_us", "rtt_p99_us", "cores_per_gbit_s"]
 summary = []
 for p in paths.split():
     ok = [r for r in runs if r["path"] == p and "error" not in r]
@@ -105,13 +105,13 @@ lines = [
     f"SDK endpoints, {size}-byte datagrams, {seconds} s per run, median (min–max) of {repeats} repeats; "
     + ("offered as fast as `send` takes them" if float(rate) == 0 else f"offered {rate} Mbit/s paced") + ".",
     "",
-    "| path | goodput Mbit/s | offered Mbit/s | loss % | refused at send | RTT p50 µs | RTT p99 µs | runs (failed) |",
-    "|---|---|---|---|---|---|---|---|",
+    "| path | goodput Mbit/s | offered Mbit/s | loss % | refused at send | RTT p50 µs | RTT p99 µs | cores per Gbit/s | runs (failed) |",
+    "|---|---|---|---|---|---|---|---|---|",
 ]
 for s in summary:
     lines.append("| " + " | ".join([s["path"], cell(s, "goodput_mbit_s", "{:.1f}"), cell(s, "offered_mbit_s", "{:.1f}"),
         cell(s, "loss_percent", "{:.2f}"), cell(s, "refused_at_send", "{:.0f}"), cell(s, "rtt_p50_us", "{:.0f}"),
-        cell(s, "rtt_p99_us", "{:.0f}"), f"{s['runs']} ({s['failed']})"]) + " |")
+        cell(s, "rtt_p99_us", "{:.0f}"), cell(s, "cores_per_gbit_s", "{:.3f}"), f"{s['runs']} ({s['failed']})"]) + " |")
 for r in runs:
     if "error" in r:
         lines.append(f"\nrepeat {r['repeat']} {r['path']} failed: {r['error']}")

@@ -217,7 +217,11 @@ async fn main() {
             .map_or(0.0, |d| d.as_secs_f64() * 1e6)
     };
 
+    // Both endpoints' CPU (this process) during the goodput run.
+    let cpu = || ferry_sys::process::process_stats().cpu_seconds;
+    let cpu0 = cpu();
     let g = goodput(&a, std::sync::Arc::new(b), &args).await;
+    let cpu_s = cpu().zip(cpu0).map_or(0.0, |(c1, c0)| c1 - c0);
     let mbit = |n: u64, secs: f64| n as f64 * args.size as f64 * 8.0 / secs.max(1e-9) / 1e6;
     let loss = if g.offered == 0 {
         0.0
@@ -229,14 +233,20 @@ async fn main() {
         mbit(g.offered, args.seconds),
         mbit(g.delivered, g.took.as_secs_f64()),
     );
+    // Cores busy per Gbit/s delivered (sender and receiver together).
+    let cores_per_gbit = if goodput_mbit > 0.0 && !g.took.is_zero() {
+        cpu_s / g.took.as_secs_f64() / (goodput_mbit / 1000.0)
+    } else {
+        0.0
+    };
     if args.json {
         println!(
-            "{{\"path\":\"{path}\",\"size\":{},\"seconds\":{},\"rate_mbit_s\":{},\"offered\":{},\"refused_at_send\":{},\"delivered\":{},\"dropped_at_recv_queue\":{},\"loss_percent\":{loss:.3},\"offered_mbit_s\":{offered_mbit:.1},\"goodput_mbit_s\":{goodput_mbit:.1},\"rtt_p50_us\":{:.1},\"rtt_p99_us\":{:.1}}}",
+            "{{\"path\":\"{path}\",\"size\":{},\"seconds\":{},\"rate_mbit_s\":{},\"offered\":{},\"refused_at_send\":{},\"delivered\":{},\"dropped_at_recv_queue\":{},\"loss_percent\":{loss:.3},\"offered_mbit_s\":{offered_mbit:.1},\"goodput_mbit_s\":{goodput_mbit:.1},\"rtt_p50_us\":{:.1},\"rtt_p99_us\":{:.1},\"cpu_s\":{cpu_s:.3},\"cores_per_gbit_s\":{cores_per_gbit:.3}}}",
             args.size, args.seconds, args.rate, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99),
         );
     } else {
         println!(
-            "path={path} size={} seconds={} offered={} ({offered_mbit:.1} Mbit/s) refused_at_send={} delivered={} loss={loss:.2}% dropped_at_recv_queue={} goodput={goodput_mbit:.1} Mbit/s rtt_p50={:.1}us rtt_p99={:.1}us",
+            "path={path} size={} seconds={} offered={} ({offered_mbit:.1} Mbit/s) refused_at_send={} delivered={} loss={loss:.2}% dropped_at_recv_queue={} goodput={goodput_mbit:.1} Mbit/s rtt_p50={:.1}us rtt_p99={:.1}us cpu={cpu_s:.2}s cores_per_gbit_s={cores_per_gbit:.3}",
             args.size, args.seconds, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99),
         );
     }
