@@ -1021,6 +1021,10 @@ const RECV_SLOT: usize = 1 << 16;
 /// `recvmmsg` calls per readable turn of the driver before its timers and
 /// DERP get a turn.
 const RECV_ROUNDS: usize = 4;
+/// DERP packets and events taken per turn of the driver.
+const DERP_ROUND: usize = 64;
+/// Most datagrams one GRO slot may hold.
+const MAX_GRO_SEGMENTS: usize = ferry_sys::gso::MAX_SEGMENTS;
 
 /// The driver's `recvmmsg` space.
 struct UdpReceiver {
@@ -1064,13 +1068,26 @@ impl Driver {
                 .min()
                 .map(tokio::time::Instant::from_std);
             let inner = self.inner.clone();
+            if self.room() < MAX_GRO_SEGMENTS {
+                // A lagging application first takes what is queued (on a
+                // single-threaded runtime it runs only when this yields),
+                // so that what is read next is not dropped for want of room.
+                tokio::task::yield_now().await;
+            }
             tokio::select! {
                 r = inner.socket.readable() => match r {
                     Ok(()) => self.drain_udp(&mut udp),
                     Err(e) => tracing::trace!(error = %e, "UDP socket error"),
                 },
                 d = self.derp.recv() => match d {
-                    Some((relay, input)) => self.on_relay(relay, input),
+                    Some((relay, input)) => {
+                        self.on_relay(relay, input);
+                        // What else the readers queued, in this turn.
+                        for _ in 1..DERP_ROUND {
+                            let Ok((relay, input)) = self.derp.try_recv() else { break };
+                            self.on_relay(relay, input);
+                        }
+                    }
                     None => return,
                 },
                 _ = sleep_until(deadline) => self.handle_timeout(),
@@ -1085,15 +1102,35 @@ impl Driver {
         }
     }
 
+    /// Room in the application's queue, in datagrams.
+    fn room(&self) -> usize {
+        self.inner
+            .queue_limit
+            .saturating_sub(self.inner.queued.load(Ordering::Relaxed) + self.filling.len())
+    }
+
     /// Reads what the UDP socket holds, a batch (`recvmmsg`) at a time, GRO
-    /// trains cut back into datagrams at their segment size.
+    /// trains cut back into datagrams at their segment size. Reads no more
+    /// slots than the application's queue has room for if each were a
+    /// full GRO train, except one in the first round, so probes go on
+    /// while the application lags (its payloads are then dropped and
+    /// counted); the rest waits in the kernel's buffer.
     fn drain_udp(&mut self, udp: &mut UdpReceiver) {
         let inner = self.inner.clone();
         let socket = &inner.socket;
-        for _ in 0..RECV_ROUNDS {
+        for round in 0..RECV_ROUNDS {
+            let slots = (self.room() / MAX_GRO_SEGMENTS).min(RECV_SLOTS);
+            let slots = if round == 0 { slots.max(1) } else { slots };
+            if slots == 0 {
+                return;
+            }
             let r = socket.try_io(Interest::READABLE, || {
-                udp.batch
-                    .recv(socket.as_fd(), &mut udp.buf, RECV_SLOT, &mut udp.meta)
+                udp.batch.recv(
+                    socket.as_fd(),
+                    &mut udp.buf,
+                    RECV_SLOT,
+                    &mut udp.meta[..slots],
+                )
             });
             let n = match r {
                 Ok(n) => n,
@@ -1114,7 +1151,7 @@ impl Driver {
                     self.on_udp(datagram, src);
                 }
             }
-            if n < udp.meta.len() {
+            if n < slots {
                 return;
             }
         }

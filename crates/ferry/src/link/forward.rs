@@ -145,6 +145,8 @@ pub(crate) async fn run(
             i,
             endpoint.clone(),
             metrics.clone(),
+            // Half the DERP queue a batch: the writer drains it between two.
+            (cfg.queue / 2).max(1),
         ));
     }
     let relays: Vec<RelayOptions> = cfg
@@ -199,13 +201,16 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// Local WireGuard → the endpoint, a `recvmmsg` batch per
-/// [`Endpoint::send_batch`].
+/// Local WireGuard → the endpoint: what one `recvmmsg` brings goes to
+/// [`Endpoint::send_batch`] in batches of at most `chunk` datagrams, the
+/// task yielding after each so that the endpoint's other tasks (the DERP
+/// writer draining its queue) run between two.
 async fn outbound(
     peers: Arc<[PeerCtx]>,
     index: usize,
     endpoint: Arc<OnceLock<Arc<Endpoint>>>,
     metrics: Arc<Metrics>,
+    chunk: usize,
 ) {
     let peer = &peers[index];
     let relay = metrics.relay(peer.relay);
@@ -247,28 +252,52 @@ async fn outbound(
             }
             for datagram in gro_segments(slot, m.segment) {
                 batch.push(&peer.key, datagram);
+                if batch.len() >= chunk {
+                    if !to_endpoint(peer, &endpoint, &relay, &mut batch) {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
             }
         }
-        if batch.is_empty() {
-            continue;
-        }
-        let Some(ep) = endpoint.get() else {
-            peer.stats.count_drops(DropReason::RelayDown, batch.len());
-            continue;
-        };
-        // On DERP with the relay down the datagrams could only wait.
-        if peer.stats.current() == Some(PathKind::Derp) && !relay.connected.load(Relaxed) {
-            peer.stats.count_drops(DropReason::RelayDown, batch.len());
-            continue;
-        }
-        let r = ep.send_batch(&mut batch);
-        peer.stats.count_drops(DropReason::TooLarge, r.too_large);
-        peer.stats.count_drops(DropReason::NoPath, r.no_path);
-        peer.stats.count_drops(DropReason::QueueFull, r.dropped);
-        if r.unknown_peer > 0 {
+        if !to_endpoint(peer, &endpoint, &relay, &mut batch) {
             return;
         }
+        tokio::task::yield_now().await;
     }
+}
+
+/// Sends `batch` (one peer's datagrams) on, counts what was dropped, and
+/// empties it; `false` when the endpoint no longer knows the peer.
+fn to_endpoint(
+    peer: &PeerCtx,
+    endpoint: &OnceLock<Arc<Endpoint>>,
+    relay: &metrics::RelayStats,
+    batch: &mut Datagrams,
+) -> bool {
+    let n = batch.len();
+    if n == 0 {
+        return true;
+    }
+    let ep = match endpoint.get() {
+        // On DERP with the relay down the datagrams could only wait.
+        Some(ep)
+            if peer.stats.current() != Some(PathKind::Derp) || relay.connected.load(Relaxed) =>
+        {
+            ep
+        }
+        _ => {
+            peer.stats.count_drops(DropReason::RelayDown, n);
+            batch.clear();
+            return true;
+        }
+    };
+    let r = ep.send_batch(batch);
+    batch.clear();
+    peer.stats.count_drops(DropReason::TooLarge, r.too_large);
+    peer.stats.count_drops(DropReason::NoPath, r.no_path);
+    peer.stats.count_drops(DropReason::QueueFull, r.dropped);
+    r.unknown_peer == 0
 }
 
 /// The endpoint → the local WireGuard, from the sender's socket: each
