@@ -36,6 +36,13 @@
 //!   DERP. A dual-stack socket sends to IPv4 addresses as IPv4-mapped.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
+//! - The driver reads the UDP socket with `recvmmsg` and UDP GRO (a train
+//!   is cut back into its datagrams), runs timers and sends what they
+//!   queued once per batch, and hands the payloads of a turn to the
+//!   application as one [`Datagrams`] ([`Endpoint::recv_batch`] takes it
+//!   whole; [`Endpoint::recv`] one by one). [`Endpoint::send_batch`]
+//!   locks the path table once for a batch and sends with `sendmmsg`,
+//!   equal-size runs to one address as GSO trains ([`batch`]).
 //!
 //! ```no_run
 //! use ferry_client::{Endpoint, EndpointOptions, PeerOptions, RelayOptions};
@@ -55,7 +62,7 @@
 //! # }
 //! ```
 
-mod batch;
+pub mod batch;
 mod local;
 pub mod paths;
 pub mod sessions;
