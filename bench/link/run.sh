@@ -4,7 +4,7 @@
 # tailscaled nodes through derper, on one emulated network. See README.md.
 #
 #   sudo bash bench/link/run.sh longhaul   # 150 ms round trip, 1 % loss on the peers' uplinks
-#   sudo bash bench/link/run.sh local      # no emulation; relay CPU per Gbit/s
+#   sudo bash bench/link/run.sh local      # no emulation; relay and links CPU per Gbit/s
 #   sudo bash bench/link/run.sh longhaul --rtt 150 --loss 2 --duration 30 --cases "link-derp tailscaled-derper"
 #
 # Writes one JSON document (every case's figures) to --out (default
@@ -135,26 +135,32 @@ done
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 results="[]"
-# measure CASE PATH SERVER_IP RELAY_PID: ping and iperf3 A -> B, the
-# relay's CPU during the transfer; appends to $results. Each case has its
+# measure CASE PATH SERVER_IP RELAY_PID [LINK_PIDS]: ping and iperf3 A -> B,
+# the relay's CPU and both ferry links' (LINK_PIDS, space-separated)
+# during the transfer; appends to $results. Each case has its
 # own iperf3 server, stopped after it: a server left serving a client
 # whose tunnel broke would keep the next case's client waiting until its
 # timeout ("interrupt - the client has terminated"). A case that yields no
 # figure is recorded with its reason (iperf3's error, or none written) and
 # the run goes on.
 measure() {
-  local c=$1 path=$2 dst=$3 rpid=${4:-} rtt c0 c1 cpu=null spid
+  local c=$1 path=$2 dst=$3 rpid=${4:-} lpids=${5:-} rtt c0 c1 cpu=null spid l0=0 l1=0 lcpu=null p
   ping_until fu-ka "$dst" 30 || { record_error "$c" "no ping through the tunnel within 30 s"; return; }
   rtt=$(ping_rtt fu-ka "$dst")
   fu_bg fu-kb "$T/iperf-server-$c.log" iperf3 -s
   spid=$FU_LAST_PID
   wait_tcp fu-kb 127.0.0.1 5201 10 || { record_error "$c" "iperf3 server did not start"; fu_stop "$spid"; return; }
   [ -n "$rpid" ] && c0=$(cpu_ticks "$rpid")
+  for p in $lpids; do l0=$((l0 + $(cpu_ticks "$p"))); done
   iperf_json fu-ka "$dst" "$duration" "$T/iperf-$c.json" || true
   [ -n "$rpid" ] && { c1=$(cpu_ticks "$rpid"); cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / hz }'); }
+  if [ -n "$lpids" ]; then
+    for p in $lpids; do l1=$((l1 + $(cpu_ticks "$p"))); done
+    lcpu=$(awk -v a="$l0" -v b="$l1" -v hz="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / hz }')
+  fi
   fu_stop "$spid"
   local one
-  if ! one=$(jq -e --arg c "$c" --arg p "$path" --arg rtt "${rtt:-0}" --argjson cpu "$cpu" --argjson d "$duration" '
+  if ! one=$(jq -e --arg c "$c" --arg p "$path" --arg rtt "${rtt:-0}" --argjson cpu "$cpu" --argjson lcpu "$lcpu" --argjson d "$duration" '
       (.end.sum_received.bits_per_second // null) as $bps | {
       case: $c, path: $p, ping_rtt_ms: ($rtt | tonumber),
       mbit_s: (if $bps == null then null else $bps / 1e6 | . * 10 | round / 10 end),
@@ -162,13 +168,16 @@ measure() {
       relay_cpu_s: $cpu,
       relay_cores_per_gbit_s: (if $cpu == null or $bps == null or $bps == 0 then null
         else ($cpu / $d) / ($bps / 1e9) | . * 1000 | round / 1000 end),
+      link_cpu_s: $lcpu,
+      link_cores_per_gbit_s: (if $lcpu == null or $bps == null or $bps == 0 then null
+        else ($lcpu / $d) / ($bps / 1e9) | . * 1000 | round / 1000 end),
       error: (.error // (if $bps == null then "iperf3 reported no received total" else null end)) }' "$T/iperf-$c.json" 2>/dev/null) ||
      [ -z "$one" ]; then
     record_error "$c" "iperf3 wrote no JSON result ($(head -c 200 "$T/iperf-$c.json" 2>/dev/null | tr '\n' ' '))"
     return
   fi
   results=$(jq --argjson r "$one" '. + [$r]' <<<"$results")
-  echo "   $c: $(jq -r '"\(.mbit_s // "-") Mbit/s, \(.retransmits) retransmits, ping \(.ping_rtt_ms) ms, relay CPU \(.relay_cpu_s // "-") s\(if .error then ", error: " + .error else "" end)"' <<<"$one")"
+  echo "   $c: $(jq -r '"\(.mbit_s // "-") Mbit/s, \(.retransmits) retransmits, ping \(.ping_rtt_ms) ms, relay CPU \(.relay_cpu_s // "-") s, links CPU \(.link_cpu_s // "-") s\(if .error then ", error: " + .error else "" end)"' <<<"$one")"
 }
 record_error() {
   results=$(jq --arg c "$1" --arg e "$2" '. + [{case: $c, error: $e}]' <<<"$results")
@@ -199,7 +208,7 @@ link_case() {
   wg_endpoint 127.0.0.1:51001 127.0.0.1:51001
   if ping_until fu-ka 10.77.120.2 30 && on_path fu-ka "$T/link-a.toml" b "$path" 15 &&
      on_path fu-kb "$T/link-b.toml" a "$path" 15; then
-    measure "$c" "$path" 10.77.120.2 "$relay_pid"
+    measure "$c" "$path" 10.77.120.2 "$relay_pid" "$la $lb"
   else
     record_error "$c" "ferry link is not on path $path here (status: $(link_path fu-ka "$T/link-a.toml" b 2>/dev/null || echo unknown))"
   fi
@@ -295,5 +304,5 @@ jq -n --arg mode "$mode" --argjson rtt "$rtt" --argjson loss "$loss" --argjson m
   '{mode: $mode, at: $at, emulation: {rtt_ms: $rtt, loss_percent_per_uplink: $loss}, inner_mtu: $mtu,
     iperf3_seconds: $d, kernel: $kernel, cpus: $cpus, ferry: $ferry, results: $r}' >"$out"
 step "results in $out"
-jq -r '.results[] | [.case, (.path // "-"), (.mbit_s // "-"), (.retransmits // "-"), (.ping_rtt_ms // "-"), (.relay_cores_per_gbit_s // "-"), (.error // "")] | @tsv' "$out" |
-  (printf 'case\tpath\tMbit/s\tretransmits\tping ms\trelay cores per Gbit/s\terror\n'; cat) | column -t -s $'\t'
+jq -r '.results[] | [.case, (.path // "-"), (.mbit_s // "-"), (.retransmits // "-"), (.ping_rtt_ms // "-"), (.relay_cores_per_gbit_s // "-"), (.link_cores_per_gbit_s // "-"), (.error // "")] | @tsv' "$out" |
+  (printf 'case\tpath\tMbit/s\tretransmits\tping ms\trelay cores per Gbit/s\tlinks cores per Gbit/s\terror\n'; cat) | column -t -s $'\t'

@@ -7,12 +7,13 @@
 #   bash bench/sdk/run.sh                       # 5 repeats of 5 s per path
 #   bash bench/sdk/run.sh --seconds 1 --repeats 1 --rtt 200   # smoke run
 #   bash bench/sdk/run.sh --rate 500 --paths "relay derp"     # paced at 500 Mbit/s
+#   bash bench/sdk/run.sh --batch 64            # send_batch/recv_batch, 64 a call
 #
 # Writes the runs, their medians and spread as JSON to --out (default
 # bench/sdk/results/<UTC time>.json) and a Markdown table beside it (.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-seconds=5 repeats=5 size=1200 rate=0 rtt=2000 paths="direct relay derp" out="" build=1
+seconds=5 repeats=5 size=1200 rate=0 rtt=2000 batch=0 paths="direct relay derp" out="" build=1
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
@@ -20,10 +21,11 @@ while [ $# -gt 0 ]; do
     --size) size=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --rtt) rtt=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
     --paths) paths=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-build) build=""; shift ;;
-    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 for tool in taskset python3; do
@@ -57,6 +59,8 @@ until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
 done
 url=http://127.0.0.1:$port/derp
 offer="as fast as send takes them"; [ "$rate" = 0 ] || offer="$rate Mbit/s, paced"
+batch_args=()
+[ "$batch" = 0 ] || { offer="$offer, send_batch/recv_batch of $batch"; batch_args=(--batch "$batch"); }
 echo "relay: $url (pid $relay_pid, CPU 0); endpoints on CPU 1; $repeats x $seconds s per path, $size-byte datagrams, offered $offer"
 
 : >"$tmp/runs.jsonl"
@@ -64,7 +68,7 @@ for r in $(seq 1 "$repeats"); do
   # Paths interleaved within a repeat, so drifts of the machine hit all.
   for p in $paths; do
     if line=$(taskset -c 1 "$bench" --url "$url" --path "$p" --seconds "$seconds" --size "$size" \
-        --rate "$rate" --rtt "$rtt" --json 2>"$tmp/err"); then
+        --rate "$rate" --rtt "$rtt" ${batch_args[@]+"${batch_args[@]}"} --json 2>"$tmp/err"); then
       echo "$line" | python3 -c 'import json, sys; d = json.load(sys.stdin); d["repeat"] = int(sys.argv[1]); print(json.dumps(d))' "$r" >>"$tmp/runs.jsonl"
       echo "  repeat $r $p: $line"
     else
@@ -79,7 +83,7 @@ python3 - "$tmp/runs.jsonl" "$out" "$seconds" "$repeats" "$size" "$rate" "$paths
 import json, platform, statistics, sys, datetime, os
 runs_file, out, seconds, repeats, size, rate, paths, ferry = sys.argv[1:]
 runs = [json.loads(l) for l in open(runs_file) if l.strip()]
-metrics = ["goodput_mbit_s", "offered_mbit_s", "loss_percent", "refused_at_send", "rtt_p50_us", "rtt_p99_us"]
+metrics = ["goodput_mbit_s", "offered_mbit_s", "loss_percent", "refused_at_send", "rtt_p50_us", "rtt_p99_us", "cores_per_gbit_s"]
 summary = []
 for p in paths.split():
     ok = [r for r in runs if r["path"] == p and "error" not in r]
@@ -105,13 +109,13 @@ lines = [
     f"SDK endpoints, {size}-byte datagrams, {seconds} s per run, median (min–max) of {repeats} repeats; "
     + ("offered as fast as `send` takes them" if float(rate) == 0 else f"offered {rate} Mbit/s paced") + ".",
     "",
-    "| path | goodput Mbit/s | offered Mbit/s | loss % | refused at send | RTT p50 µs | RTT p99 µs | runs (failed) |",
-    "|---|---|---|---|---|---|---|---|",
+    "| path | goodput Mbit/s | offered Mbit/s | loss % | refused at send | RTT p50 µs | RTT p99 µs | cores per Gbit/s | runs (failed) |",
+    "|---|---|---|---|---|---|---|---|---|",
 ]
 for s in summary:
     lines.append("| " + " | ".join([s["path"], cell(s, "goodput_mbit_s", "{:.1f}"), cell(s, "offered_mbit_s", "{:.1f}"),
         cell(s, "loss_percent", "{:.2f}"), cell(s, "refused_at_send", "{:.0f}"), cell(s, "rtt_p50_us", "{:.0f}"),
-        cell(s, "rtt_p99_us", "{:.0f}"), f"{s['runs']} ({s['failed']})"]) + " |")
+        cell(s, "rtt_p99_us", "{:.0f}"), cell(s, "cores_per_gbit_s", "{:.3f}"), f"{s['runs']} ({s['failed']})"]) + " |")
 for r in runs:
     if "error" in r:
         lines.append(f"\nrepeat {r['repeat']} {r['path']} failed: {r['error']}")

@@ -6,8 +6,12 @@
 //! ```sh
 //! cargo run --release -p ferry-client --example endpoint_bench -- \
 //!     --url http://127.0.0.1:3340/derp --path direct|relay|derp \
-//!     [--seconds 5] [--size 1200] [--rate 0] [--rtt 2000] [--json]
+//!     [--seconds 5] [--size 1200] [--rate 0] [--rtt 2000] [--batch 0] [--json]
 //! ```
+//!
+//! `--batch N` (N > 0, unpaced only): A sends with `send_batch`, N
+//! datagrams a call, and B receives with `recv_batch`; 0: `send` and
+//! `recv`, one datagram a call.
 //!
 //! Round trip: `rtt` echoes, one at a time, B answering each.
 //!
@@ -21,7 +25,9 @@
 //! at `send`, and goodput = delivered bytes over the time from the first
 //! send to the last arrival.
 
-use ferry_client::{Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions, SendError};
+use ferry_client::{
+    Datagrams, Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions, SendError,
+};
 use ferry_proto::key::NodePrivate;
 use std::time::{Duration, Instant};
 
@@ -32,6 +38,7 @@ struct Args {
     size: usize,
     rate: f64,
     rtt: usize,
+    batch: usize,
     json: bool,
 }
 
@@ -43,6 +50,7 @@ fn args() -> Result<Args, String> {
         size: 1200,
         rate: 0.0,
         rtt: 2000,
+        batch: 0,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -67,6 +75,7 @@ fn args() -> Result<Args, String> {
             "--size" => a.size = value.parse().map_err(|e| bad(&e))?,
             "--rate" => a.rate = value.parse().map_err(|e| bad(&e))?,
             "--rtt" => a.rtt = value.parse().map_err(|e| bad(&e))?,
+            "--batch" => a.batch = value.parse().map_err(|e| bad(&e))?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -77,6 +86,9 @@ fn args() -> Result<Args, String> {
     }
     if a.size < 8 || a.seconds <= 0.0 || a.seconds.is_nan() || a.rate < 0.0 {
         return Err("--size at least 8, --seconds above 0, --rate 0 or above".into());
+    }
+    if a.batch > 0 && a.rate > 0.0 {
+        return Err("--batch goes with --rate 0 (unpaced) only".into());
     }
     Ok(a)
 }
@@ -104,16 +116,22 @@ struct Goodput {
 async fn goodput(a: &Endpoint, b: std::sync::Arc<Endpoint>, args: &Args) -> Goodput {
     let kb = b.public_key();
     let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let batched = args.batch > 0;
     let receiver = tokio::spawn(async move {
         let mut got = 0u64;
+        let mut received = Datagrams::new();
         let mut last = None;
         let mut stop_at: Option<tokio::time::Instant> = None;
         loop {
             let limit =
                 stop_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                r = b.recv() => match r {
+                r = b.recv(), if !batched => match r {
                     Ok(_) => { got += 1; last = Some(Instant::now()); }
+                    Err(_) => break,
+                },
+                r = b.recv_batch(&mut received), if batched => match r {
+                    Ok(n) => { got += n as u64; last = Some(Instant::now()); }
                     Err(_) => break,
                 },
                 _ = done_rx.changed(), if stop_at.is_none() => {
@@ -131,8 +149,22 @@ async fn goodput(a: &Endpoint, b: std::sync::Arc<Endpoint>, args: &Args) -> Good
     let gap = (args.rate > 0.0)
         .then(|| Duration::from_secs_f64(args.size as f64 * 8.0 / (args.rate * 1e6)));
     let (mut offered, mut refused) = (0u64, 0u64);
+    if batched {
+        let mut batch = Datagrams::new();
+        for _ in 0..args.batch {
+            batch.push(&kb, &payload);
+        }
+        while Instant::now() < end {
+            let r = a.send_batch(&mut batch);
+            assert_eq!(r.unknown_peer + r.too_large, 0, "send_batch: {r:?}");
+            offered += r.sent as u64;
+            // Dropped, or no path while the blast starves the probes.
+            refused += (r.dropped + r.no_path) as u64;
+            tokio::task::yield_now().await;
+        }
+    }
     let mut i = 0u64;
-    while Instant::now() < end {
+    while !batched && Instant::now() < end {
         if let Some(gap) = gap {
             let due = start + gap.mul_f64(i as f64);
             if due > Instant::now() {
@@ -217,7 +249,11 @@ async fn main() {
             .map_or(0.0, |d| d.as_secs_f64() * 1e6)
     };
 
+    // Both endpoints' CPU (this process) during the goodput run.
+    let cpu = || ferry_sys::process::process_stats().cpu_seconds;
+    let cpu0 = cpu();
     let g = goodput(&a, std::sync::Arc::new(b), &args).await;
+    let cpu_s = cpu().zip(cpu0).map_or(0.0, |(c1, c0)| c1 - c0);
     let mbit = |n: u64, secs: f64| n as f64 * args.size as f64 * 8.0 / secs.max(1e-9) / 1e6;
     let loss = if g.offered == 0 {
         0.0
@@ -229,14 +265,20 @@ async fn main() {
         mbit(g.offered, args.seconds),
         mbit(g.delivered, g.took.as_secs_f64()),
     );
+    // Cores busy per Gbit/s delivered (sender and receiver together).
+    let cores_per_gbit = if goodput_mbit > 0.0 && !g.took.is_zero() {
+        cpu_s / g.took.as_secs_f64() / (goodput_mbit / 1000.0)
+    } else {
+        0.0
+    };
     if args.json {
         println!(
-            "{{\"path\":\"{path}\",\"size\":{},\"seconds\":{},\"rate_mbit_s\":{},\"offered\":{},\"refused_at_send\":{},\"delivered\":{},\"dropped_at_recv_queue\":{},\"loss_percent\":{loss:.3},\"offered_mbit_s\":{offered_mbit:.1},\"goodput_mbit_s\":{goodput_mbit:.1},\"rtt_p50_us\":{:.1},\"rtt_p99_us\":{:.1}}}",
-            args.size, args.seconds, args.rate, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99),
+            "{{\"path\":\"{path}\",\"size\":{},\"seconds\":{},\"rate_mbit_s\":{},\"offered\":{},\"refused_at_send\":{},\"delivered\":{},\"dropped_at_recv_queue\":{},\"loss_percent\":{loss:.3},\"offered_mbit_s\":{offered_mbit:.1},\"goodput_mbit_s\":{goodput_mbit:.1},\"rtt_p50_us\":{:.1},\"rtt_p99_us\":{:.1},\"cpu_s\":{cpu_s:.3},\"cores_per_gbit_s\":{cores_per_gbit:.3},\"batch\":{}}}",
+            args.size, args.seconds, args.rate, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99), args.batch,
         );
     } else {
         println!(
-            "path={path} size={} seconds={} offered={} ({offered_mbit:.1} Mbit/s) refused_at_send={} delivered={} loss={loss:.2}% dropped_at_recv_queue={} goodput={goodput_mbit:.1} Mbit/s rtt_p50={:.1}us rtt_p99={:.1}us",
+            "path={path} size={} seconds={} offered={} ({offered_mbit:.1} Mbit/s) refused_at_send={} delivered={} loss={loss:.2}% dropped_at_recv_queue={} goodput={goodput_mbit:.1} Mbit/s rtt_p50={:.1}us rtt_p99={:.1}us cpu={cpu_s:.2}s cores_per_gbit_s={cores_per_gbit:.3}",
             args.size, args.seconds, g.offered, g.refused, g.delivered, g.recv_dropped, pct(50), pct(99),
         );
     }

@@ -60,9 +60,9 @@ mod tls;
 pub use backoff::BackoffOptions;
 pub use client::{DerpClient, DerpSender, Event, Options, Stats};
 pub use endpoint::{
-    Endpoint, EndpointError, EndpointEvent, EndpointOptions, EndpointStats, PathAddr, PathEvent,
-    PathKind, PathState, PathStatus, PeerOptions, PeerStatus, RelayOptions, RelayStatus, SendError,
-    SwitchReason,
+    Datagrams, Endpoint, EndpointError, EndpointEvent, EndpointOptions, EndpointStats, PathAddr,
+    PathEvent, PathKind, PathState, PathStatus, PeerOptions, PeerStatus, RelayOptions, RelayStatus,
+    SendError, SendReport, SwitchReason,
 };
 pub use error::Error;
 pub use target::{Target, Verify};

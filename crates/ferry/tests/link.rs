@@ -601,3 +601,106 @@ fn a_wrong_link_key_on_one_side_is_logged_on_both() {
     assert_eq!(la.matches("peer not answering").count(), 1, "{la}");
     assert_eq!(lb.matches("peer not answering").count(), 1, "{lb}");
 }
+
+/// Sends `count` datagrams of `size` bytes and one of `last` bytes from
+/// `from` to `to` as one UDP GSO train when the kernel has GSO (else one
+/// `sendmmsg` of single datagrams), as wireguard-go sends a TCP window;
+/// returns them.
+fn send_train(
+    from: &UdpSocket,
+    to: SocketAddr,
+    count: usize,
+    size: usize,
+    last: usize,
+) -> Vec<Vec<u8>> {
+    use ferry_sys::mmsg::{OutMsg, SendBatch, Span};
+    use std::os::fd::AsFd;
+    let datagrams: Vec<Vec<u8>> = (0..=count)
+        .map(|i| {
+            let len = if i == count { last } else { size };
+            (0..len).map(|j| (i * 7 + j) as u8).collect()
+        })
+        .collect();
+    let bytes = datagrams.concat();
+    let gso = ferry_sys::gso::probe(from.as_fd()).gso;
+    let mut spans = Vec::new();
+    let mut at = 0;
+    for d in &datagrams {
+        spans.push(Span {
+            start: at,
+            len: d.len(),
+        });
+        at += d.len();
+    }
+    let msgs: Vec<OutMsg> = if gso {
+        vec![OutMsg {
+            dst: Some(to),
+            first: 0,
+            count: spans.len(),
+            segment: size as u16,
+        }]
+    } else {
+        (0..spans.len())
+            .map(|i| OutMsg {
+                dst: Some(to),
+                first: i,
+                count: 1,
+                segment: 0,
+            })
+            .collect()
+    };
+    let sent = SendBatch::new()
+        .send(from.as_fd(), &bytes, &spans, &msgs)
+        .unwrap();
+    assert_eq!(sent, msgs.len());
+    datagrams
+}
+
+/// WireGuard hands over a burst as one GSO train (wireguard-go does, on
+/// Linux): the link reads it whole (GRO on its socket), carries each
+/// datagram, and the other side's WireGuard receives them one by one, cut
+/// at the segment size, in order, from the endpoint standing for the
+/// sender; both ways, on the direct path and over DERP.
+#[test]
+fn a_gso_train_from_wireguard_arrives_as_its_datagrams() {
+    let server = derp::TestServer::start(derp::Kind::Ferry, None);
+    for (extra, path) in [("", "direct"), ("only = \"derp\"\n", "derp")] {
+        let dir = TempDir::new("link-train");
+        let (a, b, a_cfg, b_cfg) = pair_with(&dir, &relay_block(&server.url(), None), extra);
+        let mut la = link(&a_cfg);
+        let mut lb = link(&b_cfg);
+        if path == "direct" {
+            la.wait_log("path switch: derp -> direct");
+            lb.wait_log("path switch: derp -> direct");
+        }
+        carried(&a.wg, a.peer_endpoint, &b.wg, b"first a to b");
+        carried(&b.wg, b.peer_endpoint, &a.wg, b"first b to a");
+        for (round, (from, to, at, src)) in [
+            (&a.wg, a.peer_endpoint, &b.wg, b.peer_endpoint),
+            (&b.wg, b.peer_endpoint, &a.wg, a.peer_endpoint),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // Anything still on its way from `carried` goes first.
+            let mut buf = [0u8; 2048];
+            while at.recv_from(&mut buf).is_ok() {}
+            let sent = send_train(from, to, 30, 1000, 300);
+            let mut got = Vec::new();
+            let deadline = Instant::now() + T;
+            while got.len() < sent.len() && Instant::now() < deadline {
+                if let Ok((n, s)) = at.recv_from(&mut buf) {
+                    assert_eq!(s, src, "{path} round {round}");
+                    got.push(buf[..n].to_vec());
+                }
+            }
+            assert_eq!(got, sent, "{path} round {round}: every datagram, in order");
+        }
+        let sample = format!(
+            "ferry_link_peer_packets_total{{peer=\"b\",direction=\"to_peer\",path=\"{path}\"}}"
+        );
+        a.wait_metric(&sample, 31, "the train counted on its path");
+        la.stop();
+        lb.stop();
+    }
+}

@@ -36,6 +36,13 @@
 //!   DERP. A dual-stack socket sends to IPv4 addresses as IPv4-mapped.
 //! - [`Endpoint::send`] never waits: a full queue, a socket that would
 //!   block or no allowed path drops the datagram and counts it.
+//! - The driver reads the UDP socket with `recvmmsg` and UDP GRO (a train
+//!   is cut back into its datagrams), runs timers and sends what they
+//!   queued once per batch, and hands the payloads of a turn to the
+//!   application as one [`Datagrams`] ([`Endpoint::recv_batch`] takes it
+//!   whole; [`Endpoint::recv`] one by one). [`Endpoint::send_batch`]
+//!   locks the path table once for a batch and sends with `sendmmsg`,
+//!   equal-size runs to one address as GSO trains ([`batch`]).
 //!
 //! ```no_run
 //! use ferry_client::{Endpoint, EndpointOptions, PeerOptions, RelayOptions};
@@ -55,29 +62,33 @@
 //! # }
 //! ```
 
+pub mod batch;
 mod local;
 pub mod paths;
 pub mod sessions;
 
 use crate::{DerpClient, DerpSender, Error, Options};
+pub use batch::{gro_segments, BatchSent, Datagrams, UdpBatchSender};
 use ferry_proto::frame::PeerGoneReason;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::nacl::{self, SharedKey};
 use ferry_proto::peer_msg::{self, PeerMessage};
 use ferry_proto::relay_session::SessionOffer;
 use ferry_proto::stun;
-use ferry_proto::udp_header::Header;
+use ferry_proto::udp_header::{Header, Protocol};
 use paths::{NoPath, Paths, Policy, Transmit};
 pub use paths::{
     PathAddr, PathEvent, PathKind, PathState, PathStats, PathStatus, PeerStatus, SwitchReason,
     Timing,
 };
 use sessions::{SessionTiming, Sessions};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{broadcast, mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -227,6 +238,30 @@ pub enum SendError {
     Dropped,
 }
 
+/// What [`Endpoint::send_batch`] did with a batch: every datagram is
+/// counted once, as sent or under the reason [`Endpoint::send`] would
+/// have given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendReport {
+    /// Handed to the socket or queued for DERP.
+    pub sent: usize,
+    /// To keys never added ([`SendError::UnknownPeer`]).
+    pub unknown_peer: usize,
+    /// No allowed path works now ([`SendError::NoPath`]).
+    pub no_path: usize,
+    /// Longer than [`MAX_DATAGRAM`] ([`SendError::TooLarge`]).
+    pub too_large: usize,
+    /// The socket or the DERP queue did not take it ([`SendError::Dropped`]).
+    pub dropped: usize,
+}
+
+impl SendReport {
+    /// Datagrams not sent.
+    pub fn failed(&self) -> usize {
+        self.unknown_peer + self.no_path + self.too_large + self.dropped
+    }
+}
+
 /// One DERP server as [`Endpoint::relay_status`] shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayStatus {
@@ -357,10 +392,33 @@ struct PeerEntry {
     sessions: bool,
 }
 
+/// Datagrams received for the application: whole batches, as the driver
+/// filled them, handed over without copying.
+#[derive(Default)]
+struct Received {
+    batches: VecDeque<Datagrams>,
+    /// Emptied batches, for the driver to fill again.
+    spare: Vec<Datagrams>,
+    /// The driver has ended.
+    closed: bool,
+}
+
+/// Emptied batches kept for reuse.
+const MAX_SPARE: usize = 8;
+
+/// The batch [`Endpoint::recv`] takes its datagrams from one by one.
+#[derive(Default)]
+struct Reader {
+    current: Datagrams,
+    next: usize,
+}
+
 struct Inner {
     key: NodePrivate,
     public: NodePublic,
     socket: UdpSocket,
+    /// `send_batch`'s sendmmsg/GSO state.
+    sender: Mutex<UdpBatchSender>,
     local_addr: SocketAddr,
     /// An IPv6 socket that also carries IPv4 (`IPV6_V6ONLY` off).
     dual_stack: bool,
@@ -376,13 +434,20 @@ struct Inner {
     send_dropped: Arc<AtomicU64>,
     recv_dropped: AtomicU64,
     rejected: AtomicU64,
+    received: Mutex<Received>,
+    /// Signalled when a batch is queued in `received` or it closes.
+    received_ready: Notify,
+    /// Datagrams in `received`'s batches.
+    queued: AtomicUsize,
+    /// [`EndpointOptions::queue`].
+    queue_limit: usize,
 }
 
 /// Datagrams to and from peers over the best working path. Dropping it
 /// stops its tasks and closes its connections.
 pub struct Endpoint {
     inner: Arc<Inner>,
-    received: tokio::sync::Mutex<mpsc::Receiver<(NodePublic, Vec<u8>)>>,
+    reader: tokio::sync::Mutex<Reader>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -417,8 +482,10 @@ impl Endpoint {
             addr: opts.bind,
             source,
         })?;
+        // Best effort: without GRO every datagram is its own slot.
+        let _ = ferry_sys::gso::set_gro(socket.as_fd(), true);
+        let sender = Mutex::new(UdpBatchSender::new(&socket));
         let queue = opts.queue.max(1);
-        let (rx_tx, rx_rx) = mpsc::channel(queue);
         let (derp_tx, derp_rx) = mpsc::channel::<(usize, FromRelay)>(queue);
         let mut tasks = Vec::new();
         let mut relays = Vec::new();
@@ -467,6 +534,7 @@ impl Endpoint {
             public: opts.key.public(),
             key: opts.key,
             socket,
+            sender,
             local_addr,
             dual_stack,
             paths: Mutex::new(Paths::new(opts.timing, opts.seed)),
@@ -481,11 +549,15 @@ impl Endpoint {
             send_dropped,
             recv_dropped: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            received: Mutex::default(),
+            received_ready: Notify::new(),
+            queued: AtomicUsize::new(0),
+            queue_limit: queue,
         });
         inner.update_candidates();
         let driver = Driver {
             inner: inner.clone(),
-            received: rx_tx,
+            filling: Datagrams::new(),
             derp: derp_rx,
             stun_pending: HashMap::new(),
             stun_interval: opts.stun_interval,
@@ -494,7 +566,7 @@ impl Endpoint {
         tasks.push(tokio::spawn(driver.run()));
         Ok(Endpoint {
             inner,
-            received: tokio::sync::Mutex::new(rx_rx),
+            reader: tokio::sync::Mutex::default(),
             tasks,
         })
     }
@@ -541,10 +613,15 @@ impl Endpoint {
                 NoPath::UnknownPeer => SendError::UnknownPeer,
                 NoPath::NoneAllowed => SendError::NoPath,
             });
-        let result = path.and_then(|path| {
-            let mut buf = Vec::with_capacity(ferry_proto::udp_header::LEN + data.len());
-            peer_msg::put_payload(&mut buf, vni_of(&path), data);
-            self.inner.transmit(peer, &path, buf)
+        let result = path.and_then(|path| match path {
+            PathAddr::Direct(addr) | PathAddr::Relay { addr, .. } => {
+                self.inner.send_payload_udp(vni_of(&path), data, addr)
+            }
+            PathAddr::Derp => {
+                let mut buf = Vec::with_capacity(ferry_proto::udp_header::LEN + data.len());
+                peer_msg::put_payload(&mut buf, 0, data);
+                self.inner.transmit(peer, &path, buf)
+            }
         });
         if result.is_err() {
             self.inner.send_dropped.fetch_add(1, Ordering::Relaxed);
@@ -552,14 +629,123 @@ impl Endpoint {
         result
     }
 
+    /// Sends every datagram of `batch` to its peer on the peer's active
+    /// path, as [`Endpoint::send`] would one by one, but with one lock of
+    /// the path table and few system calls: the datagrams bound for the
+    /// UDP socket leave in `sendmmsg` batches, runs of equal size to one
+    /// address as UDP GSO trains. Never waits; the datagrams that cannot go
+    /// out now are dropped and counted. `batch` is left as it was (its
+    /// header room now written), to be cleared and refilled.
+    pub fn send_batch(&self, batch: &mut Datagrams) -> SendReport {
+        let mut report = SendReport::default();
+        let mut udp = std::mem::take(&mut batch.udp);
+        let mut derp = std::mem::take(&mut batch.derp);
+        udp.clear();
+        derp.clear();
+        {
+            let mut paths = self.inner.lock_paths();
+            for i in 0..batch.len() {
+                let (peer, len) = batch.item(i);
+                if len > MAX_DATAGRAM {
+                    report.too_large += 1;
+                    continue;
+                }
+                match paths.on_send(&peer, len) {
+                    Err(NoPath::UnknownPeer) => report.unknown_peer += 1,
+                    Err(NoPath::NoneAllowed) => report.no_path += 1,
+                    Ok(PathAddr::Derp) => derp.push(i),
+                    Ok(path @ (PathAddr::Direct(addr) | PathAddr::Relay { addr, .. })) => {
+                        udp.push((self.inner.wire_addr(addr), batch.seal(i, vni_of(&path))));
+                    }
+                }
+            }
+        }
+        if !udp.is_empty() {
+            // What the socket does not take now is dropped.
+            let sent = self
+                .inner
+                .lock_sender()
+                .send(&self.inner.socket, batch.bytes(), &udp)
+                .sent;
+            report.sent += sent;
+            report.dropped += udp.len() - sent;
+        }
+        for &i in &derp {
+            let msg = batch.seal(i, 0);
+            let (peer, _) = batch.item(i);
+            match self
+                .inner
+                .transmit(&peer, &PathAddr::Derp, batch.bytes()[msg].to_vec())
+            {
+                Ok(()) => report.sent += 1,
+                Err(SendError::NoPath) => report.no_path += 1,
+                Err(_) => report.dropped += 1,
+            }
+        }
+        batch.udp = udp;
+        batch.derp = derp;
+        self.inner
+            .send_dropped
+            .fetch_add(report.failed() as u64, Ordering::Relaxed);
+        report
+    }
+
     /// The next datagram from a peer.
     pub async fn recv(&self) -> Result<(NodePublic, Vec<u8>), EndpointError> {
-        self.received
-            .lock()
-            .await
-            .recv()
-            .await
-            .ok_or(EndpointError::Closed)
+        let mut reader = self.reader.lock().await;
+        if reader.next >= reader.current.len() {
+            self.next_batch(&mut reader).await?;
+        }
+        let (peer, data) = reader.current.get(reader.next).expect("within the batch");
+        let out = (*peer, data.to_vec());
+        reader.next += 1;
+        Ok(out)
+    }
+
+    /// Waits for datagrams from peers and replaces `batch`'s contents with
+    /// them (one or more, in the order they arrived); returns how many.
+    /// Handing back the same `batch` each time allocates nothing per
+    /// datagram: received batches are moved, not copied, and the emptied
+    /// buffers go back to the receiving side.
+    pub async fn recv_batch(&self, batch: &mut Datagrams) -> Result<usize, EndpointError> {
+        let mut reader = self.reader.lock().await;
+        batch.clear();
+        if reader.next < reader.current.len() {
+            // What `recv` left of the batch it was taking from.
+            batch.append_from(&reader.current, reader.next);
+            reader.next = reader.current.len();
+            return Ok(batch.len());
+        }
+        self.next_batch(&mut reader).await?;
+        std::mem::swap(batch, &mut reader.current);
+        reader.current.clear();
+        reader.next = 0;
+        Ok(batch.len())
+    }
+
+    /// Waits for the next received batch and makes it the reader's
+    /// current one (its previous one goes back to the driver). Cancel-safe:
+    /// nothing is taken before the last await.
+    async fn next_batch(&self, reader: &mut Reader) -> Result<(), EndpointError> {
+        loop {
+            {
+                let mut r = self.inner.received.lock().expect("not poisoned");
+                if let Some(b) = r.batches.pop_front() {
+                    self.inner.queued.fetch_sub(b.len(), Ordering::Relaxed);
+                    let mut old = std::mem::replace(&mut reader.current, b);
+                    reader.next = 0;
+                    old.clear();
+                    if r.spare.len() < MAX_SPARE {
+                        r.spare.push(old);
+                    }
+                    return Ok(());
+                }
+                if r.closed {
+                    return Err(EndpointError::Closed);
+                }
+            }
+            self.inner.received_ready.notified().await;
+        }
     }
 
     /// Path switches from now on.
@@ -697,13 +883,39 @@ impl Inner {
     /// Sends one datagram from the UDP socket without waiting; to an IPv4
     /// address as IPv4-mapped when the socket is IPv6.
     fn send_udp(&self, buf: &[u8], to: SocketAddr) -> std::io::Result<usize> {
-        let to = match to {
+        self.socket.try_send_to(buf, self.wire_addr(to))
+    }
+
+    /// `to` as the socket takes it: IPv4 as IPv4-mapped on an IPv6 socket.
+    fn wire_addr(&self, to: SocketAddr) -> SocketAddr {
+        match to {
             SocketAddr::V4(v4) if self.local_addr.is_ipv6() => {
                 SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port())
             }
             other => other,
-        };
-        self.socket.try_send_to(buf, to)
+        }
+    }
+
+    /// Sends one payload to `to` as a peer message of session `vni` (0:
+    /// direct), header and data gathered by the kernel: no copy, no
+    /// allocation.
+    fn send_payload_udp(&self, vni: u32, data: &[u8], to: SocketAddr) -> Result<(), SendError> {
+        let header = Header::data(Protocol::Payload, vni).to_bytes();
+        let to = socket2::SockAddr::from(self.wire_addr(to));
+        let parts = [std::io::IoSlice::new(&header), std::io::IoSlice::new(data)];
+        self.socket
+            .try_io(Interest::WRITABLE, || {
+                socket2::SockRef::from(&self.socket).send_to_vectored(&parts, &to)
+            })
+            .map(|_| ())
+            .map_err(|e| {
+                tracing::trace!(addr = %to.as_socket().map_or_else(String::new, |a| a.to_string()), error = %e, "UDP send failed");
+                SendError::Dropped
+            })
+    }
+
+    fn lock_sender(&self) -> std::sync::MutexGuard<'_, UdpBatchSender> {
+        self.sender.lock().expect("not poisoned")
     }
 
     /// Sends a finished peer message on `path`.
@@ -809,9 +1021,39 @@ impl Inner {
     }
 }
 
+/// Receive slots per `recvmmsg`, and each slot's size: a whole GRO train
+/// (or the largest datagram) fits one.
+const RECV_SLOTS: usize = 32;
+const RECV_SLOT: usize = 1 << 16;
+/// `recvmmsg` calls per readable turn of the driver before its timers and
+/// DERP get a turn.
+const RECV_ROUNDS: usize = 4;
+/// DERP packets and events taken per turn of the driver.
+const DERP_ROUND: usize = 64;
+/// Most datagrams one GRO slot may hold.
+const MAX_GRO_SEGMENTS: usize = ferry_sys::gso::MAX_SEGMENTS;
+
+/// The driver's `recvmmsg` space.
+struct UdpReceiver {
+    batch: ferry_sys::mmsg::RecvBatch,
+    buf: Vec<u8>,
+    meta: Vec<ferry_sys::mmsg::RecvMeta>,
+}
+
+impl UdpReceiver {
+    fn new() -> UdpReceiver {
+        UdpReceiver {
+            batch: ferry_sys::mmsg::RecvBatch::new(),
+            buf: vec![0; RECV_SLOTS * RECV_SLOT],
+            meta: vec![ferry_sys::mmsg::RecvMeta::default(); RECV_SLOTS],
+        }
+    }
+}
+
 struct Driver {
     inner: Arc<Inner>,
-    received: mpsc::Sender<(NodePublic, Vec<u8>)>,
+    /// Payloads received this turn, handed to the application at its end.
+    filling: Datagrams,
     derp: mpsc::Receiver<(usize, FromRelay)>,
     /// STUN transaction ids in flight → the relay asked.
     stun_pending: HashMap<[u8; 12], usize>,
@@ -822,7 +1064,7 @@ struct Driver {
 
 impl Driver {
     async fn run(mut self) {
-        let mut buf = vec![0u8; 65536];
+        let mut udp = UdpReceiver::new();
         let mut stun_at = tokio::time::Instant::now();
         loop {
             let paths = self.inner.lock_paths().poll_timeout();
@@ -833,14 +1075,26 @@ impl Driver {
                 .min()
                 .map(tokio::time::Instant::from_std);
             let inner = self.inner.clone();
+            if self.room() < MAX_GRO_SEGMENTS {
+                // A lagging application first takes what is queued (on a
+                // single-threaded runtime it runs only when this yields),
+                // so that what is read next is not dropped for want of room.
+                tokio::task::yield_now().await;
+            }
             tokio::select! {
-                r = inner.socket.recv_from(&mut buf) => match r {
-                    Ok((n, src)) => self.on_udp(&buf[..n], src),
-                    // ICMP errors surface as failed reads on some systems.
-                    Err(e) => tracing::trace!(error = %e, "UDP receive error"),
+                r = inner.socket.readable() => match r {
+                    Ok(()) => self.drain_udp(&mut udp),
+                    Err(e) => tracing::trace!(error = %e, "UDP socket error"),
                 },
                 d = self.derp.recv() => match d {
-                    Some((relay, input)) => self.on_relay(relay, input),
+                    Some((relay, input)) => {
+                        self.on_relay(relay, input);
+                        // What else the readers queued, in this turn.
+                        for _ in 1..DERP_ROUND {
+                            let Ok((relay, input)) = self.derp.try_recv() else { break };
+                            self.on_relay(relay, input);
+                        }
+                    }
                     None => return,
                 },
                 _ = sleep_until(deadline) => self.handle_timeout(),
@@ -850,8 +1104,94 @@ impl Driver {
                 }
                 _ = inner.wake.notified() => self.handle_timeout(),
             }
+            self.hand_over();
             self.flush();
         }
+    }
+
+    /// Room in the application's queue, in datagrams.
+    fn room(&self) -> usize {
+        self.inner
+            .queue_limit
+            .saturating_sub(self.inner.queued.load(Ordering::Relaxed) + self.filling.len())
+    }
+
+    /// Reads what the UDP socket holds, a batch (`recvmmsg`) at a time, GRO
+    /// trains cut back into datagrams at their segment size. Reads no more
+    /// slots than the application's queue has room for if each were a
+    /// full GRO train, except one in the first round, so probes go on
+    /// while the application lags (its payloads are then dropped and
+    /// counted); the rest waits in the kernel's buffer.
+    fn drain_udp(&mut self, udp: &mut UdpReceiver) {
+        let inner = self.inner.clone();
+        let socket = &inner.socket;
+        for round in 0..RECV_ROUNDS {
+            let slots = (self.room() / MAX_GRO_SEGMENTS).min(RECV_SLOTS);
+            let slots = if round == 0 { slots.max(1) } else { slots };
+            if slots == 0 {
+                return;
+            }
+            let r = socket.try_io(Interest::READABLE, || {
+                udp.batch.recv(
+                    socket.as_fd(),
+                    &mut udp.buf,
+                    RECV_SLOT,
+                    &mut udp.meta[..slots],
+                )
+            });
+            let n = match r {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                // ICMP errors surface as failed reads on some systems.
+                Err(e) => {
+                    tracing::trace!(error = %e, "UDP receive error");
+                    return;
+                }
+            };
+            for (i, m) in udp.meta[..n].iter().enumerate() {
+                let (Some(src), false) = (m.src, m.truncated) else {
+                    self.inner.reject();
+                    continue;
+                };
+                let slot = &udp.buf[i * RECV_SLOT..i * RECV_SLOT + m.len];
+                for datagram in gro_segments(slot, m.segment) {
+                    self.on_udp(datagram, src);
+                }
+            }
+            if n < slots {
+                return;
+            }
+        }
+    }
+
+    /// Queues the payloads received this turn for the application, unless
+    /// there were none.
+    fn hand_over(&mut self) {
+        if self.filling.is_empty() {
+            return;
+        }
+        {
+            let mut r = self.inner.received.lock().expect("not poisoned");
+            // Counted under the lock the reader subtracts under.
+            self.inner
+                .queued
+                .fetch_add(self.filling.len(), Ordering::Relaxed);
+            let next = r.spare.pop().unwrap_or_default();
+            let full = std::mem::replace(&mut self.filling, next);
+            r.batches.push_back(full);
+        }
+        self.inner.received_ready.notify_one();
+    }
+
+    /// A payload from `peer` for the application, or dropped and counted
+    /// when the application lags by a full queue.
+    fn deliver(&mut self, peer: &NodePublic, bytes: &[u8]) {
+        if self.inner.queued.load(Ordering::Relaxed) + self.filling.len() >= self.inner.queue_limit
+        {
+            self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.filling.push(peer, bytes);
     }
 
     fn handle_timeout(&mut self) {
@@ -1061,9 +1401,7 @@ impl Driver {
                     return;
                 };
                 self.heard_from(&peer);
-                if self.received.try_send((peer, bytes.to_vec())).is_err() {
-                    self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
-                }
+                self.deliver(&peer, bytes);
             }
             PeerMessage::Probe { sender, sealed } => {
                 if derp_src.is_some_and(|s| s != sender) {
@@ -1117,6 +1455,23 @@ impl Driver {
                 addr: public,
             });
         }
+    }
+}
+
+impl Drop for Driver {
+    /// [`Endpoint::recv`] returns what is queued, then that the endpoint
+    /// is closed.
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.inner.received.lock() {
+            if !self.filling.is_empty() {
+                self.inner
+                    .queued
+                    .fetch_add(self.filling.len(), Ordering::Relaxed);
+                r.batches.push_back(std::mem::take(&mut self.filling));
+            }
+            r.closed = true;
+        }
+        self.inner.received_ready.notify_one();
     }
 }
 

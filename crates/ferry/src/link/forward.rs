@@ -15,9 +15,16 @@
 //! and counted, never held: WireGuard retransmits its handshakes, and TCP
 //! inside the tunnel its data. Nothing is decrypted or parsed: the bytes go
 //! through as they came.
+//!
+//! Both directions move batches: a peer socket is read with `recvmmsg`
+//! and UDP GRO (WireGuard's trains come in whole and are cut at their
+//! segment size) and each batch goes to [`Endpoint::send_batch`] in one
+//! call; what [`Endpoint::recv_batch`] hands over goes to WireGuard with
+//! `sendmmsg`, runs of equal size as UDP GSO trains.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -25,12 +32,15 @@ use std::time::Duration;
 use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
+use ferry_client::endpoint::{gro_segments, Datagrams, UdpBatchSender};
 use ferry_client::{
     Endpoint, EndpointEvent, EndpointOptions, Options, PathEvent, PathKind, PeerOptions,
-    RelayOptions, SendError,
+    RelayOptions,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_sys::mmsg::{RecvBatch, RecvMeta};
 use ferry_sys::sockopt::{set_buffer, Buffer};
+use tokio::io::Interest;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::broadcast;
 
@@ -59,6 +69,11 @@ const DEAD_AFTER: Duration = Duration::from_secs(1);
 /// in bursts (a TCP window at a time), and a datagram the kernel drops for
 /// lack of room is lost before anything can count it.
 const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Receive slots per `recvmmsg` on a peer socket, and each slot's size
+/// (a whole GRO train, or the largest datagram).
+const RECV_SLOTS: usize = 16;
+const RECV_SLOT: usize = 1 << 16;
 
 /// What the tasks know of one peer.
 struct PeerCtx {
@@ -89,6 +104,8 @@ pub(crate) async fn run(
                 tracing::warn!(peer = %p.name, error = %e, "could not size the peer socket's buffer");
             }
         }
+        // Best effort: without GRO each datagram takes its own slot.
+        let _ = ferry_sys::gso::set_gro(socket.as_fd(), true);
         peers.push(PeerCtx {
             name: p.name.clone(),
             key: p.link_key,
@@ -128,6 +145,8 @@ pub(crate) async fn run(
             i,
             endpoint.clone(),
             metrics.clone(),
+            // Half the DERP queue a batch: the writer drains it between two.
+            (cfg.queue / 2).max(1),
         ));
     }
     let relays: Vec<RelayOptions> = cfg
@@ -182,78 +201,168 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// Local WireGuard → the endpoint.
+/// Local WireGuard → the endpoint: what one `recvmmsg` brings goes to
+/// [`Endpoint::send_batch`] in batches of at most `chunk` datagrams, the
+/// task yielding after each so that the endpoint's other tasks (the DERP
+/// writer draining its queue) run between two.
 async fn outbound(
     peers: Arc<[PeerCtx]>,
     index: usize,
     endpoint: Arc<OnceLock<Arc<Endpoint>>>,
     metrics: Arc<Metrics>,
+    chunk: usize,
 ) {
     let peer = &peers[index];
     let relay = metrics.relay(peer.relay);
-    let mut buf = vec![0u8; 1 << 16];
+    let mut rx = RecvBatch::new();
+    let mut buf = vec![0u8; RECV_SLOTS * RECV_SLOT];
+    let mut meta = vec![RecvMeta::default(); RECV_SLOTS];
+    let mut batch = Datagrams::new();
     let mut warned_foreign = false;
     loop {
-        let (n, from) = match peer.socket.recv_from(&mut buf).await {
-            Ok(x) => x,
+        let received = match peer.socket.readable().await {
+            Ok(()) => peer.socket.try_io(Interest::READABLE, || {
+                rx.recv(peer.socket.as_fd(), &mut buf, RECV_SLOT, &mut meta)
+            }),
+            Err(e) => Err(e),
+        };
+        let n = match received {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 tracing::debug!(peer = %peer.name, error = %e, "receive error on the peer's socket");
                 continue;
             }
         };
-        if from != peer.wireguard {
-            peer.stats.count_drop(DropReason::NotWireguard);
-            if !std::mem::replace(&mut warned_foreign, true) {
-                tracing::warn!(
-                    peer = %peer.name,
-                    %from,
-                    wireguard = %peer.wireguard,
-                    "dropping datagrams sent to the peer's endpoint from an address other than the local WireGuard's (counted as not_wireguard; logged once)"
-                );
+        batch.clear();
+        for (i, m) in meta[..n].iter().enumerate() {
+            let slot = &buf[i * RECV_SLOT..i * RECV_SLOT + m.len];
+            if m.src != Some(peer.wireguard) {
+                let datagrams = gro_segments(slot, m.segment).count();
+                peer.stats.count_drops(DropReason::NotWireguard, datagrams);
+                if !std::mem::replace(&mut warned_foreign, true) {
+                    tracing::warn!(
+                        peer = %peer.name,
+                        from = %m.src.map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
+                        wireguard = %peer.wireguard,
+                        "dropping datagrams sent to the peer's endpoint from an address other than the local WireGuard's (counted as not_wireguard; logged once)"
+                    );
+                }
+                continue;
             }
-            continue;
+            for datagram in gro_segments(slot, m.segment) {
+                batch.push(&peer.key, datagram);
+                if batch.len() >= chunk {
+                    if !to_endpoint(peer, &endpoint, &relay, &mut batch) {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
         }
-        let Some(ep) = endpoint.get() else {
-            peer.stats.count_drop(DropReason::RelayDown);
-            continue;
-        };
-        // On DERP with the relay down the datagram could only wait.
-        if peer.stats.current() == Some(PathKind::Derp) && !relay.connected.load(Relaxed) {
-            peer.stats.count_drop(DropReason::RelayDown);
-            continue;
+        if !to_endpoint(peer, &endpoint, &relay, &mut batch) {
+            return;
         }
-        match ep.send(&peer.key, &buf[..n]) {
-            Ok(()) => {}
-            Err(SendError::TooLarge { .. }) => peer.stats.count_drop(DropReason::TooLarge),
-            Err(SendError::NoPath) => peer.stats.count_drop(DropReason::NoPath),
-            Err(SendError::Dropped) => peer.stats.count_drop(DropReason::QueueFull),
-            Err(SendError::UnknownPeer) => return,
-        }
+        tokio::task::yield_now().await;
     }
 }
 
-/// The endpoint → the local WireGuard, from the sender's socket.
+/// Sends `batch` (one peer's datagrams) on, counts what was dropped, and
+/// empties it; `false` when the endpoint no longer knows the peer.
+fn to_endpoint(
+    peer: &PeerCtx,
+    endpoint: &OnceLock<Arc<Endpoint>>,
+    relay: &metrics::RelayStats,
+    batch: &mut Datagrams,
+) -> bool {
+    let n = batch.len();
+    if n == 0 {
+        return true;
+    }
+    let ep = match endpoint.get() {
+        // On DERP with the relay down the datagrams could only wait.
+        Some(ep)
+            if peer.stats.current() != Some(PathKind::Derp) || relay.connected.load(Relaxed) =>
+        {
+            ep
+        }
+        _ => {
+            peer.stats.count_drops(DropReason::RelayDown, n);
+            batch.clear();
+            return true;
+        }
+    };
+    let r = ep.send_batch(batch);
+    batch.clear();
+    peer.stats.count_drops(DropReason::TooLarge, r.too_large);
+    peer.stats.count_drops(DropReason::NoPath, r.no_path);
+    peer.stats.count_drops(DropReason::QueueFull, r.dropped);
+    r.unknown_peer == 0
+}
+
+/// The endpoint → the local WireGuard, from the sender's socket: each
+/// received batch's runs of one peer's datagrams leave in `sendmmsg`
+/// calls (GSO trains where sizes allow), waiting for the socket when its
+/// buffer is full.
 async fn inbound(
     ep: Arc<Endpoint>,
     peers: Arc<[PeerCtx]>,
     by_key: Arc<HashMap<NodePublic, usize>>,
 ) {
-    while let Ok((src, data)) = ep.recv().await {
-        // The endpoint delivers only its peers' datagrams.
-        let Some(&i) = by_key.get(&src) else { continue };
-        let peer = &peers[i];
-        match peer.socket.send_to(&data, peer.wireguard).await {
-            Ok(_) => {
-                if !peer.stats.heard.swap(true, Relaxed) {
-                    tracing::info!(peer = %peer.name, "peer reachable: its datagrams arrive");
+    let mut batch = Datagrams::new();
+    let mut senders: Vec<UdpBatchSender> = peers
+        .iter()
+        .map(|p| UdpBatchSender::new(&p.socket))
+        .collect();
+    let mut run: Vec<(SocketAddr, Range<usize>)> = Vec::new();
+    while ep.recv_batch(&mut batch).await.is_ok() {
+        let mut current = None;
+        for (key, range) in batch.ranges() {
+            // The endpoint delivers only its peers' datagrams.
+            let Some(&i) = by_key.get(key) else { continue };
+            if current != Some(i) {
+                if let Some(c) = current {
+                    deliver(&peers[c], &mut senders[c], batch.bytes(), &mut run).await;
                 }
+                current = Some(i);
             }
-            Err(e) => {
-                peer.stats.count_drop(DropReason::DeliverFailed);
-                tracing::debug!(peer = %peer.name, error = %e, "could not hand a datagram to the local WireGuard");
+            run.push((peers[i].wireguard, range));
+        }
+        if let Some(c) = current {
+            deliver(&peers[c], &mut senders[c], batch.bytes(), &mut run).await;
+        }
+    }
+}
+
+/// Hands `run` (ranges of `bytes`) to the local WireGuard from the peer's
+/// socket, and empties it.
+async fn deliver(
+    peer: &PeerCtx,
+    sender: &mut UdpBatchSender,
+    bytes: &[u8],
+    run: &mut Vec<(SocketAddr, Range<usize>)>,
+) {
+    let (mut sent, mut done) = (0, 0);
+    while done < run.len() {
+        let r = sender.send(&peer.socket, bytes, &run[done..]);
+        sent += r.sent;
+        done += r.consumed;
+        if done < run.len() {
+            if let Err(e) = peer.socket.writable().await {
+                tracing::debug!(peer = %peer.name, error = %e, "the peer's socket failed");
+                break;
             }
         }
     }
+    let failed = run.len() - sent;
+    if failed > 0 {
+        peer.stats.count_drops(DropReason::DeliverFailed, failed);
+        tracing::debug!(peer = %peer.name, failed, "could not hand datagrams to the local WireGuard");
+    }
+    if sent > 0 && !peer.stats.heard.swap(true, Relaxed) {
+        tracing::info!(peer = %peer.name, "peer reachable: its datagrams arrive");
+    }
+    run.clear();
 }
 
 /// Reacts to the endpoint's events: every path switch one log line with

@@ -114,8 +114,11 @@ pub(crate) struct PeerStats {
 }
 
 impl PeerStats {
-    pub(crate) fn count_drop(&self, why: DropReason) {
-        self.drops[why as usize].fetch_add(1, Relaxed);
+    /// Counts `n` datagrams dropped for `why`.
+    pub(crate) fn count_drops(&self, why: DropReason, n: usize) {
+        if n > 0 {
+            self.drops[why as usize].fetch_add(n as u64, Relaxed);
+        }
     }
 
     /// The current path's kind, as the last switch said.
@@ -437,7 +440,7 @@ mod tests {
         )
         .unwrap();
         let m = Metrics::new(&cfg);
-        m.peer(0).count_drop(DropReason::QueueFull);
+        m.peer(0).count_drops(DropReason::QueueFull, 1);
         m.relay(0).connected.store(true, Relaxed);
         let text = m.render();
         let mut heads = std::collections::HashSet::new();

@@ -1,0 +1,239 @@
+//! The endpoint's batch calls on loopback, through a Ferry relay: one
+//! `send_batch` to two peers, interleaved, larger than one `sendmmsg`;
+//! a GSO train from `send_batch` arriving (GRO-coalesced or not) as its
+//! datagrams, cut at the segment size; more datagrams than one receive
+//! turn reads; `recv` and `recv_batch` taking from one queue without
+//! duplicates; a full receive queue dropping and counting while probes
+//! go on.
+
+mod support;
+
+use ferry_client::{Datagrams, Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions};
+use ferry_proto::key::{NodePrivate, NodePublic};
+use std::time::Duration;
+use support::{Kind, TestServer};
+
+/// Generous bound for what should take milliseconds.
+const QUICK: Duration = Duration::from_secs(10);
+
+const DIRECT: PeerOptions = PeerOptions {
+    relay: 0,
+    prefer: None,
+    only: Some(PathKind::Direct),
+};
+
+async fn endpoint(url: &str, queue: usize) -> Endpoint {
+    let mut r = RelayOptions::new("test", url);
+    // Nothing listens there: no STUN.
+    r.stun = Some("127.0.0.1:9".parse().unwrap());
+    let mut o = EndpointOptions::new(NodePrivate::generate(), vec![r]);
+    o.bind = "127.0.0.1:0".parse().unwrap();
+    o.queue = queue;
+    Endpoint::bind(o).await.expect("bind")
+}
+
+/// Joins `a` and `b` as peers and waits until both use direct UDP.
+async fn direct(a: &Endpoint, b: &Endpoint) {
+    a.add_peer(b.public_key(), DIRECT);
+    b.add_peer(a.public_key(), DIRECT);
+    let deadline = tokio::time::Instant::now() + QUICK;
+    for (x, y) in [(a, b), (b, a)] {
+        while x
+            .peer_status(&y.public_key())
+            .and_then(|s| s.active)
+            .map(|p| p.kind())
+            != Some(PathKind::Direct)
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no direct path within {QUICK:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A Ferry relay and two endpoints on direct UDP, B holding up to
+/// `queue` received datagrams.
+async fn direct_pair(queue: usize) -> (TestServer, Endpoint, Endpoint) {
+    let server = TestServer::start(Kind::Ferry, None);
+    let a = endpoint(&server.url(), 1024).await;
+    let b = endpoint(&server.url(), queue).await;
+    direct(&a, &b).await;
+    (server, a, b)
+}
+
+/// Datagram `i` of a test: `len` bytes that name `i`.
+fn datagram(i: usize, len: usize) -> Vec<u8> {
+    let mut d: Vec<u8> = (0..len).map(|j| (i + j) as u8).collect();
+    d[..4].copy_from_slice(&(i as u32).to_be_bytes());
+    d
+}
+
+/// Receives with `recv_batch` until `want` datagrams came (each checked to
+/// be from `from`), within [`QUICK`].
+async fn collect(e: &Endpoint, from: &NodePublic, want: usize) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    let mut batch = Datagrams::new();
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while got.len() < want {
+        let n = tokio::time::timeout_at(deadline, e.recv_batch(&mut batch))
+            .await
+            .unwrap_or_else(|_| panic!("{} of {want} datagrams within {QUICK:?}", got.len()))
+            .expect("endpoint open");
+        assert_eq!(n, batch.len());
+        assert!(n > 0, "a batch is never empty");
+        for (peer, data) in batch.iter() {
+            assert_eq!(peer, from);
+            got.push(data.to_vec());
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_to_two_peers_larger_than_one_system_call() {
+    let server = TestServer::start(Kind::Ferry, None);
+    let a = endpoint(&server.url(), 1024).await;
+    let b = endpoint(&server.url(), 1024).await;
+    let c = endpoint(&server.url(), 1024).await;
+    direct(&a, &b).await;
+    direct(&a, &c).await;
+    let (kb, kc) = (b.public_key(), c.public_key());
+    // 300 datagrams, more than one sendmmsg takes (64 messages, 256
+    // spans): runs of two to B (a GSO train) between single ones to C.
+    let mut batch = Datagrams::new();
+    let (mut to_b, mut to_c) = (Vec::new(), Vec::new());
+    for i in 0..300 {
+        let d = datagram(i, 1000);
+        if i % 3 == 2 {
+            batch.push(&kc, &d);
+            to_c.push(d);
+        } else {
+            batch.push(&kb, &d);
+            to_b.push(d);
+        }
+    }
+    let r = a.send_batch(&mut batch);
+    assert_eq!((r.sent, r.failed()), (300, 0), "{r:?}");
+    assert_eq!(collect(&b, &a.public_key(), 200).await, to_b);
+    assert_eq!(collect(&c, &a.public_key(), 100).await, to_c);
+    let st = a.peer_status(&kb).unwrap();
+    let active = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
+    // The probes' exchange sent nothing counted; these 200 were.
+    assert_eq!(active.stats.tx_packets, 200);
+    assert_eq!(a.stats().send_dropped, 0);
+
+    // Unknown keys and oversized datagrams are reported per datagram,
+    // the rest of the batch still goes.
+    batch.clear();
+    batch.push(&NodePrivate::generate().public(), b"stranger");
+    batch.push(&kb, &vec![0; ferry_client::endpoint::MAX_DATAGRAM + 1]);
+    batch.push(&kb, b"fine");
+    let r = a.send_batch(&mut batch);
+    assert_eq!((r.sent, r.unknown_peer, r.too_large), (1, 1, 1), "{r:?}");
+    assert_eq!(a.stats().send_dropped, 2);
+    assert_eq!(
+        collect(&b, &a.public_key(), 1).await,
+        vec![b"fine".to_vec()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_train_arrives_cut_at_its_segment_size_and_in_order() {
+    let (_server, a, b) = direct_pair(4096).await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    // Trains of 40 equal datagrams and a shorter last one; B's socket
+    // has GRO on, so they may arrive glued together.
+    for round in 0..3 {
+        let mut batch = Datagrams::new();
+        let mut want = Vec::new();
+        for i in 0..41 {
+            let d = datagram(round * 100 + i, if i == 40 { 500 } else { 1200 });
+            batch.push(&kb, &d);
+            want.push(d);
+        }
+        assert_eq!(a.send_batch(&mut batch).sent, 41);
+        assert_eq!(collect(&b, &ka, 41).await, want, "round {round}");
+    }
+    // More than one receive turn's worth (4 × 32 slots), of sizes that
+    // make no trains: all arrive, in order.
+    let mut batch = Datagrams::new();
+    let mut want = Vec::new();
+    for i in 0..400 {
+        let d = datagram(i, 100 + i % 7);
+        batch.push(&kb, &d);
+        want.push(d);
+    }
+    assert_eq!(a.send_batch(&mut batch).sent, 400);
+    assert_eq!(collect(&b, &ka, 400).await, want);
+    let st = b.peer_status(&ka).unwrap();
+    let active = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
+    assert_eq!(active.stats.rx_packets, 3 * 41 + 400);
+    assert_eq!(b.stats().recv_dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recv_and_recv_batch_share_one_queue_and_a_full_queue_counts_drops() {
+    let (_server, a, b) = direct_pair(16).await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    let mut batch = Datagrams::new();
+    for i in 0..10 {
+        batch.push(&kb, &datagram(i, 64));
+    }
+    assert_eq!(a.send_batch(&mut batch).sent, 10);
+    // One by one, then the rest by the batch: each once, in order.
+    let (from, first) = tokio::time::timeout(QUICK, b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((from, first), (ka, datagram(0, 64)));
+    let rest = collect(&b, &ka, 9).await;
+    assert_eq!(rest, (1..10).map(|i| datagram(i, 64)).collect::<Vec<_>>());
+
+    // B does not read: 16 are held, the other 84 dropped and counted.
+    batch.clear();
+    for i in 0..100 {
+        batch.push(&kb, &datagram(i, 64));
+    }
+    assert_eq!(a.send_batch(&mut batch).sent, 100);
+    let deadline = tokio::time::Instant::now() + QUICK;
+    loop {
+        let st = b.peer_status(&ka).unwrap();
+        let active = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
+        if active.stats.rx_packets == 110 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.stats().recv_dropped, 84);
+    // Its queue full, B still reads its socket: probes are answered and
+    // pongs counted, and the direct path stays up.
+    let pongs = |e: &Endpoint, k: &NodePublic| {
+        let st = e.peer_status(k).unwrap();
+        let active = st.paths.iter().find(|p| Some(p.addr) == st.active);
+        active.map_or(0, |p| p.stats.pongs)
+    };
+    let before = pongs(&b, &ka);
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while pongs(&b, &ka) < before + 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no pongs while the queue is full"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let active = b.peer_status(&ka).unwrap().active.map(|p| p.kind());
+    assert_eq!(active, Some(PathKind::Direct));
+    assert_eq!(
+        collect(&b, &ka, 16).await,
+        (0..16).map(|i| datagram(i, 64)).collect::<Vec<_>>()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), b.recv())
+            .await
+            .is_err(),
+        "nothing more was held"
+    );
+}
