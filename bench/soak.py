@@ -89,6 +89,21 @@ def rss_at(samples, t):
     return None
 
 
+def window_max_drift(samples, first, window=300.0):
+    """Drift of the highest RSS in a window: the `window` seconds from
+    `first` against the last `window` seconds of the load. Under a load
+    whose queues fill and drain, RSS swings within minutes and two single
+    samples say only where they fell; the highest value per window is
+    what grows if anything does. None when the load was too short for
+    two separate windows."""
+    if not samples or samples[-1]["t_s"] < first + 2 * window:
+        return None
+    last = samples[-1]["t_s"] - window
+    early = [x["rss"] for x in samples if first <= x["t_s"] < first + window and x["rss"]]
+    late = [x["rss"] for x in samples if x["t_s"] >= last and x["rss"]]
+    return (max(late) - max(early)) / max(early) if early and late else None
+
+
 def summarize(a, rate, start, report, idle):
     """The same fields for both relays, plus each one's own: DERP's offered
     and delivered Mbit/s, the UDP relay's pps and its probe's losses."""
@@ -118,6 +133,7 @@ def summarize(a, rate, start, report, idle):
         "rss_end_of_load": end,
         "rss_max": max((x["rss"] or 0) for x in samples) if samples else None,
         "drift_minute2_to_end": (end - base) / base if base and end else None,
+        "drift_of_5min_max": window_max_drift(samples, warm + 120.0),
         "rss_after_idle": idle_end,
         "after_idle_over_start": (idle_end - start["rss"]) / start["rss"] if idle_end and start["rss"] else None,
         "fds_start": start["open_fds"],
@@ -258,7 +274,8 @@ def main():
     def pct(v):
         return f"{v * 100:+.1f} %" if v is not None else "?"
     rb.log(f"RSS: start {m(summary['rss_start'])}, minute 2 {m(summary['rss_minute2'])}, "
-           f"end of load {m(summary['rss_end_of_load'])} (drift {pct(summary['drift_minute2_to_end'])}), "
+           f"end of load {m(summary['rss_end_of_load'])} (drift {pct(summary['drift_minute2_to_end'])}; "
+           f"of the highest per 5 minutes {pct(summary['drift_of_5min_max'])}), "
            f"after {a.idle} idle {m(summary['rss_after_idle'])} ({pct(summary['after_idle_over_start'])} over start)")
     offered = f"{summary['delivered_pps']:.0f} of {rate:.0f} pps" if udp else f"{summary['delivered_mbps']:.0f} of {rate:.0f} Mbit/s"
     rb.log(f"delivered {offered}, loss {summary['loss'] * 100:.3f} %, descriptors {summary['fds_start']} → "
