@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Draws the Grafana dashboard's panels over a short load run, for the README
+# Draws the Grafana dashboard's panels over a short load run, for docs/operating.md
 # (Grafana is in none of the package registries this project uses): a ferry
 # DERP server and UDP relay on loopback, a real Prometheus (from Debian's
 # package, .ci/setup.d/48-monitoring.sh) scraping them every second, load
