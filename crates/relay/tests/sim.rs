@@ -18,9 +18,8 @@ use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::rate_config::RateConfig;
 use ferry_proto::websocket;
 use ferry_relay::admission::{Admission, AdmissionConfig, AdmissionStats};
-use ferry_relay::shard::{ConnRef, Control, MeshNews, MeshShared};
-use ferry_relay::RelayConfig;
-use support::sim::{ws_client, ws_frames, Sim, MS, SWEEP};
+use ferry_relay::shard::{ConnRef, Control, MeshNews};
+use support::sim::{meshed, ws_client, ws_frames, Sim, MS, SWEEP};
 
 #[test]
 fn handshake_deadline_closes_at_the_first_sweep_after_it() {
@@ -738,37 +737,6 @@ fn websocket_text_messages_and_closes_end_the_connection() {
         [(0x8, 1000u16.to_be_bytes().to_vec())]
     );
     assert!(!s.d.is_open(c));
-}
-
-/// A shard with `links` mesh links whose rings hold `ring` bytes; the
-/// mesh thread's ends of the rings, and how often it was woken.
-fn meshed(
-    links: usize,
-    ring: usize,
-    tweak: impl FnOnce(&mut RelayConfig),
-) -> (
-    Sim,
-    Vec<ferry_engine::mailbox::ByteRx>,
-    Arc<std::sync::atomic::AtomicUsize>,
-) {
-    let wakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let w = wakes.clone();
-    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-        w.fetch_add(1, Ordering::Relaxed);
-    });
-    let (tx, rx): (Vec<_>, Vec<_>) = (0..links)
-        .map(|_| ferry_engine::mailbox::byte_ring(ring))
-        .unzip();
-    let s = Sim::with_mesh(tweak, tx, Some(MeshShared::new(links, 1, wake)));
-    (s, rx, wakes)
-}
-
-impl Sim {
-    /// What mesh link `link` learned, as the mesh thread posts it.
-    fn news(&mut self, link: usize, news: MeshNews) {
-        self.shared.post(0, Control::Mesh { link, news });
-        self.settle();
-    }
 }
 
 /// The forwardPacket frames in a link's ring: (src, dst, packet).

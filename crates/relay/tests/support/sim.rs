@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -17,13 +17,24 @@ use ferry_proto::handshake;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::websocket;
 use ferry_relay::metrics::Metrics;
-use ferry_relay::shard::{Inbox, MeshShared, Rings, Shard, Shared};
+use ferry_relay::shard::{Control, Inbox, MeshNews, MeshShared, Rings, Shard, Shared};
 use ferry_relay::{ListenerKind, RelayConfig};
 
 /// The shard's sweep period: deadlines are acted on at the first sweep at
 /// or after them.
 pub(crate) const SWEEP: Duration = Duration::from_millis(250);
 pub(crate) const MS: Duration = Duration::from_millis(1);
+
+/// The value of series `name` (with its labels) in the scrape `text`; a
+/// series the scrape lacks fails the test (it is never read as 0).
+pub(crate) fn strict_metric(text: &str, name: &str) -> f64 {
+    assert!(
+        text.lines()
+            .any(|l| !l.starts_with('#') && l.rsplit_once(' ').is_some_and(|(n, _)| n == name)),
+        "no series {name} in the scrape:\n{text}"
+    );
+    super::metric_in(text, name)
+}
 
 /// One shard on a simulated driver, and the clients the test plays.
 pub(crate) struct Sim {
@@ -113,16 +124,9 @@ impl Sim {
         }
     }
 
-    /// The value of series `name` (with its labels) in a scrape; a series
-    /// the scrape lacks fails the test (it is never read as 0).
+    /// The value of series `name` (with its labels) now ([`strict_metric`]).
     pub(crate) fn metric(&self, name: &str) -> f64 {
-        let text = self.metrics.render();
-        assert!(
-            text.lines()
-                .any(|l| l.rsplit_once(' ').is_some_and(|(n, _)| n == name)),
-            "no series {name} in the scrape:\n{text}"
-        );
-        super::metric_in(&text, name)
+        strict_metric(&self.metrics.render(), name)
     }
 
     /// The sum of every series of family `name`, whatever their labels; a
@@ -335,4 +339,35 @@ pub(crate) fn ws_client(s: &mut Sim, key: &NodePrivate) -> Slot {
     let frames = ws_frames(&s.d.take_output(slot));
     assert_eq!(frames[0].1[0], FrameType::ServerInfo as u8);
     slot
+}
+
+/// A shard with `links` mesh links whose rings hold `ring` bytes; the
+/// mesh thread's ends of the rings, and how often it was woken.
+pub(crate) fn meshed(
+    links: usize,
+    ring: usize,
+    tweak: impl FnOnce(&mut RelayConfig),
+) -> (
+    Sim,
+    Vec<ferry_engine::mailbox::ByteRx>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let wakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = wakes.clone();
+    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        w.fetch_add(1, Ordering::Relaxed);
+    });
+    let (tx, rx): (Vec<_>, Vec<_>) = (0..links)
+        .map(|_| ferry_engine::mailbox::byte_ring(ring))
+        .unzip();
+    let s = Sim::with_mesh(tweak, tx, Some(MeshShared::new(links, 1, wake)));
+    (s, rx, wakes)
+}
+
+impl Sim {
+    /// What mesh link `link` learned, as the mesh thread posts it.
+    pub(crate) fn news(&mut self, link: usize, news: MeshNews) {
+        self.shared.post(0, Control::Mesh { link, news });
+        self.settle();
+    }
 }
