@@ -8,10 +8,21 @@
 #                         [-cases "bounce bounce-gso hub hub-gso session session-gso"] [-flows N]
 #                         [-procs N] [-size BYTES] [-pps RATE] [-out FILE]
 #                         [-profile debug]
+#                         [-flood-pps RATE] [-flood-kind answer|bind] [-flood-from PREFIX]
 #
 # -pps caps the offered rate (all generator processes together; default:
 # as fast as the kernel takes it), to find a relay's lossless rate below
 # overload.
+# Cases session-flood and session-gso-flood (Ferry only, not in the
+# default set) are session and session-gso with a bind flood beside them:
+# `udp_gen flood` sends the session port bind messages no client made
+# (-flood-kind answer: answers with forged cookies, the default; bind:
+# binds for the live sessions, each challenged) at -flood-pps (default
+# 290000, 0 = as fast as it goes) from every address of -flood-from
+# (default 10.77.24.0/24: 254 sources, added to A), also on CPU 1.
+# Compare the session rows with and without the flood at a -pps the
+# relay delivers in full, e.g.
+#   bash bench/udp/pps.sh -relays ferry -cases "session session-flood" -pps 100000 -r 5
 # -profile debug builds and runs the debug binaries (the suite's smoke check
 # in scripts/test.d/30-udp.sh); figures come from the release build only.
 # Relay (and all receive processing in its namespace, with RPS) on CPU 0,
@@ -23,6 +34,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 repeats=3 secs=5 relays="ferry socat nft" cases="bounce bounce-gso hub hub-gso session session-gso"
 flows=8 procs=1 size=1400 rate=0 out="" profile=release
+flood_pps=290000 flood_kind=answer flood_from=10.77.24.0/24
 while [ $# -gt 0 ]; do
   case $1 in
     -r) repeats=$2; shift 2 ;;
@@ -35,6 +47,9 @@ while [ $# -gt 0 ]; do
     -pps) rate=$2; shift 2 ;;
     -out) out=$2; shift 2 ;;
     -profile) profile=$2; shift 2 ;;
+    -flood-pps) flood_pps=$2; shift 2 ;;
+    -flood-kind) flood_kind=$2; shift 2 ;;
+    -flood-from) flood_from=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +83,15 @@ bench_topology fu-pps 21 22
 fu_route $A 10.77.22.0/24 10.77.21.1
 fu_route $B 10.77.21.0/24 10.77.22.1
 relay_ip=10.77.21.1 sink_ip=10.77.22.2 gen_ip=10.77.21.2
+case " $cases " in
+  *-flood*)
+    # The flood's sources: every address of -flood-from, on A.
+    command -v python3 >/dev/null || { echo "the flood cases need python3 (to list -flood-from)" >&2; exit 1; }
+    python3 -c 'import ipaddress, sys; [print(f"addr add {a}/32 dev va-r") for a in ipaddress.ip_network(sys.argv[1]).hosts()]' "$flood_from" \
+      | ip -n $A -batch -
+    fu_route $R "$flood_from" "$gen_ip"
+    ;;
+esac
 
 # CPU 0 is the relay's: its process is pinned there and R's receive
 # processing (socket delivery for Ferry and socat, forwarding for nft) is
@@ -157,6 +181,8 @@ stop_relay() {
 # measure RELAY CASE: one sample, printed as a JSON object.
 measure() {
   local relay=$1 case=$2 port=5000 shape=raw gso=0 answer="" sink_ns=$B sink_at=$sink_ip vni=() sess_pid=""
+  local flood=0 flood_pid="" flood_json=null
+  case $case in *-flood) flood=1 case=${case%-flood} ;; esac
   case $case in
     bounce) ;;
     bounce-gso) gso=46 ;;
@@ -194,6 +220,11 @@ measure() {
   load0=$(cut -d' ' -f1 /proc/loadavg)
   b0=$(cpu0_busy) p0=$(procs_busy) d0=$(backlog_drops) r0=$(bench_rcvbuf_errors $R)
   t0=$(date +%s.%N)
+  if [ $flood = 1 ]; then
+    fu_bg $A "$T/flood.json" taskset -c 1 "$gen" flood --to "$relay_ip:$port" --from "$flood_from" \
+      --kind "$flood_kind" "${vni[@]}" --pps "$flood_pps" --seconds "$secs"
+    flood_pid=$FU_LAST_PID
+  fi
   for i in $(seq 0 $((procs - 1))); do
     ip netns exec $A taskset -c 1 "$gen" send --to "$relay_ip:$port" --flows $((flows / procs)) \
       --first-flow $((i * flows / procs)) --size "$size" --gso "$gso" --shape "$shape" "${vni[@]}" --pps $((rate / procs)) --seconds "$secs" >"$T/send$i.json" &
@@ -201,6 +232,10 @@ measure() {
   done
   local failed=0
   for i in "${gens[@]}"; do wait "$i" || failed=1; done
+  if [ -n "$flood_pid" ]; then
+    wait "$flood_pid" || failed=1
+    flood_json=$(tail -n 1 "$T/flood.json")
+  fi
   b1=$(cpu0_busy) p1=$(procs_busy) d1=$(backlog_drops) r1=$(bench_rcvbuf_errors $R)
   t1=$(date +%s.%N)
   wait "$sink_pid" || true
@@ -209,7 +244,8 @@ measure() {
   local sink offered
   sink=$(tail -n 1 "$T/sink.log")
   offered=$(cat "$T"/send*.json | jq -s '[.[].pps] | add')
-  jq -cn --arg relay "$relay" --arg case "$case" --argjson sink "$sink" --argjson offered "$offered" \
+  [ $flood = 0 ] || case=$case-flood
+  jq -cn --arg relay "$relay" --arg case "$case" --argjson sink "$sink" --argjson offered "$offered" --argjson flood "$flood_json" \
     --argjson cpu0 "$(awk -v a="$b0" -v b="$b1" -v t0="$t0" -v t1="$t1" -v hz="$hz" 'BEGIN { printf "%.3f", (b - a) / hz / (t1 - t0) }')" \
     --argjson proc "$(awk -v a="$p0" -v b="$p1" -v t0="$t0" -v t1="$t1" -v hz="$hz" 'BEGIN { printf "%.3f", (b - a) / hz / (t1 - t0) }')" \
     --argjson backlog "$((d1 - d0))" --argjson rcvbuf "$((r1 - r0))" --argjson load0 "$load0" \
@@ -218,7 +254,7 @@ measure() {
       offered_pps: $offered, pps: $sink.pps, delivered_fraction: (if $offered > 0 then $sink.pps / $offered else null end),
       cpu0_busy: $cpu0, relay_process_cpu: $proc,
       pps_per_core: (if $cpu0 > 0.05 then $sink.pps / $cpu0 else null end),
-      backlog_drops: $backlog, relay_rcvbuf_drops: $rcvbuf, sink: $sink,
+      backlog_drops: $backlog, relay_rcvbuf_drops: $rcvbuf, sink: $sink, flood: $flood,
       loadavg_before: $load0, loadavg_after: $load1}'
 }
 
@@ -231,6 +267,8 @@ for rep in $(seq 1 "$repeats"); do
       # socat has no hub and no sessions; nft forwards the hub's and the
       # sessions' packets as plain DNAT.
       if [ "$relay" = socat ] && [ "${case#bounce}" = "$case" ]; then continue; fi
+      # A bind flood means something to Ferry's session port alone.
+      if [ "$relay" != ferry ] && [ "${case%-flood}" != "$case" ]; then continue; fi
       line=$(measure "$relay" "$case")
       echo "   $rep $line" >&2
       if [ $first = 1 ]; then first=0; else echo "," >>"$out"; fi

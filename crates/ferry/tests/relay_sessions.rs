@@ -122,11 +122,15 @@ async fn two_clients_get_a_session_and_talk_through_it() {
     assert_eq!(oa.idle_lifetime, Duration::from_secs(60));
     let ra = a.relay_endpoint(&oa).unwrap();
     assert_eq!(ra, relay);
-    // The peer asking again gets the same session and keeps its slot.
+    // The peer asking again gets the same session and keeps its slot ...
     let again = b.allocate(&ka.public()).await.unwrap();
     let ob2 = offer(&mut b).await;
     assert_eq!((ob2.request_id, ob2.vni, ob2.slot), (again, ob.vni, 1));
-    let _ = offer(&mut a).await;
+    // ... and A, told already on this connection, hears nothing more (its
+    // pong comes after anything queued for it before).
+    a.ping().await.unwrap();
+    let more = tokio::time::timeout(Duration::from_millis(100), offer(&mut a)).await;
+    assert!(more.is_err(), "A was told again: {more:?}");
 
     let ua = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let ub = UdpSocket::bind("127.0.0.1:0").await.unwrap();

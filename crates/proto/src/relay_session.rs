@@ -82,6 +82,9 @@ pub enum RefuseReason {
     Off,
     /// 5: the peer is the asker itself.
     SelfPeer,
+    /// 6: the asker's connection asked more often than its relayAllocate
+    /// rate allows; ask again later.
+    RateLimited,
     /// Any other byte (a later version's reason).
     Other(u8),
 }
@@ -95,6 +98,7 @@ impl RefuseReason {
             RefuseReason::Limit => 3,
             RefuseReason::Off => 4,
             RefuseReason::SelfPeer => 5,
+            RefuseReason::RateLimited => 6,
             RefuseReason::Other(b) => b,
         }
     }
@@ -107,6 +111,7 @@ impl RefuseReason {
             3 => RefuseReason::Limit,
             4 => RefuseReason::Off,
             5 => RefuseReason::SelfPeer,
+            6 => RefuseReason::RateLimited,
             b => RefuseReason::Other(b),
         }
     }
@@ -150,12 +155,7 @@ fn millis(d: Duration) -> u32 {
 
 /// Appends an endpoint (16-byte address, IPv4 as `::ffff:a.b.c.d`, ‖ port).
 pub fn put_endpoint(out: &mut Vec<u8>, addr: SocketAddr) {
-    let ip = match addr {
-        SocketAddr::V4(a) => a.ip().to_ipv6_mapped(),
-        SocketAddr::V6(a) => *a.ip(),
-    };
-    out.extend_from_slice(&ip.octets());
-    out.extend_from_slice(&addr.port().to_be_bytes());
+    out.extend_from_slice(&addr_bytes(addr));
 }
 
 /// Reads an endpoint from 18 bytes; IPv4-mapped addresses come back as
@@ -323,10 +323,17 @@ fn hmac_sha256(key: &[u8; 32], parts: &[&[u8]]) -> [u8; 32] {
     outer.finalize().into()
 }
 
+/// An endpoint's 18 bytes (as [`put_endpoint`] writes them), without
+/// allocating: a cookie is computed for every bind message.
 fn addr_bytes(addr: SocketAddr) -> [u8; ENDPOINT_LEN] {
-    let mut v = Vec::with_capacity(ENDPOINT_LEN);
-    put_endpoint(&mut v, addr);
-    v.try_into().expect("an endpoint is 18 bytes")
+    let ip = match addr {
+        SocketAddr::V4(a) => a.ip().to_ipv6_mapped(),
+        SocketAddr::V6(a) => *a.ip(),
+    };
+    let mut b = [0u8; ENDPOINT_LEN];
+    b[..16].copy_from_slice(&ip.octets());
+    b[16..].copy_from_slice(&addr.port().to_be_bytes());
+    b
 }
 
 /// The relay's cookie for a bind of `slot` of session `vni` at
@@ -517,6 +524,35 @@ enum BindState {
     Failed,
 }
 
+/// A relayAllocate as the DERP server hands it to the session side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocateRequest {
+    /// The client that asked.
+    pub asker: NodePublic,
+    /// The client it asked a session with.
+    pub peer: NodePublic,
+    /// The asker's DERP connection's source address (for the per-IP
+    /// limit).
+    pub ip: std::net::IpAddr,
+    /// The asker's request id, echoed in its answer.
+    pub request_id: u32,
+    /// The asker's DERP connection and the peer's, as numbers no other
+    /// connection to this relay has had (a reconnection gets a new one).
+    pub conns: [u64; 2],
+}
+
+/// Who hears of a session after a relayAllocate (§2): the asker at most
+/// once per answer interval, the peer once per connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Offers {
+    /// The asker's answer (with its request id), unless this connection
+    /// had one for the session within the interval.
+    pub asker: Option<SessionOffer>,
+    /// The peer's offer (request id 0), unless the peer's connection has
+    /// heard of the session already.
+    pub peer: Option<SessionOffer>,
+}
+
 /// The session side of a relay, as the DERP server asks it: implemented by
 /// `ferry-udp`'s session table, used by `ferry-relay`'s shards, so neither
 /// crate needs the other.
@@ -524,17 +560,9 @@ pub trait SessionService: Send + Sync {
     /// The UDP port of the session socket (serverInfo's `ferryRelay`).
     fn port(&self) -> u16;
 
-    /// Finds or makes the session of `asker` and `peer` (`ip` is the
-    /// asker's DERP connection's source address, for the per-IP limit) and
-    /// returns the two offers: the asker's (with `request_id`) and the
-    /// peer's (request id 0).
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: std::net::IpAddr,
-        request_id: u32,
-    ) -> Result<[SessionOffer; 2], RefuseReason>;
+    /// Finds or makes the session of the request's asker and peer at
+    /// `now` and returns the offers to send, or why not.
+    fn allocate(&self, request: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason>;
 }
 
 /// Binds one slot of a relay session from a client's UDP socket (§4),

@@ -116,6 +116,20 @@ pub struct RelayConfig {
     pub busy_poll: Duration,
     /// Disco packets queued per client before new ones are dropped.
     pub disco_queue_packets: usize,
+    /// Bytes of control frames (pongs, peerGone, relay-session answers)
+    /// queued per client. A client whose own requests' answers go past it
+    /// unread is closed (`control_queue_full`); frames other clients cause
+    /// (peerGone when a sender leaves, the offer of a session someone else
+    /// asked for) stop at half of it and are dropped and counted, so that
+    /// they never close anyone.
+    pub control_queue_bytes: usize,
+    /// The same for a mesh watcher, whose queue carries every presence
+    /// change on the server: at least this, and at least twice a presence
+    /// frame per connection on the server (so that the whole state it is
+    /// sent when it subscribes always fits). A watcher over it is closed
+    /// (it reconnects and is sent the whole state again) rather than left
+    /// with a partial view.
+    pub watcher_queue_bytes: usize,
     /// Bytes per cross-shard packet ring.
     pub ring_bytes: usize,
     /// TCP keepalive idle time for client sockets (`None`: system default).
@@ -181,6 +195,8 @@ impl RelayConfig {
             backpressure_budget: Duration::from_millis(50),
             busy_poll: Duration::ZERO,
             disco_queue_packets: 32,
+            control_queue_bytes: 64 * 1024,
+            watcher_queue_bytes: 4 << 20,
             ring_bytes: 1 << 20,
             tcp_keepalive: Some(Duration::from_secs(600)),
             tcp_user_timeout: Some(Duration::from_secs(15)),

@@ -20,6 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::health::Health;
 
 pub use ferry_engine::stat::{Counter, Gauge};
+pub use limits::{AllocateRefusal, Notice};
 
 macro_rules! labelled {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $label:literal),+ $(,)? }) => {
@@ -88,6 +89,10 @@ labelled!(
         ClosePeer => "close_peer",
         /// The server is shutting down.
         Shutdown => "shutdown",
+        /// Its control queue went over its cap with frames it caused
+        /// itself (answers to its requests it did not read), or, for a
+        /// watcher, with presence changes it did not read.
+        ControlQueueFull => "control_queue_full",
     }
 );
 
@@ -262,6 +267,10 @@ pub struct ShardMetrics {
     pub handshake_failures: [Counter; HandshakeFailure::COUNT],
     /// Connection ends by reason.
     pub closes: [Counter; CloseReason::COUNT],
+    /// Control frames other clients caused, dropped over the cap.
+    pub notices_dropped: [Counter; Notice::COUNT],
+    /// relayAllocate refusals by reason.
+    pub allocate_refused: [Counter; AllocateRefusal::COUNT],
     /// HTTP requests by route.
     pub http_requests: [Counter; Route::COUNT],
     /// Packets this shard handed to another shard.
@@ -961,6 +970,7 @@ impl Metrics {
             "# HELP uptime_sec Seconds since start.\n# TYPE uptime_sec counter\nuptime_sec {}",
             self.started.elapsed().as_secs()
         );
+        self.render_limits(w);
         for source in self.sources.lock().expect("metrics sources lock").iter() {
             source(w);
         }
@@ -968,30 +978,6 @@ impl Metrics {
     }
 }
 
+mod limits;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shards_are_summed_and_labels_preinitialised() {
-        let m = Metrics::new(2, "epoll", "test".into());
-        m.shards[0].packets_received.add(3);
-        m.shards[1].packets_received.add(4);
-        m.shards[1].packets_dropped[DropReason::QueueTail as usize][PacketKind::Other as usize]
-            .inc();
-        let text = m.render();
-        assert!(text.contains("\nderp_packets_received 7\n"), "{text}");
-        assert!(text.contains("derp_packets_dropped{kind=\"other\",reason=\"queue_tail\"} 1"));
-        assert!(text.contains("derp_packets_dropped{kind=\"disco\",reason=\"unknown_dest\"} 0"));
-        assert!(text.contains("ferry_shard_packets_received_total{shard=\"1\"} 4"));
-    }
-
-    #[test]
-    fn gauges_may_move_between_shards() {
-        let m = Metrics::new(2, "epoll", String::new());
-        m.shards[0].current_connections.add(1);
-        m.shards[1].current_connections.add(-1);
-        m.shards[1].current_connections.add(2);
-        assert!(m.render().contains("\nderp_current_connections 2\n"));
-    }
-}
+mod tests;

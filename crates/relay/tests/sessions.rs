@@ -7,19 +7,22 @@ mod support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_proto::client::Event;
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_proto::relay_session::{put_allocate, Allocate, RefuseReason, Refused, SessionOffer};
+use ferry_proto::relay_session::{
+    put_allocate, Allocate, AllocateRequest, Offers, RefuseReason, Refused, SessionOffer,
+};
 use ferry_relay::shard::SessionService;
 use ferry_relay::Placement;
 use support::{start, stop, Client};
 
 const T: Duration = Duration::from_secs(5);
 
-/// Hands out session 7 to every pair; remembers who asked.
+/// Hands out session 7 to every pair and tells both every time;
+/// remembers who asked.
 #[derive(Default)]
 struct Stand(Mutex<Vec<(NodePublic, NodePublic, IpAddr)>>);
 
@@ -28,14 +31,9 @@ impl SessionService for Stand {
         4242
     }
 
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        request_id: u32,
-    ) -> Result<[SessionOffer; 2], RefuseReason> {
-        self.0.lock().unwrap().push((*asker, *peer, ip));
+    fn allocate(&self, r: &AllocateRequest, _now: Instant) -> Result<Offers, RefuseReason> {
+        self.0.lock().unwrap().push((r.asker, r.peer, r.ip));
+        assert_ne!(r.conns[0], r.conns[1], "two connections, two numbers");
         let offer = |request_id, slot: u8, peer: &NodePublic| SessionOffer {
             request_id,
             vni: 7,
@@ -46,7 +44,10 @@ impl SessionService for Stand {
             bind_lifetime: Duration::from_secs(30),
             idle_lifetime: Duration::from_secs(60),
         };
-        Ok([offer(request_id, 0, peer), offer(0, 1, asker)])
+        Ok(Offers {
+            asker: Some(offer(r.request_id, 0, &r.peer)),
+            peer: Some(offer(0, 1, &r.asker)),
+        })
     }
 }
 

@@ -10,6 +10,8 @@
 //! udp_gen probe --to 10.77.11.1:5000 [--rate 10] [--seconds 5]
 //!               [--report-every SECONDS] [--shape raw|hub|session] [--flow 0]
 //! udp_gen hub-config --flows 8 --sink 10.77.12.2:6000
+//! udp_gen flood --to 10.77.21.1:5002 [--from 10.77.24.0/24] [--sources 1]
+//!               [--kind answer|bind] [--vni-file FILE] [--seconds 5] [--pps 0]
 //! ```
 //!
 //! `send` opens one socket per flow, each with its own source port, so a
@@ -59,12 +61,24 @@
 //!
 //! `hub-config` prints the `[hub]` peers for `--flows` flows: `a<i>` and
 //! `b<i>`, `b<i>` with the fixed endpoint `--sink` port `+ i`.
+//!
+//! `flood` sends a relay-session port bind messages that no session's
+//! client made, as fast as the kernel takes them (or at `--pps`), to
+//! measure what they cost the sessions beside them: answers whose cookies
+//! the relay never made (`--kind answer`, the default: each costs the
+//! relay a cookie check, a MAC or two) or binds (`--kind bind`: a MAC, a
+//! session lookup, and a challenge back), for the sessions of
+//! `--vni-file` (or session 1). They come from `--sources` sockets on
+//! each local address of `--from` (addresses separated by commas, or an
+//! IPv4 prefix such as `10.77.24.0/24`: the relay limits each source
+//! address). It prints what it sent as JSON.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
+use ferry_proto::relay_session::{BindKind, BindMsg, BIND_LEN};
 use ferry_proto::udp_header::{Header, Protocol};
 use ferry_proto::wireguard::{self as wg, Index, Mac1Key, Message, PublicKey};
 use ferry_sys::mmsg::{OutMsg, RecvBatch, RecvMeta, SendBatch, Span, MAX_BATCH, MAX_SPANS};
@@ -118,6 +132,22 @@ fn main() {
             duration: seconds,
             report_every: every(&args),
         }),
+        Some("flood") => flood(&Flood {
+            to: addr(&args, "--to"),
+            from: arg(&args, "--from").map_or_else(Vec::new, addresses),
+            sources: num(&args, "--sources", "1"),
+            answers: match arg(&args, "--kind").unwrap_or("answer") {
+                "answer" => true,
+                "bind" => false,
+                other => panic!("--kind: answer or bind, not {other}"),
+            },
+            vnis: arg(&args, "--vni-file").map_or_else(
+                || vec![1],
+                |f| sessions(f).into_iter().map(|(vni, _)| vni).collect(),
+            ),
+            pps: num(&args, "--pps", "0"),
+            duration: seconds,
+        }),
         Some("hub-config") => {
             let sink = addr(&args, "--sink");
             for i in 0..num::<u16>(&args, "--flows", "8") {
@@ -133,7 +163,7 @@ fn main() {
             }
         }
         _ => {
-            eprintln!("usage: udp_gen send --to ADDR [--flows N] [--size B] [--gso N] [--seconds S] [--pps P] [--shape raw|hub|session] [--vni-file FILE] [--first-flow F]\n       udp_gen sink --listen ADDR [--ports N] [--seconds S] [--answer] [--quiet S] [--report-every S]\n       udp_gen probe --to ADDR [--rate R] [--seconds S] [--report-every S] [--shape raw|hub|session] [--vni-file FILE] [--flow F]\n       udp_gen hub-config --flows N --sink ADDR");
+            eprintln!("usage: udp_gen send --to ADDR [--flows N] [--size B] [--gso N] [--seconds S] [--pps P] [--shape raw|hub|session] [--vni-file FILE] [--first-flow F]\n       udp_gen sink --listen ADDR [--ports N] [--seconds S] [--answer] [--quiet S] [--report-every S]\n       udp_gen probe --to ADDR [--rate R] [--seconds S] [--report-every S] [--shape raw|hub|session] [--vni-file FILE] [--flow F]\n       udp_gen hub-config --flows N --sink ADDR\n       udp_gen flood --to ADDR [--from IPS|PREFIX] [--sources N] [--kind answer|bind] [--vni-file FILE] [--seconds S] [--pps P]");
             std::process::exit(2);
         }
     }
@@ -306,6 +336,27 @@ fn open_flow(shape: &Shape, to: SocketAddr, flow: u16) -> (UdpSocket, Vec<u8>) {
     }
 }
 
+/// The spans of `n_msgs * per_msg` datagrams of `size` bytes laid end to
+/// end in one buffer, and the messages that send them to `to`, `per_msg`
+/// each (a GSO train when more than one).
+fn layout(to: SocketAddr, n_msgs: usize, per_msg: usize, size: usize) -> (Vec<Span>, Vec<OutMsg>) {
+    let spans = (0..n_msgs * per_msg)
+        .map(|i| Span {
+            start: i * size,
+            len: size,
+        })
+        .collect();
+    let msgs = (0..n_msgs)
+        .map(|i| OutMsg {
+            dst: Some(to),
+            first: i * per_msg,
+            count: per_msg,
+            segment: if per_msg > 1 { size as u16 } else { 0 },
+        })
+        .collect();
+    (spans, msgs)
+}
+
 /// One flow: its socket and the datagrams it sends.
 struct Flow {
     socket: UdpSocket,
@@ -325,20 +376,7 @@ fn send(load: &Load) {
         MAX_BATCH
     };
     let dgrams = n_msgs * per_msg;
-    let spans: Vec<Span> = (0..dgrams)
-        .map(|i| Span {
-            start: i * size,
-            len: size,
-        })
-        .collect();
-    let msgs: Vec<OutMsg> = (0..n_msgs)
-        .map(|i| OutMsg {
-            dst: Some(load.to),
-            first: i * per_msg,
-            count: per_msg,
-            segment: if per_msg > 1 { size as u16 } else { 0 },
-        })
-        .collect();
+    let (spans, msgs) = layout(load.to, n_msgs, per_msg, size);
     let flows: Vec<Flow> = (0..load.flows)
         .map(|i| {
             let flow = load.first_flow + i;
@@ -387,6 +425,108 @@ fn send(load: &Load) {
         "{{\"sent_packets\":{sent},\"seconds\":{secs:.3},\"pps\":{:.0},\"flows\":{},\"datagrams_per_call\":{dgrams},\"buffer_full\":{full},\"errors\":{errors}}}",
         sent as f64 / secs,
         load.flows
+    );
+}
+
+struct Flood {
+    to: SocketAddr,
+    /// Local addresses to send from (none: the system's choice).
+    from: Vec<IpAddr>,
+    /// Sockets per address.
+    sources: usize,
+    /// Answers (`true`) or binds.
+    answers: bool,
+    vnis: Vec<u32>,
+    pps: u64,
+    duration: Duration,
+}
+
+/// `--from`: addresses separated by commas, or an IPv4 prefix (every
+/// address in it but the first).
+fn addresses(text: &str) -> Vec<IpAddr> {
+    if let Some((net, bits)) = text.split_once('/') {
+        let net: Ipv4Addr = net.parse().unwrap_or_else(|_| panic!("--from: {text}"));
+        let bits: u32 = bits.parse().unwrap_or_else(|_| panic!("--from: {text}"));
+        assert!((16..=30).contains(&bits), "--from: a prefix of /16 to /30");
+        let base = u32::from(net) & (u32::MAX << (32 - bits));
+        return (1..(1u32 << (32 - bits)) - 1)
+            .map(|i| IpAddr::V4(Ipv4Addr::from(base + i)))
+            .collect();
+    }
+    text.split(',')
+        .map(|a| {
+            a.parse()
+                .unwrap_or_else(|_| panic!("--from: not an address: {a}"))
+        })
+        .collect()
+}
+
+fn flood(f: &Flood) {
+    let any: IpAddr = if f.to.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    };
+    let from = if f.from.is_empty() {
+        vec![any]
+    } else {
+        f.from.clone()
+    };
+    let sockets: Vec<UdpSocket> = from
+        .iter()
+        .flat_map(|&ip| (0..f.sources.max(1)).map(move |_| socket(SocketAddr::new(ip, 0))))
+        .collect();
+    // One batch of distinct messages, sent again and again: the relay
+    // keeps no state for a bind or a failed answer, so repeats cost it
+    // what new ones would.
+    let kind = if f.answers {
+        BindKind::Answer
+    } else {
+        BindKind::Bind
+    };
+    let mut buf = Vec::with_capacity(MAX_BATCH * BIND_LEN);
+    for i in 0..MAX_BATCH {
+        let vni = f.vnis[i % f.vnis.len()];
+        let mut m = BindMsg::new(kind, vni, (i & 1) as u8, 1 + i as u32);
+        if f.answers {
+            m.cookie = [i as u8 ^ 0x5a; 32];
+            m.proof = [i as u8 ^ 0xa5; 32];
+        }
+        buf.extend_from_slice(&m.to_bytes());
+    }
+    let (spans, msgs) = layout(f.to, MAX_BATCH, 1, BIND_LEN);
+    let mut tx = SendBatch::new();
+    let mut drain = [0u8; 2048];
+    let start = Instant::now();
+    let (mut sent, mut errors) = (0u64, 0u64);
+    while start.elapsed() < f.duration {
+        if f.pps > 0 && sent as f64 >= f.pps as f64 * start.elapsed().as_secs_f64() {
+            std::thread::sleep(Duration::from_micros(50));
+            continue;
+        }
+        let mut took = false;
+        for s in &sockets {
+            match tx.send(s.as_fd(), &buf, &spans, &msgs) {
+                Ok(n) => {
+                    sent += n as u64;
+                    took |= n > 0;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => errors += 1,
+            }
+            // Challenges come back for binds: read them away.
+            while s.recv_from(&mut drain).is_ok() {}
+        }
+        if !took {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{{\"flood_sent\":{sent},\"seconds\":{secs:.3},\"pps\":{:.0},\"kind\":\"{}\",\"sockets\":{},\"errors\":{errors}}}",
+        sent as f64 / secs,
+        if f.answers { "answer" } else { "bind" },
+        sockets.len()
     );
 }
 

@@ -54,6 +54,8 @@ const MIN_BATCH: usize = 8;
 /// Timer period: idle sweeps, index expiry, gauges, target changes.
 const TICK: Duration = Duration::from_millis(250);
 const WAKER: Token = Token(usize::MAX - 1);
+mod relay_sessions;
+
 /// Tokens from here on are bounce sessions (slab key + base).
 const SESSION_BASE: usize = 1 << 20;
 
@@ -379,6 +381,8 @@ pub struct Shard {
     hub: Option<Hub>,
     repl_tx: Vec<MsgTx<Event>>,
     relay_sessions: Option<Arc<Sessions>>,
+    /// The session port's bind messages, handled outside the table's lock.
+    session_binds: Option<session::port::Binds>,
     socket_options: SocketOptions,
     gso: bool,
     session_limiter: SourceLimiter,
@@ -456,6 +460,10 @@ impl Shard {
             touched: Vec::with_capacity(MAX_BATCH),
             hub,
             repl_tx,
+            session_binds: setup
+                .sessions
+                .as_ref()
+                .map(|s| session::port::Binds::new(s.limits())),
             relay_sessions: setup.sessions,
             socket_options: setup.socket_options,
             gso: setup.gso,
@@ -848,60 +856,6 @@ impl Shard {
                 let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
                 self.account(&f, Out::Hub);
             }
-            if n < self.asked {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Datagrams on the relay-session port: binds answered in place,
-    /// data forwarded between a session's two bound addresses (see
-    /// [`session`]). The shared table is locked once per batch.
-    fn sessions_in(&mut self, li: usize) -> bool {
-        let Some(sessions) = self.relay_sessions.clone() else {
-            return false;
-        };
-        for _ in 0..ROUNDS {
-            let n = self.recv(Some(li), None);
-            if n == 0 || n == usize::MAX {
-                return false;
-            }
-            let mut table = sessions.lock();
-            let out = &mut self.listeners[li].outbox;
-            let (buf, now, gso) = (&mut self.buf, self.now, self.gso);
-            each_train(
-                &self.meta[..n],
-                self.slot,
-                &self.metrics,
-                |src, start, len, seg| {
-                    self.metrics
-                        .relay_session_in
-                        .add(len.div_ceil(seg) as u64, len as u64);
-                    let mut train = session::Train::default();
-                    let mut run = None;
-                    each_datagram(start, len, seg, |at, n| {
-                        let to =
-                            match table.handle_in_train(now, src, &mut buf[at..at + n], &mut train)
-                            {
-                                session::Verdict::Forward(to) => to,
-                                session::Verdict::Reply => src,
-                                // Counted by the table, by reason.
-                                session::Verdict::Drop(_) => return,
-                            };
-                        Run::add(&mut run, to, at, n, |r| {
-                            out.push(Some(r.to), r.start, r.len, seg, gso)
-                        });
-                    });
-                    if let Some(r) = run {
-                        out.push(Some(r.to), r.start, r.len, seg, gso);
-                    }
-                },
-            );
-            drop(table);
-            let l = &mut self.listeners[li];
-            let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
-            self.account(&f, Out::Sessions);
             if n < self.asked {
                 return false;
             }

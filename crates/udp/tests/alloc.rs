@@ -1,5 +1,6 @@
-//! "No per-packet allocation": once a bounce session or a hub session is
-//! set up, relaying more datagrams must not allocate at all. A counting
+//! "No per-packet allocation": once a bounce session, a hub session or a
+//! relay session is set up, relaying more datagrams (and, for a relay
+//! session, answering repeated bind messages) must not allocate at all. A counting
 //! global allocator (from ferry-sys, where unsafe code lives) watches every
 //! thread of this test process, the relay's shards included, while traffic
 //! flows; the test's own sockets use pre-allocated buffers. Counting starts
@@ -59,6 +60,7 @@ fn pump(
 fn relaying_does_not_allocate_per_packet() {
     bounce_steady_state();
     hub_steady_state();
+    session_steady_state();
 }
 
 fn bounce_steady_state() {
@@ -172,6 +174,97 @@ fn hub_steady_state() {
         allocated,
         0,
         "2000 datagrams through the hub made {allocated} allocations (last of {} bytes)",
+        ferry_sys::alloc_count::last_size()
+    );
+    relay.shutdown();
+}
+
+/// A relay session bound on both sides: data both ways, and every tenth
+/// round a repeated answer (handled apart from the data, outside the
+/// table's lock) and a forged one.
+fn session_steady_state() {
+    use ferry_proto::key::NodePublic;
+    use ferry_proto::relay_session::{BindMsg, Binder, SessionOffer};
+    use ferry_proto::udp_header::{Header, Protocol};
+    use ferry_udp::session::{Limits, Sessions};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    // One source sends all the bind messages here: no per-source limit.
+    let sessions = Arc::new(Sessions::new(Limits {
+        bind_rate: 1_000_000,
+        bind_burst: 1_000_000,
+        ..Limits::default()
+    }));
+    let relay = Relay::start_sessions(
+        "--relay-port",
+        "127.0.0.1:0".parse().unwrap(),
+        sessions.clone(),
+        tuning(),
+    )
+    .unwrap();
+    let port = sessions.bound().unwrap();
+    let (ka, kb) = (NodePublic([1; 32]), NodePublic([2; 32]));
+    let now = Instant::now();
+    let al = sessions
+        .lock()
+        .allocate(&ka, &kb, "127.0.0.1".parse().unwrap(), now)
+        .unwrap();
+    let (a, b) = (socket(), socket());
+    let mut answers = Vec::new();
+    for (slot, sock, peer) in [(0u8, &a, kb), (1, &b, ka)] {
+        let offer = SessionOffer {
+            request_id: 0,
+            vni: al.vni,
+            peer,
+            slot,
+            token: al.tokens[usize::from(slot)],
+            endpoints: vec![port],
+            bind_lifetime: Duration::from_secs(30),
+            idle_lifetime: Duration::from_secs(60),
+        };
+        let mut binder = Binder::new(&offer, port, 1, now);
+        let mut buf = [0u8; 128];
+        for _ in 0..2 {
+            let msg = binder.poll_transmit(now).expect("a bind message due");
+            sock.send_to(&msg, port).unwrap();
+            let (n, _) = sock.recv_from(&mut buf).expect("a reply");
+            assert!(binder.handle(now, &buf[..n]));
+            if BindMsg::parse(&msg).unwrap().kind == ferry_proto::relay_session::BindKind::Answer {
+                answers.push(msg);
+            }
+        }
+        assert!(binder.is_bound(), "slot {slot} bound");
+    }
+    let mut forged = answers[0];
+    forged[20] ^= 1;
+    let mut to_b = Header::data(Protocol::Payload, al.vni).to_bytes().to_vec();
+    to_b.resize(1452, 7);
+    let mut to_a = to_b.clone();
+    let round = |a_to_b: &mut Vec<u8>, b_to_a: &mut Vec<u8>, i: u32| {
+        pump(&a, port, &b, a_to_b, 1, None);
+        pump(&b, port, &a, b_to_a, 1, None);
+        if i.is_multiple_of(10) {
+            // A repeat is answered (bound, again); a forgery is not.
+            let mut buf = [0u8; 128];
+            a.send_to(&forged, port).unwrap();
+            a.send_to(&answers[0], port).unwrap();
+            let (n, _) = a.recv_from(&mut buf).expect("bound again");
+            assert_eq!(n, answers[0].len());
+        }
+    };
+    for i in 0..200 {
+        round(&mut to_b, &mut to_a, i);
+    }
+    let before = ferry_sys::alloc_count::allocations();
+    for i in 0..1000 {
+        round(&mut to_b, &mut to_a, i);
+    }
+    let allocated = ferry_sys::alloc_count::allocations() - before;
+    assert_eq!(
+        allocated,
+        0,
+        "2000 datagrams and 200 bind messages through a relay session made {allocated} allocations (last of {} bytes)",
         ferry_sys::alloc_count::last_size()
     );
     relay.shutdown();

@@ -117,13 +117,49 @@ pub enum ProxyPrelude {
 }
 
 /// DERP over WebSocket: the frame decoder, and raw WebSocket bytes to
-/// write before the framed DERP output (the 101 response, pongs, close).
+/// write before the framed DERP output (the 101 response, a pong, close).
 #[derive(Debug, Default)]
 pub struct WsLink {
     /// Reads the client's frames.
     pub decoder: ferry_proto::websocket::Decoder,
-    /// Raw bytes for the socket, ahead of the next framed output.
+    /// Raw bytes for the socket, ahead of the next framed output (the
+    /// caller appends the 101 response or a close frame; pongs go through
+    /// [`WsLink::pong`]).
     pub out: Vec<u8>,
+    /// The pong in `out` not yet written, if one waits.
+    pub pong: PendingPong,
+}
+
+/// Where in [`WsLink::out`] the pong not yet written starts, if one
+/// waits.
+#[derive(Debug, Default)]
+pub struct PendingPong(Option<usize>);
+
+impl PendingPong {
+    /// Queues in `out` the pong for a ping whose payload is `ping`, in
+    /// place of the pong still waiting for an earlier one, if any (RFC
+    /// 6455 §5.5.3 lets an endpoint answer only the latest ping): a
+    /// client's pings cannot grow the queue, whether or not it reads.
+    pub fn queue(&mut self, out: &mut Vec<u8>, ping: &[u8]) {
+        match self.0 {
+            Some(at) => out.truncate(at),
+            None => self.0 = Some(out.len()),
+        }
+        ferry_proto::websocket::put_pong(out, ping);
+    }
+}
+
+impl WsLink {
+    /// Whether raw bytes wait.
+    pub fn has_out(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Moves the raw bytes to the end of `to` (they are being written).
+    pub fn take_out(&mut self, to: &mut Vec<u8>) {
+        to.append(&mut self.out);
+        self.pong = PendingPong::default();
+    }
 }
 
 /// A client connection.
@@ -196,8 +232,9 @@ pub struct Conn {
     mesh: bool,
     /// Said it is a prober.
     prober: bool,
-    /// Asked for relay sessions, which this relay offers.
-    relay_sessions: bool,
+    /// Asked for relay sessions, which this relay offers: then its
+    /// relayAllocate rate (tokens per request).
+    relay_sessions: Option<Box<Bucket>>,
     /// The upgrade request carried an `Ideal-Node` header.
     not_ideal: bool,
     /// The client calls this server home.
@@ -231,6 +268,13 @@ pub struct Conn {
 
 /// Burst of peerGone(NotHere) notices per connection.
 pub const NOT_HERE_BURST: f64 = 3.0;
+/// relayAllocate requests a connection may send at once (as many as the
+/// sessions a key may take part in by default, so a client asks for all
+/// of them at start) ...
+pub const ALLOCATE_BURST: f64 = 32.0;
+/// ... and per second after that. More are refused at once with
+/// relayRefused reason 6 (rate).
+pub const ALLOCATE_RATE: f64 = 4.0;
 
 impl Conn {
     /// A freshly accepted connection whose handshake must finish by
@@ -268,7 +312,7 @@ impl Conn {
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,
             prober: false,
-            relay_sessions: false,
+            relay_sessions: None,
             not_ideal: false,
             preferred: false,
             watcher: false,
@@ -342,7 +386,15 @@ impl Conn {
     /// Records that the client asked for relay sessions and this relay
     /// offers them (`docs/relay-sessions.md`, §1).
     pub fn set_relay_sessions(&mut self, on: bool) {
-        self.relay_sessions = on;
+        self.relay_sessions = on.then(|| Box::new(Bucket::new(ALLOCATE_RATE, ALLOCATE_BURST)));
+    }
+
+    /// Charges one relayAllocate to its rate at `now`: `false` if it asked
+    /// too often (or may not ask at all).
+    pub fn take_allocate_token(&mut self, now: Instant) -> bool {
+        self.relay_sessions
+            .as_mut()
+            .is_some_and(|b| b.try_take_one(now))
     }
 
     /// Which frames the client may send: the mesh-only ones for a mesh
@@ -350,13 +402,13 @@ impl Conn {
     pub fn frame_policy(&self) -> ServerFramePolicy {
         ServerFramePolicy {
             mesh: self.mesh,
-            relay_sessions: self.relay_sessions,
+            relay_sessions: self.relay_sessions.is_some(),
         }
     }
 
     /// Whether the client may allocate relay sessions.
     pub fn has_relay_sessions(&self) -> bool {
-        self.relay_sessions
+        self.relay_sessions.is_some()
     }
 
     /// Whether the client calls this server home.
@@ -602,7 +654,7 @@ impl Conn {
     pub fn has_output(&self) -> bool {
         self.session.has_output()
             || self.transport.wants_write()
-            || self.ws.as_ref().is_some_and(|w| !w.out.is_empty())
+            || self.ws.as_ref().is_some_and(|w| w.has_out())
     }
 
     /// Brings this connection's share of the queued-bytes gauge up to date

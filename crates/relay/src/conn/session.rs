@@ -16,21 +16,23 @@
 //!   with its [`Caps`], [`Session::answer_ping`], peerGone, peerPresent,
 //!   keepAlive, restarting) and drains them with [`Session::poll_output`]
 //!   into the send buffer, control frames first, then disco, then data.
-//!   Control frames are never dropped (they are bounded by what can cause
-//!   them); disco and data have caps of their own, so bulk data cannot
-//!   crowd out NAT traversal. A send in flight is noted
+//!   Control frames the shard queues on a peer's behalf go through
+//!   [`Session::queue_control`] with a cap the shard chooses by who caused
+//!   them (the connection itself, another client, presence for a
+//!   watcher); a pong is queued at most once per flush. Disco and data
+//!   have caps of their own, so bulk data cannot crowd out NAT traversal.
+//!   A send in flight is noted
 //!   ([`Session::start_send`], [`Session::on_sent`]) for the write timeout.
 //! - **Time**: [`Session::poll_timeout`] says when the session next needs
 //!   [`Session::handle_timeout`]: the deadline until [`Session::establish`]
 //!   (handshake, or a farewell after [`Session::set_deadline`]), then the
 //!   write timeout of a send in flight and the next keepAlive.
 
-use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use ferry_proto::frame::{
-    self, ClientFrame, Deframer, Fed, FrameError, PeerGoneReason, ServerFramePolicy, PING_LEN,
+    self, ClientFrame, Deframer, Fed, FrameError, ServerFramePolicy, PING_LEN,
 };
 use ferry_proto::key::NodePublic;
 
@@ -333,10 +335,24 @@ impl Session {
         Some(Timeout::KeepAlive)
     }
 
-    /// The control queue, for bytes the caller frames itself (an HTTP
-    /// response, a TLS alert, serverInfo). Control bytes are never dropped.
+    /// The control queue, for bytes the caller frames itself and that one
+    /// connection's handshake or end bounds (an HTTP response, a TLS
+    /// alert, serverInfo). Frames a peer can cause again and again go
+    /// through [`Session::queue_control`].
     pub fn control_mut(&mut self) -> &mut Vec<u8> {
         &mut self.ctrl
+    }
+
+    /// Queues the control frame(s) `put` writes, unless `cap` bytes of
+    /// control frames wait already (then nothing is written and `false`
+    /// returned: the caller drops the frame or closes the connection). The
+    /// queue so holds at most `cap` plus one frame.
+    pub fn queue_control(&mut self, cap: usize, put: impl FnOnce(&mut Vec<u8>)) -> bool {
+        if self.ctrl.len() >= cap {
+            return false;
+        }
+        put(&mut self.ctrl);
+        true
     }
 
     /// Queues a pong for `data` unless one is queued and not yet flushed
@@ -348,16 +364,6 @@ impl Session {
         self.pong_pending = true;
         frame::put_pong(&mut self.ctrl, data);
         true
-    }
-
-    /// Queues peerGone for `key`.
-    pub fn queue_peer_gone(&mut self, key: &NodePublic, reason: PeerGoneReason) {
-        frame::put_peer_gone(&mut self.ctrl, key, reason);
-    }
-
-    /// Queues peerPresent for `key`.
-    pub fn queue_peer_present(&mut self, key: &NodePublic, addr: Option<SocketAddr>, flags: u8) {
-        frame::put_peer_present(&mut self.ctrl, key, addr, flags);
     }
 
     /// Queues the restarting notice after everything already queued
@@ -565,7 +571,7 @@ mod tests {
             relay_sessions: false,
         }
     }
-    use ferry_proto::frame::{FrameType, DISCO_MAGIC};
+    use ferry_proto::frame::{FrameType, PeerGoneReason, DISCO_MAGIC};
 
     const CAPS: Caps = Caps {
         disco_packets: 2,
@@ -734,9 +740,13 @@ mod tests {
             queue(&mut s, 2, &disco, PacketKind::Disco, true),
             Queued::Dropped
         );
-        // Control frames have no cap.
+        // Control frames go first whatever is queued.
         for _ in 0..100 {
-            s.queue_peer_gone(&key(3), PeerGoneReason::Disconnected);
+            assert!(s.queue_control(usize::MAX, |q| frame::put_peer_gone(
+                q,
+                &key(3),
+                PeerGoneReason::Disconnected
+            )));
         }
         assert_eq!(s.queued_packets(), (2, 1));
         let out = drain(&mut s);
@@ -750,6 +760,21 @@ mod tests {
         assert_eq!(out[102].1[32..], b"data-1"[..]);
         assert_eq!(s.queued_packets(), (0, 0));
         assert!(!s.has_output());
+    }
+
+    #[test]
+    fn control_frames_stop_at_the_cap_they_are_queued_under() {
+        let mut s = established(Instant::now());
+        let gone = |q: &mut Vec<u8>| frame::put_peer_gone(q, &key(3), PeerGoneReason::Disconnected);
+        // 38-byte frames under a 100-byte cap: three fit (the third goes
+        // past it), the fourth does not.
+        let queued = (0..10).filter(|_| s.queue_control(100, gone)).count();
+        assert_eq!(queued, 3);
+        assert_eq!(s.queued_bytes(), 3 * 38);
+        // A larger cap takes more; a flush empties the queue.
+        assert!(s.queue_control(1000, gone));
+        assert_eq!(drain(&mut s).len(), 4);
+        assert!(s.queue_control(100, gone));
     }
 
     #[test]

@@ -387,6 +387,7 @@ macro_rules! conn_log {
 
 mod admit;
 mod buffers;
+mod control_queue;
 mod forward;
 mod front_door;
 mod gate;

@@ -1,38 +1,36 @@
 //! Watchers (mesh peers' watchConns): presence changes fanned out to
 //! every watcher, on this shard or another.
 
+use super::control_queue::Origin;
 use super::*;
 
 impl Shard {
     pub(super) fn broadcast_watch(&mut self, ev: WatchEvent) {
-        if self.watchers.is_empty() {
-            return;
+        // By index: a watcher closed for its full queue leaves the list
+        // (and its own key's departure is broadcast) while this runs.
+        let mut i = 0;
+        while let Some(&w) = self.watchers.get(i) {
+            self.watch_event(w, ev);
+            if self.watchers.get(i) == Some(&w) {
+                i += 1;
+            }
         }
-        let watchers = std::mem::take(&mut self.watchers);
-        for w in &watchers {
-            self.watch_event(*w, ev);
-        }
-        self.watchers = watchers;
     }
 
+    /// Queues a presence change to watcher `w` (mailed to its shard if it
+    /// is another's), within the watcher's cap (see `control_queue`).
     pub(super) fn watch_event(&mut self, w: ConnRef, ev: WatchEvent) {
         if w.shard != self.id {
             self.mail(w.shard, Mail::Watch(w, ev));
             return;
         }
         let Some(slot) = self.live(w) else { return };
-        let conn = &mut self.conns[slot];
-        match ev {
+        self.queue_control(slot, Origin::Presence, |q| match ev {
             WatchEvent::Present { key, addr, flags } => {
-                frame::put_peer_present(conn.session_mut().control_mut(), &key, Some(addr), flags)
+                frame::put_peer_present(q, &key, Some(addr), flags)
             }
-            WatchEvent::Gone(key) => frame::put_peer_gone(
-                conn.session_mut().control_mut(),
-                &key,
-                PeerGoneReason::Disconnected,
-            ),
-        }
-        self.mark_dirty(slot);
+            WatchEvent::Gone(key) => frame::put_peer_gone(q, &key, PeerGoneReason::Disconnected),
+        });
     }
 
     pub(super) fn add_watcher(&mut self, w: ConnRef) {

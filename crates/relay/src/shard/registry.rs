@@ -1,7 +1,9 @@
 //! Who is connected: registering keys on their owner shard, the
 //! duplicate-connection policy, peerGone bookkeeping, and closing.
 
+use super::control_queue::Origin;
 use super::*;
+use crate::metrics::Notice;
 
 impl Shard {
     /// Ends a connection now: it leaves every table at once, and its socket
@@ -232,12 +234,14 @@ impl Shard {
                 continue;
             }
             conn.forget_source(&key);
-            conn.session_mut()
-                .queue_peer_gone(&key, PeerGoneReason::Disconnected);
-            self.shared.metrics.shards[self.id]
-                .peer_gone_disconnected_frames
-                .inc();
-            self.mark_dirty(slot);
+            let notice = Origin::Other(Notice::PeerGone);
+            if self.queue_control(slot, notice, |q| {
+                frame::put_peer_gone(q, &key, PeerGoneReason::Disconnected)
+            }) {
+                self.shared.metrics.shards[self.id]
+                    .peer_gone_disconnected_frames
+                    .inc();
+            }
         }
     }
 

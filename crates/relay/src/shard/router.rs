@@ -2,6 +2,7 @@
 //! accounting) or recorded into the ring to the key's owner shard; mail
 //! between shards.
 
+use super::control_queue::Origin;
 use super::*;
 
 impl Shard {
@@ -154,14 +155,14 @@ impl Shard {
     pub(super) fn not_here(&mut self, to: ConnRef, dst: NodePublic) {
         let Some(slot) = self.live(to) else { return };
         let now = self.now;
-        let conn = &mut self.conns[slot];
-        if conn.take_not_here_token(now) {
-            conn.session_mut()
-                .queue_peer_gone(&dst, PeerGoneReason::NotHere);
+        if self.conns[slot].take_not_here_token(now)
+            && self.queue_control(slot, Origin::Own, |q| {
+                frame::put_peer_gone(q, &dst, PeerGoneReason::NotHere)
+            })
+        {
             self.shared.metrics.shards[self.id]
                 .peer_gone_not_here_frames
                 .inc();
-            self.mark_dirty(slot);
         }
     }
 

@@ -2,8 +2,8 @@
 //! backpressure as raw DERP, with one layer between the transport and the
 //! DERP stream. Client frames are decoded (`ferry_proto::websocket`) and
 //! their payload fed to the deframer; what the shard writes is framed into
-//! binary messages at flush, after any raw WebSocket bytes (the 101, pongs,
-//! a close). A protocol error answers with a close frame and ends the
+//! binary messages at flush, after any raw WebSocket bytes (the 101, the
+//! pong for the latest ping, a close). A protocol error answers with a close frame and ends the
 //! connection.
 
 use ferry_proto::websocket::{self, ControlFrame};
@@ -21,11 +21,11 @@ impl Shard {
         payload.clear();
         let mut close = None;
         let result = link.decoder.feed(data, &mut payload, |c| match c {
-            ControlFrame::Ping(p) => websocket::put_pong(&mut link.out, &p),
+            ControlFrame::Ping(p) => link.pong.queue(&mut link.out, &p),
             ControlFrame::Pong => {}
             ControlFrame::Close(_) => close = Some(websocket::close_code::NORMAL),
         });
-        let wrote = !link.out.is_empty();
+        let wrote = link.has_out();
         self.conns[slot].put_ws(link);
         if wrote {
             self.mark_dirty(slot);
@@ -75,7 +75,7 @@ impl Shard {
         let conn = &mut self.conns[slot];
         let Some(link) = conn.ws_mut() else { return };
         out.clear();
-        out.append(&mut link.out);
+        link.take_out(out);
         conn.session_mut()
             .rewrap_output(out, |out, parts| websocket::put_binary_parts(out, &parts));
     }

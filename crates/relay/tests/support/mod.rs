@@ -5,6 +5,8 @@
 
 use std::net::SocketAddr;
 
+pub(crate) mod sim;
+
 use ferry_proto::key::NodePrivate;
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 pub(crate) use ferry_testkit::derp::{

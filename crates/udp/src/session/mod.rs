@@ -1,9 +1,10 @@
 //! Relay sessions' table, without I/O (`docs/relay-sessions.md` §2, §4, §5).
 //!
 //! Two SDK clients with admitted DERP connections ask (over DERP) for a
-//! session; [`SessionTable::allocate`] finds the pair's session or makes
-//! one: a random 24-bit VNI (never 0) and a random bind token per slot.
-//! Each client then binds its slot from its UDP socket:
+//! session; [`SessionTable::allocate_on`] finds the pair's session or makes
+//! one: a random 24-bit VNI (never 0) and a random bind token per slot
+//! (its doc says who a session counts against and who hears of it). Each
+//! client then binds its slot from its UDP socket:
 //!
 //! 1. **bind** → the relay answers a **challenge** whose cookie is a MAC
 //!    over the VNI, slot, generation and the datagram's source address,
@@ -26,36 +27,51 @@
 //! simulated time.
 //!
 //! The relay's shards share one table ([`Sessions`]), taken once per
-//! received batch, not per datagram.
+//! received batch for its data datagrams, not per datagram. Bind messages
+//! are checked in steps ([`Checked`], [`SessionTable::look_up`],
+//! [`SessionTable::bind_proven`]) so that a shard computes every MAC
+//! without the lock and a forged answer never takes it;
+//! [`SessionTable::handle`] runs the same steps at once for a caller that
+//! holds the table.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use ferry_proto::key::NodePublic;
-use ferry_proto::relay_session::{self as rs, BindKind, BindMsg, RefuseReason};
-use ferry_proto::udp_header::{self, Header};
+use ferry_proto::udp_header::Header;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+pub use control::{Checked, Secrets};
 
 /// How often the cookie secret rotates (the previous one stays valid for
 /// as long again).
 pub const SECRET_ROTATION: Duration = Duration::from_secs(120);
-/// Attempts at a random unused VNI before the allocation is refused.
-const VNI_TRIES: usize = 64;
 
 /// A session table's limits and lifetimes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Sessions one key may be in.
+    /// Sessions one key may take part in (ask for, or bind a slot of), and
+    /// may be in at all: sessions others asked for, which it never took
+    /// part in, give way to its own ([`SessionTable::allocate_on`]).
     pub per_key: usize,
-    /// Sessions asked for from one source IP (of the asker's DERP
-    /// connection).
+    /// Sessions asked for from one source (of the asker's DERP
+    /// connection): an IPv4 address, or an IPv6 /64.
     pub per_ip: usize,
     /// How long a session waits for both slots to bind.
     pub bind_lifetime: Duration,
     /// How long a bound session lives without a forwarded datagram.
     pub idle_lifetime: Duration,
+    /// How often a connection asking again for a session it has is
+    /// answered at most.
+    pub answer_interval: Duration,
+    /// Binds and answers per second that one source (an IPv4 address, or
+    /// an IPv6 /64) may send to the session port, on each shard ...
+    pub bind_rate: u32,
+    /// ... and their burst. Beyond, they are dropped before any MAC is
+    /// computed ([`Drop::RateLimited`]).
+    pub bind_burst: u32,
 }
 
 impl Default for Limits {
@@ -65,6 +81,9 @@ impl Default for Limits {
             per_ip: 256,
             bind_lifetime: Duration::from_secs(30),
             idle_lifetime: Duration::from_secs(60),
+            answer_interval: Duration::from_secs(1),
+            bind_rate: 64,
+            bind_burst: 128,
         }
     }
 }
@@ -88,11 +107,13 @@ pub enum Drop {
     Unbound,
     /// Data from an address that is neither slot's.
     WrongSource,
+    /// A bind or answer from a source over its rate ([`Limits::bind_rate`]).
+    RateLimited,
 }
 
 impl Drop {
     /// Every reason, in counter order.
-    pub const ALL: [Drop; 8] = [
+    pub const ALL: [Drop; 9] = [
         Drop::BadHeader,
         Drop::BadBind,
         Drop::UnknownVni,
@@ -101,7 +122,13 @@ impl Drop {
         Drop::StaleGeneration,
         Drop::Unbound,
         Drop::WrongSource,
+        Drop::RateLimited,
     ];
+
+    /// Its index in [`Drop::ALL`] (and in [`Counters::drops`]).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// The metric label.
     pub const fn label(self) -> &'static str {
@@ -114,6 +141,7 @@ impl Drop {
             Drop::StaleGeneration => "stale_generation",
             Drop::Unbound => "unbound",
             Drop::WrongSource => "wrong_source",
+            Drop::RateLimited => "rate_limited",
         }
     }
 }
@@ -125,6 +153,9 @@ pub enum Freed {
     BindTimeout,
     /// Bound, but nothing forwarded for the idle lifetime.
     Idle,
+    /// Made room for a session of one of its keys, which never took part
+    /// in this one ([`SessionTable::allocate_on`]).
+    Evicted,
 }
 
 /// What to do with a datagram.
@@ -159,6 +190,11 @@ pub struct Allocation {
     pub tokens: [[u8; 32]; 2],
     /// Whether the pair already had this session.
     pub existing: bool,
+    /// Whether the asker is to be answered (not a repeat within
+    /// [`Limits::answer_interval`] on the same connection).
+    pub tell_asker: bool,
+    /// Whether the peer is to be told (its connection has not been).
+    pub tell_peer: bool,
 }
 
 /// Sessions per state, for gauges.
@@ -181,6 +217,12 @@ pub struct Counters {
     pub reused: u64,
     /// Allocations refused for a limit.
     pub refused_limit: u64,
+    /// Allocations of a session the asker's connection had been answered
+    /// for within the answer interval: not answered again.
+    pub repeats_unanswered: u64,
+    /// Sessions freed to make room for another of one of their keys,
+    /// which had never taken part in them.
+    pub evicted: u64,
     /// Sessions freed without being bound in time.
     pub freed_bind_timeout: u64,
     /// Bound sessions freed for silence.
@@ -200,7 +242,7 @@ pub struct Counters {
 impl Counters {
     /// Drops for one reason.
     pub fn dropped(&self, why: Drop) -> u64 {
-        self.drops[Drop::ALL.iter().position(|&d| d == why).expect("listed")]
+        self.drops[why.index()]
     }
 }
 
@@ -210,11 +252,24 @@ struct Binding {
     generation: u32,
 }
 
+/// What a slot's key last heard of its session: on which DERP connection,
+/// and when that connection was last answered as the asker.
+#[derive(Clone, Copy, Debug, Default)]
+struct Told {
+    conn: Option<u64>,
+    answered: Option<Instant>,
+}
+
 #[derive(Debug)]
 struct Session {
     keys: [NodePublic; 2],
     tokens: [[u8; 32]; 2],
     bound: [Option<Binding>; 2],
+    /// Whether each slot's key took part: asked for the session or bound
+    /// its slot. Only then does the session count against it.
+    joined: [bool; 2],
+    told: [Told; 2],
+    /// The asker's source, as counted against the per-IP limit.
     ip: IpAddr,
     created: Instant,
     last_active: Instant,
@@ -223,6 +278,11 @@ struct Session {
 impl Session {
     fn both_bound(&self) -> bool {
         self.bound[0].is_some() && self.bound[1].is_some()
+    }
+
+    /// The slot of `key` (which is one of the two).
+    fn slot_of(&self, key: &NodePublic) -> usize {
+        usize::from(self.keys[1] == *key)
     }
 }
 
@@ -238,12 +298,12 @@ fn pair(a: &NodePublic, b: &NodePublic) -> (NodePublic, NodePublic) {
 pub struct SessionTable {
     limits: Limits,
     rng: StdRng,
-    secret: [u8; 32],
-    previous: Option<[u8; 32]>,
+    secrets: Secrets,
     rotated_at: Instant,
     sessions: HashMap<u32, Session>,
     by_pair: HashMap<(NodePublic, NodePublic), u32>,
-    per_key: HashMap<NodePublic, usize>,
+    /// The sessions each key is in (at most `per_key`), oldest first.
+    by_key: HashMap<NodePublic, Vec<u32>>,
     per_ip: HashMap<IpAddr, usize>,
     counters: Counters,
 }
@@ -263,13 +323,15 @@ impl SessionTable {
     fn with_rng(limits: Limits, mut rng: StdRng, now: Instant) -> SessionTable {
         SessionTable {
             limits,
-            secret: rng.gen(),
+            secrets: Secrets {
+                current: rng.gen(),
+                previous: None,
+            },
             rng,
-            previous: None,
             rotated_at: now,
             sessions: HashMap::new(),
             by_pair: HashMap::new(),
-            per_key: HashMap::new(),
+            by_key: HashMap::new(),
             per_ip: HashMap::new(),
             counters: Counters::default(),
         }
@@ -308,85 +370,29 @@ impl SessionTable {
         self.sessions.is_empty()
     }
 
-    /// Sessions `key` is in.
+    /// Sessions `key` is in (whether or not it took part).
     pub fn sessions_of(&self, key: &NodePublic) -> usize {
-        self.per_key.get(key).copied().unwrap_or(0)
+        self.by_key.get(key).map_or(0, Vec::len)
     }
 
-    /// The session of `asker` and `peer`, made if they have none: a new one
-    /// gives the asker slot 0, an existing one is returned unchanged (each
-    /// keeps its slot). `ip` is the asker's DERP connection's source
-    /// address, for the per-IP limit. Refuses [`RefuseReason::SelfPeer`]
-    /// and [`RefuseReason::Limit`].
-    pub fn allocate(
-        &mut self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        now: Instant,
-    ) -> Result<Allocation, RefuseReason> {
-        if asker == peer {
-            return Err(RefuseReason::SelfPeer);
-        }
-        let key = pair(asker, peer);
-        if let Some(&vni) = self.by_pair.get(&key) {
-            let s = &self.sessions[&vni];
-            self.counters.reused += 1;
-            return Ok(Allocation {
-                vni,
-                slot: u8::from(s.keys[1] == *asker),
-                tokens: s.tokens,
-                existing: true,
-            });
-        }
-        let full = |m: &HashMap<NodePublic, usize>, k| m.get(k).copied().unwrap_or(0);
-        if full(&self.per_key, asker) >= self.limits.per_key
-            || full(&self.per_key, peer) >= self.limits.per_key
-            || self.per_ip.get(&ip).copied().unwrap_or(0) >= self.limits.per_ip
-        {
-            self.counters.refused_limit += 1;
-            return Err(RefuseReason::Limit);
-        }
-        let Some(vni) = (0..VNI_TRIES)
-            .map(|_| self.rng.gen_range(1..=udp_header::MAX_VNI))
-            .find(|v| !self.sessions.contains_key(v))
-        else {
-            self.counters.refused_limit += 1;
-            return Err(RefuseReason::Limit);
-        };
-        let tokens = [self.rng.gen(), self.rng.gen()];
-        self.sessions.insert(
-            vni,
-            Session {
-                keys: [*asker, *peer],
-                tokens,
-                bound: [None, None],
-                ip,
-                created: now,
-                last_active: now,
-            },
-        );
-        self.by_pair.insert(key, vni);
-        *self.per_key.entry(*asker).or_default() += 1;
-        *self.per_key.entry(*peer).or_default() += 1;
-        *self.per_ip.entry(ip).or_default() += 1;
-        self.counters.allocated += 1;
-        Ok(Allocation {
-            vni,
-            slot: 0,
-            tokens,
-            existing: false,
-        })
+    /// The cookie secrets now.
+    pub fn secrets(&self) -> Secrets {
+        self.secrets
     }
 
     /// Starts a new secret if the current one is [`SECRET_ROTATION`] old;
-    /// the current one becomes the previous (still accepted).
-    pub fn rotate(&mut self, now: Instant) {
-        if now.saturating_duration_since(self.rotated_at) >= SECRET_ROTATION {
-            self.previous = Some(self.secret);
-            self.secret = self.rng.gen();
-            self.rotated_at = now;
+    /// the current one becomes the previous (still accepted). `true` if
+    /// it rotated.
+    pub fn rotate(&mut self, now: Instant) -> bool {
+        if now.saturating_duration_since(self.rotated_at) < SECRET_ROTATION {
+            return false;
         }
+        self.secrets = Secrets {
+            current: self.rng.gen(),
+            previous: Some(self.secrets.current),
+        };
+        self.rotated_at = now;
+        true
     }
 
     /// Frees sessions past their bind or idle lifetime; returns how many.
@@ -417,10 +423,10 @@ impl SessionTable {
         };
         self.by_pair.remove(&pair(&s.keys[0], &s.keys[1]));
         for k in &s.keys {
-            if let Some(n) = self.per_key.get_mut(k) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_key.remove(k);
+            if let Some(list) = self.by_key.get_mut(k) {
+                list.retain(|&v| v != vni);
+                if list.is_empty() {
+                    self.by_key.remove(k);
                 }
             }
         }
@@ -433,12 +439,18 @@ impl SessionTable {
         match why {
             Freed::BindTimeout => self.counters.freed_bind_timeout += 1,
             Freed::Idle => self.counters.freed_idle += 1,
+            Freed::Evicted => self.counters.evicted += 1,
         }
     }
 
+    /// Counts a drop; returns the reason.
+    fn count(&mut self, why: Drop) -> Drop {
+        self.counters.drops[why.index()] += 1;
+        why
+    }
+
     fn drop(&mut self, why: Drop) -> Verdict {
-        self.counters.drops[Drop::ALL.iter().position(|&d| d == why).expect("listed")] += 1;
-        Verdict::Drop(why)
+        Verdict::Drop(self.count(why))
     }
 
     /// Decides what happens to `datagram`, received from `src` at `now`.
@@ -474,7 +486,7 @@ impl SessionTable {
         }
         let src = ferry_proto::frame::canonical_addr(src);
         let v = if h.control {
-            self.bind(now, src, datagram)
+            self.control(now, src, datagram)
         } else {
             self.data(now, src, h.vni, datagram.len())
         };
@@ -510,63 +522,11 @@ impl SessionTable {
         self.counters.forwarded_bytes += len as u64;
         Verdict::Forward(to)
     }
-
-    fn bind(&mut self, now: Instant, src: SocketAddr, datagram: &mut [u8]) -> Verdict {
-        let Ok(m) = BindMsg::parse(datagram) else {
-            return self.drop(Drop::BadBind);
-        };
-        let slot = usize::from(m.slot);
-        let (secret, previous) = (self.secret, self.previous);
-        let Some(s) = self.sessions.get_mut(&m.vni) else {
-            return self.drop(Drop::UnknownVni);
-        };
-        let reply = match m.kind {
-            BindKind::Bind => {
-                self.counters.challenges += 1;
-                BindMsg {
-                    cookie: rs::cookie(&secret, m.vni, m.slot, m.generation, src),
-                    ..BindMsg::new(BindKind::Challenge, m.vni, m.slot, m.generation)
-                }
-            }
-            BindKind::Answer => {
-                let cookie_ok = |secret: &[u8; 32]| {
-                    rs::mac_eq(
-                        &m.cookie,
-                        &rs::cookie(secret, m.vni, m.slot, m.generation, src),
-                    )
-                };
-                if !cookie_ok(&secret) && !previous.as_ref().is_some_and(cookie_ok) {
-                    return self.drop(Drop::BadCookie);
-                }
-                let proof = rs::proof(&s.tokens[slot], m.vni, m.slot, m.generation, &m.cookie);
-                if !rs::mac_eq(&m.proof, &proof) {
-                    return self.drop(Drop::BadProof);
-                }
-                match s.bound[slot] {
-                    Some(b) if m.generation < b.generation => {
-                        return self.drop(Drop::StaleGeneration);
-                    }
-                    Some(b) if m.generation == b.generation && b.addr == src => {
-                        // A repeated answer: bound again, nothing changes.
-                    }
-                    _ => {
-                        s.bound[slot] = Some(Binding {
-                            addr: src,
-                            generation: m.generation,
-                        });
-                        s.last_active = now;
-                        self.counters.binds += 1;
-                    }
-                }
-                BindMsg::new(BindKind::Bound, m.vni, m.slot, m.generation)
-            }
-            BindKind::Challenge | BindKind::Bound => return self.drop(Drop::BadBind),
-        };
-        datagram.copy_from_slice(&reply.to_bytes());
-        Verdict::Reply
-    }
 }
 
+mod allocate;
+mod control;
+pub(crate) mod port;
 mod service;
 #[cfg(test)]
 mod tests;

@@ -1,44 +1,92 @@
 //! The session table shared by the relay's shards and the DERP server that
 //! allocates sessions: one [`SessionTable`] behind a lock, taken once per
-//! received batch by a shard (not per datagram) and once per allocation by
-//! a DERP shard. Sessions see little allocation traffic and a batch holds
-//! the lock for the few hundred nanoseconds its lookups take, so shards
-//! rarely meet on it; what the lock buys is that a bind on one shard is
-//! seen by the next datagram on any other (the kernel spreads a session's
-//! two clients over shards by their addresses), with no replication lag.
+//! received batch by a shard for its data datagrams (not per datagram),
+//! at most twice more per batch for its bind messages (with no MAC
+//! computed under it: see [`control`](super::control)) and once per
+//! allocation by a DERP shard. Sessions see little allocation traffic and
+//! a batch holds the lock for the few hundred nanoseconds its lookups
+//! take, so shards rarely meet on it; what the lock buys is that a bind on
+//! one shard is seen by the next datagram on any other (the kernel spreads
+//! a session's two clients over shards by their addresses), with no
+//! replication lag. The cookie secrets are published apart from the
+//! table, so that a shard checks cookies against a copy it refreshes only
+//! when they rotate.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Instant;
 
-use ferry_proto::key::NodePublic;
-use ferry_proto::relay_session::{RefuseReason, SessionOffer, SessionService};
+use ferry_proto::relay_session::{
+    AllocateRequest, Offers, RefuseReason, SessionOffer, SessionService,
+};
 
-use super::{Drop, Limits, SessionTable};
+use super::{Drop, Limits, Secrets, SessionTable};
+use crate::live::Published;
 
 /// The relay's sessions, shared by every shard and the DERP side.
 pub struct Sessions {
     table: Mutex<SessionTable>,
     limits: Limits,
     bound: OnceLock<SocketAddr>,
+    /// The table's cookie secrets, republished when they rotate.
+    secrets: Published<Secrets>,
+    /// Drops the shards decided without the table, by [`Drop`] index.
+    late_drops: [AtomicU64; Drop::ALL.len()],
 }
 
 impl Sessions {
     /// An empty table with these limits.
     pub fn new(limits: Limits) -> Sessions {
+        let table = SessionTable::new(limits, Instant::now());
         Sessions {
-            table: Mutex::new(SessionTable::new(limits, Instant::now())),
+            secrets: Published::new(table.secrets()),
+            table: Mutex::new(table),
             limits,
             bound: OnceLock::new(),
+            late_drops: Default::default(),
         }
     }
 
-    /// The table, locked.
+    /// The table, locked. (Its secrets rotate through [`Sessions::tick`],
+    /// which publishes them to the shards.)
     pub fn lock(&self) -> MutexGuard<'_, SessionTable> {
         // A shard that panicked holding the lock left a table whose
         // every step is complete: keep using it.
         self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The cookie secrets as published, and their generation (which
+    /// changes when they rotate).
+    pub fn secrets(&self) -> (u64, Secrets) {
+        let generation = self.secrets.generation();
+        (generation, *self.secrets.get())
+    }
+
+    /// The generation of the published secrets (one atomic load).
+    pub fn secrets_generation(&self) -> u64 {
+        self.secrets.generation()
+    }
+
+    /// Adds drops a shard decided without the table (`counts` by [`Drop`]
+    /// index) and zeroes `counts`.
+    pub fn add_late_drops(&self, counts: &mut [u64; Drop::ALL.len()]) {
+        for (total, n) in self.late_drops.iter().zip(counts.iter_mut()) {
+            if *n > 0 {
+                total.fetch_add(std::mem::take(n), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Drops for `why` so far: the table's and the shards'.
+    pub fn dropped(&self, why: Drop) -> u64 {
+        self.lock().counters().dropped(why) + self.late_drops[why.index()].load(Ordering::Relaxed)
     }
 
     /// Records the address the session socket is bound to (once, at start).
@@ -51,11 +99,18 @@ impl Sessions {
         self.bound.get().copied()
     }
 
-    /// Timers: rotates the cookie secret when due and frees expired
-    /// sessions.
+    /// Timers: rotates the cookie secret when due (publishing it) and frees
+    /// expired sessions. A table busy now is left for the next tick: the
+    /// caller (a shard) never waits for it.
     pub fn tick(&self, now: Instant) {
-        let mut t = self.lock();
-        t.rotate(now);
+        let mut t = match self.table.try_lock() {
+            Ok(t) => t,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if t.rotate(now) {
+            self.secrets.set(t.secrets());
+        }
         t.expire(now);
     }
 
@@ -82,12 +137,14 @@ impl Sessions {
             o,
             "ferry_udp_relay_session_events_total",
             "counter",
-            "Relay session allocations, refusals, binds and frees.",
+            "Relay session allocations (and repeats left unanswered), refusals, evictions, binds and frees.",
             "event",
             &[
                 ("allocated", c.allocated),
                 ("reused", c.reused),
+                ("repeat_unanswered", c.repeats_unanswered),
                 ("refused_limit", c.refused_limit),
+                ("evicted", c.evicted),
                 ("challenged", c.challenges),
                 ("bound", c.binds),
                 ("freed_bind_timeout", c.freed_bind_timeout),
@@ -110,7 +167,10 @@ impl Sessions {
             "",
             &[("", c.forwarded_bytes)],
         );
-        let drops = Drop::ALL.map(|why| (why.label(), c.dropped(why)));
+        let drops = Drop::ALL.map(|why| {
+            let late = self.late_drops[why.index()].load(Ordering::Relaxed);
+            (why.label(), c.dropped(why) + late)
+        });
         family(
             o,
             "ferry_udp_relay_session_drops_total",
@@ -151,33 +211,34 @@ impl SessionService for Sessions {
         self.bound().map_or(0, |a| a.port())
     }
 
-    /// Finds or makes the session of `asker` and `peer` and returns the
-    /// asker's offer (with `request_id`) and the peer's (request id 0).
-    /// The endpoint is the session socket's address; an unspecified one
-    /// (`0.0.0.0`, `::`) means the address the client reached the DERP
-    /// server at (`docs/relay-sessions.md` §2).
-    fn allocate(
-        &self,
-        asker: &NodePublic,
-        peer: &NodePublic,
-        ip: IpAddr,
-        request_id: u32,
-    ) -> Result<[SessionOffer; 2], RefuseReason> {
+    /// Finds or makes the session of the request's asker and peer and
+    /// returns the offers to send: the asker's (with its request id) and
+    /// the peer's (request id 0), each only if it is to be told (see
+    /// [`SessionTable::allocate_on`]). The endpoint is the session
+    /// socket's address; an unspecified one (`0.0.0.0`, `::`) means the
+    /// address the client reached the DERP server at
+    /// (`docs/relay-sessions.md` §2).
+    fn allocate(&self, r: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason> {
         let Some(endpoint) = self.bound() else {
             return Err(RefuseReason::Off);
         };
-        let a = self.lock().allocate(asker, peer, ip, Instant::now())?;
-        let offer = |request_id, slot: u8, peer: &NodePublic| SessionOffer {
+        let a = self
+            .lock()
+            .allocate_on(&r.asker, &r.peer, r.ip, r.conns, now)?;
+        let offer = |request_id, slot: u8, peer| SessionOffer {
             request_id,
             vni: a.vni,
-            peer: *peer,
+            peer,
             slot,
             token: a.tokens[usize::from(slot)],
             endpoints: vec![endpoint],
             bind_lifetime: self.limits.bind_lifetime,
             idle_lifetime: self.limits.idle_lifetime,
         };
-        Ok([offer(request_id, a.slot, peer), offer(0, 1 - a.slot, asker)])
+        Ok(Offers {
+            asker: a.tell_asker.then(|| offer(r.request_id, a.slot, r.peer)),
+            peer: a.tell_peer.then(|| offer(0, 1 - a.slot, r.asker)),
+        })
     }
 }
 
@@ -198,7 +259,9 @@ mod tests {
                 "ferry_udp_relay_sessions{state=\"bound\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"allocated\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"reused\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"repeat_unanswered\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"refused_limit\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"evicted\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"challenged\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"bound\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"freed_bind_timeout\"} 0",
@@ -213,6 +276,7 @@ mod tests {
                 "ferry_udp_relay_session_drops_total{reason=\"stale_generation\"} 0",
                 "ferry_udp_relay_session_drops_total{reason=\"unbound\"} 0",
                 "ferry_udp_relay_session_drops_total{reason=\"wrong_source\"} 0",
+                "ferry_udp_relay_session_drops_total{reason=\"rate_limited\"} 0",
             ]
         );
         assert!(o.contains(

@@ -1,5 +1,6 @@
 use super::*;
-use ferry_proto::relay_session::{Binder, SessionOffer, BIND_LEN};
+use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason, SessionOffer, BIND_LEN};
+use ferry_proto::udp_header;
 use ferry_proto::udp_header::Protocol;
 
 fn key(b: u8) -> NodePublic {
@@ -156,6 +157,53 @@ fn limits_per_key_and_per_source_ip() {
     t.expire(now + Duration::from_secs(31));
     assert!(t.is_empty());
     t.allocate(&key(1), &key(9), ip, now).unwrap();
+}
+
+/// Sessions others opened with a key count against it only once it asks
+/// for them or binds its slot. 32 strangers (each from its own address)
+/// asking for V used to lock V out of sessions of its own; now V's own
+/// allocations evict the strangers' sessions it never took part in,
+/// oldest first, and V is refused only when it has taken part in as many
+/// as its limit allows.
+#[test]
+fn strangers_asking_for_a_key_do_not_use_up_its_limit() {
+    let t0 = Instant::now();
+    let mut t = table(t0);
+    let victim = key(200);
+    let stranger_ip = |s: u8| IpAddr::from([198, 51, 100, s]);
+    let mut theirs = Vec::new();
+    for s in 0..32u8 {
+        let at = t0 + Duration::from_millis(u64::from(s));
+        theirs.push(t.allocate(&key(s), &victim, stranger_ip(s), at).unwrap());
+    }
+    // The victim binds its slot of stranger 0's session: it takes part.
+    let mut bv = Binder::new(&offer(&theirs[0], 1, key(0)), addr(RELAY), 1, t0);
+    bind(&mut t, &mut bv, addr("198.51.100.200:5000"), t0);
+    assert!(bv.is_bound());
+    let ip: IpAddr = IP.parse().unwrap();
+    let later = t0 + Duration::from_secs(1);
+    for f in 0..31u8 {
+        let own = t.allocate(&victim, &key(100 + f), ip, later).unwrap();
+        assert!(!own.existing);
+    }
+    // 31 of its own and the one it bound: the limit.
+    assert_eq!(
+        t.allocate(&victim, &key(150), ip, later),
+        Err(RefuseReason::Limit)
+    );
+    assert_eq!(t.sessions_of(&victim), 32);
+    // Stranger 0's session, which the victim bound, was kept; the others'
+    // were evicted (asking again makes a new one, which evicts nothing
+    // the victim took part in: refused).
+    assert!(
+        t.allocate(&key(0), &victim, stranger_ip(0), later)
+            .unwrap()
+            .existing
+    );
+    assert_eq!(
+        t.allocate(&key(1), &victim, stranger_ip(1), later),
+        Err(RefuseReason::Limit)
+    );
 }
 
 #[test]
@@ -449,4 +497,125 @@ fn a_bind_inside_a_train_is_seen_by_the_datagrams_after_it() {
             Verdict::Drop(Drop::WrongSource)
         ]
     );
+}
+
+/// Asking again for a session answers the asker at most once per answer
+/// interval on one connection (at once on a new one); the peer hears of
+/// the session once per connection of its own.
+#[test]
+fn repeats_are_answered_once_per_interval_and_the_peer_once_per_connection() {
+    let t0 = Instant::now();
+    let mut t = table(t0);
+    let ip: IpAddr = IP.parse().unwrap();
+    let ms = Duration::from_millis;
+    let told = |a: &Allocation| (a.tell_asker, a.tell_peer);
+    let (k1, k2) = (key(1), key(2));
+    let first = t.allocate_on(&k1, &k2, ip, [10, 20], t0).unwrap();
+    assert_eq!(told(&first), (true, true));
+    let again = t.allocate_on(&k1, &k2, ip, [10, 20], t0 + ms(999)).unwrap();
+    assert_eq!(told(&again), (false, false), "a repeat within the interval");
+    assert_eq!(t.counters().repeats_unanswered, 1);
+    let later = t
+        .allocate_on(&k1, &k2, ip, [10, 20], t0 + ms(1000))
+        .unwrap();
+    assert_eq!(told(&later), (true, false), "the interval passed");
+    let moved = t
+        .allocate_on(&k1, &k2, ip, [11, 20], t0 + ms(1001))
+        .unwrap();
+    assert_eq!(told(&moved), (true, false), "the asker's new connection");
+    // The peer asks: answered, although it heard of it as the peer.
+    let peer = t
+        .allocate_on(&k2, &k1, ip, [20, 11], t0 + ms(1002))
+        .unwrap();
+    assert_eq!((told(&peer), peer.slot), ((true, false), 1));
+    // The peer comes back on a new connection: the next ask tells it, once.
+    let back = t
+        .allocate_on(&k1, &k2, ip, [11, 21], t0 + ms(3000))
+        .unwrap();
+    assert_eq!(told(&back), (true, true));
+    let same = t
+        .allocate_on(&k1, &k2, ip, [11, 21], t0 + ms(5000))
+        .unwrap();
+    assert_eq!(told(&same), (true, false));
+    assert_eq!(t.counters().repeats_unanswered, 1);
+    assert_eq!(t.len(), 1);
+}
+
+/// Evictions are counted, and a key never ends up in more sessions than
+/// its limit.
+#[test]
+fn evictions_are_counted_and_keep_every_key_within_its_limit() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_key: 2,
+        ..Limits::default()
+    };
+    let mut t = SessionTable::with_seed(limits, 3, t0);
+    let ip = |b: u8| IpAddr::from([192, 0, 2, b]);
+    let v = key(9);
+    t.allocate(&key(1), &v, ip(1), t0).unwrap();
+    t.allocate(&key(2), &v, ip(2), t0 + Duration::from_millis(1))
+        .unwrap();
+    // A third stranger: the oldest stranger's session gives way.
+    t.allocate(&key(3), &v, ip(3), t0 + Duration::from_millis(2))
+        .unwrap();
+    assert_eq!((t.sessions_of(&v), t.taken_part(&v)), (2, 0));
+    assert_eq!(t.counters().evicted, 1);
+    assert!(!t.allocate(&key(1), &v, ip(1), t0).unwrap().existing);
+    assert_eq!(t.counters().evicted, 2);
+    assert_eq!(t.len(), 2);
+    // The victim's own: two, then refused (it took part in both).
+    t.allocate(&v, &key(4), ip(9), t0).unwrap();
+    t.allocate(&v, &key(5), ip(9), t0).unwrap();
+    assert_eq!((t.sessions_of(&v), t.taken_part(&v)), (2, 2));
+    assert_eq!(t.allocate(&v, &key(6), ip(9), t0), Err(RefuseReason::Limit));
+    assert_eq!(t.counters().evicted, 4);
+}
+
+/// The per-IP limit counts an IPv6 /64 as one source (a host with a /64
+/// has as many addresses as it likes), and an IPv4-mapped address as
+/// its IPv4 one.
+#[test]
+fn the_per_ip_limit_counts_an_ipv6_64_as_one_source() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_ip: 2,
+        ..Limits::default()
+    };
+    let mut t = SessionTable::with_seed(limits, 4, t0);
+    let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+    t.allocate(&key(1), &key(2), v6("2001:db8:1:2::1"), t0)
+        .unwrap();
+    t.allocate(&key(3), &key(4), v6("2001:db8:1:2:ffff::9"), t0)
+        .unwrap();
+    assert_eq!(
+        t.allocate(&key(5), &key(6), v6("2001:db8:1:2:abcd::1"), t0),
+        Err(RefuseReason::Limit)
+    );
+    t.allocate(&key(5), &key(6), v6("2001:db8:1:3::1"), t0)
+        .unwrap();
+    t.allocate(&key(7), &key(8), v6("::ffff:192.0.2.1"), t0)
+        .unwrap();
+    t.allocate(&key(9), &key(10), v6("192.0.2.1"), t0).unwrap();
+    assert_eq!(
+        t.allocate(&key(11), &key(12), v6("192.0.2.1"), t0),
+        Err(RefuseReason::Limit)
+    );
+}
+
+/// An answer whose session is freed between the table's two looks (the
+/// shards check its proof in between, without the lock) binds nothing.
+#[test]
+fn an_answer_proven_for_a_session_freed_meanwhile_binds_nothing() {
+    let t0 = Instant::now();
+    let (mut t, al) = one_session(t0);
+    let from = addr("198.51.100.1:1000");
+    let mut b = Binder::new(&offer(&al, 0, key(2)), addr(RELAY), 1, t0);
+    let answer = answer_of(&mut t, &mut b, from, t0);
+    let c = Checked::new(&t.secrets(), from, &answer).unwrap();
+    let token = t.look_up(&c).unwrap().expect("an answer gets the token");
+    assert!(c.proven(&token));
+    t.expire(t0 + Duration::from_secs(30));
+    assert_eq!(t.bind_proven(t0, &c, &token), Err(Drop::UnknownVni));
+    assert_eq!(t.counters().binds, 0);
 }

@@ -1,0 +1,81 @@
+//! Counters of what the relay refuses or drops so that one client cannot
+//! grow another's queues: control frames other clients caused, dropped
+//! over a connection's cap, and relayAllocate refusals. (Connections
+//! closed for their own control queue count in
+//! `ferry_connections_closed_total{reason="control_queue_full"}`.)
+
+use std::fmt::Write as _;
+
+use ferry_proto::relay_session::RefuseReason;
+
+use super::Metrics;
+
+labelled!(
+    /// A control frame that another client caused, dropped when the
+    /// receiving connection's control queue was past its share for them.
+    Notice {
+        /// peerGone(Disconnected): a client this one received from left.
+        PeerGone => "peer_gone",
+        /// relaySession to the peer of a session someone else asked for.
+        RelaySession => "relay_session",
+    }
+);
+
+labelled!(
+    /// Why a relayAllocate was refused (`docs/relay-sessions.md` §2).
+    AllocateRefusal {
+        /// The peer is not connected to this node.
+        PeerNotHere => "peer_not_here",
+        /// The peer did not ask for relay sessions.
+        PeerNotCapable => "peer_not_capable",
+        /// A per-key or per-source session limit.
+        Limit => "limit",
+        /// Sessions are off.
+        Off => "off",
+        /// The peer is the asker itself.
+        SelfPeer => "self",
+        /// The asker's connection asked faster than its rate.
+        Rate => "rate",
+        /// A reason this build does not name.
+        Other => "other",
+    }
+);
+
+impl AllocateRefusal {
+    /// The counter for a refusal sent with `reason`.
+    pub fn of(reason: RefuseReason) -> Self {
+        match reason {
+            RefuseReason::PeerNotHere => AllocateRefusal::PeerNotHere,
+            RefuseReason::PeerNotCapable => AllocateRefusal::PeerNotCapable,
+            RefuseReason::Limit => AllocateRefusal::Limit,
+            RefuseReason::Off => AllocateRefusal::Off,
+            RefuseReason::SelfPeer => AllocateRefusal::SelfPeer,
+            RefuseReason::RateLimited => AllocateRefusal::Rate,
+            RefuseReason::Other(_) => AllocateRefusal::Other,
+        }
+    }
+}
+
+impl Metrics {
+    /// Writes the families of this module.
+    pub(super) fn render_limits(&self, w: &mut String) {
+        let _ = writeln!(w, "# HELP ferry_control_frames_dropped_total Control frames other clients caused (peerGone, a session's offer to its peer), dropped because the receiving connection's control queue was past their share of its cap.\n# TYPE ferry_control_frames_dropped_total counter");
+        for n in Notice::ALL {
+            let v = self.sum(|s| s.notices_dropped[*n as usize].get());
+            let _ = writeln!(
+                w,
+                "ferry_control_frames_dropped_total{{frame=\"{}\"}} {v}",
+                n.label()
+            );
+        }
+        let _ = writeln!(w, "# HELP ferry_relay_allocate_refused_total relayAllocate requests answered with relayRefused, by reason.\n# TYPE ferry_relay_allocate_refused_total counter");
+        for r in AllocateRefusal::ALL {
+            let v = self.sum(|s| s.allocate_refused[*r as usize].get());
+            let _ = writeln!(
+                w,
+                "ferry_relay_allocate_refused_total{{reason=\"{}\"}} {v}",
+                r.label()
+            );
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The relay-session port on a shard: data datagrams forwarded under the
+//! shared table's lock (taken once per batch, and only for a batch with
+//! data), bind messages set aside and handled after it, their MACs
+//! computed without the lock (see [`crate::session::port`]).
+
+use std::os::fd::AsFd;
+
+use super::{each_datagram, each_train, Out, Run, Shard, ROUNDS};
+use crate::session::{self, port::Binds};
+
+impl Shard {
+    /// Datagrams on the relay-session port: data forwarded between a
+    /// session's two bound addresses, the shared table locked once per
+    /// batch (and only if the batch has data); bind messages set aside and
+    /// answered in place after it, their MACs computed without the lock
+    /// (see [`crate::session::port`]).
+    pub(super) fn sessions_in(&mut self, li: usize) -> bool {
+        let (Some(sessions), Some(mut binds)) =
+            (self.relay_sessions.clone(), self.session_binds.take())
+        else {
+            return false;
+        };
+        let mut more = true;
+        for _ in 0..ROUNDS {
+            let n = self.recv(Some(li), None);
+            if n == 0 || n == usize::MAX {
+                more = false;
+                break;
+            }
+            let mut table = None;
+            let out = &mut self.listeners[li].outbox;
+            let (buf, now, gso) = (&mut self.buf, self.now, self.gso);
+            each_train(
+                &self.meta[..n],
+                self.slot,
+                &self.metrics,
+                |src, start, len, seg| {
+                    self.metrics
+                        .relay_session_in
+                        .add(len.div_ceil(seg) as u64, len as u64);
+                    let mut train = session::Train::default();
+                    let mut run = None;
+                    each_datagram(start, len, seg, |at, n| {
+                        let datagram = &mut buf[at..at + n];
+                        if Binds::is_bind(datagram) {
+                            binds.defer(src, at, n);
+                            return;
+                        }
+                        let table = table.get_or_insert_with(|| sessions.lock());
+                        let to = match table.handle_in_train(now, src, datagram, &mut train) {
+                            session::Verdict::Forward(to) => to,
+                            session::Verdict::Reply => src,
+                            // Counted by the table, by reason.
+                            session::Verdict::Drop(_) => return,
+                        };
+                        Run::add(&mut run, to, at, n, |r| {
+                            out.push(Some(r.to), r.start, r.len, seg, gso)
+                        });
+                    });
+                    if let Some(r) = run {
+                        out.push(Some(r.to), r.start, r.len, seg, gso);
+                    }
+                },
+            );
+            drop(table);
+            binds.run(&sessions, now, buf, |to, at, n| {
+                out.push(Some(to), at, n, n, gso)
+            });
+            let l = &mut self.listeners[li];
+            let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
+            self.account(&f, Out::Sessions);
+            if n < self.asked {
+                more = false;
+                break;
+            }
+        }
+        self.session_binds = Some(binds);
+        more
+    }
+}
