@@ -849,7 +849,8 @@ pub fn forwarded(data: &[u8]) {
 
 /// The admission controller's answer: never panics; only the first
 /// [`admission::MAX_RESPONSE_BODY`] bytes matter; "allow" needs an `Allow`
-/// key (any case) set to `true` somewhere in them.
+/// key (any case) set to `true` somewhere in them. Read as it arrives, a
+/// prefix that holds a verdict holds the whole body's verdict.
 pub fn admission_response(data: &[u8]) {
     let got = admission::parse_response(data);
     let cut = &data[..data.len().min(admission::MAX_RESPONSE_BODY)];
@@ -860,6 +861,13 @@ pub fn admission_response(data: &[u8]) {
             text.contains("allow") && text.contains("true"),
             "admitted by {text:?}"
         );
+    }
+    // Some prefixes (each parse reads the whole prefix: not all of them).
+    let step = (cut.len() / 32).max(1);
+    for n in (0..=cut.len()).step_by(step).chain([cut.len()]) {
+        if let Some(allow) = admission::verdict_so_far(&cut[..n]) {
+            assert_eq!(Ok(allow), got, "prefix {n} of {}", cut.len());
+        }
     }
 }
 

@@ -13,7 +13,12 @@
 //!   `/verify` among them): the JSON of [`ferry_proto::admission`] is
 //!   posted; HTTP 200 with `Allow: true` admits, any other answer rejects,
 //!   and a controller that cannot be reached admits or rejects as
-//!   `--verify-client-url-fail-open` says.
+//!   `--verify-client-url-fail-open` says. "Cannot be reached" means no
+//!   status line came back (refused, DNS, TLS, the timeout before an
+//!   answer); once a 200 has come, the verdict is the body's first JSON
+//!   value, read as it arrives, and a body that breaks off, stalls past
+//!   the timeout or ends before that value is whole rejects (derper's
+//!   decoder fails the same way).
 //!
 //! None of this runs on a shard. [`Admission`] owns a small pool of threads
 //! and a bounded queue; a shard hands it a question with [`Admission::ask`]
@@ -117,6 +122,10 @@ pub enum Rejection {
     /// The controller's 200 answer was not the expected JSON.
     #[error("admission controller: {0}")]
     Answer(ResponseError),
+    /// The controller's 200 answer broke off, or stalled past the
+    /// timeout, before its verdict was whole.
+    #[error("admission controller's answer broke off: {0}")]
+    BrokenAnswer(String),
     /// The controller could not be reached (and fail-open is off).
     #[error("admission controller unreachable: {0}")]
     Unreachable(String),
@@ -136,11 +145,12 @@ impl Rejection {
             Rejection::Answer(_) => "bad_answer",
             Rejection::Unreachable(_) => "unreachable",
             Rejection::Busy(_) => "busy",
+            Rejection::BrokenAnswer(_) => "broken_answer",
         }
     }
 
     /// Every label, for metrics.
-    pub const LABELS: [&'static str; 7] = [
+    pub const LABELS: [&'static str; 8] = [
         "not_in_tailnet",
         "local_api_error",
         "denied",
@@ -148,6 +158,7 @@ impl Rejection {
         "bad_answer",
         "unreachable",
         "busy",
+        "broken_answer",
     ];
 }
 
@@ -160,7 +171,7 @@ pub struct AdmissionStats {
     /// fail-open is on.
     pub admitted_fail_open: AtomicU64,
     /// Clients refused, by [`Rejection::LABELS`] index.
-    pub rejected: [AtomicU64; 7],
+    pub rejected: [AtomicU64; Rejection::LABELS.len()],
     /// Verdicts answered from the cache.
     pub cache_hits: AtomicU64,
     /// Questions waiting or being asked now.
@@ -502,8 +513,9 @@ fn agent_for(url: &str, timeout: Duration) -> Result<ureq::Agent, AdmissionError
         .new_agent())
 }
 
-/// Posts the question. `Err` when the controller could not be reached or
-/// its answer not read; `Ok(Err)` when it answered but not with a verdict.
+/// Posts the question. `Err` when the controller could not be reached (no
+/// status line came back); `Ok(Err)` when it answered but not with a
+/// verdict.
 fn ask_controller(
     agent: &ureq::Agent,
     url: &str,
@@ -520,14 +532,42 @@ fn ask_controller(
     if status != 200 {
         return Ok(Err(Rejection::Status(status)));
     }
+    Ok(read_verdict(response.body_mut().as_reader()))
+}
+
+/// Reads a 200 answer's body until its first JSON value is whole (then
+/// the rest is not waited for) or the body ends. A read error, the agent's
+/// timeout among them, before that is a broken answer.
+fn read_verdict(mut body: impl Read) -> Result<bool, Rejection> {
     let mut answer = Vec::with_capacity(256);
-    response
-        .body_mut()
-        .as_reader()
-        .take(wire::MAX_RESPONSE_BODY as u64)
-        .read_to_end(&mut answer)
-        .map_err(|e| format!("reading the answer: {e}"))?;
-    Ok(wire::parse_response(&answer).map_err(Rejection::Answer))
+    let mut chunk = [0u8; 1024];
+    loop {
+        let room = (wire::MAX_RESPONSE_BODY - answer.len()).min(chunk.len());
+        let n = match body.read(&mut chunk[..room]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(Rejection::BrokenAnswer(format!(
+                    "after {} bytes of the body: {e}",
+                    answer.len()
+                )))
+            }
+        };
+        if n == 0 {
+            return wire::parse_response(&answer).map_err(Rejection::Answer);
+        }
+        answer.extend_from_slice(&chunk[..n]);
+        if answer.len() == wire::MAX_RESPONSE_BODY {
+            return wire::parse_response(&answer).map_err(Rejection::Answer);
+        }
+        // A JSON object can only become whole at a `}`: parse again only
+        // then, so a body sent a byte at a time is not parsed once per byte.
+        if chunk[..n].contains(&b'}') {
+            if let Some(allow) = wire::verdict_so_far(&answer) {
+                return Ok(allow);
+            }
+        }
+    }
 }
 
 /// Asks the local tailscaled whether `key` is a peer: `Ok(true)` on 200,

@@ -28,6 +28,9 @@ enum Behaviour {
     /// Accept the connection, read the request, answer nothing until the
     /// gate opens (the test holds it shut past the client's timeout).
     Hang(Arc<Mutex<()>>),
+    /// 200 promising a 100-byte body, these bytes of it, then the
+    /// connection closed (`None`) or held open until the gate opens.
+    CutShort(&'static str, Option<Arc<Mutex<()>>>),
 }
 
 /// A fake admission controller on loopback; records the bodies it got.
@@ -97,6 +100,17 @@ fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hi
         Behaviour::Fixed(status, body) => (status, body.to_owned()),
         Behaviour::Hang(gate) => {
             drop(gate.lock().unwrap());
+            return;
+        }
+        Behaviour::CutShort(part, then) => {
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{part}"
+            );
+            let _ = s.flush();
+            if let Some(gate) = then {
+                drop(gate.lock().unwrap());
+            }
             return;
         }
     };
@@ -228,6 +242,71 @@ fn unreachable_controller_follows_fail_open() {
                     "{url}: {v:?}"
                 );
             }
+        }
+    }
+    drop(held);
+}
+
+/// A 200 whose body breaks off (the connection closes) or stalls (past
+/// the timeout) before its JSON value is complete is a broken answer, not
+/// an unreachable controller: it refuses the client even with fail-open,
+/// as derper does (its JSON decoder fails on the short body).
+#[test]
+fn a_200_cut_short_refuses_even_with_fail_open() {
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    for (what, stall) in [("breaks off", None), ("stalls", Some(gate.clone()))] {
+        for part in ["", "{\"Allow\": tr", "{\"Allow\": true"] {
+            let c = controller(Behaviour::CutShort(part, stall.clone()));
+            let (a, rx, stats) = pool(with_url(&c.url));
+            let started = Instant::now();
+            let v = verdict(&a, &rx, key(), "10.0.0.1");
+            assert!(
+                matches!(v, Verdict::Reject(Rejection::BrokenAnswer(_))),
+                "body {what} after {part:?}: {v:?}"
+            );
+            assert_eq!(stats.admitted_fail_open.load(Ordering::Relaxed), 0);
+            assert!(started.elapsed() < Duration::from_secs(5));
+        }
+    }
+    drop(held);
+}
+
+/// The verdict is the body's first JSON value, read as it arrives (as
+/// derper's `json.Decoder` does): once that value is whole, what happens to
+/// the rest of the body does not matter, and a controller that holds the
+/// connection open after it does not delay the client.
+#[test]
+fn a_whole_verdict_counts_however_the_body_ends() {
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    for stall in [None, Some(gate.clone())] {
+        for (part, want) in [
+            ("{\"Allow\": true}", Verdict::Admit),
+            (
+                "{\"Allow\": false} and the",
+                Verdict::Reject(Rejection::Denied),
+            ),
+        ] {
+            let c = controller(Behaviour::CutShort(part, stall.clone()));
+            let cfg = AdmissionConfig {
+                timeout: Duration::from_secs(30),
+                ..with_url(&c.url)
+            };
+            let (a, rx, stats) = pool(cfg);
+            let started = Instant::now();
+            assert_eq!(verdict(&a, &rx, key(), "10.0.0.1"), want, "{part:?}");
+            assert_eq!(stats.admitted_fail_open.load(Ordering::Relaxed), 0);
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{part:?} then {}: decided after {:?}",
+                if stall.is_some() {
+                    "a stall"
+                } else {
+                    "a close"
+                },
+                started.elapsed()
+            );
         }
     }
     drop(held);
