@@ -500,9 +500,10 @@ fn read_sizes(ctl: u8, len: usize, seed: u32) -> (usize, XorShift) {
 /// cut into reads of sizes the first byte chooses, gives the same records
 /// and the same error as one pass over the whole stream; an opened
 /// record's inner plaintext (each record body, read as if it were one)
-/// never panics and names a type byte that is really there.
+/// never panics, names a type byte that is really there and is within the
+/// limit, and the run of empty ones stays bounded.
 pub fn tls13(data: &[u8]) {
-    use crate::tls13::{inner_plaintext, RecordReader, Step};
+    use crate::tls13::{inner_plaintext, EmptyRun, RecordReader, Step, MAX_EMPTY_RUN};
     let Some((&ctl, stream)) = data.split_first() else {
         return;
     };
@@ -534,6 +535,7 @@ pub fn tls13(data: &[u8]) {
     let split = read(max_read, &mut rng);
     assert_eq!(split, whole);
     let mut at = 0;
+    let (mut empty, mut run, mut ended) = (EmptyRun::default(), 0, false);
     for r in &whole.0 {
         assert_eq!(
             &stream[at..at + r.len()],
@@ -544,6 +546,13 @@ pub fn tls13(data: &[u8]) {
         if let Ok((ty, len)) = inner_plaintext(&r[TLS_HEADER_LEN..]) {
             assert_eq!(r[TLS_HEADER_LEN + len], ty);
             assert_ne!(ty, 0);
+            assert!(r.len() - TLS_HEADER_LEN <= crate::tls13::MAX_PLAINTEXT + 1);
+            if !ended {
+                run = if len == 0 { run + 1 } else { 0 };
+                let noted = empty.note(len);
+                assert_eq!(noted.is_err(), run > MAX_EMPTY_RUN, "run of {run}");
+                ended = noted.is_err();
+            }
         }
     }
     assert!(at + whole.2 <= stream.len());
