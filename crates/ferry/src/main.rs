@@ -612,15 +612,9 @@ fn load_key(args: &Args) -> Result<Key> {
     }
 }
 
+/// Writes a new key file, owner-only, never over an existing one.
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
+    ferry_sys::files::write_file(path, bytes, 0o600, ferry_sys::files::Existing::Keep)
 }
 
 /// Reads `--rate-config` (derper's JSON).
