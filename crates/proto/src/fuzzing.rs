@@ -190,8 +190,36 @@ pub fn deframer(data: &[u8]) {
 
 /// Parses an HTTP request head and checks that the head alone parses the
 /// same, that a truncated head is incomplete, and that responses built from
-/// its fields cannot be split by injected line breaks.
+/// its fields cannot be split by injected line breaks. Read as it arrives
+/// ([`http::HeadScan`], in pieces the input's length chooses), it gives
+/// the answer a parse of the bytes at hand gives, never one where the
+/// whole input parses, and within linear work.
 pub fn http_request(data: &[u8]) {
+    let step = 1 + data.len() % 13;
+    let mut scan = http::HeadScan::new();
+    let mut end = 0;
+    let mut answer = (Ok(None), 0);
+    while end < data.len() {
+        end = (end + step).min(data.len());
+        let got = scan.advance(&data[..end]);
+        if got != Ok(None) {
+            answer = (got, end);
+            break;
+        }
+    }
+    let whole = http::parse_request(data);
+    match &answer {
+        (Ok(None), _) => {
+            assert!(!matches!(whole, Ok(Some(_))), "the scan missed a head");
+            assert!(data.len() < http::MAX_HEAD || data.is_empty());
+        }
+        (got, at) => assert_eq!(got, &http::parse_request(&data[..*at]), "at {at}"),
+    }
+    if let Ok(Some(req)) = &whole {
+        assert_eq!(answer.0.as_ref(), Ok(&Some(req.clone())));
+    }
+    assert!(scan.work() <= 4 * data.len().min(http::MAX_HEAD) + 4);
+
     match http::parse_request(data) {
         Ok(Some(req)) => {
             assert!(req.head_len <= data.len() && req.head_len <= http::MAX_HEAD);

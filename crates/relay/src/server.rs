@@ -619,6 +619,7 @@ fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Re
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut head = Vec::with_capacity(1024);
+    let mut scan = ferry_proto::http::HeadScan::new();
     let mut buf = [0u8; 2048];
     let req = loop {
         let n = stream.read(&mut buf)?;
@@ -626,10 +627,10 @@ fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Re
             return Ok(());
         }
         head.extend_from_slice(&buf[..n]);
-        match ferry_proto::http::parse_request(&head) {
+        match scan.advance(&head) {
             Ok(Some(req)) => break req,
-            Ok(None) if head.len() < 16 * 1024 => continue,
-            _ => {
+            Ok(None) => continue,
+            Err(_) => {
                 stream.write_all(&ferry_proto::http::response(
                     400,
                     "Bad Request",
