@@ -860,6 +860,9 @@ pub fn forwarded(data: &[u8]) {
     let xff = lines.next();
     let fwd = lines.next();
     let got = forwarded::client_address(peer, &trusted, xff, fwd);
+    if let Some(known) = forwarded::known_client_address(peer, &trusted, xff, fwd) {
+        assert_eq!(known, got, "a known client is the client");
+    }
     let canonical = |ip: IpAddr| match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,

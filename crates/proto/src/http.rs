@@ -84,8 +84,8 @@ pub struct Request {
     /// `Host` header.
     pub host: Option<String>,
     /// Every `X-Forwarded-For` line, joined with `,` in the order received
-    /// (believed only from a trusted proxy: [`crate::forwarded`]). Its
-    /// presence alone denies debug access.
+    /// (believed only from a trusted proxy: [`crate::forwarded`]). From
+    /// any other peer, its presence (or `Forwarded`'s) denies debug access.
     pub x_forwarded_for: Option<String>,
     /// Every `Forwarded` (RFC 7239) line, joined with `,`.
     pub forwarded: Option<String>,

@@ -53,3 +53,57 @@ fn a_head_sent_a_byte_at_a_time_is_parsed_once() {
     );
     stop(server);
 }
+
+/// `/debug` is for local clients. A loopback peer that says it forwards
+/// for someone (`X-Forwarded-For` or `Forwarded`) is not local unless it
+/// is a trusted proxy; then the client the headers name decides, and each
+/// header present must name a local one (a proxy writes one of them, a
+/// client may have written the other).
+#[test]
+fn debug_pages_behind_a_proxy_follow_the_forwarded_client() {
+    let status = |addr, headers: &str| {
+        let r = support::http(
+            addr,
+            &format!("GET /debug/varz HTTP/1.1\r\nHost: x\r\n{headers}\r\n"),
+        );
+        r.get(9..12).unwrap_or_default().to_owned()
+    };
+    // Nobody trusted: any forwarding header makes the request non-local.
+    let (server, addr) = start(1, |_| {});
+    assert_eq!(status(addr, ""), "200");
+    for h in [
+        "X-Forwarded-For: 127.0.0.1\r\n",
+        "Forwarded: for=1.2.3.4\r\n",
+        "Forwarded: for=127.0.0.1\r\n",
+    ] {
+        assert_eq!(status(addr, h), "403", "untrusted peer with {h:?}");
+    }
+    stop(server);
+
+    // A loopback proxy is trusted: the forwarded client decides.
+    let (server, addr) = start(1, |cfg| {
+        cfg.trusted_proxies = "127.0.0.1".parse().unwrap();
+    });
+    for (h, want) in [
+        ("", "200"),
+        ("X-Forwarded-For: 127.0.0.1\r\n", "200"),
+        ("Forwarded: for=127.0.0.1\r\n", "200"),
+        ("X-Forwarded-For: 1.2.3.4\r\n", "403"),
+        ("X-Forwarded-For: 127.0.0.1, 1.2.3.4\r\n", "403"),
+        ("Forwarded: for=\"[2001:db8::1]:4711\"\r\n", "403"),
+        // A hop that names nobody: the client is unknown, not local.
+        ("Forwarded: for=unknown\r\n", "403"),
+        // The proxy wrote one header, the client the other.
+        (
+            "X-Forwarded-For: 1.2.3.4\r\nForwarded: for=127.0.0.1\r\n",
+            "403",
+        ),
+        (
+            "X-Forwarded-For: 127.0.0.1\r\nForwarded: for=1.2.3.4\r\n",
+            "403",
+        ),
+    ] {
+        assert_eq!(status(addr, h), want, "trusted proxy with {h:?}");
+    }
+    stop(server);
+}

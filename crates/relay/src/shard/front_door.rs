@@ -109,9 +109,11 @@ impl Shard {
             }
         };
         let head = conn.take_head();
+        // The peer before a forwarding header names another: who may see
+        // the debug pages depends on both.
+        let peer = conn.peer();
         self.forwarded_client(slot, &req);
         let conn = &self.conns[slot];
-        let peer = conn.peer();
         let kind = conn.listener();
         match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
             Answer::Respond(route, bytes) => {
