@@ -632,6 +632,7 @@ fn admission_summary(a: &AdmissionConfig) -> String {
     }
     if let Some(url) = &a.url {
         let open = if a.fail_open { "open" } else { "closed" };
+        let url = ferry_relay::admission::redact_url(url);
         parts.push(format!("{url} (fails {open})"));
     }
     if parts.is_empty() {

@@ -37,6 +37,7 @@ enum Behaviour {
 struct Controller {
     url: String,
     bodies: Arc<Mutex<Vec<String>>>,
+    heads: Arc<Mutex<Vec<String>>>,
     hits: Arc<AtomicUsize>,
 }
 
@@ -44,19 +45,28 @@ fn controller(behaviour: Behaviour) -> Controller {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/verify", listener.local_addr().unwrap());
     let bodies = Arc::new(Mutex::new(Vec::new()));
+    let heads = Arc::new(Mutex::new(Vec::new()));
     let hits = Arc::new(AtomicUsize::new(0));
-    let (b, h) = (bodies.clone(), hits.clone());
+    let (b, hd, h) = (bodies.clone(), heads.clone(), hits.clone());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
-            let (behaviour, b, h) = (behaviour.clone(), b.clone(), h.clone());
-            std::thread::spawn(move || serve(stream, behaviour, &b, &h));
+            let (behaviour, b, hd, h) = (behaviour.clone(), b.clone(), hd.clone(), h.clone());
+            std::thread::spawn(move || serve(stream, behaviour, (&b, &hd), &h));
         }
     });
-    Controller { url, bodies, hits }
+    Controller {
+        url,
+        bodies,
+        heads,
+        hits,
+    }
 }
 
-fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hits: &AtomicUsize) {
+/// Bodies and heads of the requests a controller got.
+type Seen<'a> = (&'a Mutex<Vec<String>>, &'a Mutex<Vec<String>>);
+
+fn serve(mut s: TcpStream, behaviour: Behaviour, (bodies, heads): Seen, hits: &AtomicUsize) {
     s.set_read_timeout(Some(WAIT)).unwrap();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 2048];
@@ -70,7 +80,8 @@ fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hi
         let text = String::from_utf8_lossy(&buf).into_owned();
         if let Some(end) = text.find("\r\n\r\n") {
             let head = &text[..end];
-            assert!(head.starts_with("POST /verify HTTP/1.1\r\n"), "{head}");
+            assert!(head.starts_with("POST /verify"), "{head}");
+            assert!(head.contains(" HTTP/1.1\r\n"), "{head}");
             assert!(
                 head.to_ascii_lowercase()
                     .contains("content-type: application/json"),
@@ -91,6 +102,11 @@ fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hi
     };
     hits.fetch_add(1, Ordering::SeqCst);
     bodies.lock().unwrap().push(body.clone());
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    heads
+        .lock()
+        .unwrap()
+        .push(text[..text.find("\r\n\r\n").unwrap_or(0)].to_owned());
     let (status, answer) = match behaviour {
         Behaviour::AllowList(keys) => {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -184,6 +200,68 @@ fn controller_admits_listed_keys_and_refuses_others() {
     );
     assert_eq!(stats.admitted.load(Ordering::Relaxed), 1);
     assert_eq!(stats.rejected[2].load(Ordering::Relaxed), 1, "denied");
+}
+
+/// Credentials in the controller's URL are used as Go's client (derper's)
+/// uses them: the user and password as Basic authorization, never in the
+/// Host header; the query as it is. They show nowhere else: not in the
+/// configuration's debug form, not in the text of a failure.
+#[test]
+fn credentials_in_the_url_are_sent_but_never_shown() {
+    let yes = key();
+    let c = controller(Behaviour::AllowList(Arc::new(HashSet::from([
+        yes.to_string()
+    ]))));
+    let url = format!(
+        "{}?token=t0ken",
+        c.url.replace("http://", "http://ferry:s3cret@")
+    );
+    let (a, rx, _) = pool(with_url(&url));
+    assert_eq!(verdict(&a, &rx, yes, "10.0.0.1"), Verdict::Admit);
+    let head = c.heads.lock().unwrap()[0].clone();
+    assert!(
+        head.starts_with("POST /verify?token=t0ken HTTP/1.1\r\n"),
+        "{head}"
+    );
+    // base64("ferry:s3cret")
+    assert!(
+        head.contains("\r\nauthorization: Basic ZmVycnk6czNjcmV0")
+            || head.contains("\r\nAuthorization: Basic ZmVycnk6czNjcmV0"),
+        "{head}"
+    );
+    assert!(!head.contains("ferry:s3cret@"), "{head}");
+
+    let shown = |text: &str| text.contains("s3cret") || text.contains("t0ken");
+    let cfg = with_url(&url);
+    assert!(!shown(&format!("{cfg:?}")), "{cfg:?}");
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!(
+            "http://ferry:s3cret@{}/verify?token=t0ken",
+            l.local_addr().unwrap()
+        )
+    };
+    let (a, rx, _) = pool(AdmissionConfig {
+        fail_open: false,
+        ..with_url(&refused)
+    });
+    let v = verdict(&a, &rx, key(), "10.0.0.1");
+    assert!(
+        matches!(v, Verdict::Reject(Rejection::Unreachable(_))),
+        "{v:?}"
+    );
+    assert!(!shown(&format!("{v:?}")), "{v:?}");
+    let Verdict::Reject(why) = v else {
+        unreachable!()
+    };
+    assert!(!shown(&why.to_string()), "{why}");
+    assert_eq!(
+        ferry_relay::admission::redact_url(&url),
+        format!(
+            "{}?token=[redacted]",
+            c.url.replace("http://", "http://[redacted]@")
+        )
+    );
 }
 
 #[test]
