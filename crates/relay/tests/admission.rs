@@ -437,6 +437,58 @@ fn waiting_questions_are_bounded() {
     assert_eq!(stats.rejected[6].load(Ordering::Relaxed), 1, "busy");
 }
 
+/// One source that fills the waiting queue does not lock the others out:
+/// a question from another source takes the place of the busiest
+/// source's newest waiting question (which is refused as busy), while a
+/// further question from the busiest source is refused itself. An IPv6
+/// source is its /64.
+#[test]
+fn a_flooding_source_yields_its_place_to_others() {
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    let c = controller(Behaviour::Hang(gate.clone()));
+    let cfg = AdmissionConfig {
+        concurrency: 1,
+        max_waiting: 4,
+        timeout: Duration::from_secs(30),
+        fail_open: false,
+        ..with_url(&c.url)
+    };
+    let (a, rx, stats) = pool(cfg);
+    let ask = |t: u32, ip_: &str| a.ask(t, key(), ip(ip_), Instant::now());
+    let busy = |v: &Option<Verdict>| matches!(v, Some(Verdict::Reject(Rejection::Busy(_))));
+    assert_eq!(ask(0, "2001:db8::1"), None);
+    assert!(
+        ferry_testkit::wait::eventually(WAIT, || c.hits.load(Ordering::SeqCst) >= 1),
+        "the thread did not pick up the question"
+    );
+    // The flood fills the queue from one /64, then is refused.
+    for t in 1..=4 {
+        assert_eq!(ask(t, &format!("2001:db8::{t:x}")), None, "{t}");
+    }
+    assert!(busy(&ask(5, "2001:db8::ff")), "the flooder's fifth");
+    // Others get in, each in place of the flooder's newest.
+    let evicted = |t: u32| {
+        let (got, v) = rx.recv_timeout(WAIT).unwrap();
+        assert_eq!(got, t);
+        assert!(matches!(v, Verdict::Reject(Rejection::Busy(_))), "{v:?}");
+    };
+    assert_eq!(ask(6, "192.0.2.1"), None);
+    evicted(4);
+    assert_eq!(ask(7, "2001:db8:1::1"), None);
+    evicted(3);
+    // Shares are equal now (2, 1, 1): a second from 192.0.2.1 is refused.
+    assert!(busy(&ask(8, "192.0.2.1")));
+    drop(held);
+    let mut got: Vec<u32> = (0..5).map(|_| rx.recv_timeout(WAIT).unwrap().0).collect();
+    got.sort();
+    assert_eq!(got, [0, 1, 2, 6, 7]);
+    assert_eq!(stats.rejected[6].load(Ordering::Relaxed), 4, "busy");
+    assert!(ferry_testkit::wait::eventually(WAIT, || {
+        stats.in_flight.load(Ordering::Relaxed) == 0
+    }));
+}
+
 #[test]
 fn verdicts_are_cached_per_key_and_source_when_asked_to() {
     let (yes, no) = (key(), key());

@@ -26,7 +26,11 @@
 //! started with (which posts it to the shard's inbox). A slow or dead
 //! controller delays only the clients waiting for it, each under its own
 //! handshake deadline; when the queue is full, new clients are refused at
-//! once ([`Rejection::Busy`]) rather than queued without bound. Verdicts
+//! once ([`Rejection::Busy`]) rather than queued without bound. A full
+//! queue is shared fairly between sources (an IPv4 address, an IPv6 /64):
+//! a question from a source with fewer waiting takes the place of the
+//! newest question of the source with the most, which is refused as busy,
+//! so one source flooding the relay with clients cannot lock out the rest. Verdicts
 //! may be kept for a while (`--verify-client-cache`, off by default; only
 //! answers are kept, never failures to get one).
 //!
@@ -48,6 +52,10 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::admission::{self as wire, ResponseError};
 use ferry_proto::key::NodePublic;
+
+mod redact;
+pub use redact::redact_url;
+use redact::scrub;
 
 /// Most verdicts kept when caching is on; past it, expired ones are
 /// dropped, then all.
@@ -91,124 +99,6 @@ impl std::fmt::Debug for AdmissionConfig {
             .field("cache_for", &self.cache_for)
             .finish()
     }
-}
-
-/// The text that stands for a credential.
-const REDACTED: &str = "[redacted]";
-/// Query values shorter than this are shown (they are no secret, and
-/// hiding them everywhere they occur would garble messages).
-const SECRET_MIN_LEN: usize = 4;
-
-/// The pieces of a URL that matter for hiding its credentials.
-struct UrlParts<'a> {
-    scheme: Option<&'a str>,
-    userinfo: Option<&'a str>,
-    host: &'a str,
-    path: &'a str,
-    query: Option<&'a str>,
-    fragment: bool,
-}
-
-impl<'a> UrlParts<'a> {
-    fn of(url: &'a str) -> UrlParts<'a> {
-        let (scheme, rest) = match url.split_once("://") {
-            Some((scheme, rest)) => (Some(scheme), rest),
-            None => (None, url),
-        };
-        let (rest, fragment) = match rest.split_once('#') {
-            Some((rest, _)) => (rest, true),
-            None => (rest, false),
-        };
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (userinfo, host) = match authority.rsplit_once('@') {
-            Some((userinfo, host)) => (Some(userinfo), host),
-            None => (None, authority),
-        };
-        UrlParts {
-            scheme,
-            userinfo,
-            host,
-            path,
-            query,
-            fragment,
-        }
-    }
-
-    /// The query's items as (name, value); an item without `=` is all
-    /// value.
-    fn query_items(&self) -> impl Iterator<Item = (Option<&'a str>, &'a str)> {
-        self.query
-            .into_iter()
-            .flat_map(|q| q.split('&'))
-            .filter(|item| !item.is_empty())
-            .map(|item| match item.split_once('=') {
-                Some((name, value)) => (Some(name), value),
-                None => (None, item),
-            })
-    }
-}
-
-/// `url` as it may be shown: the user and password, every query value and
-/// the fragment replaced by `[redacted]` (query names stay, to say what
-/// was given).
-pub fn redact_url(url: &str) -> String {
-    let parts = UrlParts::of(url);
-    let mut out = String::with_capacity(url.len());
-    if let Some(scheme) = parts.scheme {
-        out.push_str(scheme);
-        out.push_str("://");
-    }
-    if parts.userinfo.is_some() {
-        out.push_str(REDACTED);
-        out.push('@');
-    }
-    out.push_str(parts.host);
-    out.push_str(parts.path);
-    if parts.query.is_some() {
-        out.push('?');
-        for (i, (name, _)) in parts.query_items().enumerate() {
-            if i > 0 {
-                out.push('&');
-            }
-            if let Some(name) = name {
-                out.push_str(name);
-                out.push('=');
-            }
-            out.push_str(REDACTED);
-        }
-    }
-    if parts.fragment {
-        out.push('#');
-        out.push_str(REDACTED);
-    }
-    out
-}
-
-/// `text` with every credential of `url` in it (the URL itself, its user
-/// information, password and query values) replaced, for messages built
-/// from errors that may quote them.
-fn scrub(text: &str, url: &str) -> String {
-    let parts = UrlParts::of(url);
-    let mut text = text.replace(url, &redact_url(url));
-    let password = parts
-        .userinfo
-        .and_then(|u| u.split_once(':'))
-        .map(|(_, p)| p);
-    let secrets = parts
-        .userinfo
-        .into_iter()
-        .chain(password)
-        .chain(parts.query_items().map(|(_, value)| value));
-    for secret in secrets {
-        if secret.len() >= SECRET_MIN_LEN {
-            text = text.replace(secret, REDACTED);
-        }
-    }
-    text
 }
 
 impl AdmissionConfig {
@@ -394,7 +284,69 @@ struct Question<T> {
 
 struct Queue<T> {
     waiting: VecDeque<Question<T>>,
+    /// Questions waiting per source network ([`source_net`]).
+    per_source: HashMap<IpAddr, usize>,
     stopping: bool,
+}
+
+impl<T> Queue<T> {
+    fn push(&mut self, question: Question<T>) {
+        *self
+            .per_source
+            .entry(source_net(question.source))
+            .or_default() += 1;
+        self.waiting.push_back(question);
+    }
+
+    fn pop(&mut self) -> Option<Question<T>> {
+        let question = self.waiting.pop_front()?;
+        self.forget(question.source);
+        Some(question)
+    }
+
+    fn forget(&mut self, source: IpAddr) {
+        let net = source_net(source);
+        if let Some(n) = self.per_source.get_mut(&net) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&net);
+            }
+        }
+    }
+
+    /// For a question from `source` when the queue is full: takes out the
+    /// newest question of the source with the most waiting, if that is
+    /// more than `source` would have with this one.
+    fn make_room_for(&mut self, source: IpAddr) -> Option<Question<T>> {
+        let mine = self
+            .per_source
+            .get(&source_net(source))
+            .copied()
+            .unwrap_or(0);
+        let (&busiest, &most) = self.per_source.iter().max_by_key(|(_, n)| **n)?;
+        if most <= mine + 1 {
+            return None;
+        }
+        let at = self
+            .waiting
+            .iter()
+            .rposition(|q| source_net(q.source) == busiest)?;
+        let question = self.waiting.remove(at)?;
+        self.forget(question.source);
+        Some(question)
+    }
+}
+
+/// The network a source counts as for the queue's fair share: an IPv4
+/// address, or an IPv6 /64 (what one host or site gets).
+fn source_net(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
 }
 
 struct Inner<T> {
@@ -446,6 +398,7 @@ impl<T: Send + 'static> Admission<T> {
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
+                per_source: HashMap::new(),
                 stopping: false,
             }),
             ready: Condvar::new(),
@@ -470,7 +423,9 @@ impl<T: Send + 'static> Admission<T> {
     /// Asks whether `key`, connecting from `source`, may register. Returns
     /// the verdict when it is known at once (from the cache, or a refusal
     /// because too many wait); otherwise the verdict comes later through
-    /// `deliver` with `ticket`.
+    /// `deliver` with `ticket`. A question that a full queue makes room
+    /// for ([`Admission`]'s fair share) sends the one it displaced its
+    /// refusal through `deliver`, from this call.
     pub fn ask(&self, ticket: T, key: NodePublic, source: IpAddr, now: Instant) -> Option<Verdict> {
         let inner = &self.inner;
         if let Some(ttl) = inner.cfg.cache_for {
@@ -485,20 +440,34 @@ impl<T: Send + 'static> Admission<T> {
         }
         let mut q = inner.queue.lock().expect("admission queue lock");
         let busy = inner.stats.in_flight.load(Ordering::Relaxed) as usize;
+        let mut displaced = None;
         if q.waiting.len() >= inner.cfg.max_waiting {
-            drop(q);
-            let v = Verdict::Reject(Rejection::Busy(busy));
-            inner.stats.count(&v);
-            return Some(v);
+            displaced = q.make_room_for(source);
+            if displaced.is_none() {
+                drop(q);
+                let v = Verdict::Reject(Rejection::Busy(busy));
+                inner.stats.count(&v);
+                return Some(v);
+            }
         }
-        inner.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        q.waiting.push_back(Question {
+        q.push(Question {
             ticket,
             key,
             source,
         });
         drop(q);
-        inner.ready.notify_one();
+        match displaced {
+            Some(old) => {
+                let v = Verdict::Reject(Rejection::Busy(busy));
+                inner.stats.count(&v);
+                tracing::debug!(key = %old.key, source = %old.source, "admission: gave a busy source's place in the queue to another");
+                (inner.deliver)(old.ticket, v);
+            }
+            None => {
+                inner.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+                inner.ready.notify_one();
+            }
+        }
         None
     }
 }
@@ -531,7 +500,7 @@ impl<T: Send + 'static> Inner<T> {
                     if q.stopping {
                         return;
                     }
-                    if let Some(question) = q.waiting.pop_front() {
+                    if let Some(question) = q.pop() {
                         break question;
                     }
                     q = self.ready.wait(q).expect("admission queue lock");
@@ -775,49 +744,5 @@ fn ask_tailscaled(socket: &PathBuf, key: &NodePublic, timeout: Duration) -> Resu
             Err(format!("HTTP {code}: {text}"))
         }
         None => Err("answer has no status".to_owned()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_lose_their_credentials() {
-        for (url, shown) in [
-            (
-                "https://u:p4ss@ctl.example:8443/verify?token=t0ken&v=1#frag",
-                "https://[redacted]@ctl.example:8443/verify?token=[redacted]&v=[redacted]#[redacted]",
-            ),
-            (
-                "http://127.0.0.1:9/verify",
-                "http://127.0.0.1:9/verify",
-            ),
-            ("http://user@h/?bare", "http://[redacted]@h/?[redacted]"),
-            ("http://h?k=", "http://h?k=[redacted]"),
-            ("ftp://a:b@h", "ftp://[redacted]@h"),
-            ("a:b@h/x", "[redacted]@h/x"),
-            // An @ in the path is not user information.
-            ("http://h/a@b", "http://h/a@b"),
-        ] {
-            assert_eq!(redact_url(url), shown, "{url}");
-        }
-    }
-
-    #[test]
-    fn messages_lose_the_credentials_they_quote() {
-        let url = "https://ferry:s3cret@ctl/verify?token=t0ken&n=1";
-        let msg = format!("bad uri: {url}; user ferry:s3cret, password s3cret, token t0ken, 1");
-        let clean = scrub(&msg, url);
-        for secret in ["s3cret", "t0ken"] {
-            assert!(!clean.contains(secret), "{clean}");
-        }
-        assert!(clean.contains("https://[redacted]@ctl/verify"), "{clean}");
-        // Short values stay (they are no secret, and "1" is everywhere).
-        assert!(clean.ends_with(", 1"), "{clean}");
-        let e = agent_for("ftp://u:p4ss@h/", Duration::from_secs(1))
-            .err()
-            .unwrap();
-        assert!(!e.to_string().contains("p4ss"), "{e}");
     }
 }
