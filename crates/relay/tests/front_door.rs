@@ -1,7 +1,7 @@
 //! The HTTP front door through real sockets: what a client that
 //! misbehaves before the DERP upgrade costs the relay and the others (a
-//! request head dribbled a byte at a time), and who counts as local for
-//! the debug pages behind a proxy.
+//! request head dribbled a byte at a time, to the relay or to its metrics
+//! listener), and who counts as local for the debug pages behind a proxy.
 
 mod support;
 
@@ -105,5 +105,59 @@ fn debug_pages_behind_a_proxy_follow_the_forwarded_client() {
     ] {
         assert_eq!(status(addr, h), want, "trusted proxy with {h:?}");
     }
+    stop(server);
+}
+
+/// The metrics listener answers a few requests at once. A client that
+/// sends its request a byte at a time holds one of those places for the
+/// request's time limit (5 s), not for as long as it keeps sending: a
+/// crowd of them delays a scrape, never keeps it out.
+#[test]
+fn slow_metrics_clients_cannot_keep_the_scrapes_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+    let (server, _, metrics) = support::start_with_metrics();
+    let scrape = || {
+        let r = support::http(metrics, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        r.starts_with("HTTP/1.1 200")
+    };
+    assert!(scrape());
+    // More slow clients than the listener serves at once, each sending a
+    // byte every 300 ms for up to 20 s.
+    let quit = Arc::new(AtomicBool::new(false));
+    let slow: Vec<_> = (0..12)
+        .map(|_| {
+            let quit = quit.clone();
+            let mut s = TcpStream::connect(metrics).unwrap();
+            std::thread::spawn(move || {
+                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ");
+                let until = Instant::now() + Duration::from_secs(20);
+                while !quit.load(Ordering::Relaxed) && Instant::now() < until {
+                    if s.write_all(b"a").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            })
+        })
+        .collect();
+    // While they hold every place, a scrape is turned away...
+    assert!(
+        support::eventually(Duration::from_secs(5), || !scrape()),
+        "the slow clients never took the listener's places"
+    );
+    // ...but only until their time limit: the scrapes come back.
+    let started = Instant::now();
+    let back = support::eventually(Duration::from_secs(12), scrape);
+    quit.store(true, Ordering::Relaxed);
+    for t in slow {
+        t.join().unwrap();
+    }
+    assert!(
+        back,
+        "no scrape answered for 12 s while slow clients dribbled"
+    );
+    assert!(started.elapsed() < Duration::from_secs(12));
     stop(server);
 }
