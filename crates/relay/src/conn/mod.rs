@@ -547,7 +547,8 @@ impl Conn {
         &self.head
     }
 
-    /// The head, to append to.
+    /// The head, to append to (the PROXY prelude; a request head goes
+    /// through [`Conn::read_head`]).
     pub fn head_mut(&mut self) -> &mut Vec<u8> {
         &mut self.head
     }
