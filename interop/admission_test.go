@@ -27,7 +27,7 @@ type controller struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
 	allow map[key.NodePublic]bool
-	mode  string // "list", "all", "500", "garbage", "slow"
+	mode  string // "list", "all", "500", "garbage", "slow", "cut", "stall", "whole-cut"
 	seen  []map[string]string
 	hits  atomic.Int64
 }
@@ -61,6 +61,26 @@ func newController(t *testing.T) *controller {
 			case <-time.After(8 * time.Second):
 			}
 			fmt.Fprintf(w, `{"Allow": true}`)
+		case "cut", "stall", "whole-cut":
+			// A 200 promising more body than it sends.
+			part := `{"Allow": tr`
+			if mode == "whole-cut" {
+				part = `{"Allow": true}`
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(200)
+			w.Write([]byte(part))
+			w.(http.Flusher).Flush()
+			if mode == "stall" {
+				// Past the servers' 5 s limit, unless the caller gives up.
+				select {
+				case <-r.Context().Done():
+				case <-time.After(8 * time.Second):
+				}
+			}
+			// Close the connection with the body unfinished.
+			panic(http.ErrAbortHandler)
 		default:
 			fmt.Fprintf(w, `{"Allow": %v}`, allowed)
 		}
@@ -165,6 +185,27 @@ func TestAdmissionController(t *testing.T) {
 		}
 		if took < 4*time.Second {
 			t.Errorf("slow-admit admitted after %v; want it to have waited for the controller's 5 s limit", took)
+		}
+	})
+}
+
+// A 200 whose body breaks off or stalls before its JSON verdict is whole
+// is an answer, not an unreachable controller: both servers refuse the
+// client although fail-open is on (the default). A verdict that is whole
+// counts however the body ends: both admit.
+func TestAdmissionBrokenAnswer(t *testing.T) {
+	eachServer(t, func(t *testing.T, kind string) {
+		c := newController(t)
+		s := startServer(t, kind, serverOpts{args: []string{"--verify-client-url", c.srv.URL}})
+		c.set("cut")
+		s.refusedClient(t, "answer-cut", 5*time.Second)
+		c.set("whole-cut")
+		s.newClient(t, "whole-answer-cut")
+		c.set("stall")
+		start := time.Now()
+		s.refusedClient(t, "answer-stalled", 10*time.Second)
+		if took := time.Since(start); took < 4*time.Second {
+			t.Errorf("answer-stalled refused after %v; want it to have waited for the 5 s limit", took)
 		}
 	})
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_relay::tls::AcmeState;
+use ferry_sys::files::Existing;
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
     NewOrder, OrderStatus, RetryPolicy,
@@ -385,7 +386,7 @@ async fn order(opts: &AcmeOptions, state: &AcmeState, files: &Files) -> Result<(
         .await
         .context("downloading the certificate")?;
     write_private(&files.key, key_pem.as_bytes())?;
-    std::fs::write(&files.cert, chain_pem.as_bytes())
+    ferry_sys::files::write_file(&files.cert, chain_pem.as_bytes(), 0o644, Existing::Replace)
         .with_context(|| format!("writing {}", files.cert.display()))?;
     Ok(())
 }
@@ -439,21 +440,11 @@ async fn account(opts: &AcmeOptions, files: &Files) -> Result<Account> {
     Ok(account)
 }
 
-/// Writes a secret file readable by its owner only.
+/// Writes a secret file readable by its owner only, replacing the old one
+/// in one step.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    ferry_sys::files::write_file(path, bytes, 0o600, Existing::Replace)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -476,5 +467,60 @@ mod tests {
         // Short-lived (6 days, or an hour): two thirds.
         assert_eq!(renew_at(0, 6 * day), 4 * day);
         assert_eq!(renew_at(1000, 4600), 3400);
+    }
+
+    /// The key and the account are written owner-only from the first
+    /// byte, whatever lies in the directory: a leftover file at a
+    /// temporary name keeps neither its mode nor its place, and a symlink
+    /// planted there is not followed.
+    #[test]
+    fn secrets_are_owner_only_whatever_was_left_in_the_directory() {
+        use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("ferry-acme-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = Files::new(&dir, "relay.example");
+        // Plants at the temporary names each file had, and at a few more.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"not yours").unwrap();
+        for (i, f) in [&files.key, &files.account].into_iter().enumerate() {
+            let stem = f.file_name().unwrap().to_string_lossy().into_owned();
+            for name in [
+                f.with_extension("tmp"),
+                dir.join(format!("{stem}.tmp")),
+                dir.join(format!(".{stem}.tmp")),
+            ] {
+                if i == 0 {
+                    std::fs::write(&name, b"leftover").unwrap();
+                    std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o644))
+                        .unwrap();
+                } else {
+                    symlink(&victim, &name).unwrap();
+                }
+            }
+        }
+        write_private(&files.key, b"-----BEGIN PRIVATE KEY-----").unwrap();
+        write_private(&files.account, b"{\"credentials\":1}").unwrap();
+        for f in [&files.key, &files.account] {
+            let meta = std::fs::symlink_metadata(f).unwrap();
+            assert!(
+                meta.file_type().is_file(),
+                "{} is a plain file",
+                f.display()
+            );
+            assert_eq!(meta.mode() & 0o777, 0o600, "{}", f.display());
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"not yours");
+        assert_eq!(
+            std::fs::read(&files.key).unwrap(),
+            b"-----BEGIN PRIVATE KEY-----"
+        );
+        // Written again (a renewal): still owner-only, the new bytes.
+        std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_private(&files.key, b"renewed").unwrap();
+        assert_eq!(std::fs::read(&files.key).unwrap(), b"renewed");
+        let mode = std::fs::metadata(&files.key).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -612,15 +612,9 @@ fn load_key(args: &Args) -> Result<Key> {
     }
 }
 
+/// Writes a new key file, owner-only, never over an existing one.
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
+    ferry_sys::files::write_file(path, bytes, 0o600, ferry_sys::files::Existing::Keep)
 }
 
 /// Reads `--rate-config` (derper's JSON).
@@ -638,6 +632,7 @@ fn admission_summary(a: &AdmissionConfig) -> String {
     }
     if let Some(url) = &a.url {
         let open = if a.fail_open { "open" } else { "closed" };
+        let url = ferry_relay::admission::redact_url(url);
         parts.push(format!("{url} (fails {open})"));
     }
     if parts.is_empty() {

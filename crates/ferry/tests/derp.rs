@@ -209,6 +209,15 @@ fn start_up_line_is_readable() {
         "{line}"
     );
     assert!(log.contains("created a new server key"), "{log}");
+    // Owner-only, and written in one step (no temporary file left beside).
+    use std::os::unix::fs::PermissionsExt;
+    let key = std::fs::metadata(dir.path("ferry.key")).unwrap();
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
+    let names: Vec<_> = std::fs::read_dir(dir.path(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["ferry.key"], "{names:?}");
 }
 
 /// `--accept-connection-limit` through the binary: with a burst of 2 and

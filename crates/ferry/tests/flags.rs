@@ -880,3 +880,68 @@ fn udp_relay_bounce_flags_take_effect() {
     });
     f.stop();
 }
+
+/// Credentials in `--verify-client-url` (a user and password, a token in
+/// the query) are shown nowhere an operator or a log reader looks: not in
+/// the log (at debug level, through a question that fails), not on
+/// `/debug/varz` or the metrics listener, not in `ferry status` or
+/// `ferry check-config`. The log still says which controller, redacted.
+#[test]
+fn admission_url_credentials_are_never_shown() {
+    let dir = TempDir::new("redact");
+    let dead = free_tcp_port();
+    let url = format!("http://ferry:s3cret@127.0.0.1:{dead}/verify?token=t0ken");
+    let (mut f, addr) = serving(&mut relay(
+        &dir,
+        &[
+            "--stun=false",
+            "--log",
+            "debug",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--verify-client-url",
+            &url,
+        ],
+    ));
+    let metrics = url_addr(&f.field("ferry relay running", "metrics"));
+    // Admitted (fail-open) after a question that could not be asked.
+    let _client = Derp::connect(addr, NodePrivate::generate(), None);
+    f.wait_log("admission controller unreachable");
+    let mut shown = vec![get(addr, "/debug/varz"), get(metrics, "/metrics")];
+    for args in [
+        vec!["status", &metrics.to_string()],
+        vec!["status", "--json", &metrics.to_string()],
+    ] {
+        let out = ferry().args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        shown.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let file = dir.path("ferry.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "addr = \"127.0.0.1:0\"\nstun = false\nverify_client_url = \"{url}\"\nkey_file = \"{}\"\n",
+            dir.path("check.key")
+        ),
+    )
+    .unwrap();
+    let out = ferry().args(["check-config", &file]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    shown.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    shown.push(String::from_utf8_lossy(&out.stderr).into_owned());
+    let log = f.stop();
+    let redacted = format!("http://[redacted]@127.0.0.1:{dead}/verify?token=[redacted]");
+    assert!(log.contains(&redacted), "{log}");
+    assert!(
+        shown[shown.len() - 2].contains(&redacted),
+        "{}",
+        shown[shown.len() - 2]
+    );
+    shown.push(log);
+    for text in shown {
+        assert!(
+            !text.contains("s3cret") && !text.contains("t0ken"),
+            "a credential is shown:\n{text}"
+        );
+    }
+}

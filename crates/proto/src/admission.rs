@@ -50,6 +50,20 @@ pub fn parse_response(body: &[u8]) -> Result<bool, ResponseError> {
         .map_err(|e| ResponseError(e.to_string()))
 }
 
+/// The verdict in the first bytes of an answer's body, once its first
+/// JSON value is whole in them: derper's decoder stops there and reads no
+/// further, so what follows (more bytes, a break, a stall) changes
+/// nothing. `None` while that value is not whole, or is not a verdict: the
+/// end of the body (or [`MAX_RESPONSE_BODY`] bytes) decides then, through
+/// [`parse_response`]. (Errors are left to that: a cut JSON text can look
+/// like a syntax error, e.g. a body cut right after a minus sign.)
+pub fn verdict_so_far(received: &[u8]) -> Option<bool> {
+    let received = &received[..received.len().min(MAX_RESPONSE_BODY)];
+    json::decode_first_object::<Answer>(received)
+        .ok()
+        .map(|a| a.allow)
+}
+
 /// The answer's one field derper reads.
 #[derive(Default)]
 struct Answer {
@@ -110,6 +124,21 @@ mod tests {
         assert_eq!(ok(r#"{"aLLow":false,"Allow":true}"#), Ok(true));
         assert_eq!(ok(r#"{"Allow":true,"allow":null}"#), Ok(true));
         assert_eq!(ok(r#"{"Allow":true,"Allow":false}"#), Ok(false));
+    }
+
+    #[test]
+    fn a_verdict_is_known_once_its_value_is_whole() {
+        let whole = r#"{"Allow": true, "Note": [-1]} trailing"#;
+        let done = whole.find('}').unwrap() + 1;
+        for n in 0..=whole.len() {
+            let got = verdict_so_far(&whole.as_bytes()[..n]);
+            assert_eq!(got, (n >= done).then_some(true), "prefix {n}");
+        }
+        assert_eq!(verdict_so_far(br#"{"allow":false}"#), Some(false));
+        assert_eq!(verdict_so_far(b"null"), Some(false));
+        // Errors are the whole body's to decide.
+        assert_eq!(verdict_so_far(b"<html"), None);
+        assert_eq!(verdict_so_far(br#"{"Allow":1}"#), None);
     }
 
     #[test]

@@ -206,26 +206,54 @@ pub fn client_address(
     x_forwarded_for: Option<&str>,
     forwarded: Option<&str>,
 ) -> IpAddr {
+    walk(peer, trusted, x_forwarded_for, forwarded).0
+}
+
+/// As [`client_address`], but `None` where the walk stops at a hop that
+/// names no usable address: the client is unknown then (it is not the
+/// last trusted proxy before that hop). For decisions that must not give
+/// an unknown client the benefit of the doubt.
+pub fn known_client_address(
+    peer: IpAddr,
+    trusted: &TrustedProxies,
+    x_forwarded_for: Option<&str>,
+    forwarded: Option<&str>,
+) -> Option<IpAddr> {
+    let (ip, known) = walk(peer, trusted, x_forwarded_for, forwarded);
+    known.then_some(ip)
+}
+
+/// The walk of [`client_address`], and whether it ended on an address
+/// (`false`: at a hop that names none).
+fn walk(
+    peer: IpAddr,
+    trusted: &TrustedProxies,
+    x_forwarded_for: Option<&str>,
+    forwarded: Option<&str>,
+) -> (IpAddr, bool) {
     let peer = canonical(peer);
     if !trusted.contains(peer) {
-        return peer;
+        return (peer, true);
     }
     let mut current = peer;
     let mut walk = |hops: &mut dyn DoubleEndedIterator<Item = Option<IpAddr>>| {
         for hop in hops.rev() {
-            let Some(ip) = hop else { return };
+            let Some(ip) = hop else { return false };
             current = canonical(ip);
             if !trusted.contains(current) {
-                return;
+                return true;
             }
         }
+        true
     };
-    if let Some(f) = forwarded {
-        walk(&mut f.split(',').map(forwarded_for_param));
+    let known = if let Some(f) = forwarded {
+        walk(&mut f.split(',').map(forwarded_for_param))
     } else if let Some(x) = x_forwarded_for {
-        walk(&mut x.split(',').map(|h| node_address(h.trim())));
-    }
-    current
+        walk(&mut x.split(',').map(|h| node_address(h.trim())))
+    } else {
+        true
+    };
+    (current, known)
 }
 
 /// The address in one `Forwarded` element's `for=` parameter.
@@ -371,6 +399,36 @@ mod tests {
         assert_eq!(
             client_address(ip("10.0.0.1"), &t, None, Some("for=1.2.3.4;for=5.6.7.8")),
             ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn a_walk_that_stops_at_an_unusable_hop_names_no_known_client() {
+        let t = trusted("10.0.0.0/8");
+        let peer = ip("10.0.0.1");
+        let known = |x: Option<&str>, f: Option<&str>| known_client_address(peer, &t, x, f);
+        assert_eq!(
+            known(Some("198.51.100.7, 10.0.0.2"), None),
+            Some(ip("198.51.100.7"))
+        );
+        assert_eq!(known(Some("10.0.0.9"), None), Some(ip("10.0.0.9")));
+        assert_eq!(known(None, None), Some(peer));
+        for (x, f) in [
+            (Some("1.1.1.1, unknown"), None),
+            (Some(""), None),
+            (None, Some("for=unknown, for=10.0.0.4")),
+            (None, Some("for=_hidden")),
+        ] {
+            assert_eq!(known(x, f), None, "{x:?} {f:?}");
+            assert_eq!(
+                client_address(peer, &t, x, f) == peer,
+                f.is_none() || f == Some("for=_hidden")
+            );
+        }
+        // An untrusted peer is always its own, known, client.
+        assert_eq!(
+            known_client_address(ip("192.0.2.1"), &t, Some("unknown"), None),
+            Some(ip("192.0.2.1"))
         );
     }
 

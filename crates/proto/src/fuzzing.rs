@@ -190,8 +190,36 @@ pub fn deframer(data: &[u8]) {
 
 /// Parses an HTTP request head and checks that the head alone parses the
 /// same, that a truncated head is incomplete, and that responses built from
-/// its fields cannot be split by injected line breaks.
+/// its fields cannot be split by injected line breaks. Read as it arrives
+/// ([`http::HeadScan`], in pieces the input's length chooses), it gives
+/// the answer a parse of the bytes at hand gives, never one where the
+/// whole input parses, and within linear work.
 pub fn http_request(data: &[u8]) {
+    let step = 1 + data.len() % 13;
+    let mut scan = http::HeadScan::new();
+    let mut end = 0;
+    let mut answer = (Ok(None), 0);
+    while end < data.len() {
+        end = (end + step).min(data.len());
+        let got = scan.advance(&data[..end]);
+        if got != Ok(None) {
+            answer = (got, end);
+            break;
+        }
+    }
+    let whole = http::parse_request(data);
+    match &answer {
+        (Ok(None), _) => {
+            assert!(!matches!(whole, Ok(Some(_))), "the scan missed a head");
+            assert!(data.len() < http::MAX_HEAD || data.is_empty());
+        }
+        (got, at) => assert_eq!(got, &http::parse_request(&data[..*at]), "at {at}"),
+    }
+    if let Ok(Some(req)) = &whole {
+        assert_eq!(answer.0.as_ref(), Ok(&Some(req.clone())));
+    }
+    assert!(scan.work() <= 4 * data.len().min(http::MAX_HEAD) + 4);
+
     match http::parse_request(data) {
         Ok(Some(req)) => {
             assert!(req.head_len <= data.len() && req.head_len <= http::MAX_HEAD);
@@ -500,9 +528,10 @@ fn read_sizes(ctl: u8, len: usize, seed: u32) -> (usize, XorShift) {
 /// cut into reads of sizes the first byte chooses, gives the same records
 /// and the same error as one pass over the whole stream; an opened
 /// record's inner plaintext (each record body, read as if it were one)
-/// never panics and names a type byte that is really there.
+/// never panics, names a type byte that is really there and is within the
+/// limit, and the run of empty ones stays bounded.
 pub fn tls13(data: &[u8]) {
-    use crate::tls13::{inner_plaintext, RecordReader, Step};
+    use crate::tls13::{inner_plaintext, EmptyRun, RecordReader, Step, MAX_EMPTY_RUN};
     let Some((&ctl, stream)) = data.split_first() else {
         return;
     };
@@ -534,6 +563,7 @@ pub fn tls13(data: &[u8]) {
     let split = read(max_read, &mut rng);
     assert_eq!(split, whole);
     let mut at = 0;
+    let (mut empty, mut run, mut ended) = (EmptyRun::default(), 0, false);
     for r in &whole.0 {
         assert_eq!(
             &stream[at..at + r.len()],
@@ -544,6 +574,13 @@ pub fn tls13(data: &[u8]) {
         if let Ok((ty, len)) = inner_plaintext(&r[TLS_HEADER_LEN..]) {
             assert_eq!(r[TLS_HEADER_LEN + len], ty);
             assert_ne!(ty, 0);
+            assert!(r.len() - TLS_HEADER_LEN <= crate::tls13::MAX_PLAINTEXT + 1);
+            if !ended {
+                run = if len == 0 { run + 1 } else { 0 };
+                let noted = empty.note(len);
+                assert_eq!(noted.is_err(), run > MAX_EMPTY_RUN, "run of {run}");
+                ended = noted.is_err();
+            }
         }
     }
     assert!(at + whole.2 <= stream.len());
@@ -823,6 +860,9 @@ pub fn forwarded(data: &[u8]) {
     let xff = lines.next();
     let fwd = lines.next();
     let got = forwarded::client_address(peer, &trusted, xff, fwd);
+    if let Some(known) = forwarded::known_client_address(peer, &trusted, xff, fwd) {
+        assert_eq!(known, got, "a known client is the client");
+    }
     let canonical = |ip: IpAddr| match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
@@ -849,7 +889,8 @@ pub fn forwarded(data: &[u8]) {
 
 /// The admission controller's answer: never panics; only the first
 /// [`admission::MAX_RESPONSE_BODY`] bytes matter; "allow" needs an `Allow`
-/// key (any case) set to `true` somewhere in them.
+/// key (any case) set to `true` somewhere in them. Read as it arrives, a
+/// prefix that holds a verdict holds the whole body's verdict.
 pub fn admission_response(data: &[u8]) {
     let got = admission::parse_response(data);
     let cut = &data[..data.len().min(admission::MAX_RESPONSE_BODY)];
@@ -860,6 +901,13 @@ pub fn admission_response(data: &[u8]) {
             text.contains("allow") && text.contains("true"),
             "admitted by {text:?}"
         );
+    }
+    // Some prefixes (each parse reads the whole prefix: not all of them).
+    let step = (cut.len() / 32).max(1);
+    for n in (0..=cut.len()).step_by(step).chain([cut.len()]) {
+        if let Some(allow) = admission::verdict_so_far(&cut[..n]) {
+            assert_eq!(Ok(allow), got, "prefix {n} of {}", cut.len());
+        }
     }
 }
 

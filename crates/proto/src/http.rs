@@ -6,7 +6,10 @@
 //! [`parse_request`] reads a request head from untrusted bytes with `httparse`
 //! (bounded to [`MAX_HEAD`] bytes and [`MAX_HEADERS`] headers), extracts the
 //! few headers DERP cares about, and reports [`Request::head_len`]; everything
-//! after that offset belongs to the DERP stream.
+//! after that offset belongs to the DERP stream. A head that arrives over
+//! several reads is followed by [`HeadScan`], which looks at each new byte
+//! once and parses only when the answer can have changed, so a head sent a
+//! byte at a time costs time linear in its size, not quadratic.
 //!
 //! The builders produce complete response heads: the byte-exact 101 of the
 //! classic upgrade, generic `Connection: close` responses, and the captive
@@ -81,8 +84,8 @@ pub struct Request {
     /// `Host` header.
     pub host: Option<String>,
     /// Every `X-Forwarded-For` line, joined with `,` in the order received
-    /// (believed only from a trusted proxy: [`crate::forwarded`]). Its
-    /// presence alone denies debug access.
+    /// (believed only from a trusted proxy: [`crate::forwarded`]). From
+    /// any other peer, its presence (or `Forwarded`'s) denies debug access.
     pub x_forwarded_for: Option<String>,
     /// Every `Forwarded` (RFC 7239) line, joined with `,`.
     pub forwarded: Option<String>,
@@ -221,6 +224,109 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, HttpError> {
     }))
 }
 
+/// A request head read as it arrives: [`HeadScan::advance`] gets the whole
+/// buffer each time (what came before plus the new bytes) and answers as
+/// [`parse_request`] of that buffer would, but looks at each byte once to
+/// find where lines end and parses only when the answer can have changed:
+///
+/// - when the first byte of the request line cannot start a method (a TLS
+///   ClientHello on a plain port is refused at once);
+/// - when the request line ends (a malformed one is refused then);
+/// - when a blank line ends the head (the one full parse);
+/// - when [`MAX_HEAD`] bytes are in without one.
+///
+/// In between it answers `Ok(None)`, including for a head that is already
+/// malformed past its first line (that shows once the head ends). The work
+/// done, in bytes looked at, is [`HeadScan::work`]: about twice the head's
+/// size however it was cut.
+#[derive(Debug, Default, Clone)]
+pub struct HeadScan {
+    /// Bytes of the buffer already scanned for line ends.
+    scanned: usize,
+    /// Where the request line starts (leading blank lines are skipped, as
+    /// `httparse` does), once a byte of it has come.
+    start: Option<usize>,
+    /// The request line was parsed (it was whole and well formed).
+    line_checked: bool,
+    /// Bytes looked at so far, scanning and parsing.
+    work: usize,
+}
+
+impl HeadScan {
+    /// A scan at the start of a head.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes looked at so far (scanned, plus those given to the parser).
+    pub fn work(&self) -> usize {
+        self.work
+    }
+
+    /// What the head in `buf` says so far (see [`HeadScan`]). `buf` must
+    /// start with the bytes given to the previous calls.
+    pub fn advance(&mut self, buf: &[u8]) -> Result<Option<Request>, HttpError> {
+        let window = &buf[..buf.len().min(MAX_HEAD)];
+        let mut i = self.scanned.min(window.len());
+        while i < window.len() {
+            let b = window[i];
+            i += 1;
+            let Some(start) = self.start else {
+                if b != b'\r' && b != b'\n' {
+                    self.start = Some(i - 1);
+                    if !is_token_byte(b) {
+                        return self.parse(buf, i);
+                    }
+                }
+                continue;
+            };
+            if b != b'\n' {
+                continue;
+            }
+            // The line that ends here is blank if a line end comes right
+            // before it (`\n\n` or `\n\r\n`), inside the head proper.
+            let at = i - 1;
+            let blank = (at > start && window[at - 1] == b'\n')
+                || (at > start + 1 && window[at - 1] == b'\r' && window[at - 2] == b'\n');
+            if blank {
+                match self.parse(buf, i)? {
+                    Some(req) => return Ok(Some(req)),
+                    // Not the end after all for the parser: scan on.
+                    None => continue,
+                }
+            }
+            if !self.line_checked {
+                self.line_checked = true;
+                if let Some(req) = self.parse(&buf[..i], i)? {
+                    return Ok(Some(req));
+                }
+            }
+        }
+        self.note_scanned(i);
+        if buf.len() >= MAX_HEAD {
+            return self.parse(buf, i);
+        }
+        Ok(None)
+    }
+
+    /// [`parse_request`] of `buf`, counted; the scan reached `scanned`.
+    fn parse(&mut self, buf: &[u8], scanned: usize) -> Result<Option<Request>, HttpError> {
+        self.note_scanned(scanned);
+        self.work += buf.len().min(MAX_HEAD);
+        parse_request(buf)
+    }
+
+    fn note_scanned(&mut self, upto: usize) {
+        self.work += upto.saturating_sub(self.scanned);
+        self.scanned = self.scanned.max(upto);
+    }
+}
+
+/// Whether `b` may appear in a method (an HTTP token character).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 /// The classic upgrade response (§4.2), byte-exact.
 pub fn switching_protocols(server: &NodePublic) -> Vec<u8> {
     let mut out = Vec::with_capacity(160);
@@ -356,6 +462,94 @@ mod tests {
             parse_request(b"GET / HTTP/2.0\r\n\r\n"),
             Err(HttpError::Malformed(_))
         ));
+    }
+
+    /// Feeds `data` to a scan in pieces of `step` bytes: the first answer
+    /// that is not `Ok(None)`, and the scan.
+    fn scan_in(data: &[u8], step: usize) -> (Result<Option<Request>, HttpError>, HeadScan) {
+        let mut scan = HeadScan::new();
+        let mut end = 0;
+        while end < data.len() {
+            end = (end + step).min(data.len());
+            match scan.advance(&data[..end]) {
+                Ok(None) => {}
+                other => return (other, scan),
+            }
+        }
+        (Ok(None), scan)
+    }
+
+    #[test]
+    fn a_scan_answers_as_a_parse_of_the_whole_head() {
+        let mut with_rest = FAST_START.to_vec();
+        with_rest.extend_from_slice(b"\x02\0\0\0\x68");
+        for head in [
+            CLASSIC,
+            &with_rest[..],
+            b"\r\n\nGET / HTTP/1.1\n\n",
+            b"GET / HTTP/1.0\r\nA: b\n\r\n",
+        ] {
+            let want = parse_request(head);
+            assert!(matches!(want, Ok(Some(_))), "{want:?}");
+            for step in [1, 2, 3, 7, 64, head.len()] {
+                assert_eq!(scan_in(head, step).0, want, "step {step}: {head:?}");
+            }
+        }
+        // Errors: in the request line (at its end, or at once when its first
+        // byte cannot start a method), in a header (at the end of the head),
+        // too many headers, no end within the limit.
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..33 {
+            many.extend_from_slice(format!("H{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        let mut huge = b"GET /derp HTTP/1.1\r\nX-Pad: ".to_vec();
+        huge.resize(MAX_HEAD, b'a');
+        for (bad, at) in [
+            (&b"GET / HTTP/2.0\r\nHost: x"[..], 16),
+            (b"\x16\x03\x01\x02\x00\x01\x00", 1),
+            (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", 33),
+            (&many, many.len()),
+            (&huge, MAX_HEAD),
+        ] {
+            let want = parse_request(bad);
+            assert!(want.is_err(), "{want:?}");
+            let mut scan = HeadScan::new();
+            for n in 1..=bad.len() {
+                let got = scan.advance(&bad[..n]);
+                if n < at {
+                    assert_eq!(got, Ok(None), "{n} of {bad:?}");
+                } else {
+                    assert_eq!(got, want, "{bad:?}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The point of the scan: a head sent a byte at a time costs about
+    /// twice its size, where parsing the whole buffer after every read
+    /// would cost about its size squared over two.
+    #[test]
+    fn a_byte_at_a_time_costs_linear_work() {
+        let mut head = b"GET /derp HTTP/1.1\r\nUpgrade: DERP\r\nX-Pad: ".to_vec();
+        head.resize(MAX_HEAD - 4, b'a');
+        head.extend_from_slice(b"\r\n\r\n");
+        let (got, scan) = scan_in(&head, 1);
+        assert_eq!(got, parse_request(&head));
+        assert!(matches!(got, Ok(Some(_))));
+        assert!(
+            scan.work() <= 3 * head.len(),
+            "{} for {}",
+            scan.work(),
+            head.len()
+        );
+        // The same when the head never ends: refused at the limit.
+        let mut open = head[..head.len() - 4].to_vec();
+        open.resize(MAX_HEAD + 10, b'a');
+        let (got, scan) = scan_in(&open, 1);
+        assert_eq!(got, Err(HttpError::TooLarge { max: MAX_HEAD }));
+        assert!(scan.work() <= 3 * MAX_HEAD, "{}", scan.work());
     }
 
     fn upgrade_of(extra: &str) -> Upgrade {

@@ -14,7 +14,8 @@
 //!   its rest arrives;
 //! - [`parse_header`] checks a header (outer type, the ciphertext limit);
 //! - [`inner_plaintext`] finds the content type of an opened record behind
-//!   its padding, and checks the plaintext limit.
+//!   its padding, and checks the plaintext limit (padding included);
+//! - [`EmptyRun`] bounds how many records without content come in a row.
 //!
 //! The bytes come from the peer: nothing here panics or allocates more than
 //! one record's size for any input, and the records found do not depend on
@@ -32,6 +33,11 @@ pub const TAG_LEN: usize = 16;
 pub const MAX_PLAINTEXT: usize = 1 << 14;
 /// Largest ciphertext a peer may send (RFC 8446 §5.2: 2^14 + 256).
 pub const MAX_CIPHERTEXT: usize = MAX_PLAINTEXT + 256;
+/// Most records without content a peer may send in a row (zero-length
+/// application data, padded or not); the next one ends the connection.
+/// Each costs a decryption and carries nothing, so an endless run would
+/// be work for nothing; rustls stops at the same count.
+pub const MAX_EMPTY_RUN: usize = 32;
 
 /// Record content types (RFC 8446 §5.1).
 pub mod content_type {
@@ -75,8 +81,9 @@ pub enum RecordError {
     /// The AEAD did not authenticate the record.
     #[error("TLS record failed authentication")]
     BadTag,
-    /// A plaintext longer than 2^14 bytes of content.
-    #[error("TLS plaintext of {0} bytes, over the limit of 2^14")]
+    /// An inner plaintext (content, type and padding) longer than 2^14 + 1
+    /// bytes (RFC 8446 §5.4).
+    #[error("TLS inner plaintext of {0} bytes, over the limit of 2^14 + 1")]
     PlaintextOversize(usize),
     /// An opened record holding only zeros: no content type.
     #[error("TLS record without a content type (all padding)")]
@@ -85,15 +92,19 @@ pub enum RecordError {
     /// zero-length content for application data only).
     #[error("empty TLS record of content type {0}")]
     Empty(u8),
+    /// More than [`MAX_EMPTY_RUN`] records without content in a row.
+    #[error("more than {} empty TLS records in a row", MAX_EMPTY_RUN)]
+    EmptyRun,
 }
 
 impl RecordError {
     /// The alert description to send before closing.
     pub fn alert(&self) -> u8 {
         match self {
-            RecordError::OuterType(_) | RecordError::NoContentType | RecordError::Empty(_) => {
-                alert::UNEXPECTED_MESSAGE
-            }
+            RecordError::OuterType(_)
+            | RecordError::NoContentType
+            | RecordError::Empty(_)
+            | RecordError::EmptyRun => alert::UNEXPECTED_MESSAGE,
             RecordError::Oversize(_) | RecordError::PlaintextOversize(_) => alert::RECORD_OVERFLOW,
             RecordError::Short(_) | RecordError::BadTag => alert::BAD_RECORD_MAC,
         }
@@ -118,19 +129,40 @@ pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<usize, RecordError> {
 }
 
 /// The content type and content length of an opened record's plaintext
-/// (`content || type || zeros`, RFC 8446 §5.2 and §5.4).
+/// (`content || type || zeros`, RFC 8446 §5.2 and §5.4), which may be at
+/// most 2^14 + 1 bytes with its padding.
 pub fn inner_plaintext(plain: &[u8]) -> Result<(u8, usize), RecordError> {
+    if plain.len() > MAX_PLAINTEXT + 1 {
+        return Err(RecordError::PlaintextOversize(plain.len()));
+    }
     let Some(at) = plain.iter().rposition(|&b| b != 0) else {
         return Err(RecordError::NoContentType);
     };
-    if at > MAX_PLAINTEXT {
-        return Err(RecordError::PlaintextOversize(at));
-    }
     let ty = plain[at];
     if at == 0 && ty != content_type::APPLICATION_DATA {
         return Err(RecordError::Empty(ty));
     }
     Ok((ty, at))
+}
+
+/// Counts a peer's records without content in a row (see
+/// [`MAX_EMPTY_RUN`]).
+#[derive(Debug, Default)]
+pub struct EmptyRun(u8);
+
+impl EmptyRun {
+    /// Notes an opened record with `content_len` bytes of content: an
+    /// error when it is one empty record too many.
+    pub fn note(&mut self, content_len: usize) -> Result<(), RecordError> {
+        if content_len > 0 {
+            self.0 = 0;
+        } else if usize::from(self.0) >= MAX_EMPTY_RUN {
+            return Err(RecordError::EmptyRun);
+        } else {
+            self.0 += 1;
+        }
+        Ok(())
+    }
 }
 
 /// Writes a protected record's header for `plaintext_len` bytes of content
@@ -336,8 +368,43 @@ mod tests {
         big.insert(0, 1);
         assert_eq!(
             inner_plaintext(&big),
-            Err(RecordError::PlaintextOversize(MAX_PLAINTEXT + 1))
+            Err(RecordError::PlaintextOversize(MAX_PLAINTEXT + 2))
         );
+    }
+
+    /// The limit is on the whole inner plaintext, padding included
+    /// (RFC 8446 §5.4): 2^14 + 1 bytes.
+    #[test]
+    fn padding_counts_against_the_limit() {
+        let mut padded = vec![0; MAX_PLAINTEXT + 1];
+        padded[0] = 5;
+        padded[1] = 23;
+        assert_eq!(inner_plaintext(&padded), Ok((23, 1)));
+        padded.push(0);
+        assert_eq!(
+            inner_plaintext(&padded),
+            Err(RecordError::PlaintextOversize(MAX_PLAINTEXT + 2))
+        );
+        assert_eq!(
+            RecordError::PlaintextOversize(0).alert(),
+            alert::RECORD_OVERFLOW
+        );
+    }
+
+    #[test]
+    fn empty_runs_are_bounded() {
+        let mut run = EmptyRun::default();
+        for round in 0..3 {
+            for i in 0..MAX_EMPTY_RUN {
+                assert_eq!(run.note(0), Ok(()), "round {round}, empty {i}");
+            }
+            run.note(1).unwrap();
+        }
+        for _ in 0..MAX_EMPTY_RUN {
+            run.note(0).unwrap();
+        }
+        assert_eq!(run.note(0), Err(RecordError::EmptyRun));
+        assert_eq!(RecordError::EmptyRun.alert(), alert::UNEXPECTED_MESSAGE);
     }
 
     #[test]

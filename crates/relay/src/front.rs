@@ -4,8 +4,9 @@
 //! the answer. It is pure: the shard writes the bytes and closes the
 //! connection afterwards (every plain response carries `Connection: close`).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
+use ferry_proto::forwarded::{self, TrustedProxies};
 use ferry_proto::http::{self, Request, Upgrade};
 
 use crate::config::{HomePage, ListenerKind, RelayConfig};
@@ -43,20 +44,38 @@ const SECURITY_HEADERS: &[(&str, &str)] = &[
     ("X-Content-Type-Options", "nosniff"),
 ];
 
-/// Whether debug pages may be shown to this client: loopback only, and never
-/// through a proxy.
-pub fn debug_allowed(peer: &SocketAddr, req: &Request) -> bool {
-    let ip = match peer.ip() {
-        std::net::IpAddr::V6(v6) => v6
+/// Whether debug pages may be shown to the client of `req`, which came
+/// from `peer` (the socket's peer, or the client a PROXY header named):
+/// loopback clients only. A request with `X-Forwarded-For` or `Forwarded`
+/// says it was forwarded for someone else: from a peer that is not a
+/// trusted proxy it is not local, whatever the peer's address; from a
+/// trusted proxy, each of those headers present must name a known
+/// loopback client (the proxy wrote one of them, and the client may have
+/// written the other).
+pub fn debug_allowed(peer: &SocketAddr, trusted: &TrustedProxies, req: &Request) -> bool {
+    let local = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6
             .to_ipv4_mapped()
-            .map(std::net::IpAddr::V4)
-            .unwrap_or(std::net::IpAddr::V6(v6)),
-        ip => ip,
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        IpAddr::V4(v4) => v4.is_loopback(),
     };
-    ip.is_loopback() && req.x_forwarded_for.is_none()
+    let (xff, fwd) = (req.x_forwarded_for.as_deref(), req.forwarded.as_deref());
+    if xff.is_none() && fwd.is_none() {
+        return local(peer.ip());
+    }
+    if !trusted.contains(peer.ip()) {
+        return false;
+    }
+    let named = [
+        xff.map(|x| forwarded::known_client_address(peer.ip(), trusted, Some(x), None)),
+        fwd.map(|f| forwarded::known_client_address(peer.ip(), trusted, None, Some(f))),
+    ];
+    named.into_iter().flatten().all(|c| c.is_some_and(local))
 }
 
-/// Decides the answer to `req` from `peer` on a listener of `kind`.
+/// Decides the answer to `req` from `peer` (the socket's peer, or the
+/// client a PROXY header named; not the one a forwarding header names) on
+/// a listener of `kind`.
 pub fn answer(
     cfg: &RelayConfig,
     metrics: &Metrics,
@@ -99,7 +118,7 @@ pub fn answer(
         );
     }
     if path.starts_with("/debug/") || path == "/debug" {
-        if !debug_allowed(peer, req) {
+        if !debug_allowed(peer, &cfg.trusted_proxies, req) {
             return Answer::Respond(
                 Route::Debug,
                 text(403, "Forbidden", "debug access denied\n"),

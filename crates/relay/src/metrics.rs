@@ -192,6 +192,9 @@ pub struct ShardMetrics {
     pub accept_rejects: Counter,
     /// DERP-over-WebSocket upgrades accepted.
     pub websocket_accepts: Counter,
+    /// Bytes of HTTP request heads looked at (scanned for their end and
+    /// parsed): about twice the head's size however it was cut into reads.
+    pub head_bytes_scanned: Counter,
     /// Times a client's input was held by its receive rate limit.
     pub rate_limit_waits: Counter,
     /// Connections that asked for the DERP upgrade.
@@ -734,6 +737,12 @@ impl Metrics {
             "ferry_tcp_accepts_total",
             "TCP connections accepted.",
             self.sum(|s| s.tcp_accepts.get()),
+        );
+        counter(
+            w,
+            "ferry_http_head_bytes_scanned_total",
+            "Bytes of HTTP request heads looked at, scanning for their end and parsing them.",
+            self.sum(|s| s.head_bytes_scanned.get()),
         );
         counter(
             w,

@@ -581,6 +581,9 @@ impl ShardStart {
 
 /// Concurrent metrics requests served at once; more are turned away.
 const METRICS_CONCURRENCY: usize = 8;
+/// Time a metrics request has to arrive and its answer to be written: a
+/// client that sends slowly holds one of the places for this long at most.
+const METRICS_REQUEST_TIME: Duration = Duration::from_secs(5);
 
 fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, stop: &AtomicBool) {
     let _ = listener.set_nonblocking(true);
@@ -616,27 +619,29 @@ fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, stop: &AtomicBool
 
 fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Result<()> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let deadline = std::time::Instant::now() + METRICS_REQUEST_TIME;
+    // The limit is for the whole request, not for each read.
+    let left = || {
+        Some(deadline.saturating_duration_since(std::time::Instant::now()))
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))
+    };
     let mut head = Vec::with_capacity(1024);
+    let mut scan = ferry_proto::http::HeadScan::new();
     let mut buf = [0u8; 2048];
     let req = loop {
+        stream.set_read_timeout(Some(left()?))?;
         let n = stream.read(&mut buf)?;
         if n == 0 {
             return Ok(());
         }
         head.extend_from_slice(&buf[..n]);
-        match ferry_proto::http::parse_request(&head) {
+        match scan.advance(&head) {
             Ok(Some(req)) => break req,
-            Ok(None) if head.len() < 16 * 1024 => continue,
-            _ => {
-                stream.write_all(&ferry_proto::http::response(
-                    400,
-                    "Bad Request",
-                    &[],
-                    b"bad request\n",
-                ))?;
-                return Ok(());
+            Ok(None) => continue,
+            Err(_) => {
+                let bad = ferry_proto::http::response(400, "Bad Request", &[], b"bad request\n");
+                return write_within(stream, &bad, &left);
             }
         }
     };
@@ -650,5 +655,24 @@ fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Re
         ),
         _ => ferry_proto::http::response(404, "Not Found", &[], b"try /metrics or /healthz\n"),
     };
-    stream.write_all(&resp)
+    write_within(stream, &resp, &left)
+}
+
+/// Writes `bytes` to `stream` while `left` gives time (each write may
+/// take what is left, no more).
+fn write_within(
+    stream: &mut std::net::TcpStream,
+    mut bytes: &[u8],
+    left: &dyn Fn() -> io::Result<Duration>,
+) -> io::Result<()> {
+    while !bytes.is_empty() {
+        stream.set_write_timeout(Some(left()?))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -13,7 +13,9 @@
 //!   is held ([`ferry_proto::tls13::RecordReader`]) and opened in place
 //!   once whole. The plaintext goes to the same input path as plain TCP.
 //!   Alerts, post-handshake messages, padding, size limits and bad tags
-//!   are handled as RFC 8446 §5 and §6 ask ([`RecordFailure::alert`]).
+//!   are handled as RFC 8446 §5 and §6 ask ([`RecordFailure::alert`]);
+//!   as in rustls, more than 32 records without content in a row end the
+//!   connection.
 //! - **Send**: the queued frames are copied once into the send buffer
 //!   behind a header, in full 16 KiB records where the queue has that much,
 //!   sealed in place, and the tag appended.
@@ -34,8 +36,8 @@ use aws_lc_rs::aead::{
     Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305, NONCE_LEN,
 };
 use ferry_proto::tls13::{
-    self, alert, content_type, RecordError, RecordReader, Step, HEADER_LEN, MAX_CIPHERTEXT,
-    MAX_PLAINTEXT, TAG_LEN,
+    self, alert, content_type, EmptyRun, RecordError, RecordReader, Step, HEADER_LEN,
+    MAX_CIPHERTEXT, MAX_PLAINTEXT, TAG_LEN,
 };
 use ferry_sys::ktls::Version;
 use rustls::{
@@ -201,6 +203,8 @@ pub struct RecordLayer {
     /// When the transmit key is worn (half its confidentiality limit).
     tx_limit: u64,
     reader: RecordReader,
+    /// Records without content received in a row.
+    empty: EmptyRun,
     /// The held record was opened and handed out: clear it before reading
     /// on.
     held_used: bool,
@@ -279,6 +283,7 @@ impl RecordLayer {
             tx: Keys::new(secrets.tx.0, &secrets.tx.1)?,
             tx_limit,
             reader: RecordReader::new(),
+            empty: EmptyRun::default(),
             held_used: false,
             pending: Vec::new(),
             ended: false,
@@ -318,6 +323,7 @@ impl RecordLayer {
                         .open_separate_gather(nonce, Aad::from(header), ciphertext, tag, out)
                         .map_err(|_| RecordError::BadTag)?;
                     let (ty, len) = tls13::inner_plaintext(out)?;
+                    self.empty.note(len)?;
                     if let Some(kind) = content(ty, len)? {
                         break (kind, len, false);
                     }
@@ -332,6 +338,7 @@ impl RecordLayer {
                         .open_in_place_separate_tag(nonce, Aad::from(&*header), tag, ciphertext)
                         .map_err(|_| RecordError::BadTag)?;
                     let (ty, len) = tls13::inner_plaintext(ciphertext)?;
+                    self.empty.note(len)?;
                     match content(ty, len)? {
                         Some(kind) => break (kind, len, true),
                         None => self.reader.clear_held(),
@@ -450,7 +457,10 @@ impl RecordLayer {
     #[cfg(test)]
     fn seal_raw(&mut self, buf: &mut Vec<u8>, ty: u8, content: &[u8], padding: usize) {
         let start = buf.len();
-        buf.extend_from_slice(&tls13::header_for(content.len() + padding));
+        // Any length, over the limits too.
+        let len = (content.len() + 1 + padding + TAG_LEN) as u16;
+        buf.extend_from_slice(&[content_type::APPLICATION_DATA, 3, 3]);
+        buf.extend_from_slice(&len.to_be_bytes());
         buf.extend_from_slice(content);
         buf.push(ty);
         buf.extend(std::iter::repeat_n(0, padding));
@@ -725,6 +735,67 @@ mod tests {
                 assert!(err.contains(expected), "{s:?}: {err}");
             }
         }
+    }
+
+    /// RFC 8446 §5.4: the whole inner plaintext (content, type and
+    /// padding) is at most 2^14 + 1 bytes; past it, record_overflow.
+    #[test]
+    fn padding_counts_against_the_plaintext_limit() {
+        let most = MAX_PLAINTEXT + 1;
+        for (content, padding, ok) in [
+            (10, most - 11, true),
+            (10, most - 10, false),
+            (0, most - 1, true),
+            (0, most, false),
+            (MAX_PLAINTEXT, 0, true),
+            (MAX_PLAINTEXT, 1, false),
+        ] {
+            let (c, mut layer) = pair(SUITES[0]);
+            let mut peer = peer_of(c);
+            let mut wire = Vec::new();
+            peer.seal_raw(&mut wire, 23, &vec![7; content], padding);
+            peer.seal_raw(&mut wire, 23, b"after", 0);
+            let got = read_cut(&mut layer, &wire, &[9]);
+            if ok {
+                assert_eq!(got.unwrap().len(), content + 5, "{content}+{padding}");
+            } else {
+                let err = got.unwrap_err();
+                assert!(
+                    err.ends_with("alert Some(22)"),
+                    "{content}+{padding}: {err}"
+                );
+            }
+        }
+    }
+
+    /// As rustls: at most 32 empty records in a row (no content, with or
+    /// without padding); the next is unexpected_message. Data in between
+    /// starts the count again, across reads too.
+    #[test]
+    fn a_run_of_empty_records_is_bounded() {
+        let empty = |peer: &mut RecordLayer, wire: &mut Vec<u8>, n: usize| {
+            for i in 0..n {
+                peer.seal_raw(wire, 23, b"", i % 3);
+            }
+        };
+        let (c, mut layer) = pair(SUITES[2]);
+        let mut peer = peer_of(c);
+        let mut wire = Vec::new();
+        empty(&mut peer, &mut wire, tls13::MAX_EMPTY_RUN);
+        peer.seal_raw(&mut wire, 23, b"x", 0);
+        empty(&mut peer, &mut wire, tls13::MAX_EMPTY_RUN);
+        peer.seal_raw(&mut wire, 23, b"y", 0);
+        let cuts: Vec<usize> = (1..wire.len()).step_by(97).collect();
+        assert_eq!(read_cut(&mut layer, &wire, &cuts).unwrap(), b"xy");
+
+        let mut wire = Vec::new();
+        empty(&mut peer, &mut wire, tls13::MAX_EMPTY_RUN + 1);
+        peer.seal_raw(&mut wire, 23, b"never", 0);
+        let err = read_cut(&mut layer, &wire, &[40]).unwrap_err();
+        assert!(
+            err.contains("empty TLS records in a row") && err.ends_with("alert Some(10)"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct UserTls {
     /// (rustls is then fed whole records only, so that the move happens
     /// on a record boundary, tracked by `boundary`).
     pub own_records: bool,
+    /// rustls ended the session with an error: only its own bytes (the
+    /// alert it queued) go out before the connection closes, no frames.
+    pub failed: bool,
 }
 
 /// A session whose record layer moved into the kernel.
@@ -57,6 +60,7 @@ impl Transport {
             conn,
             boundary: (ktls || own_records).then(RecordBoundary::new),
             own_records,
+            failed: false,
         }))
     }
 

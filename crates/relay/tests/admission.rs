@@ -28,12 +28,16 @@ enum Behaviour {
     /// Accept the connection, read the request, answer nothing until the
     /// gate opens (the test holds it shut past the client's timeout).
     Hang(Arc<Mutex<()>>),
+    /// 200 promising a 100-byte body, these bytes of it, then the
+    /// connection closed (`None`) or held open until the gate opens.
+    CutShort(&'static str, Option<Arc<Mutex<()>>>),
 }
 
 /// A fake admission controller on loopback; records the bodies it got.
 struct Controller {
     url: String,
     bodies: Arc<Mutex<Vec<String>>>,
+    heads: Arc<Mutex<Vec<String>>>,
     hits: Arc<AtomicUsize>,
 }
 
@@ -41,19 +45,28 @@ fn controller(behaviour: Behaviour) -> Controller {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/verify", listener.local_addr().unwrap());
     let bodies = Arc::new(Mutex::new(Vec::new()));
+    let heads = Arc::new(Mutex::new(Vec::new()));
     let hits = Arc::new(AtomicUsize::new(0));
-    let (b, h) = (bodies.clone(), hits.clone());
+    let (b, hd, h) = (bodies.clone(), heads.clone(), hits.clone());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
-            let (behaviour, b, h) = (behaviour.clone(), b.clone(), h.clone());
-            std::thread::spawn(move || serve(stream, behaviour, &b, &h));
+            let (behaviour, b, hd, h) = (behaviour.clone(), b.clone(), hd.clone(), h.clone());
+            std::thread::spawn(move || serve(stream, behaviour, (&b, &hd), &h));
         }
     });
-    Controller { url, bodies, hits }
+    Controller {
+        url,
+        bodies,
+        heads,
+        hits,
+    }
 }
 
-fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hits: &AtomicUsize) {
+/// Bodies and heads of the requests a controller got.
+type Seen<'a> = (&'a Mutex<Vec<String>>, &'a Mutex<Vec<String>>);
+
+fn serve(mut s: TcpStream, behaviour: Behaviour, (bodies, heads): Seen, hits: &AtomicUsize) {
     s.set_read_timeout(Some(WAIT)).unwrap();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 2048];
@@ -67,7 +80,8 @@ fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hi
         let text = String::from_utf8_lossy(&buf).into_owned();
         if let Some(end) = text.find("\r\n\r\n") {
             let head = &text[..end];
-            assert!(head.starts_with("POST /verify HTTP/1.1\r\n"), "{head}");
+            assert!(head.starts_with("POST /verify"), "{head}");
+            assert!(head.contains(" HTTP/1.1\r\n"), "{head}");
             assert!(
                 head.to_ascii_lowercase()
                     .contains("content-type: application/json"),
@@ -88,6 +102,11 @@ fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hi
     };
     hits.fetch_add(1, Ordering::SeqCst);
     bodies.lock().unwrap().push(body.clone());
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    heads
+        .lock()
+        .unwrap()
+        .push(text[..text.find("\r\n\r\n").unwrap_or(0)].to_owned());
     let (status, answer) = match behaviour {
         Behaviour::AllowList(keys) => {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -97,6 +116,17 @@ fn serve(mut s: TcpStream, behaviour: Behaviour, bodies: &Mutex<Vec<String>>, hi
         Behaviour::Fixed(status, body) => (status, body.to_owned()),
         Behaviour::Hang(gate) => {
             drop(gate.lock().unwrap());
+            return;
+        }
+        Behaviour::CutShort(part, then) => {
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{part}"
+            );
+            let _ = s.flush();
+            if let Some(gate) = then {
+                drop(gate.lock().unwrap());
+            }
             return;
         }
     };
@@ -172,6 +202,68 @@ fn controller_admits_listed_keys_and_refuses_others() {
     assert_eq!(stats.rejected[2].load(Ordering::Relaxed), 1, "denied");
 }
 
+/// Credentials in the controller's URL are used as Go's client (derper's)
+/// uses them: the user and password as Basic authorization, never in the
+/// Host header; the query as it is. They show nowhere else: not in the
+/// configuration's debug form, not in the text of a failure.
+#[test]
+fn credentials_in_the_url_are_sent_but_never_shown() {
+    let yes = key();
+    let c = controller(Behaviour::AllowList(Arc::new(HashSet::from([
+        yes.to_string()
+    ]))));
+    let url = format!(
+        "{}?token=t0ken",
+        c.url.replace("http://", "http://ferry:s3cret@")
+    );
+    let (a, rx, _) = pool(with_url(&url));
+    assert_eq!(verdict(&a, &rx, yes, "10.0.0.1"), Verdict::Admit);
+    let head = c.heads.lock().unwrap()[0].clone();
+    assert!(
+        head.starts_with("POST /verify?token=t0ken HTTP/1.1\r\n"),
+        "{head}"
+    );
+    // base64("ferry:s3cret")
+    assert!(
+        head.contains("\r\nauthorization: Basic ZmVycnk6czNjcmV0")
+            || head.contains("\r\nAuthorization: Basic ZmVycnk6czNjcmV0"),
+        "{head}"
+    );
+    assert!(!head.contains("ferry:s3cret@"), "{head}");
+
+    let shown = |text: &str| text.contains("s3cret") || text.contains("t0ken");
+    let cfg = with_url(&url);
+    assert!(!shown(&format!("{cfg:?}")), "{cfg:?}");
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!(
+            "http://ferry:s3cret@{}/verify?token=t0ken",
+            l.local_addr().unwrap()
+        )
+    };
+    let (a, rx, _) = pool(AdmissionConfig {
+        fail_open: false,
+        ..with_url(&refused)
+    });
+    let v = verdict(&a, &rx, key(), "10.0.0.1");
+    assert!(
+        matches!(v, Verdict::Reject(Rejection::Unreachable(_))),
+        "{v:?}"
+    );
+    assert!(!shown(&format!("{v:?}")), "{v:?}");
+    let Verdict::Reject(why) = v else {
+        unreachable!()
+    };
+    assert!(!shown(&why.to_string()), "{why}");
+    assert_eq!(
+        ferry_relay::admission::redact_url(&url),
+        format!(
+            "{}?token=[redacted]",
+            c.url.replace("http://", "http://[redacted]@")
+        )
+    );
+}
+
 #[test]
 fn answers_other_than_200_json_refuse() {
     for (status, body, want) in [
@@ -233,6 +325,71 @@ fn unreachable_controller_follows_fail_open() {
     drop(held);
 }
 
+/// A 200 whose body breaks off (the connection closes) or stalls (past
+/// the timeout) before its JSON value is complete is a broken answer, not
+/// an unreachable controller: it refuses the client even with fail-open,
+/// as derper does (its JSON decoder fails on the short body).
+#[test]
+fn a_200_cut_short_refuses_even_with_fail_open() {
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    for (what, stall) in [("breaks off", None), ("stalls", Some(gate.clone()))] {
+        for part in ["", "{\"Allow\": tr", "{\"Allow\": true"] {
+            let c = controller(Behaviour::CutShort(part, stall.clone()));
+            let (a, rx, stats) = pool(with_url(&c.url));
+            let started = Instant::now();
+            let v = verdict(&a, &rx, key(), "10.0.0.1");
+            assert!(
+                matches!(v, Verdict::Reject(Rejection::BrokenAnswer(_))),
+                "body {what} after {part:?}: {v:?}"
+            );
+            assert_eq!(stats.admitted_fail_open.load(Ordering::Relaxed), 0);
+            assert!(started.elapsed() < Duration::from_secs(5));
+        }
+    }
+    drop(held);
+}
+
+/// The verdict is the body's first JSON value, read as it arrives (as
+/// derper's `json.Decoder` does): once that value is whole, what happens to
+/// the rest of the body does not matter, and a controller that holds the
+/// connection open after it does not delay the client.
+#[test]
+fn a_whole_verdict_counts_however_the_body_ends() {
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    for stall in [None, Some(gate.clone())] {
+        for (part, want) in [
+            ("{\"Allow\": true}", Verdict::Admit),
+            (
+                "{\"Allow\": false} and the",
+                Verdict::Reject(Rejection::Denied),
+            ),
+        ] {
+            let c = controller(Behaviour::CutShort(part, stall.clone()));
+            let cfg = AdmissionConfig {
+                timeout: Duration::from_secs(30),
+                ..with_url(&c.url)
+            };
+            let (a, rx, stats) = pool(cfg);
+            let started = Instant::now();
+            assert_eq!(verdict(&a, &rx, key(), "10.0.0.1"), want, "{part:?}");
+            assert_eq!(stats.admitted_fail_open.load(Ordering::Relaxed), 0);
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{part:?} then {}: decided after {:?}",
+                if stall.is_some() {
+                    "a stall"
+                } else {
+                    "a close"
+                },
+                started.elapsed()
+            );
+        }
+    }
+    drop(held);
+}
+
 /// Questions beyond the threads wait in a bounded queue; past it, a new
 /// client is refused at once (it does not wait), and the ones already
 /// waiting get their verdicts when the controller answers.
@@ -278,6 +435,58 @@ fn waiting_questions_are_bounded() {
     got.sort();
     assert_eq!(got, [0, 1, 2, 3, 4]);
     assert_eq!(stats.rejected[6].load(Ordering::Relaxed), 1, "busy");
+}
+
+/// One source that fills the waiting queue does not lock the others out:
+/// a question from another source takes the place of the busiest
+/// source's newest waiting question (which is refused as busy), while a
+/// further question from the busiest source is refused itself. An IPv6
+/// source is its /64.
+#[test]
+fn a_flooding_source_yields_its_place_to_others() {
+    let gate = Arc::new(Mutex::new(()));
+    let held = gate.lock().unwrap();
+    let c = controller(Behaviour::Hang(gate.clone()));
+    let cfg = AdmissionConfig {
+        concurrency: 1,
+        max_waiting: 4,
+        timeout: Duration::from_secs(30),
+        fail_open: false,
+        ..with_url(&c.url)
+    };
+    let (a, rx, stats) = pool(cfg);
+    let ask = |t: u32, ip_: &str| a.ask(t, key(), ip(ip_), Instant::now());
+    let busy = |v: &Option<Verdict>| matches!(v, Some(Verdict::Reject(Rejection::Busy(_))));
+    assert_eq!(ask(0, "2001:db8::1"), None);
+    assert!(
+        ferry_testkit::wait::eventually(WAIT, || c.hits.load(Ordering::SeqCst) >= 1),
+        "the thread did not pick up the question"
+    );
+    // The flood fills the queue from one /64, then is refused.
+    for t in 1..=4 {
+        assert_eq!(ask(t, &format!("2001:db8::{t:x}")), None, "{t}");
+    }
+    assert!(busy(&ask(5, "2001:db8::ff")), "the flooder's fifth");
+    // Others get in, each in place of the flooder's newest.
+    let evicted = |t: u32| {
+        let (got, v) = rx.recv_timeout(WAIT).unwrap();
+        assert_eq!(got, t);
+        assert!(matches!(v, Verdict::Reject(Rejection::Busy(_))), "{v:?}");
+    };
+    assert_eq!(ask(6, "192.0.2.1"), None);
+    evicted(4);
+    assert_eq!(ask(7, "2001:db8:1::1"), None);
+    evicted(3);
+    // Shares are equal now (2, 1, 1): a second from 192.0.2.1 is refused.
+    assert!(busy(&ask(8, "192.0.2.1")));
+    drop(held);
+    let mut got: Vec<u32> = (0..5).map(|_| rx.recv_timeout(WAIT).unwrap().0).collect();
+    got.sort();
+    assert_eq!(got, [0, 1, 2, 6, 7]);
+    assert_eq!(stats.rejected[6].load(Ordering::Relaxed), 4, "busy");
+    assert!(ferry_testkit::wait::eventually(WAIT, || {
+        stats.in_flight.load(Ordering::Relaxed) == 0
+    }));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use ferry_proto::client::Event;
 use ferry_proto::frame::{self, PeerGoneReason};
 use ferry_proto::key::{MeshKey, NodePrivate};
 use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
-use support::{eventually, metric, start, stop, Client};
+use support::{eventually, metric, start, start_with_metrics, stop, Client};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -887,26 +887,6 @@ fn packets_to_a_stuck_receiver_on_another_shard_stop_before_the_ring() {
     assert_eq!((src, got.as_slice()), (heavy.public, &b"still flowing"[..]));
     drop(slow);
     stop(server);
-}
-
-/// A relay with a metrics listener too.
-fn start_with_metrics() -> (Server, SocketAddr, SocketAddr) {
-    let server = Server::start(ServerOptions {
-        config: RelayConfig::new(NodePrivate::generate()),
-        listeners: vec![ListenerSpec {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            kind: ListenerKind::Derp,
-        }],
-        workers: 2,
-        pin: false,
-        stun: None,
-        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
-        io: support::io_mode(),
-        inherited: Vec::new(),
-    })
-    .expect("server starts");
-    let (addr, metrics) = (server.listen_addrs[0], server.metrics_addr.unwrap());
-    (server, addr, metrics)
 }
 
 fn health_json(response: &str) -> serde_json::Value {

@@ -13,6 +13,8 @@
 //! - [`cpu`]: which CPUs this process may run on, and pinning a shard thread
 //!   to one of them.
 //! - [`limits`]: resource limits the relay raises at start-up.
+//! - [`files`]: key and certificate files written owner-only, in one step,
+//!   without following or reusing anything planted in the directory.
 //! - [`signal`]: SIGINT, SIGTERM and SIGHUP taken synchronously by the main
 //!   thread.
 //! - [`process`]: cheap self-observation (resident memory, open descriptors)
@@ -49,6 +51,7 @@ pub mod activation;
 pub mod alloc_count;
 mod cmsg;
 pub mod cpu;
+pub mod files;
 pub mod gso;
 pub mod heap;
 pub mod ifaddrs;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use ferry_engine::Slot;
 use ferry_proto::frame::ServerFramePolicy;
+use ferry_proto::http::{HeadScan, HttpError, Request};
 use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
@@ -184,8 +185,10 @@ pub struct Conn {
     transport: Transport,
     /// Life phase.
     phase: Phase,
-    /// The HTTP request head read so far.
+    /// The HTTP request head (or PROXY prelude) read so far.
     head: Vec<u8>,
+    /// How far the request head was looked at.
+    head_scan: HeadScan,
     /// The DERP protocol: frames in, queues out, its clocks.
     session: Session,
     /// Raw bytes received while input was paused.
@@ -297,6 +300,7 @@ impl Conn {
             transport: Transport::Plain,
             phase: Phase::Http,
             head: Vec::new(),
+            head_scan: HeadScan::new(),
             session: Session::new(deadline),
             stash: Vec::new(),
             paused: false,
@@ -595,13 +599,24 @@ impl Conn {
         &self.head
     }
 
-    /// The head, to append to.
+    /// The head, to append to (the PROXY prelude; a request head goes
+    /// through [`Conn::read_head`]).
     pub fn head_mut(&mut self) -> &mut Vec<u8> {
         &mut self.head
     }
 
+    /// Appends `data` to the request head and says what the head holds so
+    /// far ([`HeadScan::advance`]), with the bytes looked at to say it.
+    pub fn read_head(&mut self, data: &[u8]) -> (Result<Option<Request>, HttpError>, usize) {
+        self.head.extend_from_slice(data);
+        let before = self.head_scan.work();
+        let got = self.head_scan.advance(&self.head);
+        (got, self.head_scan.work() - before)
+    }
+
     /// Takes the head read so far (it is complete).
     pub fn take_head(&mut self) -> Vec<u8> {
+        self.head_scan = HeadScan::new();
         std::mem::take(&mut self.head)
     }
 

@@ -81,12 +81,13 @@ impl Shard {
     }
 
     pub(super) fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        let (got, work) = self.conns[slot].read_head(data);
+        self.m().head_bytes_scanned.add(work as u64);
         let conn = &mut self.conns[slot];
-        conn.head_mut().extend_from_slice(data);
-        let req = match http::parse_request(conn.head()) {
+        let req = match got {
             Ok(Some(req)) => req,
-            Ok(None) if conn.head().len() < MAX_HEAD => return ControlFlow::Continue(()),
-            Ok(None) | Err(http::HttpError::TooLarge { .. }) => {
+            Ok(None) => return ControlFlow::Continue(()),
+            Err(http::HttpError::TooLarge { .. }) => {
                 self.reject_http(
                     slot,
                     HandshakeFailure::HttpTooLarge,
@@ -108,9 +109,11 @@ impl Shard {
             }
         };
         let head = conn.take_head();
+        // The peer before a forwarding header names another: who may see
+        // the debug pages depends on both.
+        let peer = conn.peer();
         self.forwarded_client(slot, &req);
         let conn = &self.conns[slot];
-        let peer = conn.peer();
         let kind = conn.listener();
         match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
             Answer::Respond(route, bytes) => {

@@ -37,6 +37,7 @@ impl Shard {
         };
         let mut rest = data;
         let mut ok = true;
+        let mut failure = None;
         'feed: loop {
             if !self.drain_tls(slot, &mut user.conn) {
                 break 'feed;
@@ -83,12 +84,10 @@ impl Shard {
                 }
             }
             if let Err(e) = user.conn.process_new_packets() {
-                // Let rustls send its alert, then close.
+                // rustls queued its alert: that goes out, then the end.
                 ok = false;
-                let _ = user
-                    .conn
-                    .write_tls(self.conns[slot].session_mut().control_mut());
-                self.tls_failed(slot, &e);
+                user.failed = true;
+                failure = Some(e);
                 break;
             }
         }
@@ -100,6 +99,10 @@ impl Shard {
         let handshaken = !user.conn.is_handshaking();
         let may_move = user.boundary.is_some() && !user.own_records;
         conn.transport_mut().put_user(user);
+        if let Some(e) = failure {
+            self.tls_failed_after_alert(slot, &e);
+            return;
+        }
         if wants_write {
             self.mark_dirty(slot);
         }
@@ -148,6 +151,7 @@ impl Shard {
                     conn,
                     boundary: boundary.filter(|_| own_records),
                     own_records,
+                    failed: false,
                 }))
             }
             Err(crate::ktls::Refused::Dead(e)) => {
@@ -237,6 +241,20 @@ impl Shard {
         } else {
             self.fail_handshake(slot, HandshakeFailure::Tls, e);
         }
+    }
+
+    /// As [`Shard::tls_failed`], for a rustls session that queued an
+    /// alert: the connection closes once the alert is written (or the
+    /// finishing grace passes), and reads nothing more.
+    fn tls_failed_after_alert(&mut self, slot: Slot, e: &dyn std::fmt::Display) {
+        if self.conns[slot].phase() == Phase::Active {
+            let peer = self.conns[slot].peer();
+            conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
+        } else {
+            self.count_handshake_failure(slot, HandshakeFailure::Tls, e);
+        }
+        self.finish(slot, CloseReason::IoError);
+        self.mark_dirty(slot);
     }
 
     /// Moves decrypted bytes from TLS into the protocol, parsing them where

@@ -154,6 +154,7 @@ impl Shard {
                     conn,
                     boundary: None,
                     own_records: false,
+                    failed: false,
                 }));
                 self.ktls_refused(reason.refusal());
             }

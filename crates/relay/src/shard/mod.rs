@@ -98,8 +98,6 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 const WORK_LIST_START: usize = 256;
 /// How long a shard with paused senders waits before retrying its rings.
 const STALL_RETRY: Duration = Duration::from_millis(1);
-/// Largest HTTP request head accepted.
-const MAX_HEAD: usize = 16 * 1024;
 /// Jitter added to the keepalive interval, chosen once per connection.
 const KEEPALIVE_JITTER_MS: u64 = 5_000;
 /// How long a connection being closed for a protocol violation may take to

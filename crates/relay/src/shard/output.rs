@@ -43,15 +43,19 @@ impl Shard {
                 self.ws_frame_output(slot);
             }
             let conn = &mut self.conns[slot];
-            let phase = conn.phase();
             let (transport, session) = conn.transport_and_session();
             let mut worn = None;
             let mut buf = session.take_send_buffer();
             if buf.capacity() == 0 {
                 buf = self.send_pool.take();
             }
-            if let Some(UserTls { conn: tls, .. }) = transport.user() {
-                if !tls.is_handshaking() {
+            if let Some(UserTls {
+                conn: tls, failed, ..
+            }) = transport.user()
+            {
+                if *failed {
+                    // rustls failed: only its alert, written below.
+                } else if !tls.is_handshaking() {
                     // One plaintext write per flush, cut into full records
                     // (many small frames share one). Each record is copied
                     // into the send buffer right after it is encrypted,
@@ -82,10 +86,6 @@ impl Shard {
                             }
                         }
                     });
-                } else if phase == Phase::Responding || session.has_control() {
-                    // A TLS alert (written into the control queue after a
-                    // failure) goes out raw.
-                    session.poll_control(&mut buf);
                 }
                 while tls.wants_write() {
                     if tls.write_tls(&mut buf).is_err() {

@@ -79,7 +79,7 @@ impl Shard {
                 ),
             },
             ProxyPrelude::Done => {
-                conn.head_mut().clear();
+                conn.take_head();
                 self.on_received(slot, data);
             }
         }

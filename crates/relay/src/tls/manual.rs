@@ -12,13 +12,13 @@
 //! certificate is generated and written there, so the `sha256-raw:` pin that
 //! the DERP map carries stays the same across restarts.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::net::IpAddr;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use ferry_sys::files::Existing;
 use rustls::client::verify_server_name;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
@@ -352,18 +352,12 @@ fn save_generated(files: &CertFiles, generated: &self_signed::Generated) -> Resu
 
 /// Creates `path` with `mode` and writes `contents`, failing if it exists.
 fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), TlsError> {
-    let io_err = |source| TlsError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io_err)?;
-    file.write_all(contents).map_err(io_err)?;
-    file.sync_all().map_err(io_err)
+    ferry_sys::files::write_file(path, contents, mode, Existing::Keep).map_err(|source| {
+        TlsError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    })
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {

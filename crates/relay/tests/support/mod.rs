@@ -46,6 +46,27 @@ pub(crate) fn start_on(
     (server, addr)
 }
 
+/// A relay with two shards and a metrics listener; returns it, its DERP
+/// address and its metrics address.
+pub(crate) fn start_with_metrics() -> (Server, SocketAddr, SocketAddr) {
+    let server = Server::start(ServerOptions {
+        config: RelayConfig::new(NodePrivate::generate()),
+        listeners: vec![ListenerSpec {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            kind: ListenerKind::Derp,
+        }],
+        workers: 2,
+        pin: false,
+        stun: None,
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        io: io_mode(),
+        inherited: Vec::new(),
+    })
+    .expect("server starts");
+    let (addr, metrics) = (server.listen_addrs[0], server.metrics_addr.unwrap());
+    (server, addr, metrics)
+}
+
 /// A fresh self-signed TLS set-up for "localhost" with `cfg`'s key in its
 /// meta certificate (nothing written to disk).
 pub(crate) fn self_signed_tls(cfg: &RelayConfig) -> ferry_relay::tls::TlsSetup {

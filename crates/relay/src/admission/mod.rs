@@ -13,7 +13,12 @@
 //!   `/verify` among them): the JSON of [`ferry_proto::admission`] is
 //!   posted; HTTP 200 with `Allow: true` admits, any other answer rejects,
 //!   and a controller that cannot be reached admits or rejects as
-//!   `--verify-client-url-fail-open` says.
+//!   `--verify-client-url-fail-open` says. "Cannot be reached" means no
+//!   status line came back (refused, DNS, TLS, the timeout before an
+//!   answer); once a 200 has come, the verdict is the body's first JSON
+//!   value, read as it arrives, and a body that breaks off, stalls past
+//!   the timeout or ends before that value is whole rejects (derper's
+//!   decoder fails the same way).
 //!
 //! None of this runs on a shard. [`Admission`] owns a small pool of threads
 //! and a bounded queue; a shard hands it a question with [`Admission::ask`]
@@ -21,9 +26,18 @@
 //! started with (which posts it to the shard's inbox). A slow or dead
 //! controller delays only the clients waiting for it, each under its own
 //! handshake deadline; when the queue is full, new clients are refused at
-//! once ([`Rejection::Busy`]) rather than queued without bound. Verdicts
+//! once ([`Rejection::Busy`]) rather than queued without bound. A full
+//! queue is shared fairly between sources (an IPv4 address, an IPv6 /64):
+//! a question from a source with fewer waiting takes the place of the
+//! newest question of the source with the most, which is refused as busy,
+//! so one source flooding the relay with clients cannot lock out the rest. Verdicts
 //! may be kept for a while (`--verify-client-cache`, off by default; only
 //! answers are kept, never failures to get one).
+//!
+//! The controller's URL may carry credentials (a user and password, a
+//! token in the query). They are sent as Go's client sends them (Basic
+//! authorization, the query as it is) and shown nowhere: [`redact_url`]
+//! is what logs, errors and the configuration's debug form show.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -39,6 +53,10 @@ use std::time::{Duration, Instant};
 use ferry_proto::admission::{self as wire, ResponseError};
 use ferry_proto::key::NodePublic;
 
+mod redact;
+pub use redact::redact_url;
+use redact::scrub;
+
 /// Most verdicts kept when caching is on; past it, expired ones are
 /// dropped, then all.
 const CACHE_CAP: usize = 65_536;
@@ -48,7 +66,7 @@ const MAX_LOCAL_ANSWER: usize = 1 << 20;
 const TAILSCALE_CAP: u32 = 142;
 
 /// How clients are admitted.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct AdmissionConfig {
     /// Ask the tailscaled whose LocalAPI listens on this socket
     /// (`--verify-clients` with `--socket`).
@@ -67,6 +85,20 @@ pub struct AdmissionConfig {
     /// Keep answers this long (`--verify-client-cache`); `None` asks every
     /// time, as derper does.
     pub cache_for: Option<Duration>,
+}
+
+impl std::fmt::Debug for AdmissionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmissionConfig")
+            .field("local_socket", &self.local_socket)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("fail_open", &self.fail_open)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("max_waiting", &self.max_waiting)
+            .field("cache_for", &self.cache_for)
+            .finish()
+    }
 }
 
 impl AdmissionConfig {
@@ -117,6 +149,10 @@ pub enum Rejection {
     /// The controller's 200 answer was not the expected JSON.
     #[error("admission controller: {0}")]
     Answer(ResponseError),
+    /// The controller's 200 answer broke off, or stalled past the
+    /// timeout, before its verdict was whole.
+    #[error("admission controller's answer broke off: {0}")]
+    BrokenAnswer(String),
     /// The controller could not be reached (and fail-open is off).
     #[error("admission controller unreachable: {0}")]
     Unreachable(String),
@@ -136,11 +172,12 @@ impl Rejection {
             Rejection::Answer(_) => "bad_answer",
             Rejection::Unreachable(_) => "unreachable",
             Rejection::Busy(_) => "busy",
+            Rejection::BrokenAnswer(_) => "broken_answer",
         }
     }
 
     /// Every label, for metrics.
-    pub const LABELS: [&'static str; 7] = [
+    pub const LABELS: [&'static str; 8] = [
         "not_in_tailnet",
         "local_api_error",
         "denied",
@@ -148,6 +185,7 @@ impl Rejection {
         "bad_answer",
         "unreachable",
         "busy",
+        "broken_answer",
     ];
 }
 
@@ -160,7 +198,7 @@ pub struct AdmissionStats {
     /// fail-open is on.
     pub admitted_fail_open: AtomicU64,
     /// Clients refused, by [`Rejection::LABELS`] index.
-    pub rejected: [AtomicU64; 7],
+    pub rejected: [AtomicU64; Rejection::LABELS.len()],
     /// Verdicts answered from the cache.
     pub cache_hits: AtomicU64,
     /// Questions waiting or being asked now.
@@ -246,7 +284,69 @@ struct Question<T> {
 
 struct Queue<T> {
     waiting: VecDeque<Question<T>>,
+    /// Questions waiting per source network ([`source_net`]).
+    per_source: HashMap<IpAddr, usize>,
     stopping: bool,
+}
+
+impl<T> Queue<T> {
+    fn push(&mut self, question: Question<T>) {
+        *self
+            .per_source
+            .entry(source_net(question.source))
+            .or_default() += 1;
+        self.waiting.push_back(question);
+    }
+
+    fn pop(&mut self) -> Option<Question<T>> {
+        let question = self.waiting.pop_front()?;
+        self.forget(question.source);
+        Some(question)
+    }
+
+    fn forget(&mut self, source: IpAddr) {
+        let net = source_net(source);
+        if let Some(n) = self.per_source.get_mut(&net) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&net);
+            }
+        }
+    }
+
+    /// For a question from `source` when the queue is full: takes out the
+    /// newest question of the source with the most waiting, if that is
+    /// more than `source` would have with this one.
+    fn make_room_for(&mut self, source: IpAddr) -> Option<Question<T>> {
+        let mine = self
+            .per_source
+            .get(&source_net(source))
+            .copied()
+            .unwrap_or(0);
+        let (&busiest, &most) = self.per_source.iter().max_by_key(|(_, n)| **n)?;
+        if most <= mine + 1 {
+            return None;
+        }
+        let at = self
+            .waiting
+            .iter()
+            .rposition(|q| source_net(q.source) == busiest)?;
+        let question = self.waiting.remove(at)?;
+        self.forget(question.source);
+        Some(question)
+    }
+}
+
+/// The network a source counts as for the queue's fair share: an IPv4
+/// address, or an IPv6 /64 (what one host or site gets).
+fn source_net(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
 }
 
 struct Inner<T> {
@@ -272,7 +372,7 @@ pub enum AdmissionError {
     /// `--verify-client-url` is not an http or https URL.
     #[error("--verify-client-url {url:?}: must be an http:// or https:// URL")]
     Url {
-        /// The URL as given.
+        /// The URL as given, credentials redacted ([`redact_url`]).
         url: String,
     },
     /// The system's CA certificates could not be loaded.
@@ -298,6 +398,7 @@ impl<T: Send + 'static> Admission<T> {
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
+                per_source: HashMap::new(),
                 stopping: false,
             }),
             ready: Condvar::new(),
@@ -322,7 +423,9 @@ impl<T: Send + 'static> Admission<T> {
     /// Asks whether `key`, connecting from `source`, may register. Returns
     /// the verdict when it is known at once (from the cache, or a refusal
     /// because too many wait); otherwise the verdict comes later through
-    /// `deliver` with `ticket`.
+    /// `deliver` with `ticket`. A question that a full queue makes room
+    /// for ([`Admission`]'s fair share) sends the one it displaced its
+    /// refusal through `deliver`, from this call.
     pub fn ask(&self, ticket: T, key: NodePublic, source: IpAddr, now: Instant) -> Option<Verdict> {
         let inner = &self.inner;
         if let Some(ttl) = inner.cfg.cache_for {
@@ -337,20 +440,34 @@ impl<T: Send + 'static> Admission<T> {
         }
         let mut q = inner.queue.lock().expect("admission queue lock");
         let busy = inner.stats.in_flight.load(Ordering::Relaxed) as usize;
+        let mut displaced = None;
         if q.waiting.len() >= inner.cfg.max_waiting {
-            drop(q);
-            let v = Verdict::Reject(Rejection::Busy(busy));
-            inner.stats.count(&v);
-            return Some(v);
+            displaced = q.make_room_for(source);
+            if displaced.is_none() {
+                drop(q);
+                let v = Verdict::Reject(Rejection::Busy(busy));
+                inner.stats.count(&v);
+                return Some(v);
+            }
         }
-        inner.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        q.waiting.push_back(Question {
+        q.push(Question {
             ticket,
             key,
             source,
         });
         drop(q);
-        inner.ready.notify_one();
+        match displaced {
+            Some(old) => {
+                let v = Verdict::Reject(Rejection::Busy(busy));
+                inner.stats.count(&v);
+                tracing::debug!(key = %old.key, source = %old.source, "admission: gave a busy source's place in the queue to another");
+                (inner.deliver)(old.ticket, v);
+            }
+            None => {
+                inner.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+                inner.ready.notify_one();
+            }
+        }
         None
     }
 }
@@ -383,7 +500,7 @@ impl<T: Send + 'static> Inner<T> {
                     if q.stopping {
                         return;
                     }
-                    if let Some(question) = q.waiting.pop_front() {
+                    if let Some(question) = q.pop() {
                         break question;
                     }
                     q = self.ready.wait(q).expect("admission queue lock");
@@ -470,7 +587,7 @@ fn agent_for(url: &str, timeout: Duration) -> Result<ureq::Agent, AdmissionError
     let lower = url.to_ascii_lowercase();
     if !(lower.starts_with("http://") || lower.starts_with("https://")) {
         return Err(AdmissionError::Url {
-            url: url.to_owned(),
+            url: redact_url(url),
         });
     }
     let mut tls = ureq::tls::TlsConfig::builder()
@@ -502,8 +619,9 @@ fn agent_for(url: &str, timeout: Duration) -> Result<ureq::Agent, AdmissionError
         .new_agent())
 }
 
-/// Posts the question. `Err` when the controller could not be reached or
-/// its answer not read; `Ok(Err)` when it answered but not with a verdict.
+/// Posts the question. `Err` when the controller could not be reached (no
+/// status line came back); `Ok(Err)` when it answered but not with a
+/// verdict.
 fn ask_controller(
     agent: &ureq::Agent,
     url: &str,
@@ -515,19 +633,52 @@ fn ask_controller(
         .post(url)
         .header("Content-Type", "application/json")
         .send(&body[..])
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| scrub(&e.to_string(), url))?;
     let status = response.status().as_u16();
     if status != 200 {
         return Ok(Err(Rejection::Status(status)));
     }
+    Ok(
+        read_verdict(response.body_mut().as_reader()).map_err(|why| match why {
+            Rejection::BrokenAnswer(e) => Rejection::BrokenAnswer(scrub(&e, url)),
+            other => other,
+        }),
+    )
+}
+
+/// Reads a 200 answer's body until its first JSON value is whole (then
+/// the rest is not waited for) or the body ends. A read error, the agent's
+/// timeout among them, before that is a broken answer.
+fn read_verdict(mut body: impl Read) -> Result<bool, Rejection> {
     let mut answer = Vec::with_capacity(256);
-    response
-        .body_mut()
-        .as_reader()
-        .take(wire::MAX_RESPONSE_BODY as u64)
-        .read_to_end(&mut answer)
-        .map_err(|e| format!("reading the answer: {e}"))?;
-    Ok(wire::parse_response(&answer).map_err(Rejection::Answer))
+    let mut chunk = [0u8; 1024];
+    loop {
+        let room = (wire::MAX_RESPONSE_BODY - answer.len()).min(chunk.len());
+        let n = match body.read(&mut chunk[..room]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(Rejection::BrokenAnswer(format!(
+                    "after {} bytes of the body: {e}",
+                    answer.len()
+                )))
+            }
+        };
+        if n == 0 {
+            return wire::parse_response(&answer).map_err(Rejection::Answer);
+        }
+        answer.extend_from_slice(&chunk[..n]);
+        if answer.len() == wire::MAX_RESPONSE_BODY {
+            return wire::parse_response(&answer).map_err(Rejection::Answer);
+        }
+        // A JSON object can only become whole at a `}`: parse again only
+        // then, so a body sent a byte at a time is not parsed once per byte.
+        if chunk[..n].contains(&b'}') {
+            if let Some(allow) = wire::verdict_so_far(&answer) {
+                return Ok(allow);
+            }
+        }
+    }
 }
 
 /// Asks the local tailscaled whether `key` is a peer: `Ok(true)` on 200,
