@@ -26,6 +26,8 @@
 //!   peer's relay path, confirmed and kept alive by the same probes.
 //! - Probes are sealed with this endpoint's key and the peer's; a probe
 //!   from a key that is not a peer, or that does not open, is dropped.
+//!   Relay bind replies are taken only from their session's relay address
+//!   (others are counted, [`EndpointStats::foreign_bind_replies`]).
 //!   Payloads on UDP carry no key: they are accepted only from an address
 //!   (or relay session) that belongs to a peer's path.
 //! - This side's candidate addresses (the socket's local address, or the
@@ -298,6 +300,10 @@ pub struct EndpointStats {
     /// Datagrams and DERP packets that were neither a peer message from a
     /// peer nor STUN (unparsable, unknown source, probes that did not open).
     pub rejected: u64,
+    /// Of those, relay bind replies (challenge, bound) for one of this
+    /// endpoint's sessions that came from an address other than that
+    /// session's relay.
+    pub foreign_bind_replies: u64,
 }
 
 /// Something that happened to the endpoint, from [`Endpoint::events`].
@@ -809,6 +815,7 @@ impl Endpoint {
             send_dropped: self.inner.send_dropped.load(Ordering::Relaxed),
             recv_dropped: self.inner.recv_dropped.load(Ordering::Relaxed),
             rejected: self.inner.rejected.load(Ordering::Relaxed),
+            foreign_bind_replies: self.inner.lock_sessions().foreign_replies(),
         }
     }
 }
@@ -1272,7 +1279,11 @@ impl Driver {
         }
         if Header::parse(datagram).is_ok_and(|h| h.control) {
             // Bind messages from a relay's session socket.
-            if !self.inner.lock_sessions().handle_datagram(now(), datagram) {
+            if !self
+                .inner
+                .lock_sessions()
+                .handle_datagram(now(), src, datagram)
+            {
                 self.inner.reject();
             }
             return;

@@ -28,6 +28,7 @@
 //! [`Sessions::poll_timeout`].
 
 use super::paths::PathState;
+use ferry_proto::frame::canonical_addr;
 use ferry_proto::key::NodePublic;
 use ferry_proto::relay_session::{Binder, SessionOffer, BIND_LEN};
 use ferry_proto::udp_header::Header;
@@ -81,6 +82,8 @@ pub struct Sessions {
     generation: u32,
     /// Failures in a row per peer since its last confirmed session.
     failures: HashMap<NodePublic, u32>,
+    /// Bind messages of these sessions from addresses not their relay's.
+    foreign_replies: u64,
 }
 
 impl SessionTiming {
@@ -191,17 +194,33 @@ impl Sessions {
         }
     }
 
-    /// A control datagram from the UDP socket; `true` if it was a bind
-    /// message of one of these sessions (consumed).
-    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) -> bool {
+    /// A control datagram from the UDP socket, sent from `from`; `true` if
+    /// it was a bind message of one of these sessions (consumed).
+    ///
+    /// A challenge or bound counts only from the relay's session address
+    /// the binder sends to: anyone who sees or guesses a session id could
+    /// otherwise feed the binder a cookie of their own (its answers then
+    /// fail at the relay) or a bound the relay never said (the session
+    /// then carries nothing). Those from elsewhere are dropped and counted
+    /// ([`Sessions::foreign_replies`]).
+    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) -> bool {
         let Ok(header) = Header::parse(datagram) else {
             return false;
         };
+        let from = canonical_addr(from);
+        let mut foreign = false;
         for (peer, state) in &mut self.peers {
             let (State::Binding(b) | State::Bound(b, _)) = state else {
                 continue;
             };
-            if b.vni() != header.vni || !b.handle(now, datagram) {
+            if b.vni() != header.vni {
+                continue;
+            }
+            if canonical_addr(b.relay()) != from {
+                foreign = true;
+                continue;
+            }
+            if !b.handle(now, datagram) {
                 continue;
             }
             if let State::Binding(b) = state {
@@ -215,7 +234,17 @@ impl Sessions {
             }
             return true;
         }
+        if foreign {
+            self.foreign_replies += 1;
+            tracing::trace!(%from, vni = header.vni, "bind message for a session from an address not its relay's: dropped");
+        }
         false
+    }
+
+    /// Bind messages for one of these sessions that came from an address
+    /// other than its relay's, dropped, so far.
+    pub fn foreign_replies(&self) -> u64 {
+        self.foreign_replies
     }
 
     /// The peer's session stopped working (its relay path went silent, or
@@ -365,7 +394,7 @@ mod tests {
             let Some((to, msg)) = s.poll_transmit(now) else {
                 break;
             };
-            assert!(s.handle_datagram(now, &relay_reply(to, &msg)));
+            assert!(s.handle_datagram(now, to, &relay_reply(to, &msg)));
         }
         s.poll_change().and_then(|(_, p)| p)
     }
@@ -393,7 +422,7 @@ mod tests {
                     if at < open {
                         lost += 1;
                     } else {
-                        assert!(s.handle_datagram(at, &relay_reply(to, &msg)));
+                        assert!(s.handle_datagram(at, to, &relay_reply(to, &msg)));
                     }
                 }
                 if let Some((p, path)) = s.poll_change() {
@@ -448,7 +477,53 @@ mod tests {
         assert_eq!(s.poll_transmit(now), None);
         // Nothing else's bind messages are taken.
         let stranger = BindMsg::new(BindKind::Bound, 0x43, 1, 1).to_bytes();
-        assert!(!s.handle_datagram(now, &stranger));
+        assert!(!s.handle_datagram(now, RELAY.parse().unwrap(), &stranger));
+    }
+
+    /// Someone who knows the session id sends challenges with a cookie of
+    /// their own and a bound, from their own address, before and while
+    /// the relay's own replies come: none is taken (the binder still
+    /// answers the relay's cookie, and is bound only by the relay's bound),
+    /// each is counted, and the relay's replies (its address as an
+    /// IPv4-mapped source too, as a dual-stack socket reports it) bind
+    /// the session.
+    #[test]
+    fn bind_replies_count_only_from_the_relay() {
+        let now = Instant::now();
+        let peer = NodePrivate::generate().public();
+        let relay: SocketAddr = RELAY.parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:192.0.2.9]:3479".parse().unwrap();
+        let stranger: SocketAddr = "198.51.100.66:3479".parse().unwrap();
+        let mut s = Sessions::new(SessionTiming::default());
+        s.want(now, peer);
+        s.poll_allocate(now).unwrap();
+        s.handle_offer(now, &offer(peer, 0x51), relay);
+        let (_, bind) = s.poll_transmit(now).unwrap();
+        let generation = BindMsg::parse(&bind).unwrap().generation;
+        let forged_challenge = BindMsg {
+            cookie: [0xee; 32],
+            ..BindMsg::new(BindKind::Challenge, 0x51, 1, generation)
+        }
+        .to_bytes();
+        let forged_bound = BindMsg::new(BindKind::Bound, 0x51, 1, generation).to_bytes();
+        // Before the relay's challenge: still binding, nothing to answer.
+        assert!(!s.handle_datagram(now, stranger, &forged_challenge));
+        assert!(!s.handle_datagram(now, stranger, &forged_bound));
+        assert_eq!(s.poll_transmit(now), None, "a forged challenge answered");
+        // The relay's challenge, then more forgeries before the answer.
+        let genuine = relay_reply(relay, &bind);
+        assert!(s.handle_datagram(now, mapped, &genuine));
+        assert!(!s.handle_datagram(now, stranger, &forged_challenge));
+        assert!(!s.handle_datagram(now, stranger, &forged_bound));
+        assert!(!s.is_bound(&peer), "bound by a stranger");
+        let (to, answer) = s.poll_transmit(now).unwrap();
+        let m = BindMsg::parse(&answer).unwrap();
+        assert_eq!((to, m.kind, m.cookie), (relay, BindKind::Answer, [3; 32]));
+        assert_eq!(s.foreign_replies(), 4);
+        // The relay's bound binds it.
+        assert!(s.handle_datagram(now, relay, &relay_reply(relay, &answer)));
+        assert!(s.is_bound(&peer));
+        assert_eq!(s.poll_change(), Some((peer, Some((0x51, relay)))));
     }
 
     #[test]
@@ -504,7 +579,7 @@ mod tests {
             cookie: [3; 32],
             ..BindMsg::new(BindKind::Challenge, 6, 1, generation)
         };
-        assert!(s.handle_datagram(at, &reply.to_bytes()));
+        assert!(s.handle_datagram(at, RELAY.parse().unwrap(), &reply.to_bytes()));
         assert!(relay_answers(&mut s, at).is_some());
         s.lost(at, &peer);
         assert_eq!(s.poll_change(), Some((peer, None)));

@@ -39,6 +39,8 @@ pub(crate) struct SessionRelay {
     _udp: ferry_udp::Relay,
     /// The DERP URL.
     pub(crate) url: String,
+    /// The relay's session table.
+    pub(crate) sessions: Arc<ferry_udp::session::Sessions>,
 }
 
 impl SessionRelay {
@@ -52,12 +54,13 @@ impl SessionRelay {
         )
         .expect("session socket");
         let mut config = RelayConfig::new(NodePrivate::generate());
-        config.relay_sessions = Some(sessions);
+        config.relay_sessions = Some(sessions.clone());
         let (server, url) = start(config, None);
         SessionRelay {
             server: Some(server),
             _udp: udp,
             url,
+            sessions,
         }
     }
 }
