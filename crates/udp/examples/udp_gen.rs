@@ -68,6 +68,7 @@ use std::time::{Duration, Instant};
 use ferry_proto::udp_header::{Header, Protocol};
 use ferry_proto::wireguard::{self as wg, Index, Mac1Key, Message, PublicKey};
 use ferry_sys::mmsg::{OutMsg, RecvBatch, RecvMeta, SendBatch, Span, MAX_BATCH, MAX_SPANS};
+use ferry_sys::train::Trains;
 
 fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter()
@@ -314,31 +315,29 @@ struct Flow {
 
 fn send(load: &Load) {
     let size = load.size.max(wg::TRANSPORT_MIN_LEN);
-    // With GSO, each message is a train of `per_msg` datagrams (spans).
-    let per_msg = load.gso.clamp(
-        1,
-        ferry_sys::gso::MAX_SEGMENTS.min(ferry_sys::gso::MAX_GSO_BYTES / size),
-    );
+    // With GSO, each message is a train of `per_msg` datagrams; a datagram
+    // larger than a frame's segment never travels in one.
+    let per_msg = if size > ferry_sys::train::max_segment(Some(load.to)) {
+        1
+    } else {
+        load.gso.clamp(
+            1,
+            ferry_sys::gso::MAX_SEGMENTS.min(ferry_sys::gso::MAX_GSO_BYTES / size),
+        )
+    };
     let n_msgs = if per_msg > 1 {
         (MAX_SPANS / per_msg).min(MAX_BATCH)
     } else {
         MAX_BATCH
     };
     let dgrams = n_msgs * per_msg;
-    let spans: Vec<Span> = (0..dgrams)
-        .map(|i| Span {
-            start: i * size,
-            len: size,
-        })
-        .collect();
-    let msgs: Vec<OutMsg> = (0..n_msgs)
-        .map(|i| OutMsg {
-            dst: Some(load.to),
-            first: i * per_msg,
-            count: per_msg,
-            segment: if per_msg > 1 { size as u16 } else { 0 },
-        })
-        .collect();
+    // Planned once by the relay's own train builder (trains of `per_msg`,
+    // within the kernel's limits), then sent again and again.
+    let mut plan = Trains::with_max_segments(per_msg);
+    for i in 0..dgrams {
+        plan.push(Some(load.to), i * size, size, size, per_msg > 1);
+    }
+    let (spans, msgs): (Vec<Span>, Vec<OutMsg>) = (plan.spans().to_vec(), plan.msgs().to_vec());
     let flows: Vec<Flow> = (0..load.flows)
         .map(|i| {
             let flow = load.first_flow + i;

@@ -304,6 +304,9 @@ pub struct EndpointStats {
     /// endpoint's sessions that came from an address other than that
     /// session's relay.
     pub foreign_bind_replies: u64,
+    /// UDP GSO trains the kernel refused (a path MTU under 1,500 bytes),
+    /// sent again one datagram at a time.
+    pub gso_fallbacks: u64,
 }
 
 /// Something that happened to the endpoint, from [`Endpoint::events`].
@@ -438,6 +441,7 @@ struct Inner {
     discover: bool,
     advertise: Vec<SocketAddr>,
     send_dropped: Arc<AtomicU64>,
+    gso_fallbacks: AtomicU64,
     recv_dropped: AtomicU64,
     rejected: AtomicU64,
     received: Mutex<Received>,
@@ -553,6 +557,7 @@ impl Endpoint {
             discover: opts.discover,
             advertise: opts.advertise,
             send_dropped,
+            gso_fallbacks: AtomicU64::new(0),
             recv_dropped: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             received: Mutex::default(),
@@ -668,13 +673,15 @@ impl Endpoint {
         }
         if !udp.is_empty() {
             // What the socket does not take now is dropped.
-            let sent = self
+            let r = self
                 .inner
                 .lock_sender()
-                .send(&self.inner.socket, batch.bytes(), &udp)
-                .sent;
-            report.sent += sent;
-            report.dropped += udp.len() - sent;
+                .send(&self.inner.socket, batch.bytes(), &udp);
+            report.sent += r.sent;
+            report.dropped += udp.len() - r.sent;
+            self.inner
+                .gso_fallbacks
+                .fetch_add(r.fallbacks as u64, Ordering::Relaxed);
         }
         for &i in &derp {
             let msg = batch.seal(i, 0);
@@ -816,6 +823,7 @@ impl Endpoint {
             recv_dropped: self.inner.recv_dropped.load(Ordering::Relaxed),
             rejected: self.inner.rejected.load(Ordering::Relaxed),
             foreign_bind_replies: self.inner.lock_sessions().foreign_replies(),
+            gso_fallbacks: self.inner.gso_fallbacks.load(Ordering::Relaxed),
         }
     }
 }

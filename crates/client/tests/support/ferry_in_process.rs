@@ -36,7 +36,8 @@ pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, S
 /// Shut down on drop.
 pub(crate) struct SessionRelay {
     server: Option<Server>,
-    _udp: ferry_udp::Relay,
+    /// The relay-session socket group (its metrics count what it dropped).
+    pub(crate) udp: ferry_udp::Relay,
     /// The DERP URL.
     pub(crate) url: String,
     /// The relay's session table.
@@ -58,7 +59,7 @@ impl SessionRelay {
         let (server, url) = start(config, None);
         SessionRelay {
             server: Some(server),
-            _udp: udp,
+            udp,
             url,
             sessions,
         }

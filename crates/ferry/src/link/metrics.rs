@@ -111,6 +111,9 @@ pub(crate) struct PeerStats {
     current: AtomicU8,
     switches: [AtomicU64; REASONS.len()],
     lost: AtomicU64,
+    /// GSO trains to the local WireGuard the kernel refused, sent again
+    /// one datagram at a time.
+    pub deliver_gso_fallbacks: AtomicU64,
 }
 
 impl PeerStats {
@@ -332,8 +335,23 @@ impl Metrics {
             }
         }
         head(o, "ferry_link_rejected_total", "counter", "Datagrams and DERP packets dropped because they were not from a configured peer (unknown link key, or not a peer message).");
-        let rejected = self.endpoint.get().map_or(0, |ep| ep.stats().rejected);
-        let _ = writeln!(o, "ferry_link_rejected_total {rejected}");
+        let stats = self.endpoint.get().map(|ep| ep.stats()).unwrap_or_default();
+        let _ = writeln!(o, "ferry_link_rejected_total {}", stats.rejected);
+        head(o, "ferry_link_gso_fallbacks_total", "counter", "UDP GSO trains the kernel refused (a path MTU under 1500 bytes), sent again one datagram at a time: to_peer on the paths to the peers, from_peer to the local WireGuard.");
+        let delivered: u64 = self
+            .peers
+            .iter()
+            .map(|(_, _, _, s)| s.deliver_gso_fallbacks.load(Relaxed))
+            .sum();
+        let _ = writeln!(
+            o,
+            "ferry_link_gso_fallbacks_total{{direction=\"to_peer\"}} {}",
+            stats.gso_fallbacks
+        );
+        let _ = writeln!(
+            o,
+            "ferry_link_gso_fallbacks_total{{direction=\"from_peer\"}} {delivered}"
+        );
         type RelayRead = fn(&RelayStats) -> u64;
         let relay_families: [(&str, &str, &str, RelayRead); 3] = [
             (
@@ -462,6 +480,8 @@ mod tests {
             "ferry_link_peer_bytes_total{peer=\"p\",direction=\"from_peer\",path=\"derp\"} 0",
             "ferry_link_peer_switches_total{peer=\"p\",reason=\"silent\"} 0",
             "ferry_link_rejected_total 0",
+            "ferry_link_gso_fallbacks_total{direction=\"to_peer\"} 0",
+            "ferry_link_gso_fallbacks_total{direction=\"from_peer\"} 0",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"queue_full\"} 1",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"relay_down\"} 0",
             "ferry_link_relay_connected{relay=\"r\"} 1",
