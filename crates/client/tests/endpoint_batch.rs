@@ -251,6 +251,52 @@ async fn recv_and_recv_batch_share_one_queue_and_a_full_queue_counts_drops() {
     );
 }
 
+/// An application that does not read, a peer that sends large
+/// datagrams: the endpoint holds at most its byte budget of them (8 MiB
+/// by default, well under its 1,024 datagrams of up to 64 KiB each), drops
+/// and counts the rest, and still hands over what it held, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_application_holds_a_bounded_number_of_bytes() {
+    const SIZE: usize = 60_000;
+    const SENT: usize = 300;
+    let (_server, a, b) = direct_pair(4096).await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    let rx = |e: &Endpoint| {
+        let st = e.peer_status(&ka).unwrap();
+        let active = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
+        active.stats.rx_packets
+    };
+    let mut batch = Datagrams::new();
+    for chunk in 0..SENT / 20 {
+        batch.clear();
+        for i in 0..20 {
+            batch.push(&kb, &datagram(chunk * 20 + i, SIZE));
+        }
+        assert_eq!(a.send_batch(&mut batch).sent, 20);
+        // The socket buffers hold a few of these: let B take each chunk in.
+        let deadline = tokio::time::Instant::now() + QUICK;
+        while rx(&b) < (chunk as u64 + 1) * 20 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "B received {}",
+                rx(&b)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let held = SENT - b.stats().recv_dropped as usize;
+    assert!(
+        held * SIZE <= 8 << 20,
+        "{held} datagrams of {SIZE} bytes held ({} dropped)",
+        b.stats().recv_dropped
+    );
+    let got = collect(&b, &ka, held).await;
+    assert_eq!(
+        got,
+        (0..held).map(|i| datagram(i, SIZE)).collect::<Vec<_>>()
+    );
+}
+
 /// The largest payload a UDP path carries: the largest IPv4 UDP payload
 /// less the 8-byte peer-message header.
 const MAX_UDP_PAYLOAD: usize = 65_507 - 8;

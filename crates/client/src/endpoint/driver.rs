@@ -201,6 +201,9 @@ impl Driver {
             self.inner
                 .queued
                 .fetch_add(self.filling.len(), Ordering::Relaxed);
+            self.inner
+                .queued_bytes
+                .fetch_add(self.filling.bytes().len(), Ordering::Relaxed);
             let next = r.spare.pop().unwrap_or_default();
             let full = std::mem::replace(&mut self.filling, next);
             r.batches.push_back(full);
@@ -209,9 +212,11 @@ impl Driver {
     }
 
     /// A payload from `peer` for the application, or dropped and counted
-    /// when the application lags by a full queue.
+    /// when the application lags by a full queue (in datagrams or bytes).
     fn deliver(&mut self, peer: &NodePublic, bytes: &[u8]) {
+        let held = self.inner.queued_bytes.load(Ordering::Relaxed) + self.filling.bytes().len();
         if self.inner.queued.load(Ordering::Relaxed) + self.filling.len() >= self.inner.queue_limit
+            || held + ferry_proto::udp_header::LEN + bytes.len() > self.inner.queue_bytes_limit
         {
             self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -496,6 +501,9 @@ impl Drop for Driver {
                 self.inner
                     .queued
                     .fetch_add(self.filling.len(), Ordering::Relaxed);
+                self.inner
+                    .queued_bytes
+                    .fetch_add(self.filling.bytes().len(), Ordering::Relaxed);
                 r.batches.push_back(std::mem::take(&mut self.filling));
             }
             r.closed = true;

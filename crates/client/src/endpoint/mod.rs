@@ -358,6 +358,10 @@ struct Inner {
     received_ready: Notify,
     /// Datagrams in `received`'s batches.
     queued: AtomicUsize,
+    /// Bytes of `received`'s batches (payloads and their header room).
+    queued_bytes: AtomicUsize,
+    /// [`EndpointOptions::queue_bytes`].
+    queue_bytes_limit: usize,
     /// [`EndpointOptions::queue`].
     queue_limit: usize,
 }
@@ -472,6 +476,8 @@ impl Endpoint {
             received: Mutex::default(),
             received_ready: Notify::new(),
             queued: AtomicUsize::new(0),
+            queued_bytes: AtomicUsize::new(0),
+            queue_bytes_limit: opts.queue_bytes,
             queue_limit: queue,
         });
         inner.update_candidates();
@@ -647,6 +653,9 @@ impl Endpoint {
                 let mut r = self.inner.received.lock().expect("not poisoned");
                 if let Some(b) = r.batches.pop_front() {
                     self.inner.queued.fetch_sub(b.len(), Ordering::Relaxed);
+                    self.inner
+                        .queued_bytes
+                        .fetch_sub(b.bytes().len(), Ordering::Relaxed);
                     let mut old = std::mem::replace(&mut reader.current, b);
                     reader.next = 0;
                     old.clear();

@@ -51,6 +51,11 @@ pub struct EndpointOptions {
     /// Received datagrams held for [`Endpoint::recv`], and datagrams held
     /// per DERP server for sending, before more are dropped.
     pub queue: usize,
+    /// Bytes of received datagrams held for [`Endpoint::recv`] before more
+    /// are dropped (with `queue`, whichever is reached first: a peer
+    /// sending large datagrams to an application that lags holds this
+    /// much, not `queue` times 64 KiB).
+    pub queue_bytes: usize,
     /// Receive and send buffer asked of the kernel for the UDP socket
     /// (bytes; the kernel may grant less).
     pub socket_buffer: usize,
@@ -73,13 +78,15 @@ pub struct EndpointOptions {
 }
 
 impl EndpointOptions {
-    /// Defaults: every interface, an ephemeral port, queues of 1024.
+    /// Defaults: every interface, an ephemeral port, queues of 1024
+    /// datagrams, 8 MiB of them received.
     pub fn new(key: NodePrivate, relays: Vec<RelayOptions>) -> EndpointOptions {
         EndpointOptions {
             key,
             relays,
             bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             queue: 1024,
+            queue_bytes: 8 << 20,
             socket_buffer: 4 << 20,
             seed: None,
             timing: Timing::default(),
