@@ -30,8 +30,28 @@ use common::{data, handshake};
 
 /// The path MTU of the test's namespace.
 const MTU: u32 = 1500;
-/// The largest UDP payload over IPv4.
-const MAX_UDP: usize = 65_507;
+/// Loopback of one family, and the largest UDP payload over it.
+#[derive(Clone, Copy, Debug)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn loopback(self) -> SocketAddr {
+        match self {
+            Family::V4 => "127.0.0.1:0".parse().unwrap(),
+            Family::V6 => "[::1]:0".parse().unwrap(),
+        }
+    }
+
+    fn max_udp(self) -> usize {
+        match self {
+            Family::V4 => 65_535 - 20 - 8,
+            Family::V6 => 65_535 - 8,
+        }
+    }
+}
 /// Bound for what takes milliseconds.
 const T: Duration = Duration::from_secs(10);
 /// Rounds of [`sizes`] per direction.
@@ -50,13 +70,15 @@ fn sizes(min: usize, max: usize) -> Vec<usize> {
     .collect()
 }
 
-/// A socket with room for a whole round in its buffers.
-fn socket() -> UdpSocket {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+/// A socket on loopback of `family` with room for a whole round in its
+/// buffers.
+fn socket(family: Family) -> UdpSocket {
+    let at = family.loopback();
+    let s =
+        socket2::Socket::new(socket2::Domain::for_address(at), socket2::Type::DGRAM, None).unwrap();
     s.set_recv_buffer_size(4 << 20).unwrap();
     s.set_send_buffer_size(4 << 20).unwrap();
-    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
-        .unwrap();
+    s.bind(&at.into()).unwrap();
     let s = UdpSocket::from(s);
     s.set_read_timeout(Some(T)).unwrap();
     s
@@ -131,9 +153,9 @@ fn tuning() -> Tuning {
     }
 }
 
-fn listen() -> Listen {
+fn listen(family: Family) -> Listen {
     Listen {
-        addr: "127.0.0.1:0".parse().unwrap(),
+        addr: family.loopback(),
         field: "--listen".into(),
     }
 }
@@ -141,16 +163,15 @@ fn listen() -> Listen {
 /// Client → bounce → target, then the target's answers back through the
 /// client's session (the relay's connected upstream socket one way, its
 /// listening socket the other).
-#[test]
-fn bounce_carries_every_size_both_ways_over_a_1500_byte_mtu() {
+fn bounce_carries_every_size(family: Family) {
     let Some(ns) = Netns::new("udp-mtu-bounce", MTU) else {
         return;
     };
-    ns.run(|| {
-        let target = socket();
+    ns.run(move || {
+        let target = socket(family);
         let relay = Relay::start(&Config {
             bounce: vec![Bounce {
-                listen: vec![listen()],
+                listen: vec![listen(family)],
                 target: target.local_addr().unwrap().to_string(),
                 target_field: "--target".into(),
                 idle_timeout: Duration::from_secs(60),
@@ -164,10 +185,10 @@ fn bounce_carries_every_size_both_ways_over_a_1500_byte_mtu() {
         })
         .unwrap();
         let at = relay.bound()[0].1;
-        let client = socket();
+        let client = socket(family);
         let mut upstream = None;
         for round in 0..ROUNDS {
-            let out: Vec<Vec<u8>> = sizes(1, MAX_UDP)
+            let out: Vec<Vec<u8>> = sizes(1, family.max_udp())
                 .into_iter()
                 .enumerate()
                 .map(|(i, n)| datagram(&[], round * 100 + i, n))
@@ -183,9 +204,19 @@ fn bounce_carries_every_size_both_ways_over_a_1500_byte_mtu() {
             send_burst(&target, upstream.unwrap(), &out);
             receive_all(&client, &out, "target to client");
         }
-        nothing_lost(relay.metrics(), "bounce");
+        nothing_lost(relay.metrics(), &format!("bounce over {family:?}"));
         relay.shutdown();
     });
+}
+
+#[test]
+fn bounce_carries_every_size_both_ways_over_a_1500_byte_mtu() {
+    bounce_carries_every_size(Family::V4);
+}
+
+#[test]
+fn bounce_carries_every_size_both_ways_over_a_1500_byte_mtu_on_ipv6() {
+    bounce_carries_every_size(Family::V6);
 }
 
 /// Two hub peers after a handshake: transport messages of every size
@@ -197,11 +228,11 @@ fn the_hub_carries_every_size_over_a_1500_byte_mtu() {
     };
     ns.run(|| {
         let keys: Vec<PublicKey> = (1..=2).map(|n| PublicKey::from_bytes([n; 32])).collect();
-        let (p0, p1) = (socket(), socket());
+        let (p0, p1) = (socket(Family::V4), socket(Family::V4));
         let relay = Relay::start(&Config {
             bounce: vec![],
             hub: Some(Hub {
-                listen: vec![listen()],
+                listen: vec![listen(Family::V4)],
                 peers: common::hub_peers(&keys, Some((1, p1.local_addr().unwrap()))),
                 max_indices: 1024,
             }),
@@ -218,7 +249,7 @@ fn the_hub_carries_every_size_over_a_1500_byte_mtu() {
         receive_all(&p0, &[resp], "the response");
         let min = ferry_proto::wireguard::TRANSPORT_MIN_LEN;
         for round in 0..ROUNDS {
-            let out: Vec<Vec<u8>> = sizes(min, MAX_UDP)
+            let out: Vec<Vec<u8>> = sizes(min, Family::V4.max_udp())
                 .into_iter()
                 .enumerate()
                 .map(|(i, n)| {
@@ -255,17 +286,16 @@ fn bind(sock: &UdpSocket, b: &mut Binder) {
 
 /// A relay session bound from two sockets: data datagrams of every size
 /// (8-byte header and payload) from A to B and back.
-#[test]
-fn relay_sessions_carry_every_size_over_a_1500_byte_mtu() {
+fn relay_sessions_carry_every_size(family: Family) {
     let Some(ns) = Netns::new("udp-mtu-sessions", MTU) else {
         return;
     };
-    ns.run(|| {
+    ns.run(move || {
         use ferry_proto::key::NodePrivate;
         let sessions = Arc::new(ferry_udp::session::Sessions::new(Default::default()));
         let relay = Relay::start_sessions(
             "--relay-port",
-            "127.0.0.1:0".parse().unwrap(),
+            family.loopback(),
             sessions.clone(),
             tuning(),
         )
@@ -278,12 +308,12 @@ fn relay_sessions_carry_every_size_over_a_1500_byte_mtu() {
         let [oa, ob] = sessions
             .allocate(&ka, &kb, "127.0.0.1".parse().unwrap(), 0)
             .unwrap();
-        let (a, b) = (socket(), socket());
+        let (a, b) = (socket(family), socket(family));
         bind(&a, &mut Binder::new(&oa, at, 1, Instant::now()));
         bind(&b, &mut Binder::new(&ob, at, 1, Instant::now()));
         let head = Header::data(Protocol::Payload, oa.vni).to_bytes();
         for round in 0..ROUNDS {
-            let out: Vec<Vec<u8>> = sizes(head.len() + 1, MAX_UDP)
+            let out: Vec<Vec<u8>> = sizes(head.len() + 1, family.max_udp())
                 .into_iter()
                 .enumerate()
                 .map(|(i, n)| datagram(&head, round * 100 + i, n))
@@ -293,7 +323,17 @@ fn relay_sessions_carry_every_size_over_a_1500_byte_mtu() {
             send_burst(&b, at, &out);
             receive_all(&a, &out, "B to A through the session");
         }
-        nothing_lost(relay.metrics(), "relay sessions");
+        nothing_lost(relay.metrics(), &format!("relay sessions over {family:?}"));
         relay.shutdown();
     });
+}
+
+#[test]
+fn relay_sessions_carry_every_size_over_a_1500_byte_mtu() {
+    relay_sessions_carry_every_size(Family::V4);
+}
+
+#[test]
+fn relay_sessions_carry_every_size_over_a_1500_byte_mtu_on_ipv6() {
+    relay_sessions_carry_every_size(Family::V6);
 }
