@@ -301,44 +301,6 @@ async fn a_lagging_application_holds_a_bounded_number_of_bytes() {
 /// less the 8-byte peer-message header.
 const MAX_UDP_PAYLOAD: usize = 65_507 - 8;
 
-/// One batch's sizes: over-MTU datagrams with shorter ones right after
-/// them, runs of equal ones (GSO trains), the segment limits and one past
-/// them, the extremes.
-fn mixed_sizes() -> Vec<usize> {
-    [
-        MAX_UDP_PAYLOAD,
-        1,
-        9000,
-        100,
-        1464,
-        1465,
-        1400,
-        1400,
-        1400,
-        64,
-        20_000,
-        1464,
-        1464,
-        8,
-        3000,
-        1500,
-        1444,
-        1445,
-        9000,
-        9000,
-        200,
-        65_000,
-        1000,
-        1000,
-        999,
-        2,
-        40_000,
-    ]
-    .into_iter()
-    .map(|n| n.min(MAX_UDP_PAYLOAD))
-    .collect()
-}
-
 /// Runs `body` on a runtime of its own inside a fresh namespace whose
 /// loopback MTU is `mtu` (skipped, saying why, where namespaces cannot be
 /// made; a failure under `CI=true`).
@@ -366,8 +328,11 @@ async fn every_size_arrives(a: &Endpoint, b: &Endpoint) {
     for round in 0..4 {
         let mut batch = Datagrams::new();
         let mut want = Vec::new();
-        for (i, n) in mixed_sizes().into_iter().enumerate() {
-            let d = datagram(round * 100 + i, n.max(4));
+        for (i, n) in ferry_testkit::udp::mixed_sizes(4, MAX_UDP_PAYLOAD)
+            .into_iter()
+            .enumerate()
+        {
+            let d = datagram(round * 100 + i, n);
             batch.push(&kb, &d);
             want.push(d);
         }

@@ -749,11 +749,7 @@ fn every_size_crosses_a_1500_byte_mtu_between_links() {
         lb.wait_log("path switch: derp -> direct");
         carried(&a.wg, a.peer_endpoint, &b.wg, b"first a to b");
         carried(&b.wg, b.peer_endpoint, &a.wg, b"first b to a");
-        let max = 65_507 - 8;
-        let sizes = [
-            max, 1, 9000, 100, 1464, 1465, 1400, 1400, 1400, 64, 20_000, 1472, 1472, 8, 3000, 1500,
-            1452, 1453, 9000, 9000, 200, 1000, 1000, 999, 2, 40_000,
-        ];
+        let sizes = ferry_testkit::udp::mixed_sizes(1, 65_507 - 8);
         for (round, (from, to, at)) in [
             (&a.wg, a.peer_endpoint, &b.wg),
             (&b.wg, b.peer_endpoint, &a.wg),

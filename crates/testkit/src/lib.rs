@@ -10,7 +10,8 @@
 //! - [`http`]: plain HTTP requests and metric scraping.
 //! - [`netns`]: a network namespace the test makes, with the loopback MTU
 //!   it needs, and running code inside it.
-//! - [`udp`]: sending a burst of datagrams in `sendmmsg` calls.
+//! - [`udp`]: sending a burst of datagrams in `sendmmsg` calls, and the
+//!   mix of sizes that tests a path against its MTU.
 
 pub mod derp;
 pub mod http;

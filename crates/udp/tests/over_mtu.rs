@@ -19,7 +19,7 @@ use ferry_proto::relay_session::{Binder, SessionService};
 use ferry_proto::udp_header::{Header, Protocol};
 use ferry_proto::wireguard::PublicKey;
 use ferry_testkit::netns::Netns;
-use ferry_testkit::udp::send_burst;
+use ferry_testkit::udp::{mixed_sizes as sizes, send_burst};
 use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
 use ferry_udp::metrics::{Drop, Metrics};
 use ferry_udp::Relay;
@@ -56,19 +56,6 @@ impl Family {
 const T: Duration = Duration::from_secs(10);
 /// Rounds of [`sizes`] per direction.
 const ROUNDS: usize = 4;
-
-/// One round's payload sizes, clamped to `min..=max`: over-MTU ones with
-/// shorter ones right after them, runs of equal ones (GSO trains), the
-/// exact segment limits and one past them, the extremes.
-fn sizes(min: usize, max: usize) -> Vec<usize> {
-    [
-        max, 1, 9000, 100, 1472, 1473, 1400, 1400, 1400, 64, 20_000, 1472, 1472, 1472, 8, 3000,
-        1500, 1452, 1453, 9000, 9000, 200, 65_000, 1000, 1000, 999, 1, 2, 40_000, 1472,
-    ]
-    .into_iter()
-    .map(|s| s.clamp(min, max))
-    .collect()
-}
 
 /// A socket on loopback of `family` with room for a whole round in its
 /// buffers.
