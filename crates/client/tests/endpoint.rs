@@ -4,7 +4,11 @@
 //! test cuts) and up again when it returns; STUN against Ferry's STUN
 //! server; `only` and `prefer`; the relay-session path through a Ferry
 //! with relay sessions (in this process): allocated, bound and used under
-//! `only` relay, and taken when direct UDP dies while it works.
+//! `only` relay, and taken when direct UDP dies while it works. A third
+//! party against them: forged relay bind replies from its own address while
+//! the endpoints bind a session whose id it knows, and a peer's sealed pong
+//! sent again from its own address; neither stops a path or gives the
+//! stranger one.
 
 #[path = "support/ferry_in_process.rs"]
 mod ferry_in_process;
@@ -15,6 +19,7 @@ use ferry_client::{
     PeerOptions, RelayOptions, SwitchReason,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::{BindKind, BindMsg, SessionService};
 use ferry_relay::RelayConfig;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +46,11 @@ fn relay(url: String) -> RelayOptions {
 }
 
 fn options(url: &str) -> EndpointOptions {
-    let mut o = EndpointOptions::new(NodePrivate::generate(), vec![relay(url.to_owned())]);
+    options_with_key(url, NodePrivate::generate())
+}
+
+fn options_with_key(url: &str, key: NodePrivate) -> EndpointOptions {
+    let mut o = EndpointOptions::new(key, vec![relay(url.to_owned())]);
     o.bind = "127.0.0.1:0".parse().unwrap();
     o
 }
@@ -582,4 +591,144 @@ async fn direct_dies_down_to_the_relay_session_not_derp() {
     assert!(took <= Duration::from_secs(2), "down after {took:?}");
     a.send(&kb, b"via relay").unwrap();
     assert_eq!(recv_from(&b, &ka).await, b"via relay");
+}
+
+/// Sends forged challenges (a cookie of its own) and bounds for session
+/// `vni`, slot `slot`, generations 1–4, to `to` from a socket of its own,
+/// burst after burst until `stop` (at most 30 s), so that some arrive
+/// within any fraction of a millisecond.
+fn flood(
+    to: SocketAddr,
+    vni: u32,
+    slot: u8,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let mut burst = Vec::new();
+        for generation in 1..=4 {
+            let challenge = BindMsg {
+                cookie: [0xee; 32],
+                ..BindMsg::new(BindKind::Challenge, vni, slot, generation)
+            };
+            burst.push(challenge.to_bytes());
+            burst.push(BindMsg::new(BindKind::Bound, vni, slot, generation).to_bytes());
+        }
+        let (mut sent, until) = (0u64, Instant::now() + Duration::from_secs(30));
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+            for m in &burst {
+                sent += u64::from(sock.send_to(m, to).is_ok());
+            }
+            std::thread::yield_now();
+        }
+        sent
+    })
+}
+
+/// Someone who knows the session id of A and B (here: read from the
+/// relay's table before the endpoints ask) floods both with challenges
+/// of its own and bounds from its own address while they bind. Both
+/// still bind with the relay's cookie, the session carries datagrams,
+/// and the forgeries are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
+    let relay = ferry_in_process::SessionRelay::start();
+    let (pa, pb) = (NodePrivate::generate(), NodePrivate::generate());
+    let (ka, kb) = (pa.public(), pb.public());
+    let a = Endpoint::bind(options_with_key(&relay.url, pa))
+        .await
+        .expect("bind a");
+    let b = Endpoint::bind(options_with_key(&relay.url, pb))
+        .await
+        .expect("bind b");
+    let [for_a, for_b] = relay
+        .sessions
+        .allocate(&ka, &kb, "127.0.0.1".parse().unwrap(), 0)
+        .expect("a session for the pair");
+    let stop = Arc::new(AtomicBool::new(false));
+    let floods = [
+        flood(a.local_addr(), for_a.vni, for_a.slot, stop.clone()),
+        flood(b.local_addr(), for_b.vni, for_b.slot, stop.clone()),
+    ];
+    let only = PeerOptions {
+        only: Some(PathKind::Relay),
+        ..PeerOptions::default()
+    };
+    a.add_peer(kb, only);
+    b.add_peer(ka, only);
+    until_active(&a, &kb, PathKind::Relay, QUICK).await;
+    until_active(&b, &ka, PathKind::Relay, QUICK).await;
+    for i in 0..10u32 {
+        a.send(&kb, &i.to_be_bytes()).unwrap();
+        let (from, data) = tokio::time::timeout(QUICK, b.recv())
+            .await
+            .expect("a datagram within the bound")
+            .unwrap();
+        assert_eq!((from, data), (ka, i.to_be_bytes().to_vec()));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for ((e, peer), f) in [(&a, &kb), (&b, &ka)].into_iter().zip(floods) {
+        let sent = f.join().unwrap();
+        let st = e.peer_status(peer).unwrap();
+        assert!(
+            matches!(st.active, Some(PathAddr::Relay { vni, .. }) if vni == for_a.vni),
+            "{st:?}"
+        );
+        let stats = e.stats();
+        assert!(
+            sent > 0 && stats.foreign_bind_replies > 0,
+            "{sent} sent, {stats:?}"
+        );
+    }
+}
+
+/// A pong sealed by B (valid, as one captured on the wire would be) sent
+/// to A from a stranger's address: A neither pings the stranger nor lists
+/// its address among B's paths; B's own direct path is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_pong_gives_the_stranger_no_path() {
+    use ferry_proto::nacl::{random_nonce, SharedKey};
+    use ferry_proto::peer_msg::{self, Probe};
+    let server = TestServer::start(Kind::Ferry, None);
+    let (pa, pb) = (NodePrivate::generate(), NodePrivate::generate());
+    let (ka, kb) = (pa.public(), pb.public());
+    let sealed_by_b = SharedKey::new(&pb, &ka);
+    let a = Endpoint::bind(options_with_key(&server.url(), pa))
+        .await
+        .expect("bind a");
+    let b = Endpoint::bind(options_with_key(&server.url(), pb))
+        .await
+        .expect("bind b");
+    a.add_peer(kb, PeerOptions::default());
+    b.add_peer(ka, PeerOptions::default());
+    until_active(&a, &kb, PathKind::Direct, QUICK).await;
+    let stranger = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let from = stranger.local_addr().unwrap();
+    for i in 0..4u8 {
+        let mut pong = Vec::new();
+        peer_msg::put_probe(
+            &mut pong,
+            0,
+            &kb,
+            &sealed_by_b,
+            &random_nonce(),
+            &Probe::Pong {
+                tx: [i; 12],
+                observed: a.local_addr(),
+            },
+        );
+        stranger.send_to(&pong, a.local_addr()).await.unwrap();
+    }
+    // A new candidate is pinged at once: a discovery interval (2 s) and
+    // more is ample.
+    let mut buf = [0u8; 2048];
+    let got = tokio::time::timeout(Duration::from_secs(3), stranger.recv_from(&mut buf)).await;
+    assert!(got.is_err(), "A sent the stranger {got:?}");
+    let st = a.peer_status(&kb).unwrap();
+    assert!(
+        st.paths.iter().all(|p| p.addr != PathAddr::Direct(from)),
+        "{st:?}"
+    );
+    assert_eq!(st.active, Some(PathAddr::Direct(b.local_addr())));
 }

@@ -4,7 +4,9 @@
 //! CA given as `ca_file`, and plain HTTP). Checks the datagrams arrive
 //! from the socket that stands for the sender, every datagram is carried
 //! or counted as dropped, strangers are dropped, a relay restart is
-//! survived, and `ferry link pubkey` / `status`.
+//! survived, and `ferry link pubkey` / `status`. Over a 1,500-byte MTU (a
+//! namespace the test makes), datagrams of every size both ways arrive
+//! whole through the links' GSO sends.
 
 #[path = "../../client/tests/support/mod.rs"]
 mod derp;
@@ -88,8 +90,18 @@ impl Side {
         }
     }
 
+    /// One metric sample's value, which must be there.
+    fn counter(&self, sample: &str) -> u64 {
+        self.sample(sample)
+            .unwrap_or_else(|| panic!("no sample {sample} in the link's metrics"))
+    }
+
     /// One metric sample's value (0 when absent).
     fn metric(&self, sample: &str) -> u64 {
+        self.sample(sample).unwrap_or(0)
+    }
+
+    fn sample(&self, sample: &str) -> Option<u64> {
         let body = get(self.metrics, "/metrics");
         body.lines()
             .find_map(|l| {
@@ -98,7 +110,7 @@ impl Side {
                     .parse::<f64>()
                     .ok()
             })
-            .map_or(0, |v| v as u64)
+            .map(|v| v as u64)
     }
 }
 
@@ -704,3 +716,99 @@ fn a_gso_train_from_wireguard_arrives_as_its_datagrams() {
         lb.stop();
     }
 }
+
+/// Over a path whose MTU is 1,500 bytes (a namespace whose loopback has
+/// that MTU), WireGuard bursts of every size from 1 byte to the largest a
+/// UDP path carries, over-MTU datagrams with shorter ones right after
+/// them and runs of equal ones, cross two links on the direct path both
+/// ways: each arrives whole, once, and neither link counts a drop or a
+/// refused GSO train.
+#[test]
+fn every_size_crosses_a_1500_byte_mtu_between_links() {
+    let Some(ns) = ferry_testkit::netns::Netns::new("link-mtu", 1500) else {
+        return;
+    };
+    ns.run(|| {
+        let server = derp::TestServer::start(derp::Kind::Ferry, None);
+        let dir = TempDir::new("link-mtu");
+        // The namespace has loopback alone, which is no candidate unless
+        // bound to.
+        let relay = format!(
+            "bind = \"127.0.0.1:0\"\n{}",
+            relay_block(&server.url(), None)
+        );
+        let (a, b, a_cfg, b_cfg) = pair_with(&dir, &relay, "");
+        for side in [&a, &b] {
+            socket2::SockRef::from(&side.wg)
+                .set_recv_buffer_size(4 << 20)
+                .unwrap();
+        }
+        let mut la = link(&a_cfg);
+        let mut lb = link(&b_cfg);
+        la.wait_log("path switch: derp -> direct");
+        lb.wait_log("path switch: derp -> direct");
+        carried(&a.wg, a.peer_endpoint, &b.wg, b"first a to b");
+        carried(&b.wg, b.peer_endpoint, &a.wg, b"first b to a");
+        let sizes = ferry_testkit::udp::mixed_sizes(1, 65_507 - 8);
+        for (round, (from, to, at)) in [
+            (&a.wg, a.peer_endpoint, &b.wg),
+            (&b.wg, b.peer_endpoint, &a.wg),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut buf = vec![0u8; 1 << 16];
+            while at.recv_from(&mut buf).is_ok() {}
+            let sent: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    (0..n)
+                        .map(|j| (round * 31 + i * 7 + j * 13) as u8)
+                        .collect()
+                })
+                .collect();
+            ferry_testkit::udp::send_burst(from, to, &sent);
+            let mut got = Vec::new();
+            let deadline = Instant::now() + T;
+            while got.len() < sent.len() && Instant::now() < deadline {
+                if let Ok((n, _)) = at.recv_from(&mut buf) {
+                    got.push(buf[..n].to_vec());
+                }
+            }
+            let mut want = sent.clone();
+            want.sort();
+            got.sort();
+            let lens = |v: &[Vec<u8>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+            assert!(
+                got == want,
+                "round {round}: sent sizes {:?}, got {:?}",
+                lens(&want),
+                lens(&got)
+            );
+        }
+        for (side, peer) in [(&a, "b"), (&b, "a")] {
+            for why in DROP_REASONS {
+                let sample =
+                    format!("ferry_link_peer_drops_total{{peer=\"{peer}\",reason=\"{why}\"}}");
+                assert_eq!(side.counter(&sample), 0, "{sample}");
+            }
+            for dir in ["to_peer", "from_peer"] {
+                let sample = format!("ferry_link_gso_fallbacks_total{{direction=\"{dir}\"}}");
+                assert_eq!(side.counter(&sample), 0, "{sample}");
+            }
+        }
+        la.stop();
+        lb.stop();
+    });
+}
+
+/// Every reason a link counts a dropped datagram for.
+const DROP_REASONS: [&str; 6] = [
+    "queue_full",
+    "relay_down",
+    "not_wireguard",
+    "too_large",
+    "no_path",
+    "deliver_failed",
+];

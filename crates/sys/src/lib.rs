@@ -32,6 +32,8 @@
 //! - [`mmsg`]: batched UDP receive and send (`recvmmsg`/`sendmmsg`) with
 //!   source addresses, GRO segment sizes, GSO and the drop counter.
 //! - [`gso`]: probing and switching UDP GRO and GSO.
+//! - [`train`]: datagrams grouped into GSO trains by the kernel's rules,
+//!   sent with a fallback to single datagrams (every GSO send in Ferry).
 //! - [`sockopt`]: forced socket buffer sizes and `SO_RXQ_OVFL`.
 //! - [`port`]: making sure a port shared by one process's shards is not
 //!   also joined by another process.
@@ -64,6 +66,7 @@ pub mod port;
 pub mod process;
 pub mod signal;
 pub mod sockopt;
+pub mod train;
 pub mod uring;
 
 pub use cpu::{available_cpus, pin_current_thread};

@@ -8,10 +8,16 @@
 //!   lives in `ferry-sys`, where unsafe code is allowed; re-exported here).
 //! - [`wait`]: waiting for a condition, bounded in time.
 //! - [`http`]: plain HTTP requests and metric scraping.
+//! - [`netns`]: a network namespace the test makes, with the loopback MTU
+//!   it needs, and running code inside it.
+//! - [`udp`]: sending a burst of datagrams in `sendmmsg` calls, and the
+//!   mix of sizes that tests a path against its MTU.
 
 pub mod derp;
 pub mod http;
+pub mod netns;
 pub mod tls;
+pub mod udp;
 pub mod wait;
 
 pub use ferry_sys::alloc_count as alloc;

@@ -82,6 +82,7 @@ use ferry_proto::relay_session::{BindKind, BindMsg, BIND_LEN};
 use ferry_proto::udp_header::{Header, Protocol};
 use ferry_proto::wireguard::{self as wg, Index, Mac1Key, Message, PublicKey};
 use ferry_sys::mmsg::{OutMsg, RecvBatch, RecvMeta, SendBatch, Span, MAX_BATCH, MAX_SPANS};
+use ferry_sys::train::Trains;
 
 fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter()
@@ -340,21 +341,13 @@ fn open_flow(shape: &Shape, to: SocketAddr, flow: u16) -> (UdpSocket, Vec<u8>) {
 /// end in one buffer, and the messages that send them to `to`, `per_msg`
 /// each (a GSO train when more than one).
 fn layout(to: SocketAddr, n_msgs: usize, per_msg: usize, size: usize) -> (Vec<Span>, Vec<OutMsg>) {
-    let spans = (0..n_msgs * per_msg)
-        .map(|i| Span {
-            start: i * size,
-            len: size,
-        })
-        .collect();
-    let msgs = (0..n_msgs)
-        .map(|i| OutMsg {
-            dst: Some(to),
-            first: i * per_msg,
-            count: per_msg,
-            segment: if per_msg > 1 { size as u16 } else { 0 },
-        })
-        .collect();
-    (spans, msgs)
+    // Planned once by the relay's own train builder (trains of `per_msg`,
+    // within the kernel's limits), then sent again and again.
+    let mut plan = Trains::with_max_segments(per_msg);
+    for i in 0..n_msgs * per_msg {
+        plan.push(Some(to), i * size, size, size, per_msg > 1);
+    }
+    (plan.spans().to_vec(), plan.msgs().to_vec())
 }
 
 /// One flow: its socket and the datagrams it sends.
@@ -365,11 +358,16 @@ struct Flow {
 
 fn send(load: &Load) {
     let size = load.size.max(wg::TRANSPORT_MIN_LEN);
-    // With GSO, each message is a train of `per_msg` datagrams (spans).
-    let per_msg = load.gso.clamp(
-        1,
-        ferry_sys::gso::MAX_SEGMENTS.min(ferry_sys::gso::MAX_GSO_BYTES / size),
-    );
+    // With GSO, each message is a train of `per_msg` datagrams; a datagram
+    // larger than a frame's segment never travels in one.
+    let per_msg = if size > ferry_sys::train::max_segment(Some(load.to)) {
+        1
+    } else {
+        load.gso.clamp(
+            1,
+            ferry_sys::gso::MAX_SEGMENTS.min(ferry_sys::gso::MAX_GSO_BYTES / size),
+        )
+    };
     let n_msgs = if per_msg > 1 {
         (MAX_SPANS / per_msg).min(MAX_BATCH)
     } else {

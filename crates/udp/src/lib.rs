@@ -20,8 +20,9 @@
 //! `SO_REUSEPORT` socket per shard ([`socket`]); the shard ([`shard`])
 //! receives a batch with one `recvmmsg` (GRO may glue several datagrams of
 //! a flow into one slot), routes each datagram, queues it as a span of the
-//! receive buffer in the [`outbox`] of the socket it leaves through, and
-//! sends each outbox with one `sendmmsg`, GSO-coalesced. Bounce sessions
+//! receive buffer in the outbox of the socket it leaves through (a
+//! [`ferry_sys::train::Trains`], which groups datagrams into GSO trains by
+//! the kernel's rules), and sends each outbox with `sendmmsg`. Bounce sessions
 //! live entirely on the shard that received their first datagram (a
 //! client's address always hashes to the same socket); only a route's
 //! session count is shared, one atomic that a shard updates when it opens
@@ -45,7 +46,6 @@ pub mod fuzzing;
 pub mod hub;
 pub mod live;
 pub mod metrics;
-pub mod outbox;
 pub mod ratelimit;
 pub mod session;
 pub mod shard;

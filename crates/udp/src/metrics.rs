@@ -152,6 +152,8 @@ pub struct ShardMetrics {
     pub gro_datagrams: Counter,
     /// Messages sent with GSO (several datagrams in one).
     pub gso_messages: Counter,
+    /// GSO trains the kernel refused, sent again one datagram at a time.
+    pub gso_fallbacks: Counter,
 }
 
 impl Default for ShardMetrics {
@@ -178,6 +180,7 @@ impl Default for ShardMetrics {
             send_calls: Counter::default(),
             gro_datagrams: Counter::default(),
             gso_messages: Counter::default(),
+            gso_fallbacks: Counter::default(),
         }
     }
 }
@@ -352,7 +355,7 @@ impl Metrics {
             let v = self.shards.iter().map(|s| f(s)).max().unwrap_or(0);
             let _ = writeln!(o, "{name} {v}");
         }
-        let counters: [(&str, &str, CounterOf); 7] = [
+        let counters: [(&str, &str, CounterOf); 8] = [
             ("ferry_udp_sessions_opened_total", "Bounce sessions opened.", |s| s.sessions_opened.get()),
             ("ferry_udp_sessions_expired_total", "Bounce sessions closed after the idle timeout.", |s| s.sessions_expired.get()),
             ("ferry_udp_sessions_retargeted_total", "Bounce sessions switched to a re-resolved target address.", |s| s.sessions_retargeted.get()),
@@ -360,6 +363,7 @@ impl Metrics {
             ("ferry_udp_recvmmsg_calls_total", "recvmmsg calls that returned datagrams.", |s| s.recv_calls.get()),
             ("ferry_udp_sendmmsg_calls_total", "sendmmsg calls.", |s| s.send_calls.get()),
             ("ferry_udp_gso_messages_total", "Messages sent with UDP GSO.", |s| s.gso_messages.get()),
+            ("ferry_udp_gso_fallbacks_total", "UDP GSO trains the kernel refused (a path MTU under 1500, a device without checksum offload), sent again one datagram at a time.", |s| s.gso_fallbacks.get()),
         ];
         for (name, help, f) in counters {
             family(&mut o, name, "counter", help);

@@ -8,7 +8,8 @@
 //! single `recvmmsg`; every datagram (or GRO run) in it is routed and
 //! queued as a span of that buffer in the outbox of the socket it leaves
 //! through; then the hub's new events go to the other shards, and every
-//! outbox touched is flushed with `sendmmsg` (GSO-coalesced). Nothing is
+//! outbox touched is flushed with `sendmmsg` (as GSO trains, by the rules
+//! of [`ferry_sys::train`]). Nothing is
 //! copied in user space and nothing is allocated per packet: buffers,
 //! outboxes and tables are reused, and maps only grow when a new client or
 //! session appears.
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use ferry_engine::mailbox::{MsgRx, MsgTx};
 use ferry_proto::wireguard as wg;
 use ferry_sys::mmsg::{RecvBatch, RecvMeta, SendBatch, MAX_BATCH};
+use ferry_sys::train::{Sent, Trains};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
@@ -35,7 +37,6 @@ use slab::Slab;
 use crate::hub::{self, DropReason, Endpoint, Event, Hub, HubSettings, Inbox, Verdict};
 use crate::live::{Published, SourceRate};
 use crate::metrics::{Drop, ShardMetrics};
-use crate::outbox::{Flushed, Outbox};
 use crate::ratelimit::SourceLimiter;
 use crate::session::{self, Sessions};
 use crate::socket::{self, SocketOptions};
@@ -176,7 +177,7 @@ pub struct ShardSetup {
 struct Listener {
     sock: UdpSocket,
     role: Role,
-    outbox: Outbox,
+    outbox: Trains,
     drops_seen: u32,
 }
 
@@ -187,7 +188,7 @@ struct Session {
     client: SocketAddr,
     target: SocketAddr,
     last_active: Instant,
-    outbox: Outbox,
+    outbox: Trains,
     touched: bool,
     drops_seen: u32,
     /// Its place in the route's session limit.
@@ -321,7 +322,7 @@ fn each_datagram(start: usize, len: usize, seg: usize, mut f: impl FnMut(usize, 
 }
 
 /// Consecutive datagrams of one train that go to the same place, gathered
-/// into one span so they are queued with one [`Outbox::push`] (one GSO
+/// into one span so they are queued with one [`Trains::push`] (one GSO
 /// message) instead of one each.
 struct Run<K> {
     to: K,
@@ -351,7 +352,7 @@ fn hub_outbox<'a>(
     listeners: &'a mut [Listener],
     hub_listeners: &[usize],
     via: u16,
-) -> Option<&'a mut Outbox> {
+) -> Option<&'a mut Trains> {
     let &out = hub_listeners.get(usize::from(via))?;
     listeners.get_mut(out).map(|l| &mut l.outbox)
 }
@@ -432,7 +433,7 @@ impl Shard {
             listeners.push(Listener {
                 sock,
                 role,
-                outbox: Outbox::default(),
+                outbox: Trains::new(),
                 drops_seen: 0,
             });
         }
@@ -610,7 +611,7 @@ impl Shard {
         }
     }
 
-    fn account(&mut self, f: &Flushed, out: Out) {
+    fn account(&mut self, f: &Sent, out: Out) {
         self.metrics.send_calls.add(f.calls);
         self.metrics.gso_messages.add(f.gso_messages);
         match out {
@@ -619,9 +620,10 @@ impl Shard {
             Out::Hub => self.metrics.hub_out.add(f.sent, f.bytes),
             Out::Sessions => self.metrics.relay_session_out.add(f.sent, f.bytes),
         }
-        if f.buffer_full > 0 {
-            self.metrics.count_drop(Drop::SendBufferFull, f.buffer_full);
+        if f.unsent > 0 {
+            self.metrics.count_drop(Drop::SendBufferFull, f.unsent);
         }
+        self.metrics.gso_fallbacks.add(f.fallbacks);
         if f.failed > 0 {
             self.metrics.count_drop(Drop::SendFailed, f.failed);
         }
@@ -734,7 +736,7 @@ impl Shard {
             client,
             target,
             last_active: self.now,
-            outbox: Outbox::default(),
+            outbox: Trains::new(),
             touched: false,
             drops_seen: 0,
             _place: place,

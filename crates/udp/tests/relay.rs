@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
+use ferry_proto::wireguard::{self as wg, PublicKey};
 use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
 use ferry_udp::metrics::Drop;
 use ferry_udp::{Relay, Resolve, StartError};
@@ -390,6 +390,8 @@ fn start_errors_name_the_field() {
 
 mod common;
 
+use common::{data, handshake};
+
 fn hub_config(keys: &[PublicKey], workers: usize) -> Config {
     Config {
         bounce: vec![],
@@ -401,32 +403,6 @@ fn hub_config(keys: &[PublicKey], workers: usize) -> Config {
         tuning: tuning(workers),
         metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
     }
-}
-
-fn handshake(kind: u8, sender: u32, receiver: u32, to: &PublicKey) -> Vec<u8> {
-    let mut m = vec![
-        0x5a;
-        if kind == 1 {
-            wg::INITIATION_LEN
-        } else {
-            wg::RESPONSE_LEN
-        }
-    ];
-    m[..4].copy_from_slice(&[kind, 0, 0, 0]);
-    m[4..8].copy_from_slice(&sender.to_le_bytes());
-    if kind == 2 {
-        m[8..12].copy_from_slice(&receiver.to_le_bytes());
-    }
-    assert!(wg::seal_mac1(&mut m, &Mac1Key::new(to)));
-    m
-}
-
-fn data(receiver: u32, counter: u64, len: usize) -> Vec<u8> {
-    let mut m = vec![0xd0; len];
-    m[..4].copy_from_slice(&[4, 0, 0, 0]);
-    m[4..8].copy_from_slice(&receiver.to_le_bytes());
-    m[8..16].copy_from_slice(&counter.to_le_bytes());
-    m
 }
 
 fn expect(peer: &UdpSocket, want: &[u8]) {

@@ -11,23 +11,19 @@
 //! [`UdpBatchSender`] cuts a list of (destination, bytes) into `sendmmsg`
 //! calls of up to [`ferry_sys::mmsg::MAX_BATCH`] messages; consecutive
 //! datagrams to one destination whose sizes are equal (the last of a run
-//! may be shorter) leave as one UDP GSO message where the kernel has GSO.
-//! It never waits: what the socket does not take now is reported unsent.
+//! may be shorter), each within one frame, leave as one UDP GSO message
+//! where the kernel has GSO ([`ferry_sys::train`] has the rules). It never
+//! waits: what the socket does not take now is reported unsent.
 
 use ferry_proto::key::NodePublic;
 use ferry_proto::udp_header::{self, Header, Protocol};
-use ferry_sys::gso::{MAX_GSO_BYTES, MAX_SEGMENTS};
-use ferry_sys::mmsg::{OutMsg, SendBatch, Span, MAX_BATCH, MAX_SPANS};
+use ferry_sys::mmsg::SendBatch;
+use ferry_sys::train::Trains;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::os::fd::AsFd;
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
-
-/// Largest datagram that goes into a GSO train: what fits one Ethernet
-/// frame over IPv6 (1500 − 40 − 8). A segment beyond the path MTU fails
-/// the whole GSO message, where a single datagram would be fragmented.
-const MAX_TRAIN_SEGMENT: usize = 1452;
 
 /// One datagram's place in [`Datagrams`].
 #[derive(Debug, Clone, Copy)]
@@ -154,16 +150,17 @@ pub struct BatchSent {
     pub sent: usize,
     /// Datagrams taken or refused: the first `consumed` items.
     pub consumed: usize,
+    /// GSO trains the kernel refused (a path MTU under 1,500, a device
+    /// without checksum offload), sent again one datagram at a time.
+    pub fallbacks: usize,
 }
 
 /// Sends runs of datagrams from one UDP socket with `sendmmsg`, as UDP GSO
-/// trains where the kernel has GSO; keeps its scratch space between calls.
+/// trains where the kernel has GSO (by the rules of
+/// [`ferry_sys::train`]); keeps its scratch space between calls.
 pub struct UdpBatchSender {
     sys: SendBatch,
-    spans: Vec<Span>,
-    msgs: Vec<OutMsg>,
-    /// Datagrams in each message of `msgs`.
-    counts: Vec<usize>,
+    trains: Trains,
     gso: bool,
 }
 
@@ -186,14 +183,13 @@ impl UdpBatchSender {
     pub fn with_gso(gso: bool) -> UdpBatchSender {
         UdpBatchSender {
             sys: SendBatch::new(),
-            spans: Vec::with_capacity(MAX_SPANS),
-            msgs: Vec::with_capacity(MAX_BATCH),
-            counts: Vec::with_capacity(MAX_BATCH),
+            trains: Trains::new(),
             gso,
         }
     }
 
-    /// Whether it sends GSO trains (it stops when the kernel refuses one).
+    /// Whether it sends GSO trains (it stops when the device refuses one
+    /// with `EIO`).
     pub fn gso(&self) -> bool {
         self.gso
     }
@@ -202,99 +198,37 @@ impl UdpBatchSender {
     /// waiting, until the socket would block. Says how many the kernel
     /// took and how many were dealt with (taken, or refused with an
     /// error); the rest, from `consumed` on, waits for the socket to be
-    /// writable or is dropped, as the caller likes.
+    /// writable or is dropped, as the caller likes. A train the kernel
+    /// refuses is sent again datagram by datagram.
     pub fn send(
         &mut self,
         socket: &UdpSocket,
         buf: &[u8],
         items: &[(SocketAddr, Range<usize>)],
     ) -> BatchSent {
-        let mut sent = 0;
-        let mut next = 0;
-        // Each turn sends at least one message, skips one the kernel
-        // refused, turns GSO off (once), or stops.
-        while next < items.len() {
-            self.plan(&items[next..]);
-            let r = socket.try_io(Interest::WRITABLE, || {
-                self.sys.send(socket.as_fd(), buf, &self.spans, &self.msgs)
-            });
-            match r {
-                Ok(0) => break,
-                Ok(taken) => {
-                    let n: usize = self.counts[..taken].iter().sum();
-                    sent += n;
-                    next += n;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if self.msgs[0].segment != 0 => {
-                    // EIO (no checksum offload on the way), EINVAL (a
-                    // segment beyond the path MTU): single datagrams then.
-                    tracing::debug!(error = %e, "UDP GSO refused; sending datagrams one by one");
-                    self.gso = false;
-                }
-                Err(e) => {
-                    tracing::trace!(error = %e, "UDP send failed");
-                    next += self.counts[0];
-                }
-            }
+        self.trains.clear();
+        for (dst, r) in items {
+            self.trains
+                .push(Some(*dst), r.start, r.len(), r.len(), self.gso);
+        }
+        let sys = &mut self.sys;
+        let out = self.trains.send(|spans, msgs| {
+            socket.try_io(Interest::WRITABLE, || {
+                sys.send(socket.as_fd(), buf, spans, msgs)
+            })
+        });
+        if out.gso_refused && self.gso {
+            tracing::debug!("the device refused a UDP GSO train; sending datagrams one by one");
+            self.gso = false;
+        }
+        if out.failed > 0 {
+            tracing::trace!(failed = out.failed, "UDP sends refused");
         }
         BatchSent {
-            sent,
-            consumed: next,
+            sent: out.sent as usize,
+            consumed: out.consumed() as usize,
+            fallbacks: out.fallbacks as usize,
         }
-    }
-
-    /// Fills `spans`, `msgs` and `counts` with the first messages of
-    /// `items` (at least one).
-    fn plan(&mut self, items: &[(SocketAddr, Range<usize>)]) {
-        self.spans.clear();
-        self.msgs.clear();
-        self.counts.clear();
-        let mut i = 0;
-        while i < items.len() && self.msgs.len() < MAX_BATCH && self.spans.len() < MAX_SPANS {
-            let (dst, first) = &items[i];
-            let seg = first.len();
-            let first_span = self.spans.len();
-            self.spans.push(span(first));
-            let mut total = seg;
-            let mut j = i + 1;
-            if self.gso && seg <= MAX_TRAIN_SEGMENT {
-                while let Some((d, r)) = items.get(j) {
-                    let fits = d == dst
-                        && r.len() <= seg
-                        && !r.is_empty()
-                        && j - i < MAX_SEGMENTS
-                        && total + r.len() <= MAX_GSO_BYTES
-                        && self.spans.len() < MAX_SPANS;
-                    if !fits {
-                        break;
-                    }
-                    self.spans.push(span(r));
-                    total += r.len();
-                    j += 1;
-                    // A shorter datagram ends a train.
-                    if r.len() < seg {
-                        break;
-                    }
-                }
-            }
-            let count = j - i;
-            self.msgs.push(OutMsg {
-                dst: Some(*dst),
-                first: first_span,
-                count,
-                segment: if count > 1 { seg as u16 } else { 0 },
-            });
-            self.counts.push(count);
-            i = j;
-        }
-    }
-}
-
-fn span(r: &Range<usize>) -> Span {
-    Span {
-        start: r.start,
-        len: r.len(),
     }
 }
 
@@ -302,10 +236,6 @@ fn span(r: &Range<usize>) -> Span {
 mod tests {
     use super::*;
     use ferry_proto::key::NodePrivate;
-
-    fn dst(port: u16) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], port))
-    }
 
     #[test]
     fn datagrams_keep_order_peers_and_header_room() {
@@ -343,65 +273,5 @@ mod tests {
         assert_eq!(gro_segments(&train, 0).count(), 1);
         assert_eq!(gro_segments(&[], 0).collect::<Vec<_>>(), vec![&[] as &[u8]]);
         assert_eq!(gro_segments(&[], 1200).count(), 1);
-    }
-
-    #[test]
-    fn plan_makes_trains_of_equal_sizes_per_destination() {
-        let mut s = UdpBatchSender::with_gso(true);
-        // 3 × 100 to A then 40 to A: one train; 100 to B; 100, 120 to A:
-        // two messages (a longer one cannot follow).
-        let sizes = [
-            (1, 100),
-            (1, 100),
-            (1, 100),
-            (1, 40),
-            (2, 100),
-            (1, 100),
-            (1, 120),
-        ];
-        let mut at = 0;
-        let items: Vec<_> = sizes
-            .iter()
-            .map(|&(p, n)| {
-                at += n;
-                (dst(p), at - n..at)
-            })
-            .collect();
-        s.plan(&items);
-        let shape: Vec<_> = s.msgs.iter().map(|m| (m.dst, m.count, m.segment)).collect();
-        assert_eq!(
-            shape,
-            vec![
-                (Some(dst(1)), 4, 100),
-                (Some(dst(2)), 1, 0),
-                (Some(dst(1)), 1, 0),
-                (Some(dst(1)), 1, 0)
-            ]
-        );
-        assert_eq!(s.counts, vec![4, 1, 1, 1]);
-        // Without GSO: one message per datagram.
-        let mut s = UdpBatchSender::with_gso(false);
-        s.plan(&items);
-        assert_eq!(s.msgs.len(), items.len());
-        assert!(s.msgs.iter().all(|m| m.count == 1 && m.segment == 0));
-    }
-
-    #[test]
-    fn plan_bounds_trains_and_batches() {
-        let mut s = UdpBatchSender::with_gso(true);
-        let items: Vec<_> = (0..200)
-            .map(|i| (dst(1), i * 1000..(i + 1) * 1000))
-            .collect();
-        s.plan(&items);
-        // 64 KiB of payload at most per train.
-        assert!(s.counts.iter().all(|&c| c * 1000 <= MAX_GSO_BYTES));
-        assert_eq!(s.counts.iter().sum::<usize>(), 200);
-        let big: Vec<_> = (0..200)
-            .map(|i| (dst(1), i * 2000..(i + 1) * 2000))
-            .collect();
-        s.plan(&big);
-        // Beyond an Ethernet frame: no trains, at most a batch.
-        assert_eq!(s.msgs.len(), MAX_BATCH);
-        assert!(s.counts.iter().all(|&c| c == 1));
     }
 }

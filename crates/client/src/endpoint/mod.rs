@@ -26,6 +26,8 @@
 //!   peer's relay path, confirmed and kept alive by the same probes.
 //! - Probes are sealed with this endpoint's key and the peer's; a probe
 //!   from a key that is not a peer, or that does not open, is dropped.
+//!   Relay bind replies are taken only from their session's relay address
+//!   (others are counted, [`EndpointStats::foreign_bind_replies`]).
 //!   Payloads on UDP carry no key: they are accepted only from an address
 //!   (or relay session) that belongs to a peer's path.
 //! - This side's candidate addresses (the socket's local address, or the
@@ -63,27 +65,30 @@
 //! ```
 
 pub mod batch;
+mod driver;
 mod local;
+mod options;
 pub mod paths;
 pub mod sessions;
 
-use crate::{DerpClient, DerpSender, Error, Options};
+use crate::{DerpClient, DerpSender, Error};
 pub use batch::{gro_segments, BatchSent, Datagrams, UdpBatchSender};
+use driver::{derp_reader, derp_writer, Driver};
 use ferry_proto::frame::PeerGoneReason;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::nacl::{self, SharedKey};
-use ferry_proto::peer_msg::{self, PeerMessage};
+use ferry_proto::peer_msg;
 use ferry_proto::relay_session::SessionOffer;
-use ferry_proto::stun;
 use ferry_proto::udp_header::{Header, Protocol};
+pub use options::{EndpointOptions, PeerOptions, RelayOptions};
 use paths::{NoPath, Paths, Policy, Transmit};
 pub use paths::{
     PathAddr, PathEvent, PathKind, PathState, PathStats, PathStatus, PeerStatus, SwitchReason,
     Timing,
 };
-use sessions::{SessionTiming, Sessions};
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
+use sessions::Sessions;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -96,100 +101,6 @@ use tokio::task::JoinHandle;
 /// The largest application datagram [`Endpoint::send`] takes (what fits a
 /// DERP packet after the 8-byte header).
 pub const MAX_DATAGRAM: usize = ferry_proto::frame::MAX_PACKET_SIZE - ferry_proto::udp_header::LEN;
-
-/// One DERP server the endpoint connects to.
-#[derive(Debug, Clone)]
-pub struct RelayOptions {
-    /// A name for status and logs.
-    pub name: String,
-    /// `http://host:port/derp` or `https://host/derp`.
-    pub url: String,
-    /// How the DERP client connects.
-    pub options: Options,
-    /// The STUN server that tells this endpoint its public address;
-    /// `None`: the URL's host, port 3478.
-    pub stun: Option<SocketAddr>,
-}
-
-impl RelayOptions {
-    /// A relay at `url` with default options.
-    pub fn new(name: impl Into<String>, url: impl Into<String>) -> RelayOptions {
-        RelayOptions {
-            name: name.into(),
-            url: url.into(),
-            options: Options::default(),
-            stun: None,
-        }
-    }
-}
-
-/// How an [`Endpoint`] binds, connects and probes.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct EndpointOptions {
-    /// This endpoint's key (its DERP address, and the key probes are
-    /// sealed with).
-    pub key: NodePrivate,
-    /// The DERP servers, connected to at [`Endpoint::bind`]; peers name
-    /// theirs by index.
-    pub relays: Vec<RelayOptions>,
-    /// The UDP socket for direct paths, relay sessions and STUN.
-    pub bind: SocketAddr,
-    /// Received datagrams held for [`Endpoint::recv`], and datagrams held
-    /// per DERP server for sending, before more are dropped.
-    pub queue: usize,
-    /// Receive and send buffer asked of the kernel for the UDP socket
-    /// (bytes; the kernel may grant less).
-    pub socket_buffer: usize,
-    /// Seed of the ping ids (tests); `None` draws one.
-    pub seed: Option<u64>,
-    /// The probing schedule.
-    pub timing: Timing,
-    /// Announce the local address and the STUN-learned one to peers. Off,
-    /// only [`EndpointOptions::advertise`] is announced.
-    pub discover: bool,
-    /// Further addresses to announce (a port forward, a known public
-    /// address).
-    pub advertise: Vec<SocketAddr>,
-    /// How often STUN is asked again.
-    pub stun_interval: Duration,
-    /// Ask relays that offer them for relay sessions with peers.
-    pub relay_sessions: bool,
-    /// How persistently relay sessions are sought.
-    pub session_timing: SessionTiming,
-}
-
-impl EndpointOptions {
-    /// Defaults: every interface, an ephemeral port, queues of 1024.
-    pub fn new(key: NodePrivate, relays: Vec<RelayOptions>) -> EndpointOptions {
-        EndpointOptions {
-            key,
-            relays,
-            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
-            queue: 1024,
-            socket_buffer: 4 << 20,
-            seed: None,
-            timing: Timing::default(),
-            discover: true,
-            advertise: Vec::new(),
-            stun_interval: Duration::from_secs(20),
-            relay_sessions: true,
-            session_timing: SessionTiming::default(),
-        }
-    }
-}
-
-/// How a peer is reached.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PeerOptions {
-    /// Index into [`EndpointOptions::relays`]: the DERP server the peer is
-    /// connected to.
-    pub relay: usize,
-    /// This kind of path first when it works.
-    pub prefer: Option<PathKind>,
-    /// This kind of path alone.
-    pub only: Option<PathKind>,
-}
 
 /// Why [`Endpoint::bind`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -298,6 +209,13 @@ pub struct EndpointStats {
     /// Datagrams and DERP packets that were neither a peer message from a
     /// peer nor STUN (unparsable, unknown source, probes that did not open).
     pub rejected: u64,
+    /// Of those, relay bind replies (challenge, bound) for one of this
+    /// endpoint's sessions that came from an address other than that
+    /// session's relay.
+    pub foreign_bind_replies: u64,
+    /// UDP GSO trains the kernel refused (a path MTU under 1,500 bytes),
+    /// sent again one datagram at a time.
+    pub gso_fallbacks: u64,
 }
 
 /// Something that happened to the endpoint, from [`Endpoint::events`].
@@ -432,6 +350,7 @@ struct Inner {
     discover: bool,
     advertise: Vec<SocketAddr>,
     send_dropped: Arc<AtomicU64>,
+    gso_fallbacks: AtomicU64,
     recv_dropped: AtomicU64,
     rejected: AtomicU64,
     received: Mutex<Received>,
@@ -439,6 +358,10 @@ struct Inner {
     received_ready: Notify,
     /// Datagrams in `received`'s batches.
     queued: AtomicUsize,
+    /// Bytes of `received`'s batches (payloads and their header room).
+    queued_bytes: AtomicUsize,
+    /// [`EndpointOptions::queue_bytes`].
+    queue_bytes_limit: usize,
     /// [`EndpointOptions::queue`].
     queue_limit: usize,
 }
@@ -468,7 +391,7 @@ impl Endpoint {
     /// Binds the UDP socket, makes a first attempt to connect to every DERP
     /// server (all at once) and starts probing. A server that cannot be
     /// reached does not fail the bind: it is retried in the background with
-    /// exponential backoff and jitter ([`Options::backoff`]), each failure
+    /// exponential backoff and jitter ([`crate::Options::backoff`]), each failure
     /// logged and reported ([`EndpointEvent::RelayDown`],
     /// [`Endpoint::relay_status`]). Direct paths need no relay once
     /// confirmed, but the first exchange of addresses goes over DERP.
@@ -547,22 +470,18 @@ impl Endpoint {
             discover: opts.discover,
             advertise: opts.advertise,
             send_dropped,
+            gso_fallbacks: AtomicU64::new(0),
             recv_dropped: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             received: Mutex::default(),
             received_ready: Notify::new(),
             queued: AtomicUsize::new(0),
+            queued_bytes: AtomicUsize::new(0),
+            queue_bytes_limit: opts.queue_bytes,
             queue_limit: queue,
         });
         inner.update_candidates();
-        let driver = Driver {
-            inner: inner.clone(),
-            filling: Datagrams::new(),
-            derp: derp_rx,
-            stun_pending: HashMap::new(),
-            stun_interval: opts.stun_interval,
-            gone: HashSet::new(),
-        };
+        let driver = Driver::new(inner.clone(), derp_rx, opts.stun_interval);
         tasks.push(tokio::spawn(driver.run()));
         Ok(Endpoint {
             inner,
@@ -662,13 +581,15 @@ impl Endpoint {
         }
         if !udp.is_empty() {
             // What the socket does not take now is dropped.
-            let sent = self
+            let r = self
                 .inner
                 .lock_sender()
-                .send(&self.inner.socket, batch.bytes(), &udp)
-                .sent;
-            report.sent += sent;
-            report.dropped += udp.len() - sent;
+                .send(&self.inner.socket, batch.bytes(), &udp);
+            report.sent += r.sent;
+            report.dropped += udp.len() - r.sent;
+            self.inner
+                .gso_fallbacks
+                .fetch_add(r.fallbacks as u64, Ordering::Relaxed);
         }
         for &i in &derp {
             let msg = batch.seal(i, 0);
@@ -732,6 +653,9 @@ impl Endpoint {
                 let mut r = self.inner.received.lock().expect("not poisoned");
                 if let Some(b) = r.batches.pop_front() {
                     self.inner.queued.fetch_sub(b.len(), Ordering::Relaxed);
+                    self.inner
+                        .queued_bytes
+                        .fetch_sub(b.bytes().len(), Ordering::Relaxed);
                     let mut old = std::mem::replace(&mut reader.current, b);
                     reader.next = 0;
                     old.clear();
@@ -809,6 +733,8 @@ impl Endpoint {
             send_dropped: self.inner.send_dropped.load(Ordering::Relaxed),
             recv_dropped: self.inner.recv_dropped.load(Ordering::Relaxed),
             rejected: self.inner.rejected.load(Ordering::Relaxed),
+            foreign_bind_replies: self.inner.lock_sessions().foreign_replies(),
+            gso_fallbacks: self.inner.gso_fallbacks.load(Ordering::Relaxed),
         }
     }
 }
@@ -1018,527 +944,5 @@ impl Inner {
     /// Publishes an event to [`Endpoint::events`] (no subscriber is fine).
     fn publish(&self, event: EndpointEvent) {
         let _ = self.all_events.send(event);
-    }
-}
-
-/// Receive slots per `recvmmsg`, and each slot's size: a whole GRO train
-/// (or the largest datagram) fits one.
-const RECV_SLOTS: usize = 32;
-const RECV_SLOT: usize = 1 << 16;
-/// `recvmmsg` calls per readable turn of the driver before its timers and
-/// DERP get a turn.
-const RECV_ROUNDS: usize = 4;
-/// DERP packets and events taken per turn of the driver.
-const DERP_ROUND: usize = 64;
-/// Most datagrams one GRO slot may hold.
-const MAX_GRO_SEGMENTS: usize = ferry_sys::gso::MAX_SEGMENTS;
-
-/// The driver's `recvmmsg` space.
-struct UdpReceiver {
-    batch: ferry_sys::mmsg::RecvBatch,
-    buf: Vec<u8>,
-    meta: Vec<ferry_sys::mmsg::RecvMeta>,
-}
-
-impl UdpReceiver {
-    fn new() -> UdpReceiver {
-        UdpReceiver {
-            batch: ferry_sys::mmsg::RecvBatch::new(),
-            buf: vec![0; RECV_SLOTS * RECV_SLOT],
-            meta: vec![ferry_sys::mmsg::RecvMeta::default(); RECV_SLOTS],
-        }
-    }
-}
-
-struct Driver {
-    inner: Arc<Inner>,
-    /// Payloads received this turn, handed to the application at its end.
-    filling: Datagrams,
-    derp: mpsc::Receiver<(usize, FromRelay)>,
-    /// STUN transaction ids in flight → the relay asked.
-    stun_pending: HashMap<[u8; 12], usize>,
-    stun_interval: Duration,
-    /// Peers their DERP server reported gone, until heard from again.
-    gone: HashSet<NodePublic>,
-}
-
-impl Driver {
-    async fn run(mut self) {
-        let mut udp = UdpReceiver::new();
-        let mut stun_at = tokio::time::Instant::now();
-        loop {
-            let paths = self.inner.lock_paths().poll_timeout();
-            let sessions = self.inner.lock_sessions().poll_timeout();
-            let deadline = [paths, sessions]
-                .into_iter()
-                .flatten()
-                .min()
-                .map(tokio::time::Instant::from_std);
-            let inner = self.inner.clone();
-            if self.room() < MAX_GRO_SEGMENTS {
-                // A lagging application first takes what is queued (on a
-                // single-threaded runtime it runs only when this yields),
-                // so that what is read next is not dropped for want of room.
-                tokio::task::yield_now().await;
-            }
-            tokio::select! {
-                r = inner.socket.readable() => match r {
-                    Ok(()) => self.drain_udp(&mut udp),
-                    Err(e) => tracing::trace!(error = %e, "UDP socket error"),
-                },
-                d = self.derp.recv() => match d {
-                    Some((relay, input)) => {
-                        self.on_relay(relay, input);
-                        // What else the readers queued, in this turn.
-                        for _ in 1..DERP_ROUND {
-                            let Ok((relay, input)) = self.derp.try_recv() else { break };
-                            self.on_relay(relay, input);
-                        }
-                    }
-                    None => return,
-                },
-                _ = sleep_until(deadline) => self.handle_timeout(),
-                _ = tokio::time::sleep_until(stun_at) => {
-                    stun_at += self.stun_interval;
-                    self.send_stun();
-                }
-                _ = inner.wake.notified() => self.handle_timeout(),
-            }
-            self.hand_over();
-            self.flush();
-        }
-    }
-
-    /// Room in the application's queue, in datagrams.
-    fn room(&self) -> usize {
-        self.inner
-            .queue_limit
-            .saturating_sub(self.inner.queued.load(Ordering::Relaxed) + self.filling.len())
-    }
-
-    /// Reads what the UDP socket holds, a batch (`recvmmsg`) at a time, GRO
-    /// trains cut back into datagrams at their segment size. Reads no more
-    /// slots than the application's queue has room for if each were a
-    /// full GRO train, except one in the first round, so probes go on
-    /// while the application lags (its payloads are then dropped and
-    /// counted); the rest waits in the kernel's buffer.
-    fn drain_udp(&mut self, udp: &mut UdpReceiver) {
-        let inner = self.inner.clone();
-        let socket = &inner.socket;
-        for round in 0..RECV_ROUNDS {
-            let slots = (self.room() / MAX_GRO_SEGMENTS).min(RECV_SLOTS);
-            let slots = if round == 0 { slots.max(1) } else { slots };
-            if slots == 0 {
-                return;
-            }
-            let r = socket.try_io(Interest::READABLE, || {
-                udp.batch.recv(
-                    socket.as_fd(),
-                    &mut udp.buf,
-                    RECV_SLOT,
-                    &mut udp.meta[..slots],
-                )
-            });
-            let n = match r {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                // ICMP errors surface as failed reads on some systems.
-                Err(e) => {
-                    tracing::trace!(error = %e, "UDP receive error");
-                    return;
-                }
-            };
-            for (i, m) in udp.meta[..n].iter().enumerate() {
-                let (Some(src), false) = (m.src, m.truncated) else {
-                    self.inner.reject();
-                    continue;
-                };
-                let slot = &udp.buf[i * RECV_SLOT..i * RECV_SLOT + m.len];
-                for datagram in gro_segments(slot, m.segment) {
-                    self.on_udp(datagram, src);
-                }
-            }
-            if n < slots {
-                return;
-            }
-        }
-    }
-
-    /// Queues the payloads received this turn for the application, unless
-    /// there were none.
-    fn hand_over(&mut self) {
-        if self.filling.is_empty() {
-            return;
-        }
-        {
-            let mut r = self.inner.received.lock().expect("not poisoned");
-            // Counted under the lock the reader subtracts under.
-            self.inner
-                .queued
-                .fetch_add(self.filling.len(), Ordering::Relaxed);
-            let next = r.spare.pop().unwrap_or_default();
-            let full = std::mem::replace(&mut self.filling, next);
-            r.batches.push_back(full);
-        }
-        self.inner.received_ready.notify_one();
-    }
-
-    /// A payload from `peer` for the application, or dropped and counted
-    /// when the application lags by a full queue.
-    fn deliver(&mut self, peer: &NodePublic, bytes: &[u8]) {
-        if self.inner.queued.load(Ordering::Relaxed) + self.filling.len() >= self.inner.queue_limit
-        {
-            self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        self.filling.push(peer, bytes);
-    }
-
-    fn handle_timeout(&mut self) {
-        let now = now();
-        self.inner.lock_paths().handle_timeout(now);
-        let mut sessions = self.inner.lock_sessions();
-        sessions.handle_timeout(now);
-        for peer in sessions.bound() {
-            let state = self.inner.lock_paths().relay_state(&peer);
-            sessions.check_path(now, &peer, state);
-        }
-    }
-
-    /// Sends what the session manager and the path manager queued, and
-    /// publishes the path events.
-    fn flush(&mut self) {
-        let now = now();
-        loop {
-            let mut sessions = self.inner.lock_sessions();
-            let allocate = sessions.poll_allocate(now);
-            let bind = sessions.poll_transmit(now);
-            let change = sessions.poll_change();
-            drop(sessions);
-            if allocate.is_none() && bind.is_none() && change.is_none() {
-                break;
-            }
-            if let Some(peer) = allocate {
-                let sent = self
-                    .inner
-                    .relay_of(&peer)
-                    .map(|r| r.out.try_send(ToRelay::Allocate(peer)).is_ok());
-                if sent != Some(true) {
-                    self.inner.lock_sessions().lost(now, &peer);
-                }
-            }
-            if let Some((addr, msg)) = bind {
-                // A lost bind message is retransmitted by the binder.
-                let _ = self.inner.send_udp(&msg, addr);
-            }
-            if let Some((peer, path)) = change {
-                self.inner.lock_paths().set_relay(now, &peer, path);
-            }
-        }
-        loop {
-            let (transmit, event) = {
-                let mut paths = self.inner.lock_paths();
-                (paths.poll_transmit(), paths.poll_event())
-            };
-            if transmit.is_none() && event.is_none() {
-                return;
-            }
-            if let Some(t) = transmit {
-                self.inner.send_probe(&t);
-            }
-            if let Some(e) = event {
-                // No subscriber is fine.
-                let _ = self.inner.events.send(e.clone());
-                self.inner.publish(EndpointEvent::Path(e));
-            }
-        }
-    }
-
-    fn send_stun(&mut self) {
-        self.stun_pending.clear();
-        for (i, r) in self.inner.relays.iter().enumerate() {
-            let Some(server) = r.stun else { continue };
-            let txid: [u8; 12] = rand::random();
-            self.stun_pending.insert(txid, i);
-            let _ = self.inner.send_udp(&stun::binding_request(&txid), server);
-        }
-    }
-
-    fn on_udp(&mut self, datagram: &[u8], src: SocketAddr) {
-        let src = ferry_proto::frame::canonical_addr(src);
-        if is_stun_response(datagram) {
-            self.on_stun(datagram, src);
-            return;
-        }
-        if Header::parse(datagram).is_ok_and(|h| h.control) {
-            // Bind messages from a relay's session socket.
-            if !self.inner.lock_sessions().handle_datagram(now(), datagram) {
-                self.inner.reject();
-            }
-            return;
-        }
-        let Ok((header, msg)) = peer_msg::parse(datagram) else {
-            self.inner.reject();
-            return;
-        };
-        let path = match header.vni {
-            0 => PathAddr::Direct(src),
-            vni => PathAddr::Relay { vni, addr: src },
-        };
-        self.on_message(path, None, msg);
-    }
-
-    fn on_relay(&mut self, relay: usize, input: FromRelay) {
-        match input {
-            FromRelay::Packet(src, data) => match peer_msg::parse(&data) {
-                Ok((header, msg)) if header.vni == 0 => {
-                    self.on_message(PathAddr::Derp, Some(src), msg)
-                }
-                _ => self.inner.reject(),
-            },
-            FromRelay::Offer(offer) => {
-                let Some(addr) = self.inner.relays[relay].sender.relay_endpoint(&offer) else {
-                    return;
-                };
-                self.inner.lock_sessions().handle_offer(now(), &offer, addr);
-            }
-            FromRelay::Refused(peer) => self.inner.lock_sessions().handle_refused(now(), &peer),
-            FromRelay::Up => self.on_relay_up(relay),
-            FromRelay::Down { error, retry_in } => self.on_relay_down(relay, error, retry_in),
-            FromRelay::Gone(peer, reason) => {
-                let ours = self.inner.relay_index_of(&peer) == Some(relay);
-                if ours && self.gone.insert(peer) {
-                    tracing::info!(peer = %peer.short(), relay = %self.inner.relays[relay].name, ?reason, "peer gone from its relay");
-                    self.inner.publish(EndpointEvent::PeerGone { peer, reason });
-                }
-            }
-            FromRelay::Present(peer) => self.heard_from(&peer),
-        }
-    }
-
-    fn on_relay_up(&mut self, relay: usize) {
-        let r = &self.inner.relays[relay];
-        {
-            let mut h = r.health.lock().expect("not poisoned");
-            h.connected = true;
-            h.connects += 1;
-            h.last_error = None;
-            h.next_attempt = None;
-        }
-        let relay_port = r.sender.relay_port();
-        tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, ?relay_port, "relay connected");
-        self.inner
-            .publish(EndpointEvent::RelayUp { relay, relay_port });
-        // Its sessions offer may have changed (or come for the first time).
-        let peers: Vec<NodePublic> = self
-            .inner
-            .peers
-            .read()
-            .expect("not poisoned")
-            .iter()
-            .filter(|(_, p)| p.relay == relay)
-            .map(|(k, _)| *k)
-            .collect();
-        for peer in &peers {
-            self.inner.update_sessions(peer);
-            self.inner.lock_sessions().reset(now(), peer);
-        }
-    }
-
-    fn on_relay_down(&mut self, relay: usize, error: String, retry_in: Duration) {
-        let r = &self.inner.relays[relay];
-        let was_up = {
-            let mut h = r.health.lock().expect("not poisoned");
-            h.failures += 1;
-            h.last_error = Some(error.clone());
-            h.next_attempt = Some(now() + retry_in);
-            std::mem::replace(&mut h.connected, false)
-        };
-        let next = format!("{:.1} s", retry_in.as_secs_f64());
-        if was_up {
-            tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay connection lost; reconnecting in {next}");
-        } else {
-            tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay unreachable; retrying in {next}");
-        }
-        self.inner.publish(EndpointEvent::RelayDown {
-            relay,
-            error,
-            retry_in,
-            was_up,
-        });
-    }
-
-    /// `peer` is there (its server said so, or an authenticated message
-    /// from it arrived): if it was gone, it is back, and its session is
-    /// sought again without waiting.
-    fn heard_from(&mut self, peer: &NodePublic) {
-        if self.gone.remove(peer) {
-            tracing::info!(peer = %peer.short(), "peer back");
-            self.inner.lock_sessions().reset(now(), peer);
-            self.inner
-                .publish(EndpointEvent::PeerPresent { peer: *peer });
-        }
-    }
-
-    /// A peer message on `path`; `derp_src` is the DERP-authenticated
-    /// sender of a DERP packet.
-    fn on_message(&mut self, path: PathAddr, derp_src: Option<NodePublic>, msg: PeerMessage<'_>) {
-        match msg {
-            PeerMessage::Payload(bytes) => {
-                let peer = {
-                    let mut paths = self.inner.lock_paths();
-                    let peer = match derp_src {
-                        Some(src) => paths.is_peer(&src).then_some(src),
-                        None => paths.owner(&path),
-                    };
-                    if let Some(p) = &peer {
-                        paths.on_receive(p, &path, bytes.len());
-                    }
-                    peer
-                };
-                let Some(peer) = peer else {
-                    self.inner.reject();
-                    return;
-                };
-                self.heard_from(&peer);
-                self.deliver(&peer, bytes);
-            }
-            PeerMessage::Probe { sender, sealed } => {
-                if derp_src.is_some_and(|s| s != sender) {
-                    self.inner.reject();
-                    return;
-                }
-                let key = self
-                    .inner
-                    .peers
-                    .read()
-                    .expect("not poisoned")
-                    .get(&sender)
-                    .map(|p| p.key.clone());
-                let Some(probe) = key.and_then(|k| peer_msg::open_probe(&k, sealed).ok()) else {
-                    self.inner.reject();
-                    return;
-                };
-                self.heard_from(&sender);
-                self.inner
-                    .lock_paths()
-                    .handle_probe(now(), &sender, path, probe);
-            }
-        }
-    }
-
-    fn on_stun(&mut self, datagram: &[u8], src: SocketAddr) {
-        let Ok((txid, public)) = stun::parse_binding_response(datagram) else {
-            self.inner.reject();
-            return;
-        };
-        let Some(i) = self.stun_pending.remove(&txid) else {
-            self.inner.reject();
-            return;
-        };
-        let relay = &self.inner.relays[i];
-        if relay.stun.map(ferry_proto::frame::canonical_addr) != Some(src) {
-            self.inner.reject();
-            return;
-        }
-        let changed = relay
-            .public_addr
-            .lock()
-            .expect("not poisoned")
-            .replace(public)
-            != Some(public);
-        if changed {
-            tracing::info!(relay = %relay.name, %public, "this side's address as the relay's STUN server sees it");
-            self.inner.update_candidates();
-            self.inner.publish(EndpointEvent::PublicAddr {
-                relay: i,
-                addr: public,
-            });
-        }
-    }
-}
-
-impl Drop for Driver {
-    /// [`Endpoint::recv`] returns what is queued, then that the endpoint
-    /// is closed.
-    fn drop(&mut self) {
-        if let Ok(mut r) = self.inner.received.lock() {
-            if !self.filling.is_empty() {
-                self.inner
-                    .queued
-                    .fetch_add(self.filling.len(), Ordering::Relaxed);
-                r.batches.push_back(std::mem::take(&mut self.filling));
-            }
-            r.closed = true;
-        }
-        self.inner.received_ready.notify_one();
-    }
-}
-
-/// A STUN binding success response opens with type 0x0101 and the magic
-/// cookie; no peer message can (its byte 0 is 0).
-fn is_stun_response(d: &[u8]) -> bool {
-    d.len() >= stun::HEADER_LEN
-        && d[..2] == stun::BINDING_SUCCESS.to_be_bytes()
-        && d[4..8] == stun::MAGIC_COOKIE
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sends the queued DERP packets and allocations of one relay.
-/// A packet the DERP client refuses (not connected: DERP holds nothing
-/// for a connection that does not exist) counts as dropped by `send`.
-async fn derp_writer(
-    sender: DerpSender,
-    mut out: mpsc::Receiver<ToRelay>,
-    dropped: Arc<AtomicU64>,
-) {
-    while let Some(item) = out.recv().await {
-        match item {
-            ToRelay::Packet(dst, data) => {
-                if let Err(e) = sender.send(&dst, data).await {
-                    dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::trace!(error = %e, "DERP send dropped");
-                }
-            }
-            // Unanswered, the session manager asks again.
-            ToRelay::Allocate(peer) => {
-                if let Err(e) = sender.allocate(&peer).await {
-                    tracing::trace!(error = %e, "relay allocation not sent");
-                }
-            }
-        }
-    }
-}
-
-/// Hands one relay's packets, session answers, connection changes and
-/// peer presence to the driver.
-async fn derp_reader(
-    relay: usize,
-    mut client: DerpClient,
-    to_driver: mpsc::Sender<(usize, FromRelay)>,
-) {
-    while let Ok(event) = client.recv().await {
-        let input = match event {
-            crate::Event::Packet { src, data } => FromRelay::Packet(src, data),
-            crate::Event::RelaySession(offer) => FromRelay::Offer(offer),
-            crate::Event::RelayRefused { peer, .. } => FromRelay::Refused(peer),
-            crate::Event::Connected { .. } => FromRelay::Up,
-            crate::Event::Disconnected { error, retry_in } => FromRelay::Down {
-                error: error.to_string(),
-                retry_in,
-            },
-            crate::Event::PeerGone { peer, reason } => FromRelay::Gone(peer, reason),
-            crate::Event::PeerPresent { peer, .. } => FromRelay::Present(peer),
-            _ => continue,
-        };
-        if to_driver.send((relay, input)).await.is_err() {
-            return;
-        }
     }
 }

@@ -480,25 +480,35 @@ impl Paths {
     /// An authenticated probe from `key` (the caller opened the box with
     /// the key shared with `key`, a configured peer) that came on `path`.
     /// A ping is answered on the same path; a pong confirms `path` if it
-    /// answers a ping sent on it; a call-me-maybe adds candidates. The
-    /// source of a probe on direct UDP becomes a candidate. A ping whose tx
-    /// id was seen among the peer's last 256 is a replay: ignored.
+    /// answers a ping sent on it; a call-me-maybe adds candidates.
+    ///
+    /// Sealed probes can be captured and sent again from anywhere, so only
+    /// what cannot be replayed makes an address a candidate: the source of
+    /// a ping on direct UDP whose tx id is not among the peer's last 256
+    /// (a replayed ping gets nothing at all), and call-me-maybe over DERP
+    /// (the only way it is sent; on UDP it is ignored). A pong counts only
+    /// on a path that exists, answering an outstanding ping sent there,
+    /// once; from any other address it is ignored.
     pub fn handle_probe(&mut self, now: Instant, key: &NodePublic, path: PathAddr, probe: Probe) {
         let Some(peer) = self.peers.get_mut(key) else {
             return;
         };
-        if let Probe::Ping { tx } = &probe {
-            // A replayed ping (from a forged source, say) gets nothing.
-            if peer.seen_pings.contains(tx) {
-                return;
+        match &probe {
+            Probe::Ping { tx } => {
+                // A replayed ping (from a forged source, say) gets nothing.
+                if peer.seen_pings.contains(tx) {
+                    return;
+                }
+                if peer.seen_pings.len() == SEEN_PINGS {
+                    peer.seen_pings.pop_front();
+                }
+                peer.seen_pings.push_back(*tx);
+                if let PathAddr::Direct(addr) = path {
+                    self.add_candidate(now, key, addr);
+                }
             }
-            if peer.seen_pings.len() == SEEN_PINGS {
-                peer.seen_pings.pop_front();
-            }
-            peer.seen_pings.push_back(*tx);
-        }
-        if let PathAddr::Direct(addr) = path {
-            self.add_candidate(now, key, addr);
+            Probe::CallMeMaybe { .. } if path != PathAddr::Derp => return,
+            Probe::CallMeMaybe { .. } | Probe::Pong { .. } => {}
         }
         match probe {
             Probe::Ping { tx } => {
@@ -584,6 +594,7 @@ impl Paths {
             return false;
         };
         let (_, sent) = p.pending.remove(i).expect("found");
+        p.refreshed = now;
         p.rtt = Some(now.saturating_duration_since(sent));
         p.last_pong = Some(now);
         p.since_pong = 0;
@@ -824,3 +835,7 @@ mod tests;
 #[cfg(test)]
 #[path = "paths_reflexive_tests.rs"]
 mod reflexive_tests;
+
+#[cfg(test)]
+#[path = "paths_hostile_tests.rs"]
+mod hostile_tests;

@@ -6,14 +6,14 @@ use super::*;
 use ferry_proto::key::NodePrivate;
 
 const LOCAL: &str = "10.0.0.1:1000";
-const PEER: &str = "10.0.0.2:2000";
+pub(super) const PEER: &str = "10.0.0.2:2000";
 
-fn addr(s: &str) -> SocketAddr {
+pub(super) fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
 /// A manager with one peer that announced `PEER`, and the peer's key.
-fn manager(now: Instant) -> (Paths, NodePublic) {
+pub(super) fn manager(now: Instant) -> (Paths, NodePublic) {
     let peer = NodePrivate::from_bytes([2; 32]).public();
     let mut m = Paths::new(Timing::default(), Some(1));
     m.add_peer(now, peer, Policy::default());
@@ -31,7 +31,7 @@ fn manager(now: Instant) -> (Paths, NodePublic) {
 
 /// The tx ids of the pings due now, by path; the rest of the queue is
 /// dropped.
-fn pings(m: &mut Paths, now: Instant) -> Vec<(PathAddr, [u8; TX_ID_LEN])> {
+pub(super) fn pings(m: &mut Paths, now: Instant) -> Vec<(PathAddr, [u8; TX_ID_LEN])> {
     m.handle_timeout(now);
     let mut out = Vec::new();
     while let Some(t) = m.poll_transmit() {
@@ -105,8 +105,10 @@ fn only_answering_direct_pongs_count_and_at_most_four_are_kept() {
             observed: addr("198.51.100.2:2"),
         },
     );
-    // Unspecified, port 0, multicast: not addresses to announce.
-    let mut at = now;
+    // Unspecified, port 0, multicast: not addresses to announce. (The
+    // ignored pong re-armed nothing: the path's next ping is a discovery
+    // interval after the first; once confirmed, every probe interval.)
+    let mut at = now + Timing::default().discover_interval - Duration::from_millis(500);
     for bad in ["0.0.0.0:5", "198.51.100.3:0", "224.0.0.1:5"] {
         at += Duration::from_millis(500);
         pong(&mut m, &peer, at, direct, addr(bad));

@@ -36,9 +36,12 @@ pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, S
 /// Shut down on drop.
 pub(crate) struct SessionRelay {
     server: Option<Server>,
-    _udp: ferry_udp::Relay,
+    /// The relay-session socket group (its metrics count what it dropped).
+    pub(crate) udp: ferry_udp::Relay,
     /// The DERP URL.
     pub(crate) url: String,
+    /// The relay's session table.
+    pub(crate) sessions: Arc<ferry_udp::session::Sessions>,
 }
 
 impl SessionRelay {
@@ -52,12 +55,13 @@ impl SessionRelay {
         )
         .expect("session socket");
         let mut config = RelayConfig::new(NodePrivate::generate());
-        config.relay_sessions = Some(sessions);
+        config.relay_sessions = Some(sessions.clone());
         let (server, url) = start(config, None);
         SessionRelay {
             server: Some(server),
-            _udp: udp,
+            udp,
             url,
+            sessions,
         }
     }
 }

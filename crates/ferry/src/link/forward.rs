@@ -347,6 +347,9 @@ async fn deliver(
         let r = sender.send(&peer.socket, bytes, &run[done..]);
         sent += r.sent;
         done += r.consumed;
+        peer.stats
+            .deliver_gso_fallbacks
+            .fetch_add(r.fallbacks as u64, Relaxed);
         if done < run.len() {
             if let Err(e) = peer.socket.writable().await {
                 tracing::debug!(peer = %peer.name, error = %e, "the peer's socket failed");

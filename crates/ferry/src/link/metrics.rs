@@ -111,6 +111,9 @@ pub(crate) struct PeerStats {
     current: AtomicU8,
     switches: [AtomicU64; REASONS.len()],
     lost: AtomicU64,
+    /// GSO trains to the local WireGuard the kernel refused, sent again
+    /// one datagram at a time.
+    pub deliver_gso_fallbacks: AtomicU64,
 }
 
 impl PeerStats {
@@ -332,8 +335,23 @@ impl Metrics {
             }
         }
         head(o, "ferry_link_rejected_total", "counter", "Datagrams and DERP packets dropped because they were not from a configured peer (unknown link key, or not a peer message).");
-        let rejected = self.endpoint.get().map_or(0, |ep| ep.stats().rejected);
-        let _ = writeln!(o, "ferry_link_rejected_total {rejected}");
+        let stats = self.endpoint.get().map(|ep| ep.stats()).unwrap_or_default();
+        let _ = writeln!(o, "ferry_link_rejected_total {}", stats.rejected);
+        head(o, "ferry_link_gso_fallbacks_total", "counter", "UDP GSO trains the kernel refused (a path MTU under 1500 bytes), sent again one datagram at a time: to_peer on the paths to the peers, from_peer to the local WireGuard.");
+        let delivered: u64 = self
+            .peers
+            .iter()
+            .map(|(_, _, _, s)| s.deliver_gso_fallbacks.load(Relaxed))
+            .sum();
+        let _ = writeln!(
+            o,
+            "ferry_link_gso_fallbacks_total{{direction=\"to_peer\"}} {}",
+            stats.gso_fallbacks
+        );
+        let _ = writeln!(
+            o,
+            "ferry_link_gso_fallbacks_total{{direction=\"from_peer\"}} {delivered}"
+        );
         type RelayRead = fn(&RelayStats) -> u64;
         let relay_families: [(&str, &str, &str, RelayRead); 3] = [
             (
@@ -382,12 +400,23 @@ fn head(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// Scrapes served at once. A connection beyond them is closed at once:
+/// each holds a descriptor until its request comes or times out, and a
+/// link out of descriptors cannot reconnect to its relays.
+const MAX_SCRAPES: usize = 16;
+
+/// How often a refused scrape is logged, at most.
+const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Serves `metrics` at `GET /metrics` on `listener` until the task is
-/// dropped.
+/// dropped, [`MAX_SCRAPES`] connections at a time.
 pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let places = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    let mut refused = 0u64;
+    let mut logged: Option<tokio::time::Instant> = None;
     loop {
-        let mut conn = match listener.accept().await {
-            Ok((conn, _)) => conn,
+        let (mut conn, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors, usually: do not spin.
                 tracing::debug!(error = %e, "metrics: accept failed");
@@ -395,8 +424,19 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
+        let Ok(place) = places.clone().try_acquire_owned() else {
+            refused += 1;
+            let now = tokio::time::Instant::now();
+            if logged.is_none_or(|t| now.duration_since(t) >= REFUSED_LOG_INTERVAL) {
+                logged = Some(now);
+                tracing::warn!(%peer, refused, "metrics: {MAX_SCRAPES} scrapes already open; connection closed");
+            }
+            drop(conn);
+            continue;
+        };
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _place = place;
             let mut req = Vec::with_capacity(1024);
             let mut buf = [0u8; 1024];
             let read = tokio::time::timeout(Duration::from_secs(5), async {
@@ -431,6 +471,56 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 mod tests {
     use super::*;
 
+    fn config() -> Config {
+        let key = "nodekey:1111111111111111111111111111111111111111111111111111111111111111";
+        Config::from_toml(
+            "f",
+            &format!("key_file = \"k\"\nwireguard = \"127.0.0.1:2\"\n[[relay]]\nname = \"r\"\nurl = \"http://r/derp\"\n[[peer]]\nname = \"p\"\nlink_key = \"{key}\"\nendpoint = \"127.0.0.1:1\"\n"),
+        )
+        .unwrap()
+    }
+
+    /// Connections that send nothing hold a place each until the request
+    /// timeout: beyond [`MAX_SCRAPES`] of them a new connection is closed
+    /// at once instead of holding a descriptor (which the link needs for
+    /// reconnecting to its relays); once they are gone, a scrape works.
+    #[tokio::test]
+    async fn idle_metrics_connections_are_capped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Arc::new(Metrics::new(&config()))));
+        let mut idle = Vec::new();
+        for _ in 0..MAX_SCRAPES {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        // Each is taken in turn: the last one holds the last place once a
+        // connection after it is refused.
+        let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut byte)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "a connection beyond the cap was kept: {closed:?}"
+        );
+        drop(idle);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await.unwrap();
+            let mut body = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(2), c.read_to_string(&mut body)).await;
+            if body.starts_with("HTTP/1.1 200 OK") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no scrape after the idle ones left: {body:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.abort();
+    }
+
     #[test]
     fn every_sample_follows_its_family_head_once() {
         let key = "nodekey:1111111111111111111111111111111111111111111111111111111111111111";
@@ -462,6 +552,8 @@ mod tests {
             "ferry_link_peer_bytes_total{peer=\"p\",direction=\"from_peer\",path=\"derp\"} 0",
             "ferry_link_peer_switches_total{peer=\"p\",reason=\"silent\"} 0",
             "ferry_link_rejected_total 0",
+            "ferry_link_gso_fallbacks_total{direction=\"to_peer\"} 0",
+            "ferry_link_gso_fallbacks_total{direction=\"from_peer\"} 0",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"queue_full\"} 1",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"relay_down\"} 0",
             "ferry_link_relay_connected{relay=\"r\"} 1",

@@ -1,0 +1,55 @@
+//! Sending a burst of datagrams the way WireGuard hands one over, and the
+//! mix of sizes the over-MTU tests send.
+
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+
+use ferry_sys::mmsg::{OutMsg, SendBatch, Span, MAX_BATCH};
+
+/// Sends `dgrams` from the UDP socket `from` to `to` with `sendmmsg`, one
+/// datagram per message, as many per call as one takes (a burst, as
+/// WireGuard sends it); panics on an error.
+pub fn send_burst(from: &impl AsFd, to: SocketAddr, dgrams: &[Vec<u8>]) {
+    let bytes = dgrams.concat();
+    let mut spans = Vec::with_capacity(dgrams.len());
+    let mut at = 0;
+    for d in dgrams {
+        spans.push(Span {
+            start: at,
+            len: d.len(),
+        });
+        at += d.len();
+    }
+    let msgs: Vec<OutMsg> = (0..spans.len())
+        .map(|i| OutMsg {
+            dst: Some(to),
+            first: i,
+            count: 1,
+            segment: 0,
+        })
+        .collect();
+    let mut tx = SendBatch::new();
+    let mut done = 0;
+    while done < msgs.len() {
+        let end = (done + MAX_BATCH).min(msgs.len());
+        done += tx
+            .send(from.as_fd(), &bytes, &spans, &msgs[done..end])
+            .expect("sendmmsg");
+    }
+}
+
+/// Payload sizes for a burst that tests a path's handling of the MTU,
+/// each clamped to `min..=max`: the largest first, over-MTU ones with
+/// shorter ones right after them, runs of equal ones (GSO trains), the
+/// largest GSO segments of IPv4 and IPv6 (1,472 and 1,452) and of them
+/// less an 8-byte header, one past each, and the smallest.
+pub fn mixed_sizes(min: usize, max: usize) -> Vec<usize> {
+    [
+        max, 1, 9000, 100, 1472, 1473, 1464, 1465, 1452, 1453, 1444, 1445, 1400, 1400, 1400, 64,
+        20_000, 1472, 1472, 1472, 8, 3000, 1500, 9000, 9000, 200, 65_000, 1000, 1000, 999, 2,
+        40_000,
+    ]
+    .into_iter()
+    .map(|n| n.clamp(min, max))
+    .collect()
+}
