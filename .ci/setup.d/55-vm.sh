@@ -1,23 +1,22 @@
-# The kernel test VM (scripts/test.d/55-vm.sh): QEMU (KVM or TCG), and what
+# serves: 55
+# The kernel test VM (scripts/test.d/55-vm.sh): QEMU (KVM or TCG), what
 # scripts/vm/build-guest.sh needs to make the guest from Debian packages
 # (apt-get download of the kernel and busybox-static; dpkg-deb, depmod,
-# cpio), and jq for the test step. The guest itself is built on first use
-# and cached. Step 55's guest also uses what 30-udp.sh installs (wg,
-# iperf3, ip, ping).
+# cpio), jq for the test step, and then the guest itself, built here and
+# cached (~/.cache/ferry-tools/vm), so that the step only boots it. The
+# guest also uses the host's wg, iperf3, ip and ping (10-netns.sh) and
+# derper (10-derper.sh).
 set -euo pipefail
-need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-command -v depmod >/dev/null || need+=(kmod)
-command -v cpio >/dev/null || need+=(cpio)
-command -v xz >/dev/null || need+=(xz-utils)
-command -v jq >/dev/null || need+=(jq)
-if [ ${#need[@]} -eq 0 ]; then
+. "$(dirname "$0")/../apt.sh"
+apt_need scripts/test.d/55-vm.sh qemu-system-x86_64:qemu-system-x86 depmod:kmod cpio:cpio xz:xz-utils jq:jq
+if [ "$(id -u)" != 0 ]; then
+  echo "not root: cannot build the guest (scripts/test.d/55-vm.sh will say so)"
   exit 0
 fi
-if [ "$(id -u)" = 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
+# build-guest.sh asks apt which kernel linux-image-amd64 is: it needs the
+# package lists, which a fresh machine has not fetched yet.
+if ! apt-cache policy linux-image-amd64 2>/dev/null | grep -q 'Candidate: [0-9]'; then
   apt-get -o DPkg::Lock::Timeout=600 update -qq
-  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-else
-  echo "not root: cannot install ${need[*]} (scripts/test.d/55-vm.sh will say so)"
 fi
+guest=$(bash "$(dirname "$0")/../../scripts/vm/build-guest.sh")
+echo "kernel test VM guest: $guest ($(cat "$guest/ok"))"
