@@ -158,7 +158,7 @@ expect_go_test() {
     jq -R -r 'fromjson? // {Action: "output", Output: .} | select((.Action == "output" and .Test == null) or .Action == "build-output") | .Output | rtrimstr("\n")
       | select(. != "PASS" and . != "FAIL" and (test("^=== |^--- ") | not))' "$json"
     jq -R -s -r '[split("\n")[] | fromjson? | select(type == "object")] | '"$_expect_go_results"' | .[] | select(.result == "fail")
-      | "--- FAIL: \(.test)\n\(.out | join(""))"' "$json"
+      | "--- FAIL: \(.test)\n\(.out // [] | join(""))"' "$json"
   fi
   EXPECT_SKIPS=0
   local what reason
@@ -166,7 +166,7 @@ expect_go_test() {
     expect_record_skip "$what" "$reason"
     EXPECT_SKIPS=$((EXPECT_SKIPS + 1))
   done < <(jq -R -s -r '[split("\n")[] | fromjson? | select(type == "object")] | '"$_expect_go_results"' | .[] | select(.result == "skip")
-      | "\(.test)\t\(.out | join(" ") | gsub("\\s+"; " ") | ltrimstr(" ") | rtrimstr(" ") | if . == "" then "(no reason given)" else . end)"' "$json")
+      | "\(.test)\t\(.out // [] | join(" ") | gsub("\\s+"; " ") | ltrimstr(" ") | rtrimstr(" ") | if . == "" then "(no reason given)" else . end)"' "$json")
   if [ "$rc" != 0 ]; then
     echo "FAIL: go test $* (exit $rc)" >&2
     return "$rc"
