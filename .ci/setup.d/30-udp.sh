@@ -8,7 +8,7 @@ set -euo pipefail
 # module's releases are pseudo-versions). Change it on purpose.
 version=v0.0.0-20260522210424-ecfc5a8d5446
 bin="$(go env GOPATH)/bin/wireguard"
-if [ -x "$bin" ] && go version -m "$bin" | grep -q "mod	golang.zx2c4.com/wireguard	$version"; then
+if [ -x "$bin" ] && [[ "$(go version -m "$bin")" == *"mod	golang.zx2c4.com/wireguard	$version"* ]]; then
   echo "wireguard-go: $version, installed"
   exit 0
 fi

@@ -15,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 # build-guest.sh asks apt which kernel linux-image-amd64 is: it needs the
 # package lists, which a fresh machine has not fetched yet.
-if ! apt-cache policy linux-image-amd64 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+if [[ "$(apt-cache policy linux-image-amd64 2>/dev/null)" != *"Candidate: "[0-9]* ]]; then
   apt-get -o DPkg::Lock::Timeout=600 update -qq
 fi
 guest=$(bash "$(dirname "$0")/../../scripts/vm/build-guest.sh")

@@ -59,17 +59,23 @@ expect_record_skip() {
   fi
 }
 
+# _expect_line LOG TEXT: a line of LOG starts with TEXT after its
+# indentation (subtests are indented). awk reads all of LOG: grep -q in a
+# pipe would stop its writer early, which fails the pipe under pipefail.
+_expect_line() {
+  awk -v t="$2" '{ sub(/^ +/, "") } index($0, t) == 1 { found = 1 } END { exit !found }' "$1"
+}
+
 expect_passed() {
   local skip_ok=0
   if [ "$1" = -k ]; then skip_ok=1; shift; fi
   local log=$1 name missing=0
   shift
   for name in "$@"; do
-    # Subtests are indented; the name is followed by " (duration)".
-    if sed 's/^ *//' "$log" | grep -Fq -- "--- PASS: $name ("; then
+    if _expect_line "$log" "--- PASS: $name ("; then
       continue
     fi
-    if sed 's/^ *//' "$log" | grep -Fq -- "--- SKIP: $name ("; then
+    if _expect_line "$log" "--- SKIP: $name ("; then
       if [ $skip_ok = 1 ] && [ "${CI:-}" != true ]; then continue; fi
       echo "FAIL: $name skipped${CI:+ (CI=$CI)}" >&2
     else
