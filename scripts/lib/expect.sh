@@ -23,7 +23,7 @@
 #       passes with 0).
 #   expect_run_libtest MIN CMD...        (command: libtest)
 #       Runs CMD (cargo test, or a test binary with a filter), its output
-#       shown and kept, then expect_libtest on it.
+#       shown as it comes, then expect_libtest on it.
 #   expect_run_passed 'NAME...' CMD...   (command: passed)
 #       Runs CMD (a Go test binary with -test.v), then expect_passed.
 #   expect_go_test [-v] [-k] LABEL 'NAME...' ARGS...
