@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak: Ferry under a fixed load for a long time, then idle (issue 17).
+"""Soak: Ferry under a fixed load for a long time, then idle.
 
     bench/run.sh soak                                  # 10 min at 80 % of the measured peak
     bench/run.sh soak --duration 5m --peers 200 --rate 4400
