@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak: Ferry under a fixed load for a long time, then idle (issue 17).
+"""Soak: Ferry under a fixed load for a long time, then idle.
 
     bench/run.sh soak                                  # 10 min at 80 % of the measured peak
     bench/run.sh soak --duration 5m --peers 200 --rate 4400
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "udp"))
 import run as rb  # noqa: E402  (the suite's servers, pinning and build)
 import soak_udp  # noqa: E402  (the UDP relay's soak: --relay udp)
-from soak_udp import seconds  # noqa: E402
+from soak_udp import BOUNCE_IDLE, seconds  # noqa: E402
 
 DEFAULT_SAMPLE = "5s"
 
@@ -220,6 +220,9 @@ def main():
     u.add_argument("--gso", type=int, default=0, help="datagrams per GSO train (0: single datagrams, as WireGuard)")
     u.add_argument("--pps", type=float, help="offered datagrams per second (default: --fraction of the peak)")
     u.add_argument("--probe-rate", type=float, default=10, help="latency probe datagrams per second")
+    u.add_argument("--bounce-idle", default=BOUNCE_IDLE,
+                   help="the bounce's idle_timeout: its sessions (and their sockets) close this long after "
+                        "their last datagram, so an --idle longer than it sees them go")
     a = ap.parse_args()
     udp = a.relay == "udp"
     target = Path(os.environ.get("CARGO_TARGET_DIR", rb.ROOT / "target")) / ("release" if a.profile == "release" else "debug")

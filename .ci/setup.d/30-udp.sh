@@ -1,13 +1,16 @@
-# Tools for the UDP relay's namespace tests and benchmark: wg
-# (wireguard-tools), wireguard-go (from the Go module proxy; the binary is
-# named `wireguard`), iperf3, socat, nftables, ip, ping.
+# serves: 30 31
+# wireguard-go, the userspace WireGuard of the UDP relay's and ferry link's
+# namespace tests (30, 31; the kernel test VM uses the kernel's), from the
+# Go module proxy at a pinned version (the binary is named `wireguard`,
+# in $(go env GOPATH)/bin). The other tools: 10-netns.sh.
 set -euo pipefail
-if [ "$(id -u)" = 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq wireguard-tools iperf3 socat nftables iproute2 iputils-ping >/dev/null
-else
-  echo "not root: skipping apt-get (the UDP namespace tests need root anyway)"
+# What @latest resolved to on 2026-11-28 (a commit of 2026-05-22: the
+# module's releases are pseudo-versions). Change it on purpose.
+version=v0.0.0-20260522210424-ecfc5a8d5446
+bin="$(go env GOPATH)/bin/wireguard"
+if [ -x "$bin" ] && [[ "$(go version -m "$bin")" == *"mod	golang.zx2c4.com/wireguard	$version"* ]]; then
+  echo "wireguard-go: $version, installed"
+  exit 0
 fi
-go install golang.zx2c4.com/wireguard@latest
-echo "wireguard-go: $("$(go env GOPATH)/bin/wireguard" --version 2>&1 | sed -n 1p)"
+go install "golang.zx2c4.com/wireguard@$version"
+echo "wireguard-go: $version ($("$bin" --version 2>&1 | sed -n 1p))"

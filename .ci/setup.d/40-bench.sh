@@ -1,3 +1,4 @@
+# serves: 40
 # What the benchmark suite needs beyond the toolchains: taskset (util-linux),
 # openssl for its test certificate, and matplotlib for the plots.
 set -euo pipefail

@@ -1,14 +1,13 @@
+# serves: 48
 # promtool (and jq), for checking and unit-testing packaging/prometheus in
 # scripts/test.d/48-monitoring.sh, and the Prometheus server beside it for
 # packaging/grafana/render.sh: both taken out of Debian's prometheus package
 # into a cache directory, without installing the package (which would start
 # a Prometheus server on :9090).
 set -euo pipefail
+. "$(dirname "$0")/../apt.sh"
 dir=${FERRY_PROMETHEUS_DIR:-$HOME/.cache/ferry-tools/prometheus}
-if ! command -v jq >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
-fi
+apt_need scripts/test.d/48-monitoring.sh jq:jq
 if [ -x "$dir/promtool" ] && [ -x "$dir/prometheus" ]; then
   exit 0
 fi

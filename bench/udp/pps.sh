@@ -79,7 +79,7 @@ mkdir -p bench/udp/results
 fu_init
 T=$FU_TMP
 trap fu_cleanup EXIT
-bench_topology fu-pps 21 22
+bench_topology "fu-$FU_RUN-pps" 21 22
 fu_route $A 10.77.22.0/24 10.77.21.1
 fu_route $B 10.77.21.0/24 10.77.22.1
 relay_ip=10.77.21.1 sink_ip=10.77.22.2 gen_ip=10.77.21.2

@@ -269,8 +269,9 @@ def stop(proc):
 def write_config(ctx, a, gen):
     """The relay's configuration: a bounce on 5000 and a hub on 5001 with a
     peer pair per flow and one for the probe. The bounce's sessions idle out
-    after BOUNCE_IDLE (instead of 3 minutes), so the idle phase sees their
-    sockets close; the flows never idle under load."""
+    after --bounce-idle (BOUNCE_IDLE unless given; instead of 3 minutes), so
+    the idle phase sees their sockets close; the flows never idle under
+    load."""
     path = ctx.tmp / "relay.toml"
     hub = subprocess.run([str(gen), "hub-config", "--flows", str(a.flows + 1), "--sink", f"{SINK_IP}:{SINK_PORT}"],
                          check=True, capture_output=True, text=True).stdout
@@ -280,7 +281,7 @@ metrics_addr = "{RELAY_IP}:{METRICS_PORT}"
 [[bounce]]
 listen = ["{RELAY_IP}:{PORTS['raw']}"]
 target = "{SINK_IP}:{SINK_PORT}"
-idle_timeout = "{BOUNCE_IDLE}"
+idle_timeout = "{a.bounce_idle}"
 [hub]
 listen = ["0.0.0.0:{PORTS['hub']}"]
 """ + hub)

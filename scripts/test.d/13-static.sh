@@ -6,15 +6,9 @@
 # for a second and must get every echo back. Its own target directory
 # (target/<triple>/release) leaves the other steps' builds alone.
 set -euo pipefail
+. scripts/lib/expect.sh
 triple=x86_64-unknown-linux-musl
-skip() {
-  if [ "${CI:-}" = true ]; then
-    echo "CI=true: $1 (.ci/setup.d/13-musl.sh installs it)" >&2
-    exit 1
-  fi
-  echo "SKIP: $1"
-  exit 0
-}
+skip() { expect_skip "static musl binary (step 13)" "$1" ".ci/setup.d/13-musl.sh installs it"; }
 rustup target list --installed | grep -x "$triple" >/dev/null || skip "the Rust target $triple is not installed"
 command -v musl-gcc >/dev/null || skip "musl-gcc (Debian: musl-tools) is not installed"
 for tool in jq file readelf; do

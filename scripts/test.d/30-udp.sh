@@ -5,7 +5,12 @@
 # an attacker forging sources, are a cargo test run by 10-rust.sh as root:
 # crates/ferry/tests/relay_sessions_netns.rs, about 7 s.)
 set -euo pipefail
+# Everything this step runs is built first, outside the time limits below,
+# which bound the tests (a cold build of the examples takes minutes on a
+# busy 2-core machine).
 cargo build --locked -q -p ferry
+cargo build --locked -q -p ferry-udp --example udp_gen
+cargo build --locked -q -p ferry-client --example session_pps
 FERRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ferry" timeout 360 bash crates/udp/tests/netns/run.sh
 
 # The packet-rate benchmark (bench/udp/pps.sh), as a smoke check of about

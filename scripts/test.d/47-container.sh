@@ -15,18 +15,12 @@
 # other capability, and SIGTERM stops it cleanly (exit 0, "stopped").
 # compose.yaml is validated by docker-compose. Needs root.
 set -euo pipefail
+. scripts/lib/expect.sh
 cargo build --locked -p ferry
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 bin="$target_dir/debug/ferry"
 
-skip() {
-  if [ "${CI:-}" = true ]; then
-    echo "CI=true: $1 (.ci/setup.d/47-container.sh installs the tools)" >&2
-    exit 1
-  fi
-  echo "SKIP: $1"
-  exit 0
-}
+skip() { expect_skip "container image (step 47)" "$1" ".ci/setup.d/47-container.sh installs the tools"; }
 [ "$(id -u)" = 0 ] || skip "not root (podman, setcap and a network namespace need it)"
 for tool in podman runc setcap docker-compose curl jq ip; do
   command -v "$tool" >/dev/null || skip "$tool is not installed"
@@ -36,11 +30,10 @@ done
 # reads the seccomp profile it names, relative to the working directory).
 (cd packaging/container && docker-compose -f compose.yaml config -q)
 
-# Tailscale's derpprobe, as the interop step builds it.
+# Tailscale's derpprobe, which set-up builds (.ci/setup.d/20-interop.sh;
+# this step runs that script itself if it did not).
 derpprobe=interop/bin/derpprobe
-if [ ! -x "$derpprobe" ]; then
-  (cd interop && go build -o bin/derpprobe tailscale.com/cmd/derpprobe)
-fi
+[ -x "$derpprobe" ] || bash .ci/setup.d/20-interop.sh
 
 tag=$$
 image=localhost/ferry-test:$tag

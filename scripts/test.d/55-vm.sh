@@ -6,9 +6,13 @@
 # Tailscale's own DERP client (interop TestKernelTLS), and the UDP relay's
 # and `ferry link`'s namespace tests with kernel WireGuard peers
 # (scripts/vm/guest.sh). Each check's result comes back on the serial
-# console; the step fails unless the guest reports all passed. Without
+# console; the step fails unless the guest reports all passed. CI=true
+# goes into the guest with the plan, so a skip in there fails its check;
+# every skip the guest reports is counted in this step's skips. Without
 # QEMU it says why and skips; under CI=true that is a failure, and so is a
-# guest that does not start or finish.
+# guest that does not start or finish. The checkout may be anywhere,
+# /tmp included (the guest binds what the plan names back over its own
+# fresh /tmp).
 #
 # Acceleration: KVM (-enable-kvm -cpu host) where /dev/kvm is hardware
 # virtualisation (kvm_intel, kvm_amd); otherwise TCG, saying why. This
@@ -16,15 +20,9 @@
 # PVM-enabled guest kernels: Debian's kernel needs 20 s there just to reach
 # memory set-up, while TCG boots it in 5 s. FERRY_VM_ACCEL=kvm|tcg forces one.
 set -euo pipefail
-skip() {
-  echo "SKIP kernel test VM: $1"
-  if [ "${CI:-}" = true ]; then
-    echo "CI=true: the kernel test VM must run on this machine" >&2
-    exit 1
-  fi
-  exit 0
-}
-command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not found (.ci/setup.d/60-vm.sh installs it)"
+. scripts/lib/expect.sh
+skip() { expect_skip "kernel test VM (step 55)" "$1" ".ci/setup.d/55-vm.sh installs QEMU"; }
+command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 not found (.ci/setup.d/55-vm.sh installs it)"
 [ "$(id -u)" = 0 ] || skip "not root (the guest reads the host's root over 9p as root)"
 
 # FERRY_VM_ONLY=REGEX runs only the guest's checks whose names match (to
@@ -69,12 +67,14 @@ exe() { # exe TARGET-NAME: the test executable cargo built for it
   echo "$e"
 }
 # Tailscale's client code (the interop suite's TestKernelTLS, built as a
-# test binary), and derpprobe and derper where the suite and the ferry link
-# test look for them (go builds from the cache; quick after 21-derper.sh).
+# test binary), and derper for the ferry link test (set-up builds it:
+# .ci/setup.d/10-derper.sh, which does nothing when it is up to date).
 interop_test=$target/vm/interop.test
 mkdir -p "$target/vm"
-(cd interop && go test -c -o "$interop_test" . && go build -o bin/derpprobe tailscale.com/cmd/derpprobe &&
-  go build -o bin/derper tailscale.com/cmd/derper)
+(cd interop && go test -c -o "$interop_test" .)
+bash .ci/setup.d/10-derper.sh
+# The guest: set-up builds it (.ci/setup.d/55-vm.sh); this prints the
+# cached one at once, or builds it (about 30 s) when its inputs changed.
 guest=$(bash scripts/vm/build-guest.sh)
 plan=$target/vm/plan.sh
 sys_lib=$(exe ferry_sys)
@@ -83,6 +83,7 @@ ktls_rx=$(exe ktls_rx)
 ktls=$(exe ktls)
 tls_relay=$(exe tls_relay)
 cat >"$plan" <<PLAN
+CI=${CI:-}
 FERRY_ROOT=$PWD
 FERRY_VM_ACCEL=$accel
 FERRY_BIN=$target/debug/ferry
@@ -102,7 +103,7 @@ PLAN
 # (not in CI: the figures go to the README, nothing asserts a speed).
 if [ "${FERRY_VM_BENCH:-}" = 1 ]; then
   cargo build --release --locked -q -p ferry -p ferry-bench
-  echo "BENCH_FERRY=$target/release/ferry BENCH_CLIENT=$target/release/ferry-bench" >>"$plan"
+  printf 'BENCH_FERRY=%s\nBENCH_CLIENT=%s\n' "$target/release/ferry" "$target/release/ferry-bench" >>"$plan"
 fi
 
 log=$target/vm/serial.log
@@ -127,5 +128,10 @@ if [ -z "$status" ]; then
   exit 1
 fi
 grep '^ferry-vm: result ' "$log" | sed 's/^ferry-vm: result /  /'
+# Skips inside the guest ("ferry-vm: skip TEST<tab>REASON"), into this
+# step's count.
+while IFS=$'\t' read -r what reason; do
+  expect_record_skip "vm: $what" "$reason"
+done < <(sed -n 's/^ferry-vm: skip //p' "$log")
 echo "vm: $status"
 [[ "$status" == *" 0 failed" ]] && [[ "$status" != "0 passed"* ]]

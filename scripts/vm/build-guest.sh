@@ -2,7 +2,8 @@
 # Builds the kernel test VM's guest from Debian packages and prints the
 # directory that holds it:
 #
-#   vmlinuz      Debian's linux-image-amd64 kernel (6.1 on bookworm)
+#   vmlinuz      Debian's linux-image-amd64 kernel (the 6.1 series, Debian 12's;
+#                FERRY_VM_KERNEL_SERIES names another)
 #   initrd.img   busybox-static, the modules that mount the root, init.sh
 #   modules/     the kernel's whole /lib/modules tree (with modules.dep),
 #                which the guest mounts over its /lib/modules
@@ -22,6 +23,18 @@ cache=${FERRY_VM_CACHE:-$HOME/.cache/ferry-tools/vm}
 # linux-image-amd64 is a metapackage: the kernel is what it depends on.
 kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
 [ -n "$kpkg" ] || { echo "build-guest: apt knows no linux-image-amd64 (apt-get update?)" >&2; exit 1; }
+# The kernel series the VM's tests are written for: 6.1 (Debian 12's),
+# which has the tls and wireguard modules but cannot rekey kTLS in the
+# kernel (6.14 can: the tests accept that refusal). Security updates move
+# within the series (linux-image-6.1.0-N-amd64, e.g. N = 56 and Debian
+# version 6.1.192-2 on 2026-11-28); another series (another Debian
+# release's apt sources) changes what the tests see, so it stops here
+# unless FERRY_VM_KERNEL_SERIES says to take it.
+series=${FERRY_VM_KERNEL_SERIES:-6.1}
+case $kpkg in
+  "linux-image-$series."*) ;;
+  *) echo "build-guest: apt's linux-image-amd64 is $kpkg, not a $series kernel (FERRY_VM_KERNEL_SERIES=$(sed -E 's/^linux-image-([0-9]+[.][0-9]+).*/\1/' <<<"$kpkg") takes it)" >&2; exit 1 ;;
+esac
 kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ { print $2 }')
 bver=$(apt-cache policy busybox-static | awk '/Candidate:/ { print $2 }')
 [ -n "$bver" ] && [ "$bver" != "(none)" ] || { echo "build-guest: apt knows no busybox-static" >&2; exit 1; }

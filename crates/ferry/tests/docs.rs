@@ -493,10 +493,6 @@ fn link_targets(md: &str) -> Vec<String> {
         .collect()
 }
 
-/// Docs another branch adds: a link to one is allowed while it is missing.
-/// Once it exists, this entry must go (the test says so).
-const PENDING: &[&str] = &["docs/testing.md"];
-
 #[test]
 fn relative_links_point_at_what_exists() {
     let mut broken = Vec::new();
@@ -519,10 +515,7 @@ fn relative_links_point_at_what_exists() {
                 file.parent().unwrap().join(path)
             };
             let Ok(dest) = dest.canonicalize() else {
-                let wanted = normalize(&file.parent().unwrap().join(path));
-                if !PENDING.iter().any(|p| root().join(p) == wanted) {
-                    broken.push(format!("{rel}: ({target}): no such file"));
-                }
+                broken.push(format!("{rel}: ({target}): no such file"));
                 continue;
             };
             if let Some(anchor) = anchor {
@@ -535,29 +528,8 @@ fn relative_links_point_at_what_exists() {
             }
         }
     }
-    for p in PENDING {
-        assert!(
-            !root().join(p).exists(),
-            "{p} exists now: take it out of PENDING in crates/ferry/tests/docs.rs"
-        );
-    }
     assert!(checked > 30, "only {checked} links found");
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
-}
-
-/// `a/b/../c` as `a/c`, without touching the file system.
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// Hex digits of `s`, ignoring white space, `|` and `\`.

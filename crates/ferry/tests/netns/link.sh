@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Stock WireGuard over `ferry link`, in network namespaces this script
-# creates (fu-la, fu-lb, fu-lr; 10.77.11.0/24, 10.77.12.0/24,
-# 10.77.110.0/24) and removes again, also on failure:
+# creates (fu-PID-la, -lb, -lr, PID this run's; 10.77.11.0/24,
+# 10.77.12.0/24, 10.77.110.0/24) and removes again, also on failure:
 #
-#   fu-la: wireguard-go (fulka) + ferry link ──┐
-#                                                fu-lr: router + the relay (Ferry or derper): DERP :3340, STUN :3478
-#   fu-lb: wireguard-go (fulkb) + ferry link ──┘
+#   la: wireguard-go (fuPIDlka) + ferry link ──┐
+#                                                lr: router + the relay (Ferry or derper): DERP :3340, STUN :3478
+#   lb: wireguard-go (fuPIDlkb) + ferry link ──┘
 #
-# fu-lr routes between the peers, so without a firewall they could talk
-# UDP directly. nftables in fu-la and fu-lb decides which paths exist, one
+# lr routes between the peers, so without a firewall they could talk
+# UDP directly. nftables in la and lb decides which paths exist, one
 # firewall mode per case (`firewall`): "derp" lets out only TCP to the
 # relay's DERP port, "relay" also UDP to the relay, "direct" also UDP to
 # the other peer (loopback and the tunnel itself always pass). Each
@@ -17,7 +17,7 @@
 # --json`; gaps and resets of a TCP transfer from iperf3's JSON (0.1 s
 # intervals).
 #
-# The cases (issue 16), LINK_CASES picks them (default: those whose paths
+# The cases; LINK_CASES picks them (default: those whose paths
 # are built):
 #   ferry-derp     (a) only TCP to the relay: DERP; ping, iperf3, counters,
 #                  status, and a relay restart during a transfer
@@ -34,7 +34,7 @@
 #
 # Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq and derper
 # (FERRY_DERPER_BIN, interop/bin/derper or ~/go/bin/derper; built by
-# .ci/setup.d/21-derper.sh). Without them it says why and exits 0, except
+# .ci/setup.d/10-derper.sh). Without them it says why and exits 0, except
 # under CI=true, where it fails. FERRY_BIN names the ferry binary.
 # FU_MIN_MBITS / FU_MIN_DATAGRAMS / FU_RESTART_SECS lower the rate and
 # datagram count asked of the iperf3 runs and lengthen the transfer across
@@ -53,7 +53,7 @@ for c in "${FERRY_DERPER_BIN:-}" "$root/interop/bin/derper" "$HOME/go/bin/derper
 done
 why=$(fu_why_not wg nft iperf3 ping timeout jq)
 if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
-if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/21-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
+if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/10-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
 fu_skip_or_fail "ferry link namespace tests" "$why"
 ferry=$(fu_ferry_bin "$root")
 
@@ -66,6 +66,9 @@ done
 
 fu_init
 T=$FU_TMP
+# This run's namespaces and WireGuard interface prefix (lib.sh: names
+# outside a namespace carry the pid, so two runs on one host do not meet).
+LA=fu-$FU_RUN-la LB=fu-$FU_RUN-lb LR=fu-$FU_RUN-lr W=fu$FU_RUN
 LK_STARTED=$SECONDS
 min_mbits=${FU_MIN_MBITS:-5} late_mbits=${FU_MIN_MBITS:-1} min_datagrams=${FU_MIN_DATAGRAMS:-1000}
 restart_secs=${FU_RESTART_SECS:-10}
@@ -74,7 +77,7 @@ cleanup() {
   if [ $rc -ne 0 ]; then
     echo "--- FAILED (exit $rc); logs:" >&2
     for f in "$T"/link-*.log "$T"/relay-*.log; do [ -f "$f" ] && { echo "-- $f" >&2; tail -n 30 "$f" >&2; }; done
-    for ns in fu-la fu-lb; do ip netns exec "$ns" wg show >&2 2>/dev/null || true; done
+    for ns in $LA $LB; do ip netns exec "$ns" wg show >&2 2>/dev/null || true; done
   fi
   fu_cleanup
   exit $rc
@@ -83,13 +86,13 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- topology
-step "namespaces: fu-la and fu-lb routed through fu-lr"
-fu_ns fu-la fu-lb fu-lr
-fu_link fu-la 10.77.11.2/24 fu-lr 10.77.11.1/24
-fu_link fu-lb 10.77.12.2/24 fu-lr 10.77.12.1/24
-ip netns exec fu-lr sysctl -qw net.ipv4.ip_forward=1
-fu_route fu-la 10.77.12.0/24 10.77.11.1
-fu_route fu-lb 10.77.11.0/24 10.77.12.1
+step "namespaces: $LA and $LB routed through $LR"
+fu_ns $LA $LB $LR
+fu_link $LA 10.77.11.2/24 $LR 10.77.11.1/24
+fu_link $LB 10.77.12.2/24 $LR 10.77.12.1/24
+ip netns exec $LR sysctl -qw net.ipv4.ip_forward=1
+fu_route $LA 10.77.12.0/24 10.77.11.1
+fu_route $LB 10.77.11.0/24 10.77.12.1
 
 # firewall MODE: the paths that exist. derp: TCP to the relay's DERP port
 # only; relay: also UDP to the relay (STUN, relay sessions); direct: also
@@ -108,11 +111,11 @@ firewall() {
         udp_peer_in="ip saddr $other meta l4proto udp accept" ;;
       *) echo "firewall: unknown mode $1" >&2; return 1 ;;
     esac
-    nft_table "fu-l$n" link <<NFT
+    nft_table "fu-$FU_RUN-l$n" link <<NFT
   chain out {
     type filter hook output priority 0; policy drop;
     oifname "lo" accept
-    oifname "fulk$n" accept
+    oifname "${W}lk$n" accept
     ip daddr $relay_ip tcp dport 3340 accept
     $udp_relay
     $udp_peer
@@ -121,7 +124,7 @@ firewall() {
   chain in {
     type filter hook input priority 0; policy drop;
     iifname "lo" accept
-    iifname "fulk$n" accept
+    iifname "${W}lk$n" accept
     ct state established,related accept
     $udp_peer_in
     counter drop
@@ -131,16 +134,16 @@ NFT
 }
 blocked() { ip netns exec "$1" nft list chain inet link out | awk '/blocked/ { for (i = 1; i <= NF; i++) if ($i == "packets") print $(i+1) }'; }
 firewall derp
-before=$(blocked fu-la)
-ip netns exec fu-la bash -c 'echo probe >/dev/udp/10.77.12.2/51820' 2>/dev/null || true
-check "firewall derp: UDP from fu-la to fu-lb is dropped by nftables" test "$(blocked fu-la)" -gt "$before"
+before=$(blocked $LA)
+ip netns exec $LA bash -c 'echo probe >/dev/udp/10.77.12.2/51820' 2>/dev/null || true
+check "firewall derp: UDP from $LA to $LB is dropped by nftables" test "$(blocked $LA)" -gt "$before"
 
 step "WireGuard (${FU_WG:-wireguard-go}) on both sides; each one's endpoint for the other is its ferry link"
 for n in a b; do fu_key "wg$n"; done
-fu_wg fu-la fulka "$T/wga.key" 51820 10.77.110.1/24
-fu_wg fu-lb fulkb "$T/wgb.key" 51820 10.77.110.2/24
-fu_wg_peer fu-la fulka "$(fu_pub wgb)" 10.77.110.2/32 127.0.0.1:51001
-fu_wg_peer fu-lb fulkb "$(fu_pub wga)" 10.77.110.1/32 127.0.0.1:51001
+fu_wg $LA ${W}lka "$T/wga.key" 51820 10.77.110.1/24
+fu_wg $LB ${W}lkb "$T/wgb.key" 51820 10.77.110.2/24
+fu_wg_peer $LA ${W}lka "$(fu_pub wgb)" 10.77.110.2/32 127.0.0.1:51001
+fu_wg_peer $LB ${W}lkb "$(fu_pub wga)" 10.77.110.1/32 127.0.0.1:51001
 
 # Link keys: `ferry link pubkey` with a file holding only key_file.
 for n in a b; do
@@ -168,59 +171,59 @@ TOML
 write_link_config a 10.77.11.1 b 10.77.11.2
 write_link_config b 10.77.12.1 a 10.77.12.2
 
-fu_bg fu-lb "$T/iperf-server.log" iperf3 -s -B 10.77.110.2
+fu_bg $LB "$T/iperf-server.log" iperf3 -s -B 10.77.110.2
 results=()
 
 # ------------------------------------------------------------ one setup
 relay_pid="" la="" lb="" relay_cmd=()
-relay_start() { # relay_start NAME: the relay of kind NAME (ferry, derper) in fu-lr
+relay_start() { # relay_start NAME: the relay of kind NAME (ferry, derper) in $LR
   case $1 in
     ferry) relay_cmd=("$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key" --relay-port 3341) ;;
     derper) relay_cmd=("$derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key") ;;
   esac
-  fu_bg fu-lr "$T/relay-$CASE.log" "${relay_cmd[@]}"
+  fu_bg $LR "$T/relay-$CASE.log" "${relay_cmd[@]}"
   relay_pid=$FU_LAST_PID
-  wait_tcp fu-lr 127.0.0.1 3340 20
+  wait_tcp $LR 127.0.0.1 3340 20
 }
 links_start() { # both links, connected to the relay, and a first ping through the tunnel
-  fu_bg fu-la "$T/link-a-$CASE.log" "$ferry" link --config "$T/link-a.toml"
+  fu_bg $LA "$T/link-a-$CASE.log" "$ferry" link --config "$T/link-a.toml"
   la=$FU_LAST_PID
-  fu_bg fu-lb "$T/link-b-$CASE.log" "$ferry" link --config "$T/link-b.toml"
+  fu_bg $LB "$T/link-b-$CASE.log" "$ferry" link --config "$T/link-b.toml"
   lb=$FU_LAST_PID
   wait_log "$T/link-a-$CASE.log" "relay connected" 20
   wait_log "$T/link-b-$CASE.log" "relay connected" 20
   # wireguard-go retries its handshake every 5 s.
-  check "$CASE: first ping through the tunnel within 30 s" ping_until fu-la 10.77.110.2 30
+  check "$CASE: first ping through the tunnel within 30 s" ping_until $LA 10.77.110.2 30
 }
 all_stop() { fu_stop "$la"; fu_stop "$lb"; fu_stop "$relay_pid"; }
-a_path() { link_path fu-la "$T/link-a.toml" b; }
-b_path() { link_path fu-lb "$T/link-b.toml" a; }
+a_path() { link_path $LA "$T/link-a.toml" b; }
+b_path() { link_path $LB "$T/link-b.toml" a; }
 
 # traffic PATH: ping and a short iperf3 TCP run through the tunnel, both
 # links on PATH before and after, and the datagrams counted on PATH.
 traffic() {
   local path=$1 rtt loss
-  check "$CASE: A's link to B on $path" on_path fu-la "$T/link-a.toml" b "$path" 15
-  check "$CASE: B's link to A on $path" on_path fu-lb "$T/link-b.toml" a "$path" 15
-  read -r loss rtt < <(ip netns exec fu-la ping -c 20 -i 0.2 -W 2 10.77.110.2 |
+  check "$CASE: A's link to B on $path" on_path $LA "$T/link-a.toml" b "$path" 15
+  check "$CASE: B's link to A on $path" on_path $LB "$T/link-b.toml" a "$path" 15
+  read -r loss rtt < <(ip netns exec $LA ping -c 20 -i 0.2 -W 2 10.77.110.2 |
     awk '/packet loss/ { for (i = 1; i <= NF; i++) if ($i == "packet") l = $(i-1) } /^rtt/ { split($4, v, "/"); r = v[2] } END { print l, r }')
   check "$CASE: 20 pings A -> B, loss $loss, average RTT $rtt ms" test "${loss%\%}" -le 10
-  check "$CASE: B answers pings too" ping_until fu-lb 10.77.110.1 10
+  check "$CASE: B answers pings too" ping_until $LB 10.77.110.1 10
   local ep
-  ep=$(ip netns exec fu-lb wg show fulkb endpoints | awk '{ print $2 }')
+  ep=$(ip netns exec $LB wg show ${W}lkb endpoints | awk '{ print $2 }')
   check "$CASE: B's WireGuard sees A at its link (127.0.0.1:51001), got $ep" test "$ep" = 127.0.0.1:51001
   local mbits retr
-  iperf_json fu-la 10.77.110.2 3 "$T/iperf-$CASE.json"
+  iperf_json $LA 10.77.110.2 3 "$T/iperf-$CASE.json"
   read -r mbits retr < <(iperf_summary "$T/iperf-$CASE.json")
   check "$CASE: iperf3 TCP A -> B through WireGuard over $path: $mbits Mbit/s, $retr retransmits" awk -v m="${mbits:-0}" -v min="$min_mbits" 'BEGIN { exit !(m > min) }'
   local sent
-  sent=$(metric fu-la "ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"$path\"}")
+  sent=$(metric $LA "ferry_link_peer_packets_total{peer=\"b\",direction=\"to_peer\",path=\"$path\"}")
   check "$CASE: A's link carried $sent datagrams to B on $path" test "$sent" -gt "$min_datagrams"
-  check "$CASE: B's link took them from $path" test "$(metric fu-lb "ferry_link_peer_packets_total{peer=\"a\",direction=\"from_peer\",path=\"$path\"}")" -gt "$min_datagrams"
+  check "$CASE: B's link took them from $path" test "$(metric $LB "ferry_link_peer_packets_total{peer=\"a\",direction=\"from_peer\",path=\"$path\"}")" -gt "$min_datagrams"
   check "$CASE: still on $path afterwards (A, B)" test "$(a_path) $(b_path)" = "$path $path"
-  check "$CASE: nothing from strangers or unparsable dropped (ferry_link_rejected_total)" test "$(metric fu-la ferry_link_rejected_total)" -eq 0
-  echo "   ferry link status in fu-la:"
-  ip netns exec fu-la "$ferry" link status --config "$T/link-a.toml" | sed 's/^/     /'
+  check "$CASE: nothing from strangers or unparsable dropped (ferry_link_rejected_total)" test "$(metric $LA ferry_link_rejected_total)" -eq 0
+  echo "   ferry link status in $LA:"
+  ip netns exec $LA "$ferry" link status --config "$T/link-a.toml" | sed 's/^/     /'
   results+=("$CASE: path $path, ping avg ${rtt} ms (loss $loss), iperf3 TCP ${mbits} Mbit/s with ${retr} retransmits (3 s)")
 }
 
@@ -229,12 +232,12 @@ case_ferry_derp() {
   firewall derp; relay_start ferry; links_start
   traffic derp
   step "$CASE: the relay restarts during an iperf3 transfer"
-  iperf_json fu-la 10.77.110.2 "$restart_secs" "$T/iperf-restart.json" &
+  iperf_json $LA 10.77.110.2 "$restart_secs" "$T/iperf-restart.json" &
   local iperf_pid=$!
   sleep 2
   fu_stop "$relay_pid"
   wait_log "$T/link-a-$CASE.log" "relay connection lost" 10
-  fu_bg fu-lr "$T/relay-$CASE-2.log" "${relay_cmd[@]}"
+  fu_bg $LR "$T/relay-$CASE-2.log" "${relay_cmd[@]}"
   relay_pid=$FU_LAST_PID
   wait "$iperf_pid" || { cat "$T/iperf-restart.json" >&2; false; }
   check "$CASE: both links reconnected" test "$(grep -c 'relay connected' "$T/link-a-$CASE.log")$(grep -c 'relay connected' "$T/link-b-$CASE.log")" = 22
@@ -242,7 +245,7 @@ case_ferry_derp() {
   late=$(jq --argjson last $((restart_secs - 3)) '[.intervals[] | select(.sum.start >= ($last)) | .sum.bits_per_second] | max / 1e6 | round' "$T/iperf-restart.json")
   read -r gap err < <(iperf_gap "$T/iperf-restart.json")
   check "$CASE: the TCP transfer inside the tunnel carried on (no error: $err; last seconds up to ${late:-0} Mbit/s; longest gap $gap s)" awk -v m="${late:-0}" -v min="$late_mbits" -v e="$err" 'BEGIN { exit !(m > min && e == "ok") }'
-  echo "   relay_down drops at A during the restart: $(metric fu-la 'ferry_link_peer_drops_total{peer="b",reason="relay_down"}')"
+  echo "   relay_down drops at A during the restart: $(metric $LA 'ferry_link_peer_drops_total{peer="b",reason="relay_down"}')"
   all_stop
 }
 case_derper_derp() { firewall derp; relay_start derper; links_start; traffic derp; all_stop; }
@@ -255,15 +258,15 @@ case_derper_direct() { firewall direct; relay_start derper; links_start; traffic
 switch_within() {
   local mode=$1 path=$2 took
   firewall "$mode"
-  took=$(wait_path fu-la "$T/link-a.toml" b "$path" 2) || { echo "FAIL: $CASE: A not on $path within 2 s of firewall $mode" >&2; return 1; }
+  took=$(wait_path $LA "$T/link-a.toml" b "$path" 2) || { echo "FAIL: $CASE: A not on $path within 2 s of firewall $mode" >&2; return 1; }
   echo "   ok: $CASE: firewall $mode -> A on $path after $took s"
-  took=$(wait_path fu-lb "$T/link-b.toml" a "$path" 2) || { echo "FAIL: $CASE: B not on $path within 2 s of firewall $mode" >&2; return 1; }
+  took=$(wait_path $LB "$T/link-b.toml" a "$path" 2) || { echo "FAIL: $CASE: B not on $path within 2 s of firewall $mode" >&2; return 1; }
   echo "   ok: $CASE: B on $path after $took s more"
 }
 case_ferry_failover() {
   firewall direct; relay_start ferry; links_start
-  check "$CASE: starts direct" on_path fu-la "$T/link-a.toml" b direct 15
-  iperf_json fu-la 10.77.110.2 14 "$T/iperf-failover.json" &
+  check "$CASE: starts direct" on_path $LA "$T/link-a.toml" b direct 15
+  iperf_json $LA 10.77.110.2 14 "$T/iperf-failover.json" &
   local iperf_pid=$!
   sleep 3
   step "$CASE: direct cut during the transfer"
@@ -283,14 +286,14 @@ case_ferry_failover() {
 }
 case_ferry_upgrade() {
   firewall derp; relay_start ferry; links_start
-  check "$CASE: starts on DERP" on_path fu-la "$T/link-a.toml" b derp 15
+  check "$CASE: starts on DERP" on_path $LA "$T/link-a.toml" b derp 15
   local took t
   for t in relay:relay direct:direct; do
     firewall "${t%%:*}"
-    took=$(wait_path fu-la "$T/link-a.toml" b "${t#*:}" 10) || { echo "FAIL: $CASE: not upgraded to ${t#*:} within 10 s" >&2; return 1; }
+    took=$(wait_path $LA "$T/link-a.toml" b "${t#*:}" 10) || { echo "FAIL: $CASE: not upgraded to ${t#*:} within 10 s" >&2; return 1; }
     echo "   ok: $CASE: firewall ${t%%:*} -> A on ${t#*:} after $took s"
-    check "$CASE: B on ${t#*:} too" on_path fu-lb "$T/link-b.toml" a "${t#*:}" 10
-    check "$CASE: the tunnel works on ${t#*:}" ping_until fu-la 10.77.110.2 5
+    check "$CASE: B on ${t#*:} too" on_path $LB "$T/link-b.toml" a "${t#*:}" 10
+    check "$CASE: the tunnel works on ${t#*:}" ping_until $LA 10.77.110.2 5
     results+=("$CASE: upgraded to ${t#*:} $took s after the firewall allowed it")
   done
   all_stop

@@ -5,7 +5,18 @@
 # 10.77.0.0/16, every WireGuard interface name starts with fu, and
 # everything started here is recorded so fu_cleanup can undo it (call it
 # from an EXIT trap).
+#
+# Names that live outside a namespace are shared by every run on the
+# host: namespace names (/run/netns), wireguard-go's control sockets
+# (/run/wireguard/IFNAME.sock) and /etc/netns/NS. Scripts that can run
+# beside another run (the test steps) build them with FU_RUN, this
+# shell's pid: fu-$FU_RUN-a, fu${FU_RUN}a. fu_ns reaps what a run that
+# was killed left behind (its pid gone).
 
+# shellcheck source=/dev/null
+. "$(dirname "${BASH_SOURCE[0]}")/../../../../scripts/lib/expect.sh"
+
+FU_RUN=$$
 FU_NAMESPACES=()
 FU_PIDS=()
 FU_TMP=""
@@ -38,18 +49,13 @@ fu_wireguard_go() {
   return 1
 }
 
-# fu_init: creates the scratch directory; call once, not in a subshell.
-# fu_skip_or_fail WHAT WHY: with a reason, says the tests of WHAT skip and
-# exits 0, or, under CI=true (whose machine has everything .ci/setup.d
-# installs), fails: a skip there is not a pass. Without a reason, returns.
+# fu_skip_or_fail WHAT WHY: with a reason, says the tests of WHAT skip
+# (counted in the step's skips) and exits 0, or, under CI=true (whose
+# machine has everything .ci/setup.d installs), fails: a skip there is not
+# a pass. Without a reason, returns.
 fu_skip_or_fail() {
   [ -n "$2" ] || return 0
-  echo "SKIP $1: $2"
-  if [ "${CI:-}" = true ]; then
-    echo "CI=true: the $1 must run on this machine" >&2
-    exit 1
-  fi
-  exit 0
+  expect_skip "$1" "$2" ".ci/setup.d/10-netns.sh and 30-udp.sh install the tools"
 }
 
 # fu_ferry_bin ROOT: the ferry binary under test (FERRY_BIN, or the debug
@@ -60,11 +66,26 @@ fu_ferry_bin() {
   echo "$f"
 }
 
+# fu_init: creates the scratch directory; call once, not in a subshell.
 fu_init() { FU_TMP=$(mktemp -d /tmp/fu-udp.XXXXXX); }
 fu_tmpdir() { echo "$FU_TMP"; }
 
+# fu_reap: deletes the namespaces fu-PID-* whose PID is gone (a run that
+# was killed before its cleanup), and ends what still runs in them.
+fu_reap() {
+  local ns pid p
+  for ns in $(ip netns list 2>/dev/null | awk '/^fu-[0-9]+-/ { print $1 }'); do
+    pid=${ns#fu-}; pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null && continue
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "/etc/netns/$ns"
+  done
+}
+
 fu_ns() { # fu_ns NAME...: creates namespaces with loopback up
   local n
+  fu_reap
   for n in "$@"; do
     ip netns del "$n" >/dev/null 2>&1 || true
     ip netns add "$n"

@@ -1,3 +1,4 @@
+# serves: 12
 # The oldest Rust the workspace declares (rust-version in Cargo.toml), for
 # scripts/test.d/12-msrv.sh: a minimal toolchain, no components.
 set -euo pipefail

@@ -1,3 +1,4 @@
+# serves: 10
 # Pebble (Let's Encrypt's test CA) and its DNS test server, for the ACME
 # tests (crates/ferry/tests/acme.rs): built from the Go module proxy into a
 # cache directory, with the test certificates Pebble serves its API with.
