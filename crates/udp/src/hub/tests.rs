@@ -442,7 +442,9 @@ fn p1_p2(max_indices: usize, rate: f64, burst: f64) -> (Hub, PublicKey) {
 fn full_table_refuses_new_handshakes() {
     let t = Instant::now();
     let (mut h, k2) = p1_p2(16, 1e6, 1e6);
-    for i in 0..16 {
+    // XA is nobody's endpoint yet: a stranger, who may fill all but the
+    // reserved quarter.
+    for i in 0..12 {
         assert_eq!(
             go(&mut h, t, XA, &initiation(i, &k2)),
             Verdict::Forward(ep(XB))
@@ -473,6 +475,35 @@ fn a_host_moving_over_its_ipv6_addresses_cannot_fill_the_table() {
         go(&mut h, t, XA, &initiation(7, &k2)),
         Verdict::Forward(ep(XB)),
         "another peer's handshake still gets through"
+    );
+}
+
+#[test]
+fn strangers_cannot_fill_the_table_against_known_peers() {
+    let t = Instant::now();
+    let (mut h, k2) = p1_p2(64, 1.0, 3.0);
+    let k1 = synthetic_key(1);
+    // p1 (at XA) and p2 (at XB) complete a handshake: p1 is known at XA.
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(1, &k2)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(
+        go(&mut h, t, XB, &response(2, 1, &k1)),
+        Verdict::Forward(ep(XA))
+    );
+    // Someone who knows p2's public key, from many IPv4 sources, each
+    // within its handshake limit.
+    for i in 0..200u32 {
+        let from = format!("198.51.{}.{}:4000", i / 250, i % 250 + 1);
+        for n in 0..3 {
+            let _ = go(&mut h, t, &from, &initiation(1000 + 3 * i + n, &k2));
+        }
+    }
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(3, &k2)),
+        Verdict::Forward(ep(XB)),
+        "a known peer's handshake still finds room"
     );
 }
 
