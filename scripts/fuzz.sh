@@ -15,7 +15,7 @@
 # are merged back into fuzz/corpus/<target>/ with `-merge=1`, minimised:
 # the named seeds (protocol vectors, regress_* inputs) stay as they are,
 # and the fuzzer-found files (named by their SHA-1) are replaced by the
-# fewest that keep all the coverage the named seeds lack. Crash, timeout
+# fewest that keep all the edges the named seeds do not reach. Crash, timeout
 # and out-of-memory inputs stay in fuzz/artifacts/<target>/ (gitignored);
 # reproduce one with `cd fuzz && cargo +nightly fuzz run TARGET FILE`.
 #
@@ -154,13 +154,15 @@ run_target() {
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
 
   # Merge: named seeds first, then the fewest fuzzer-found inputs (old and
-  # new) that add coverage to them.
+  # new) that add coverage to them. Coverage here is edges only (no hit
+  # counts): counting them keeps several times more files, and the suite
+  # replays every one in a debug build.
   mkdir -p "$dir/merged" "$dir/found"
   find "$seeds" -maxdepth 1 -type f -regextype posix-extended -regex '.*/[0-9a-f]{40}' \
     -exec mv {} "$dir/found/" \;
   cp -p "$seeds"/* "$dir/merged/" 2>/dev/null || true
-  if nice -n 19 "$bin" -merge=1 -max_len="$(max_len "$t")" -timeout=30 -rss_limit_mb=2048 \
-    "$dir/merged" "$dir/found" "$dir/new" >"$dir/merge.log" 2>&1; then
+  if nice -n 19 "$bin" -merge=1 -use_counters=0 -max_len="$(max_len "$t")" -timeout=30 \
+    -rss_limit_mb=2048 "$dir/merged" "$dir/found" "$dir/new" >"$dir/merge.log" 2>&1; then
     find "$dir/merged" -maxdepth 1 -type f -regextype posix-extended -regex '.*/[0-9a-f]{40}' \
       -exec cp -p {} "$seeds/" \;
   else

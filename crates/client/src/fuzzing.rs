@@ -36,7 +36,7 @@
 //!   next timer, and after running the timers of `now` it is later than
 //!   `now` and within the longest interval.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,8 @@ use crate::endpoint::paths::{
 const MAX_OPS: usize = 1024;
 /// Peers.
 const PEERS: usize = 3;
+/// Pings kept for pongs to answer (more than the manager remembers).
+const RECENT_PINGS: usize = 256;
 /// Direct paths a peer may have at most: DERP, the candidates, a relay.
 const MAX_PATHS: usize = 1 + 16 + 1;
 
@@ -127,17 +129,22 @@ fn rank(p: &Policy, k: PathKind) -> Option<u8> {
     }
 }
 
+/// A ping: to whom, on which path, its id.
+type Ping = (NodePublic, PathAddr, [u8; TX_ID_LEN]);
+
 /// What the driver knows, to check the manager against.
 struct Model {
     policies: HashMap<NodePublic, Policy>,
-    /// Pings the manager sent: (peer, path, tx).
-    pings: Vec<(NodePublic, PathAddr, [u8; TX_ID_LEN])>,
+    /// Every ping the manager sent: (peer, path, tx).
+    sent: HashSet<Ping>,
+    /// The latest of them, for pongs to answer.
+    recent: VecDeque<Ping>,
     /// Paths that a pong answering a ping sent on them reached.
     confirmed: HashSet<(NodePublic, PathAddr)>,
     /// Direct addresses each peer gave (call-me-maybe, probe sources).
     told: HashSet<(NodePublic, SocketAddr)>,
     /// Pings of the peers this side must answer: (peer, path, tx).
-    owed: Vec<(NodePublic, PathAddr, [u8; TX_ID_LEN])>,
+    owed: Vec<Ping>,
 }
 
 fn status(paths: &Paths, key: &NodePublic) -> PeerStatus {
@@ -155,7 +162,13 @@ fn drain(paths: &mut Paths, m: &mut Model, before: &HashMap<NodePublic, Option<P
             t.path
         );
         match t.probe {
-            Probe::Ping { tx } => m.pings.push((t.peer, t.path, tx)),
+            Probe::Ping { tx } => {
+                m.sent.insert((t.peer, t.path, tx));
+                if m.recent.len() == RECENT_PINGS {
+                    m.recent.pop_front();
+                }
+                m.recent.push_back((t.peer, t.path, tx));
+            }
             Probe::Pong { tx, .. } => {
                 let owed = m
                     .owed
@@ -301,7 +314,8 @@ pub fn paths(data: &[u8]) {
     let mut paths = Paths::new(timing, Some(u64::from(ctl)));
     let mut m = Model {
         policies: HashMap::new(),
-        pings: Vec::new(),
+        sent: HashSet::new(),
+        recent: VecDeque::new(),
         confirmed: HashSet::new(),
         told: HashSet::new(),
         owed: Vec::new(),
@@ -357,12 +371,12 @@ pub fn paths(data: &[u8]) {
                 // A pong: for a ping this side sent (on its path, or
                 // replayed on another), or with an id never sent.
                 let observed = direct(c >> 4);
-                let (on, tx) = match m.pings.get(usize::from(c) % (m.pings.len() + 1)) {
+                let (on, tx) = match m.recent.get(usize::from(c) % (m.recent.len() + 1)) {
                     Some(&(to, on, tx)) if to == key && b & 0x80 == 0 => (on, tx),
                     Some(&(_, _, tx)) => (path(a, b), tx),
                     None => (path(a, b), [b; TX_ID_LEN]),
                 };
-                let answered = m.pings.contains(&(key, on, tx));
+                let answered = m.sent.contains(&(key, on, tx));
                 if let (true, PathAddr::Direct(from)) = (m.policies.contains_key(&key), on) {
                     if usable(&from) {
                         m.told.insert((key, from));
@@ -437,8 +451,5 @@ pub fn paths(data: &[u8]) {
         // will be.
         m.owed.clear();
         check(&paths, &m);
-        if m.pings.len() > 4096 {
-            m.pings.drain(..2048);
-        }
     }
 }
