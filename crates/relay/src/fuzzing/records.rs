@@ -18,9 +18,10 @@
 //! - reading the client's records never panics, and gives the same data
 //!   and the same end whatever the cutting of the reads;
 //! - the data read is the content of the application-data records as
-//!   sealed, in order, nothing else: at least every record before the
-//!   first one that is tampered with, oversized, empty or of another type,
-//!   and all of it when there is no such record;
+//!   sealed, in order, nothing else (a record sealed with content type 0
+//!   is what its last non-zero content byte says): at least every record
+//!   before the first one that is tampered with, oversized, empty or of
+//!   another type, and all of it when there is no such record;
 //! - a tampered record gives nothing, and nothing after it is read;
 //! - what the server seals opens, record by record, to exactly the parts
 //!   it was given, in records of at most 2^14 bytes of content; once the
@@ -217,11 +218,18 @@ pub fn tls_records(data: &[u8]) {
         }
         let fits =
             len + 1 + padding <= MAX_PLAINTEXT && len + 1 + padding + TAG_LEN <= MAX_CIPHERTEXT;
+        // What the record is to the reader: with type 0 the content's last
+        // non-zero byte is the type (RFC 8446 §5.4).
+        let (ty, content) = match (ty, content.iter().rposition(|&b| b != 0)) {
+            (0, Some(at)) => (content[at], &content[..at]),
+            (0, None) => (0, &[][..]),
+            _ => (ty, content),
+        };
         let appdata = ty == content_type::APPLICATION_DATA && !tampered;
         records.push(Sealed {
             wire,
             data: appdata.then(|| content.to_vec()),
-            clean: appdata && len > 0 && fits,
+            clean: appdata && !content.is_empty() && fits,
             tampered,
         });
     }
