@@ -12,9 +12,9 @@
 //! the client's stream, which is the rest of the input. An event runs once
 //! the stream has been fed up to its offset: time passing (the session's
 //! timers run), a flush (the queues drained into a send buffer that stays
-//! in flight), the send finishing, a packet from another client, an idle
-//! buffer release, or control frames from the shard (peerGone,
-//! peerPresent, restarting).
+//! in flight: raw, part by part as for TLS, or as WebSocket messages), the
+//! send finishing, a packet from another client, an idle buffer release,
+//! or control frames from the shard (peerGone, peerPresent, restarting).
 //!
 //! The client's frames are handled as the shard does: a sendPacket to the
 //! connection's own key is queued back to it (the loopback a client can
@@ -26,7 +26,8 @@
 //!
 //! - nothing panics;
 //! - what a flush takes out is exactly control, then disco, then data as
-//!   queued, and parses as server frames;
+//!   queued (inside whole binary messages for WebSocket), and parses as
+//!   server frames;
 //! - the queues keep their caps: disco packets at most the disco cap, data
 //!   at most the hard cap, a packet over the soft cap queued only when its
 //!   sender may pause; the client itself adds at most one pong per flush to
@@ -46,6 +47,7 @@ use ferry_proto::frame::{
     DISCO_MIN_LEN, HEADER_LEN, KEY_LEN, MAX_PACKET_SIZE, PING_LEN,
 };
 use ferry_proto::key::NodePublic;
+use ferry_proto::websocket;
 
 use super::{chunks, max_chunk, XorShift};
 use crate::conn::{Action, Caps, Queued, Session, Timeout};
@@ -506,14 +508,38 @@ impl Run {
         }
         let mut buf = self.session.take_send_buffer();
         assert!(buf.is_empty(), "a send buffer comes empty");
-        if arg & 1 == 0 {
-            self.session.poll_output(&mut buf);
-        } else {
-            // As for TLS: the writer copies the three parts itself.
-            self.session
-                .poll_output_with(|parts| parts.iter().for_each(|p| buf.extend_from_slice(p)));
-        }
         let want = self.model.take();
+        match arg % 3 {
+            0 => self.session.poll_output(&mut buf),
+            // As for TLS: the writer copies the three parts itself.
+            1 => self
+                .session
+                .poll_output_with(|parts| parts.iter().for_each(|p| buf.extend_from_slice(p))),
+            // As for WebSocket: the frames become binary messages first.
+            _ => {
+                let mut out = Vec::new();
+                self.session.rewrap_output(&mut out, |out, parts| {
+                    websocket::put_binary_parts(out, &parts)
+                });
+                self.session.poll_output(&mut buf);
+                let mut derp = Vec::new();
+                websocket::Decoder::for_client()
+                    .feed(&buf, &mut derp, |c| {
+                        panic!("a WebSocket control frame {c:?}")
+                    })
+                    .expect("whole WebSocket messages");
+                assert_eq!(derp, want, "the messages carry the queued frames");
+                check_frames(&derp);
+                if !buf.is_empty() {
+                    self.session.start_send(self.now, buf.len());
+                    self.notes.push(Note::Flushed(buf.len(), fnv(&buf)));
+                    self.in_flight = Some(buf);
+                } else {
+                    self.session.keep_send_buffer(buf);
+                }
+                return;
+            }
+        }
         assert_eq!(
             buf, want,
             "the flush is control, then disco, then data, as queued"
