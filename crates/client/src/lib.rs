@@ -26,6 +26,8 @@
 //!   works now (direct UDP confirmed by sealed probes, a relay session,
 //!   DERP as the floor), switching when one goes silent or a better one
 //!   answers ([`endpoint::paths`] decides, without I/O).
+//! - [`fuzzing`] drives the path manager as a state machine for the
+//!   `paths` fuzz target and the corpus replay test.
 //!
 //! ```no_run
 //! use ferry_client::{DerpClient, Event, Options};
@@ -53,6 +55,7 @@ mod client;
 mod conn;
 pub mod endpoint;
 mod error;
+pub mod fuzzing;
 pub mod home;
 mod target;
 mod tls;

@@ -25,14 +25,24 @@ use std::ops::ControlFlow;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+mod relay_session;
+pub use relay_session::{bind_message, relay_frames};
+
 /// Largest frame (header included) [`ServerFramePolicy`] ever buffers.
 const MAX_BUFFERED_FRAME: usize = HEADER_LEN + 2 * KEY_LEN + MAX_PACKET_SIZE;
 
-/// A tiny deterministic generator for chunk sizes and break decisions.
-struct XorShift(u32);
+/// A tiny deterministic generator for chunk sizes and break decisions
+/// (the other crates' fuzzing modules use it too).
+pub struct XorShift(u32);
 
 impl XorShift {
-    fn next(&mut self) -> u32 {
+    /// A generator from `seed` (any value: a zero state is avoided).
+    pub fn new(seed: u32) -> XorShift {
+        XorShift(seed | 1)
+    }
+
+    /// The next value.
+    pub fn next_u32(&mut self) -> u32 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 17;
@@ -41,9 +51,39 @@ impl XorShift {
         x
     }
 
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() as usize) % n.max(1)
+    /// A value in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u32() as usize) % n.max(1)
     }
+}
+
+/// The largest piece a two-bit selector picks for a stream of `len`
+/// bytes: single bytes, up to 16, up to 4 096, or everything.
+pub fn max_chunk(sel: u8, len: usize) -> usize {
+    match sel & 3 {
+        0 => 1,
+        1 => 16,
+        2 => 4096,
+        _ => len.max(1),
+    }
+}
+
+/// Cuts `stream` into pieces of 1 ..= `max` bytes drawn from `rng`.
+pub fn chunks<'a>(
+    stream: &'a [u8],
+    max: usize,
+    rng: &'a mut XorShift,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let mut rest = stream;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let n = 1 + rng.below(max.min(rest.len()));
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        Some(chunk)
+    })
 }
 
 type Frames = Vec<(u8, Vec<u8>)>;
@@ -117,12 +157,7 @@ pub fn deframer(data: &[u8]) {
     let (want_frames, want_err) = reference(stream, &policy);
 
     let mut rng = XorShift(0x9e37_79b9 ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
-    let max_chunk = match (ctl >> 1) & 3 {
-        0 => 1,
-        1 => 16,
-        2 => 4096,
-        _ => stream.len().max(1),
-    };
+    let max_chunk = max_chunk(ctl >> 1, stream.len());
     let break_one_in = match (ctl >> 3) & 3 {
         0 => 0,
         1 => 8,
@@ -135,7 +170,7 @@ pub fn deframer(data: &[u8]) {
     let mut err = None;
     let mut rest = stream;
     let mut paused = false;
-    let mut brk = XorShift(rng.next() | 1);
+    let mut brk = XorShift(rng.next_u32() | 1);
     let mut on_frame = |ty: u8, p: &[u8]| {
         check_delivered(ty, p);
         got.push((ty, p.to_vec()));
@@ -685,24 +720,9 @@ pub fn client(data: &[u8]) {
     let fast_start = ctl & 1 != 0;
     let reference = run_client(fast_start, std::iter::once(stream));
 
-    let max_chunk = match (ctl >> 1) & 3 {
-        0 => 1,
-        1 => 16,
-        2 => 4096,
-        _ => stream.len().max(1),
-    };
     let mut rng = XorShift(0x2545_f491 ^ u32::from(ctl).wrapping_mul(0x0101_0101) | 1);
-    let mut rest = stream;
-    let chunks = std::iter::from_fn(|| {
-        if rest.is_empty() {
-            return None;
-        }
-        let n = 1 + rng.below(max_chunk.min(rest.len()));
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        Some(chunk)
-    });
-    assert_eq!(run_client(fast_start, chunks), reference);
+    let cut = chunks(stream, max_chunk(ctl >> 1, stream.len()), &mut rng);
+    assert_eq!(run_client(fast_start, cut), reference);
 
     let connected = reference
         .events
@@ -972,79 +992,6 @@ pub fn derp_map(data: &[u8]) {
     let again = DerpMap::from_json(text.as_bytes())
         .unwrap_or_else(|e| panic!("re-encoded map refused: {e}\n{text}"));
     assert_eq!(again, map);
-}
-
-/// The relay-session DERP frames (`relay_session`, 0xf0–0xf2): `data[0]`
-/// picks the type (`0xf0 + data[0] % 3`), the rest is the body. What
-/// parses re-encodes to exactly the same frame (every field is kept and
-/// the encoding is canonical, IPv4-mapped endpoints included).
-pub fn relay_frames(data: &[u8]) {
-    use crate::relay_session::{self as rs, RelayFrame};
-    let Some((&ctl, body)) = data.split_first() else {
-        return;
-    };
-    let ty = frame::RELAY_ALLOCATE + ctl % 3;
-    let Some(parsed) = rs::parse_frame(ty, body) else {
-        panic!("0x{ty:02x} is a relay-session frame");
-    };
-    let Ok(parsed) = parsed else {
-        return;
-    };
-    let mut again = Vec::new();
-    match &parsed {
-        RelayFrame::Allocate(a) => rs::put_allocate(&mut again, a),
-        RelayFrame::Session(s) => {
-            assert!(!s.endpoints.is_empty() && s.endpoints.len() <= rs::MAX_ENDPOINTS);
-            assert!(s.vni != 0 && s.vni <= crate::udp_header::MAX_VNI && s.slot <= 1);
-            rs::put_session(&mut again, s)
-        }
-        RelayFrame::Refused(r) => rs::put_refused(&mut again, r),
-    }
-    assert_eq!(again[0], ty);
-    assert_eq!(&again[HEADER_LEN..], body);
-}
-
-/// Bind messages (`relay_session::BindMsg`) and the client's
-/// [`Binder`](crate::relay_session::Binder) fed them: what parses is 78
-/// bytes and re-encodes to exactly the input; a binder handed any datagram
-/// never panics, only claims bind messages of its own session and slot,
-/// and never sends anything but 78-byte binds and answers.
-pub fn bind_message(data: &[u8]) {
-    use crate::relay_session::{BindKind, BindMsg, Binder, SessionOffer, BIND_LEN};
-    use std::time::Duration;
-    if let Ok(m) = BindMsg::parse(data) {
-        assert_eq!(data.len(), BIND_LEN);
-        assert_eq!(&m.to_bytes()[..], data);
-    }
-    let offer = SessionOffer {
-        request_id: 0,
-        vni: 1,
-        peer: NodePublic([1; 32]),
-        slot: data.first().map_or(0, |b| b & 1),
-        token: [2; 32],
-        endpoints: vec![SocketAddr::from(([127, 0, 0, 1], 1))],
-        bind_lifetime: Duration::from_secs(30),
-        idle_lifetime: Duration::from_secs(60),
-    };
-    let t0 = Instant::now();
-    let mut b = Binder::new(&offer, offer.endpoints[0], 1, t0);
-    let _ = b.poll_transmit(t0);
-    // The datagram as sent, then as a reply to each of the binder's
-    // states (bytes 8.. reused as body under this session's header).
-    for (i, d) in data.chunks(BIND_LEN).enumerate() {
-        let now = t0 + Duration::from_millis(i as u64 * 100);
-        let claimed = b.handle(now, d);
-        if claimed {
-            let m = BindMsg::parse(d).expect("a claimed datagram parses");
-            assert_eq!((m.vni, m.slot), (1, offer.slot));
-            assert!(matches!(m.kind, BindKind::Challenge | BindKind::Bound));
-        }
-        if let Some(out) = b.poll_transmit(now) {
-            let m = BindMsg::parse(&out).expect("the binder sends bind messages");
-            assert!(matches!(m.kind, BindKind::Bind | BindKind::Answer));
-            assert_eq!(m.generation, b.generation());
-        }
-    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,9 @@
 //!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`; [`mesh`]
 //!   dials the region's other nodes (`--mesh-with`) on a thread of its
 //!   own.
+//! - [`fuzzing`] drives the DERP server session and the TLS record layer
+//!   with arbitrary input for the `server` and `tls_records` fuzz targets
+//!   and the corpus replay test.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
@@ -54,6 +57,7 @@ pub mod bootstrap_dns;
 pub mod config;
 pub mod conn;
 pub mod front;
+pub mod fuzzing;
 pub mod health;
 pub mod heap;
 pub mod ktls;

@@ -277,7 +277,10 @@ impl RecordLayer {
 
     /// A session on exported keys (the receive keys are the peer's
     /// transmit keys).
-    fn from_secrets(secrets: ExtractedSecrets, tx_limit: u64) -> Result<RecordLayer, KtlsError> {
+    pub(crate) fn from_secrets(
+        secrets: ExtractedSecrets,
+        tx_limit: u64,
+    ) -> Result<RecordLayer, KtlsError> {
         Ok(RecordLayer {
             rx: Keys::new(secrets.rx.0, &secrets.rx.1)?,
             tx: Keys::new(secrets.tx.0, &secrets.tx.1)?,

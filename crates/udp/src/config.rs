@@ -12,7 +12,7 @@
 //! gso = true               # UDP GSO on send, if the kernel has it
 //! recv_buffer = 16777216   # bytes per socket (forced past rmem_max when permitted)
 //! send_buffer = 16777216
-//! handshake_rate = 20      # handshake messages per second per source IP
+//! handshake_rate = 20      # handshake messages per second per source (IPv4 address or IPv6 /64)
 //! handshake_burst = 40
 //! metrics_addr = "127.0.0.1:9101"
 //!

@@ -346,19 +346,27 @@ pub fn hub(data: &[u8]) {
 
 /// Drives a relay-session table ([`crate::session::SessionTable`]) as a
 /// state machine: the input is a sequence of 4-byte operations (op, a, b,
-/// c) over four keys, six source addresses and three DERP source IPs:
+/// c) over four keys, eight source addresses (six IPv4, one of them also
+/// written IPv4-mapped, and one IPv6) and three DERP source IPs:
 /// allocations, honest clients binding with a [`Binder`] (each holding its
-/// slot's token), data with known or unknown VNIs from any source, forged
-/// bind messages, answers replayed from other addresses, and time passing
-/// (expiry and secret rotation). After each operation it checks:
+/// slot's token), data with known or unknown VNIs from any source, alone
+/// or as a received train of up to eight datagrams, forged bind messages,
+/// answers replayed from other addresses, and time passing (expiry and
+/// secret rotation). After each operation it checks:
 ///
 /// - a reply is the datagram rewritten in place (never larger), and a
 ///   **bound** answers only an honest client's answer: forged and replayed
 ///   ones never bind a slot;
 /// - data is forwarded only between two addresses honest clients bound in
-///   that session, never back to its source;
-/// - no key is in more sessions than its limit, and the per-state counts
-///   add up to the table's size;
+///   that session, never back to its source, in a train as alone;
+/// - no key is in more sessions than its limit, no source IP asked for
+///   more than its limit, and the per-state counts add up to the table's
+///   size; every session counted as allocated is in the table or counted
+///   as freed;
+/// - memory is bounded in time: after an expiry, the table holds no more
+///   sessions than those still within their bind lifetime (not both
+///   bound) or their idle lifetime since the last bind or forward (both
+///   bound);
 /// - nothing panics.
 ///
 /// [`Binder`]: ferry_proto::relay_session::Binder
@@ -369,9 +377,16 @@ pub fn sessions(data: &[u8]) {
     use ferry_proto::udp_header::{Header, Protocol};
     use std::net::IpAddr;
 
+    use crate::session::Train;
+    use ferry_proto::frame::canonical_addr;
+    use std::net::Ipv6Addr;
+
     let keys: [NodePublic; 4] = [1u8, 2, 3, 4].map(|b| NodePublic([b; 32]));
-    let source =
-        |i: u8| SocketAddr::from((Ipv4Addr::new(10, 1, 0, i % 6), 4000 + u16::from(i % 6)));
+    let source = |i: u8| match i % 8 {
+        6 => SocketAddr::from((Ipv4Addr::new(10, 1, 0, 1).to_ipv6_mapped(), 4001)),
+        7 => SocketAddr::from((Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 7), 4007)),
+        n => SocketAddr::from((Ipv4Addr::new(10, 1, 0, n), 4000 + u16::from(n))),
+    };
     let ip = |i: u8| IpAddr::from(Ipv4Addr::new(10, 9, 0, i % 3));
     let limits = Limits {
         per_key: 2,
@@ -385,15 +400,30 @@ pub fn sessions(data: &[u8]) {
     let mut binders: HashMap<(u32, u8), Binder> = HashMap::new();
     let mut bound: HashMap<(u32, u8), SocketAddr> = HashMap::new();
     let mut vnis: Vec<u32> = Vec::new();
+    // Per session: when it was made, and its last bind or forward.
+    let mut made: HashMap<u32, (Instant, Instant)> = HashMap::new();
     let mut last_answer: Option<[u8; 78]> = None;
+    // Whether data from `from` to `to` in session `vni` may be forwarded.
+    let may_forward = |bound: &HashMap<(u32, u8), SocketAddr>, vni, from, to| {
+        let ends = [0, 1].map(|slot| bound.get(&(vni, slot)).map(|&a| canonical_addr(a)));
+        from != to && ends.contains(&Some(from)) && ends.contains(&Some(to))
+    };
     for op in data.chunks_exact(4).take(MAX_OPS) {
         let (a, b, c) = (op[1], op[2], op[3]);
-        match op[0] % 6 {
+        match op[0] % 7 {
             0 => {
                 let (ka, kb) = (keys[usize::from(a % 4)], keys[usize::from(b % 4)]);
                 if let Ok(al) = table.allocate(&ka, &kb, ip(c), now) {
                     if !vnis.contains(&al.vni) {
                         vnis.push(al.vni);
+                    }
+                    if !al.existing {
+                        // A new session (its VNI may be an old one's).
+                        made.insert(al.vni, (now, now));
+                        for slot in 0..2 {
+                            binders.remove(&(al.vni, slot));
+                            bound.remove(&(al.vni, slot));
+                        }
                     }
                     for slot in 0..2u8 {
                         let offer = SessionOffer {
@@ -432,6 +462,9 @@ pub fn sessions(data: &[u8]) {
                             if reply.kind == BindKind::Bound {
                                 assert_eq!(sent.kind, BindKind::Answer);
                                 bound.insert((vni, slot), from);
+                                if let Some(m) = made.get_mut(&vni) {
+                                    m.1 = now;
+                                }
                             }
                             binder.handle(now, &msg);
                         }
@@ -447,16 +480,65 @@ pub fn sessions(data: &[u8]) {
                 let mut d = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
                 d.resize(8 + usize::from(c % 64), c);
                 if let V::Forward(to) = table.handle(now, from, &mut d) {
-                    assert_ne!(to, from, "forwarded back to its source");
-                    let ends = [bound.get(&(vni, 0)), bound.get(&(vni, 1))];
-                    assert!(ends.contains(&Some(&from)), "forwarded from {from}");
-                    assert!(ends.contains(&Some(&to)), "forwarded to {to}");
+                    assert!(
+                        may_forward(&bound, vni, canonical_addr(from), to),
+                        "forwarded {from} -> {to} in session {vni:#x}"
+                    );
+                    if let Some(m) = made.get_mut(&vni) {
+                        m.1 = now;
+                    }
                 }
             }
             3 => {
                 now += Duration::from_millis(u64::from(a) * 250 + u64::from(b));
                 table.rotate(now);
                 table.expire(now);
+                let alive = made
+                    .iter()
+                    .filter(|(vni, (created, active))| {
+                        let both =
+                            bound.contains_key(&(**vni, 0)) && bound.contains_key(&(**vni, 1));
+                        if both {
+                            now.duration_since(*active) < limits.idle_lifetime
+                        } else {
+                            now.duration_since(*created) < limits.bind_lifetime
+                        }
+                    })
+                    .count();
+                assert!(
+                    table.len() <= alive,
+                    "{} sessions after an expiry, {alive} within their lifetimes",
+                    table.len()
+                );
+            }
+            6 if !vnis.is_empty() => {
+                // A received train from one source: data of one or two
+                // sessions (a bind message or a bad header in between).
+                let from = source(a);
+                let mut train = Train::default();
+                for i in 0..(b % 8) + 1 {
+                    let pick = if c & (1 << i) != 0 {
+                        usize::from(b)
+                    } else {
+                        usize::from(a)
+                    };
+                    let vni = vnis[pick % vnis.len()];
+                    let mut d = match (c >> 6, i) {
+                        (1, 3) => vec![0xff; 12],
+                        (2, 2) => BindMsg::new(BindKind::Bind, vni, 0, 1).to_bytes().to_vec(),
+                        _ => Header::data(Protocol::Payload, vni).to_bytes().to_vec(),
+                    };
+                    d.resize(d.len().max(8 + usize::from(i) * 100), i);
+                    if let V::Forward(to) = table.handle_in_train(now, from, &mut d, &mut train) {
+                        assert!(
+                            may_forward(&bound, vni, canonical_addr(from), to),
+                            "a train forwarded {from} -> {to} in session {vni:#x}"
+                        );
+                        if let Some(m) = made.get_mut(&vni) {
+                            m.1 = now;
+                        }
+                    }
+                }
             }
             4 => {
                 // A forged bind message.
@@ -501,6 +583,9 @@ pub fn sessions(data: &[u8]) {
                         let r = BindMsg::parse(&msg).expect("parses");
                         assert_eq!(r.kind, BindKind::Bound);
                         bound.insert((m.vni, m.slot), from);
+                        if let Some(made) = made.get_mut(&m.vni) {
+                            made.1 = now;
+                        }
                     }
                 }
             }
@@ -511,6 +596,12 @@ pub fn sessions(data: &[u8]) {
         }
         let s = table.states();
         assert_eq!(s.allocated + s.half_bound + s.bound, table.len());
+        assert!(table.len() <= limits.per_ip * 3, "per-IP limit");
+        let n = table.counters();
+        assert!(
+            n.allocated >= table.len() as u64 + n.freed_bind_timeout + n.freed_idle,
+            "sessions neither in the table nor freed"
+        );
     }
 }
 

@@ -44,6 +44,12 @@
 //! one FIFO queue per kind, not a scan (one queue for both would hold a
 //! short-lived pending entry behind a session queued before it).
 //!
+//! The table has a cap. Initiations from strangers (sources that are no
+//! configured peer's endpoint) may fill it only up to all but a quarter
+//! ([`STRANGER_RESERVE`]): MAC1 proves only that the sender knows the
+//! recipient's public key, so a flood of valid initiations from many
+//! sources must leave room for the known peers' next handshakes.
+//!
 //! Index collisions: WireGuard picks indices at random per interface, so
 //! two peers may pick the same one. Each index holds up to two entries; a
 //! transport message is matched by also comparing its source with each
@@ -98,6 +104,10 @@ pub const SESSION_LIFETIME: Duration = Duration::from_secs(195);
 /// How long an initiation waits for its response: REKEY_TIMEOUT (5 s),
 /// doubled.
 pub const PENDING_LIFETIME: Duration = Duration::from_secs(10);
+/// The share of the index table (one in this many entries) that
+/// initiations from strangers cannot take: it stays for the handshakes of
+/// peers whose endpoint the hub knows.
+pub const STRANGER_RESERVE: usize = 4;
 /// How long an unidentified source stays a flood candidate.
 pub const CANDIDATE_LIFETIME: Duration = Duration::from_secs(30);
 /// Unidentified sources remembered for flooding.
@@ -792,7 +802,16 @@ impl Hub {
                 return Verdict::Drop(DropReason::NotAllowed);
             }
         }
-        if self.table_full(1) {
+        // Strangers (no configured peer's endpoint) may fill only part of
+        // the table: whoever knows a peer's public key can make valid
+        // initiations from many sources, and must not lock the known
+        // peers out of their next handshake.
+        let reserved = if initiator.is_none() {
+            settings.max_indices / STRANGER_RESERVE
+        } else {
+            0
+        };
+        if self.table_full(1 + reserved) {
             return Verdict::Drop(DropReason::TableFull);
         }
         let target = self.endpoint(responder);

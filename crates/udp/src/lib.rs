@@ -6,7 +6,10 @@
 //!   listening address goes to one target (`host:port`). Each client
 //!   address gets its own upstream socket, connected to the target, so the
 //!   server sees only the relay and replies find their client by socket.
-//!   Sessions close after an idle timeout. A DNS target is re-resolved
+//!   Sessions close after an idle timeout; at a route's session limit, a
+//!   new client may take the place of a session whose target never
+//!   answered (a flood from spoofed sources must not lock new clients
+//!   out). A DNS target is re-resolved
 //!   periodically; when it moves, each session's socket is re-connected in
 //!   place (same local port, so the server's view of the client does not
 //!   change), by the shard that owns the session, between two batches.

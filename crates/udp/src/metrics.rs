@@ -131,6 +131,9 @@ pub struct ShardMetrics {
     pub sessions_opened: Counter,
     /// Bounce sessions closed for idleness.
     pub sessions_expired: Counter,
+    /// Bounce sessions whose target never answered, closed at the session
+    /// limit to make room for a new client.
+    pub sessions_evicted: Counter,
     /// Bounce sessions moved to a re-resolved target.
     pub sessions_retargeted: Counter,
     /// Hub session indices in this shard's replica.
@@ -170,6 +173,7 @@ impl Default for ShardMetrics {
             sessions: Gauge::default(),
             sessions_opened: Counter::default(),
             sessions_expired: Counter::default(),
+            sessions_evicted: Counter::default(),
             sessions_retargeted: Counter::default(),
             hub_sessions: Gauge::default(),
             hub_pending: Gauge::default(),
@@ -358,6 +362,7 @@ impl Metrics {
         let counters: [(&str, &str, CounterOf); 8] = [
             ("ferry_udp_sessions_opened_total", "Bounce sessions opened.", |s| s.sessions_opened.get()),
             ("ferry_udp_sessions_expired_total", "Bounce sessions closed after the idle timeout.", |s| s.sessions_expired.get()),
+            ("ferry_udp_sessions_evicted_total", "Bounce sessions whose target never answered, closed at the session limit for a new client.", |s| s.sessions_evicted.get()),
             ("ferry_udp_sessions_retargeted_total", "Bounce sessions switched to a re-resolved target address.", |s| s.sessions_retargeted.get()),
             ("ferry_udp_socket_drops_total", "Datagrams the kernel dropped on the relay's sockets for lack of receive buffer (SO_RXQ_OVFL).", |s| s.socket_drops.get()),
             ("ferry_udp_recvmmsg_calls_total", "recvmmsg calls that returned datagrams.", |s| s.recv_calls.get()),

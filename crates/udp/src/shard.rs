@@ -41,6 +41,8 @@ use crate::ratelimit::SourceLimiter;
 use crate::session::{self, Sessions};
 use crate::socket::{self, SocketOptions};
 
+mod unanswered;
+
 /// Batches read from one socket per turn before moving on.
 pub const ROUNDS: usize = 8;
 /// Most bytes one receive batch should bring in. Each datagram is copied
@@ -191,6 +193,10 @@ struct Session {
     outbox: Trains,
     touched: bool,
     drops_seen: u32,
+    /// Tells this session from a later one in the same slab slot.
+    serial: u64,
+    /// The target sent something back (see [`unanswered`]).
+    answered: bool,
     /// Its place in the route's session limit.
     _place: SessionPlace,
 }
@@ -378,6 +384,8 @@ pub struct Shard {
     route_targets: Vec<SocketAddr>,
     sessions: Slab<Session>,
     by_client: HashMap<(usize, SocketAddr), usize>,
+    unanswered: unanswered::Unanswered,
+    next_serial: u64,
     touched: Vec<usize>,
     hub: Option<Hub>,
     repl_tx: Vec<MsgTx<Event>>,
@@ -446,6 +454,7 @@ impl Shard {
             None => (None, Vec::new()),
         };
         let (rate, burst) = *setup.source_rate.get();
+        let routes = setup.routes.len();
         let route_targets = setup.routes.iter().map(|r| *r.target.get()).collect();
         let route_generation = setup.routes.iter().map(|r| r.target.generation()).collect();
         Ok(Shard {
@@ -458,6 +467,8 @@ impl Shard {
             route_targets,
             sessions: Slab::new(),
             by_client: HashMap::new(),
+            unanswered: unanswered::Unanswered::new(routes),
+            next_serial: 0,
             touched: Vec::with_capacity(MAX_BATCH),
             hub,
             repl_tx,
@@ -699,15 +710,27 @@ impl Shard {
     }
 
     fn open_session(&mut self, route: usize, li: usize, client: SocketAddr) -> Option<usize> {
-        // Dropped on any refusal below, which gives the place back.
-        let Some(place) = self.routes[route].sessions.take() else {
-            self.metrics.count_drop(Drop::SessionLimit, 1);
-            return None;
-        };
         if !self.session_limiter.allow(client.ip(), self.now) {
             self.metrics.count_drop(Drop::SessionRate, 1);
             return None;
         }
+        // Dropped on any refusal below, which gives the place back. At the
+        // limit, the oldest session nobody answered may give way.
+        let Some(place) = self.routes[route].sessions.take().or_else(|| {
+            let sessions = &self.sessions;
+            let live = |k: usize, serial| {
+                sessions
+                    .get(k)
+                    .is_some_and(|s| s.serial == serial && !s.answered)
+            };
+            let key = self.unanswered.take_oldest(route, self.now, live)?;
+            self.close_session(key);
+            self.metrics.sessions_evicted.add(1);
+            self.routes[route].sessions.take()
+        }) else {
+            self.metrics.count_drop(Drop::SessionLimit, 1);
+            return None;
+        };
         let target = self.route_targets[route];
         let sock = match socket::upstream(target, 0, &self.socket_options) {
             Ok(s) => s,
@@ -719,6 +742,7 @@ impl Shard {
         };
         let entry = self.sessions.vacant_entry();
         let key = entry.key();
+        let serial = self.next_serial;
         if let Err(e) = self.poll.registry().register(
             &mut SourceFd(&sock.as_raw_fd()),
             Token(SESSION_BASE + key),
@@ -739,8 +763,12 @@ impl Shard {
             outbox: Trains::new(),
             touched: false,
             drops_seen: 0,
+            serial,
+            answered: false,
             _place: place,
         });
+        self.next_serial += 1;
+        self.unanswered.opened(route, key, serial, self.now);
         self.by_client.insert((route, client), key);
         self.metrics.sessions_opened.add(1);
         Some(key)
@@ -761,6 +789,7 @@ impl Shard {
             }
             let s = &mut self.sessions[key];
             s.last_active = self.now;
+            s.answered = true;
             let (li, client) = (s.listener, s.client);
             let l = &mut self.listeners[li];
             for (i, m) in self.meta[..n].iter().enumerate() {
@@ -891,6 +920,12 @@ impl Shard {
             self.close_session(key);
             self.metrics.sessions_expired.add(1);
         }
+        let sessions = &self.sessions;
+        self.unanswered.prune(|k, serial| {
+            sessions
+                .get(k)
+                .is_some_and(|s| s.serial == serial && !s.answered)
+        });
         self.metrics.sessions.set(self.sessions.len() as i64);
         if let Some(hub) = &mut self.hub {
             hub.expire(self.now);

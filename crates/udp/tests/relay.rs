@@ -59,14 +59,21 @@ fn bounce(target: &str, idle: Duration, resolve: Duration) -> Config {
     }
 }
 
-/// A UDP server that echoes every datagram and remembers who sent it.
+/// A UDP server that echoes datagrams and remembers who sent them.
 struct Echo {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<SocketAddr>>>,
     count: Arc<AtomicUsize>,
 }
 
+/// A UDP server that echoes every datagram and remembers who sent it.
 fn echo() -> Echo {
+    echo_if(|_| true)
+}
+
+/// A UDP server that echoes the datagrams `answer` accepts and remembers
+/// who sent those.
+fn echo_if(answer: fn(&[u8]) -> bool) -> Echo {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = sock.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -79,6 +86,9 @@ fn echo() -> Echo {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Ok((n, from)) = sock.recv_from(&mut buf) {
+                if !answer(&buf[..n]) {
+                    continue;
+                }
                 c2.fetch_add(1, Ordering::Relaxed);
                 let mut seen = s2.lock().unwrap();
                 if !seen.contains(&from) {
@@ -295,6 +305,74 @@ fn idle_sessions_expire() {
         2,
         "a new session, a new upstream port"
     );
+    relay.shutdown();
+}
+
+/// At `max_sessions`, sources whose target never answered (a spoofed
+/// flood, say) do not lock new clients out: once the oldest of them is
+/// a few seconds old, a new client takes its place; a session the target
+/// answered is never taken.
+#[test]
+fn a_new_client_takes_the_place_of_a_session_nobody_answered() {
+    let target = echo_if(|d| d.starts_with(b"legit"));
+    let mut config = bounce(
+        &target.addr.to_string(),
+        Duration::from_secs(60),
+        Duration::ZERO,
+    );
+    config.bounce[0].max_sessions = 3;
+    config.tuning = tuning(1);
+    let relay = Relay::start(&config).unwrap();
+    let at = relay.bound()[0].1;
+    let m = relay.metrics().clone();
+    let silent: Vec<UdpSocket> = (0..3).map(|_| client()).collect();
+    for s in &silent {
+        s.send_to(b"junk", at).unwrap();
+    }
+    wait_for("three sessions", || m.sum(|s| s.sessions_opened.get()) == 3);
+
+    // A client the target answers gets in once the silent sessions are old
+    // enough to give way (it retries, as WireGuard does).
+    let legit = client();
+    legit
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut buf = [0u8; 64];
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the new client never got in ({} refused at the limit)",
+            m.drops(Drop::SessionLimit)
+        );
+        legit.send_to(b"legit 1", at).unwrap();
+        if let Ok((n, _)) = legit.recv_from(&mut buf) {
+            assert_eq!(&buf[..n], b"legit 1");
+            break;
+        }
+    }
+    assert_eq!(m.sum(|s| s.sessions_evicted.get()), 1);
+
+    // More newcomers take the other silent places, never the answered one.
+    for _ in 0..2 {
+        let c = client();
+        c.send_to(b"junk", at).unwrap();
+    }
+    wait_for("two more evictions", || {
+        m.sum(|s| s.sessions_evicted.get()) == 3
+    });
+    assert_eq!(round_trip(&legit, at, b"legit 2"), b"legit 2");
+    assert_eq!(
+        target.seen.lock().unwrap().len(),
+        1,
+        "the answered session kept its port"
+    );
+    let refused = m.drops(Drop::SessionLimit);
+    let late = client();
+    late.send_to(b"junk", at).unwrap();
+    wait_for("a newcomer refused: the silent ones are too young", || {
+        m.drops(Drop::SessionLimit) > refused
+    });
     relay.shutdown();
 }
 

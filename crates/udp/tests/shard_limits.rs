@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::wireguard::{self as wg, Mac1Key, PublicKey};
 use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
-use ferry_udp::hub::DropReason;
+use ferry_udp::hub::{DropReason, STRANGER_RESERVE};
 use ferry_udp::metrics::{Drop, Metrics, ShardMetrics};
 use ferry_udp::Relay;
 
@@ -267,7 +267,8 @@ fn hub_client_on(m: &Metrics, at: SocketAddr, shard: usize) -> UdpSocket {
 /// `hub.max_indices` is the hub's whole table, not a share per shard:
 /// every shard's replica holds every entry. Ten pending handshakes from a
 /// client on shard 0, then ten from a client on shard 1 with a limit of
-/// 16: shard 1 refuses the last four (with a table per shard, all ten got
+/// 16, of which strangers (these clients are no peer's endpoint) may take
+/// 12: shard 1 refuses the last eight (with a table per shard, all ten got
 /// through).
 #[test]
 fn hub_max_indices_counts_every_shards_entries() {
@@ -311,7 +312,8 @@ fn hub_max_indices_counts_every_shards_entries() {
     wait_for("shard 1's initiations forwarded or refused", || {
         received.load(Ordering::Relaxed) + full() == 2 * EACH
     });
-    assert_eq!(received.load(Ordering::Relaxed), MAX);
-    assert_eq!(full(), 2 * EACH - MAX);
+    let strangers = MAX - MAX / STRANGER_RESERVE as u64;
+    assert_eq!(received.load(Ordering::Relaxed), strangers);
+    assert_eq!(full(), 2 * EACH - strangers);
     relay.shutdown();
 }

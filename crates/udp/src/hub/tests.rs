@@ -2,6 +2,7 @@
 //! scenario allows, synthetic messages sealed with real MAC1 otherwise.
 
 use super::*;
+use std::net::Ipv6Addr;
 use std::sync::Mutex;
 
 fn hex(text: &str) -> Vec<u8> {
@@ -418,23 +419,32 @@ fn only_wireguard_shaped_datagrams_pass() {
     }
 }
 
-#[test]
-fn full_table_refuses_new_handshakes() {
-    let t = Instant::now();
+/// Peers p1 and p2 (fixed endpoint XB) with synthetic keys, a table of
+/// `max_indices` and a handshake limit; p2's key.
+fn p1_p2(max_indices: usize, rate: f64, burst: f64) -> (Hub, PublicKey) {
     let (k1, k2) = (synthetic_key(1), synthetic_key(2));
     let mut p2 = peer("p2", k2);
     p2.fixed = Some(ep(XB));
-    let mut h = Hub::new(
+    let hub = Hub::new(
         0,
         Arc::new(HubSettings {
             peers: vec![peer("p1", k1), p2],
-            max_indices: 16,
-            handshake_rate: 1e6,
-            handshake_burst: 1e6,
+            max_indices,
+            handshake_rate: rate,
+            handshake_burst: burst,
         }),
         Box::new(NoInbox),
     );
-    for i in 0..16 {
+    (hub, k2)
+}
+
+#[test]
+fn full_table_refuses_new_handshakes() {
+    let t = Instant::now();
+    let (mut h, k2) = p1_p2(16, 1e6, 1e6);
+    // XA is nobody's endpoint yet: a stranger, who may fill all but the
+    // reserved quarter.
+    for i in 0..12 {
         assert_eq!(
             go(&mut h, t, XA, &initiation(i, &k2)),
             Verdict::Forward(ep(XB))
@@ -443,6 +453,57 @@ fn full_table_refuses_new_handshakes() {
     assert_eq!(
         go(&mut h, t, XA, &initiation(99, &k2)),
         Verdict::Drop(DropReason::TableFull)
+    );
+}
+
+#[test]
+fn a_host_moving_over_its_ipv6_addresses_cannot_fill_the_table() {
+    let t = Instant::now();
+    let (mut h, k2) = p1_p2(64, 1.0, 3.0);
+    // Someone who knows p2's public key, sending each initiation from
+    // another address of its /64.
+    for i in 0..200u16 {
+        let from = SocketAddr::from((Ipv6Addr::new(0x2001, 0xdb8, 9, 9, 0, 0, 0, i + 1), 4000));
+        let _ = h.route(t, from, 0, &initiation(u32::from(i) + 1000, &k2));
+    }
+    assert!(
+        h.counts().pending <= 3,
+        "{} pending entries",
+        h.counts().pending
+    );
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(7, &k2)),
+        Verdict::Forward(ep(XB)),
+        "another peer's handshake still gets through"
+    );
+}
+
+#[test]
+fn strangers_cannot_fill_the_table_against_known_peers() {
+    let t = Instant::now();
+    let (mut h, k2) = p1_p2(64, 1.0, 3.0);
+    let k1 = synthetic_key(1);
+    // p1 (at XA) and p2 (at XB) complete a handshake: p1 is known at XA.
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(1, &k2)),
+        Verdict::Forward(ep(XB))
+    );
+    assert_eq!(
+        go(&mut h, t, XB, &response(2, 1, &k1)),
+        Verdict::Forward(ep(XA))
+    );
+    // Someone who knows p2's public key, from many IPv4 sources, each
+    // within its handshake limit.
+    for i in 0..200u32 {
+        let from = format!("198.51.{}.{}:4000", i / 250, i % 250 + 1);
+        for n in 0..3 {
+            let _ = go(&mut h, t, &from, &initiation(1000 + 3 * i + n, &k2));
+        }
+    }
+    assert_eq!(
+        go(&mut h, t, XA, &initiation(3, &k2)),
+        Verdict::Forward(ep(XB)),
+        "a known peer's handshake still finds room"
     );
 }
 

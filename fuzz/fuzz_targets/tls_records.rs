@@ -1,0 +1,4 @@
+//! Fuzz target: `ferry_relay::fuzzing::tls_records`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_relay::fuzzing::tls_records(data));
