@@ -19,7 +19,7 @@ use ferry_client::{
     PeerOptions, RelayOptions, SwitchReason,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
-use ferry_proto::relay_session::{BindKind, BindMsg, SessionService};
+use ferry_proto::relay_session::{BindKind, BindMsg};
 use ferry_relay::RelayConfig;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -642,10 +642,7 @@ async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
     let b = Endpoint::bind(options_with_key(&relay.url, pb))
         .await
         .expect("bind b");
-    let [for_a, for_b] = relay
-        .sessions
-        .allocate(&ka, &kb, "127.0.0.1".parse().unwrap(), 0)
-        .expect("a session for the pair");
+    let (for_a, for_b) = ferry_testkit::udp::allocate_pair(&*relay.sessions, ka, kb);
     let stop = Arc::new(AtomicBool::new(false));
     let floods = [
         flood(a.local_addr(), for_a.vni, for_a.slot, stop.clone()),

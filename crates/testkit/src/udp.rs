@@ -53,3 +53,30 @@ pub fn mixed_sizes(min: usize, max: usize) -> Vec<usize> {
     .map(|n| n.clamp(min, max))
     .collect()
 }
+
+/// A relay session for `a` and `b` straight from the session table (no
+/// DERP connection): the offers for `a` (the asker) and `b`, as a new
+/// session gives both.
+pub fn allocate_pair(
+    sessions: &dyn ferry_proto::relay_session::SessionService,
+    a: ferry_proto::key::NodePublic,
+    b: ferry_proto::key::NodePublic,
+) -> (
+    ferry_proto::relay_session::SessionOffer,
+    ferry_proto::relay_session::SessionOffer,
+) {
+    let request = ferry_proto::relay_session::AllocateRequest {
+        asker: a,
+        peer: b,
+        ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        request_id: 0,
+        conns: [1, 2],
+    };
+    let offers = sessions
+        .allocate(&request, std::time::Instant::now())
+        .expect("a session for the pair");
+    (
+        offers.asker.expect("the asker's offer"),
+        offers.peer.expect("the peer's offer"),
+    )
+}

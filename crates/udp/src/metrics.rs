@@ -359,7 +359,7 @@ impl Metrics {
             let v = self.shards.iter().map(|s| f(s)).max().unwrap_or(0);
             let _ = writeln!(o, "{name} {v}");
         }
-        let counters: [(&str, &str, CounterOf); 8] = [
+        let counters: [(&str, &str, CounterOf); 9] = [
             ("ferry_udp_sessions_opened_total", "Bounce sessions opened.", |s| s.sessions_opened.get()),
             ("ferry_udp_sessions_expired_total", "Bounce sessions closed after the idle timeout.", |s| s.sessions_expired.get()),
             ("ferry_udp_sessions_evicted_total", "Bounce sessions whose target never answered, closed at the session limit for a new client.", |s| s.sessions_evicted.get()),

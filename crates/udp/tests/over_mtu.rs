@@ -15,11 +15,11 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::relay_session::{Binder, SessionService};
+use ferry_proto::relay_session::Binder;
 use ferry_proto::udp_header::{Header, Protocol};
 use ferry_proto::wireguard::PublicKey;
 use ferry_testkit::netns::Netns;
-use ferry_testkit::udp::{mixed_sizes as sizes, send_burst};
+use ferry_testkit::udp::{allocate_pair, mixed_sizes as sizes, send_burst};
 use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
 use ferry_udp::metrics::{Drop, Metrics};
 use ferry_udp::Relay;
@@ -292,9 +292,7 @@ fn relay_sessions_carry_every_size(family: Family) {
             NodePrivate::generate().public(),
             NodePrivate::generate().public(),
         );
-        let [oa, ob] = sessions
-            .allocate(&ka, &kb, "127.0.0.1".parse().unwrap(), 0)
-            .unwrap();
+        let (oa, ob) = allocate_pair(&*sessions, ka, kb);
         let (a, b) = (socket(family), socket(family));
         bind(&a, &mut Binder::new(&oa, at, 1, Instant::now()));
         bind(&b, &mut Binder::new(&ob, at, 1, Instant::now()));

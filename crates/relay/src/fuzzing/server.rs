@@ -430,14 +430,30 @@ impl Run {
             }
             5 if self.established => match arg % 3 {
                 0 => {
+                    // Control frames others cause go in under a cap (64 B
+                    // to 8 KiB here): over it, nothing is queued.
                     let reason = PeerGoneReason::from_u8(arg >> 4);
-                    self.session.queue_peer_gone(&key(arg), reason);
-                    frame::put_peer_gone(&mut self.model.ctrl, &key(arg), reason);
+                    let cap = 64 << (arg % 8);
+                    let room = self.model.ctrl.len() < cap;
+                    let queued = self
+                        .session
+                        .queue_control(cap, |q| frame::put_peer_gone(q, &key(arg), reason));
+                    assert_eq!(queued, room, "peerGone queued over the cap");
+                    if room {
+                        frame::put_peer_gone(&mut self.model.ctrl, &key(arg), reason);
+                    }
                 }
                 1 => {
                     let addr = (arg & 4 != 0).then(|| ([10, 0, 0, arg], 4000).into());
-                    self.session.queue_peer_present(&key(arg), addr, arg >> 4);
-                    frame::put_peer_present(&mut self.model.ctrl, &key(arg), addr, arg >> 4);
+                    let cap = 64 << (arg % 8);
+                    let room = self.model.ctrl.len() < cap;
+                    let queued = self.session.queue_control(cap, |q| {
+                        frame::put_peer_present(q, &key(arg), addr, arg >> 4)
+                    });
+                    assert_eq!(queued, room, "peerPresent queued over the cap");
+                    if room {
+                        frame::put_peer_present(&mut self.model.ctrl, &key(arg), addr, arg >> 4);
+                    }
                 }
                 _ => {
                     let (ms, try_for) = (u32::from(arg) * 100, u32::from(arg) * 1000);
