@@ -7,10 +7,17 @@
 //! - [`alloc`]: the counting global allocator for no-allocation tests (it
 //!   lives in `ferry-sys`, where unsafe code is allowed; re-exported here).
 //! - [`wait`]: waiting for a condition, bounded in time.
-//! - [`http`]: plain HTTP requests and metric scraping.
+//! - [`http`]: plain HTTP requests.
+//! - [`metrics`]: reading metrics, where a missing series is an error.
+//! - [`skip`](mod@skip): skipping a test visibly, and failing instead under CI.
+//! - [`backend`]: the I/O back end of the relays a test starts, per back
+//!   end or chosen by `FERRY_TEST_IO`, and the check that they run on it.
 
+pub mod backend;
 pub mod derp;
 pub mod http;
+pub mod metrics;
+pub mod skip;
 pub mod tls;
 pub mod wait;
 

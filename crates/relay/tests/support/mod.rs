@@ -10,7 +10,8 @@ use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions
 pub(crate) use ferry_testkit::derp::{
     config, connect_tls, dial, info, tls_over, Client, Tls, Transport,
 };
-pub(crate) use ferry_testkit::http::{http, metric, metric_in};
+pub(crate) use ferry_testkit::http::http;
+pub(crate) use ferry_testkit::metrics::{metric, metric_in, Scrape};
 pub(crate) use ferry_testkit::wait::eventually;
 
 /// A relay on 127.0.0.1 with `workers` shards and `tweak` applied.
