@@ -603,9 +603,8 @@ fn a_wrong_link_key_on_one_side_is_logged_on_both() {
 }
 
 /// Sends `count` datagrams of `size` bytes and one of `last` bytes from
-/// `from` to `to` as one UDP GSO train when the kernel has GSO (else one
-/// `sendmmsg` of single datagrams), as wireguard-go sends a TCP window;
-/// returns them.
+/// `from` to `to` as one UDP GSO train, as wireguard-go sends a TCP window;
+/// returns them. The caller checked that the kernel has GSO.
 fn send_train(
     from: &UdpSocket,
     to: SocketAddr,
@@ -622,7 +621,6 @@ fn send_train(
         })
         .collect();
     let bytes = datagrams.concat();
-    let gso = ferry_sys::gso::probe(from.as_fd()).gso;
     let mut spans = Vec::new();
     let mut at = 0;
     for d in &datagrams {
@@ -632,27 +630,16 @@ fn send_train(
         });
         at += d.len();
     }
-    let msgs: Vec<OutMsg> = if gso {
-        vec![OutMsg {
-            dst: Some(to),
-            first: 0,
-            count: spans.len(),
-            segment: size as u16,
-        }]
-    } else {
-        (0..spans.len())
-            .map(|i| OutMsg {
-                dst: Some(to),
-                first: i,
-                count: 1,
-                segment: 0,
-            })
-            .collect()
-    };
+    let msgs = [OutMsg {
+        dst: Some(to),
+        first: 0,
+        count: spans.len(),
+        segment: size as u16,
+    }];
     let sent = SendBatch::new()
         .send(from.as_fd(), &bytes, &spans, &msgs)
         .unwrap();
-    assert_eq!(sent, msgs.len());
+    assert_eq!(sent, 1, "the train went out as one GSO message");
     datagrams
 }
 
@@ -660,9 +647,15 @@ fn send_train(
 /// Linux): the link reads it whole (GRO on its socket), carries each
 /// datagram, and the other side's WireGuard receives them one by one, cut
 /// at the segment size, in order, from the endpoint standing for the
-/// sender; both ways, on the direct path and over DERP.
+/// sender; both ways, on the direct path and over DERP. Where the kernel
+/// has no UDP GSO there is no train to send: a skip, which fails under CI.
 #[test]
 fn a_gso_train_from_wireguard_arrives_as_its_datagrams() {
+    use std::os::fd::AsFd;
+    let offloads = ferry_sys::gso::probe(wireguard().as_fd());
+    if !(offloads.gso && offloads.gro) {
+        return ferry_testkit::skip!("this kernel lacks UDP GSO or GRO ({offloads:?})");
+    }
     let server = derp::TestServer::start(derp::Kind::Ferry, None);
     for (extra, path) in [("", "direct"), ("only = \"derp\"\n", "derp")] {
         let dir = TempDir::new("link-train");

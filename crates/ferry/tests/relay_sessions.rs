@@ -287,17 +287,19 @@ async fn clients_that_did_not_ask_see_nothing_and_are_refused_as_peers() {
     server.stop();
 }
 
+/// derper, or a skip (a failure under CI) when it is not there.
 fn derper_bin() -> Option<PathBuf> {
     let p = std::env::var_os("FERRY_DERPER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../interop/bin/derper"));
-    match p.is_file() {
-        true => Some(p),
-        false if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("derper is required under CI=true: none at {}", p.display())
-        }
-        false => None,
+    if p.is_file() {
+        return Some(p);
     }
+    ferry_testkit::skip!(
+        "no derper binary at {} (.ci/setup.d/21-derper.sh, or set FERRY_DERPER_BIN)",
+        p.display()
+    );
+    None
 }
 
 struct Derper(Child);
@@ -311,10 +313,7 @@ impl Drop for Derper {
 
 #[tokio::test]
 async fn derper_offers_no_sessions_and_relays_as_before() {
-    let Some(bin) = derper_bin() else {
-        eprintln!("SKIPPED: no derper binary (interop/bin/derper or FERRY_DERPER_BIN)");
-        return;
-    };
+    let Some(bin) = derper_bin() else { return };
     let dir = TempDir::new("relay-sessions-derper");
     let addr: SocketAddr = format!("127.0.0.1:{}", support::free_tcp_port())
         .parse()

@@ -463,12 +463,7 @@ impl Forger {
 #[test]
 fn sessions_across_namespaces_shrug_off_a_third_namespace_and_expire_when_idle() {
     if let Some(why) = why_not() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: the relay-session namespace test must run here: {why}"
-        );
-        eprintln!("SKIPPED: relay sessions in namespaces: {why}");
-        return;
+        return ferry_testkit::skip!("relay sessions in namespaces: {why}");
     }
     let mut names = Namespaces(Vec::new());
     let (r_name, a_name, b_name, m_name) = (

@@ -29,11 +29,8 @@ pub(crate) enum Kind {
 pub(crate) fn kinds() -> Vec<Kind> {
     match derper_bin() {
         Ok(_) => vec![Kind::Ferry, Kind::Derper],
-        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("derper is required under CI=true: {why}")
-        }
         Err(why) => {
-            eprintln!("SKIPPED the derper half of this test: {why}");
+            ferry_testkit::skip!("the derper half of this test: {why}");
             vec![Kind::Ferry]
         }
     }
