@@ -14,7 +14,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use ferry_proto::key::NodePrivate;
-use support::{ferry, free_tcp_port, get, run, Ferry, TempDir, T};
+use support::{ferry, free_tcp_port, run, Ferry, TempDir, T};
 
 /// A loopback UDP address that was free a moment ago.
 fn free_udp() -> SocketAddr {
@@ -75,30 +75,17 @@ impl Side {
         path
     }
 
-    /// Waits until `sample` is at least `want`; panics naming `what`
-    /// after [`T`].
+    /// Waits until `sample` is there and at least `want`; panics naming
+    /// `what` after [`T`].
     fn wait_metric(&self, sample: &str, want: u64, what: &str) {
-        let deadline = Instant::now() + T;
-        while self.metric(sample) < want {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {sample} stayed below {want}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        ferry_testkit::metrics::wait_metric(self.metrics, "/metrics", sample, T, what, |v| {
+            v >= want as f64
+        });
     }
 
-    /// One metric sample's value (0 when absent).
+    /// One metric sample's value; a missing sample fails the test.
     fn metric(&self, sample: &str) -> u64 {
-        let body = get(self.metrics, "/metrics");
-        body.lines()
-            .find_map(|l| {
-                l.strip_prefix(sample)?
-                    .strip_prefix(' ')?
-                    .parse::<f64>()
-                    .ok()
-            })
-            .map_or(0, |v| v as u64)
+        ferry_testkit::metrics::Scrape::fetch(self.metrics, "/metrics").value(sample) as u64
     }
 }
 
@@ -668,6 +655,10 @@ fn a_gso_train_from_wireguard_arrives_as_its_datagrams() {
         }
         carried(&a.wg, a.peer_endpoint, &b.wg, b"first a to b");
         carried(&b.wg, b.peer_endpoint, &a.wg, b"first b to a");
+        let sample = format!(
+            "ferry_link_peer_packets_total{{peer=\"b\",direction=\"to_peer\",path=\"{path}\"}}"
+        );
+        let mut before = None;
         for (round, (from, to, at, src)) in [
             (&a.wg, a.peer_endpoint, &b.wg, b.peer_endpoint),
             (&b.wg, b.peer_endpoint, &a.wg, a.peer_endpoint),
@@ -675,9 +666,13 @@ fn a_gso_train_from_wireguard_arrives_as_its_datagrams() {
         .into_iter()
         .enumerate()
         {
-            // Anything still on its way from `carried` goes first.
+            // Anything still on its way from `carried` goes first (and is
+            // counted by then: A's link counts before B's socket gets it).
             let mut buf = [0u8; 2048];
             while at.recv_from(&mut buf).is_ok() {}
+            if round == 0 {
+                before = Some(a.metric(&sample));
+            }
             let sent = send_train(from, to, 30, 1000, 300);
             let mut got = Vec::new();
             let deadline = Instant::now() + T;
@@ -689,10 +684,14 @@ fn a_gso_train_from_wireguard_arrives_as_its_datagrams() {
             }
             assert_eq!(got, sent, "{path} round {round}: every datagram, in order");
         }
-        let sample = format!(
-            "ferry_link_peer_packets_total{{peer=\"b\",direction=\"to_peer\",path=\"{path}\"}}"
+        // A's side of the train: its 31 datagrams, all on this path.
+        let want = before.expect("round 0 ran") + 31;
+        a.wait_metric(&sample, want, "the train counted on its path");
+        assert_eq!(
+            a.metric(&sample),
+            want,
+            "{path}: the train, on {path} alone"
         );
-        a.wait_metric(&sample, 31, "the train counted on its path");
         la.stop();
         lb.stop();
     }

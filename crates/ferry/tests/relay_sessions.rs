@@ -18,7 +18,7 @@ use ferry_client::{DerpClient, Error, Event};
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason};
 use support::sessions::{data, next, offer, options};
-use support::{ferry, get, url_addr, Ferry, TempDir, T};
+use support::{ferry, url_addr, Ferry, TempDir, T};
 use tokio::net::UdpSocket;
 
 /// `ferry` with relay sessions on a port the system picks, two shards (so
@@ -80,12 +80,9 @@ async fn recv(sock: &UdpSocket) -> (Vec<u8>, SocketAddr) {
     (buf[..n].to_vec(), from)
 }
 
-/// One counter's value from the metrics page.
+/// One counter's value from the metrics page; a missing one fails the test.
 fn metric(addr: SocketAddr, series: &str) -> u64 {
-    let page = get(addr, "/metrics");
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in:\n{page}"))
+    ferry_testkit::metrics::Scrape::fetch(addr, "/metrics").value(series) as u64
 }
 
 /// Waits until the drop counter for `reason` reaches `n`; bounded.

@@ -277,16 +277,12 @@ fn peer_udp_drops(ns: &str) -> u64 {
 /// The relay's `ferry_udp_relay_session*` series, by name with labels.
 fn counters(r: &Ns, metrics: SocketAddr) -> BTreeMap<String, u64> {
     let page = r.run(async move { get(metrics, "/metrics") });
-    let series: BTreeMap<String, u64> = page
-        .lines()
-        .filter(|l| l.starts_with("ferry_udp_relay_session"))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect();
-    assert!(!series.is_empty(), "no session metrics in:\n{page}");
-    series
+    let body = page.split_once("\r\n\r\n").map_or(&page[..], |(_, b)| b);
+    ferry_testkit::metrics::Scrape::parse(body)
+        .series_with_prefix("ferry_udp_relay_session")
+        .into_iter()
+        .map(|(k, v)| (k, v as u64))
+        .collect()
 }
 
 fn drop_series(reason: &str) -> String {
