@@ -1,5 +1,4 @@
-//! Backpressure over TLS (rustls in userspace), with whatever back end
-//! `FERRY_IO` selects (the suite runs this file with each): the cases of
+//! Backpressure over TLS (rustls in userspace), on each back end: the cases of
 //! relay.rs's plain-TCP backpressure tests that matter, with every client
 //! speaking TLS. A slow reader pauses its sender and resumes it with no
 //! packet lost, on one shard and across two; a paused sender holds up no
@@ -51,7 +50,6 @@ const DROPPED_HEAD: &str = "derp_packets_dropped{kind=\"other\",reason=\"queue_h
 /// A reader that falls behind slows its sender down instead of losing its
 /// packets: the sender is paused and resumed, and every packet arrives, in
 /// order. On one shard, and with sender and reader on different shards.
-#[test]
 fn slow_tls_reader_gets_backpressure_not_loss() {
     for (workers, sender_shard, reader_shard) in [(1, 0, 0), (2, 0, 0), (2, 0, 1)] {
         let case = format!("workers={workers}, sender on {sender_shard}, reader on {reader_shard}");
@@ -145,7 +143,6 @@ impl Flood {
 /// One heavy sender held back by a reader that does not keep up holds up
 /// no one else: another pair, on the heavy sender's shard and the slow
 /// reader's, relays packet after packet while it is paused.
-#[test]
 fn tls_backpressure_is_per_sender() {
     let (server, addr) = start_tls(2, |cfg| {
         cfg.send_queue_bytes = 32 * 1024;
@@ -176,7 +173,6 @@ fn tls_backpressure_is_per_sender() {
 /// dropped at the tail, the sender's shard drops them itself instead of
 /// carrying them through the ring, and the sender's traffic to a healthy
 /// receiver on that shard goes on.
-#[test]
 fn tls_packets_to_a_stuck_receiver_are_dropped_past_the_budget() {
     let (server, addr) = start_tls(2, |cfg| {
         cfg.send_queue_bytes = 64 * 1024;
@@ -213,3 +209,9 @@ fn tls_packets_to_a_stuck_receiver_are_dropped_past_the_budget() {
     drop(slow);
     stop(server);
 }
+
+ferry_testkit::per_backend!(
+    slow_tls_reader_gets_backpressure_not_loss,
+    tls_backpressure_is_per_sender,
+    tls_packets_to_a_stuck_receiver_are_dropped_past_the_budget,
+);

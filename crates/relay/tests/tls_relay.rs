@@ -14,7 +14,6 @@ use std::time::Duration;
 use ferry_proto::key::NodePrivate;
 use support::{connect_tls, tls_over};
 
-#[test]
 fn tls_relays_with_kernel_tls_switched_on() {
     let (server, addr) = support::start(2, |cfg| {
         let setup = support::self_signed_tls(cfg);
@@ -87,7 +86,6 @@ fn tls_relays_with_kernel_tls_switched_on() {
 /// Fast start (§4.4) as tailscaled does it once the meta-certificate gave
 /// it the server key: request and clientInfo in one write, no 101, and the
 /// relay goes straight to serverKey and serverInfo.
-#[test]
 fn fast_start_client_over_tls() {
     let mut server_key = None;
     let (server, addr) = support::start(2, |cfg| {
@@ -118,7 +116,6 @@ fn fast_start_client_over_tls() {
 
 /// DERP over WebSocket over TLS: the upgrade, the DERP handshake in masked
 /// binary frames, and packets both ways with a raw DERP-over-TLS client.
-#[test]
 fn websocket_over_tls_relays_with_raw_clients() {
     use std::io::{Read, Write};
     use std::ops::ControlFlow;
@@ -236,3 +233,9 @@ fn websocket_over_tls_relays_with_raw_clients() {
     );
     support::stop(server);
 }
+
+ferry_testkit::per_backend!(
+    tls_relays_with_kernel_tls_switched_on,
+    fast_start_client_over_tls,
+    websocket_over_tls_relays_with_raw_clients,
+);

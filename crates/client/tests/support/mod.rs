@@ -4,8 +4,11 @@
 //!
 //! derper is looked for in `FERRY_DERPER_BIN`, then `interop/bin/derper`
 //! (where the interop suite and `.ci/setup.d/21-derper.sh` build it), then
-//! `~/go/bin/derper`. Without it the tests fail under `CI=true` and say
-//! they skipped derper otherwise.
+//! `~/go/bin/derper`. Without it the tests fail under `CI=true` and skip
+//! their derper half otherwise (`ferry_testkit::skip!`).
+//!
+//! Ferry runs on the back end `FERRY_TEST_IO` names, else the default, and
+//! must report that it does ([`ferry_testkit::backend`]).
 #![allow(dead_code)]
 
 use ferry_client::{DerpClient, Event};
@@ -130,6 +133,17 @@ impl TestCa {
     }
 }
 
+/// Checks that an in-process Ferry started with `io` runs on the back end
+/// that gives.
+pub(crate) fn check_backend(server: &Server, io: ferry_engine::IoMode) {
+    ferry_testkit::backend::check(
+        &ferry_testkit::skip::test_name(env!("CARGO_PKG_NAME"), module_path!()),
+        "in-process ferry",
+        io,
+        server.metrics().backend,
+    );
+}
+
 /// A running DERP server.
 pub(crate) struct TestServer {
     pub(crate) kind: Kind,
@@ -233,10 +247,7 @@ impl TestServer {
             cfg.tls = Some(setup.config);
         }
         (self.tweak)(&mut cfg);
-        let io = std::env::var("FERRY_IO")
-            .ok()
-            .map(|v| v.parse().expect("FERRY_IO: auto, uring or epoll"))
-            .unwrap_or_default();
+        let io = ferry_testkit::backend::mode();
         let options = ServerOptions {
             config: cfg,
             listeners: vec![ListenerSpec {
@@ -255,6 +266,7 @@ impl TestServer {
         loop {
             match Server::start(options.clone()) {
                 Ok(server) => {
+                    check_backend(&server, io);
                     self.ferry = Some(server);
                     return;
                 }
