@@ -5,7 +5,9 @@
 //! Ferry's layer cleanly (close_notify, as kTLS started from rustls's
 //! buffered connection does) and is followed by rustls; a record that
 //! fails authentication gets a bad_record_mac alert and the end; a TLS
-//! 1.2 client stays on rustls and relays as well.
+//! 1.2 client stays on rustls and relays as well. Each case checks which
+//! layer carries its sessions (`ferry_connections_by_transport`), so that
+//! a session on the wrong one fails it.
 
 mod support;
 
@@ -46,6 +48,23 @@ fn relay_burst(a: &mut Client<Tls>, b: &mut Client<Tls>, n: u32, len: usize) {
     }
 }
 
+/// Checks that `n` sessions are on the layer `records` makes them use
+/// (`ferry_records` or `rustls`) and none on the other.
+fn assert_on(server: &Server, records: TlsRecords, n: usize, what: &str) {
+    let (on, other) = match records {
+        TlsRecords::Ferry => ("ferry_records", "rustls"),
+        TlsRecords::Rustls => ("rustls", "ferry_records"),
+    };
+    assert_eq!(
+        (
+            support::on_transport(server, on),
+            support::on_transport(server, other)
+        ),
+        (n as f64, 0.0),
+        "{what}: sessions on {on} and on {other}"
+    );
+}
+
 /// How the server ended the session: `Ok(())` after its close_notify
 /// (the stream's clean end), `Err` with the TLS error otherwise.
 fn end_of(c: &mut Client<Tls>) -> Result<(), String> {
@@ -61,7 +80,6 @@ fn end_of(c: &mut Client<Tls>) -> Result<(), String> {
     }
 }
 
-#[test]
 fn both_record_layers_relay_every_size() {
     for records in LAYERS {
         let (server, addr) = start(records);
@@ -70,18 +88,19 @@ fn both_record_layers_relay_every_size() {
         for (n, len) in [(200, 4), (200, 1400), (40, 16_000), (8, 64 * 1024 - 100)] {
             relay_burst(&mut a, &mut b, n, len);
             relay_burst(&mut b, &mut a, n, len);
+            assert_on(&server, records, 2, &format!("{records:?}, {len} B"));
         }
         support::stop(server);
     }
 }
 
-#[test]
 fn a_peers_key_update_ends_ferrys_session_cleanly_and_rustls_follows_it() {
     for records in LAYERS {
         let (server, addr) = start(records);
         let mut a = connect_tls(addr);
         let mut b = connect_tls(addr);
         relay_burst(&mut a, &mut b, 10, 100);
+        assert_on(&server, records, 2, &format!("{records:?}"));
         a.stream.conn.refresh_traffic_keys().expect("a KeyUpdate");
         a.send(&b.public, b"after the key update");
         match records {
@@ -101,12 +120,12 @@ fn a_peers_key_update_ends_ferrys_session_cleanly_and_rustls_follows_it() {
     }
 }
 
-#[test]
 fn a_forged_record_gets_bad_record_mac() {
     let (server, addr) = start(TlsRecords::Ferry);
     let mut a = connect_tls(addr);
     let mut b = connect_tls(addr);
     relay_burst(&mut a, &mut b, 10, 100);
+    assert_on(&server, TlsRecords::Ferry, 2, "before the forged record");
     // A well-framed record whose tag cannot be right.
     let mut forged = vec![23, 3, 3, 0, 40];
     forged.extend_from_slice(&[0x5a; 40]);
@@ -138,7 +157,6 @@ fn connect_tls12(addr: std::net::SocketAddr) -> Client<Tls> {
     c
 }
 
-#[test]
 fn a_tls12_client_stays_on_rustls_and_relays() {
     let (server, addr) = start(TlsRecords::Ferry);
     let mut a = connect_tls12(addr);
@@ -146,6 +164,22 @@ fn a_tls12_client_stays_on_rustls_and_relays() {
     for (n, len) in [(100, 4), (40, 16_000)] {
         relay_burst(&mut a, &mut b, n, len);
         relay_burst(&mut b, &mut a, n, len);
+        // The TLS 1.3 client moved to Ferry's layer, the TLS 1.2 one did not.
+        assert_eq!(
+            (
+                support::on_transport(&server, "rustls"),
+                support::on_transport(&server, "ferry_records")
+            ),
+            (1.0, 1.0),
+            "{len} B: one session on each layer"
+        );
     }
     support::stop(server);
 }
+
+ferry_testkit::per_backend!(
+    both_record_layers_relay_every_size,
+    a_peers_key_update_ends_ferrys_session_cleanly_and_rustls_follows_it,
+    a_forged_record_gets_bad_record_mac,
+    a_tls12_client_stays_on_rustls_and_relays,
+);

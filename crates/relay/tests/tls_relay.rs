@@ -3,8 +3,10 @@
 //! cannot read kTLS records (io_uring), every connection must be refused,
 //! counted, and keep relaying in userspace; where both can, the sessions
 //! move into the kernel and relay the same way (the kernel test VM,
-//! scripts/test.d/55-vm.sh, runs this on both back ends). A fast-start
-//! client (request and clientInfo in one write, no 101) relays too.
+//! scripts/test.d/55-vm.sh, runs this on both back ends). A session refused
+//! by the kernel stays on rustls's record layer (Ferry's own layer is only
+//! for sessions that never try kTLS). A fast-start client (request and
+//! clientInfo in one write, no 101) relays too.
 
 mod support;
 
@@ -67,7 +69,8 @@ fn tls_relays_with_kernel_tls_switched_on() {
     let required = std::env::var_os("FERRY_REQUIRE_KTLS").is_some_and(|v| v == "1");
     match kernel {
         Ok(()) if backend == "epoll" => {
-            assert_eq!(ktls, 2.0, "both sessions moved into the kernel")
+            assert_eq!(ktls, 2.0, "both sessions moved into the kernel");
+            assert_eq!(support::on_transport(&server, "rustls"), 0.0);
         }
         Err(why) if required => panic!("FERRY_REQUIRE_KTLS=1, but {why}"),
         _ => {
@@ -77,6 +80,14 @@ fn tls_relays_with_kernel_tls_switched_on() {
             assert_eq!(
                 refused, 2.0,
                 "each connection tried, was refused for {expected:?}, and was counted"
+            );
+            assert_eq!(
+                (
+                    support::on_transport(&server, "rustls"),
+                    support::on_transport(&server, "ferry_records")
+                ),
+                (2.0, 0.0),
+                "sessions refused by the kernel stay on rustls"
             );
         }
     }
