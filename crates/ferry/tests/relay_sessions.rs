@@ -293,7 +293,7 @@ fn derper_bin() -> Option<PathBuf> {
         return Some(p);
     }
     ferry_testkit::skip!(
-        "no derper binary at {} (.ci/setup.d/21-derper.sh, or set FERRY_DERPER_BIN)",
+        "no derper binary at {} (.ci/setup.d/10-derper.sh, or set FERRY_DERPER_BIN)",
         p.display()
     );
     None

@@ -3,7 +3,7 @@
 //! plain HTTP or TLS with a certificate from a test CA.
 //!
 //! derper is looked for in `FERRY_DERPER_BIN`, then `interop/bin/derper`
-//! (where the interop suite and `.ci/setup.d/21-derper.sh` build it), then
+//! (where the interop suite and `.ci/setup.d/10-derper.sh` build it), then
 //! `~/go/bin/derper`. Without it the tests fail under `CI=true` and skip
 //! their derper half otherwise (`ferry_testkit::skip!`).
 //!
@@ -55,7 +55,7 @@ fn derper_bin() -> Result<PathBuf, String> {
     }
     candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
         format!(
-            "no derper binary at {} (build it with .ci/setup.d/21-derper.sh, or set FERRY_DERPER_BIN)",
+            "no derper binary at {} (build it with .ci/setup.d/10-derper.sh, or set FERRY_DERPER_BIN)",
             candidates
                 .iter()
                 .map(|p| p.display().to_string())
