@@ -58,7 +58,10 @@ fn slow_tls_reader_gets_backpressure_not_loss() {
             cfg.write_timeout = Some(Duration::from_secs(20));
         });
         let mut sender = client(addr, sender_shard, workers, None);
-        let mut reader = client(addr, reader_shard, workers, None);
+        // A small receive buffer, fixed (no autotuning, which here may grow
+        // to tcp_rmem's 32 MiB and take the whole stream): the relay's
+        // queue fills, as relay.rs's plain-TCP case has it.
+        let mut reader = client(addr, reader_shard, workers, Some(4096));
         let reader_key = reader.public;
         const N: u32 = 3000;
         let writer = std::thread::spawn(move || {
