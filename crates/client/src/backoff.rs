@@ -95,6 +95,21 @@ mod tests {
         assert!(b.next_delay() <= Duration::from_millis(100));
     }
 
+    /// The default schedule the README states: 100 ms doubling to 10 s.
+    #[test]
+    fn the_default_schedule_is_100_ms_doubling_to_10_s() {
+        let mut b = Backoff::new(&BackoffOptions {
+            seed: Some(3),
+            ..BackoffOptions::default()
+        });
+        let nominal = [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000];
+        for n in nominal {
+            let d = b.next_delay();
+            let n = Duration::from_millis(n);
+            assert!(d >= n / 2 && d <= n, "{d:?} outside [{:?}, {n:?}]", n / 2);
+        }
+    }
+
     #[test]
     fn the_seed_fixes_the_schedule_and_jitter_varies() {
         let run = |seed| {

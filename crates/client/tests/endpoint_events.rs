@@ -14,7 +14,7 @@ use ferry_client::{
     BackoffOptions, Endpoint, EndpointEvent, EndpointOptions, Options, PathKind, PeerOptions,
     RelayOptions,
 };
-use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::key::NodePrivate;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -259,14 +259,21 @@ async fn relay_sessions_start_once_a_late_relay_is_up() {
     delivered(&a, &b, "over the relay session").await;
 }
 
-/// A peer that leaves its relay is reported gone (the relay's peerGone,
-/// as a peer this side sent to), once; when it comes back with the same
-/// key, its first authenticated message reports it present. Against Ferry
-/// only: with derper the peerGone did not come within 10 s in about one
-/// run out of six under load (not understood yet).
+/// A peer that leaves its relay is reported gone (the relay's peerGone),
+/// once; when it comes back with the same key, its first authenticated
+/// message reports it present. Against Ferry and derper.
+///
+/// Both relays send peerGone for a client that left only to the clients
+/// that received packets from it (derper: a watcher its send loop
+/// registers for each source it wrote a packet from; Ferry: the receivers
+/// of a key). So B first sends to A, and A gets it, before B leaves. (B's
+/// own first ping over DERP does not do: it goes out as soon as B's
+/// connection is up, and is dropped when A's is not registered yet, which
+/// against derper, slower to register a client than the in-process Ferry,
+/// happened in about one run in five under load.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_leaving_its_relay_is_gone_then_present() {
-    for kind in [Kind::Ferry] {
+    for kind in kinds() {
         let server = TestServer::start(kind, None);
         let url = server.url();
         let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
@@ -280,24 +287,17 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
         a.add_peer(kb.public(), only_derp);
         b.add_peer(ka.public(), only_derp);
         delivered(&a, &b, &format!("{kind:?}")).await;
+        // A received from B: the relay will tell A when B leaves.
+        delivered(&b, &a, &format!("{kind:?}: back")).await;
         drop(b);
-        let gone = |e: &EndpointEvent, k: &NodePublic| matches!(e, EndpointEvent::PeerGone { peer, .. } if peer == k);
         let pk = kb.public();
-        // The relay tells senders to a peer that left; keep sending (a
-        // stock derper tells only those that sent recently).
-        let deadline = tokio::time::Instant::now() + QUICK;
-        loop {
-            let _ = a.send(&pk, b"anyone?");
-            match tokio::time::timeout(Duration::from_millis(100), events.recv()).await {
-                Ok(Ok(e)) if gone(&e, &pk) => break,
-                Ok(Ok(_)) | Err(_) => {}
-                Ok(Err(e)) => panic!("{kind:?}: {e}"),
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{kind:?}: no peerGone"
-            );
-        }
+        event(
+            &mut events,
+            QUICK,
+            &format!("{kind:?}: peerGone"),
+            |e| matches!(e, EndpointEvent::PeerGone { peer, .. } if *peer == pk),
+        )
+        .await;
         let b = Endpoint::bind(options(&url, kb.clone())).await.unwrap();
         b.add_peer(ka.public(), only_derp);
         event(
@@ -316,9 +316,8 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
 /// directly both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wildcard_ipv6_endpoint_is_dual_stack() {
-    if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        eprintln!("no IPv6 on this host: nothing to test");
-        return;
+    if let Err(e) = std::net::UdpSocket::bind("[::1]:0") {
+        return ferry_testkit::skip!("no IPv6 on this host ({e})");
     }
     let server = TestServer::start(Kind::Ferry, None);
     let a = Endpoint::bind(options_at(&server.url(), NodePrivate::generate(), "[::]:0"))

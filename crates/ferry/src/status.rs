@@ -390,7 +390,7 @@ pub(crate) fn run(args: &StatusArgs) -> Result<()> {
 mod tests {
     use super::*;
 
-    const DERP: &str = "# TYPE derp_bytes_received counter\nderp_bytes_received 1000\nderp_bytes_sent 500\nderp_packets_received 10\nderp_packets_sent 5\nferry_connections_by_transport{transport=\"tls\"} 3\nferry_connections_by_transport{transport=\"plain\"} 1\nderp_packets_dropped{reason=\"queue_tail\",kind=\"other\"} 7\nderp_packets_dropped{reason=\"queue_tail\",kind=\"disco\"} 1\nderp_packets_dropped{reason=\"gone\",kind=\"other\"} 0\nferry_io_backend{backend=\"uring\",reason=\"io_uring available\"} 1\nversion{version=\"0.1.0\",binary=\"ferry\"} 1\nuptime_sec 42\nferry_admission_decisions_total{result=\"reject\",reason=\"denied\"} 2\n";
+    const DERP: &str = "# TYPE derp_bytes_received counter\nderp_bytes_received 1000\nderp_bytes_sent 500\nderp_packets_received 10\nderp_packets_sent 5\nferry_connections_by_transport{transport=\"ferry_records\"} 3\nferry_connections_by_transport{transport=\"plain\"} 1\nderp_packets_dropped{reason=\"queue_tail\",kind=\"other\"} 7\nderp_packets_dropped{reason=\"queue_tail\",kind=\"disco\"} 1\nderp_packets_dropped{reason=\"gone\",kind=\"other\"} 0\nferry_io_backend{backend=\"uring\",reason=\"io_uring available\"} 1\nversion{version=\"0.1.0\",binary=\"ferry\"} 1\nuptime_sec 42\nferry_admission_decisions_total{result=\"reject\",reason=\"denied\"} 2\n";
 
     #[test]
     fn a_derp_view_from_two_scrapes() {
@@ -404,14 +404,14 @@ mod tests {
         assert_eq!(v.kind, "derp");
         assert_eq!(v.bytes_in_per_second, Some(1000.0));
         assert_eq!(v.packets_out_per_second, Some(10.0));
-        assert_eq!(v.connections.get("tls"), Some(&3.0));
+        assert_eq!(v.connections.get("ferry_records"), Some(&3.0));
         assert_eq!(v.drops.get("queue_tail"), Some(&8.0));
         assert!(!v.drops.contains_key("gone"));
         assert_eq!(v.backend.as_deref(), Some("uring"));
         assert_eq!(v.version.as_deref(), Some("0.1.0"));
         assert_eq!(v.admission.get("reject:denied"), Some(&2.0));
         let t = text("x", &v);
-        assert!(t.contains("connections  plain 1, tls 3"), "{t}");
+        assert!(t.contains("connections  ferry_records 3, plain 1"), "{t}");
         assert!(t.contains("in           8.0 kbit/s  0.0 pkt/s"), "{t}");
         assert!(t.contains("out          0.0 bit/s  10.0 pkt/s"), "{t}");
         assert!(t.contains("drops        queue_tail 8"), "{t}");

@@ -251,11 +251,8 @@ fn accept_limit_closes_the_excess_at_once() {
     let n = c.read(&mut buf).unwrap_or(0);
     assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
     // The metrics listener is not limited, and counts the refusal.
-    let metrics = get(metrics_at, "/metrics");
-    assert!(
-        metrics.contains("\ntls_listener_rejected_connections 1\n"),
-        "{metrics}"
-    );
+    let metrics = ferry_testkit::metrics::Scrape::fetch(metrics_at, "/metrics");
+    assert_eq!(metrics.value("tls_listener_rejected_connections"), 1.0);
     f.stop();
 }
 

@@ -99,12 +99,9 @@ fn initiation(sender: u32, to: &str) -> Vec<u8> {
     m
 }
 
-/// The value of the first metric line starting with `series` (0 if absent).
+/// The value of `series`; a series that is not there fails the test.
 fn metric(metrics: SocketAddr, series: &str) -> u64 {
-    let page = get(metrics, "/metrics");
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0)
+    ferry_testkit::metrics::Scrape::fetch(metrics, "/metrics").value(series) as u64
 }
 
 /// Sends `datagram` from `from` to the hub until `done` holds (each try
@@ -171,7 +168,7 @@ fn sighup_applies_hub_peers_and_limits_and_names_what_needs_a_restart() {
     let relay = bound(&mut f, "bounce[0].listen[0]");
     let hub = bound(&mut f, "hub.listen[0]");
     let metrics = support::url_addr(&f.field("metrics", "url"));
-    let peers = |m| metric(m, "ferry_udp_hub_peers ");
+    let peers = |m| metric(m, "ferry_udp_hub_peers");
     let unknown = |m| metric(m, "ferry_udp_drops_total{reason=\"unknown_recipient\"}");
     let limited = |m| metric(m, "ferry_udp_drops_total{reason=\"rate_limited\"}");
     assert_eq!(peers(metrics), 2);
@@ -303,8 +300,7 @@ fn capped_buffers_warn_with_the_sysctl_fix() {
     // More than the system allows, asked for without CAP_NET_ADMIN.
     let ask = (max("rmem_max").max(max("wmem_max")) * 2).min(1 << 30);
     if ask >= 1 << 30 {
-        eprintln!("skipped: net.core.[rw]mem_max is too large to exceed");
-        return;
+        return ferry_testkit::skip!("net.core.[rw]mem_max is too large to exceed");
     }
     let ask = ask.to_string();
     let target = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -213,6 +213,9 @@ pub struct ShardMetrics {
     pub tls_sockets: Gauge,
     /// Of those, with the TLS record layer in the kernel.
     pub ktls_sockets: Gauge,
+    /// Of those, on Ferry's own TLS record layer (the rest of the TLS
+    /// sockets are on rustls's).
+    pub records_sockets: Gauge,
     /// Moves into kernel TLS that did not happen, by reason.
     pub ktls_refused: [Counter; KtlsRefusal::COUNT],
     /// Keys with more than one connection.
@@ -780,13 +783,18 @@ impl Metrics {
             "Open client sockets in any phase.",
             self.sum_gauge(|s| s.open_sockets.get()),
         );
-        let _ = writeln!(w, "# HELP ferry_connections_by_transport Open client sockets by transport.\n# TYPE ferry_connections_by_transport gauge");
+        let _ = writeln!(w, "# HELP ferry_connections_by_transport Open client sockets by transport: plain TCP, or TLS whose record layer is rustls's (the handshake, TLS 1.2, --tls-records rustls, a session kept out of the kernel), Ferry's own, or the kernel's.\n# TYPE ferry_connections_by_transport gauge");
         let tls = self.sum_gauge(|s| s.tls_sockets.get());
         let ktls = self.sum_gauge(|s| s.ktls_sockets.get());
+        let records = self.sum_gauge(|s| s.records_sockets.get());
         let _ = writeln!(
             w,
-            "ferry_connections_by_transport{{transport=\"tls\"}} {}",
-            tls - ktls
+            "ferry_connections_by_transport{{transport=\"rustls\"}} {}",
+            tls - ktls - records
+        );
+        let _ = writeln!(
+            w,
+            "ferry_connections_by_transport{{transport=\"ferry_records\"}} {records}"
         );
         let _ = writeln!(
             w,

@@ -90,6 +90,11 @@ impl Transport {
         matches!(self, Transport::Kernel(_))
     }
 
+    /// Whether the record layer is Ferry's own.
+    pub fn is_records(&self) -> bool {
+        matches!(self, Transport::Records(_))
+    }
+
     /// Takes the userspace session out (leaving [`Transport::Plain`]) so
     /// that it can be driven while the connection is borrowed elsewhere;
     /// [`Transport::put_user`] puts it back.

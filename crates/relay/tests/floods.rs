@@ -18,7 +18,8 @@ use ferry_proto::websocket;
 use ferry_relay::shard::MeshNews;
 use ferry_relay::RelayConfig;
 use ferry_udp::session::{Limits, Sessions};
-use support::sim::{meshed, strict_metric, ws_client, ws_frames, Sim, MS};
+use support::sim::{meshed, ws_client, ws_frames, Sim, MS};
+use support::Scrape;
 
 /// One test at a time: some measure the heap.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -155,10 +156,8 @@ fn an_allocate_flood_closes_the_flooder_and_spares_its_peer() {
     let mut text = String::new();
     sessions.render(&mut text);
     assert_eq!(
-        strict_metric(
-            &text,
-            "ferry_udp_relay_session_events_total{event=\"repeat_unanswered\"}"
-        ),
+        Scrape::parse(text)
+            .value("ferry_udp_relay_session_events_total{event=\"repeat_unanswered\"}"),
         31.0,
         "the rest of the burst: repeats within the interval, unanswered"
     );
@@ -374,12 +373,13 @@ fn the_new_series_exist_from_the_start() {
     }
     let mut text = String::new();
     sessions.render(&mut text);
+    let scrape = Scrape::parse(text);
     for series in [
         "ferry_udp_relay_session_events_total{event=\"repeat_unanswered\"}",
         "ferry_udp_relay_session_events_total{event=\"evicted\"}",
         "ferry_udp_relay_session_drops_total{reason=\"rate_limited\"}",
     ] {
-        assert_eq!(strict_metric(&text, series), 0.0, "{series}");
+        assert_eq!(scrape.value(series), 0.0, "{series}");
     }
 }
 

@@ -1076,10 +1076,11 @@ fn fallback_on_this_kernel_keeps_the_connection_in_userspace() {
             conn
         }
         (Ok(()), Ok(_)) => {
-            println!("skipping: this kernel has kTLS, so there is no fallback to test here");
             drop(sock);
             let _ = client.join();
-            return;
+            return ferry_testkit::skip_expected!(
+                "this kernel has kTLS, so there is no fallback to test here"
+            );
         }
         (probe, other) => panic!("probe says {probe:?} but start gave {other:?}"),
     };
@@ -1161,18 +1162,14 @@ impl Reader {
     }
 }
 
-/// Set by the kernel test VM (scripts/test.d/55-vm.sh), whose kernel has
-/// kTLS with every suite: a skip there is a failure.
-fn ktls_required() -> bool {
-    std::env::var_os("FERRY_REQUIRE_KTLS").is_some_and(|v| v == "1")
-}
+/// Set to 1 by the kernel test VM (scripts/test.d/55-vm.sh), whose kernel
+/// has kTLS with every suite: a skip there is a failure.
+const KTLS_REQUIRED: &str = "FERRY_REQUIRE_KTLS";
 
 #[test]
 fn real_kernel_tls_over_loopback() {
     if let Err(reason) = sys::tls_ulp_available() {
-        assert!(!ktls_required(), "FERRY_REQUIRE_KTLS=1, but {reason}");
-        println!("skipping: {reason}");
-        return;
+        return ferry_testkit::skip_unless_required!(KTLS_REQUIRED, "{reason}");
     }
     let supported = |suite: SupportedCipherSuite| match sys::kernel_supports(
         version_of(suite).1,
@@ -1180,11 +1177,7 @@ fn real_kernel_tls_over_loopback() {
     ) {
         Ok(()) => true,
         Err(reason) => {
-            assert!(
-                !ktls_required(),
-                "FERRY_REQUIRE_KTLS=1, but {suite:?}: {reason}"
-            );
-            println!("skipping {suite:?}: {reason}");
+            ferry_testkit::skip_unless_required!(KTLS_REQUIRED, "{suite:?}: {reason}");
             false
         }
     };
@@ -1330,9 +1323,7 @@ fn record_ends(wire: &[u8]) -> Vec<usize> {
 #[test]
 fn a_sender_never_pausing_on_a_record_boundary_still_moves_into_the_kernel() {
     if let Err(reason) = sys::tls_ulp_available() {
-        assert!(!ktls_required(), "FERRY_REQUIRE_KTLS=1, but {reason}");
-        println!("skipping: {reason}");
-        return;
+        return ferry_testkit::skip_unless_required!(KTLS_REQUIRED, "{reason}");
     }
     // epoll: the back end that reads kTLS records (whatever FERRY_IO says).
     let mut cfg = ferry_relay::RelayConfig::new(ferry_proto::key::NodePrivate::generate());

@@ -1,5 +1,6 @@
 //! The relay's behaviour seen from clients, with several shards so that
-//! packets, peerGone and watcher events cross between them.
+//! packets, peerGone and watcher events cross between them; every case on
+//! each back end (the list at the end).
 
 mod support;
 
@@ -25,7 +26,6 @@ fn disco_packet(tag: u8) -> Vec<u8> {
 /// each shard with itself included, carries packets every time. Also with
 /// busy polling, where mail reaches a shard that polls and is not parked
 /// (nobody rings its doorbell then).
-#[test]
 fn packets_cross_every_pair_of_shards() {
     use ferry_relay::Placement;
     let polls = [Duration::ZERO, Duration::from_millis(10)];
@@ -83,7 +83,6 @@ fn packets_cross_every_pair_of_shards() {
     }
 }
 
-#[test]
 fn source_key_and_sizes_are_exact() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
@@ -102,7 +101,6 @@ fn source_key_and_sizes_are_exact() {
     stop(server);
 }
 
-#[test]
 fn ping_gets_pong() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
@@ -112,7 +110,6 @@ fn ping_gets_pong() {
     stop(server);
 }
 
-#[test]
 fn peer_gone_when_sender_leaves() {
     let (server, addr) = start(3, |_| {});
     let mut a = Client::connect(addr);
@@ -131,7 +128,6 @@ fn peer_gone_when_sender_leaves() {
     stop(server);
 }
 
-#[test]
 fn not_here_only_for_disco_and_rate_limited() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
@@ -180,7 +176,6 @@ fn not_here_only_for_disco_and_rate_limited() {
     stop(server);
 }
 
-#[test]
 fn duplicate_keys_last_writer_wins_and_survivor_keeps_receiving() {
     let (server, addr) = start(2, |_| {});
     let key = NodePrivate::generate();
@@ -211,7 +206,6 @@ fn duplicate_keys_last_writer_wins_and_survivor_keeps_receiving() {
     stop(server);
 }
 
-#[test]
 fn mesh_only_frames_close_the_connection_without_the_key() {
     let (server, addr) = start(2, |_| {});
     let mut bystander_a = Client::connect(addr);
@@ -256,7 +250,6 @@ fn mesh_only_frames_close_the_connection_without_the_key() {
     stop(server);
 }
 
-#[test]
 fn mesh_peer_watches_forwards_and_closes() {
     let mesh_key = MeshKey::parse(&"ab".repeat(32)).unwrap();
     let mk = mesh_key.clone();
@@ -322,7 +315,6 @@ fn mesh_peer_watches_forwards_and_closes() {
     stop(server);
 }
 
-#[test]
 fn note_preferred_moves_the_home_gauge() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
@@ -341,7 +333,6 @@ fn note_preferred_moves_the_home_gauge() {
     stop(server);
 }
 
-#[test]
 fn bad_handshakes_are_closed_and_counted() {
     let (server, addr) = start(2, |cfg| cfg.handshake_timeout = Duration::from_millis(500));
     let upgrade = b"GET /derp HTTP/1.1\r\nHost: x\r\nUpgrade: DERP\r\nConnection: Upgrade\r\n\r\n";
@@ -392,7 +383,6 @@ fn bad_handshakes_are_closed_and_counted() {
     stop(server);
 }
 
-#[test]
 fn silent_sockets_do_not_delay_anyone() {
     let (server, addr) = start(2, |cfg| cfg.handshake_timeout = Duration::from_secs(10));
     let _silent: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(addr).unwrap()).collect();
@@ -416,7 +406,6 @@ fn silent_sockets_do_not_delay_anyone() {
     stop(server);
 }
 
-#[test]
 fn oversize_and_unknown_frames() {
     let (server, addr) = start(2, |_| {});
     let mut a = Client::connect(addr);
@@ -474,7 +463,6 @@ fn send_to_sleeper_until_cut_off(addr: SocketAddr, sender: &mut Client) -> Clien
     sleeper
 }
 
-#[test]
 fn queued_bytes_gauge_returns_to_zero() {
     // Control frames (pongs) share the send path with packets; the gauge
     // must account for both, across shards, and return to zero once every
@@ -524,7 +512,6 @@ fn queued_bytes_gauge_returns_to_zero() {
     stop(server);
 }
 
-#[test]
 fn recv_buffer_metrics_follow_the_backend() {
     let (server, addr) = start(1, |_| {});
     let mut a = Client::connect(addr);
@@ -551,7 +538,6 @@ fn recv_buffer_metrics_follow_the_backend() {
     stop(server);
 }
 
-#[test]
 fn http_endpoints() {
     let (server, addr) = start(2, |_| {});
     let r = support::http(
@@ -603,7 +589,6 @@ fn http_endpoints() {
     stop(server);
 }
 
-#[test]
 fn stun_answers_tailscale_requests_only() {
     let (server, _addr) = start(1, |_| {});
     let stun_addr = server.stun_addr.unwrap();
@@ -628,11 +613,9 @@ fn stun_answers_tailscale_requests_only() {
     stop(server);
 }
 
-#[test]
 fn ipv6_listener_relays() {
-    if std::net::TcpListener::bind("[::1]:0").is_err() {
-        println!("skipping ipv6_listener_relays: this machine has no IPv6 loopback");
-        return;
+    if let Err(e) = std::net::TcpListener::bind("[::1]:0") {
+        return ferry_testkit::skip!("this machine has no IPv6 loopback ({e})");
     }
     let (server, addr) = support::start_on("[::1]:0".parse().unwrap(), 2, |_| {});
     assert!(addr.is_ipv6());
@@ -647,7 +630,6 @@ fn ipv6_listener_relays() {
 /// after clientInfo, without waiting for serverInfo: those frames arrive in
 /// the same read as clientInfo and must be read as steady-state frames,
 /// whichever shard ends up owning the key.
-#[test]
 fn frames_in_the_same_write_as_client_info() {
     use ferry_proto::client::{Client as DerpClient, Stage};
     for workers in [1, 2, 3] {
@@ -701,7 +683,6 @@ fn frames_in_the_same_write_as_client_info() {
 /// backpressure budget (after which a reader that takes nothing loses
 /// packets, as sim.rs checks): the budget here is as long as the write
 /// timeout.
-#[test]
 fn slow_reader_gets_backpressure_not_loss() {
     for workers in [1, 2] {
         let (server, addr) = start(workers, |cfg| {
@@ -795,7 +776,6 @@ impl Flood {
 /// exchange to the last: paused, resumed only when the kernel takes more
 /// of the slow reader's queue, never let go with drops (how the budget
 /// ends a hold is checked in sim.rs).
-#[test]
 fn backpressure_is_per_sender() {
     let (server, addr) = start(2, |cfg| {
         cfg.send_queue_bytes = 32 * 1024;
@@ -842,7 +822,6 @@ fn backpressure_is_per_sender() {
 /// its packets itself instead of carrying them through the ring only to be
 /// dropped there, and the ring stays free for everyone else's traffic.
 /// Placement is pinned: the sender on shard 0, both receivers on shard 1.
-#[test]
 fn packets_to_a_stuck_receiver_on_another_shard_stop_before_the_ring() {
     use ferry_relay::Placement;
     let (server, addr) = start(2, |cfg| {
@@ -894,7 +873,6 @@ fn health_json(response: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
 }
 
-#[test]
 fn healthz_is_ok_while_serving_and_503_once_draining() {
     let (server, addr, metrics_addr) = start_with_metrics();
     let backend = server.metrics().backend;
@@ -920,7 +898,6 @@ fn healthz_is_ok_while_serving_and_503_once_draining() {
     server.wait().unwrap();
 }
 
-#[test]
 fn a_second_relay_on_a_taken_port_is_refused() {
     let (first, addr) = start(2, |_| {});
     let err = Server::start(ServerOptions {
@@ -952,3 +929,29 @@ fn a_second_relay_on_a_taken_port_is_refused() {
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     stop(first);
 }
+
+ferry_testkit::per_backend!(
+    packets_cross_every_pair_of_shards,
+    source_key_and_sizes_are_exact,
+    ping_gets_pong,
+    peer_gone_when_sender_leaves,
+    not_here_only_for_disco_and_rate_limited,
+    duplicate_keys_last_writer_wins_and_survivor_keeps_receiving,
+    mesh_only_frames_close_the_connection_without_the_key,
+    mesh_peer_watches_forwards_and_closes,
+    note_preferred_moves_the_home_gauge,
+    bad_handshakes_are_closed_and_counted,
+    silent_sockets_do_not_delay_anyone,
+    oversize_and_unknown_frames,
+    queued_bytes_gauge_returns_to_zero,
+    recv_buffer_metrics_follow_the_backend,
+    http_endpoints,
+    stun_answers_tailscale_requests_only,
+    ipv6_listener_relays,
+    frames_in_the_same_write_as_client_info,
+    slow_reader_gets_backpressure_not_loss,
+    backpressure_is_per_sender,
+    packets_to_a_stuck_receiver_on_another_shard_stop_before_the_ring,
+    healthz_is_ok_while_serving_and_503_once_draining,
+    a_second_relay_on_a_taken_port_is_refused,
+);

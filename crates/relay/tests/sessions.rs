@@ -79,7 +79,6 @@ fn next_relay(c: &mut Client) -> Event {
     }
 }
 
-#[test]
 fn offers_cross_shards_to_both_peers_and_refusals_name_the_reason() {
     let stand = Arc::new(Stand::default());
     let service = stand.clone();
@@ -144,7 +143,6 @@ fn offers_cross_shards_to_both_peers_and_refusals_name_the_reason() {
     stop(server);
 }
 
-#[test]
 fn without_a_service_nobody_gets_the_frame_read() {
     let (server, addr) = start(1, |_| {});
     let ka = NodePrivate::generate();
@@ -157,3 +155,8 @@ fn without_a_service_nobody_gets_the_frame_read() {
     assert_eq!(a.next_meaningful(T).unwrap(), Event::Pong(*b"ping-one"));
     stop(server);
 }
+
+ferry_testkit::per_backend!(
+    offers_cross_shards_to_both_peers_and_refusals_name_the_reason,
+    without_a_service_nobody_gets_the_frame_read,
+);

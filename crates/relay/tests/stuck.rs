@@ -10,8 +10,7 @@
 //! two sends, while the old behaviour, a gap as long as the 3 s write
 //! timeout, fails it), every packet in order, the sender connected,
 //! the stuck peers cut off at the write timeout, their packets dropped as
-//! `queue_tail`, and the queues bounded. Plain and TLS, with whatever back
-//! end `FERRY_IO` selects (the suite runs this file with each).
+//! `queue_tail`, and the queues bounded. Plain and TLS, on each back end.
 
 mod support;
 
@@ -144,7 +143,6 @@ fn stuck_receivers_do_not_stall_the_sender<S: Transport + Send + 'static>(
     stop(server);
 }
 
-#[test]
 fn stuck_receivers_do_not_stall_the_sender_plain() {
     stuck_receivers_do_not_stall_the_sender(false, |addr, rcvbuf| {
         Client::over(
@@ -154,7 +152,6 @@ fn stuck_receivers_do_not_stall_the_sender_plain() {
     });
 }
 
-#[test]
 fn stuck_receivers_do_not_stall_the_sender_tls() {
     stuck_receivers_do_not_stall_the_sender(true, |addr, rcvbuf| {
         tls_over(
@@ -163,3 +160,8 @@ fn stuck_receivers_do_not_stall_the_sender_tls() {
         )
     });
 }
+
+ferry_testkit::per_backend!(
+    stuck_receivers_do_not_stall_the_sender_plain,
+    stuck_receivers_do_not_stall_the_sender_tls,
+);

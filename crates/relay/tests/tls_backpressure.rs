@@ -1,5 +1,4 @@
-//! Backpressure over TLS (rustls in userspace), with whatever back end
-//! `FERRY_IO` selects (the suite runs this file with each): the cases of
+//! Backpressure over TLS (rustls in userspace), on each back end: the cases of
 //! relay.rs's plain-TCP backpressure tests that matter, with every client
 //! speaking TLS. A slow reader pauses its sender and resumes it with no
 //! packet lost, on one shard and across two; a paused sender holds up no
@@ -51,7 +50,6 @@ const DROPPED_HEAD: &str = "derp_packets_dropped{kind=\"other\",reason=\"queue_h
 /// A reader that falls behind slows its sender down instead of losing its
 /// packets: the sender is paused and resumed, and every packet arrives, in
 /// order. On one shard, and with sender and reader on different shards.
-#[test]
 fn slow_tls_reader_gets_backpressure_not_loss() {
     for (workers, sender_shard, reader_shard) in [(1, 0, 0), (2, 0, 0), (2, 0, 1)] {
         let case = format!("workers={workers}, sender on {sender_shard}, reader on {reader_shard}");
@@ -60,7 +58,10 @@ fn slow_tls_reader_gets_backpressure_not_loss() {
             cfg.write_timeout = Some(Duration::from_secs(20));
         });
         let mut sender = client(addr, sender_shard, workers, None);
-        let mut reader = client(addr, reader_shard, workers, None);
+        // A small receive buffer, fixed (no autotuning, which here may grow
+        // to tcp_rmem's 32 MiB and take the whole stream): the relay's
+        // queue fills, as relay.rs's plain-TCP case has it.
+        let mut reader = client(addr, reader_shard, workers, Some(4096));
         let reader_key = reader.public;
         const N: u32 = 3000;
         let writer = std::thread::spawn(move || {
@@ -145,7 +146,6 @@ impl Flood {
 /// One heavy sender held back by a reader that does not keep up holds up
 /// no one else: another pair, on the heavy sender's shard and the slow
 /// reader's, relays packet after packet while it is paused.
-#[test]
 fn tls_backpressure_is_per_sender() {
     let (server, addr) = start_tls(2, |cfg| {
         cfg.send_queue_bytes = 32 * 1024;
@@ -176,7 +176,6 @@ fn tls_backpressure_is_per_sender() {
 /// dropped at the tail, the sender's shard drops them itself instead of
 /// carrying them through the ring, and the sender's traffic to a healthy
 /// receiver on that shard goes on.
-#[test]
 fn tls_packets_to_a_stuck_receiver_are_dropped_past_the_budget() {
     let (server, addr) = start_tls(2, |cfg| {
         cfg.send_queue_bytes = 64 * 1024;
@@ -213,3 +212,9 @@ fn tls_packets_to_a_stuck_receiver_are_dropped_past_the_budget() {
     drop(slow);
     stop(server);
 }
+
+ferry_testkit::per_backend!(
+    slow_tls_reader_gets_backpressure_not_loss,
+    tls_backpressure_is_per_sender,
+    tls_packets_to_a_stuck_receiver_are_dropped_past_the_budget,
+);

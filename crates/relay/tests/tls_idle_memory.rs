@@ -61,9 +61,17 @@ fn idle_tls_connection_stays_under_its_bar() {
         hold_clients(&spec);
         return;
     }
+    // One back end after the other: the heap is the whole process's.
+    ferry_testkit::on_each_backend!(both_layers);
+}
+
+fn both_layers() {
     for (records, bar) in [(TlsRecords::Ferry, BAR), (TlsRecords::Rustls, RUSTLS_BAR)] {
         let per_conn = per_idle_connection(records);
-        println!("idle TLS connection, {records} records: {per_conn} B of the relay's heap each");
+        println!(
+            "idle TLS connection, {records} records on {:?}: {per_conn} B of the relay's heap each",
+            support::io_mode()
+        );
         assert!(
             per_conn <= bar,
             "an idle TLS connection ({records} records) keeps {per_conn} B of the relay's heap, more than {bar} B"

@@ -8,7 +8,9 @@
 //! 1.2 client stays on rustls and relays as well. A peer that breaks the
 //! record rules rustls keeps (a padded plaintext over 2^14 + 1 bytes, more
 //! than 32 records without content in a row) is cut off by both layers,
-//! with the alert rustls would send, and no one else notices.
+//! with the alert rustls would send, and no one else notices. Each case
+//! checks which layer carries its sessions (`ferry_connections_by_transport`),
+//! so that a session on the wrong one fails it.
 
 mod support;
 
@@ -49,6 +51,23 @@ fn relay_burst(a: &mut Client<Tls>, b: &mut Client<Tls>, n: u32, len: usize) {
     }
 }
 
+/// Checks that `n` sessions are on the layer `records` makes them use
+/// (`ferry_records` or `rustls`) and none on the other.
+fn assert_on(server: &Server, records: TlsRecords, n: usize, what: &str) {
+    let (on, other) = match records {
+        TlsRecords::Ferry => ("ferry_records", "rustls"),
+        TlsRecords::Rustls => ("rustls", "ferry_records"),
+    };
+    assert_eq!(
+        (
+            support::on_transport(server, on),
+            support::on_transport(server, other)
+        ),
+        (n as f64, 0.0),
+        "{what}: sessions on {on} and on {other}"
+    );
+}
+
 /// How the server ended the session: `Ok(())` after its close_notify
 /// (the stream's clean end), `Err` with the TLS error otherwise.
 fn end_of(c: &mut Client<Tls>) -> Result<(), String> {
@@ -64,7 +83,6 @@ fn end_of(c: &mut Client<Tls>) -> Result<(), String> {
     }
 }
 
-#[test]
 fn both_record_layers_relay_every_size() {
     for records in LAYERS {
         let (server, addr) = start(records);
@@ -73,18 +91,19 @@ fn both_record_layers_relay_every_size() {
         for (n, len) in [(200, 4), (200, 1400), (40, 16_000), (8, 64 * 1024 - 100)] {
             relay_burst(&mut a, &mut b, n, len);
             relay_burst(&mut b, &mut a, n, len);
+            assert_on(&server, records, 2, &format!("{records:?}, {len} B"));
         }
         support::stop(server);
     }
 }
 
-#[test]
 fn a_peers_key_update_ends_ferrys_session_cleanly_and_rustls_follows_it() {
     for records in LAYERS {
         let (server, addr) = start(records);
         let mut a = connect_tls(addr);
         let mut b = connect_tls(addr);
         relay_burst(&mut a, &mut b, 10, 100);
+        assert_on(&server, records, 2, &format!("{records:?}"));
         a.stream.conn.refresh_traffic_keys().expect("a KeyUpdate");
         a.send(&b.public, b"after the key update");
         match records {
@@ -104,12 +123,12 @@ fn a_peers_key_update_ends_ferrys_session_cleanly_and_rustls_follows_it() {
     }
 }
 
-#[test]
 fn a_forged_record_gets_bad_record_mac() {
     let (server, addr) = start(TlsRecords::Ferry);
     let mut a = connect_tls(addr);
     let mut b = connect_tls(addr);
     relay_burst(&mut a, &mut b, 10, 100);
+    assert_on(&server, TlsRecords::Ferry, 2, "before the forged record");
     // A well-framed record whose tag cannot be right.
     let mut forged = vec![23, 3, 3, 0, 40];
     forged.extend_from_slice(&[0x5a; 40]);
@@ -141,7 +160,6 @@ fn connect_tls12(addr: std::net::SocketAddr) -> Client<Tls> {
     c
 }
 
-#[test]
 fn a_tls12_client_stays_on_rustls_and_relays() {
     let (server, addr) = start(TlsRecords::Ferry);
     let mut a = connect_tls12(addr);
@@ -149,6 +167,15 @@ fn a_tls12_client_stays_on_rustls_and_relays() {
     for (n, len) in [(100, 4), (40, 16_000)] {
         relay_burst(&mut a, &mut b, n, len);
         relay_burst(&mut b, &mut a, n, len);
+        // The TLS 1.3 client moved to Ferry's layer, the TLS 1.2 one did not.
+        assert_eq!(
+            (
+                support::on_transport(&server, "rustls"),
+                support::on_transport(&server, "ferry_records")
+            ),
+            (1.0, 1.0),
+            "{len} B: one session on each layer"
+        );
     }
     support::stop(server);
 }
@@ -297,7 +324,6 @@ impl RawPeer {
 /// plaintext limit (record_overflow) or sends a 33rd record without
 /// content in a row (unexpected_message on Ferry's; rustls closes without
 /// an alert); up to the limits, they relay. Other clients keep relaying.
-#[test]
 fn records_past_the_plaintext_and_empty_run_limits_end_the_session() {
     for records in LAYERS {
         let (server, addr) = start(records);
@@ -343,3 +369,11 @@ fn records_past_the_plaintext_and_empty_run_limits_end_the_session() {
         support::stop(server);
     }
 }
+
+ferry_testkit::per_backend!(
+    both_record_layers_relay_every_size,
+    a_peers_key_update_ends_ferrys_session_cleanly_and_rustls_follows_it,
+    a_forged_record_gets_bad_record_mac,
+    a_tls12_client_stays_on_rustls_and_relays,
+    records_past_the_plaintext_and_empty_run_limits_end_the_session,
+);

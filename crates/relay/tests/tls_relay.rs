@@ -3,8 +3,10 @@
 //! cannot read kTLS records (io_uring), every connection must be refused,
 //! counted, and keep relaying in userspace; where both can, the sessions
 //! move into the kernel and relay the same way (the kernel test VM,
-//! scripts/test.d/55-vm.sh, runs this on both back ends). A fast-start
-//! client (request and clientInfo in one write, no 101) relays too.
+//! scripts/test.d/55-vm.sh, runs this on both back ends). A session refused
+//! by the kernel stays on rustls's record layer (Ferry's own layer is only
+//! for sessions that never try kTLS). A fast-start client (request and
+//! clientInfo in one write, no 101) relays too.
 
 mod support;
 
@@ -14,7 +16,6 @@ use std::time::Duration;
 use ferry_proto::key::NodePrivate;
 use support::{connect_tls, tls_over};
 
-#[test]
 fn tls_relays_with_kernel_tls_switched_on() {
     let (server, addr) = support::start(2, |cfg| {
         let setup = support::self_signed_tls(cfg);
@@ -68,7 +69,8 @@ fn tls_relays_with_kernel_tls_switched_on() {
     let required = std::env::var_os("FERRY_REQUIRE_KTLS").is_some_and(|v| v == "1");
     match kernel {
         Ok(()) if backend == "epoll" => {
-            assert_eq!(ktls, 2.0, "both sessions moved into the kernel")
+            assert_eq!(ktls, 2.0, "both sessions moved into the kernel");
+            assert_eq!(support::on_transport(&server, "rustls"), 0.0);
         }
         Err(why) if required => panic!("FERRY_REQUIRE_KTLS=1, but {why}"),
         _ => {
@@ -79,6 +81,14 @@ fn tls_relays_with_kernel_tls_switched_on() {
                 refused, 2.0,
                 "each connection tried, was refused for {expected:?}, and was counted"
             );
+            assert_eq!(
+                (
+                    support::on_transport(&server, "rustls"),
+                    support::on_transport(&server, "ferry_records")
+                ),
+                (2.0, 0.0),
+                "sessions refused by the kernel stay on rustls"
+            );
         }
     }
     support::stop(server);
@@ -87,7 +97,6 @@ fn tls_relays_with_kernel_tls_switched_on() {
 /// Fast start (§4.4) as tailscaled does it once the meta-certificate gave
 /// it the server key: request and clientInfo in one write, no 101, and the
 /// relay goes straight to serverKey and serverInfo.
-#[test]
 fn fast_start_client_over_tls() {
     let mut server_key = None;
     let (server, addr) = support::start(2, |cfg| {
@@ -118,7 +127,6 @@ fn fast_start_client_over_tls() {
 
 /// DERP over WebSocket over TLS: the upgrade, the DERP handshake in masked
 /// binary frames, and packets both ways with a raw DERP-over-TLS client.
-#[test]
 fn websocket_over_tls_relays_with_raw_clients() {
     use std::io::{Read, Write};
     use std::ops::ControlFlow;
@@ -236,3 +244,9 @@ fn websocket_over_tls_relays_with_raw_clients() {
     );
     support::stop(server);
 }
+
+ferry_testkit::per_backend!(
+    tls_relays_with_kernel_tls_switched_on,
+    fast_start_client_over_tls,
+    websocket_over_tls_relays_with_raw_clients,
+);

@@ -62,8 +62,7 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let off = probe(tx.as_fd());
         if !off.gso {
-            eprintln!("skipping: no UDP GSO on this kernel");
-            return;
+            return ferry_testkit::skip!("no UDP GSO on this kernel");
         }
         if off.gro {
             set_gro(rx.as_fd(), true).unwrap();

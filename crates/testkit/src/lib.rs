@@ -7,15 +7,23 @@
 //! - [`alloc`]: the counting global allocator for no-allocation tests (it
 //!   lives in `ferry-sys`, where unsafe code is allowed; re-exported here).
 //! - [`wait`]: waiting for a condition, bounded in time.
-//! - [`http`]: plain HTTP requests and metric scraping.
+//! - [`http`]: plain HTTP requests.
+//! - [`metrics`]: reading metrics, where a missing series is an error.
+//! - [`skip`](mod@skip): skipping a test visibly, and failing instead under CI.
+//! - [`backend`]: the I/O back end of the relays a test starts, per back
+//!   end or chosen by `FERRY_TEST_IO`, and the check that they run on it.
 //! - [`netns`]: a network namespace the test makes, with the loopback MTU
 //!   it needs, and running code inside it.
-//! - [`udp`]: sending a burst of datagrams in `sendmmsg` calls, and the
-//!   mix of sizes that tests a path against its MTU.
+//! - [`udp`]: sending a burst of datagrams in `sendmmsg` calls, the mix
+//!   of sizes that tests a path against its MTU, and a relay session
+//!   straight from the session table.
 
+pub mod backend;
 pub mod derp;
 pub mod http;
+pub mod metrics;
 pub mod netns;
+pub mod skip;
 pub mod tls;
 pub mod udp;
 pub mod wait;

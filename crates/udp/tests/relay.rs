@@ -255,8 +255,7 @@ fn initiations_ending_gro_trains_are_rate_limited() {
     let (server, relay, at) = handshake_limited_bounce(2);
     let m = relay.metrics().clone();
     if !(m.info.gro && ferry_sys::gso::probe(client().as_fd()).gso) {
-        eprintln!("skipped: this kernel has no UDP GSO/GRO, so no trains");
-        return;
+        return ferry_testkit::skip!("this kernel has no UDP GSO/GRO, so no trains");
     }
     // Each train: two 200-byte datagrams and an initiation, sent as one
     // GSO message of segment size 200, so the relay receives it as one GRO
@@ -620,9 +619,8 @@ fn a_mixed_train_through_the_hub_is_split_and_its_bad_datagrams_dropped() {
     let m = relay.metrics().clone();
     let p0 = client();
     if !(m.info.gro && ferry_sys::gso::probe(p0.as_fd()).gso) {
-        eprintln!("skipped: this kernel has no UDP GSO/GRO, so no trains");
         relay.shutdown();
-        return;
+        return ferry_testkit::skip!("this kernel has no UDP GSO/GRO, so no trains");
     }
     // p0 calls p1 (whose endpoint is fixed), p1 answers.
     let init = handshake(1, 0x100, 0, &keys[1]);

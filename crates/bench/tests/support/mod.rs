@@ -28,9 +28,11 @@ impl Drop for Scratch {
 }
 
 /// An in-process Ferry relay with one shard and one DERP listener on
-/// `addr` (`127.0.0.1:0` for any port).
+/// `addr` (`127.0.0.1:0` for any port), on the back end `FERRY_TEST_IO`
+/// names (else the default), which it must report.
 pub(crate) fn relay(config: ferry_relay::RelayConfig, addr: &str) -> ferry_relay::Server {
-    ferry_relay::Server::start(ferry_relay::ServerOptions {
+    let io = ferry_testkit::backend::mode();
+    let server = ferry_relay::Server::start(ferry_relay::ServerOptions {
         config,
         listeners: vec![ferry_relay::ListenerSpec {
             addr: addr.parse().unwrap(),
@@ -40,8 +42,15 @@ pub(crate) fn relay(config: ferry_relay::RelayConfig, addr: &str) -> ferry_relay
         pin: false,
         stun: None,
         metrics_addr: None,
-        io: Default::default(),
+        io,
         inherited: Vec::new(),
     })
-    .expect("relay starts")
+    .expect("relay starts");
+    ferry_testkit::backend::check(
+        &ferry_testkit::skip::test_name(env!("CARGO_PKG_NAME"), module_path!()),
+        "in-process relay",
+        io,
+        server.metrics().backend,
+    );
+    server
 }

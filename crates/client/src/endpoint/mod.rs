@@ -244,7 +244,10 @@ pub enum EndpointEvent {
         /// failed).
         was_up: bool,
     },
-    /// A peer's DERP server says the peer is not connected to it.
+    /// A peer's DERP server says the peer is not connected to it. Relays
+    /// (Ferry and derper alike) send this when a peer leaves only to the
+    /// clients that received packets from it; a peer this endpoint only
+    /// sent to can leave unannounced.
     PeerGone {
         /// The peer.
         peer: NodePublic,

@@ -329,12 +329,29 @@ fn switches_down_within_two_seconds_of_silence_whenever_it_starts() {
     }
 }
 
-/// `ferry link`'s schedule: a ping every 250 ms, dead after 1 s.
+/// `ferry link`'s schedule, as the link takes it.
 fn link_timing() -> Timing {
-    Timing {
-        probe_interval: Duration::from_millis(250),
-        dead_after: Duration::from_secs(1),
-        ..Timing::default()
+    Timing::for_tunnels()
+}
+
+#[test]
+fn the_tunnel_schedule_switches_down_within_one_and_a_quarter_seconds() {
+    // Every phase of the 250 ms probe cycle, in 10 ms steps: down within
+    // the dead time and one probe interval, the "about 1¼ s" `ferry link`
+    // promises.
+    let t = link_timing();
+    let bound = t.dead_after + t.probe_interval;
+    assert_eq!(bound, Duration::from_millis(1250));
+    for offset_ms in (0..250).step_by(10) {
+        let mut p = Pair::with(Policy::default(), false, t.clone(), LATENCY);
+        p.sending = true;
+        p.until_active(PathKind::Direct, Duration::from_secs(3));
+        p.run_for(Duration::from_millis(1000 + offset_ms));
+        let cut = p.now;
+        p.direct_up = false;
+        p.until_active(PathKind::Derp, bound);
+        let took = p.events_a.last().unwrap().at - cut;
+        assert!(took <= bound, "offset {offset_ms}: {took:?}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! Ferry started in this process for the endpoint tests and the endpoint
 //! bench: plain DERP on a loopback port, optionally with STUN and with
 //! relay sessions (the session socket of `ferry-udp` wired to the DERP
-//! shards as `ferry`'s main wires it).
+//! shards as `ferry`'s main wires it). On the back end `FERRY_TEST_IO`
+//! names, else the default.
 #![allow(dead_code)]
 
 use ferry_proto::key::NodePrivate;
@@ -15,6 +16,7 @@ pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, S
     let derp = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
+    let io = ferry_testkit::backend::mode();
     let server = Server::start(ServerOptions {
         config,
         listeners: vec![ListenerSpec {
@@ -25,10 +27,11 @@ pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, S
         pin: false,
         stun,
         metrics_addr: None,
-        io: Default::default(),
+        io,
         inherited: Vec::new(),
     })
     .expect("ferry starts");
+    crate::support::check_backend(&server, io);
     (server, format!("http://{derp}/derp"))
 }
 

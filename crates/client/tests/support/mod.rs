@@ -3,9 +3,12 @@
 //! plain HTTP or TLS with a certificate from a test CA.
 //!
 //! derper is looked for in `FERRY_DERPER_BIN`, then `interop/bin/derper`
-//! (where the interop suite and `.ci/setup.d/21-derper.sh` build it), then
-//! `~/go/bin/derper`. Without it the tests fail under `CI=true` and say
-//! they skipped derper otherwise.
+//! (where the interop suite and `.ci/setup.d/10-derper.sh` build it), then
+//! `~/go/bin/derper`. Without it the tests fail under `CI=true` and skip
+//! their derper half otherwise (`ferry_testkit::skip!`).
+//!
+//! Ferry runs on the back end `FERRY_TEST_IO` names, else the default, and
+//! must report that it does ([`ferry_testkit::backend`]).
 #![allow(dead_code)]
 
 use ferry_client::{DerpClient, Event};
@@ -29,11 +32,8 @@ pub(crate) enum Kind {
 pub(crate) fn kinds() -> Vec<Kind> {
     match derper_bin() {
         Ok(_) => vec![Kind::Ferry, Kind::Derper],
-        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("derper is required under CI=true: {why}")
-        }
         Err(why) => {
-            eprintln!("SKIPPED the derper half of this test: {why}");
+            ferry_testkit::skip!("the derper half of this test: {why}");
             vec![Kind::Ferry]
         }
     }
@@ -55,7 +55,7 @@ fn derper_bin() -> Result<PathBuf, String> {
     }
     candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
         format!(
-            "no derper binary at {} (build it with .ci/setup.d/21-derper.sh, or set FERRY_DERPER_BIN)",
+            "no derper binary at {} (build it with .ci/setup.d/10-derper.sh, or set FERRY_DERPER_BIN)",
             candidates
                 .iter()
                 .map(|p| p.display().to_string())
@@ -131,6 +131,17 @@ impl TestCa {
         store.add(self.root.clone()).unwrap();
         ferry_client::TlsRoots::Custom(Arc::new(store))
     }
+}
+
+/// Checks that an in-process Ferry started with `io` runs on the back end
+/// that gives.
+pub(crate) fn check_backend(server: &Server, io: ferry_engine::IoMode) {
+    ferry_testkit::backend::check(
+        &ferry_testkit::skip::test_name(env!("CARGO_PKG_NAME"), module_path!()),
+        "in-process ferry",
+        io,
+        server.metrics().backend,
+    );
 }
 
 /// A running DERP server.
@@ -236,10 +247,7 @@ impl TestServer {
             cfg.tls = Some(setup.config);
         }
         (self.tweak)(&mut cfg);
-        let io = std::env::var("FERRY_IO")
-            .ok()
-            .map(|v| v.parse().expect("FERRY_IO: auto, uring or epoll"))
-            .unwrap_or_default();
+        let io = ferry_testkit::backend::mode();
         let options = ServerOptions {
             config: cfg,
             listeners: vec![ListenerSpec {
@@ -258,6 +266,7 @@ impl TestServer {
         loop {
             match Server::start(options.clone()) {
                 Ok(server) => {
+                    check_backend(&server, io);
                     self.ferry = Some(server);
                     return;
                 }

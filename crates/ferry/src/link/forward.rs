@@ -57,14 +57,6 @@ const REJECTED_LOG_INTERVAL: Duration = Duration::from_secs(1);
 /// relay says nothing of a key that never connected.
 const UNANSWERED_AFTER: Duration = Duration::from_secs(10);
 
-/// Probing of the active UDP path, faster than the SDK's default (500 ms,
-/// dead after 1.5 s): a TCP connection inside the tunnel retransmits
-/// 0.2, 0.6 and 1.4 s after a loss (its RTO doubling from 200 ms), so a
-/// path declared dead within 1.25 s has the 1.4 s retransmission go out on
-/// the next path, and the transfer stalls for about 1.5 s rather than 3.
-const PROBE_INTERVAL: Duration = Duration::from_millis(250);
-const DEAD_AFTER: Duration = Duration::from_secs(1);
-
 /// Socket buffer asked for on each peer socket, each way: WireGuard sends
 /// in bursts (a TCP window at a time), and a datagram the kernel drops for
 /// lack of room is lost before anything can count it.
@@ -163,8 +155,9 @@ pub(crate) async fn run(
     let mut opts = EndpointOptions::new(key, relays);
     opts.bind = cfg.bind;
     opts.queue = cfg.queue;
-    opts.timing.probe_interval = PROBE_INTERVAL;
-    opts.timing.dead_after = DEAD_AFTER;
+    // Probing of the active UDP path faster than the SDK's default, for
+    // the TCP inside the tunnel (see `Timing::for_tunnels`).
+    opts.timing = ferry_client::endpoint::Timing::for_tunnels();
     // A relay that cannot be reached does not fail this: the endpoint
     // retries it in the background and says so (its log lines, events).
     let bound = Endpoint::bind(opts);

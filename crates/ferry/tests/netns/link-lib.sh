@@ -10,8 +10,8 @@ check() { # check DESCRIPTION COMMAND...
 metrics() { # metrics NS [PORT]: the link's Prometheus text there
   ip netns exec "$1" timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/${2:-9102}; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3; cat <&3"
 }
-metric() { # metric NS 'NAME{labels}' -> value (0 when absent)
-  metrics "$1" | awk -v k="$2" '$1 == k { print $2; found=1 } END { if (!found) print 0 }'
+metric() { # metric NS 'NAME{labels}' -> value (fails when absent: fu_series)
+  metrics "$1" | fu_series "$2"
 }
 wait_tcp() { # wait_tcp NS ADDR PORT SECONDS
   local end=$((SECONDS + $4))

@@ -1,5 +1,13 @@
 //! Running the built `ferry` binary on loopback: spawn it, watch its log,
 //! signal it, wait for it to exit. Every wait is bounded.
+//!
+//! The binary turns every `FERRY_<FLAG>` (and derper images' `DERP_*`)
+//! variable into a flag, so the processes started here get none of the
+//! test's own: only what a test sets. Their I/O back end is the default
+//! (`--io auto`) unless `FERRY_TEST_IO` names one (passed on as
+//! `FERRY_IO`) or the test gives `--io`; every DERP server started here
+//! must log that it runs on the back end that asks for
+//! ([`ferry_testkit::backend`]): a silent fallback from io_uring fails.
 #![allow(dead_code)]
 
 pub(crate) mod sessions;
@@ -12,15 +20,76 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferry_testkit::backend::IoMode;
+
 /// How long any single wait in these tests may take.
 pub(crate) const T: Duration = Duration::from_secs(20);
 
-/// The binary under test.
+/// The binary under test, with none of the test environment's variables
+/// that it would read as flags, and the back end `FERRY_TEST_IO` names.
 pub(crate) fn ferry() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.env_remove("FERRY_LOG");
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("FERRY_") || name.starts_with("DERP_") {
+            c.env_remove(&*name);
+        }
+    }
+    if let Some(backend) = ferry_testkit::backend::from_env() {
+        c.env("FERRY_IO", backend.name());
+    }
     c.stdin(Stdio::null());
     c
+}
+
+/// The subcommands, which start no DERP server (and read no `FERRY_*`).
+const SUBCOMMANDS: [&str; 4] = ["udp-relay", "status", "check-config", "link"];
+
+/// The back end `c` asks for, if it starts a DERP server: its last `--io`,
+/// else the `FERRY_IO` it is given, else `auto`. `None` for a subcommand
+/// or a value the binary refuses (a test of that refusal).
+fn requested_io(c: &Command) -> Option<IoMode> {
+    let args: Vec<String> = c
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if args
+        .first()
+        .is_some_and(|a| SUBCOMMANDS.contains(&a.as_str()))
+    {
+        return None;
+    }
+    let from_args = args
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a.strip_prefix("--io") {
+            Some("") => args.get(i + 1).cloned(),
+            Some(v) => v.strip_prefix('=').map(str::to_owned),
+            None => None,
+        })
+        .next_back();
+    let from_env = c
+        .get_envs()
+        .find(|(k, _)| *k == "FERRY_IO")
+        .and_then(|(_, v)| v)
+        .map(|v| v.to_string_lossy().into_owned());
+    match from_args.or(from_env) {
+        Some(v) => v.parse().ok(),
+        None => Some(IoMode::Auto),
+    }
+}
+
+/// The back end named in a line that states it (`I/O back end`, `ferry
+/// relay running`), text or JSON.
+fn backend_in(line: &str) -> Option<String> {
+    if !(line.contains("I/O back end") || line.contains("ferry relay running")) {
+        return None;
+    }
+    if line.starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        return v["fields"]["backend"].as_str().map(str::to_owned);
+    }
+    field_in(line, "backend")
 }
 
 /// Runs the command as `nobody` when the tests run as root (the child then
@@ -72,10 +141,17 @@ pub(crate) struct Ferry {
     child: Child,
     log: Arc<Mutex<String>>,
     reader: Option<JoinHandle<()>>,
+    /// The back end it must run on, while not yet checked.
+    io: Option<IoMode>,
+    /// The back end its log names, once it did.
+    backend: Arc<Mutex<Option<String>>>,
+    /// The test that started it.
+    test: String,
 }
 
 impl Ferry {
     pub(crate) fn spawn(c: &mut Command) -> Ferry {
+        let io = requested_io(c);
         let mut child = c
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -83,11 +159,15 @@ impl Ferry {
             .expect("ferry starts");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
+        let backend = Arc::new(Mutex::new(None));
+        let (sink, named) = (log.clone(), backend.clone());
         let reader = std::thread::spawn(move || {
             let mut lines = BufReader::new(stderr);
             let mut line = String::new();
             while lines.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                if let Some(b) = backend_in(&line) {
+                    named.lock().unwrap().get_or_insert(b);
+                }
                 sink.lock().unwrap().push_str(&line);
                 line.clear();
             }
@@ -96,7 +176,22 @@ impl Ferry {
             child,
             log,
             reader: Some(reader),
+            io,
+            backend,
+            test: ferry_testkit::skip::test_name(env!("CARGO_PKG_NAME"), module_path!()),
         }
+    }
+
+    /// Once the log names the back end: checks that it is the one asked
+    /// for (panics otherwise), once.
+    fn check_backend(&mut self) {
+        let Some(io) = self.io else { return };
+        let Some(got) = self.backend.lock().unwrap().clone() else {
+            return;
+        };
+        self.io = None;
+        let relay = format!("ferry (pid {})", self.pid());
+        ferry_testkit::backend::check(&self.test, &relay, io, &got);
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -108,12 +203,19 @@ impl Ferry {
         self.log.lock().unwrap().clone()
     }
 
+    /// Everything logged so far, once the back end was checked if the log
+    /// names it already.
+    fn checked_log(&mut self) -> String {
+        self.check_backend();
+        self.log()
+    }
+
     /// Waits until the log holds `needle` at least `count` times; returns
     /// the log, or panics with it after [`T`].
     pub(crate) fn wait_log_n(&mut self, needle: &str, count: usize) -> String {
         let deadline = Instant::now() + T;
         loop {
-            let log = self.log();
+            let log = self.checked_log();
             if log.matches(needle).count() >= count {
                 return log;
             }
@@ -122,7 +224,7 @@ impl Ferry {
                 if let Some(r) = self.reader.take() {
                     let _ = r.join();
                 }
-                let log = self.log();
+                let log = self.checked_log();
                 if log.matches(needle).count() >= count {
                     return log;
                 }
@@ -158,6 +260,7 @@ impl Ferry {
                 if let Some(r) = self.reader.take() {
                     let _ = r.join();
                 }
+                self.check_backend();
                 return Some(status);
             }
             if Instant::now() > deadline {
@@ -182,6 +285,9 @@ impl Drop for Ferry {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        if !std::thread::panicking() {
+            self.check_backend();
         }
     }
 }

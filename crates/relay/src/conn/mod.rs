@@ -778,13 +778,17 @@ impl Conn {
         std::mem::take(&mut self.stash)
     }
 
-    /// Gives back a consumed stash's memory, unless new bytes were stashed
-    /// meanwhile.
+    /// Gives back a consumed stash's memory. Bytes stashed again while it
+    /// was read (input paused again) move into it when it is the larger:
+    /// otherwise the stash would start over from a small buffer after each
+    /// such pause and grow again, one allocation per doubling.
     pub fn recycle_stash(&mut self, mut stash: Vec<u8>) {
-        if self.stash.is_empty() {
-            stash.clear();
-            self.stash = stash;
+        if stash.capacity() <= self.stash.capacity() {
+            return;
         }
+        stash.clear();
+        stash.extend_from_slice(&self.stash);
+        self.stash = stash;
     }
 
     /// Keeps the packet record `parts` for the ring to `shard`, which had

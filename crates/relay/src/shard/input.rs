@@ -139,6 +139,7 @@ impl Shard {
                 self.conns[slot]
                     .transport_mut()
                     .put_records(Box::new(layer));
+                self.m().records_sockets.add(1);
                 if pending {
                     self.mark_dirty(slot);
                 }

@@ -762,6 +762,9 @@ fn count_transport(m: &ShardMetrics, conn: &Conn, sign: i64) {
     if conn.transport().is_kernel() {
         m.ktls_sockets.add(sign);
     }
+    if conn.transport().is_records() {
+        m.records_sockets.add(sign);
+    }
 }
 
 fn kind_of(packet: &[u8]) -> PacketKind {

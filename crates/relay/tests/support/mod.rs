@@ -1,6 +1,10 @@
 //! The relay tests' server harness. The blocking DERP client, the TLS
-//! verifier and the bounded waits come from `ferry-testkit`, re-exported
-//! here under the names the tests use.
+//! verifier, the bounded waits and metric reading come from
+//! `ferry-testkit`, re-exported here under the names the tests use.
+//!
+//! The back end of every relay started here is the one of the test's
+//! case ([`ferry_testkit::per_backend!`] runs each case on epoll and on
+//! io_uring), and the relay must report that it runs on it.
 #![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
@@ -12,7 +16,8 @@ use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions
 pub(crate) use ferry_testkit::derp::{
     config, connect_tls, dial, info, tls_over, Client, Tls, Transport,
 };
-pub(crate) use ferry_testkit::http::{http, metric, metric_in};
+pub(crate) use ferry_testkit::http::http;
+pub(crate) use ferry_testkit::metrics::{metric, metric_in, Scrape};
 pub(crate) use ferry_testkit::wait::eventually;
 
 /// A relay on 127.0.0.1 with `workers` shards and `tweak` applied.
@@ -42,6 +47,7 @@ pub(crate) fn start_on(
         inherited: Vec::new(),
     })
     .expect("server starts");
+    check_backend(&server);
     let addr = server.listen_addrs[0];
     (server, addr)
 }
@@ -63,8 +69,19 @@ pub(crate) fn start_with_metrics() -> (Server, SocketAddr, SocketAddr) {
         inherited: Vec::new(),
     })
     .expect("server starts");
+    check_backend(&server);
     let (addr, metrics) = (server.listen_addrs[0], server.metrics_addr.unwrap());
     (server, addr, metrics)
+}
+
+/// Checks that `server` runs on the back end its test asked for.
+pub(crate) fn check_backend(server: &Server) {
+    ferry_testkit::backend::check(
+        &ferry_testkit::skip::test_name(env!("CARGO_PKG_NAME"), module_path!()),
+        "in-process relay",
+        io_mode(),
+        server.metrics().backend,
+    );
 }
 
 /// A fresh self-signed TLS set-up for "localhost" with `cfg`'s key in its
@@ -80,12 +97,20 @@ pub(crate) fn self_signed_tls(cfg: &RelayConfig) -> ferry_relay::tls::TlsSetup {
     .expect("self-signed TLS")
 }
 
-/// The back end under test: `FERRY_IO` (auto, uring, epoll), default auto.
+/// The back end under test: the case's ([`ferry_testkit::per_backend!`]),
+/// else `FERRY_TEST_IO`'s, else auto.
 pub(crate) fn io_mode() -> ferry_engine::IoMode {
-    std::env::var("FERRY_IO")
-        .ok()
-        .map(|v| v.parse().expect("FERRY_IO: auto, uring or epoll"))
-        .unwrap_or_default()
+    ferry_testkit::backend::mode()
+}
+
+/// Open connections on `transport` (`plain`, or the TLS record layer:
+/// `rustls`, `ferry_records`, `ktls`), read in-process (a TLS-only
+/// listener serves no plain metrics page).
+pub(crate) fn on_transport(server: &Server, transport: &str) -> f64 {
+    metric_in(
+        &server.metrics().render(),
+        &format!("ferry_connections_by_transport{{transport=\"{transport}\"}}"),
+    )
 }
 
 /// Stops a relay and waits for it.

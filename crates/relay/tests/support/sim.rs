@@ -25,17 +25,6 @@ use ferry_relay::{ListenerKind, RelayConfig};
 pub(crate) const SWEEP: Duration = Duration::from_millis(250);
 pub(crate) const MS: Duration = Duration::from_millis(1);
 
-/// The value of series `name` (with its labels) in the scrape `text`; a
-/// series the scrape lacks fails the test (it is never read as 0).
-pub(crate) fn strict_metric(text: &str, name: &str) -> f64 {
-    assert!(
-        text.lines()
-            .any(|l| !l.starts_with('#') && l.rsplit_once(' ').is_some_and(|(n, _)| n == name)),
-        "no series {name} in the scrape:\n{text}"
-    );
-    super::metric_in(text, name)
-}
-
 /// One shard on a simulated driver, and the clients the test plays.
 pub(crate) struct Sim {
     pub(crate) shard: Shard,
@@ -124,27 +113,16 @@ impl Sim {
         }
     }
 
-    /// The value of series `name` (with its labels) now ([`strict_metric`]).
+    /// The value of series `name` (with its labels) now; a series the
+    /// scrape lacks fails the test (it is never read as 0).
     pub(crate) fn metric(&self, name: &str) -> f64 {
-        strict_metric(&self.metrics.render(), name)
+        super::Scrape::parse(self.metrics.render()).value(name)
     }
 
     /// The sum of every series of family `name`, whatever their labels; a
     /// family the scrape lacks fails the test.
     pub(crate) fn family_total(&self, name: &str) -> f64 {
-        let text = self.metrics.render();
-        let values: Vec<f64> = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.rsplit_once(' '))
-            .filter(|(n, _)| n.split('{').next() == Some(name))
-            .map(|(_, v)| v.parse().expect("a number"))
-            .collect();
-        assert!(
-            !values.is_empty(),
-            "no family {name} in the scrape:\n{text}"
-        );
-        values.iter().sum()
+        super::Scrape::parse(self.metrics.render()).family(name)
     }
 
     /// A TCP connection arrives; returns its slot.

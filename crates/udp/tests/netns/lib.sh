@@ -110,6 +110,17 @@ fu_link() {
 
 fu_route() { ip -n "$1" route add "$2" via "$3"; }
 
+# fu_series 'NAME{labels}' < PROMETHEUS_TEXT: the series' value. A series
+# that is not there (renamed, or the scrape failed) is an error, never 0:
+# it says so with the scrape on standard error and fails, so that a check
+# such as "nothing dropped" cannot pass on a missing counter.
+fu_series() {
+  awk -v k="$1" '
+    { text = text $0 "\n" }
+    $1 == k { print $2; found = 1 }
+    END { if (!found) { printf "no series %s in the scrape:\n%s", k, text > "/dev/stderr"; exit 1 } }'
+}
+
 # fu_bg NS LOGFILE CMD...: runs CMD in namespace NS in the background and
 # records its pid in FU_PIDS and FU_LAST_PID (do not call in a subshell).
 FU_LAST_PID=""
