@@ -27,8 +27,8 @@ use super::allocate::source_key;
 use super::{Checked, Drop, Limits, Secrets, Sessions};
 use crate::ratelimit::SourceLimiter;
 
-/// Sources whose buckets a shard keeps (a fixed table; two sources that
-/// share an entry evict each other's bucket).
+/// Sources whose buckets a shard keeps (a fixed table; a source that takes
+/// over an entry takes its bucket as it is: see [`SourceLimiter`]).
 const SOURCES: usize = 4096;
 
 /// What became of a checked message under the lock.
