@@ -70,7 +70,10 @@ pub fn allocate_pair(
         peer: b,
         ip: std::net::Ipv4Addr::LOCALHOST.into(),
         request_id: 0,
-        conns: [1, 2],
+        // Connection numbers no DERP connection has (the DERP server's are
+        // a shard index, under 1024, above a generation count), so the
+        // clients' own relayAllocates later count as new connections.
+        conns: [u64::MAX - 1, u64::MAX],
     };
     let offers = sessions
         .allocate(&request, std::time::Instant::now())
