@@ -1,5 +1,5 @@
 //! The relay-session limits the README states, with the defaults `ferry
-//! --relay-port` uses: a key is in at most 32 sessions, one source IP asks
+//! --relay-port` uses: a key takes part in at most 32 sessions, one source asks
 //! for at most 256, and sessions not bound within 30 s or idle for 60 s are
 //! freed. (The mechanism with other limits is tested in the crate's unit
 //! tests; this pins the numbers.)
@@ -31,11 +31,13 @@ fn a_key_is_in_at_most_32_sessions_and_an_ip_asks_for_at_most_256() {
     );
     let now = Instant::now();
     let mut t = SessionTable::new(limits, now);
-    // One key with 32 peers, each asking from its own address.
+    // One key asking for sessions with 33 peers, each time from another
+    // address (sessions others open with a key count against it only once
+    // it joins them: `crates/udp/src/session/tests.rs`).
     let popular = keys(0, 1)[0];
     for (i, peer) in keys(1, 33).iter().enumerate() {
         let ip = IpAddr::from([198, 51, 100, i as u8]);
-        let got = t.allocate(peer, &popular, ip, now);
+        let got = t.allocate(&popular, peer, ip, now);
         if i < 32 {
             assert!(got.is_ok(), "session {i}: {got:?}");
         } else {
