@@ -39,11 +39,14 @@ DEFAULT_SAMPLE = "5s"
 
 
 def server_state(server):
-    """RSS, descriptors and memory gauges of a running server, now."""
+    """RSS, descriptors and memory gauges of a running server, now. The
+    descriptors are counted before the scrape, whose own connection the
+    server may not have closed yet when the answer is read."""
+    usage = soak_udp.process_usage(server.proc.pid)
     gauges = {k: v for k, v in server.varz().items()
               if any(k.startswith(p) for p in ("ferry_queued_bytes", "ferry_recv_buffer", "ferry_buffer",
                                                 "ferry_heap", "derp_current_connections"))}
-    return soak_udp.process_usage(server.proc.pid) | {"gauges": gauges}
+    return usage | {"gauges": gauges}
 
 
 def bench_cmd(ctx, server, a, out, extra):

@@ -225,10 +225,13 @@ class Relay:
 
     def state(self):
         """RSS, descriptors, metrics and the kernel's backlog drops, now
-        (`at`: time.time() when the metrics were read)."""
+        (`at`: time.time() when the metrics were read). The descriptors
+        are counted before the scrape, whose own connection the relay may
+        not have closed yet when the answer is read."""
+        usage = process_usage(self.pid())
         gauges = self.metrics()
         at = time.time()
-        return process_usage(self.pid()) | {"gauges": gauges, "backlog_drops": backlog_drops(), "at": at}
+        return usage | {"gauges": gauges, "backlog_drops": backlog_drops(), "at": at}
 
     def __exit__(self, *exc):
         self.end_sessions()
