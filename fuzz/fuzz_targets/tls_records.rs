@@ -1,4 +1,4 @@
-//! Fuzz target: `ferry_relay::fuzzing::tls_records`.
+//! Fuzz target: `ferry_derp::fuzzing::tls_records`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_relay::fuzzing::tls_records(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_derp::fuzzing::tls_records(data));

@@ -35,7 +35,7 @@ func TestAdmission(t *testing.T) {
 				if kind == testbed.Ferry && ferryErr != nil {
 					t.Fatal(ferryErr)
 				}
-				opts := testbed.RelayOptions{Kind: kind}
+				opts := testbed.DerpServerOptions{Kind: kind}
 				cfg := testbed.Config{Bins: bins, Logf: t.Logf}
 				switch how {
 				case "headscale-verify":

@@ -67,7 +67,7 @@ func setup(t *testing.T) {
 // relayConfigs are the relays every run covers, in order: ferry over TLS
 // and plain HTTP, then derper the same two ways for comparison.
 // INTEROP_SERVERS (derper,ferry) narrows the list, as in the interop suite.
-func relayConfigs(t *testing.T) []testbed.RelayOptions {
+func relayConfigs(t *testing.T) []testbed.DerpServerOptions {
 	kinds := []string{testbed.Ferry, testbed.Derper}
 	if v := strings.TrimSpace(os.Getenv("INTEROP_SERVERS")); v != "" {
 		kinds = nil
@@ -83,10 +83,10 @@ func relayConfigs(t *testing.T) []testbed.RelayOptions {
 	}
 	// FERRY_ARGS: extra ferry flags, as in the interop suite ("--io epoll").
 	ferryArgs := strings.Fields(os.Getenv("FERRY_ARGS"))
-	var out []testbed.RelayOptions
+	var out []testbed.DerpServerOptions
 	for _, k := range kinds {
 		for _, tls := range []bool{true, false} {
-			o := testbed.RelayOptions{Kind: k, TLS: tls}
+			o := testbed.DerpServerOptions{Kind: k, TLS: tls}
 			if k == testbed.Ferry {
 				o.ExtraArgs = ferryArgs
 			}
@@ -127,7 +127,7 @@ func TestTailscaleThroughRelay(t *testing.T) {
 // least N/tunnelMTU packets through the relay.
 const tunnelMTU = 1280
 
-func checkRelay(t *testing.T, opts testbed.RelayOptions) string {
+func checkRelay(t *testing.T, opts testbed.DerpServerOptions) string {
 	start := time.Now()
 	bed := testbed.New(testbed.Config{Bins: bins, Relay: opts, Logf: t.Logf})
 	t.Cleanup(bed.Close)

@@ -42,8 +42,8 @@ func TestMeshRegion(t *testing.T) {
 
 func checkMeshRegion(t *testing.T, kinds [2]string) string {
 	ferryArgs := strings.Fields(os.Getenv("FERRY_ARGS"))
-	opts := func(kind string) testbed.RelayOptions {
-		o := testbed.RelayOptions{Kind: kind, TLS: true}
+	opts := func(kind string) testbed.DerpServerOptions {
+		o := testbed.DerpServerOptions{Kind: kind, TLS: true}
 		if kind == testbed.Ferry {
 			o.ExtraArgs = ferryArgs
 		}

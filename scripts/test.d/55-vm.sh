@@ -78,7 +78,7 @@ bash .ci/setup.d/10-derper.sh
 guest=$(bash scripts/vm/build-guest.sh)
 plan=$target/vm/plan.sh
 sys_lib=$(exe ferry_sys)
-relay_lib=$(exe ferry_relay)
+relay_lib=$(exe ferry_derp)
 ktls_rx=$(exe ktls_rx)
 ktls=$(exe ktls)
 tls_relay=$(exe tls_relay)

@@ -107,15 +107,15 @@ run "io_uring usable" 30 "$URING_PROBE"
 export FERRY_REQUIRE_KTLS=1
 libtest=(bash scripts/lib/expect.sh libtest)
 run "ferry-sys ktls unit tests" 120 "${libtest[@]}" 12 env -C crates/sys "$SYS_LIB" ktls --test-threads=2 --color never
-run "ferry-relay ktls unit tests" 120 "${libtest[@]}" 5 env -C crates/relay "$RELAY_LIB" ktls --test-threads=2 --color never
+run "ferry-derp ktls unit tests" 120 "${libtest[@]}" 5 env -C crates/derp "$RELAY_LIB" ktls --test-threads=2 --color never
 run "ferry-engine ktls_rx" 120 "${libtest[@]}" 1 env -C crates/engine "$KTLS_RX" --test-threads=2 --color never
 # tests/ktls.rs drives the epoll driver itself (the one back end that reads
 # kTLS records); tls_relay.rs runs the relay on each back end: on epoll
 # the sessions move into the kernel, on io_uring they are refused with
 # reason "backend" and stay in userspace.
-run "ferry-relay ktls" 300 "${libtest[@]}" 1 env -C crates/relay "$KTLS" --test-threads=2 --color never --nocapture
+run "ferry-derp ktls" 300 "${libtest[@]}" 1 env -C crates/derp "$KTLS" --test-threads=2 --color never --nocapture
 for io in epoll uring; do
-  run "ferry-relay tls_relay ($io)" 300 "${libtest[@]}" 1 env -C crates/relay FERRY_IO=$io "$TLS_RELAY" --test-threads=2 --color never --nocapture
+  run "ferry-derp tls_relay ($io)" 300 "${libtest[@]}" 1 env -C crates/derp FERRY_IO=$io "$TLS_RELAY" --test-threads=2 --color never --nocapture
 done
 unset FERRY_REQUIRE_KTLS
 # Kernel WireGuard peers through `ferry udp-relay` in namespaces.
@@ -147,7 +147,7 @@ run "ferry link netns with kernel WireGuard" 400 env FU_WG=kernel "${link_env[@]
 # It is selected by name: it and both its back ends must pass.
 run "Tailscale's DERP client against ferry --ktls on" 180 bash scripts/lib/expect.sh passed \
   "TestKernelTLS TestKernelTLS/epoll TestKernelTLS/uring" env -C interop INTEROP_KTLS=1 INTEROP_SERVERS=ferry \
-  FERRY_BIN="$FERRY_BIN" FERRY_ARGS="--log info,ferry_relay=debug" "$INTEROP_TEST" -test.run '^TestKernelTLS$' -test.count=1 -test.v
+  FERRY_BIN="$FERRY_BIN" FERRY_ARGS="--log info,ferry_derp=debug" "$INTEROP_TEST" -test.run '^TestKernelTLS$' -test.count=1 -test.v
 
 # The ferry binary over TLS: one ferry on epoll with --ktls MODE, loaded by
 # ferry-bench (4 peers in 2 pairs, unpaced) for SECS. Every connection

@@ -196,7 +196,7 @@ fn throughput_with_stuck_receivers_against_the_ceiling() {
 fn stuck_receivers_cut_off_by_a_relay() {
     // A Ferry relay that closes a client after 300 ms without write
     // progress: both stuck receivers must be counted as cut off.
-    let mut config = ferry_relay::RelayConfig::new(NodePrivate::generate());
+    let mut config = ferry_derp::DerpConfig::new(NodePrivate::generate());
     config.write_timeout = Some(Duration::from_millis(300));
     let server = support::relay(config, "127.0.0.1:0");
     let url = format!("http://{}", server.listen_addrs[0]);
@@ -212,7 +212,7 @@ fn sampled_run_against_a_relay() {
     // A soak in miniature: 1.2 s of load sampled every 200 ms, against a
     // Ferry relay (this process) whose metrics carry the heap gauges.
     let server = support::relay(
-        ferry_relay::RelayConfig::new(NodePrivate::generate()),
+        ferry_derp::DerpConfig::new(NodePrivate::generate()),
         "127.0.0.1:0",
     );
     let url = format!("http://{}", server.listen_addrs[0]);

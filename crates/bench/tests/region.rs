@@ -9,9 +9,9 @@ mod support;
 
 use ferry_bench::report::{ModeResult, Report};
 use ferry_bench::varz::parse_prometheus;
+use ferry_derp::mesh::MeshPeer;
+use ferry_derp::tls::{self, CertMode};
 use ferry_proto::key::{MeshKey, NodePrivate};
-use ferry_relay::mesh::MeshPeer;
-use ferry_relay::tls::{self, CertMode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -48,8 +48,8 @@ fn free_port() -> u16 {
 }
 
 /// A TLS node on `port` meshed with every node in `region`.
-fn node(port: u16, region: &str, mesh_key: &MeshKey, certdir: &Path) -> ferry_relay::Server {
-    let mut config = ferry_relay::RelayConfig::new(NodePrivate::generate());
+fn node(port: u16, region: &str, mesh_key: &MeshKey, certdir: &Path) -> ferry_derp::Server {
+    let mut config = ferry_derp::DerpConfig::new(NodePrivate::generate());
     let setup = tls::server_config(
         &CertMode::Manual {
             certdir: certdir.to_owned(),
@@ -65,7 +65,7 @@ fn node(port: u16, region: &str, mesh_key: &MeshKey, certdir: &Path) -> ferry_re
 }
 
 /// Waits (at most 20 s) until every node has its link to the other up.
-fn wait_for_mesh(nodes: &[&ferry_relay::Server]) {
+fn wait_for_mesh(nodes: &[&ferry_derp::Server]) {
     let deadline = Instant::now() + Duration::from_secs(20);
     for _ in 0..400 {
         let up = nodes.iter().all(|n| {

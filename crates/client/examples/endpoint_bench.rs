@@ -26,7 +26,7 @@
 //! send to the last arrival.
 
 use ferry_client::{
-    Datagrams, Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions, SendError,
+    Datagrams, DerpServerOptions, Endpoint, EndpointOptions, PathKind, PeerOptions, SendError,
 };
 use ferry_proto::key::NodePrivate;
 use std::time::{Duration, Instant};
@@ -66,7 +66,7 @@ fn args() -> Result<Args, String> {
             "--path" => {
                 a.path = match value.as_str() {
                     "direct" => PathKind::Direct,
-                    "relay" => PathKind::Relay,
+                    "relay" => PathKind::RelaySession,
                     "derp" => PathKind::Derp,
                     other => return Err(format!("--path {other}: direct, relay or derp")),
                 }
@@ -94,7 +94,7 @@ fn args() -> Result<Args, String> {
 }
 
 async fn endpoint(url: &str) -> Endpoint {
-    let mut relay = RelayOptions::new("bench", url);
+    let mut relay = DerpServerOptions::new("bench", url);
     // No STUN: both endpoints are on loopback.
     relay.stun = Some("127.0.0.1:9".parse().expect("literal"));
     let mut o = EndpointOptions::new(NodePrivate::generate(), vec![relay]);

@@ -215,7 +215,7 @@ pub(crate) async fn dial(
         config.keepalive_timeout = options.keepalive_timeout;
         config.box_key = box_key;
         if options.relay_sessions {
-            config.info.ferry_relay = ferry_proto::relay_session::VERSION;
+            config.info.ferry_derp = ferry_proto::relay_session::VERSION;
         }
         let client = match leftover {
             None => derp::Client::new(config, now(), nacl::random_nonce()),
@@ -305,7 +305,7 @@ async fn handshake(conn: &mut Conn, mut leftover: Vec<u8>) -> Result<(), Error> 
             } => {
                 server_key = Some(k);
                 relay_port = info
-                    .ferry_relay
+                    .ferry_derp
                     .filter(|r| r.version >= ferry_proto::relay_session::VERSION && r.port != 0)
                     .map(|r| r.port);
             }

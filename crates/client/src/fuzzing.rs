@@ -83,7 +83,7 @@ fn relay_addr(i: u8) -> SocketAddr {
 
 /// A relay session of peer `p`: one of four per peer, never shared.
 fn relay(p: u8, i: u8) -> PathAddr {
-    PathAddr::Relay {
+    PathAddr::RelaySession {
         vni: 0x100 * u32::from(1 + p % PEERS as u8) + u32::from(i % 4),
         addr: relay_addr(i >> 2),
     }
@@ -102,7 +102,7 @@ fn kind(sel: u8) -> Option<PathKind> {
     match sel % 4 {
         0 => None,
         1 => Some(PathKind::Direct),
-        2 => Some(PathKind::Relay),
+        2 => Some(PathKind::RelaySession),
         _ => Some(PathKind::Derp),
     }
 }
@@ -213,7 +213,10 @@ fn check(paths: &Paths, m: &Model) {
         let st = status(paths, &key);
         assert_eq!(st.paths[0].addr, PathAddr::Derp, "DERP comes first");
         assert!(st.paths.len() <= MAX_PATHS, "{} paths", st.paths.len());
-        let relays = st.paths.iter().filter(|p| p.addr.kind() == PathKind::Relay);
+        let relays = st
+            .paths
+            .iter()
+            .filter(|p| p.addr.kind() == PathKind::RelaySession);
         assert!(relays.count() <= 1, "more than one relay path");
         let is_usable =
             |s: &crate::PathStatus| s.addr == PathAddr::Derp || s.state == PathState::Working;
@@ -344,7 +347,7 @@ pub fn paths(data: &[u8]) {
             }
             3 => {
                 let r = (b & 0x80 == 0).then(|| match relay(a, c) {
-                    PathAddr::Relay { vni, addr } => (vni, addr),
+                    PathAddr::RelaySession { vni, addr } => (vni, addr),
                     _ => unreachable!("relay() makes relay paths"),
                 });
                 paths.set_relay(now, &key, r);

@@ -63,9 +63,9 @@ mod tls;
 pub use backoff::BackoffOptions;
 pub use client::{DerpClient, DerpSender, Event, Options, Stats};
 pub use endpoint::{
-    Datagrams, Endpoint, EndpointError, EndpointEvent, EndpointOptions, EndpointStats, PathAddr,
-    PathEvent, PathKind, PathState, PathStatus, PeerOptions, PeerStatus, RelayOptions, RelayStatus,
-    SendError, SendReport, SwitchReason,
+    Datagrams, DerpServerOptions, Endpoint, EndpointError, EndpointEvent, EndpointOptions,
+    EndpointStats, PathAddr, PathEvent, PathKind, PathState, PathStatus, PeerOptions, PeerStatus,
+    RelayStatus, SendError, SendReport, SwitchReason,
 };
 pub use error::Error;
 pub use target::{Target, Verify};

@@ -15,12 +15,12 @@ mod ferry_in_process;
 mod support;
 
 use ferry_client::{
-    BackoffOptions, Endpoint, EndpointOptions, Options, PathAddr, PathEvent, PathKind, PathState,
-    PeerOptions, RelayOptions, SwitchReason,
+    BackoffOptions, DerpServerOptions, Endpoint, EndpointOptions, Options, PathAddr, PathEvent,
+    PathKind, PathState, PeerOptions, SwitchReason,
 };
+use ferry_derp::DerpConfig;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::relay_session::{BindKind, BindMsg};
-use ferry_relay::RelayConfig;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -40,8 +40,8 @@ fn down_bound(o: &EndpointOptions) -> Duration {
     o.timing.dead_after * 2
 }
 
-fn relay(url: String) -> RelayOptions {
-    let mut r = RelayOptions::new("test", url);
+fn relay(url: String) -> DerpServerOptions {
+    let mut r = DerpServerOptions::new("test", url);
     let mut o = Options::default();
     o.backoff = BackoffOptions {
         initial: Duration::from_millis(50),
@@ -402,7 +402,7 @@ async fn stun_learns_the_public_address_and_announces_it() {
         .local_addr()
         .unwrap();
     let (server, url) =
-        ferry_in_process::start(RelayConfig::new(NodePrivate::generate()), Some(stun));
+        ferry_in_process::start(DerpConfig::new(NodePrivate::generate()), Some(stun));
     let mut o = options(&url);
     o.relays[0].stun = Some(stun);
     let e = Endpoint::bind(o).await.expect("bind");
@@ -543,7 +543,7 @@ async fn derp_resumes_after_the_relay_restarts() {
 async fn only_relay_goes_through_a_bound_session() {
     let relay = ferry_in_process::SessionRelay::start();
     let only = PeerOptions {
-        only: Some(PathKind::Relay),
+        only: Some(PathKind::RelaySession),
         ..PeerOptions::default()
     };
     let (a, b) = pair(options(&relay.url), options(&relay.url), only).await;
@@ -551,8 +551,8 @@ async fn only_relay_goes_through_a_bound_session() {
     assert!(port.is_some(), "{:?}", a.relay_status());
     let (ka, kb) = (a.public_key(), b.public_key());
     b.add_peer(ka, only);
-    until_active(&a, &kb, PathKind::Relay, QUICK).await;
-    until_active(&b, &ka, PathKind::Relay, QUICK).await;
+    until_active(&a, &kb, PathKind::RelaySession, QUICK).await;
+    until_active(&b, &ka, PathKind::RelaySession, QUICK).await;
     for i in 0..20u32 {
         a.send(&kb, &i.to_be_bytes()).unwrap();
         assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes());
@@ -560,7 +560,7 @@ async fn only_relay_goes_through_a_bound_session() {
         assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes());
     }
     let st = a.peer_status(&kb).unwrap();
-    let Some(PathAddr::Relay { addr, .. }) = st.active else {
+    let Some(PathAddr::RelaySession { addr, .. }) = st.active else {
         panic!("{st:?}")
     };
     assert_eq!(Some(addr.port()), port);
@@ -581,7 +581,7 @@ async fn direct_dies_down_to_the_relay_session_not_derp() {
         let relay_works = st
             .paths
             .iter()
-            .any(|p| p.addr.kind() == PathKind::Relay && p.state == PathState::Working);
+            .any(|p| p.addr.kind() == PathKind::RelaySession && p.state == PathState::Working);
         if relay_works {
             break;
         }
@@ -595,7 +595,11 @@ async fn direct_dies_down_to_the_relay_session_not_derp() {
     let cut = Instant::now();
     wire.set_up(false);
     let ev = next_event(&mut events, &kb, QUICK).await;
-    assert_eq!(ev.to.map(|p| p.kind()), Some(PathKind::Relay), "{ev:?}");
+    assert_eq!(
+        ev.to.map(|p| p.kind()),
+        Some(PathKind::RelaySession),
+        "{ev:?}"
+    );
     assert_eq!(ev.reason, SwitchReason::Silent);
     let took = ev.at.saturating_duration_since(cut);
     let bound = down_bound(&options(&relay.url));
@@ -660,13 +664,13 @@ async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
         flood(b.local_addr(), for_b.vni, for_b.slot, stop.clone()),
     ];
     let only = PeerOptions {
-        only: Some(PathKind::Relay),
+        only: Some(PathKind::RelaySession),
         ..PeerOptions::default()
     };
     a.add_peer(kb, only);
     b.add_peer(ka, only);
-    until_active(&a, &kb, PathKind::Relay, QUICK).await;
-    until_active(&b, &ka, PathKind::Relay, QUICK).await;
+    until_active(&a, &kb, PathKind::RelaySession, QUICK).await;
+    until_active(&b, &ka, PathKind::RelaySession, QUICK).await;
     for i in 0..10u32 {
         a.send(&kb, &i.to_be_bytes()).unwrap();
         let (from, data) = tokio::time::timeout(QUICK, b.recv())
@@ -680,7 +684,7 @@ async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
         let sent = f.join().unwrap();
         let st = e.peer_status(peer).unwrap();
         assert!(
-            matches!(st.active, Some(PathAddr::Relay { vni, .. }) if vni == for_a.vni),
+            matches!(st.active, Some(PathAddr::RelaySession { vni, .. }) if vni == for_a.vni),
             "{st:?}"
         );
         let stats = e.stats();

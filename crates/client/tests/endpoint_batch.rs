@@ -14,7 +14,9 @@
 mod ferry_in_process;
 mod support;
 
-use ferry_client::{Datagrams, Endpoint, EndpointOptions, PathKind, PeerOptions, RelayOptions};
+use ferry_client::{
+    Datagrams, DerpServerOptions, Endpoint, EndpointOptions, PathKind, PeerOptions,
+};
 use ferry_proto::key::{NodePrivate, NodePublic};
 use std::time::Duration;
 use support::{Kind, TestServer};
@@ -29,7 +31,7 @@ const DIRECT: PeerOptions = PeerOptions {
 };
 
 async fn endpoint(url: &str, queue: usize) -> Endpoint {
-    let mut r = RelayOptions::new("test", url);
+    let mut r = DerpServerOptions::new("test", url);
     // Nothing listens there: no STUN.
     r.stun = Some("127.0.0.1:9".parse().unwrap());
     let mut o = EndpointOptions::new(NodePrivate::generate(), vec![r]);
@@ -365,7 +367,7 @@ fn every_size_crosses_a_1500_byte_mtu_through_a_relay_session() {
         let a = endpoint(&relay.url, 4096).await;
         let b = endpoint(&relay.url, 4096).await;
         let only = PeerOptions {
-            only: Some(PathKind::Relay),
+            only: Some(PathKind::RelaySession),
             ..DIRECT
         };
         joined(&a, &b, only).await;

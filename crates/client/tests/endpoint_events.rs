@@ -11,8 +11,8 @@ mod ferry_in_process;
 mod support;
 
 use ferry_client::{
-    BackoffOptions, Endpoint, EndpointEvent, EndpointOptions, Options, PathKind, PeerOptions,
-    RelayOptions,
+    BackoffOptions, DerpServerOptions, Endpoint, EndpointEvent, EndpointOptions, Options, PathKind,
+    PeerOptions,
 };
 use ferry_proto::key::NodePrivate;
 use std::net::SocketAddr;
@@ -31,7 +31,7 @@ fn options(url: &str, key: NodePrivate) -> EndpointOptions {
 }
 
 fn options_at(url: &str, key: NodePrivate, bind: &str) -> EndpointOptions {
-    let mut r = RelayOptions::new("test", url);
+    let mut r = DerpServerOptions::new("test", url);
     let mut o = Options::default();
     o.backoff = BackoffOptions {
         initial: Duration::from_millis(50),
@@ -224,7 +224,7 @@ async fn relay_sessions_start_once_a_late_relay_is_up() {
     let gate = Gate::start(upstream).await;
     let url = format!("http://{}/derp", gate.addr);
     let only = PeerOptions {
-        only: Some(PathKind::Relay),
+        only: Some(PathKind::RelaySession),
         ..PeerOptions::default()
     };
     let a = Endpoint::bind(options(&url, NodePrivate::generate()))
@@ -253,7 +253,7 @@ async fn relay_sessions_start_once_a_late_relay_is_up() {
     assert!(relay_port.is_some());
     let kb = b.public_key();
     event(&mut events, QUICK, "a relay-session path", |e| {
-        matches!(e, EndpointEvent::Path(p) if p.peer == kb && p.to.map(|t| t.kind()) == Some(PathKind::Relay))
+        matches!(e, EndpointEvent::Path(p) if p.peer == kb && p.to.map(|t| t.kind()) == Some(PathKind::RelaySession))
     })
     .await;
     delivered(&a, &b, "over the relay session").await;

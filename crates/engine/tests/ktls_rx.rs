@@ -4,7 +4,7 @@
 //! does not need it: a socket in kTLS receive mode is read with
 //! `recvmsg`, and without kTLS keys everything it reads is application
 //! data, reported exactly as a plain read would be. Non-data records
-//! through the driver are covered by `ferry-relay`'s `tests/ktls.rs`,
+//! through the driver are covered by `ferry-derp`'s `tests/ktls.rs`,
 //! which runs where the kernel has kTLS and says why it skips otherwise.
 
 use std::io::{ErrorKind, Write};

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
-use ferry_relay::tls::AcmeState;
+use ferry_derp::tls::AcmeState;
 use ferry_sys::files::Existing;
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
@@ -75,7 +75,7 @@ pub(crate) struct AcmeStats {
 
 impl AcmeStats {
     pub(crate) fn render(&self, w: &mut String) {
-        use ferry_relay::metrics::{write_counter, write_gauge};
+        use ferry_derp::metrics::{write_counter, write_gauge};
         write_gauge(
             w,
             "ferry_tls_cert_not_after_seconds",

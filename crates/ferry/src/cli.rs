@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use ferry_relay::tls::CertMode;
+use ferry_derp::tls::CertMode;
 
 /// Ferry: a DERP relay for Tailscale and WireGuard traffic.
 #[derive(Parser, Debug)]
@@ -236,14 +236,14 @@ pub(crate) struct Args {
     /// Kernel TLS: auto (move TLS sessions into the kernel where the TLS
     /// ULP is available), on (fail to start without it), or off.
     #[arg(long, default_value = "auto")]
-    pub ktls: ferry_relay::ktls::KtlsMode,
+    pub ktls: ferry_derp::ktls::KtlsMode,
 
     /// TLS record layer after a TLS 1.3 handshake where kernel TLS is not
     /// used: ferry (Ferry's own: records opened and sealed in place, rustls
     /// dropped after the handshake) or rustls (rustls for the whole
     /// connection). TLS 1.2 always stays on rustls.
     #[arg(long = "tls-records", default_value = "ferry")]
-    pub tls_records: ferry_relay::tls_records::TlsRecords,
+    pub tls_records: ferry_derp::tls_records::TlsRecords,
 
     /// Extra listener serving Prometheus metrics at /metrics (any client;
     /// /debug/varz on the main listener is loopback-only).
@@ -434,7 +434,7 @@ pub(crate) fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter> {
         if bare && d.parse::<LevelFilter>().is_err() {
             bail!(
                 "bad directive {d:?}: not a level (error, warn, info, debug, trace, off); \
-                 for one module's logs write target=level, e.g. ferry_relay=debug"
+                 for one module's logs write target=level, e.g. ferry_derp=debug"
             );
         }
     }
@@ -1066,7 +1066,7 @@ mod tests {
     #[test]
     fn log_filters_name_the_bad_directive() {
         assert!(log_filter("info").is_ok());
-        assert!(log_filter("warn,ferry_relay=debug").is_ok());
+        assert!(log_filter("warn,ferry_derp=debug").is_ok());
         let e = log_filter("info,verbose").unwrap_err().to_string();
         assert!(e.starts_with("bad directive \"verbose\""), "{e}");
         let e = log_filter("ferry=loud").unwrap_err().to_string();

@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use ferry_derp::admission::AdmissionConfig;
+use ferry_derp::bootstrap_dns;
+use ferry_derp::tls::{self, CertMode};
+use ferry_derp::{DerpConfig, HomePage, ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_proto::key::{MeshKey, NodePrivate};
 use ferry_proto::rate_config::RateConfig;
-use ferry_relay::admission::AdmissionConfig;
-use ferry_relay::bootstrap_dns;
-use ferry_relay::tls::{self, CertMode};
-use ferry_relay::{HomePage, ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 
 use cli::Args;
 use ferry_sys::signal::Signal;
@@ -80,7 +80,7 @@ fn run() -> Result<()> {
 struct Prepared {
     plan: cli::Plan,
     key: Key,
-    config: RelayConfig,
+    config: DerpConfig,
     rate_path: Option<std::path::PathBuf>,
     dns: std::sync::Arc<bootstrap_dns::BootstrapDns>,
 }
@@ -137,7 +137,7 @@ pub(crate) fn check_derp(args: &Args) -> Result<String> {
 fn prepare(args: &Args) -> Result<Prepared> {
     let plan = cli::Plan::from_args(args)?;
     let key = load_key(args)?;
-    let mut config = RelayConfig::new(key.private.clone());
+    let mut config = DerpConfig::new(key.private.clone());
     config.derp_enabled = args.derp;
     config.write_timeout = plan.write_timeout;
     config.tcp_keepalive = plan.tcp_keepalive;
@@ -163,7 +163,7 @@ fn prepare(args: &Args) -> Result<Prepared> {
         );
     }
 
-    config.mesh_with = ferry_relay::mesh::MeshPeer::parse_list(&args.mesh_with)?;
+    config.mesh_with = ferry_derp::mesh::MeshPeer::parse_list(&args.mesh_with)?;
     if !config.mesh_with.is_empty() && config.mesh_key.is_none() {
         bail!("--mesh-with requires --mesh-psk-file");
     }
@@ -248,8 +248,8 @@ fn serve(args: &Args) -> Result<()> {
         Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
     }
     // Memory taken by load goes back when the load does (issue 17).
-    ferry_relay::heap::tune();
-    if let Err(e) = ferry_relay::heap::spawn_trimmer(ferry_relay::heap::TRIM_EVERY) {
+    ferry_derp::heap::tune();
+    if let Err(e) = ferry_derp::heap::spawn_trimmer(ferry_derp::heap::TRIM_EVERY) {
         tracing::warn!(error = %e, "could not start the heap trimmer");
     }
 
@@ -287,7 +287,7 @@ fn serve(args: &Args) -> Result<()> {
                 // Same certificate resolver (and reloader), plus what a
                 // hand-off to the kernel needs.
                 let mut server_config = (*setup.config).clone();
-                ferry_relay::ktls::allow_kernel_tls(&mut server_config);
+                ferry_derp::ktls::allow_kernel_tls(&mut server_config);
                 config.tls = Some(std::sync::Arc::new(server_config));
                 config.ktls = true;
                 tracing::info!("kernel TLS: sessions move into the kernel after the handshake");
@@ -381,13 +381,13 @@ fn serve(args: &Args) -> Result<()> {
         let rate_now = rate_now.clone();
         server.metrics().add_source(Box::new(move |w| {
             let rate = *rate_now.lock().expect("rate lock");
-            ferry_relay::metrics::write_gauge(
+            ferry_derp::metrics::write_gauge(
                 w,
                 "derp_rate_limit_per_client_bytes_per_second",
                 "Per-client receive limit (--rate-config); 0 is none.",
                 rate.bytes_per_sec as i64,
             );
-            ferry_relay::metrics::write_gauge(
+            ferry_derp::metrics::write_gauge(
                 w,
                 "derp_rate_limit_per_client_burst_bytes",
                 "Per-client receive burst (--rate-config).",
@@ -497,7 +497,7 @@ fn certificate_metrics(w: &mut String, setup: &tls::TlsSetup) {
                 .map(|(_, c)| c.validity().not_after.timestamp())
         })
         .unwrap_or(0);
-    ferry_relay::metrics::write_gauge(
+    ferry_derp::metrics::write_gauge(
         w,
         "ferry_tls_certificate_expiry_timestamp_seconds",
         "When the certificate the DERP listener serves expires, in Unix seconds (0: none served yet).",
@@ -632,7 +632,7 @@ fn admission_summary(a: &AdmissionConfig) -> String {
     }
     if let Some(url) = &a.url {
         let open = if a.fail_open { "open" } else { "closed" };
-        let url = ferry_relay::admission::redact_url(url);
+        let url = ferry_derp::admission::redact_url(url);
         parts.push(format!("{url} (fails {open})"));
     }
     if parts.is_empty() {
@@ -642,7 +642,7 @@ fn admission_summary(a: &AdmissionConfig) -> String {
     }
 }
 
-fn print_dev_banner(server: &Server, config: &RelayConfig, scheme: &str, cert_name: Option<&str>) {
+fn print_dev_banner(server: &Server, config: &DerpConfig, scheme: &str, cert_name: Option<&str>) {
     let addr = server.listen_addrs[0];
     let host = addr.ip().to_string();
     let stun_port = server.stun_addr.map_or(-1, |a| i64::from(a.port()));

@@ -353,7 +353,7 @@ fn a_bad_log_filter_is_a_start_up_error() {
     let dir = TempDir::new("log");
     for (env, flag, bad) in [
         (None, "verbose", "verbose"),
-        (None, "info,ferry_relay=loud", "ferry_relay=loud"),
+        (None, "info,ferry_derp=loud", "ferry_derp=loud"),
         (Some("debu"), "info", "debu"),
     ] {
         let mut c = relay(&dir, &["--log", flag]);

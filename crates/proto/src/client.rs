@@ -781,7 +781,7 @@ impl Client {
 
     /// Asks the server for a relay session with `a.peer`
     /// (`docs/relay-sessions.md` §2). Only useful when the client asked for
-    /// sessions (`ClientInfo::ferry_relay`) and the server's serverInfo
+    /// sessions (`ClientInfo::ferry_derp`) and the server's serverInfo
     /// offered them; any other server ignores the frame.
     pub fn relay_allocate(
         &mut self,
@@ -1132,7 +1132,7 @@ impl Session {
             on_event(Event::Packet { src, packet });
             return;
         }
-        if self.info.ferry_relay != 0 {
+        if self.info.ferry_derp != 0 {
             use crate::relay_session::{parse_frame, RelayFrame};
             match parse_frame(ty, payload) {
                 Some(Ok(RelayFrame::Session(offer))) => {

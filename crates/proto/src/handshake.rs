@@ -159,7 +159,7 @@ pub struct ClientInfo {
     /// Ferry's relay-session capability (`"ferryRelay": 1`,
     /// `docs/relay-sessions.md` §1): the version the client speaks, 0 when
     /// it did not ask (omitted from the JSON).
-    pub ferry_relay: u32,
+    pub ferry_derp: u32,
 }
 
 impl ClientInfo {
@@ -189,8 +189,8 @@ impl ClientInfo {
             out.extend_from_slice(b",\"AppName\":");
             push_string(&mut out, name);
         }
-        if self.ferry_relay != 0 {
-            out.extend_from_slice(format!(",\"ferryRelay\":{}", self.ferry_relay).as_bytes());
+        if self.ferry_derp != 0 {
+            out.extend_from_slice(format!(",\"ferryRelay\":{}", self.ferry_derp).as_bytes());
         }
         out.push(b'}');
         out
@@ -251,7 +251,7 @@ impl FieldSink for ClientInfo {
                 // Anything but a number (a later version's object, say)
                 // means this version cannot tell: no sessions.
                 let v = map.next_value::<serde_json::Value>()?;
-                self.ferry_relay = v.as_u64().map_or(0, |n| saturate_u32(n.into()));
+                self.ferry_derp = v.as_u64().map_or(0, |n| saturate_u32(n.into()));
             }
             _ => {
                 map.next_value::<IgnoredAny>()?;
@@ -273,7 +273,7 @@ pub struct ServerInfo {
     pub token_bucket_bytes_burst: u64,
     /// Ferry's relay sessions (`"ferryRelay": {"version": 1, "port": P}`),
     /// only for clients that asked; `None` when absent or malformed.
-    pub ferry_relay: Option<RelayCapability>,
+    pub ferry_derp: Option<RelayCapability>,
 }
 
 /// The relay-session capability a Ferry relay puts in serverInfo
@@ -293,7 +293,7 @@ impl ServerInfo {
             version: crate::frame::PROTOCOL_VERSION,
             token_bucket_bytes_per_second: 0,
             token_bucket_bytes_burst: 0,
-            ferry_relay: None,
+            ferry_derp: None,
         }
     }
 
@@ -315,7 +315,7 @@ impl ServerInfo {
                 self.token_bucket_bytes_burst
             ));
         }
-        if let Some(r) = self.ferry_relay {
+        if let Some(r) = self.ferry_derp {
             fields.push(format!(
                 "\"ferryRelay\":{{\"version\":{},\"port\":{}}}",
                 r.version, r.port
@@ -346,7 +346,7 @@ impl FieldSink for ServerInfo {
             "tokenbucketbytesburst" => &mut self.token_bucket_bytes_burst,
             "ferryrelay" => {
                 let v = map.next_value::<serde_json::Value>()?;
-                self.ferry_relay = serde_json::from_value(v).ok();
+                self.ferry_derp = serde_json::from_value(v).ok();
                 return Ok(());
             }
             _ => {
@@ -730,7 +730,7 @@ mod tests {
                 is_prober: true,
                 app_name: Some("x".into()),
                 mesh_key: None,
-                ferry_relay: 0,
+                ferry_derp: 0,
             }
         );
         // Later duplicates win; null leaves a field alone.
@@ -776,7 +776,7 @@ mod tests {
             version: 2,
             token_bucket_bytes_per_second: 1000,
             token_bucket_bytes_burst: 70000,
-            ferry_relay: None,
+            ferry_derp: None,
         };
         assert_eq!(
             limited.to_json(),
@@ -798,7 +798,7 @@ mod tests {
         let ask = ClientInfo {
             version: 2,
             can_ack_pings: true,
-            ferry_relay: 1,
+            ferry_derp: 1,
             ..ClientInfo::default()
         };
         assert_eq!(
@@ -807,9 +807,9 @@ mod tests {
         );
         assert_eq!(ClientInfo::from_json(&ask.to_json()).unwrap(), ask);
         let odd = ClientInfo::from_json(br#"{"ferryRelay":{"v":2}}"#).unwrap();
-        assert_eq!(odd.ferry_relay, 0);
+        assert_eq!(odd.ferry_derp, 0);
         let offer = ServerInfo {
-            ferry_relay: Some(RelayCapability {
+            ferry_derp: Some(RelayCapability {
                 version: 1,
                 port: 3479,
             }),
@@ -878,7 +878,7 @@ mod tests {
             can_ack_pings: false,
             is_prober: true,
             app_name: Some("ferry-test".into()),
-            ferry_relay: 1,
+            ferry_derp: 1,
         };
         let sk = server_key_frame(&server.public());
         let learned = parse_server_key(&sk[HEADER_LEN..]).unwrap();

@@ -1,7 +1,7 @@
 //! `/healthz`: whether a relay is serving, for load balancers and
 //! orchestrators. One rendering for both services: the DERP server answers
 //! it on its DERP listener, the port-80 companion and `--metrics-addr`
-//! (`ferry_relay::health`); `ferry udp-relay` on its `--metrics-addr`.
+//! (`ferry_derp::health`); `ferry udp-relay` on its `--metrics-addr`.
 //! Any client may ask: it reveals no more than a home page. The body is
 //! one JSON object:
 //!

@@ -554,7 +554,7 @@ pub struct Offers {
 }
 
 /// The session side of a relay, as the DERP server asks it: implemented by
-/// `ferry-udp`'s session table, used by `ferry-relay`'s shards, so neither
+/// `ferry-udp`'s session table, used by `ferry-derp`'s shards, so neither
 /// crate needs the other.
 pub trait SessionService: Send + Sync {
     /// The UDP port of the session socket (serverInfo's `ferryRelay`).

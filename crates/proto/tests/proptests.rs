@@ -327,13 +327,13 @@ proptest! {
         is_prober: bool,
         app_name in proptest::option::of("\\PC{1,20}"),
     ) {
-        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_relay: 0 };
+        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_derp: 0 };
         prop_assert_eq!(ClientInfo::from_json(&info.to_json()).unwrap(), info);
     }
 
     #[test]
     fn server_info_json_round_trip(version: u32, rate: u64, burst: u64) {
-        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_relay: None };
+        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_derp: None };
         prop_assert_eq!(ServerInfo::from_json(&info.to_json()).unwrap(), info);
     }
 }

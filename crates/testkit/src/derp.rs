@@ -52,7 +52,7 @@ pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
         can_ack_pings: true,
         is_prober: false,
         app_name: None,
-        ferry_relay: 0,
+        ferry_derp: 0,
     }
 }
 

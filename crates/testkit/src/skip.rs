@@ -16,7 +16,7 @@
 //!   fallback on a machine that has the real thing).
 //!
 //! `<test>` is `<package>/<test binary or library>::<test path>`, e.g.
-//! `ferry-relay/relay::ipv6_listener_relays`; the test path is the name
+//! `ferry-derp/relay::ipv6_listener_relays`; the test path is the name
 //! libtest gives the test's thread.
 //!
 //! Use the macros, so that the package is the caller's:

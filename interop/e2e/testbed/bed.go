@@ -17,7 +17,7 @@ import (
 // Config describes one bed.
 type Config struct {
 	Bins  Binaries
-	Relay RelayOptions
+	Relay DerpServerOptions
 	// NodePlace places tailscaled, iperf3 and ping (CPUs, nice value).
 	NodePlace Placement
 	// AllowDirectUDP leaves UDP between the nodes open, so that they find
@@ -35,7 +35,7 @@ type Config struct {
 	// node B's to the relay are refused, so A's home is the relay and B's
 	// the peer, and their traffic crosses the mesh; Bed.AllowAToPeer
 	// lifts A's rule.
-	Peer *RelayOptions
+	Peer *DerpServerOptions
 	Logf Logf
 }
 
@@ -106,7 +106,7 @@ func (b *Bed) Up() error {
 		if b.Cfg.Peer.Kind == Ferry && b.Cfg.Bins.Ferry == "" {
 			return fmt.Errorf("no ferry binary")
 		}
-		var peerOpts RelayOptions
+		var peerOpts DerpServerOptions
 		if relayOpts, peerOpts, err = regionOptions(dir, relayOpts, *b.Cfg.Peer); err != nil {
 			return err
 		}
@@ -261,7 +261,7 @@ const (
 // regionOptions makes the two relay nodes of a region: one CA for both
 // certificates, one mesh key, each with --mesh-with listing both (itself
 // included, as operators write it), trusting the CA.
-func regionOptions(dir string, first, second RelayOptions) (RelayOptions, RelayOptions, error) {
+func regionOptions(dir string, first, second DerpServerOptions) (DerpServerOptions, DerpServerOptions, error) {
 	ca, err := newCA(dir)
 	if err != nil {
 		return first, second, err
@@ -276,7 +276,7 @@ func regionOptions(dir string, first, second RelayOptions) (RelayOptions, RelayO
 	}
 	mesh := fmt.Sprintf("%[1]s:%[2]d/%[3]s,%[1]s:%[4]d/%[3]s", RelayHostname, TLSPort, RelayIP, PeerTLSPort)
 	second.port, second.stunPort = PeerTLSPort, PeerSTUNPort
-	for _, o := range []*RelayOptions{&first, &second} {
+	for _, o := range []*DerpServerOptions{&first, &second} {
 		o.ca = ca
 		o.env = append(o.env, "SSL_CERT_FILE="+ca.File)
 		o.ExtraArgs = append(append([]string(nil), o.ExtraArgs...), "--mesh-psk-file", psk, "--mesh-with", mesh)

@@ -41,8 +41,8 @@ const (
 	STUNPort  = 3478
 )
 
-// RelayOptions select the relay under test.
-type RelayOptions struct {
+// DerpServerOptions select the relay under test.
+type DerpServerOptions struct {
 	Kind string // Ferry or Derper
 	TLS  bool   // TLS with a self-signed certificate the nodes trust; else plain HTTP
 	// Place pins the relay (taskset) and sets its nice value.
@@ -59,7 +59,7 @@ type RelayOptions struct {
 }
 
 // Name is a short label: "ferry-tls", "derper-http", ...
-func (o RelayOptions) Name() string {
+func (o DerpServerOptions) Name() string {
 	if o.TLS {
 		return o.Kind + "-tls"
 	}
@@ -68,7 +68,7 @@ func (o RelayOptions) Name() string {
 
 // Relay is the running DERP server.
 type Relay struct {
-	Opts     RelayOptions
+	Opts     DerpServerOptions
 	Port     int
 	CertFile string // PEM certificate the nodes trust (TLS only)
 	Proc     *Proc
@@ -81,7 +81,7 @@ type Relay struct {
 // derper flags; the relay listens on all addresses of its namespace so
 // that /debug/varz (served to loopback clients only) can be read through
 // 127.0.0.1.
-func startRelay(bin, ns, dir string, o RelayOptions) (*Relay, error) {
+func startRelay(bin, ns, dir string, o DerpServerOptions) (*Relay, error) {
 	r := &Relay{Opts: o, ns: ns}
 	keyFile := filepath.Join(dir, o.Kind+".key")
 	var args []string

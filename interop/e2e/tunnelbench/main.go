@@ -185,7 +185,7 @@ func columnName(kind string) string {
 	if kind == direct {
 		return direct
 	}
-	return testbed.RelayOptions{Kind: kind, TLS: *flagTLS}.Name()
+	return testbed.DerpServerOptions{Kind: kind, TLS: *flagTLS}.Name()
 }
 
 func measure(bins testbed.Binaries, kind string, rep int, rates []string) (s Sample, err error) {
@@ -195,7 +195,7 @@ func measure(bins testbed.Binaries, kind string, rep int, rates []string) (s Sam
 		// nodes switch to their direct UDP path.
 		relayKind = testbed.Derper
 	}
-	opts := testbed.RelayOptions{Kind: relayKind, TLS: *flagTLS, Workers: *flagWorkers,
+	opts := testbed.DerpServerOptions{Kind: relayKind, TLS: *flagTLS, Workers: *flagWorkers,
 		Place: testbed.Placement{CPUs: *flagRelayCPU, Nice: *flagNice}}
 	if relayKind == testbed.Ferry {
 		if opts.Workers == 0 && *flagRelayCPU != "" {

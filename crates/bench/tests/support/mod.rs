@@ -30,13 +30,13 @@ impl Drop for Scratch {
 /// An in-process Ferry relay with one shard and one DERP listener on
 /// `addr` (`127.0.0.1:0` for any port), on the back end `FERRY_TEST_IO`
 /// names (else the default), which it must report.
-pub(crate) fn relay(config: ferry_relay::RelayConfig, addr: &str) -> ferry_relay::Server {
+pub(crate) fn relay(config: ferry_derp::DerpConfig, addr: &str) -> ferry_derp::Server {
     let io = ferry_testkit::backend::mode();
-    let server = ferry_relay::Server::start(ferry_relay::ServerOptions {
+    let server = ferry_derp::Server::start(ferry_derp::ServerOptions {
         config,
-        listeners: vec![ferry_relay::ListenerSpec {
+        listeners: vec![ferry_derp::ListenerSpec {
             addr: addr.parse().unwrap(),
-            kind: ferry_relay::ListenerKind::Derp,
+            kind: ferry_derp::ListenerKind::Derp,
         }],
         workers: 1,
         pin: false,

@@ -317,7 +317,7 @@ impl Driver {
         };
         let path = match header.vni {
             0 => PathAddr::Direct(src),
-            vni => PathAddr::Relay { vni, addr: src },
+            vni => PathAddr::RelaySession { vni, addr: src },
         };
         self.on_message(path, None, msg);
     }

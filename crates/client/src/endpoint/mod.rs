@@ -22,7 +22,7 @@
 //!   is a peer message too (header with VNI 0 ‖ bytes).
 //! - When that relay offers sessions (`docs/relay-sessions.md` §1), the
 //!   endpoint asks for one with the peer over DERP and binds its slot from
-//!   the UDP socket ([`sessions::Sessions`]); once bound, the session is the
+//!   the UDP socket ([`relay_sessions::RelaySessions`]); once bound, the session is the
 //!   peer's relay path, confirmed and kept alive by the same probes.
 //! - Probes are sealed with this endpoint's key and the peer's; a probe
 //!   from a key that is not a peer, or that does not open, is dropped.
@@ -47,11 +47,11 @@
 //!   equal-size runs to one address as GSO trains ([`batch`]).
 //!
 //! ```no_run
-//! use ferry_client::{Endpoint, EndpointOptions, PeerOptions, RelayOptions};
+//! use ferry_client::{Endpoint, EndpointOptions, PeerOptions, DerpServerOptions};
 //! use ferry_proto::key::{NodePrivate, NodePublic};
 //!
 //! # async fn run(peer: NodePublic) -> Result<(), Box<dyn std::error::Error>> {
-//! let relays = vec![RelayOptions::new("home", "https://derp.example.com/derp")];
+//! let relays = vec![DerpServerOptions::new("home", "https://derp.example.com/derp")];
 //! let ep = Endpoint::bind(EndpointOptions::new(NodePrivate::generate(), relays)).await?;
 //! ep.add_peer(peer, PeerOptions::default());
 //! let mut switches = ep.subscribe();
@@ -69,7 +69,7 @@ mod driver;
 mod local;
 mod options;
 pub mod paths;
-pub mod sessions;
+pub mod relay_sessions;
 
 use crate::{DerpClient, DerpSender, Error};
 pub use batch::{gro_segments, BatchSent, Datagrams, UdpBatchSender};
@@ -80,13 +80,13 @@ use ferry_proto::nacl::{self, SharedKey};
 use ferry_proto::peer_msg;
 use ferry_proto::relay_session::SessionOffer;
 use ferry_proto::udp_header::{Header, Protocol};
-pub use options::{EndpointOptions, PeerOptions, RelayOptions};
+pub use options::{DerpServerOptions, EndpointOptions, PeerOptions};
 use paths::{NoPath, Paths, Policy, Transmit};
 pub use paths::{
     PathAddr, PathEvent, PathKind, PathState, PathStats, PathStatus, PeerStatus, SwitchReason,
     Timing,
 };
-use sessions::Sessions;
+use relay_sessions::RelaySessions;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -286,7 +286,7 @@ enum FromRelay {
     Present(NodePublic),
 }
 
-struct Relay {
+struct DerpServer {
     name: String,
     url: String,
     stun: Option<SocketAddr>,
@@ -344,9 +344,9 @@ struct Inner {
     /// An IPv6 socket that also carries IPv4 (`IPV6_V6ONLY` off).
     dual_stack: bool,
     paths: Mutex<Paths>,
-    sessions: Mutex<Sessions>,
+    sessions: Mutex<RelaySessions>,
     peers: RwLock<HashMap<NodePublic, PeerEntry>>,
-    relays: Vec<Relay>,
+    relays: Vec<DerpServer>,
     events: broadcast::Sender<PathEvent>,
     all_events: broadcast::Sender<EndpointEvent>,
     wake: Notify,
@@ -446,7 +446,7 @@ impl Endpoint {
                 send_dropped.clone(),
             )));
             tasks.push(tokio::spawn(derp_reader(i, client, derp_tx.clone())));
-            relays.push(Relay {
+            relays.push(DerpServer {
                 name: r.name.clone(),
                 url: r.url.clone(),
                 stun,
@@ -464,7 +464,7 @@ impl Endpoint {
             local_addr,
             dual_stack,
             paths: Mutex::new(Paths::new(opts.timing, opts.seed)),
-            sessions: Mutex::new(Sessions::new(opts.session_timing)),
+            sessions: Mutex::new(RelaySessions::new(opts.session_timing)),
             peers: RwLock::new(HashMap::new()),
             relays,
             events: broadcast::channel(256).0,
@@ -502,7 +502,7 @@ impl Endpoint {
             PeerEntry {
                 relay,
                 key: Arc::new(SharedKey::new(&self.inner.key, &key)),
-                sessions: matches!(opts.only, None | Some(PathKind::Relay)),
+                sessions: matches!(opts.only, None | Some(PathKind::RelaySession)),
             },
         );
         let policy = Policy {
@@ -536,7 +536,7 @@ impl Endpoint {
                 NoPath::NoneAllowed => SendError::NoPath,
             });
         let result = path.and_then(|path| match path {
-            PathAddr::Direct(addr) | PathAddr::Relay { addr, .. } => {
+            PathAddr::Direct(addr) | PathAddr::RelaySession { addr, .. } => {
                 self.inner.send_payload_udp(vni_of(&path), data, addr)
             }
             PathAddr::Derp => {
@@ -576,7 +576,7 @@ impl Endpoint {
                     Err(NoPath::UnknownPeer) => report.unknown_peer += 1,
                     Err(NoPath::NoneAllowed) => report.no_path += 1,
                     Ok(PathAddr::Derp) => derp.push(i),
-                    Ok(path @ (PathAddr::Direct(addr) | PathAddr::Relay { addr, .. })) => {
+                    Ok(path @ (PathAddr::Direct(addr) | PathAddr::RelaySession { addr, .. })) => {
                         udp.push((self.inner.wire_addr(addr), batch.seal(i, vni_of(&path))));
                     }
                 }
@@ -752,7 +752,7 @@ impl Drop for Endpoint {
 
 fn vni_of(path: &PathAddr) -> u32 {
     match path {
-        PathAddr::Relay { vni, .. } => *vni,
+        PathAddr::RelaySession { vni, .. } => *vni,
         PathAddr::Direct(_) | PathAddr::Derp => 0,
     }
 }
@@ -796,12 +796,12 @@ impl Inner {
         self.paths.lock().expect("not poisoned")
     }
 
-    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, RelaySessions> {
         self.sessions.lock().expect("not poisoned")
     }
 
     /// The relay a peer is reached through over DERP.
-    fn relay_of(&self, peer: &NodePublic) -> Option<&Relay> {
+    fn relay_of(&self, peer: &NodePublic) -> Option<&DerpServer> {
         self.relays.get(self.relay_index_of(peer)?)
     }
 
@@ -850,7 +850,7 @@ impl Inner {
     /// Sends a finished peer message on `path`.
     fn transmit(&self, peer: &NodePublic, path: &PathAddr, buf: Vec<u8>) -> Result<(), SendError> {
         match path {
-            PathAddr::Direct(addr) | PathAddr::Relay { addr, .. } => {
+            PathAddr::Direct(addr) | PathAddr::RelaySession { addr, .. } => {
                 match self.send_udp(&buf, *addr) {
                     Ok(_) => Ok(()),
                     Err(e) => {

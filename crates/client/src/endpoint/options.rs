@@ -2,7 +2,7 @@
 //! queues, its probing; and how each peer is reached.
 
 use super::paths::{PathKind, Timing};
-use super::sessions::SessionTiming;
+use super::relay_sessions::SessionTiming;
 #[cfg(doc)]
 use super::Endpoint;
 use crate::Options;
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// One DERP server the endpoint connects to.
 #[derive(Debug, Clone)]
-pub struct RelayOptions {
+pub struct DerpServerOptions {
     /// A name for status and logs.
     pub name: String,
     /// `http://host:port/derp` or `https://host/derp`.
@@ -24,10 +24,10 @@ pub struct RelayOptions {
     pub stun: Option<SocketAddr>,
 }
 
-impl RelayOptions {
+impl DerpServerOptions {
     /// A relay at `url` with default options.
-    pub fn new(name: impl Into<String>, url: impl Into<String>) -> RelayOptions {
-        RelayOptions {
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> DerpServerOptions {
+        DerpServerOptions {
             name: name.into(),
             url: url.into(),
             options: Options::default(),
@@ -45,7 +45,7 @@ pub struct EndpointOptions {
     pub key: NodePrivate,
     /// The DERP servers, connected to at [`Endpoint::bind`]; peers name
     /// theirs by index.
-    pub relays: Vec<RelayOptions>,
+    pub relays: Vec<DerpServerOptions>,
     /// The UDP socket for direct paths, relay sessions and STUN.
     pub bind: SocketAddr,
     /// Received datagrams held for [`Endpoint::recv`], and datagrams held
@@ -80,7 +80,7 @@ pub struct EndpointOptions {
 impl EndpointOptions {
     /// Defaults: every interface, an ephemeral port, queues of 1024
     /// datagrams, 8 MiB of them received.
-    pub fn new(key: NodePrivate, relays: Vec<RelayOptions>) -> EndpointOptions {
+    pub fn new(key: NodePrivate, relays: Vec<DerpServerOptions>) -> EndpointOptions {
         EndpointOptions {
             key,
             relays,

@@ -45,7 +45,7 @@ pub enum PathKind {
     /// UDP straight to the peer.
     Direct,
     /// UDP through a relay session.
-    Relay,
+    RelaySession,
     /// Packets through the peer's DERP server.
     Derp,
 }
@@ -56,7 +56,7 @@ pub enum PathAddr {
     /// UDP to this address, header VNI 0.
     Direct(SocketAddr),
     /// UDP to a relay's session socket, header VNI `vni`.
-    Relay {
+    RelaySession {
         /// The session id.
         vni: u32,
         /// The relay's session address.
@@ -71,7 +71,7 @@ impl PathAddr {
     pub fn kind(&self) -> PathKind {
         match self {
             PathAddr::Direct(_) => PathKind::Direct,
-            PathAddr::Relay { .. } => PathKind::Relay,
+            PathAddr::RelaySession { .. } => PathKind::RelaySession,
             PathAddr::Derp => PathKind::Derp,
         }
     }
@@ -81,7 +81,7 @@ impl std::fmt::Display for PathAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PathAddr::Direct(a) => write!(f, "direct {a}"),
-            PathAddr::Relay { vni, addr } => write!(f, "relay {addr} session {vni:#x}"),
+            PathAddr::RelaySession { vni, addr } => write!(f, "relay {addr} session {vni:#x}"),
             PathAddr::Derp => f.write_str("DERP"),
         }
     }
@@ -467,11 +467,11 @@ impl Paths {
         let Some(peer) = self.peers.get_mut(key) else {
             return;
         };
-        let new = relay.map(|(vni, addr)| PathAddr::Relay { vni, addr });
+        let new = relay.map(|(vni, addr)| PathAddr::RelaySession { vni, addr });
         let old = peer
             .paths
             .iter()
-            .position(|p| p.addr.kind() == PathKind::Relay);
+            .position(|p| p.addr.kind() == PathKind::RelaySession);
         if old.map(|i| peer.paths[i].addr) == new {
             return;
         }
@@ -528,7 +528,7 @@ impl Paths {
         match probe {
             Probe::Ping { tx } => {
                 let observed = match path {
-                    PathAddr::Direct(a) | PathAddr::Relay { addr: a, .. } => a,
+                    PathAddr::Direct(a) | PathAddr::RelaySession { addr: a, .. } => a,
                     PathAddr::Derp => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
                 };
                 self.transmits.push_back(Transmit {
@@ -828,7 +828,7 @@ impl Paths {
         let peer = self.peers.get(key)?;
         peer.paths
             .iter()
-            .find(|p| p.addr.kind() == PathKind::Relay)
+            .find(|p| p.addr.kind() == PathKind::RelaySession)
             .map(|p| p.state)
     }
 

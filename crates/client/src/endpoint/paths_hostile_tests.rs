@@ -84,7 +84,7 @@ fn call_me_maybe_counts_only_over_derp() {
     m.handle_probe(
         now,
         &peer,
-        PathAddr::Relay {
+        PathAddr::RelaySession {
             vni: 7,
             addr: addr("10.0.0.9:3478"),
         },

@@ -98,7 +98,9 @@ impl Pair {
     fn carries(&self, to_b: bool, path: &PathAddr) -> bool {
         match path {
             PathAddr::Derp => true,
-            PathAddr::Relay { vni, addr: a } => self.relay_up && *vni == VNI && *a == addr(RELAY),
+            PathAddr::RelaySession { vni, addr: a } => {
+                self.relay_up && *vni == VNI && *a == addr(RELAY)
+            }
             PathAddr::Direct(a) => self.direct_up && *a == addr(if to_b { B_ADDR } else { A_ADDR }),
         }
     }
@@ -437,7 +439,7 @@ fn relay_session_between_direct_and_derp() {
     assert_eq!(p.a.relay_state(&p.kb), Some(PathState::Unconfirmed));
     p.run_for(Duration::from_secs(3));
     assert_eq!(p.a.relay_state(&p.kb), Some(PathState::Working));
-    let relay = PathAddr::Relay {
+    let relay = PathAddr::RelaySession {
         vni: VNI,
         addr: addr(RELAY),
     };
@@ -448,7 +450,7 @@ fn relay_session_between_direct_and_derp() {
     assert!(up <= Duration::from_secs(10));
     // Direct dies: down to the relay session (still confirmed), not DERP.
     p.direct_up = false;
-    let down = p.until_active(PathKind::Relay, Duration::from_secs(2));
+    let down = p.until_active(PathKind::RelaySession, Duration::from_secs(2));
     assert!(down <= Duration::from_secs(2));
     p.relay_up = false;
     let down = p.until_active(PathKind::Derp, Duration::from_secs(2));
@@ -460,7 +462,7 @@ fn relay_session_between_direct_and_derp() {
         .collect();
     let (derp, relay, direct) = (
         Some(PathKind::Derp),
-        Some(PathKind::Relay),
+        Some(PathKind::RelaySession),
         Some(PathKind::Direct),
     );
     use SwitchReason::{Better, Silent};
@@ -480,7 +482,7 @@ fn a_removed_relay_session_hands_over_with_its_unanswered_datagrams() {
     let mut p = Pair::new(Policy::default(), true);
     p.direct_up = false;
     p.run_for(Duration::from_secs(3));
-    assert_eq!(p.active_a().unwrap().kind(), PathKind::Relay);
+    assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
     for _ in 0..3 {
         p.a.on_send(&p.kb, 10).unwrap();
     }
@@ -490,7 +492,7 @@ fn a_removed_relay_session_hands_over_with_its_unanswered_datagrams() {
     assert_eq!((ev.reason, ev.lost), (SwitchReason::Removed, 3));
     assert!(p
         .a
-        .owner(&PathAddr::Relay {
+        .owner(&PathAddr::RelaySession {
             vni: VNI,
             addr: addr(RELAY)
         })
@@ -520,11 +522,11 @@ fn prefer_puts_a_kind_first() {
         p.now,
         p.kb,
         Policy {
-            prefer: Some(PathKind::Relay),
+            prefer: Some(PathKind::RelaySession),
             only: None,
         },
     );
-    assert_eq!(p.active_a().unwrap().kind(), PathKind::Relay);
+    assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
     assert_eq!(p.a.poll_event().unwrap().reason, SwitchReason::Policy);
     // The preferred kind dies: the next best, direct.
     p.relay_up = false;

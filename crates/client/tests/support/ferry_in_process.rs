@@ -5,14 +5,14 @@
 //! names, else the default.
 #![allow(dead_code)]
 
+use ferry_derp::{DerpConfig, ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_proto::key::NodePrivate;
-use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 /// Ferry with `config` on a loopback port, STUN at `stun` if given; the
 /// server and its DERP URL.
-pub(crate) fn start(config: RelayConfig, stun: Option<SocketAddr>) -> (Server, String) {
+pub(crate) fn start(config: DerpConfig, stun: Option<SocketAddr>) -> (Server, String) {
     let derp = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
@@ -57,7 +57,7 @@ impl SessionRelay {
             Default::default(),
         )
         .expect("session socket");
-        let mut config = RelayConfig::new(NodePrivate::generate());
+        let mut config = DerpConfig::new(NodePrivate::generate());
         config.relay_sessions = Some(sessions.clone());
         let (server, url) = start(config, None);
         SessionRelay {

@@ -12,8 +12,8 @@
 #![allow(dead_code)]
 
 use ferry_client::{DerpClient, Event};
+use ferry_derp::{DerpConfig, ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_proto::key::NodePrivate;
-use ferry_relay::{ListenerKind, ListenerSpec, RelayConfig, Server, ServerOptions};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -149,7 +149,7 @@ pub(crate) struct TestServer {
     pub(crate) kind: Kind,
     pub(crate) addr: SocketAddr,
     tls: Option<Arc<TestCa>>,
-    tweak: fn(&mut RelayConfig),
+    tweak: fn(&mut DerpConfig),
     ferry: Option<Server>,
     derper: Option<Child>,
     state: TempDir,
@@ -166,7 +166,7 @@ impl TestServer {
     pub(crate) fn start_with(
         kind: Kind,
         tls: Option<Arc<TestCa>>,
-        tweak: fn(&mut RelayConfig),
+        tweak: fn(&mut DerpConfig),
     ) -> TestServer {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -234,10 +234,10 @@ impl TestServer {
     }
 
     fn launch_ferry(&mut self) {
-        let mut cfg = RelayConfig::new(self.ferry_key());
+        let mut cfg = DerpConfig::new(self.ferry_key());
         if let Some(ca) = &self.tls {
-            let setup = ferry_relay::tls::server_config(
-                &ferry_relay::tls::CertMode::Manual {
+            let setup = ferry_derp::tls::server_config(
+                &ferry_derp::tls::CertMode::Manual {
                     certdir: ca.dir.path().to_owned(),
                     hostname: "localhost".into(),
                 },

@@ -243,7 +243,7 @@ impl Errors<'_> {
     fn path_kind(&self, value: &Spanned<String>, field: &str) -> Result<PathKind, ConfigError> {
         match value.get_ref().as_str() {
             "direct" => Ok(PathKind::Direct),
-            "relay" => Ok(PathKind::Relay),
+            "relay" => Ok(PathKind::RelaySession),
             "derp" => Ok(PathKind::Derp),
             other => Err(self.at(
                 value,
@@ -630,8 +630,8 @@ relay = "relay1"
         .unwrap();
         assert_eq!(c.bind, "10.0.0.2:0".parse().unwrap());
         assert_eq!(c.relays[0].stun, Some("10.0.0.1:3479".parse().unwrap()));
-        assert_eq!(c.peers[1].prefer, Some(PathKind::Relay));
-        assert_eq!(c.peers[1].only, Some(PathKind::Relay));
+        assert_eq!(c.peers[1].prefer, Some(PathKind::RelaySession));
+        assert_eq!(c.peers[1].only, Some(PathKind::RelaySession));
         let e = err(&f.replace("relay = \"relay1\"", "only = \"udp\""));
         assert!(
             e.starts_with("link.toml:24: peer[1].only: \"udp\": the kinds of path are \"direct\""),

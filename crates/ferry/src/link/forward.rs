@@ -34,8 +34,8 @@ use std::os::fd::AsFd;
 use anyhow::{Context, Result};
 use ferry_client::endpoint::{gro_segments, Datagrams, UdpBatchSender};
 use ferry_client::{
-    Endpoint, EndpointEvent, EndpointOptions, Options, PathEvent, PathKind, PeerOptions,
-    RelayOptions,
+    DerpServerOptions, Endpoint, EndpointEvent, EndpointOptions, Options, PathEvent, PathKind,
+    PeerOptions,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_sys::mmsg::{RecvBatch, RecvMeta};
@@ -141,11 +141,11 @@ pub(crate) async fn run(
             (cfg.queue / 2).max(1),
         ));
     }
-    let relays: Vec<RelayOptions> = cfg
+    let relays: Vec<DerpServerOptions> = cfg
         .relays
         .iter()
         .zip(options)
-        .map(|(r, options)| RelayOptions {
+        .map(|(r, options)| DerpServerOptions {
             name: r.name.clone(),
             url: r.url.clone(),
             options,

@@ -63,12 +63,12 @@ impl DropReason {
 
 /// The kinds of path, best first, as metrics, logs and `status --json`
 /// name them.
-pub(crate) const KINDS: [PathKind; 3] = [PathKind::Direct, PathKind::Relay, PathKind::Derp];
+pub(crate) const KINDS: [PathKind; 3] = [PathKind::Direct, PathKind::RelaySession, PathKind::Derp];
 
 pub(crate) fn kind_label(kind: PathKind) -> &'static str {
     match kind {
         PathKind::Direct => "direct",
-        PathKind::Relay => "relay",
+        PathKind::RelaySession => "relay",
         PathKind::Derp => "derp",
     }
 }

@@ -404,7 +404,7 @@ fn relay_session_frames_reach_only_a_client_that_asked() {
         vec![Event::Ping(*b"12345678")]
     );
     let mut cfg = config();
-    cfg.info.ferry_relay = 1;
+    cfg.info.ferry_derp = 1;
     let mut asked = connected_client(cfg);
     assert_eq!(
         feed_ok(&mut asked, &frames),

@@ -1,0 +1,243 @@
+//! The front door: accepting a socket, the HTTP request, and the DERP
+//! handshake up to a registered (or migrating) connection.
+
+use super::*;
+
+impl Shard {
+    pub(super) fn accept(&mut self, listener: usize, stream: TcpStream, peer: SocketAddr) {
+        let m = self.m();
+        m.tcp_accepts.inc();
+        if self.draining.is_some() {
+            return; // dropping the stream closes it
+        }
+        if !self.accept_allowed() {
+            self.m().accept_rejects.inc();
+            return; // closed at once, as derper does
+        }
+        let sock = socket2::SockRef::from(&stream);
+        let _ = sock.set_nodelay(true);
+        if let Some(idle) = self.cfg().tcp_keepalive {
+            let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(idle));
+        }
+        if let Some(t) = self.cfg().tcp_user_timeout {
+            let _ = sock.set_tcp_user_timeout(Some(t));
+        }
+        let kind = self
+            .shared
+            .listener_kinds
+            .get(listener)
+            .copied()
+            .unwrap_or(ListenerKind::Derp);
+        let deadline = self.now + self.cfg().handshake_timeout;
+        self.next_gen = self.next_gen.wrapping_add(1);
+        let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
+        conn.set_proxy(self.proxy_prelude_for(&peer));
+        if kind == ListenerKind::Derp {
+            if let Some(tls) = &self.shared.config.tls {
+                match rustls::ServerConnection::new(tls.clone()) {
+                    Ok(mut t) => {
+                        t.set_buffer_limit(None);
+                        let cfg = &self.shared.config;
+                        // Ferry's record layer needs the keys out of
+                        // rustls (`DerpConfig::prepared` allows that).
+                        let own_records = cfg.tls_records == TlsRecords::Ferry
+                            && !cfg.ktls
+                            && tls.enable_secret_extraction;
+                        conn.set_transport(Transport::tls(t, cfg.ktls, own_records));
+                        self.m().tls_sockets.add(1);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "could not start TLS");
+                        return;
+                    }
+                }
+            }
+        }
+        self.m().open_sockets.add(1);
+        let slot = self.conns.insert(conn);
+        self.ops.push(Op::Attach(slot, stream));
+    }
+
+    pub(super) fn fail_handshake(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        detail: &dyn std::fmt::Display,
+    ) {
+        self.count_handshake_failure(slot, why, detail);
+        self.close(slot, CloseReason::Handshake);
+    }
+
+    /// Counts and logs a failed handshake.
+    pub(super) fn count_handshake_failure(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        detail: &dyn std::fmt::Display,
+    ) {
+        self.m().handshake_failures[why as usize].inc();
+        let peer = self.conns[slot].peer();
+        conn_log!(self, info, %peer, reason = why.label(), %detail, "handshake failed; closing connection");
+    }
+
+    pub(super) fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
+        let (got, work) = self.conns[slot].read_head(data);
+        self.m().head_bytes_scanned.add(work as u64);
+        let conn = &mut self.conns[slot];
+        let req = match got {
+            Ok(Some(req)) => req,
+            Ok(None) => return ControlFlow::Continue(()),
+            Err(http::HttpError::TooLarge { .. }) => {
+                self.reject_http(
+                    slot,
+                    HandshakeFailure::HttpTooLarge,
+                    431,
+                    "Request Header Fields Too Large",
+                );
+                return ControlFlow::Break(());
+            }
+            Err(e) => {
+                let detail = e.to_string();
+                self.m().handshake_failures[HandshakeFailure::HttpMalformed as usize].inc();
+                let peer = self.conns[slot].peer();
+                conn_log!(self, info, %peer, error = %detail, "malformed HTTP request");
+                self.respond(
+                    slot,
+                    http::response(400, "Bad Request", &[], b"bad request\n"),
+                );
+                return ControlFlow::Break(());
+            }
+        };
+        let head = conn.take_head();
+        // The peer before a forwarding header names another: who may see
+        // the debug pages depends on both.
+        let peer = conn.peer();
+        self.forwarded_client(slot, &req);
+        let conn = &self.conns[slot];
+        let kind = conn.listener();
+        match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
+            Answer::Respond(route, bytes) => {
+                self.m().http_requests[route as usize].inc();
+                self.respond(slot, bytes);
+                ControlFlow::Break(())
+            }
+            Answer::Upgrade {
+                fast_start,
+                websocket,
+            } => {
+                let m = self.m();
+                m.http_requests[crate::metrics::Route::Derp as usize].inc();
+                m.accepts.inc();
+                if fast_start {
+                    m.fast_starts.inc();
+                }
+                let public = self.cfg().public_key;
+                let deadline = self.now + self.cfg().handshake_timeout;
+                if websocket.is_some() {
+                    m.websocket_accepts.inc();
+                }
+                let conn = &mut self.conns[slot];
+                if let Some(key) = websocket {
+                    let mut link = Box::<crate::conn::WsLink>::default();
+                    link.out = ferry_proto::websocket::accept_response(&key);
+                    conn.put_ws(link);
+                } else if !fast_start {
+                    conn.session_mut()
+                        .control_mut()
+                        .extend_from_slice(&http::switching_protocols(&public));
+                }
+                conn.session_mut()
+                    .control_mut()
+                    .extend_from_slice(&handshake::server_key_frame(&public));
+                conn.set_not_ideal(req.ideal_node.as_deref().is_some_and(|n| !n.is_empty()));
+                conn.set_phase(Phase::ClientInfo);
+                conn.session_mut().set_deadline(deadline);
+                self.mark_dirty(slot);
+                let rest = head.get(req.head_len..).unwrap_or_default();
+                if rest.is_empty() {
+                    ControlFlow::Continue(())
+                } else {
+                    self.process_plain(slot, rest)
+                }
+            }
+        }
+    }
+
+    pub(super) fn reject_http(
+        &mut self,
+        slot: Slot,
+        why: HandshakeFailure,
+        status: u16,
+        reason: &str,
+    ) {
+        self.m().handshake_failures[why as usize].inc();
+        let peer = self.conns[slot].peer();
+        conn_log!(self, info, %peer, reason = why.label(), "rejecting HTTP request");
+        self.respond(slot, http::response(status, reason, &[], b""));
+    }
+
+    pub(super) fn respond(&mut self, slot: Slot, bytes: Vec<u8>) {
+        let conn = &mut self.conns[slot];
+        conn.session_mut().control_mut().extend_from_slice(&bytes);
+        conn.set_phase(Phase::Responding);
+        conn.close_when_flushed(CloseReason::HttpDone);
+        self.mark_dirty(slot);
+    }
+
+    pub(super) fn on_client_info(
+        &mut self,
+        slot: Slot,
+        _ty: u8,
+        payload: &[u8],
+    ) -> ControlFlow<()> {
+        let result = handshake::open_client_info(&self.shared.config.private_key, payload);
+        let (key, info) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let why = match &e {
+                    HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
+                    HandshakeError::Json { .. } => HandshakeFailure::BadJson,
+                    HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. } => {
+                        HandshakeFailure::BadFirstFrame
+                    }
+                    _ => HandshakeFailure::BoxOpen,
+                };
+                self.fail_handshake(slot, why, &e);
+                return ControlFlow::Break(());
+            }
+        };
+        let mesh = match (&self.shared.config.mesh_key, &info.mesh_key) {
+            (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
+            _ => false,
+        };
+        let relay_sessions = self.wants_relay_sessions(&info);
+        let conn = &mut self.conns[slot];
+        conn.identify(key, mesh, info.is_prober);
+        conn.set_relay_sessions(relay_sessions);
+        if self.begin_admission(slot) {
+            // Frames after clientInfo wait in the deframer for the verdict.
+            return ControlFlow::Break(());
+        }
+        self.after_client_info(slot)
+    }
+
+    /// Registers a connection whose clientInfo was read (and admitted)
+    /// here, or sends it to the shard that owns its key.
+    pub(super) fn after_client_info(&mut self, slot: Slot) -> ControlFlow<()> {
+        let key = self.conns[slot].key();
+        let owner = self.shared.owner_of(&key, self.shards);
+        let conn = &mut self.conns[slot];
+        if owner == self.id {
+            conn.set_phase(Phase::Active);
+            self.register(slot);
+            // Stop here: the frames after clientInfo follow other rules.
+            ControlFlow::Break(())
+        } else {
+            // Frames after clientInfo stay in the deframer and travel along.
+            conn.set_phase(Phase::Migrating);
+            self.hold_input(slot, Hold::Migrating);
+            self.migrating.push(slot);
+            ControlFlow::Break(())
+        }
+    }
+}

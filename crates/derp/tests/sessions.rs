@@ -1,0 +1,162 @@
+//! relayAllocate on the DERP side (`shard/sessions.rs`) with a stand-in
+//! session service: keys placed on chosen shards, so the request crosses
+//! to the peer's shard and the offer comes back across, the refusals, and
+//! a client that did not ask having the frame skipped.
+
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_derp::shard::SessionService;
+use ferry_derp::Placement;
+use ferry_proto::client::Event;
+use ferry_proto::handshake::ClientInfo;
+use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::{
+    put_allocate, Allocate, AllocateRequest, Offers, RefuseReason, Refused, SessionOffer,
+};
+use support::{start, stop, Client};
+
+const T: Duration = Duration::from_secs(5);
+
+/// Hands out session 7 to every pair and tells both every time;
+/// remembers who asked.
+#[derive(Default)]
+struct Stand(Mutex<Vec<(NodePublic, NodePublic, IpAddr)>>);
+
+impl SessionService for Stand {
+    fn port(&self) -> u16 {
+        4242
+    }
+
+    fn allocate(&self, r: &AllocateRequest, _now: Instant) -> Result<Offers, RefuseReason> {
+        self.0.lock().unwrap().push((r.asker, r.peer, r.ip));
+        assert_ne!(r.conns[0], r.conns[1], "two connections, two numbers");
+        let offer = |request_id, slot: u8, peer: &NodePublic| SessionOffer {
+            request_id,
+            vni: 7,
+            peer: *peer,
+            slot,
+            token: [slot + 1; 32],
+            endpoints: vec![SocketAddr::from(([127, 0, 0, 1], 4242))],
+            bind_lifetime: Duration::from_secs(30),
+            idle_lifetime: Duration::from_secs(60),
+        };
+        Ok(Offers {
+            asker: Some(offer(r.request_id, 0, &r.peer)),
+            peer: Some(offer(0, 1, &r.asker)),
+        })
+    }
+}
+
+fn info(ferry_derp: u32) -> ClientInfo {
+    ClientInfo {
+        ferry_derp,
+        ..support::info(None)
+    }
+}
+
+fn allocate(c: &mut Client, peer: &NodePublic, request_id: u32) {
+    let mut f = Vec::new();
+    put_allocate(
+        &mut f,
+        &Allocate {
+            peer: *peer,
+            request_id,
+        },
+    );
+    c.write(&f).unwrap();
+}
+
+fn next_relay(c: &mut Client) -> Event {
+    loop {
+        let e = c.next_meaningful(T).expect("an event");
+        if matches!(e, Event::RelaySession(_) | Event::RelayRefused(_)) {
+            return e;
+        }
+    }
+}
+
+fn offers_cross_shards_to_both_peers_and_refusals_name_the_reason() {
+    let stand = Arc::new(Stand::default());
+    let service = stand.clone();
+    let (server, addr) = start(2, move |cfg| {
+        cfg.placement = Placement::FirstByte;
+        cfg.relay_sessions = Some(service);
+    });
+    let ka = Placement::key_for(0, 2);
+    let kb = Placement::key_for(1, 2);
+    let kp = Placement::key_for(1, 2);
+    let (pa, pb, pp) = (ka.public(), kb.public(), kp.public());
+    let mut a = Client::connect_as(addr, ka, info(1));
+    let mut b = Client::connect_as(addr, kb, info(1));
+    let mut plain = Client::connect_as(addr, kp, info(0));
+
+    // A (shard 0) asks for B (shard 1): both get their offer.
+    allocate(&mut a, &pb, 41);
+    let Event::RelaySession(oa) = next_relay(&mut a) else {
+        panic!("A refused")
+    };
+    let Event::RelaySession(ob) = next_relay(&mut b) else {
+        panic!("B refused")
+    };
+    assert_eq!((oa.request_id, oa.slot, oa.peer), (41, 0, pb));
+    assert_eq!((ob.request_id, ob.slot, ob.peer), (0, 1, pa));
+    assert_eq!(
+        stand.0.lock().unwrap().as_slice(),
+        &[(pa, pb, "127.0.0.1".parse::<IpAddr>().unwrap())]
+    );
+
+    // Refusals, each from the peer's shard.
+    let absent = NodePrivate::generate().public();
+    for (peer, id, reason) in [
+        (pp, 42, RefuseReason::PeerNotCapable),
+        (absent, 43, RefuseReason::PeerNotHere),
+        (pa, 44, RefuseReason::SelfPeer),
+    ] {
+        allocate(&mut a, &peer, id);
+        assert_eq!(
+            next_relay(&mut a),
+            Event::RelayRefused(Refused {
+                request_id: id,
+                peer,
+                reason
+            })
+        );
+    }
+    assert_eq!(
+        stand.0.lock().unwrap().len(),
+        1,
+        "refusals allocate nothing"
+    );
+
+    // From a client that did not ask, the frame is unknown: skipped, the
+    // connection goes on, nobody hears of it.
+    allocate(&mut plain, &pa, 45);
+    plain.ping(*b"still up");
+    assert_eq!(plain.next_meaningful(T).unwrap(), Event::Pong(*b"still up"));
+    assert_eq!(stand.0.lock().unwrap().len(), 1);
+    a.ping(*b"a is up!");
+    assert_eq!(a.next_meaningful(T).unwrap(), Event::Pong(*b"a is up!"));
+    stop(server);
+}
+
+fn without_a_service_nobody_gets_the_frame_read() {
+    let (server, addr) = start(1, |_| {});
+    let ka = NodePrivate::generate();
+    let kb = NodePrivate::generate();
+    let pb = kb.public();
+    let mut a = Client::connect_as(addr, ka, info(1));
+    let _b = Client::connect_as(addr, kb, info(1));
+    allocate(&mut a, &pb, 1);
+    a.ping(*b"ping-one");
+    assert_eq!(a.next_meaningful(T).unwrap(), Event::Pong(*b"ping-one"));
+    stop(server);
+}
+
+ferry_testkit::per_backend!(
+    offers_cross_shards_to_both_peers_and_refusals_name_the_reason,
+    without_a_service_nobody_gets_the_frame_read,
+);
