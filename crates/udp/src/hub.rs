@@ -92,7 +92,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::wireguard::{self as wg, Index, Mac1Key, Message, PublicKey};
 
-use crate::live::Published;
+use crate::published::Published;
 use crate::ratelimit::{SourceLimiter, TokenBucket};
 
 /// A peer's position in the configuration.

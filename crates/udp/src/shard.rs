@@ -35,8 +35,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use crate::hub::{self, DropReason, Endpoint, Event, Hub, HubSettings, Inbox, Verdict};
-use crate::live::{Published, SourceRate};
+use crate::live::SourceRate;
 use crate::metrics::{Drop, ShardMetrics};
+use crate::published::Published;
 use crate::ratelimit::SourceLimiter;
 use crate::session::{self, Sessions};
 use crate::socket::{self, SocketOptions};
