@@ -136,8 +136,8 @@ pub struct ShardMetrics {
     pub sessions_evicted: Counter,
     /// Bounce sessions moved to a re-resolved target.
     pub sessions_retargeted: Counter,
-    /// Hub session indices in this shard's replica.
-    pub hub_sessions: Gauge,
+    /// Index entries of WireGuard sessions in this shard's hub replica.
+    pub hub_indices: Gauge,
     /// Hub initiations awaiting a response.
     pub hub_pending: Gauge,
     /// Hub peers with a known endpoint.
@@ -175,7 +175,7 @@ impl Default for ShardMetrics {
             sessions_expired: Counter::default(),
             sessions_evicted: Counter::default(),
             sessions_retargeted: Counter::default(),
-            hub_sessions: Gauge::default(),
+            hub_indices: Gauge::default(),
             hub_pending: Gauge::default(),
             hub_known_peers: Gauge::default(),
             hub_collisions: Gauge::default(),
@@ -336,7 +336,7 @@ impl Metrics {
         // largest (they differ only while events are in flight).
         let replicas: [(&str, &str, GaugeOf); 4] = [
             ("ferry_udp_hub_indices", "Hub session indices known.", |s| {
-                s.hub_sessions.get()
+                s.hub_indices.get()
             }),
             (
                 "ferry_udp_hub_pending",

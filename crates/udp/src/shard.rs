@@ -931,7 +931,7 @@ impl Shard {
         if let Some(hub) = &mut self.hub {
             hub.expire(self.now);
             let c = hub.counts();
-            self.metrics.hub_sessions.set(c.sessions as i64);
+            self.metrics.hub_indices.set(c.wg_sessions as i64);
             self.metrics.hub_pending.set(c.pending as i64);
             self.metrics.hub_known_peers.set(c.known_peers as i64);
             self.metrics.hub_collisions.set(c.collisions as i64);

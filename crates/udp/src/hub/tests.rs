@@ -2,6 +2,7 @@
 //! scenario allows, synthetic messages sealed with real MAC1 otherwise.
 
 use super::*;
+use ferry_proto::wireguard::{self as wg, Message};
 use std::net::Ipv6Addr;
 use std::sync::Mutex;
 
@@ -124,7 +125,7 @@ fn learns_a_session_from_a_real_handshake() {
 
     assert_eq!(go(&mut h, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
     let c = h.counts();
-    assert_eq!((c.sessions, c.pending, c.known_peers), (2, 0, 2));
+    assert_eq!((c.wg_sessions, c.pending, c.known_peers), (2, 0, 2));
     assert_eq!(
         h.endpoint(0),
         Some(ep(XA)),
@@ -296,7 +297,7 @@ fn pairs_must_be_allowed() {
         go(&mut h, t, XB, &response(8, 7, &k1)),
         Verdict::Drop(DropReason::NotAllowed)
     );
-    assert_eq!(h.counts().sessions, 0);
+    assert_eq!(h.counts().wg_sessions, 0);
     assert!(!h.settings.allowed(0, 1) && h.settings.allowed(0, 2) && h.settings.allowed(1, 2));
 }
 
@@ -315,13 +316,13 @@ fn indices_expire_on_wireguards_clock() {
 
     go(&mut h, t, XA, &hex(INIT));
     go(&mut h, t, XB, &hex(RESP));
-    h.expire(t + SESSION_LIFETIME - Duration::from_secs(1));
+    h.expire(t + WG_SESSION_LIFETIME - Duration::from_secs(1));
     assert_eq!(
         go(&mut h, t, XB, &transport(a_index, 1)),
         Verdict::Forward(ep(XA))
     );
-    h.expire(t + SESSION_LIFETIME + Duration::from_millis(1));
-    assert_eq!(h.counts().sessions, 0);
+    h.expire(t + WG_SESSION_LIFETIME + Duration::from_millis(1));
+    assert_eq!(h.counts().wg_sessions, 0);
     assert_eq!(
         go(&mut h, t, XA, &transport(b_index, 2)),
         Verdict::Drop(DropReason::UnknownIndex)
@@ -349,7 +350,7 @@ fn colliding_indices_are_told_apart_by_source() {
     go(&mut h, t, &x(2), &response(0xAAAA, 0x10, &keys[0]));
     go(&mut h, t, &x(3), &initiation(0x20, &keys[3]));
     go(&mut h, t, &x(4), &response(0xAAAA, 0x20, &keys[2]));
-    assert_eq!(h.counts().sessions, 4);
+    assert_eq!(h.counts().wg_sessions, 4);
     assert_eq!(
         go(&mut h, t, &x(1), &transport(0xAAAA, 1)),
         Verdict::Forward(ep(&x(2)))
@@ -575,7 +576,7 @@ fn pending_entries_expire_behind_longer_lived_sessions() {
     let mut h = abc();
     go(&mut h, t, XA, &hex(INIT));
     go(&mut h, t, XB, &hex(RESP));
-    assert_eq!(h.counts().sessions, 2);
+    assert_eq!(h.counts().wg_sessions, 2);
     let later = t + Duration::from_secs(1);
     assert_eq!(
         go(&mut h, later, XA, &initiation(0x77, &key(B_PUB))),
@@ -583,7 +584,7 @@ fn pending_entries_expire_behind_longer_lived_sessions() {
     );
     h.expire(later + PENDING_LIFETIME);
     let c = h.counts();
-    assert_eq!((c.sessions, c.pending), (2, 0));
+    assert_eq!((c.wg_sessions, c.pending), (2, 0));
     assert_eq!(
         go(
             &mut h,
@@ -610,7 +611,7 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     let (a_index, _) = indices();
     assert_eq!(go(&mut h, t, XA, &hex(INIT)), Verdict::Forward(ep(XB)));
     assert_eq!(go(&mut h, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
-    assert_eq!(h.counts().sessions, 2);
+    assert_eq!(h.counts().wg_sessions, 2);
 
     // B removed (its id stays, inactive), D added with a fixed endpoint.
     let mut peers = h.settings.peers.clone();
@@ -627,7 +628,7 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     h.follow(cell.clone());
     let c = h.counts();
     assert_eq!(
-        (c.sessions, c.pending, c.known_peers),
+        (c.wg_sessions, c.pending, c.known_peers),
         (0, 0, 2),
         "B's session and endpoint are gone"
     );
@@ -661,14 +662,14 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     let behind = Arc::new(Published::new((*abc().settings).clone()));
     late.follow(behind.clone());
     behind.set((*h.settings).clone());
-    late.apply(Event::Session {
+    late.apply(Event::WgSession {
         initiator_index: a_index,
         initiator: 0,
         responder_index: 99,
         responder: 3,
         at: t,
     });
-    assert_eq!(late.counts().sessions, 2);
+    assert_eq!(late.counts().wg_sessions, 2);
     assert_eq!(other.settings.peers.len(), 4);
 }
 
