@@ -6,16 +6,16 @@
 //!   listening address goes to one target (`host:port`). Each client
 //!   address gets its own upstream socket, connected to the target, so the
 //!   server sees only the relay and replies find their client by socket.
-//!   Sessions close after an idle timeout; at a route's session limit, a
-//!   new client may take the place of a session whose target never
-//!   answered (a flood from spoofed sources must not lock new clients
-//!   out). A DNS target is re-resolved
-//!   periodically; when it moves, each session's socket is re-connected in
-//!   place (same local port, so the server's view of the client does not
-//!   change), by the shard that owns the session, between two batches.
+//!   A client is forgotten after an idle timeout; at a route's client
+//!   limit (`max_sessions`), a new client may take the place of one whose
+//!   target never answered (a flood from spoofed sources must not lock new
+//!   clients out). A DNS target is re-resolved periodically; when it
+//!   moves, each client's upstream socket is re-connected in place (same
+//!   local port, so the server's view of the client does not change), by
+//!   the shard that owns the client, between two batches.
 //! - **Receiver-index hub** ([`config::Hub`], [`hub`]): many WireGuard
 //!   peers, each configured with the hub as the endpoint of the others.
-//!   The hub learns session indices from handshakes (MAC1 names the
+//!   The hub learns WireGuard session indices from handshakes (MAC1 names the
 //!   recipient of an initiation among the configured public keys), forwards
 //!   data by receiver index, and follows roaming peers. It holds no secret.
 //!
@@ -25,11 +25,11 @@
 //! a flow into one slot), routes each datagram, queues it as a span of the
 //! receive buffer in the outbox of the socket it leaves through (a
 //! [`ferry_sys::train::Trains`], which groups datagrams into GSO trains by
-//! the kernel's rules), and sends each outbox with `sendmmsg`. Bounce sessions
-//! live entirely on the shard that received their first datagram (a
-//! client's address always hashes to the same socket); only a route's
-//! session count is shared, one atomic that a shard updates when it opens
-//! or closes a session ([`shard::SessionCap`]). The hub's tables are
+//! the kernel's rules), and sends each outbox with `sendmmsg`. Bounce
+//! clients live entirely on the shard that received their first datagram
+//! (a client's address always hashes to the same socket); only a route's
+//! client count is shared, one atomic that a shard updates when it opens
+//! or closes a client ([`shard::ClientCap`]). The hub's tables are
 //! replicated across shards through the engine's SPSC rings, as its module
 //! doc explains. Bounce and hub take no lock and allocate nothing on the
 //! packet path. Relay sessions ([`session`]) share one table behind a

@@ -23,7 +23,7 @@ use crate::live::{self, SourceRate};
 use crate::metrics::{Metrics, MetricsServer, ShardMetrics, StartInfo};
 use crate::published::Published;
 use crate::session::Sessions;
-use crate::shard::{HubPart, Role, Route, SessionCap, Shard, ShardSetup, TargetCell};
+use crate::shard::{ClientCap, HubPart, Role, Route, Shard, ShardSetup, TargetCell};
 use crate::socket::{self, BindError, SocketOptions};
 
 /// Events a replication ring holds before the producer's overflow queue
@@ -174,7 +174,7 @@ impl Relay {
                 target: Arc::new(TargetCell::new(addr)),
                 idle_timeout: b.idle_timeout,
                 wireguard_only: b.wireguard_only,
-                sessions: SessionCap::new(b.max_sessions),
+                clients: ClientCap::new(b.max_sessions),
             });
         }
         let routes = Arc::new(routes);
@@ -216,7 +216,7 @@ impl Relay {
             }
         }
         if let Some((l, s)) = &sessions {
-            bind(&l.field, l.addr, Role::Sessions)?;
+            bind(&l.field, l.addr, Role::RelaySessions)?;
             s.set_bound(bound.last().expect("just bound").1);
         }
         let granted = granted.unwrap_or_default();
@@ -275,7 +275,7 @@ impl Relay {
                 hub: hub_settings
                     .clone()
                     .map(|settings| HubPart { settings, tx, rx }),
-                sessions: sessions.as_ref().map(|(_, s)| s.clone()),
+                relay_sessions: sessions.as_ref().map(|(_, s)| s.clone()),
                 socket_options,
                 gso,
                 source_rate: source_rate.clone(),
