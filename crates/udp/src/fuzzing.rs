@@ -172,7 +172,7 @@ impl Model {
                         self.wg_session_events.push(t);
                     }
                 }
-                Event::Endpoint { .. } | Event::Candidate { .. } => {}
+                Event::Endpoint { .. } | Event::Heard { .. } | Event::Candidate { .. } => {}
             }
         }
     }

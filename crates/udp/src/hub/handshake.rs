@@ -1,14 +1,15 @@
 //! Handshake messages: an initiation names its recipient by MAC1 and
 //! leaves a pending entry, a response completes it (naming the initiator
-//! by MAC1) and commits both endpoints, a cookie reply goes back to
-//! whoever is waiting for it.
+//! by MAC1) and commits both endpoints unless that would move a live one,
+//! a cookie reply goes back to whoever is waiting for it.
 
 use std::time::Instant;
 
 use ferry_proto::wireguard::{self as wg, Index};
 
 use super::{
-    DropReason, Endpoint, Event, Hub, PeerId, Verdict, CANDIDATE_LIFETIME, STRANGER_RESERVE,
+    DropReason, Endpoint, Event, Hub, PeerId, Verdict, CANDIDATE_LIFETIME, LIVE_ENDPOINT_HOLD,
+    STRANGER_RESERVE,
 };
 
 impl Hub {
@@ -123,6 +124,12 @@ impl Hub {
                 verdict = Verdict::Drop(DropReason::NotAllowed);
                 continue;
             }
+            // Anyone who knows both public keys can forge this pair of
+            // messages: it must not take a working peer's traffic.
+            if self.moves_live(p.responder, from, now) || self.moves_live(initiator, p.src, now) {
+                verdict = Verdict::Drop(DropReason::WrongSource);
+                continue;
+            }
             if self.table_full(2) {
                 return Verdict::Drop(DropReason::TableFull);
             }
@@ -138,6 +145,14 @@ impl Hub {
             return Verdict::Forward(p.src);
         }
         verdict
+    }
+
+    /// Whether committing `to` for `peer` would move an endpoint that
+    /// sent fresh data within [`LIVE_ENDPOINT_HOLD`].
+    fn moves_live(&self, peer: PeerId, to: Endpoint, now: Instant) -> bool {
+        self.endpoint(peer).is_some_and(|e| e.addr != to.addr)
+            && self.heard[usize::from(peer)]
+                .is_some_and(|t| now.saturating_duration_since(t) < LIVE_ENDPOINT_HOLD)
     }
 
     pub(super) fn cookie(&mut self, from: Endpoint, receiver: Index) -> Verdict {

@@ -25,7 +25,8 @@
 //!    the session uses index `i` (owned by I, data to it comes from R) and
 //!    `r` (owned by R, data from I). Both endpoints are committed, both
 //!    indices recorded, and the response goes to X. A response is accepted
-//!    only if the pair is allowed to talk.
+//!    only if the pair is allowed to talk, and only if it moves no peer's
+//!    endpoint that sent data within [`LIVE_ENDPOINT_HOLD`] (see below).
 //! 3. **Cookie reply** (type 3) to index `i`: goes to whoever owns `i`
 //!    (the pending initiator, or a session's owner), and only if it comes
 //!    from that handshake's other side.
@@ -38,6 +39,19 @@
 //!    every counter seen on that index: replayed packets never move an
 //!    endpoint. An address already known as a different peer cannot use
 //!    someone else's index at all.
+//!
+//! Handshakes are not authenticated to the hub: MAC1 needs only the
+//! recipient's *public* key, so whoever knows two allowed peers' public
+//! keys can forge an initiation and its response from addresses of their
+//! own. Such a pair must not take a working peer's traffic, so a handshake
+//! never moves the endpoint of a peer heard from within
+//! [`LIVE_ENDPOINT_HOLD`]: data from its committed endpoint, on a session's
+//! index, with a counter above every counter seen on that index. A peer
+//! that really moved still gets through: its data from the new address
+//! moves the endpoint by the roaming rule above (which no handshake can
+//! stop), and its next handshake, once the old address has been quiet for
+//! the hold, moves it too. Replicas learn that a peer was heard through
+//! [`Event::Heard`], at most once per [`HEARD_PERIOD`] per peer and shard.
 //!
 //! Indices expire on WireGuard's own clock: a session's keys are refused by
 //! both peers [`WG_SESSION_LIFETIME`] after the handshake (REJECT_AFTER_TIME,
@@ -118,6 +132,12 @@ pub const MAX_CANDIDATES: usize = 8;
 /// Packets with fresh counters needed from a new address before a
 /// roaming endpoint is committed.
 pub const ROAM_CONFIRMATIONS: u8 = 2;
+/// How long after a peer's last fresh data from its endpoint a handshake
+/// cannot move that endpoint elsewhere (WireGuard's REKEY_TIMEOUT: a
+/// handshake refused for it is retried after as long).
+pub const LIVE_ENDPOINT_HOLD: Duration = Duration::from_secs(5);
+/// How often a replica tells the others that a peer was heard.
+pub const HEARD_PERIOD: Duration = Duration::from_secs(1);
 
 /// Where a peer is: its address and which of the hub's listening sockets
 /// it talks to (replies must leave from that one).
@@ -195,7 +215,8 @@ pub enum DropReason {
     /// A response whose MAC1 matches no peer that could have initiated.
     BadMac1,
     /// A handshake message or cookie from an address that is not the
-    /// other side of that handshake.
+    /// other side of that handshake, or a response that would move the
+    /// endpoint of a peer heard from within [`LIVE_ENDPOINT_HOLD`].
     WrongSource,
     /// Data from a new address with a counter already seen: a replay.
     StaleCounter,
@@ -308,6 +329,13 @@ pub enum Event {
         /// Version: `(counter << 8) | shard`; higher wins.
         version: u64,
     },
+    /// Fresh data came from a peer's committed endpoint.
+    Heard {
+        /// The peer.
+        peer: PeerId,
+        /// When.
+        at: Instant,
+    },
     /// An unidentified source sent a valid-looking initiation.
     Candidate {
         /// The source.
@@ -350,6 +378,9 @@ pub struct Hub {
     /// Where new settings are published, and the generation last taken.
     published: Option<(Arc<Published<HubSettings>>, u64)>,
     endpoints: Vec<Option<(Endpoint, u64)>>,
+    /// When each peer last sent fresh data from its endpoint, as far as
+    /// this replica knows ([`Event::Heard`]).
+    heard: Vec<Option<Instant>>,
     by_addr: HashMap<SocketAddr, PeerId>,
     pending: HashMap<Index, Bucket<Pending>>,
     wg_sessions: HashMap<Index, Bucket<WgSession>>,
@@ -373,6 +404,7 @@ impl Hub {
         let mut hub = Hub {
             shard,
             endpoints: vec![None; settings.peers.len()],
+            heard: vec![None; settings.peers.len()],
             by_addr: HashMap::with_capacity(settings.peers.len() * 2),
             pending: HashMap::new(),
             wg_sessions: HashMap::with_capacity(settings.max_indices.min(1 << 16)),

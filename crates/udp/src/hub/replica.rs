@@ -46,6 +46,7 @@ impl Hub {
         let old = std::mem::replace(&mut self.settings, new.clone());
         if self.endpoints.len() < new.peers.len() {
             self.endpoints.resize(new.peers.len(), None);
+            self.heard.resize(new.peers.len(), None);
         }
         for (i, p) in new.peers.iter().enumerate() {
             let id = i as PeerId;
@@ -72,6 +73,7 @@ impl Hub {
     /// Forgets everything about peer `id`: its endpoint and every session
     /// or pending handshake it is part of.
     pub(super) fn forget(&mut self, id: PeerId) {
+        self.heard[usize::from(id)] = None;
         if let Some((ep, _)) = self.endpoints[usize::from(id)].take() {
             if self.by_addr.get(&ep.addr) == Some(&id) {
                 self.by_addr.remove(&ep.addr);
@@ -138,7 +140,7 @@ impl Hub {
                 responder,
                 ..
             } => self.knows(&[initiator, responder]),
-            Event::Endpoint { peer, .. } => self.knows(&[peer]),
+            Event::Endpoint { peer, .. } | Event::Heard { peer, .. } => self.knows(&[peer]),
             Event::Candidate { .. } => true,
         };
         if !known {
@@ -204,6 +206,12 @@ impl Hub {
                 let newer = self.endpoints[usize::from(peer)].is_none_or(|(_, v)| version > v);
                 if newer {
                     self.set_endpoint(peer, endpoint, version);
+                }
+            }
+            Event::Heard { peer, at } => {
+                let heard = &mut self.heard[usize::from(peer)];
+                if heard.is_none_or(|t| t < at) {
+                    *heard = Some(at);
                 }
             }
             Event::Candidate { endpoint, at } => {

@@ -1,14 +1,18 @@
 //! The data path: every datagram's way into the hub ([`Hub::route`],
 //! [`Hub::route_in_train`]), and transport messages routed by receiver
 //! index, with the roaming rule that moves a peer's endpoint only after
-//! data with fresh counters from its new address.
+//! data with fresh counters from its new address, and the note that a
+//! peer was heard from its endpoint ([`Event::Heard`]).
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
 use ferry_proto::wireguard::{self as wg, Index, Message};
 
-use super::{DropReason, Endpoint, Hub, PeerId, Train, TrainRun, Verdict, ROAM_CONFIRMATIONS};
+use super::{
+    DropReason, Endpoint, Event, Hub, PeerId, Train, TrainRun, Verdict, HEARD_PERIOD,
+    ROAM_CONFIRMATIONS,
+};
 
 impl Hub {
     /// Decides where `datagram`, received from `src` on listening socket
@@ -50,10 +54,10 @@ impl Hub {
         let from = Endpoint { addr: src, via };
         match msg {
             Message::Transport { receiver, counter } => {
-                let (v, home) = match self.transport(from, receiver, counter) {
+                let (v, home) = match self.transport(now, from, receiver, counter) {
                     (Verdict::Drop(DropReason::UnknownIndex), _) => {
                         self.sync();
-                        self.transport(from, receiver, counter)
+                        self.transport(now, from, receiver, counter)
                     }
                     v => v,
                 };
@@ -106,6 +110,7 @@ impl Hub {
     /// train's next datagrams may repeat without a lookup).
     pub(super) fn transport(
         &mut self,
+        now: Instant,
         from: Endpoint,
         receiver: Index,
         counter: u64,
@@ -145,8 +150,13 @@ impl Hub {
             return (Verdict::Drop(DropReason::NoEndpoint), None);
         };
         if at_home {
+            let fresh = counter > s.max_counter;
             s.max_counter = s.max_counter.max(counter);
             s.roam = None;
+            let partner = s.partner;
+            if fresh {
+                self.heard_from(partner, now);
+            }
             return (Verdict::Forward(dest), Some(i));
         }
         // From a new address: forward only what could be fresh, and move
@@ -170,5 +180,14 @@ impl Hub {
             self.commit_endpoint(partner, from);
         }
         (Verdict::Forward(dest), None)
+    }
+
+    /// Notes that `peer` sent fresh data from its endpoint; tells the
+    /// other replicas at most once per [`HEARD_PERIOD`].
+    fn heard_from(&mut self, peer: PeerId, now: Instant) {
+        let last = self.heard[usize::from(peer)];
+        if last.is_none_or(|t| now.saturating_duration_since(t) >= HEARD_PERIOD) {
+            self.emit(Event::Heard { peer, at: now });
+        }
     }
 }
