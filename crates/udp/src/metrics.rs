@@ -56,12 +56,12 @@ pub enum Drop {
     Hub(DropReason),
     /// The datagram was larger than the receive slot.
     Truncated,
-    /// The bounce's session limit was reached.
-    SessionLimit,
-    /// A source opened sessions faster than its rate allows.
-    SessionRate,
-    /// The upstream socket for a new session could not be made.
-    SessionFailed,
+    /// A bounce route's client limit (`max_sessions`) was reached.
+    ClientLimit,
+    /// A source opened bounce clients faster than its rate allows.
+    ClientRate,
+    /// The upstream socket for a new bounce client could not be made.
+    ClientFailed,
     /// The send buffer was full.
     SendBufferFull,
     /// The kernel refused the send (unreachable, refused, too big).
@@ -70,9 +70,9 @@ pub enum Drop {
 
 const OTHER_DROPS: [(Drop, &str); 6] = [
     (Drop::Truncated, "truncated"),
-    (Drop::SessionLimit, "session_limit"),
-    (Drop::SessionRate, "session_rate_limited"),
-    (Drop::SessionFailed, "session_failed"),
+    (Drop::ClientLimit, "session_limit"),
+    (Drop::ClientRate, "session_rate_limited"),
+    (Drop::ClientFailed, "session_failed"),
     (Drop::SendBufferFull, "send_buffer_full"),
     (Drop::SendFailed, "send_failed"),
 ];

@@ -249,7 +249,7 @@ impl Shard {
         client: SocketAddr,
     ) -> Option<usize> {
         if !self.client_limiter.allow(client.ip(), self.now) {
-            self.metrics.count_drop(Drop::SessionRate, 1);
+            self.metrics.count_drop(Drop::ClientRate, 1);
             return None;
         }
         // Dropped on any refusal below, which gives the place back. At the
@@ -266,14 +266,14 @@ impl Shard {
             self.metrics.sessions_evicted.add(1);
             self.routes[route].clients.take()
         }) else {
-            self.metrics.count_drop(Drop::SessionLimit, 1);
+            self.metrics.count_drop(Drop::ClientLimit, 1);
             return None;
         };
         let target = self.route_targets[route];
         let sock = match socket::upstream(target, 0, &self.socket_options) {
             Ok(s) => s,
             Err(e) => {
-                self.metrics.count_drop(Drop::SessionFailed, 1);
+                self.metrics.count_drop(Drop::ClientFailed, 1);
                 self.warn("cannot open an upstream socket for a new client", &e);
                 return None;
             }
@@ -286,7 +286,7 @@ impl Shard {
             Token(CLIENT_BASE + key),
             Interest::READABLE,
         ) {
-            self.metrics.count_drop(Drop::SessionFailed, 1);
+            self.metrics.count_drop(Drop::ClientFailed, 1);
             self.warn("cannot register an upstream socket", &e);
             return None;
         }
