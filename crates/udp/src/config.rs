@@ -43,7 +43,7 @@ use ferry_proto::wireguard::{KeyError, PublicKey};
 use serde::Deserialize;
 use thiserror::Error;
 
-/// Default idle time after which a bounce session is closed.
+/// Default idle time after which a bounce client is forgotten.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
 /// Default interval between re-resolutions of a DNS bounce target.
 pub const DEFAULT_RESOLVE_INTERVAL: Duration = Duration::from_secs(60);
@@ -85,7 +85,7 @@ pub struct Bounce {
     pub target: String,
     /// Field `target` came from.
     pub target_field: String,
-    /// A client's session (and upstream socket) closes after this long
+    /// A client is forgotten (its upstream socket closed) after this long
     /// without traffic either way.
     pub idle_timeout: Duration,
     /// How often a DNS target is resolved again; zero disables.

@@ -32,7 +32,7 @@ use ferry_proto::wireguard::{self as wg, Index, Mac1Key, PublicKey};
 
 use crate::hub::{
     Endpoint, Event, Hub, HubSettings, NoInbox, PeerInfo, Verdict, PENDING_LIFETIME,
-    ROAM_CONFIRMATIONS, SESSION_LIFETIME,
+    ROAM_CONFIRMATIONS, WG_SESSION_LIFETIME,
 };
 
 /// Configured peers.
@@ -121,10 +121,10 @@ struct Model {
     data_from: HashMap<Endpoint, u8>,
     /// Latest handshake time of each index, from the hub's own events.
     pending_at: HashMap<Index, Duration>,
-    session_at: HashMap<Index, Duration>,
+    wg_session_at: HashMap<Index, Duration>,
     /// Every handshake time, for the bound after an expiry.
     pending_events: Vec<Duration>,
-    session_events: Vec<Duration>,
+    wg_session_events: Vec<Duration>,
     /// When [`Hub::expire`] last ran.
     expired_at: Option<Duration>,
 }
@@ -160,7 +160,7 @@ impl Model {
                     self.pending_at.insert(index, t);
                     self.pending_events.push(t);
                 }
-                Event::Session {
+                Event::WgSession {
                     initiator_index,
                     responder_index,
                     at,
@@ -168,11 +168,11 @@ impl Model {
                 } => {
                     let t = at - self.start;
                     for i in [initiator_index, responder_index] {
-                        self.session_at.insert(i, t);
-                        self.session_events.push(t);
+                        self.wg_session_at.insert(i, t);
+                        self.wg_session_events.push(t);
                     }
                 }
-                Event::Endpoint { .. } | Event::Candidate { .. } => {}
+                Event::Endpoint { .. } | Event::Heard { .. } | Event::Candidate { .. } => {}
             }
         }
     }
@@ -197,9 +197,9 @@ pub fn hub(data: &[u8]) {
         earned: HashSet::new(),
         data_from: HashMap::new(),
         pending_at: HashMap::new(),
-        session_at: HashMap::new(),
+        wg_session_at: HashMap::new(),
         pending_events: Vec::new(),
-        session_events: Vec::new(),
+        wg_session_events: Vec::new(),
         expired_at: None,
     };
     if m.config & 4 != 0 {
@@ -271,9 +271,9 @@ pub fn hub(data: &[u8]) {
                 };
                 let counts = hub.counts();
                 assert!(
-                    counts.sessions <= live(&m.session_events, SESSION_LIFETIME),
-                    "{} session entries outlived their handshakes",
-                    counts.sessions
+                    counts.wg_sessions <= live(&m.wg_session_events, WG_SESSION_LIFETIME),
+                    "{} WireGuard session entries outlived their handshakes",
+                    counts.wg_sessions
                 );
                 assert!(
                     counts.pending <= live(&m.pending_events, PENDING_LIFETIME),
@@ -306,7 +306,7 @@ pub fn hub(data: &[u8]) {
         let pending_before = m.alive(m.pending_at.get(&index(c >> 4)), PENDING_LIFETIME);
         let cookie_index = index(c);
         let cookie_ok = m.alive(m.pending_at.get(&cookie_index), PENDING_LIFETIME)
-            || m.alive(m.session_at.get(&cookie_index), SESSION_LIFETIME);
+            || m.alive(m.wg_session_at.get(&cookie_index), WG_SESSION_LIFETIME);
         m.learn(&mut hub);
 
         match verdict {
@@ -319,8 +319,8 @@ pub fn hub(data: &[u8]) {
                     2 => assert!(pending_before, "a response forwarded by a dead index"),
                     3 => assert!(cookie_ok, "a cookie forwarded by a dead index"),
                     4 => assert!(
-                        m.alive(m.session_at.get(&index(c)), SESSION_LIFETIME),
-                        "data forwarded by an index no live session has"
+                        m.alive(m.wg_session_at.get(&index(c)), WG_SESSION_LIFETIME),
+                        "data forwarded by an index no live WireGuard session has"
                     ),
                     _ => {}
                 }
@@ -337,9 +337,9 @@ pub fn hub(data: &[u8]) {
         }
         let counts = hub.counts();
         assert!(
-            counts.sessions + counts.pending <= cap,
+            counts.wg_sessions + counts.pending <= cap,
             "{} entries in a table of {cap}",
-            counts.sessions + counts.pending
+            counts.wg_sessions + counts.pending
         );
     }
 }

@@ -2,9 +2,9 @@
 //! peers and limits, and the per-source handshake limits.
 //!
 //! The control thread builds the new settings and publishes them in a
-//! [`Published`] cell, then wakes the shards; each shard notices the new
-//! generation at the start of its next turn (one atomic load per turn, none
-//! per packet) and takes the new value. What a shard builds once at start
+//! [`Published`](crate::published::Published) cell, then wakes the shards;
+//! each shard notices the new generation at the start of its next turn (one
+//! atomic load per turn, none per packet) and takes the new value. What a shard builds once at start
 //! (its sockets, the listening addresses, the number of shards, buffers,
 //! offloads, bounce routes) is not changed here: those need a restart.
 //!
@@ -16,48 +16,10 @@
 //! about it from a shard that has not switched yet is recognised and
 //! ignored). A key configured again gets its old id back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
 use ferry_proto::wireguard::Mac1Key;
 
 use crate::config::{ConfigError, Hub, Tuning};
 use crate::hub::{Endpoint, HubSettings, PeerId, PeerInfo};
-
-/// A value a control thread replaces (the reload's settings, the
-/// resolver's bounce target address) and shards read when its generation
-/// changes.
-#[derive(Debug)]
-pub struct Published<T> {
-    generation: AtomicU64,
-    value: Mutex<Arc<T>>,
-}
-
-impl<T> Published<T> {
-    /// A cell holding `value`, at generation 0.
-    pub fn new(value: T) -> Self {
-        Published {
-            generation: AtomicU64::new(0),
-            value: Mutex::new(Arc::new(value)),
-        }
-    }
-
-    /// Publishes a new value.
-    pub fn set(&self, value: T) {
-        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(value);
-        self.generation.fetch_add(1, Ordering::Release);
-    }
-
-    /// The current value.
-    pub fn get(&self) -> Arc<T> {
-        self.value.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Changes each time a value is published.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-}
 
 /// Per source IP: handshake messages (and new bounce clients) per second,
 /// and the burst.
@@ -184,15 +146,5 @@ mod tests {
         let active: Vec<bool> = three.peers.iter().map(|p| p.active).collect();
         assert_eq!(active, [true, true, false]);
         assert_eq!(three.peers[1].key.to_base64(), B);
-    }
-
-    #[test]
-    fn a_cell_tells_new_values_by_generation() {
-        let cell = Published::new(1);
-        let seen = cell.generation();
-        assert_eq!(*cell.get(), 1);
-        cell.set(2);
-        assert_ne!(cell.generation(), seen);
-        assert_eq!(*cell.get(), 2);
     }
 }

@@ -56,12 +56,12 @@ pub enum Drop {
     Hub(DropReason),
     /// The datagram was larger than the receive slot.
     Truncated,
-    /// The bounce's session limit was reached.
-    SessionLimit,
-    /// A source opened sessions faster than its rate allows.
-    SessionRate,
-    /// The upstream socket for a new session could not be made.
-    SessionFailed,
+    /// A bounce route's client limit (`max_sessions`) was reached.
+    ClientLimit,
+    /// A source opened bounce clients faster than its rate allows.
+    ClientRate,
+    /// The upstream socket for a new bounce client could not be made.
+    ClientFailed,
     /// The send buffer was full.
     SendBufferFull,
     /// The kernel refused the send (unreachable, refused, too big).
@@ -70,9 +70,9 @@ pub enum Drop {
 
 const OTHER_DROPS: [(Drop, &str); 6] = [
     (Drop::Truncated, "truncated"),
-    (Drop::SessionLimit, "session_limit"),
-    (Drop::SessionRate, "session_rate_limited"),
-    (Drop::SessionFailed, "session_failed"),
+    (Drop::ClientLimit, "session_limit"),
+    (Drop::ClientRate, "session_rate_limited"),
+    (Drop::ClientFailed, "session_failed"),
     (Drop::SendBufferFull, "send_buffer_full"),
     (Drop::SendFailed, "send_failed"),
 ];
@@ -136,8 +136,8 @@ pub struct ShardMetrics {
     pub sessions_evicted: Counter,
     /// Bounce sessions moved to a re-resolved target.
     pub sessions_retargeted: Counter,
-    /// Hub session indices in this shard's replica.
-    pub hub_sessions: Gauge,
+    /// Index entries of WireGuard sessions in this shard's hub replica.
+    pub hub_indices: Gauge,
     /// Hub initiations awaiting a response.
     pub hub_pending: Gauge,
     /// Hub peers with a known endpoint.
@@ -175,7 +175,7 @@ impl Default for ShardMetrics {
             sessions_expired: Counter::default(),
             sessions_evicted: Counter::default(),
             sessions_retargeted: Counter::default(),
-            hub_sessions: Gauge::default(),
+            hub_indices: Gauge::default(),
             hub_pending: Gauge::default(),
             hub_known_peers: Gauge::default(),
             hub_collisions: Gauge::default(),
@@ -336,7 +336,7 @@ impl Metrics {
         // largest (they differ only while events are in flight).
         let replicas: [(&str, &str, GaugeOf); 4] = [
             ("ferry_udp_hub_indices", "Hub session indices known.", |s| {
-                s.hub_sessions.get()
+                s.hub_indices.get()
             }),
             (
                 "ferry_udp_hub_pending",

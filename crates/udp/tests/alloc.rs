@@ -158,7 +158,7 @@ fn hub_steady_state() {
     while !m
         .shards
         .iter()
-        .all(|s| s.hub_sessions.get() == 2 && s.hub_known_peers.get() == 2)
+        .all(|s| s.hub_indices.get() == 2 && s.hub_known_peers.get() == 2)
     {
         assert!(
             std::time::Instant::now() < deadline,

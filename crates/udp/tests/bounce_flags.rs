@@ -165,10 +165,10 @@ fn max_sessions_caps_concurrent_clients() {
         c.send_to(&transport(32), at).unwrap();
     }
     wait_for("every client served or refused", || {
-        m.sum(|s| s.to_target.packets.get()) + m.drops(Drop::SessionLimit) == (N + 2) as u64
+        m.sum(|s| s.to_target.packets.get()) + m.drops(Drop::ClientLimit) == (N + 2) as u64
     });
     assert_eq!(m.sum(|s| s.to_target.packets.get()), N as u64);
-    assert_eq!(m.drops(Drop::SessionLimit), 2);
+    assert_eq!(m.drops(Drop::ClientLimit), 2);
     assert_eq!(target.datagrams.load(Ordering::Relaxed) as usize, {
         wait_for("the target to get the sessions' datagrams", || {
             target.datagrams.load(Ordering::Relaxed) == N as u64
@@ -205,7 +205,7 @@ fn new_clients_are_rate_limited_per_source_ip() {
         c.send_to(&transport(32), at).unwrap();
     }
     wait_for("every new client admitted or refused", || {
-        m.sum(|s| s.to_target.packets.get()) + m.drops(Drop::SessionRate) == TRIES
+        m.sum(|s| s.to_target.packets.get()) + m.drops(Drop::ClientRate) == TRIES
     });
     // The burst, plus at most one token per second since the start.
     let refills = started.elapsed().as_secs() + 1;

@@ -342,7 +342,7 @@ fn a_new_client_takes_the_place_of_a_session_nobody_answered() {
         assert!(
             Instant::now() < deadline,
             "the new client never got in ({} refused at the limit)",
-            m.drops(Drop::SessionLimit)
+            m.drops(Drop::ClientLimit)
         );
         legit.send_to(b"legit 1", at).unwrap();
         if let Ok((n, _)) = legit.recv_from(&mut buf) {
@@ -366,11 +366,11 @@ fn a_new_client_takes_the_place_of_a_session_nobody_answered() {
         1,
         "the answered session kept its port"
     );
-    let refused = m.drops(Drop::SessionLimit);
+    let refused = m.drops(Drop::ClientLimit);
     let late = client();
     late.send_to(b"junk", at).unwrap();
     wait_for("a newcomer refused: the silent ones are too young", || {
-        m.drops(Drop::SessionLimit) > refused
+        m.drops(Drop::ClientLimit) > refused
     });
     relay.shutdown();
 }

@@ -92,7 +92,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 /// Every new client a shard has seen: admitted or refused at the limit.
 fn met(s: &ShardMetrics) -> u64 {
-    s.sessions_opened.get() + s.drops(Drop::SessionLimit)
+    s.sessions_opened.get() + s.drops(Drop::ClientLimit)
 }
 
 /// A WireGuard transport-data message.
@@ -154,7 +154,7 @@ fn one_session_over_two_shards() {
         "nothing expired yet"
     );
     assert_eq!(m.sum(|s| s.sessions_opened.get()), 1);
-    assert_eq!(m.shards[b].drops(Drop::SessionLimit), 1);
+    assert_eq!(m.shards[b].drops(Drop::ClientLimit), 1);
     wait_for("the session's datagram at the target", || {
         received.load(Ordering::Relaxed) == 1
     });
@@ -171,10 +171,10 @@ fn one_session_over_two_shards() {
         received.load(Ordering::Relaxed) == 2
     });
     // Now the second holds the place, and the first is refused.
-    let refused = m.shards[a].drops(Drop::SessionLimit);
+    let refused = m.shards[a].drops(Drop::ClientLimit);
     first.send_to(&DATA, at).unwrap();
     wait_for("the first client to be refused", || {
-        m.shards[a].drops(Drop::SessionLimit) == refused + 1
+        m.shards[a].drops(Drop::ClientLimit) == refused + 1
     });
     assert_eq!(m.sum(|s| s.sessions_opened.get()), 2);
     relay.shutdown();
@@ -217,7 +217,7 @@ fn max_sessions_caps_concurrent_clients_across_shards() {
         clients.len()
     );
     assert!(clients[..N].iter().all(|c| c.1), "the first N got in");
-    assert_eq!(m.drops(Drop::SessionLimit), (clients.len() - N) as u64);
+    assert_eq!(m.drops(Drop::ClientLimit), (clients.len() - N) as u64);
     wait_for("the sessions' datagrams at the target", || {
         received.load(Ordering::Relaxed) == N as u64
     });

@@ -2,6 +2,7 @@
 //! scenario allows, synthetic messages sealed with real MAC1 otherwise.
 
 use super::*;
+use ferry_proto::wireguard::{self as wg, Message};
 use std::net::Ipv6Addr;
 use std::sync::Mutex;
 
@@ -124,7 +125,7 @@ fn learns_a_session_from_a_real_handshake() {
 
     assert_eq!(go(&mut h, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
     let c = h.counts();
-    assert_eq!((c.sessions, c.pending, c.known_peers), (2, 0, 2));
+    assert_eq!((c.wg_sessions, c.pending, c.known_peers), (2, 0, 2));
     assert_eq!(
         h.endpoint(0),
         Some(ep(XA)),
@@ -237,6 +238,125 @@ fn roaming_commits_only_after_fresh_counters() {
     );
 }
 
+/// Routes each `(source, datagram, expected verdict)` at `t`, in order.
+fn steps(h: &mut Hub, t: Instant, steps: &[(&str, Vec<u8>, Verdict)]) {
+    for (i, (from, msg, want)) in steps.iter().enumerate() {
+        assert_eq!(go(h, t, from, msg), *want, "step {i}, from {from}");
+    }
+}
+
+/// [`p1_p2`] after a handshake: p1 at XA (index 1), p2 at XB (index 2);
+/// p1's and p2's keys.
+fn p1_p2_session(t: Instant) -> (Hub, PublicKey, PublicKey) {
+    let (mut h, k2) = p1_p2(64, 1e6, 1e6);
+    let k1 = synthetic_key(1);
+    let to = |s| Verdict::Forward(ep(s));
+    steps(
+        &mut h,
+        t,
+        &[
+            (XA, initiation(1, &k2), to(XB)),
+            (XB, response(2, 1, &k1), to(XA)),
+        ],
+    );
+    (h, k1, k2)
+}
+
+/// A forged handshake between p1 (key `k1`) and p2 (`k2`) from two
+/// addresses of an attacker's: the verdict on its response.
+fn forge(h: &mut Hub, t: Instant, k1: &PublicKey, k2: &PublicKey) -> Verdict {
+    let _ = go(h, t, "203.0.113.1:1", &initiation(77, k2));
+    go(h, t, "203.0.113.2:2", &response(78, 77, k1))
+}
+
+#[test]
+fn a_forged_handshake_pair_does_not_move_a_live_endpoint() {
+    let t = Instant::now();
+    let (mut h, k1, k2) = p1_p2_session(t);
+    let to = |s| Verdict::Forward(ep(s));
+    steps(&mut h, t, &[(XB, transport(1, 1), to(XA))]);
+    // Whoever knows both public keys: an initiation for p2 from one
+    // address of theirs, its response "from p2" from another.
+    let wrong = Verdict::Drop(DropReason::WrongSource);
+    assert_eq!(forge(&mut h, t, &k1, &k2), wrong);
+    steps(&mut h, t, &[(XB, transport(1, 2), to(XA))]);
+    assert_eq!((h.endpoint(0), h.endpoint(1)), (Some(ep(XA)), Some(ep(XB))));
+}
+
+#[test]
+fn a_live_peer_that_moved_gets_through_by_its_data_then_its_handshakes() {
+    let t = Instant::now();
+    let (mut h, k1, k2) = p1_p2_session(t);
+    let to = |s| Verdict::Forward(ep(s));
+    let (xa2, xa3) = ("10.77.1.3:40000", "10.77.1.4:40000");
+    steps(
+        &mut h,
+        t,
+        &[
+            (XA, transport(2, 1), to(XB)),
+            (XB, transport(1, 1), to(XA)),
+            // p1 moves while its old address is live: its data moves it
+            // (on the second fresh counter) ...
+            (xa2, transport(2, 2), to(XB)),
+            (xa2, transport(2, 3), to(XB)),
+            (XB, transport(1, 2), to(xa2)),
+            // ... and its next handshake, from there, completes.
+            (xa2, initiation(3, &k2), to(XB)),
+            (XB, response(4, 3, &k1), to(xa2)),
+        ],
+    );
+    assert_eq!(h.endpoint(0), Some(ep(xa2)));
+
+    // p1 moves again and handshakes before sending data: refused while
+    // its old address was heard within the hold ...
+    let t1 = t + Duration::from_secs(1);
+    steps(
+        &mut h,
+        t1,
+        &[
+            (xa2, transport(4, 1), to(XB)),
+            (xa3, initiation(5, &k2), to(XB)),
+            (
+                XB,
+                response(6, 5, &k1),
+                Verdict::Drop(DropReason::WrongSource),
+            ),
+        ],
+    );
+    assert_eq!(h.endpoint(0), Some(ep(xa2)));
+    // ... and accepted once that address has been quiet for the hold
+    // (WireGuard retries a handshake after REKEY_TIMEOUT).
+    steps(
+        &mut h,
+        t1 + LIVE_ENDPOINT_HOLD,
+        &[
+            (xa3, initiation(7, &k2), to(XB)),
+            (XB, response(8, 7, &k1), to(xa3)),
+        ],
+    );
+    assert_eq!(h.endpoint(0), Some(ep(xa3)));
+}
+
+#[test]
+fn replicas_learn_that_a_peer_was_heard() {
+    let t = Instant::now();
+    let (mut h0, k1, k2) = p1_p2_session(t);
+    let (mut h1, _) = p1_p2(64, 1e6, 1e6);
+    let evs: Vec<_> = h0.take_events().collect();
+    evs.into_iter().for_each(|e| h1.apply(e));
+    // p2's data lands on shard 0, a forged pair on shard 1.
+    let to = |s| Verdict::Forward(ep(s));
+    steps(&mut h0, t, &[(XB, transport(1, 1), to(XA))]);
+    let evs: Vec<_> = h0.take_events().collect();
+    assert!(matches!(evs[..], [Event::Heard { peer: 1, .. }]), "{evs:?}");
+    evs.into_iter().for_each(|e| h1.apply(e));
+    // Heard again within the period: no new event.
+    steps(&mut h0, t, &[(XB, transport(1, 2), to(XA))]);
+    assert!(!h0.has_events());
+    let wrong = Verdict::Drop(DropReason::WrongSource);
+    assert_eq!(forge(&mut h1, t, &k1, &k2), wrong);
+}
+
 #[test]
 fn unknown_peers_bootstrap_through_flood_candidates() {
     let t = Instant::now();
@@ -296,7 +416,7 @@ fn pairs_must_be_allowed() {
         go(&mut h, t, XB, &response(8, 7, &k1)),
         Verdict::Drop(DropReason::NotAllowed)
     );
-    assert_eq!(h.counts().sessions, 0);
+    assert_eq!(h.counts().wg_sessions, 0);
     assert!(!h.settings.allowed(0, 1) && h.settings.allowed(0, 2) && h.settings.allowed(1, 2));
 }
 
@@ -315,13 +435,13 @@ fn indices_expire_on_wireguards_clock() {
 
     go(&mut h, t, XA, &hex(INIT));
     go(&mut h, t, XB, &hex(RESP));
-    h.expire(t + SESSION_LIFETIME - Duration::from_secs(1));
+    h.expire(t + WG_SESSION_LIFETIME - Duration::from_secs(1));
     assert_eq!(
         go(&mut h, t, XB, &transport(a_index, 1)),
         Verdict::Forward(ep(XA))
     );
-    h.expire(t + SESSION_LIFETIME + Duration::from_millis(1));
-    assert_eq!(h.counts().sessions, 0);
+    h.expire(t + WG_SESSION_LIFETIME + Duration::from_millis(1));
+    assert_eq!(h.counts().wg_sessions, 0);
     assert_eq!(
         go(&mut h, t, XA, &transport(b_index, 2)),
         Verdict::Drop(DropReason::UnknownIndex)
@@ -349,7 +469,7 @@ fn colliding_indices_are_told_apart_by_source() {
     go(&mut h, t, &x(2), &response(0xAAAA, 0x10, &keys[0]));
     go(&mut h, t, &x(3), &initiation(0x20, &keys[3]));
     go(&mut h, t, &x(4), &response(0xAAAA, 0x20, &keys[2]));
-    assert_eq!(h.counts().sessions, 4);
+    assert_eq!(h.counts().wg_sessions, 4);
     assert_eq!(
         go(&mut h, t, &x(1), &transport(0xAAAA, 1)),
         Verdict::Forward(ep(&x(2)))
@@ -575,7 +695,7 @@ fn pending_entries_expire_behind_longer_lived_sessions() {
     let mut h = abc();
     go(&mut h, t, XA, &hex(INIT));
     go(&mut h, t, XB, &hex(RESP));
-    assert_eq!(h.counts().sessions, 2);
+    assert_eq!(h.counts().wg_sessions, 2);
     let later = t + Duration::from_secs(1);
     assert_eq!(
         go(&mut h, later, XA, &initiation(0x77, &key(B_PUB))),
@@ -583,7 +703,7 @@ fn pending_entries_expire_behind_longer_lived_sessions() {
     );
     h.expire(later + PENDING_LIFETIME);
     let c = h.counts();
-    assert_eq!((c.sessions, c.pending), (2, 0));
+    assert_eq!((c.wg_sessions, c.pending), (2, 0));
     assert_eq!(
         go(
             &mut h,
@@ -610,7 +730,7 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     let (a_index, _) = indices();
     assert_eq!(go(&mut h, t, XA, &hex(INIT)), Verdict::Forward(ep(XB)));
     assert_eq!(go(&mut h, t, XB, &hex(RESP)), Verdict::Forward(ep(XA)));
-    assert_eq!(h.counts().sessions, 2);
+    assert_eq!(h.counts().wg_sessions, 2);
 
     // B removed (its id stays, inactive), D added with a fixed endpoint.
     let mut peers = h.settings.peers.clone();
@@ -627,7 +747,7 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     h.follow(cell.clone());
     let c = h.counts();
     assert_eq!(
-        (c.sessions, c.pending, c.known_peers),
+        (c.wg_sessions, c.pending, c.known_peers),
         (0, 0, 2),
         "B's session and endpoint are gone"
     );
@@ -661,14 +781,14 @@ fn removed_peers_are_forgotten_and_added_ones_reachable() {
     let behind = Arc::new(Published::new((*abc().settings).clone()));
     late.follow(behind.clone());
     behind.set((*h.settings).clone());
-    late.apply(Event::Session {
+    late.apply(Event::WgSession {
         initiator_index: a_index,
         initiator: 0,
         responder_index: 99,
         responder: 3,
         at: t,
     });
-    assert_eq!(late.counts().sessions, 2);
+    assert_eq!(late.counts().wg_sessions, 2);
     assert_eq!(other.settings.peers.len(), 4);
 }
 

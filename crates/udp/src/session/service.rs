@@ -23,7 +23,7 @@ use ferry_proto::relay_session::{
 };
 
 use super::{Drop, Limits, Secrets, SessionTable};
-use crate::live::Published;
+use crate::published::Published;
 
 /// The relay's sessions, shared by every shard and the DERP side.
 pub struct Sessions {

@@ -5,7 +5,9 @@
 
 use std::os::fd::AsFd;
 
-use super::{each_datagram, each_train, Out, Run, Shard, ROUNDS};
+use super::recv::{each_datagram, each_train};
+use super::send::{Out, Run};
+use super::{Shard, ROUNDS};
 use crate::session::{self, port::Binds};
 
 impl Shard {
@@ -14,9 +16,9 @@ impl Shard {
     /// batch (and only if the batch has data); bind messages set aside and
     /// answered in place after it, their MACs computed without the lock
     /// (see [`crate::session::port`]).
-    pub(super) fn sessions_in(&mut self, li: usize) -> bool {
+    pub(super) fn relay_sessions_in(&mut self, li: usize) -> bool {
         let (Some(sessions), Some(mut binds)) =
-            (self.relay_sessions.clone(), self.session_binds.take())
+            (self.relay_sessions.clone(), self.relay_session_binds.take())
         else {
             return false;
         };
@@ -68,13 +70,13 @@ impl Shard {
             });
             let l = &mut self.listeners[li];
             let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
-            self.account(&f, Out::Sessions);
+            self.account(&f, Out::RelaySessions);
             if n < self.asked {
                 more = false;
                 break;
             }
         }
-        self.session_binds = Some(binds);
+        self.relay_session_binds = Some(binds);
         more
     }
 }

@@ -1,19 +1,19 @@
-//! Bounce sessions whose target has not answered yet, oldest first, per
-//! route. At a route's session limit a new client may take the place of
+//! Bounce clients whose target has not answered yet, oldest first, per
+//! route. At a route's client limit a new client may take the place of
 //! the oldest of them once it is [`GIVE_WAY_AFTER`] old: a flood of
-//! datagrams from many (spoofed) sources opens sessions nobody answers,
+//! datagrams from many (spoofed) sources opens clients nobody answers,
 //! and must not lock every new client out for a whole idle timeout. A
-//! session its target answered is never taken.
+//! client its target answered is never taken.
 //!
-//! Entries are checked lazily: a session that was answered or closed since
+//! Entries are checked lazily: a client that was answered or closed since
 //! stays in its queue until the queue is searched or pruned (every timer
-//! tick), so the queues hold at most the open unanswered sessions between
+//! tick), so the queues hold at most the open unanswered clients between
 //! two ticks.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How long a target has to answer before its session may give way:
+/// How long a target has to answer before its client may give way:
 /// WireGuard's REKEY_TIMEOUT, after which a client retries its handshake.
 pub(super) const GIVE_WAY_AFTER: Duration = Duration::from_secs(5);
 
@@ -29,13 +29,13 @@ impl Unanswered {
         }
     }
 
-    /// A session of `route` opened at `at` (`serial` tells it from a later
+    /// A client of `route` opened at `at` (`serial` tells it from a later
     /// one in the same slab slot).
     pub(super) fn opened(&mut self, route: usize, key: usize, serial: u64, at: Instant) {
         self.routes[route].push_back((key, serial, at));
     }
 
-    /// The oldest session of `route` that `live` says is still open and
+    /// The oldest client of `route` that `live` says is still open and
     /// unanswered, if it is [`GIVE_WAY_AFTER`] old at `now`; removed from
     /// the queue. Entries no longer live are dropped on the way.
     pub(super) fn take_oldest(

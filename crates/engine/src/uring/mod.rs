@@ -54,21 +54,25 @@
 //! ([`Driver::set_ktls_rx`] keeps its default), so the relay keeps TLS in
 //! userspace on this back end.
 
+mod probe;
+mod state;
+
 use std::collections::HashMap;
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_sys::uring::errno::{
-    EAGAIN, EALREADY, ECANCELED, ECONNABORTED, ECONNRESET, EINTR, ENOBUFS, ENOSYS, EPERM, EPROTO,
-};
-use ferry_sys::uring::{Event, Ring, RingError, RingOptions, Waker};
+use ferry_sys::uring::errno::{EAGAIN, ECANCELED, EINTR, ENOBUFS};
+use ferry_sys::uring::{Ring, RingOptions, Waker};
 
 use crate::driver::{Completion, Driver, Slot};
+use state::{key, tag, Closing, Kind, Listen, Local, RecvState, SendState, Sock, State, MAX_SLOT};
 
 pub use ferry_sys::uring::RingOptions as UringOptions;
+use probe::explain;
+pub use probe::probe;
 
 /// Pause before re-arming an accept that failed for lack of resources.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -77,100 +81,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const GROW_RATIO: u32 = 4;
 /// How long [`Driver::detach`] waits for a cancelled receive to end.
 const DETACH_WAIT: Duration = Duration::from_millis(250);
-
-const KIND_SHIFT: u32 = 56;
-const GEN_SHIFT: u32 = 24;
-const SLOT_BITS: u32 = 24;
-/// Largest slot (and listener index) a tag can carry.
-const MAX_SLOT: usize = (1 << SLOT_BITS) - 1;
-
-/// What an operation is, in the top byte of its tag.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u8)]
-enum Kind {
-    Recv = 1,
-    Send = 2,
-    /// Cancels a receive (pause, detach); nothing to do on completion.
-    RecvCancel = 3,
-    /// Cancels everything on a closing socket; counts as one of its ops.
-    CloseCancel = 4,
-    Accept = 5,
-    AcceptBackoff = 6,
-    /// Cancels a listener's accept ([`Driver::stop_accepting`]).
-    AcceptCancel = 7,
-}
-
-fn tag(kind: Kind, slot: usize, gen: u32) -> u64 {
-    (kind as u64) << KIND_SHIFT | u64::from(gen) << GEN_SHIFT | slot as u64
-}
-
-fn untag(tag: u64) -> (u8, usize, u32) {
-    (
-        (tag >> KIND_SHIFT) as u8,
-        (tag & MAX_SLOT as u64) as usize,
-        (tag >> GEN_SHIFT) as u32,
-    )
-}
-
-/// Identifies one attachment of a socket: slot and generation.
-fn key(slot: usize, gen: u32) -> u64 {
-    u64::from(gen) << GEN_SHIFT | slot as u64
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum RecvState {
-    /// No receive in the ring.
-    Idle,
-    /// To be armed when the turn starts, if still wanted then (so that a
-    /// socket attached and paused in the same turn is never read).
-    Queued,
-    /// A multishot receive is armed.
-    Armed,
-    /// Its cancellation is queued; the final completion is still to come.
-    Cancelling,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum SendState {
-    Idle,
-    /// The buffer is in the ring.
-    InRing,
-    /// The completion is already decided and waits in `local`.
-    Local,
-}
-
-struct Sock {
-    stream: TcpStream,
-    gen: u32,
-    recv: RecvState,
-    /// The handler wants bytes (not paused).
-    want_recv: bool,
-    /// End of stream or an error was reported; nothing more to read.
-    recv_done: bool,
-    send: SendState,
-}
-
-/// A closed socket whose operations have not all completed yet.
-struct Closing {
-    /// Held open until `ops` reaches zero; dropping it closes the socket.
-    stream: TcpStream,
-    ops: u32,
-}
-
-/// A completion decided outside the ring (a send that could not be queued).
-enum Local {
-    Sent {
-        slot: Slot,
-        gen: u32,
-        buf: Vec<u8>,
-        result: io::Result<()>,
-    },
-    RecvClosed {
-        slot: Slot,
-        gen: u32,
-        error: io::Error,
-    },
-}
 
 /// Counters a shard may export.
 #[derive(Clone, Copy, Debug)]
@@ -188,56 +98,6 @@ pub struct UringStats {
     pub buffer_growths: u64,
     /// Closed sockets still waiting for their last completion.
     pub closing: usize,
-}
-
-/// A listener and the state of its accept.
-struct Listen {
-    /// `None` once stopped and its accept ended: closed.
-    socket: Option<TcpListener>,
-    /// A multishot accept is in the ring (its final completion is still
-    /// to come).
-    armed: bool,
-    /// [`Driver::stop_accepting`] was called: not re-armed, closed when
-    /// the accept in the ring ends.
-    stopping: bool,
-}
-
-impl Listen {
-    /// Whether an accept should be (re-)armed now; closes a stopped
-    /// listener whose accept is out of the ring.
-    fn wants_accept(&mut self) -> bool {
-        if self.stopping {
-            if !self.armed {
-                self.socket = None;
-            }
-            return false;
-        }
-        !self.armed && self.socket.is_some()
-    }
-}
-
-/// Everything but the ring, so that completions can be handled while the
-/// ring lends out a buffer.
-struct State {
-    socks: Vec<Option<Sock>>,
-    closing: HashMap<u64, Closing>,
-    listeners: Vec<Listen>,
-    next_gen: u32,
-    local: Vec<Local>,
-    /// Receives to arm when the next turn starts.
-    to_arm: Vec<(Slot, u32)>,
-    /// Receives whose cancellation found them running; cancelled again.
-    recancel: Vec<(Slot, u32)>,
-    /// Found while reading completions, done right after.
-    resend: Vec<(Slot, u32, Vec<u8>, usize)>,
-    accept_now: Vec<usize>,
-    accept_later: Vec<usize>,
-    /// Accept cancellations that found the accept running; sent again.
-    accept_recancel: Vec<usize>,
-    /// Receives that ran out of buffers during this turn.
-    dry_now: u32,
-    enobufs: u64,
-    growths: u64,
 }
 
 /// Completion-shaped I/O over io_uring.
@@ -378,18 +238,7 @@ impl UringDriver {
             if sock.gen != gen {
                 continue;
             }
-            if let Err((e, mut buf)) =
-                ring.send(sock.stream.as_fd(), buf, off, tag(Kind::Send, slot, gen))
-            {
-                buf.clear();
-                sock.send = SendState::Local;
-                st.local.push(Local::Sent {
-                    slot,
-                    gen,
-                    buf,
-                    result: Err(e),
-                });
-            }
+            submit_send(ring, &mut st.local, sock, (slot, gen), buf, off);
         }
         st.resend = resend;
         let mut now = std::mem::take(&mut st.accept_now);
@@ -414,207 +263,6 @@ impl UringDriver {
             }
             if let Err(e) = ring.timeout(ACCEPT_BACKOFF, tag(Kind::AcceptBackoff, idx, 0)) {
                 tracing::error!(listener = idx, error = %e, "could not schedule an accept retry");
-            }
-        }
-    }
-}
-
-impl State {
-    fn is_live(&self, slot: Slot, gen: u32) -> bool {
-        matches!(self.socks.get(slot), Some(Some(s)) if s.gen == gen)
-    }
-
-    /// Queues the receive of a live, idle socket that wants bytes.
-    fn queue_arm(&mut self, slot: Slot) {
-        let Some(sock) = self.socks.get_mut(slot).and_then(Option::as_mut) else {
-            return;
-        };
-        if sock.recv == RecvState::Idle && sock.want_recv && !sock.recv_done {
-            sock.recv = RecvState::Queued;
-            self.to_arm.push((slot, sock.gen));
-        }
-    }
-
-    /// One operation of a closing socket ended; the last one closes it.
-    fn closing_op_done(&mut self, slot: Slot, gen: u32) {
-        let k = key(slot, gen);
-        if let Some(c) = self.closing.get_mut(&k) {
-            c.ops -= 1;
-            if c.ops == 0 {
-                self.closing.remove(&k);
-            }
-        }
-    }
-
-    fn on_event(&mut self, ev: Event<'_>, on: &mut dyn FnMut(Completion<'_>)) {
-        match ev {
-            Event::Woken => on(Completion::Woken),
-            Event::Completed {
-                tag,
-                result,
-                more,
-                data,
-            } => {
-                let (kind, slot, gen) = untag(tag);
-                if kind == Kind::Recv as u8 {
-                    self.on_recv(slot, gen, result, more, data, on);
-                } else if kind == Kind::RecvCancel as u8 {
-                    // Found the receive mid-flight: it keeps going, so the
-                    // pause would not hold. Ask again.
-                    if result == -EALREADY
-                        && matches!(self.socks.get(slot), Some(Some(s)) if s.gen == gen && s.recv == RecvState::Cancelling)
-                    {
-                        self.recancel.push((slot, gen));
-                    }
-                } else if kind == Kind::CloseCancel as u8 {
-                    if result == -EALREADY {
-                        // An operation could not be stopped mid-flight:
-                        // ending the connection ends it.
-                        if let Some(c) = self.closing.get(&key(slot, gen)) {
-                            let _ = c.stream.shutdown(std::net::Shutdown::Both);
-                        }
-                    }
-                    self.closing_op_done(slot, gen);
-                } else if kind == Kind::AcceptBackoff as u8 {
-                    self.accept_now.push(slot);
-                } else if kind == Kind::AcceptCancel as u8 && result == -EALREADY {
-                    // Found the accept mid-flight: ask again.
-                    self.accept_recancel.push(slot);
-                }
-            }
-            Event::Accepted { tag, result, more } => {
-                let (_, idx, _) = untag(tag);
-                if !more {
-                    self.listeners[idx].armed = false;
-                }
-                let errno = match result {
-                    Ok(fd) => {
-                        let stream = TcpStream::from(fd);
-                        // A connection reset before we asked has no peer
-                        // address any more; dropping it closes it.
-                        if let Ok(peer) = stream.peer_addr() {
-                            on(Completion::Accepted {
-                                listener: idx,
-                                stream,
-                                peer,
-                            });
-                        }
-                        None
-                    }
-                    Err(errno) => Some(errno),
-                };
-                if !more && self.listeners[idx].stopping {
-                    // Stopped: let go of the descriptor now that nothing
-                    // in the ring uses it.
-                    self.listeners[idx].socket = None;
-                } else if !more {
-                    match errno {
-                        Some(ECANCELED) => {}
-                        None
-                        | Some(ECONNABORTED | ECONNRESET | EINTR | EAGAIN | EPROTO | EPERM) => {
-                            self.accept_now.push(idx)
-                        }
-                        Some(errno) => {
-                            let e = io::Error::from_raw_os_error(errno);
-                            tracing::warn!(listener = idx, error = %e, "accept failed; retrying shortly");
-                            self.accept_later.push(idx);
-                        }
-                    }
-                }
-            }
-            Event::Sent {
-                tag,
-                result,
-                buf,
-                offset,
-            } => {
-                let (_, slot, gen) = untag(tag);
-                self.on_sent(slot, gen, result, buf, offset, on);
-            }
-        }
-    }
-
-    fn on_recv(
-        &mut self,
-        slot: Slot,
-        gen: u32,
-        result: i32,
-        more: bool,
-        data: &[u8],
-        on: &mut dyn FnMut(Completion<'_>),
-    ) {
-        if !self.is_live(slot, gen) {
-            if !more {
-                self.closing_op_done(slot, gen);
-            }
-            return;
-        }
-        if result > 0 {
-            on(Completion::Received { slot, data });
-        }
-        if more {
-            return;
-        }
-        let sock = self.socks[slot].as_mut().expect("live");
-        sock.recv = RecvState::Idle;
-        match result {
-            r if r > 0 => self.queue_arm(slot),
-            0 => {
-                if sock.want_recv {
-                    sock.recv_done = true;
-                    on(Completion::RecvClosed { slot, error: None });
-                }
-                // Paused: the receive armed on resume reads the end again.
-            }
-            r => match -r {
-                ENOBUFS => {
-                    self.enobufs += 1;
-                    self.dry_now += 1;
-                    self.queue_arm(slot);
-                }
-                ECANCELED | EINTR | EAGAIN => self.queue_arm(slot),
-                errno => {
-                    sock.recv_done = true;
-                    on(Completion::RecvClosed {
-                        slot,
-                        error: Some(io::Error::from_raw_os_error(errno)),
-                    });
-                }
-            },
-        }
-    }
-
-    fn on_sent(
-        &mut self,
-        slot: Slot,
-        gen: u32,
-        result: i32,
-        mut buf: Vec<u8>,
-        offset: usize,
-        on: &mut dyn FnMut(Completion<'_>),
-    ) {
-        if !self.is_live(slot, gen) {
-            self.closing_op_done(slot, gen);
-            return;
-        }
-        let written = offset + usize::try_from(result).unwrap_or(0);
-        // The rest of a short write, or a retry after an interruption.
-        let again = (result > 0 && written < buf.len()) || result == -EINTR || result == -EAGAIN;
-        let outcome = if again {
-            None
-        } else if result < 0 {
-            Some(Err(io::Error::from_raw_os_error(-result)))
-        } else if written < buf.len() {
-            Some(Err(io::ErrorKind::WriteZero.into()))
-        } else {
-            Some(Ok(()))
-        };
-        match outcome {
-            None => self.resend.push((slot, gen, buf, written)),
-            Some(result) => {
-                self.socks[slot].as_mut().expect("live").send = SendState::Idle;
-                buf.clear();
-                on(Completion::Sent { slot, buf, result });
             }
         }
     }
@@ -797,19 +445,7 @@ impl Driver for UringDriver {
             });
             return;
         }
-        match ring.send(sock.stream.as_fd(), buf, 0, tag(Kind::Send, slot, gen)) {
-            Ok(()) => sock.send = SendState::InRing,
-            Err((e, mut buf)) => {
-                buf.clear();
-                sock.send = SendState::Local;
-                st.local.push(Local::Sent {
-                    slot,
-                    gen,
-                    buf,
-                    result: Err(e),
-                });
-            }
-        }
+        submit_send(ring, &mut st.local, sock, (slot, gen), buf, 0);
     }
 
     fn turn(
@@ -917,129 +553,28 @@ impl UringDriver {
     }
 }
 
-/// Whether the io_uring back end can run here; the reason when not. The
-/// first call creates a small ring and runs a receive through it; the
-/// answer is cached.
-///
-/// The probe runs on a thread of its own. When a ring is torn down, the
-/// kernel queues a task-work item on every thread that submitted to it,
-/// and that notification interrupts whatever the thread is blocked in: a
-/// socket read with a timeout then fails with EINTR. A throwaway thread
-/// keeps that away from the caller (the main thread, a test).
-pub fn probe() -> Result<(), String> {
-    static RESULT: OnceLock<Result<(), String>> = OnceLock::new();
-    RESULT
-        .get_or_init(|| {
-            std::thread::Builder::new()
-                .name("ferry-uring-probe".into())
-                .spawn(probe_uncached)
-                .map_err(|e| format!("cannot start the io_uring probe thread: {e}"))
-                .and_then(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err("the io_uring probe panicked".into()))
-                })
-        })
-        .clone()
-}
-
-fn probe_uncached() -> Result<(), String> {
-    let opts = RingOptions {
-        sq_entries: 8,
-        cq_entries: 16,
-        buf_size: 4096,
-        bufs_initial: 4,
-        bufs_max: 4,
-        defer_taskrun: true,
-    };
-    let mut ring = Ring::new(&opts).map_err(|e| explain(&e))?;
-    let missing = ring
-        .missing_opcodes()
-        .map_err(|e| format!("io_uring opcode probe (IORING_REGISTER_PROBE) failed: {e}"))?;
-    if !missing.is_empty() {
-        return Err(format!(
-            "the kernel's io_uring lacks opcodes {}",
-            missing.join(", ")
-        ));
-    }
-    self_test(&mut ring)
-}
-
-/// Runs a no-op and a multishot receive through `ring`.
-fn self_test(ring: &mut Ring) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::net::UnixStream;
-
-    const NOP: u64 = 1;
-    const RECV: u64 = 2;
-    let (a, mut b) = UnixStream::pair().map_err(|e| format!("self-test socketpair: {e}"))?;
-    let fail = |what: &str, e: io::Error| format!("io_uring self-test: {what}: {e}");
-    ring.nop(NOP).map_err(|e| fail("queueing a no-op", e))?;
-    ring.recv_multi(a.as_fd(), RECV)
-        .map_err(|e| fail("queueing a multishot receive", e))?;
-    b.write_all(b"ferry").map_err(|e| fail("writing", e))?;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let (mut nop, mut got, mut still_armed, mut err) = (false, Vec::new(), false, None);
-    while !(nop && got.len() >= 5) && err.is_none() {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(format!(
-                "io_uring self-test: no completion within 2 s (no-op done: {nop}, received {} of 5 bytes)",
-                got.len()
-            ));
+/// Puts `buf`, from byte `off` on, into the ring as the send of `sock`
+/// (`slot` and generation `gen`); when the ring refuses it, the failure
+/// is a local completion, reported at the next turn.
+fn submit_send(
+    ring: &mut Ring,
+    local: &mut Vec<Local>,
+    sock: &mut Sock,
+    (slot, gen): (Slot, u32),
+    buf: Vec<u8>,
+    off: usize,
+) {
+    match ring.send(sock.stream.as_fd(), buf, off, tag(Kind::Send, slot, gen)) {
+        Ok(()) => sock.send = SendState::InRing,
+        Err((e, mut buf)) => {
+            buf.clear();
+            sock.send = SendState::Local;
+            local.push(Local::Sent {
+                slot,
+                gen,
+                buf,
+                result: Err(e),
+            });
         }
-        ring.submit_and_wait(Some(deadline - now))
-            .map_err(|e| fail("io_uring_enter", e))?;
-        ring.reap(&mut |ev| {
-            if let Event::Completed {
-                tag,
-                result,
-                more,
-                data,
-            } = ev
-            {
-                match tag {
-                    NOP => nop = true,
-                    RECV if result > 0 => {
-                        got.extend_from_slice(data);
-                        still_armed = more;
-                    }
-                    RECV => err = Some(result),
-                    _ => {}
-                }
-            }
-        });
-    }
-    if let Some(r) = err {
-        return Err(fail(
-            "multishot receive into provided buffers (Linux 6.0+)",
-            io::Error::from_raw_os_error(-r),
-        ));
-    }
-    if got != b"ferry" {
-        return Err(format!(
-            "io_uring self-test: received {got:?} instead of \"ferry\""
-        ));
-    }
-    if !still_armed {
-        return Err("io_uring self-test: the multishot receive did not stay armed".into());
-    }
-    Ok(())
-}
-
-/// Turns a ring creation failure into an operator-facing reason.
-fn explain(e: &RingError) -> String {
-    match e.raw_os_error() {
-        Some(EPERM) if e.stage == "io_uring_setup" => {
-            match std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok())
-            {
-                Some(2) => "io_uring is disabled on this machine (sysctl kernel.io_uring_disabled = 2)".into(),
-                Some(1) => "io_uring is restricted to members of kernel.io_uring_group (sysctl kernel.io_uring_disabled = 1) and this process is not one".into(),
-                _ => "io_uring_setup was refused with EPERM: a seccomp filter blocks it (Docker's default profile does) or a security module does".into(),
-            }
-        }
-        Some(ENOSYS) => "io_uring_setup does not exist here (ENOSYS): a kernel built without io_uring, or a sandbox (gVisor, a seccomp profile) that hides it".into(),
-        _ => format!("cannot create an io_uring instance: {e}"),
     }
 }
