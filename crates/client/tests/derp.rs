@@ -19,7 +19,7 @@ const QUICK: Duration = Duration::from_secs(10);
 fn options(tls: Option<&TestCa>) -> Options {
     let mut o = Options::default();
     if let Some(ca) = tls {
-        o.tls_roots = ca.roots();
+        o.tls_roots = support::roots(ca);
     }
     o.backoff = BackoffOptions {
         initial: Duration::from_millis(50),

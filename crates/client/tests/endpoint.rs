@@ -10,8 +10,6 @@
 //! sent again from its own address; neither stops a path or gives the
 //! stranger one.
 
-#[path = "support/ferry_in_process.rs"]
-mod ferry_in_process;
 mod support;
 
 use ferry_client::{
@@ -25,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{kinds, Kind, TestServer};
+use support::{kinds, Kind, SessionRelay, TestServer};
 use tokio::net::UdpSocket;
 
 /// Generous bound for what should take milliseconds.
@@ -402,7 +400,7 @@ async fn stun_learns_the_public_address_and_announces_it() {
         .local_addr()
         .unwrap();
     let (server, url) =
-        ferry_in_process::start(DerpConfig::new(NodePrivate::generate()), Some(stun));
+        ferry_testkit_servers::start(DerpConfig::new(NodePrivate::generate()), Some(stun));
     let mut o = options(&url);
     o.relays[0].stun = Some(stun);
     let e = Endpoint::bind(o).await.expect("bind");
@@ -541,7 +539,7 @@ async fn derp_resumes_after_the_relay_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_relay_goes_through_a_bound_session() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let only = PeerOptions {
         only: Some(PathKind::RelaySession),
         ..PeerOptions::default()
@@ -570,7 +568,7 @@ async fn only_relay_goes_through_a_bound_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_dies_down_to_the_relay_session_not_derp() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let (a, b, wire) = wired(&relay.url, PeerOptions::default(), true).await;
     let (ka, kb) = (a.public_key(), b.public_key());
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
@@ -648,7 +646,7 @@ fn flood(
 /// and the forgeries are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let (pa, pb) = (NodePrivate::generate(), NodePrivate::generate());
     let (ka, kb) = (pa.public(), pb.public());
     let a = Endpoint::bind(options_with_key(&relay.url, pa))

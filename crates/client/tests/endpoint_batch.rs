@@ -10,8 +10,6 @@
 //! session, all arrive intact and nothing is dropped; on a smaller MTU a
 //! refused train is sent again datagram by datagram and GSO stays on.
 
-#[path = "support/ferry_in_process.rs"]
-mod ferry_in_process;
 mod support;
 
 use ferry_client::{
@@ -19,7 +17,7 @@ use ferry_client::{
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use std::time::Duration;
-use support::{Kind, TestServer};
+use support::{Kind, SessionRelay, TestServer};
 
 /// Generous bound for what should take milliseconds.
 const QUICK: Duration = Duration::from_secs(10);
@@ -363,7 +361,7 @@ fn every_size_crosses_a_1500_byte_mtu_on_the_direct_path() {
 fn every_size_crosses_a_1500_byte_mtu_through_a_relay_session() {
     use ferry_udp::metrics::Drop;
     in_netns("sdk-mtu-session", 1500, || async {
-        let relay = ferry_in_process::SessionRelay::start();
+        let relay = SessionRelay::start();
         let a = endpoint(&relay.url, 4096).await;
         let b = endpoint(&relay.url, 4096).await;
         let only = PeerOptions {

@@ -6,8 +6,6 @@
 //! `[::]` is dual-stack: it announces IPv4 candidates besides IPv6 ones
 //! and reaches an IPv4-only peer directly.
 
-#[path = "support/ferry_in_process.rs"]
-mod ferry_in_process;
 mod support;
 
 use ferry_client::{
@@ -19,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{kinds, Kind, TestServer};
+use support::{kinds, Kind, SessionRelay, TestServer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 
@@ -214,7 +212,7 @@ impl Drop for Gate {
 /// path (under `only` relay, the only way anything arrives).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_sessions_start_once_a_late_relay_is_up() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let upstream: SocketAddr = relay
         .url
         .trim_start_matches("http://")
