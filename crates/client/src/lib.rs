@@ -30,10 +30,9 @@
 //!   `paths` fuzz target and the corpus replay test.
 //!
 //! ```no_run
-//! use ferry_client::{DerpClient, Event, Options};
-//! use ferry_proto::key::NodePrivate;
+//! use ferry_client::{DerpClient, Event, NodePrivate, NodePublic, Options};
 //!
-//! # async fn run(peer: ferry_proto::key::NodePublic) -> Result<(), ferry_client::Error> {
+//! # async fn run(peer: NodePublic) -> Result<(), ferry_client::Error> {
 //! let mut client =
 //!     DerpClient::connect("https://derp.example.com/derp", NodePrivate::generate(), Options::default())
 //!         .await?;
@@ -63,10 +62,19 @@ mod tls;
 pub use backoff::BackoffOptions;
 pub use client::{DerpClient, DerpSender, Event, Options, Stats};
 pub use endpoint::{
-    Datagrams, DerpServerOptions, Endpoint, EndpointError, EndpointEvent, EndpointOptions,
-    EndpointStats, PathAddr, PathEvent, PathKind, PathState, PathStatus, PeerOptions, PeerStatus,
-    RelayStatus, SendError, SendReport, SwitchReason,
+    AddPeerError, Datagram, Datagrams, DerpServerOptions, Endpoint, EndpointError, EndpointEvent,
+    EndpointOptions, EndpointStats, EventKind, Events, PathAddr, PathEvent, PathKind, PathMtu,
+    PathState, PathStats, PathStatus, PeerOptions, PeerStatus, PeerTotals, Rejected, RelayStatus,
+    SendError, SendReport, SessionTiming, SwitchReason, Timing, MAX_DATAGRAM, MAX_DERP_DATAGRAM,
 };
 pub use error::Error;
+/// The DERP map [`home`] measures and connects by.
+pub use ferry_proto::derp_map::{DerpMap, Node, Region};
+/// Why a DERP server says a peer is gone ([`EventKind::PeerGone`],
+/// [`Event::PeerGone`]).
+pub use ferry_proto::frame::PeerGoneReason;
+/// Keys: an endpoint's own ([`NodePrivate`]) and its peers'
+/// ([`NodePublic`], also their DERP addresses).
+pub use ferry_proto::key::{KeyError, NodePrivate, NodePublic};
 pub use target::{Target, Verify};
 pub use tls::TlsRoots;
