@@ -35,7 +35,7 @@ use anyhow::{Context, Result};
 use ferry_client::endpoint::{gro_segments, Datagrams, UdpBatchSender};
 use ferry_client::{
     DerpServerOptions, Endpoint, EndpointOptions, EventKind, Events, Options, PathEvent, PathKind,
-    PeerOptions,
+    PathMtu, PeerOptions,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_sys::mmsg::{RecvBatch, RecvMeta};
@@ -170,6 +170,11 @@ pub(crate) async fn run(
         }
     };
     tracing::info!(udp = %ep.local_addr(), candidates = ?ep.local_candidates(), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
+    tracing::info!(
+        mtu = wireguard_mtu(),
+        "WireGuard interface MTU to set: at most {}, so that its packets cross every path without IP fragmentation",
+        wireguard_mtu()
+    );
     for (p, cp) in peers.iter().zip(&cfg.peers) {
         let mut o = PeerOptions::new().relay(p.relay);
         o.prefer = cp.prefer;
@@ -189,6 +194,31 @@ pub(crate) async fn run(
     stop.await;
     tasks.shutdown().await;
     Ok(())
+}
+
+/// What WireGuard adds to each packet it tunnels: its data message's
+/// 16-byte header and 16-byte tag.
+const WIREGUARD_OVERHEAD: usize = 32;
+
+/// The largest WireGuard interface MTU whose packets every path carries
+/// without IP fragmentation on a 1,500-byte network: the smallest
+/// unfragmented limit of the SDK's paths (a relay session's, whose far
+/// leg may be IPv6) less WireGuard's overhead.
+fn wireguard_mtu() -> usize {
+    let paths = [
+        PathMtu::RELAY_SESSION,
+        PathMtu::direct(std::net::SocketAddr::from((
+            std::net::Ipv6Addr::LOCALHOST,
+            1,
+        ))),
+        PathMtu::DERP,
+    ];
+    paths
+        .iter()
+        .map(|m| m.unfragmented)
+        .min()
+        .expect("three paths")
+        - WIREGUARD_OVERHEAD
 }
 
 /// Local WireGuard → the endpoint: what one `recvmmsg` brings goes to
@@ -480,4 +510,13 @@ fn switched(peer: &PeerCtx, ev: &PathEvent) {
         ev.to.map_or("none", |p| kind_label(p.kind())),
         metrics::reason_text(ev.reason),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    /// The MTU `ferry link` advises is the one docs/link.md gives.
+    #[test]
+    fn the_advised_wireguard_mtu_is_1412() {
+        assert_eq!(super::wireguard_mtu(), 1412);
+    }
 }
