@@ -173,6 +173,7 @@ pub enum Event {
 
 /// Counters of one client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Connections established (the first one included).
     pub connects: u64,

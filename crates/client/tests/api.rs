@@ -20,11 +20,8 @@ const QUICK: Duration = Duration::from_secs(10);
 
 fn server(url: &str) -> DerpServerOptions {
     let mut o = Options::default();
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(200),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(200)).with_seed(1);
     // Nothing listens there: no STUN.
     DerpServerOptions::new("test", url)
         .with_options(o)

@@ -21,11 +21,8 @@ fn options(tls: Option<&TestCa>) -> Options {
     if let Some(ca) = tls {
         o.tls_roots = support::roots(ca);
     }
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(500)).with_seed(1);
     o
 }
 

@@ -41,11 +41,8 @@ fn down_bound(o: &EndpointOptions) -> Duration {
 fn relay(url: String) -> DerpServerOptions {
     let mut r = DerpServerOptions::new("test", url);
     let mut o = Options::default();
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(500)).with_seed(1);
     r.options = o;
     // Nothing listens there: no STUN unless a test starts one.
     r.stun = Some("127.0.0.1:9".parse().unwrap());

@@ -30,11 +30,8 @@ fn options(url: &str, key: NodePrivate) -> EndpointOptions {
 fn options_at(url: &str, key: NodePrivate, bind: &str) -> EndpointOptions {
     let mut r = DerpServerOptions::new("test", url);
     let mut o = Options::default();
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(1600),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(1600)).with_seed(1);
     r.options = o;
     // Nothing listens there: no STUN.
     r.stun = Some("127.0.0.1:9".parse().unwrap());
