@@ -84,8 +84,8 @@ fn args() -> Result<Args, String> {
             "--url http://host:port/derp (a Ferry relay with --relay-port) is required".into(),
         );
     }
-    if a.size < 8 || a.seconds <= 0.0 || a.seconds.is_nan() || a.rate < 0.0 {
-        return Err("--size at least 8, --seconds above 0, --rate 0 or above".into());
+    if a.size == 0 || a.seconds <= 0.0 || a.seconds.is_nan() || a.rate < 0.0 {
+        return Err("--size at least 1, --seconds above 0, --rate 0 or above".into());
     }
     if a.batch > 0 && a.rate > 0.0 {
         return Err("--batch goes with --rate 0 (unpaced) only".into());
