@@ -67,6 +67,17 @@ async fn pair(a: EndpointOptions, b: EndpointOptions, peer: PeerOptions) -> (End
     (a, b)
 }
 
+/// The next datagram at `e`, checked to be from `want`, and the path it
+/// came on.
+async fn recv_on(e: &Endpoint, want: &NodePublic) -> (Vec<u8>, PathAddr) {
+    let d = tokio::time::timeout(QUICK, e.recv())
+        .await
+        .expect("a datagram within the bound")
+        .expect("endpoint open");
+    assert_eq!(&d.peer, want);
+    (d.data, d.path)
+}
+
 async fn recv_from(e: &Endpoint, want: &NodePublic) -> Vec<u8> {
     let Datagram {
         peer: from, data, ..
@@ -126,7 +137,11 @@ async fn derp_at_once_then_direct_after_probes() {
             "{kind:?}: DERP before any probe"
         );
         a.try_send(&kb, b"over derp").unwrap();
-        assert_eq!(recv_from(&b, &ka).await, b"over derp");
+        assert_eq!(
+            recv_on(&b, &ka).await,
+            (b"over derp".to_vec(), PathAddr::Derp),
+            "{kind:?}: the path it came on"
+        );
 
         wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
@@ -137,9 +152,15 @@ async fn derp_at_once_then_direct_after_probes() {
             Some(PathAddr::Direct(wire.addr_of_b())),
             "{kind:?}"
         );
+        let b_direct = b.peer_status(&ka).unwrap().active.unwrap();
+        assert_eq!(b_direct.kind(), PathKind::Direct);
         for i in 0..50u32 {
             a.try_send(&kb, &i.to_be_bytes()).unwrap();
-            assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes(), "{kind:?}");
+            assert_eq!(
+                recv_on(&b, &ka).await,
+                (i.to_be_bytes().to_vec(), b_direct),
+                "{kind:?}: on B's direct path"
+            );
             b.try_send(&ka, &i.to_be_bytes()).unwrap();
             assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes(), "{kind:?}");
         }
