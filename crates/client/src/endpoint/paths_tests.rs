@@ -62,6 +62,16 @@ impl Pair {
         Pair::with(policy_a, relay, Timing::default(), LATENCY)
     }
 
+    /// A pair with a relay session and direct UDP cut, run until A
+    /// sends on the relay session.
+    fn on_relay_session() -> Pair {
+        let mut p = Pair::new(Policy::default(), true);
+        p.direct_up = false;
+        p.run_for(Duration::from_secs(3));
+        assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
+        p
+    }
+
     fn with(policy_a: Policy, relay: bool, timing: Timing, latency: Duration) -> Pair {
         let now = Instant::now();
         let (ka, kb) = (key(1), key(2));
@@ -495,10 +505,7 @@ fn relay_session_between_direct_and_derp() {
 
 #[test]
 fn a_removed_relay_session_hands_over_with_its_unanswered_datagrams() {
-    let mut p = Pair::new(Policy::default(), true);
-    p.direct_up = false;
-    p.run_for(Duration::from_secs(3));
-    assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
+    let mut p = Pair::on_relay_session();
     for _ in 0..3 {
         p.a.on_send(&p.kb, 10).unwrap();
     }
@@ -887,10 +894,7 @@ fn a_relay_session_is_confirmed_one_round_trip_after_the_second_bind() {
 /// that is removed takes its own counters with it, not the peer's.
 #[test]
 fn totals_by_kind_survive_the_removal_of_a_path() {
-    let mut p = Pair::new(Policy::default(), true);
-    p.direct_up = false;
-    p.run_for(Duration::from_secs(3));
-    assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
+    let mut p = Pair::on_relay_session();
     for _ in 0..3 {
         p.a.on_send(&p.kb, 10).unwrap();
     }
