@@ -84,8 +84,8 @@ fn args() -> Result<Args, String> {
             "--url http://host:port/derp (a Ferry relay with --relay-port) is required".into(),
         );
     }
-    if a.size < 8 || a.seconds <= 0.0 || a.seconds.is_nan() || a.rate < 0.0 {
-        return Err("--size at least 8, --seconds above 0, --rate 0 or above".into());
+    if a.size == 0 || a.seconds <= 0.0 || a.seconds.is_nan() || a.rate < 0.0 {
+        return Err("--size at least 1, --seconds above 0, --rate 0 or above".into());
     }
     if a.batch > 0 && a.rate > 0.0 {
         return Err("--batch goes with --rate 0 (unpaced) only".into());
@@ -155,11 +155,11 @@ async fn goodput(a: &Endpoint, b: std::sync::Arc<Endpoint>, args: &Args) -> Good
             batch.push(&kb, &payload);
         }
         while Instant::now() < end {
-            let r = a.send_batch(&mut batch);
+            let r = a.try_send_batch(&mut batch);
             assert_eq!(r.unknown_peer + r.too_large, 0, "send_batch: {r:?}");
             offered += r.sent as u64;
-            // Dropped, or no path while the blast starves the probes.
-            refused += (r.dropped + r.no_path) as u64;
+            // Queue full, or no path while the blast starves the probes.
+            refused += (r.queue_full + r.no_path) as u64;
             tokio::task::yield_now().await;
         }
     }
@@ -172,9 +172,9 @@ async fn goodput(a: &Endpoint, b: std::sync::Arc<Endpoint>, args: &Args) -> Good
             }
         }
         i += 1;
-        match a.send(&kb, &payload) {
+        match a.try_send(&kb, &payload) {
             Ok(()) => offered += 1,
-            Err(SendError::Dropped) => {
+            Err(SendError::QueueFull { .. }) => {
                 refused += 1;
                 if gap.is_none() {
                     // Back off: the path's queue is full; let it drain.
@@ -210,12 +210,9 @@ async fn main() {
     let a = endpoint(&args.url).await;
     let b = endpoint(&args.url).await;
     let (ka, kb) = (a.public_key(), b.public_key());
-    let peer = PeerOptions {
-        only: Some(args.path),
-        ..PeerOptions::default()
-    };
-    a.add_peer(kb, peer);
-    b.add_peer(ka, peer);
+    let peer = PeerOptions::new().only(args.path);
+    a.add_peer(kb, peer).expect("a peer");
+    b.add_peer(ka, peer).expect("a peer");
     let deadline = Instant::now() + Duration::from_secs(15);
     while a.peer_status(&kb).and_then(|s| s.active).map(|p| p.kind()) != Some(args.path)
         || b.peer_status(&ka).and_then(|s| s.active).map(|p| p.kind()) != Some(args.path)
@@ -231,12 +228,13 @@ async fn main() {
     let mut rtts = Vec::with_capacity(args.rtt);
     for i in 0..args.rtt as u64 {
         let t = Instant::now();
-        a.send(&kb, &i.to_be_bytes()).expect("send");
-        let (_, data) = tokio::time::timeout(Duration::from_secs(2), b.recv())
+        a.try_send(&kb, &i.to_be_bytes()).expect("send");
+        let data = tokio::time::timeout(Duration::from_secs(2), b.recv())
             .await
             .expect("echo request within 2 s")
-            .expect("open");
-        b.send(&ka, &data).expect("echo");
+            .expect("open")
+            .data;
+        b.try_send(&ka, &data).expect("echo");
         tokio::time::timeout(Duration::from_secs(2), a.recv())
             .await
             .expect("echo within 2 s")

@@ -10,8 +10,18 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 
-/// How reconnect attempts are spaced.
+/// How reconnect attempts are spaced: [`BackoffOptions::default`] (100 ms
+/// doubling to 10 s) or [`BackoffOptions::new`].
+///
+/// ```
+/// use ferry_client::BackoffOptions;
+/// use std::time::Duration;
+///
+/// let b = BackoffOptions::new(Duration::from_millis(50), Duration::from_secs(1)).with_seed(7);
+/// assert_eq!((b.initial, b.max, b.seed), (Duration::from_millis(50), Duration::from_secs(1), Some(7)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BackoffOptions {
     /// Nominal delay before the first retry.
     pub initial: Duration,
@@ -28,6 +38,24 @@ impl Default for BackoffOptions {
             max: Duration::from_secs(10),
             seed: None,
         }
+    }
+}
+
+impl BackoffOptions {
+    /// Delays from `initial` doubling up to `max`, jitter drawn from the
+    /// OS.
+    pub fn new(initial: Duration, max: Duration) -> BackoffOptions {
+        BackoffOptions {
+            initial,
+            max,
+            seed: None,
+        }
+    }
+
+    /// With the jitter generator seeded, so the schedule repeats.
+    pub fn with_seed(mut self, seed: u64) -> BackoffOptions {
+        self.seed = Some(seed);
+        self
     }
 }
 

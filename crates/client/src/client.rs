@@ -66,7 +66,10 @@ pub struct Options {
     pub plain_http: bool,
     /// Ask for relay sessions (`"ferryRelay": 1` in clientInfo,
     /// `docs/relay-sessions.md`); a Ferry relay that offers them says so in
-    /// serverInfo ([`DerpClient::relay_port`]). Off by default.
+    /// serverInfo ([`DerpClient::relay_port`]). On by default; an
+    /// [`crate::Endpoint`] asks a DERP server for relay sessions exactly
+    /// when its [`crate::DerpServerOptions::options`] have this on. Servers
+    /// that do not know the field (derper, an older Ferry) ignore it.
     pub relay_sessions: bool,
 }
 
@@ -83,7 +86,7 @@ impl Default for Options {
             event_queue: 1024,
             command_queue: 256,
             plain_http: false,
-            relay_sessions: false,
+            relay_sessions: true,
         }
     }
 }
@@ -170,6 +173,7 @@ pub enum Event {
 
 /// Counters of one client.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Connections established (the first one included).
     pub connects: u64,

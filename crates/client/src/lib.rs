@@ -1,5 +1,70 @@
-//! Ferry's client SDK: a DERP client on tokio that works against Ferry and
-//! against Tailscale's `derper`.
+//! Ferry's client SDK: datagrams between peers by key over the best path
+//! that works ([`Endpoint`]), and a DERP client that works against Ferry
+//! and against Tailscale's `derper` ([`DerpClient`]), on tokio.
+//!
+//! # Quick start
+//!
+//! Two endpoints exchange a datagram through a DERP server (here a Ferry
+//! server started in this process on loopback, as the tests do; yours is
+//! `https://your.derp.host/derp`):
+//!
+//! ```
+//! use ferry_client::{DerpServerOptions, Endpoint, EndpointOptions, NodePrivate, PeerOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = ferry_testkit_servers::TestServer::start(ferry_testkit_servers::Kind::Ferry, None);
+//! # let url = server.url();
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! // Each side: its own key, its DERP server, a UDP socket (here on
+//! // loopback, as this example stays on this machine).
+//! let options = |url: &str| {
+//!     let mut o = EndpointOptions::new(
+//!         NodePrivate::generate(),
+//!         vec![DerpServerOptions::new("my-derp", url)],
+//!     );
+//!     o.bind = "127.0.0.1:0".parse().unwrap();
+//!     o
+//! };
+//! let alice = Endpoint::bind(options(&url)).await?;
+//! let bob = Endpoint::bind(options(&url)).await?;
+//!
+//! // Each names the other by its public key (exchanged out of band).
+//! alice.add_peer(bob.public_key(), PeerOptions::new())?;
+//! bob.add_peer(alice.public_key(), PeerOptions::new())?;
+//!
+//! // DERP carries the first datagrams; direct UDP or a relay session
+//! // takes over once confirmed.
+//! alice.send(&bob.public_key(), b"hello").await?;
+//! let got = bob.recv().await?;
+//! assert_eq!((got.peer, &got.data[..]), (alice.public_key(), &b"hello"[..]));
+//! println!("{} bytes from {} over {}", got.data.len(), got.peer, got.path);
+//!
+//! alice.close().await;
+//! bob.close().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })
+//! # }
+//! ```
+//!
+//! To depend on it (it is on no registry yet: by path, or by git from
+//! where you got Ferry), with the tokio features a program needs:
+//!
+//! ```toml
+//! [dependencies]
+//! ferry-client = { path = "../ferry/crates/client" }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
+//! Everything the API takes or returns is exported here: keys
+//! ([`NodePrivate`], [`NodePublic`]), limits ([`MAX_DATAGRAM`],
+//! [`PathMtu`]), errors. The [`guide`] explains the concepts a page each:
+//! [paths](guide::paths), [relay sessions](guide::relay_sessions),
+//! [events](guide::events), [backpressure](guide::backpressure),
+//! [MTU](guide::mtu), [shutdown](guide::shutdown). Two programs to copy
+//! are in `examples/`: `chat` (a chat over datagrams) and `forward` (a UDP
+//! port forwarder).
+//!
+//! # The DERP client
 //!
 //! The protocol itself (upgrade request, handshake, frames, keepalive
 //! deadlines) is [`ferry_proto::client::Client`], a state machine without
@@ -30,10 +95,9 @@
 //!   `paths` fuzz target and the corpus replay test.
 //!
 //! ```no_run
-//! use ferry_client::{DerpClient, Event, Options};
-//! use ferry_proto::key::NodePrivate;
+//! use ferry_client::{DerpClient, Event, NodePrivate, NodePublic, Options};
 //!
-//! # async fn run(peer: ferry_proto::key::NodePublic) -> Result<(), ferry_client::Error> {
+//! # async fn run(peer: NodePublic) -> Result<(), ferry_client::Error> {
 //! let mut client =
 //!     DerpClient::connect("https://derp.example.com/derp", NodePrivate::generate(), Options::default())
 //!         .await?;
@@ -56,6 +120,7 @@ mod conn;
 pub mod endpoint;
 mod error;
 pub mod fuzzing;
+pub mod guide;
 pub mod home;
 mod target;
 mod tls;
@@ -63,10 +128,19 @@ mod tls;
 pub use backoff::BackoffOptions;
 pub use client::{DerpClient, DerpSender, Event, Options, Stats};
 pub use endpoint::{
-    Datagrams, DerpServerOptions, Endpoint, EndpointError, EndpointEvent, EndpointOptions,
-    EndpointStats, PathAddr, PathEvent, PathKind, PathState, PathStatus, PeerOptions, PeerStatus,
-    RelayStatus, SendError, SendReport, SwitchReason,
+    AddPeerError, Datagram, Datagrams, DerpServerOptions, Endpoint, EndpointError, EndpointEvent,
+    EndpointOptions, EndpointStats, EventKind, Events, PathAddr, PathEvent, PathKind, PathMtu,
+    PathState, PathStats, PathStatus, PeerOptions, PeerStatus, PeerTotals, Rejected, RelayStatus,
+    SendError, SendReport, SessionTiming, SwitchReason, Timing, MAX_DATAGRAM, MAX_DERP_DATAGRAM,
 };
 pub use error::Error;
+/// The DERP map [`home`] measures and connects by.
+pub use ferry_proto::derp_map::{DerpMap, Node, Region};
+/// Why a DERP server says a peer is gone ([`EventKind::PeerGone`],
+/// [`Event::PeerGone`]).
+pub use ferry_proto::frame::PeerGoneReason;
+/// Keys: an endpoint's own ([`NodePrivate`]) and its peers'
+/// ([`NodePublic`], also their DERP addresses).
+pub use ferry_proto::key::{KeyError, NodePrivate, NodePublic};
 pub use target::{Target, Verify};
 pub use tls::TlsRoots;

@@ -11,7 +11,9 @@ use ferry_proto::key::NodePrivate;
 #[test]
 fn reconnects_back_off_from_100_ms_to_10_s_and_connections_die_after_120_s_of_silence() {
     let o = Options::default();
-    let BackoffOptions { initial, max, seed } = o.backoff;
+    let BackoffOptions {
+        initial, max, seed, ..
+    } = o.backoff;
     assert_eq!(
         (initial, max, seed),
         (Duration::from_millis(100), Duration::from_secs(10), None)

@@ -19,13 +19,10 @@ const QUICK: Duration = Duration::from_secs(10);
 fn options(tls: Option<&TestCa>) -> Options {
     let mut o = Options::default();
     if let Some(ca) = tls {
-        o.tls_roots = ca.roots();
+        o.tls_roots = support::roots(ca);
     }
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(500)).with_seed(1);
     o
 }
 

@@ -10,13 +10,11 @@
 //! sent again from its own address; neither stops a path or gives the
 //! stranger one.
 
-#[path = "support/ferry_in_process.rs"]
-mod ferry_in_process;
 mod support;
 
 use ferry_client::{
-    BackoffOptions, DerpServerOptions, Endpoint, EndpointOptions, Options, PathAddr, PathEvent,
-    PathKind, PathState, PeerOptions, SwitchReason,
+    BackoffOptions, Datagram, DerpServerOptions, Endpoint, EndpointOptions, EventKind, Events,
+    Options, PathAddr, PathEvent, PathKind, PathState, PeerOptions, SwitchReason,
 };
 use ferry_derp::DerpConfig;
 use ferry_proto::key::{NodePrivate, NodePublic};
@@ -24,8 +22,8 @@ use ferry_proto::relay_session::{BindKind, BindMsg};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use support::{kinds, Kind, TestServer};
+use std::time::{Duration, Instant, SystemTime};
+use support::{kinds, Kind, SessionRelay, TestServer};
 use tokio::net::UdpSocket;
 
 /// Generous bound for what should take milliseconds.
@@ -43,11 +41,8 @@ fn down_bound(o: &EndpointOptions) -> Duration {
 fn relay(url: String) -> DerpServerOptions {
     let mut r = DerpServerOptions::new("test", url);
     let mut o = Options::default();
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(500)).with_seed(1);
     r.options = o;
     // Nothing listens there: no STUN unless a test starts one.
     r.stun = Some("127.0.0.1:9".parse().unwrap());
@@ -67,13 +62,26 @@ fn options_with_key(url: &str, key: NodePrivate) -> EndpointOptions {
 async fn pair(a: EndpointOptions, b: EndpointOptions, peer: PeerOptions) -> (Endpoint, Endpoint) {
     let a = Endpoint::bind(a).await.expect("bind a");
     let b = Endpoint::bind(b).await.expect("bind b");
-    a.add_peer(b.public_key(), peer);
-    b.add_peer(a.public_key(), PeerOptions::default());
+    a.add_peer(b.public_key(), peer).unwrap();
+    b.add_peer(a.public_key(), PeerOptions::default()).unwrap();
     (a, b)
 }
 
+/// The next datagram at `e`, checked to be from `want`, and the path it
+/// came on.
+async fn recv_on(e: &Endpoint, want: &NodePublic) -> (Vec<u8>, PathAddr) {
+    let d = tokio::time::timeout(QUICK, e.recv())
+        .await
+        .expect("a datagram within the bound")
+        .expect("endpoint open");
+    assert_eq!(&d.peer, want);
+    (d.data, d.path)
+}
+
 async fn recv_from(e: &Endpoint, want: &NodePublic) -> Vec<u8> {
-    let (from, data) = tokio::time::timeout(QUICK, e.recv())
+    let Datagram {
+        peer: from, data, ..
+    } = tokio::time::timeout(QUICK, e.recv())
         .await
         .expect("a datagram within the bound")
         .expect("endpoint open");
@@ -97,20 +105,19 @@ async fn until_active(e: &Endpoint, peer: &NodePublic, kind: PathKind, limit: Du
     }
 }
 
-/// The next path event for `peer`, within `limit`.
-async fn next_event(
-    rx: &mut tokio::sync::broadcast::Receiver<PathEvent>,
-    peer: &NodePublic,
-    limit: Duration,
-) -> PathEvent {
+/// The next path event for `peer`, within `limit` (other events are
+/// skipped; a lagged subscription fails the test).
+async fn next_event(rx: &mut Events, peer: &NodePublic, limit: Duration) -> PathEvent {
     let deadline = tokio::time::Instant::now() + limit;
     for _ in 0..1000 {
         let ev = tokio::time::timeout_at(deadline, rx.recv())
             .await
             .unwrap_or_else(|_| panic!("no path event within {limit:?}"))
-            .expect("events not lagging");
-        if &ev.peer == peer {
-            return ev;
+            .expect("events not ended");
+        match ev.kind {
+            EventKind::Path(p) if &p.peer == peer => return p,
+            EventKind::Lagged { missed } => panic!("events lagged: {missed} missed"),
+            _ => {}
         }
     }
     panic!("no event for the peer among 1000");
@@ -129,8 +136,12 @@ async fn derp_at_once_then_direct_after_probes() {
             Some(PathAddr::Derp),
             "{kind:?}: DERP before any probe"
         );
-        a.send(&kb, b"over derp").unwrap();
-        assert_eq!(recv_from(&b, &ka).await, b"over derp");
+        a.try_send(&kb, b"over derp").unwrap();
+        assert_eq!(
+            recv_on(&b, &ka).await,
+            (b"over derp".to_vec(), PathAddr::Derp),
+            "{kind:?}: the path it came on"
+        );
 
         wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
@@ -141,10 +152,16 @@ async fn derp_at_once_then_direct_after_probes() {
             Some(PathAddr::Direct(wire.addr_of_b())),
             "{kind:?}"
         );
+        let b_direct = b.peer_status(&ka).unwrap().active.unwrap();
+        assert_eq!(b_direct.kind(), PathKind::Direct);
         for i in 0..50u32 {
-            a.send(&kb, &i.to_be_bytes()).unwrap();
-            assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes(), "{kind:?}");
-            b.send(&ka, &i.to_be_bytes()).unwrap();
+            a.try_send(&kb, &i.to_be_bytes()).unwrap();
+            assert_eq!(
+                recv_on(&b, &ka).await,
+                (i.to_be_bytes().to_vec(), b_direct),
+                "{kind:?}: on B's direct path"
+            );
+            b.try_send(&ka, &i.to_be_bytes()).unwrap();
             assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes(), "{kind:?}");
         }
         let st = a.peer_status(&kb).unwrap();
@@ -242,7 +259,7 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
         // Cut until A listens to events, so the first switch is seen.
         let (a, b, wire) = wired(&server.url(), PeerOptions::default(), false).await;
         let (ka, kb) = (a.public_key(), b.public_key());
-        let mut events = a.subscribe();
+        let mut events = a.events();
         wire.set_up(true);
         until_active(&a, &kb, PathKind::Direct, QUICK).await;
         assert_eq!(
@@ -264,7 +281,7 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
             let task = tokio::spawn(async move {
                 let mut i = 0u32;
                 while sending.load(Ordering::SeqCst) && i < 100_000 {
-                    let _ = task_a.send(&kb, &i.to_be_bytes());
+                    let _ = task_a.try_send(&kb, &i.to_be_bytes());
                     i += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
@@ -275,8 +292,9 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
         let (a, task) = sender;
         let receiver = tokio::spawn(async move {
             let mut got = Vec::new();
-            while let Ok(Ok((from, data))) =
-                tokio::time::timeout(Duration::from_secs(3), b.recv()).await
+            while let Ok(Ok(Datagram {
+                peer: from, data, ..
+            })) = tokio::time::timeout(Duration::from_secs(3), b.recv()).await
             {
                 assert_eq!(from, ka);
                 got.push(u32::from_be_bytes(data.try_into().unwrap()));
@@ -285,12 +303,12 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
 
-        let cut = Instant::now();
+        let cut = SystemTime::now();
         wire.set_up(false);
         let down = next_event(&mut events, &kb, QUICK).await;
         assert_eq!(down.to, Some(PathAddr::Derp), "{kind:?}: {down:?}");
         assert_eq!(down.reason, SwitchReason::Silent);
-        let took = down.at.saturating_duration_since(cut);
+        let took = down.at.duration_since(cut).unwrap_or_default();
         let bound = down_bound(&options(&server.url()));
         assert!(
             took <= bound,
@@ -299,7 +317,7 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
         assert!(down.lost > 0, "{kind:?}: datagrams went into the cut wire");
 
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let restored = Instant::now();
+        let restored = SystemTime::now();
         wire.set_up(true);
         let back = next_event(&mut events, &kb, QUICK).await;
         assert_eq!(
@@ -311,7 +329,7 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
             ),
             "{kind:?}"
         );
-        let took = back.at.saturating_duration_since(restored);
+        let took = back.at.duration_since(restored).unwrap_or_default();
         assert!(
             took <= Duration::from_secs(10),
             "{kind:?}: up after {took:?}"
@@ -348,20 +366,8 @@ async fn falls_back_to_derp_when_direct_goes_silent_and_returns_to_direct() {
 async fn only_and_prefer_hold_while_direct_works() {
     let server = TestServer::start(Kind::Ferry, None);
     for (peer, want) in [
-        (
-            PeerOptions {
-                only: Some(PathKind::Derp),
-                ..PeerOptions::default()
-            },
-            PathKind::Derp,
-        ),
-        (
-            PeerOptions {
-                prefer: Some(PathKind::Derp),
-                ..PeerOptions::default()
-            },
-            PathKind::Derp,
-        ),
+        (PeerOptions::new().only(PathKind::Derp), PathKind::Derp),
+        (PeerOptions::new().prefer(PathKind::Derp), PathKind::Derp),
     ] {
         let (a, b) = pair(options(&server.url()), options(&server.url()), peer).await;
         let (ka, kb) = (a.public_key(), b.public_key());
@@ -369,7 +375,7 @@ async fn only_and_prefer_hold_while_direct_works() {
         until_active(&b, &ka, PathKind::Direct, QUICK).await;
         let st = a.peer_status(&kb).unwrap();
         assert_eq!(st.active.map(|p| p.kind()), Some(want), "{peer:?}: {st:?}");
-        a.send(&kb, b"kept").unwrap();
+        a.try_send(&kb, b"kept").unwrap();
         assert_eq!(recv_from(&b, &ka).await, b"kept");
         let st = a.peer_status(&kb).unwrap();
         let derp = st.paths.iter().find(|p| p.addr == PathAddr::Derp).unwrap();
@@ -377,20 +383,17 @@ async fn only_and_prefer_hold_while_direct_works() {
     }
     // only = direct: nothing goes until direct is confirmed (it is cut
     // at first).
-    let only_direct = PeerOptions {
-        only: Some(PathKind::Direct),
-        ..PeerOptions::default()
-    };
+    let only_direct = PeerOptions::new().only(PathKind::Direct);
     let (a, b, wire) = wired(&server.url(), only_direct, false).await;
     let kb = b.public_key();
-    assert_eq!(a.send(&kb, b"x"), Err(ferry_client::SendError::NoPath));
+    assert_eq!(a.try_send(&kb, b"x"), Err(ferry_client::SendError::NoPath));
     assert_eq!(a.stats().send_dropped, 1);
     wire.set_up(true);
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
-    a.send(&kb, b"direct").unwrap();
+    a.try_send(&kb, b"direct").unwrap();
     assert_eq!(recv_from(&b, &a.public_key()).await, b"direct");
     assert_eq!(
-        a.send(&NodePrivate::generate().public(), b"x"),
+        a.try_send(&NodePrivate::generate().public(), b"x"),
         Err(ferry_client::SendError::UnknownPeer)
     );
 }
@@ -402,7 +405,7 @@ async fn stun_learns_the_public_address_and_announces_it() {
         .local_addr()
         .unwrap();
     let (server, url) =
-        ferry_in_process::start(DerpConfig::new(NodePrivate::generate()), Some(stun));
+        ferry_testkit_servers::start(DerpConfig::new(NodePrivate::generate()), Some(stun));
     let mut o = options(&url);
     o.relays[0].stun = Some(stun);
     let e = Endpoint::bind(o).await.expect("bind");
@@ -473,7 +476,7 @@ async fn forged_probes_and_strangers_payloads_are_dropped() {
         stranger.send_to(d, b.local_addr()).await.unwrap();
     }
     let deadline = tokio::time::Instant::now() + QUICK;
-    while b.stats().rejected < datagrams.len() as u64 {
+    while b.stats().rejected.total() < datagrams.len() as u64 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "rejected {:?}",
@@ -481,6 +484,18 @@ async fn forged_probes_and_strangers_payloads_are_dropped() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Counted by reason: two probes that do not open for a peer, one
+    // payload from no peer's path, the garbage.
+    let rejected = b.stats().rejected;
+    assert_eq!(
+        (
+            rejected.bad_probe,
+            rejected.unknown_source,
+            rejected.total()
+        ),
+        (2, 1, 4),
+        "{rejected:?}"
+    );
     // Nothing was answered, nothing delivered, the stranger is no path.
     let mut buf = [0u8; 1500];
     assert!(
@@ -495,7 +510,7 @@ async fn forged_probes_and_strangers_payloads_are_dropped() {
         st.paths.iter().all(|p| p.addr != PathAddr::Direct(from)),
         "{st:?}"
     );
-    a.send(&kb, b"real").unwrap();
+    a.try_send(&kb, b"real").unwrap();
     assert_eq!(
         recv_from(&b, &ka).await,
         b"real",
@@ -507,13 +522,10 @@ async fn forged_probes_and_strangers_payloads_are_dropped() {
 async fn derp_resumes_after_the_relay_restarts() {
     for kind in kinds() {
         let mut server = TestServer::start(kind, None);
-        let only_derp = PeerOptions {
-            only: Some(PathKind::Derp),
-            ..PeerOptions::default()
-        };
+        let only_derp = PeerOptions::new().only(PathKind::Derp);
         let (a, b) = pair(options(&server.url()), options(&server.url()), only_derp).await;
         let (ka, kb) = (a.public_key(), b.public_key());
-        a.send(&kb, b"before").unwrap();
+        a.try_send(&kb, b"before").unwrap();
         assert_eq!(recv_from(&b, &ka).await, b"before", "{kind:?}");
         server.restart();
         // Both reconnect by themselves; sends in between are dropped (DERP
@@ -527,8 +539,8 @@ async fn derp_resumes_after_the_relay_restarts() {
                 a.relay_status()
             );
             n += 1;
-            let _ = a.send(&kb, &n.to_be_bytes());
-            if let Ok(Ok((from, _))) =
+            let _ = a.try_send(&kb, &n.to_be_bytes());
+            if let Ok(Ok(Datagram { peer: from, .. })) =
                 tokio::time::timeout(Duration::from_millis(100), b.recv()).await
             {
                 assert_eq!(from, ka);
@@ -541,22 +553,19 @@ async fn derp_resumes_after_the_relay_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_relay_goes_through_a_bound_session() {
-    let relay = ferry_in_process::SessionRelay::start();
-    let only = PeerOptions {
-        only: Some(PathKind::RelaySession),
-        ..PeerOptions::default()
-    };
+    let relay = SessionRelay::start();
+    let only = PeerOptions::new().only(PathKind::RelaySession);
     let (a, b) = pair(options(&relay.url), options(&relay.url), only).await;
     let port = a.relay_status()[0].relay_port;
     assert!(port.is_some(), "{:?}", a.relay_status());
     let (ka, kb) = (a.public_key(), b.public_key());
-    b.add_peer(ka, only);
+    b.add_peer(ka, only).unwrap();
     until_active(&a, &kb, PathKind::RelaySession, QUICK).await;
     until_active(&b, &ka, PathKind::RelaySession, QUICK).await;
     for i in 0..20u32 {
-        a.send(&kb, &i.to_be_bytes()).unwrap();
+        a.try_send(&kb, &i.to_be_bytes()).unwrap();
         assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes());
-        b.send(&ka, &i.to_be_bytes()).unwrap();
+        b.try_send(&ka, &i.to_be_bytes()).unwrap();
         assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes());
     }
     let st = a.peer_status(&kb).unwrap();
@@ -570,7 +579,7 @@ async fn only_relay_goes_through_a_bound_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_dies_down_to_the_relay_session_not_derp() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let (a, b, wire) = wired(&relay.url, PeerOptions::default(), true).await;
     let (ka, kb) = (a.public_key(), b.public_key());
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
@@ -591,8 +600,8 @@ async fn direct_dies_down_to_the_relay_session_not_derp() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut events = a.subscribe();
-    let cut = Instant::now();
+    let mut events = a.events();
+    let cut = SystemTime::now();
     wire.set_up(false);
     let ev = next_event(&mut events, &kb, QUICK).await;
     assert_eq!(
@@ -601,10 +610,10 @@ async fn direct_dies_down_to_the_relay_session_not_derp() {
         "{ev:?}"
     );
     assert_eq!(ev.reason, SwitchReason::Silent);
-    let took = ev.at.saturating_duration_since(cut);
+    let took = ev.at.duration_since(cut).unwrap_or_default();
     let bound = down_bound(&options(&relay.url));
     assert!(took <= bound, "down after {took:?} (bound {bound:?})");
-    a.send(&kb, b"via relay").unwrap();
+    a.try_send(&kb, b"via relay").unwrap();
     assert_eq!(recv_from(&b, &ka).await, b"via relay");
 }
 
@@ -648,7 +657,7 @@ fn flood(
 /// and the forgeries are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let (pa, pb) = (NodePrivate::generate(), NodePrivate::generate());
     let (ka, kb) = (pa.public(), pb.public());
     let a = Endpoint::bind(options_with_key(&relay.url, pa))
@@ -663,17 +672,16 @@ async fn forged_bind_replies_from_a_stranger_do_not_stop_the_relay_path() {
         flood(a.local_addr(), for_a.vni, for_a.slot, stop.clone()),
         flood(b.local_addr(), for_b.vni, for_b.slot, stop.clone()),
     ];
-    let only = PeerOptions {
-        only: Some(PathKind::RelaySession),
-        ..PeerOptions::default()
-    };
-    a.add_peer(kb, only);
-    b.add_peer(ka, only);
+    let only = PeerOptions::new().only(PathKind::RelaySession);
+    a.add_peer(kb, only).unwrap();
+    b.add_peer(ka, only).unwrap();
     until_active(&a, &kb, PathKind::RelaySession, QUICK).await;
     until_active(&b, &ka, PathKind::RelaySession, QUICK).await;
     for i in 0..10u32 {
-        a.send(&kb, &i.to_be_bytes()).unwrap();
-        let (from, data) = tokio::time::timeout(QUICK, b.recv())
+        a.try_send(&kb, &i.to_be_bytes()).unwrap();
+        let Datagram {
+            peer: from, data, ..
+        } = tokio::time::timeout(QUICK, b.recv())
             .await
             .expect("a datagram within the bound")
             .unwrap();
@@ -712,8 +720,8 @@ async fn a_replayed_pong_gives_the_stranger_no_path() {
     let b = Endpoint::bind(options_with_key(&server.url(), pb))
         .await
         .expect("bind b");
-    a.add_peer(kb, PeerOptions::default());
-    b.add_peer(ka, PeerOptions::default());
+    a.add_peer(kb, PeerOptions::default()).unwrap();
+    b.add_peer(ka, PeerOptions::default()).unwrap();
     until_active(&a, &kb, PathKind::Direct, QUICK).await;
     let stranger = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let from = stranger.local_addr().unwrap();

@@ -10,25 +10,17 @@
 //! session, all arrive intact and nothing is dropped; on a smaller MTU a
 //! refused train is sent again datagram by datagram and GSO stays on.
 
-#[path = "support/ferry_in_process.rs"]
-mod ferry_in_process;
 mod support;
 
 use ferry_client::{
-    Datagrams, DerpServerOptions, Endpoint, EndpointOptions, PathKind, PeerOptions,
+    Datagram, Datagrams, DerpServerOptions, Endpoint, EndpointOptions, PathKind, PeerOptions,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use std::time::Duration;
-use support::{Kind, TestServer};
+use support::{Kind, SessionRelay, TestServer};
 
 /// Generous bound for what should take milliseconds.
 const QUICK: Duration = Duration::from_secs(10);
-
-const DIRECT: PeerOptions = PeerOptions {
-    relay: 0,
-    prefer: None,
-    only: Some(PathKind::Direct),
-};
 
 async fn endpoint(url: &str, queue: usize) -> Endpoint {
     let mut r = DerpServerOptions::new("test", url);
@@ -42,15 +34,15 @@ async fn endpoint(url: &str, queue: usize) -> Endpoint {
 
 /// Joins `a` and `b` as peers and waits until both use direct UDP.
 async fn direct(a: &Endpoint, b: &Endpoint) {
-    joined(a, b, DIRECT).await;
+    joined(a, b, PeerOptions::new().only(PathKind::Direct)).await;
 }
 
 /// Joins `a` and `b` as peers under `only` kind of path, and waits until
 /// both use it.
 async fn joined(a: &Endpoint, b: &Endpoint, only: PeerOptions) {
     let kind = only.only.expect("one kind of path");
-    a.add_peer(b.public_key(), only);
-    b.add_peer(a.public_key(), only);
+    a.add_peer(b.public_key(), only).unwrap();
+    b.add_peer(a.public_key(), only).unwrap();
     let deadline = tokio::time::Instant::now() + QUICK;
     for (x, y) in [(a, b), (b, a)] {
         while x
@@ -129,7 +121,7 @@ async fn one_batch_to_two_peers_larger_than_one_system_call() {
             to_b.push(d);
         }
     }
-    let r = a.send_batch(&mut batch);
+    let r = a.try_send_batch(&mut batch);
     assert_eq!((r.sent, r.failed()), (300, 0), "{r:?}");
     assert_eq!(collect(&b, &a.public_key(), 200).await, to_b);
     assert_eq!(collect(&c, &a.public_key(), 100).await, to_c);
@@ -145,7 +137,7 @@ async fn one_batch_to_two_peers_larger_than_one_system_call() {
     batch.push(&NodePrivate::generate().public(), b"stranger");
     batch.push(&kb, &vec![0; ferry_client::endpoint::MAX_DATAGRAM + 1]);
     batch.push(&kb, b"fine");
-    let r = a.send_batch(&mut batch);
+    let r = a.try_send_batch(&mut batch);
     assert_eq!((r.sent, r.unknown_peer, r.too_large), (1, 1, 1), "{r:?}");
     assert_eq!(a.stats().send_dropped, 2);
     assert_eq!(
@@ -168,7 +160,7 @@ async fn a_train_arrives_cut_at_its_segment_size_and_in_order() {
             batch.push(&kb, &d);
             want.push(d);
         }
-        assert_eq!(a.send_batch(&mut batch).sent, 41);
+        assert_eq!(a.try_send_batch(&mut batch).sent, 41);
         assert_eq!(collect(&b, &ka, 41).await, want, "round {round}");
     }
     // More than one receive turn's worth (4 × 32 slots), of sizes that
@@ -180,7 +172,7 @@ async fn a_train_arrives_cut_at_its_segment_size_and_in_order() {
         batch.push(&kb, &d);
         want.push(d);
     }
-    assert_eq!(a.send_batch(&mut batch).sent, 400);
+    assert_eq!(a.try_send_batch(&mut batch).sent, 400);
     assert_eq!(collect(&b, &ka, 400).await, want);
     let st = b.peer_status(&ka).unwrap();
     let active = st.paths.iter().find(|p| Some(p.addr) == st.active).unwrap();
@@ -196,9 +188,13 @@ async fn recv_and_recv_batch_share_one_queue_and_a_full_queue_counts_drops() {
     for i in 0..10 {
         batch.push(&kb, &datagram(i, 64));
     }
-    assert_eq!(a.send_batch(&mut batch).sent, 10);
+    assert_eq!(a.try_send_batch(&mut batch).sent, 10);
     // One by one, then the rest by the batch: each once, in order.
-    let (from, first) = tokio::time::timeout(QUICK, b.recv())
+    let Datagram {
+        peer: from,
+        data: first,
+        ..
+    } = tokio::time::timeout(QUICK, b.recv())
         .await
         .unwrap()
         .unwrap();
@@ -211,7 +207,7 @@ async fn recv_and_recv_batch_share_one_queue_and_a_full_queue_counts_drops() {
     for i in 0..100 {
         batch.push(&kb, &datagram(i, 64));
     }
-    assert_eq!(a.send_batch(&mut batch).sent, 100);
+    assert_eq!(a.try_send_batch(&mut batch).sent, 100);
     let deadline = tokio::time::Instant::now() + QUICK;
     loop {
         let st = b.peer_status(&ka).unwrap();
@@ -274,7 +270,7 @@ async fn a_lagging_application_holds_a_bounded_number_of_bytes() {
         for i in 0..20 {
             batch.push(&kb, &datagram(chunk * 20 + i, SIZE));
         }
-        assert_eq!(a.send_batch(&mut batch).sent, 20);
+        assert_eq!(a.try_send_batch(&mut batch).sent, 20);
         // The socket buffers hold a few of these: let B take each chunk in.
         let deadline = tokio::time::Instant::now() + QUICK;
         while rx(&b) < (chunk as u64 + 1) * 20 {
@@ -338,7 +334,7 @@ async fn every_size_arrives(a: &Endpoint, b: &Endpoint) {
             batch.push(&kb, &d);
             want.push(d);
         }
-        let r = a.send_batch(&mut batch);
+        let r = a.try_send_batch(&mut batch);
         assert_eq!((r.sent, r.failed()), (want.len(), 0), "{r:?}");
         let mut got = collect(b, &ka, want.len()).await;
         got.sort();
@@ -363,13 +359,10 @@ fn every_size_crosses_a_1500_byte_mtu_on_the_direct_path() {
 fn every_size_crosses_a_1500_byte_mtu_through_a_relay_session() {
     use ferry_udp::metrics::Drop;
     in_netns("sdk-mtu-session", 1500, || async {
-        let relay = ferry_in_process::SessionRelay::start();
+        let relay = SessionRelay::start();
         let a = endpoint(&relay.url, 4096).await;
         let b = endpoint(&relay.url, 4096).await;
-        let only = PeerOptions {
-            only: Some(PathKind::RelaySession),
-            ..DIRECT
-        };
+        let only = PeerOptions::new().only(PathKind::RelaySession);
         joined(&a, &b, only).await;
         every_size_arrives(&a, &b).await;
         every_size_arrives(&b, &a).await;

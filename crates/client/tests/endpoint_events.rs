@@ -6,22 +6,19 @@
 //! `[::]` is dual-stack: it announces IPv4 candidates besides IPv6 ones
 //! and reaches an IPv4-only peer directly.
 
-#[path = "support/ferry_in_process.rs"]
-mod ferry_in_process;
 mod support;
 
 use ferry_client::{
-    BackoffOptions, DerpServerOptions, Endpoint, EndpointEvent, EndpointOptions, Options, PathKind,
-    PeerOptions,
+    BackoffOptions, Datagram, DerpServerOptions, Endpoint, EndpointOptions, EventKind, Events,
+    Options, PathKind, PeerOptions,
 };
 use ferry_proto::key::NodePrivate;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{kinds, Kind, TestServer};
+use support::{kinds, Kind, SessionRelay, TestServer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::broadcast;
 
 /// Generous bound for what should take milliseconds.
 const QUICK: Duration = Duration::from_secs(10);
@@ -33,11 +30,8 @@ fn options(url: &str, key: NodePrivate) -> EndpointOptions {
 fn options_at(url: &str, key: NodePrivate, bind: &str) -> EndpointOptions {
     let mut r = DerpServerOptions::new("test", url);
     let mut o = Options::default();
-    o.backoff = BackoffOptions {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(1600),
-        seed: Some(1),
-    };
+    o.backoff =
+        BackoffOptions::new(Duration::from_millis(50), Duration::from_millis(1600)).with_seed(1);
     r.options = o;
     // Nothing listens there: no STUN.
     r.stun = Some("127.0.0.1:9".parse().unwrap());
@@ -48,18 +42,18 @@ fn options_at(url: &str, key: NodePrivate, bind: &str) -> EndpointOptions {
 
 /// The next event `want` accepts, within `limit` (others are skipped).
 async fn event(
-    rx: &mut broadcast::Receiver<EndpointEvent>,
+    rx: &mut Events,
     limit: Duration,
     what: &str,
-    want: impl Fn(&EndpointEvent) -> bool,
-) -> EndpointEvent {
+    want: impl Fn(&EventKind) -> bool,
+) -> EventKind {
     let deadline = tokio::time::Instant::now() + limit;
     let mut seen = Vec::new();
     for _ in 0..10_000 {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Ok(e)) if want(&e) => return e,
-            Ok(Ok(e)) => seen.push(e),
-            Ok(Err(e)) => panic!("{what}: events ended: {e}"),
+            Ok(Some(e)) if want(&e.kind) => return e.kind,
+            Ok(Some(e)) => seen.push(e),
+            Ok(None) => panic!("{what}: events ended"),
             Err(_) => panic!("no {what} within {limit:?}; saw {seen:?}"),
         }
     }
@@ -76,8 +70,9 @@ async fn delivered(a: &Endpoint, b: &Endpoint, what: &str) {
             "{what}: nothing arrived; {:?}",
             a.relay_status()
         );
-        let _ = a.send(&kb, &n.to_be_bytes());
-        if let Ok(Ok((from, _))) = tokio::time::timeout(Duration::from_millis(100), b.recv()).await
+        let _ = a.try_send(&kb, &n.to_be_bytes());
+        if let Ok(Ok(Datagram { peer: from, .. })) =
+            tokio::time::timeout(Duration::from_millis(100), b.recv()).await
         {
             assert_eq!(from, ka);
             return;
@@ -95,10 +90,7 @@ async fn a_relay_started_late_is_connected_in_the_background() {
         let mut server = TestServer::start(kind, None);
         server.stop();
         let url = server.url();
-        let only_derp = PeerOptions {
-            only: Some(PathKind::Derp),
-            ..PeerOptions::default()
-        };
+        let only_derp = PeerOptions::new().only(PathKind::Derp);
         let a = Endpoint::bind(options(&url, NodePrivate::generate()))
             .await
             .expect("bind succeeds with the relay down");
@@ -106,18 +98,18 @@ async fn a_relay_started_late_is_connected_in_the_background() {
         let b = Endpoint::bind(options(&url, NodePrivate::generate()))
             .await
             .expect("bind succeeds with the relay down");
-        a.add_peer(b.public_key(), only_derp);
-        b.add_peer(a.public_key(), only_derp);
+        a.add_peer(b.public_key(), only_derp).unwrap();
+        b.add_peer(a.public_key(), only_derp).unwrap();
         let downs: Vec<Duration> = {
             let mut d = Vec::new();
             for _ in 0..3 {
-                let EndpointEvent::RelayDown {
+                let EventKind::RelayDown {
                     relay,
                     retry_in,
                     was_up,
                     error,
                 } = event(&mut events, QUICK, "a failed attempt", |e| {
-                    matches!(e, EndpointEvent::RelayDown { .. })
+                    matches!(e, EventKind::RelayDown { .. })
                 })
                 .await
                 else {
@@ -149,7 +141,7 @@ async fn a_relay_started_late_is_connected_in_the_background() {
         assert!(st.next_attempt.is_some(), "{kind:?}: {st:?}");
         assert_eq!(st.connects, 0);
         // Over DERP with the relay down: dropped and counted.
-        let _ = a.send(&b.public_key(), b"nowhere");
+        let _ = a.try_send(&b.public_key(), b"nowhere");
         let deadline = tokio::time::Instant::now() + QUICK;
         while a.stats().send_dropped == 0 {
             assert!(
@@ -161,7 +153,7 @@ async fn a_relay_started_late_is_connected_in_the_background() {
 
         server.restart();
         event(&mut events, QUICK, "the relay up", |e| {
-            matches!(e, EndpointEvent::RelayUp { relay: 0, .. })
+            matches!(e, EventKind::RelayUp { relay: 0, .. })
         })
         .await;
         let st = &a.relay_status()[0];
@@ -214,7 +206,7 @@ impl Drop for Gate {
 /// path (under `only` relay, the only way anything arrives).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_sessions_start_once_a_late_relay_is_up() {
-    let relay = ferry_in_process::SessionRelay::start();
+    let relay = SessionRelay::start();
     let upstream: SocketAddr = relay
         .url
         .trim_start_matches("http://")
@@ -223,10 +215,7 @@ async fn relay_sessions_start_once_a_late_relay_is_up() {
         .unwrap();
     let gate = Gate::start(upstream).await;
     let url = format!("http://{}/derp", gate.addr);
-    let only = PeerOptions {
-        only: Some(PathKind::RelaySession),
-        ..PeerOptions::default()
-    };
+    let only = PeerOptions::new().only(PathKind::RelaySession);
     let a = Endpoint::bind(options(&url, NodePrivate::generate()))
         .await
         .unwrap();
@@ -234,26 +223,25 @@ async fn relay_sessions_start_once_a_late_relay_is_up() {
         .await
         .unwrap();
     let mut events = a.events();
-    a.add_peer(b.public_key(), only);
-    b.add_peer(a.public_key(), only);
+    a.add_peer(b.public_key(), only).unwrap();
+    b.add_peer(a.public_key(), only).unwrap();
     event(&mut events, QUICK, "a failed attempt", |e| {
-        matches!(e, EndpointEvent::RelayDown { was_up: false, .. })
+        matches!(e, EventKind::RelayDown { was_up: false, .. })
     })
     .await;
     assert_eq!(a.relay_status()[0].relay_port, None);
     gate.open.store(true, Ordering::SeqCst);
-    let EndpointEvent::RelayUp { relay_port, .. } =
-        event(&mut events, QUICK, "the relay up", |e| {
-            matches!(e, EndpointEvent::RelayUp { .. })
-        })
-        .await
+    let EventKind::RelayUp { relay_port, .. } = event(&mut events, QUICK, "the relay up", |e| {
+        matches!(e, EventKind::RelayUp { .. })
+    })
+    .await
     else {
         unreachable!()
     };
     assert!(relay_port.is_some());
     let kb = b.public_key();
     event(&mut events, QUICK, "a relay-session path", |e| {
-        matches!(e, EndpointEvent::Path(p) if p.peer == kb && p.to.map(|t| t.kind()) == Some(PathKind::RelaySession))
+        matches!(e, EventKind::Path(p) if p.peer == kb && p.to.map(|t| t.kind()) == Some(PathKind::RelaySession))
     })
     .await;
     delivered(&a, &b, "over the relay session").await;
@@ -277,15 +265,12 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
         let server = TestServer::start(kind, None);
         let url = server.url();
         let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
-        let only_derp = PeerOptions {
-            only: Some(PathKind::Derp),
-            ..PeerOptions::default()
-        };
+        let only_derp = PeerOptions::new().only(PathKind::Derp);
         let a = Endpoint::bind(options(&url, ka.clone())).await.unwrap();
         let mut events = a.events();
         let b = Endpoint::bind(options(&url, kb.clone())).await.unwrap();
-        a.add_peer(kb.public(), only_derp);
-        b.add_peer(ka.public(), only_derp);
+        a.add_peer(kb.public(), only_derp).unwrap();
+        b.add_peer(ka.public(), only_derp).unwrap();
         delivered(&a, &b, &format!("{kind:?}")).await;
         // A received from B: the relay will tell A when B leaves.
         delivered(&b, &a, &format!("{kind:?}: back")).await;
@@ -295,16 +280,16 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
             &mut events,
             QUICK,
             &format!("{kind:?}: peerGone"),
-            |e| matches!(e, EndpointEvent::PeerGone { peer, .. } if *peer == pk),
+            |e| matches!(e, EventKind::PeerGone { peer, .. } if *peer == pk),
         )
         .await;
         let b = Endpoint::bind(options(&url, kb.clone())).await.unwrap();
-        b.add_peer(ka.public(), only_derp);
+        b.add_peer(ka.public(), only_derp).unwrap();
         event(
             &mut events,
             QUICK,
             "the peer present",
-            |e| matches!(e, EndpointEvent::PeerPresent { peer } if *peer == pk),
+            |e| matches!(e, EventKind::PeerPresent { peer } if *peer == pk),
         )
         .await;
         delivered(&a, &b, &format!("{kind:?}: again")).await;
@@ -333,8 +318,8 @@ async fn a_wildcard_ipv6_endpoint_is_dual_stack() {
     );
     assert!(candidates.iter().all(|c| c.port() == a.local_addr().port()));
     let (ka, kb) = (a.public_key(), b.public_key());
-    a.add_peer(kb, PeerOptions::default());
-    b.add_peer(ka, PeerOptions::default());
+    a.add_peer(kb, PeerOptions::default()).unwrap();
+    b.add_peer(ka, PeerOptions::default()).unwrap();
     let deadline = tokio::time::Instant::now() + QUICK;
     loop {
         let on = |e: &Endpoint, k| e.peer_status(k).unwrap().active.map(|p| p.kind());
@@ -349,14 +334,18 @@ async fn a_wildcard_ipv6_endpoint_is_dual_stack() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    a.send(&kb, b"over IPv4 from [::]").unwrap();
-    let (from, data) = tokio::time::timeout(QUICK, b.recv())
+    a.try_send(&kb, b"over IPv4 from [::]").unwrap();
+    let Datagram {
+        peer: from, data, ..
+    } = tokio::time::timeout(QUICK, b.recv())
         .await
         .unwrap()
         .unwrap();
     assert_eq!((from, data.as_slice()), (ka, &b"over IPv4 from [::]"[..]));
-    b.send(&ka, b"back").unwrap();
-    let (from, data) = tokio::time::timeout(QUICK, a.recv())
+    b.try_send(&ka, b"back").unwrap();
+    let Datagram {
+        peer: from, data, ..
+    } = tokio::time::timeout(QUICK, a.recv())
         .await
         .unwrap()
         .unwrap();

@@ -8,14 +8,13 @@
 //! namespace the test makes), datagrams of every size both ways arrive
 //! whole through the links' GSO sends.
 
-#[path = "../../client/tests/support/mod.rs"]
-mod derp;
 mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use ferry_proto::key::NodePrivate;
+use ferry_testkit_servers as derp;
 use support::{ferry, free_tcp_port, run, Ferry, TempDir, T};
 
 /// A loopback UDP address that was free a moment ago.

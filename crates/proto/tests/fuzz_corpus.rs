@@ -2,7 +2,7 @@
 //! bounded number of mutated seeds and random inputs at each entry point, so
 //! the ordinary test suite catches regressions the fuzzers would.
 
-mod corpus;
+use ferry_testkit::corpus;
 
 use corpus::seeds;
 use ferry_proto::fuzzing;

@@ -14,18 +14,28 @@
 //!   end or chosen by `FERRY_TEST_IO`, and the check that they run on it.
 //! - [`netns`]: a network namespace the test makes, with the loopback MTU
 //!   it needs, and running code inside it.
+//! - [`derper`]: Tailscale's `derper` as a child process (the one
+//!   launcher), [`certs`]: a test CA and a `localhost` certificate both
+//!   DERP servers read, [`tempdir`]: a directory removed on drop.
+//! - [`corpus`]: the committed fuzz corpora, replayed and mutated by each
+//!   crate's `fuzz_corpus` test.
 //! - [`udp`]: sending a burst of datagrams in `sendmmsg` calls, the mix
 //!   of sizes that tests a path against its MTU, and a relay session
 //!   straight from the session table.
 
 pub mod backend;
+pub mod certs;
+pub mod corpus;
 pub mod derp;
+pub mod derper;
 pub mod http;
 pub mod metrics;
 pub mod netns;
 pub mod skip;
+pub mod tempdir;
 pub mod tls;
 pub mod udp;
 pub mod wait;
 
 pub use ferry_sys::alloc_count as alloc;
+pub use tempdir::TempDir;

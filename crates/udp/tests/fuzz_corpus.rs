@@ -3,8 +3,7 @@
 //! operation sequences (from a fixed seed, so a failure reproduces), so the
 //! ordinary test suite catches regressions the fuzzer would.
 
-#[path = "../../proto/tests/corpus/mod.rs"]
-mod corpus;
+use ferry_testkit::corpus;
 
 use ferry_udp::fuzzing;
 

@@ -15,6 +15,7 @@
 //! where the kernel has GSO ([`ferry_sys::train`] has the rules). It never
 //! waits: what the socket does not take now is reported unsent.
 
+use super::paths::PathAddr;
 use ferry_proto::key::NodePublic;
 use ferry_proto::udp_header::{self, Header, Protocol};
 use ferry_sys::mmsg::SendBatch;
@@ -25,10 +26,24 @@ use std::os::fd::AsFd;
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
+/// One datagram from a peer, as [`super::Endpoint::recv`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Datagram {
+    /// The peer that sent it.
+    pub peer: NodePublic,
+    /// The path it came on.
+    pub path: PathAddr,
+    /// Its bytes.
+    pub data: Vec<u8>,
+}
+
 /// One datagram's place in [`Datagrams`].
 #[derive(Debug, Clone, Copy)]
 struct Item {
     peer: NodePublic,
+    /// The path it came on (received batches only).
+    path: Option<PathAddr>,
     /// Offset of the payload; the header's room is the 8 bytes before it.
     start: usize,
     len: usize,
@@ -42,8 +57,10 @@ struct Item {
 pub struct Datagrams {
     buf: Vec<u8>,
     items: Vec<Item>,
-    /// `send_batch`'s scratch: the datagrams bound for the UDP socket…
+    /// `send_batch`'s scratch: the datagrams bound for the UDP socket,
+    /// and the index and path of each…
     pub(super) udp: Vec<(SocketAddr, Range<usize>)>,
+    pub(super) udp_index: Vec<(usize, PathAddr)>,
     /// … and the indices of those bound for DERP.
     pub(super) derp: Vec<usize>,
 }
@@ -54,13 +71,19 @@ impl Datagrams {
         Datagrams::default()
     }
 
-    /// Appends `data` for (or from) `peer`.
+    /// Appends `data` for `peer` (to send it).
     pub fn push(&mut self, peer: &NodePublic, data: &[u8]) {
+        self.push_from(peer, None, data);
+    }
+
+    /// Appends `data` from `peer`, received on `path`.
+    pub(super) fn push_from(&mut self, peer: &NodePublic, path: Option<PathAddr>, data: &[u8]) {
         self.buf.extend_from_slice(&[0; udp_header::LEN]);
         let start = self.buf.len();
         self.buf.extend_from_slice(data);
         self.items.push(Item {
             peer: *peer,
+            path,
             start,
             len: data.len(),
         });
@@ -88,6 +111,22 @@ impl Datagrams {
         Some((&it.peer, &self.buf[it.start..it.start + it.len]))
     }
 
+    /// The path datagram `i` came on (`None` for one pushed to send).
+    pub fn path(&self, i: usize) -> Option<PathAddr> {
+        self.items.get(i)?.path
+    }
+
+    /// Datagram `i` as [`super::Endpoint::recv`] returns it (copied out),
+    /// for a received batch.
+    pub fn datagram(&self, i: usize) -> Option<Datagram> {
+        let it = self.items.get(i)?;
+        Some(Datagram {
+            peer: it.peer,
+            path: it.path?,
+            data: self.buf[it.start..it.start + it.len].to_vec(),
+        })
+    }
+
     /// The datagrams in order, with their peers.
     pub fn iter(&self) -> impl Iterator<Item = (&NodePublic, &[u8])> + '_ {
         self.items
@@ -110,8 +149,8 @@ impl Datagrams {
 
     /// Moves datagrams `from..` of `other` to the end of this batch.
     pub(super) fn append_from(&mut self, other: &Datagrams, from: usize) {
-        for (peer, data) in other.iter().skip(from) {
-            self.push(peer, data);
+        for (i, (peer, data)) in other.iter().enumerate().skip(from) {
+            self.push_from(peer, other.path(i), data);
         }
     }
 

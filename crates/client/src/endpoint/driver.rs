@@ -14,7 +14,10 @@
 //! peer's path.
 
 use super::batch::gro_segments;
-use super::{now, Datagrams, EndpointEvent, FromRelay, Inner, PathAddr, ToRelay};
+use super::events::EventKind;
+use super::inner::{now, FromRelay, Inner, ToRelay};
+use super::status::Reject;
+use super::{Datagrams, PathAddr};
 use crate::{DerpClient, DerpSender};
 use ferry_proto::key::NodePublic;
 use ferry_proto::peer_msg::{self, PeerMessage};
@@ -175,7 +178,7 @@ impl Driver {
             };
             for (i, m) in udp.meta[..n].iter().enumerate() {
                 let (Some(src), false) = (m.src, m.truncated) else {
-                    self.inner.reject();
+                    self.inner.reject(Reject::Truncated);
                     continue;
                 };
                 let slot = &udp.buf[i * RECV_SLOT..i * RECV_SLOT + m.len];
@@ -211,9 +214,10 @@ impl Driver {
         self.inner.received_ready.notify_one();
     }
 
-    /// A payload from `peer` for the application, or dropped and counted
-    /// when the application lags by a full queue (in datagrams or bytes).
-    fn deliver(&mut self, peer: &NodePublic, bytes: &[u8]) {
+    /// A payload from `peer` on `path` for the application, or dropped
+    /// and counted when the application lags by a full queue (in
+    /// datagrams or bytes).
+    fn deliver(&mut self, peer: &NodePublic, path: PathAddr, bytes: &[u8]) {
         let held = self.inner.queued_bytes.load(Ordering::Relaxed) + self.filling.bytes().len();
         if self.inner.queued.load(Ordering::Relaxed) + self.filling.len() >= self.inner.queue_limit
             || held + ferry_proto::udp_header::LEN + bytes.len() > self.inner.queue_bytes_limit
@@ -221,7 +225,7 @@ impl Driver {
             self.inner.recv_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        self.filling.push(peer, bytes);
+        self.filling.push_from(peer, Some(path), bytes);
     }
 
     fn handle_timeout(&mut self) {
@@ -277,9 +281,7 @@ impl Driver {
                 self.inner.send_probe(&t);
             }
             if let Some(e) = event {
-                // No subscriber is fine.
-                let _ = self.inner.events.send(e.clone());
-                self.inner.publish(EndpointEvent::Path(e));
+                self.inner.events.publish_at(e.at, EventKind::Path(e));
             }
         }
     }
@@ -307,12 +309,12 @@ impl Driver {
                 .lock_sessions()
                 .handle_datagram(now(), src, datagram)
             {
-                self.inner.reject();
+                self.inner.reject(Reject::StrayBind);
             }
             return;
         }
         let Ok((header, msg)) = peer_msg::parse(datagram) else {
-            self.inner.reject();
+            self.inner.reject(Reject::Malformed);
             return;
         };
         let path = match header.vni {
@@ -328,7 +330,7 @@ impl Driver {
                 Ok((header, msg)) if header.vni == 0 => {
                     self.on_message(PathAddr::Derp, Some(src), msg)
                 }
-                _ => self.inner.reject(),
+                _ => self.inner.reject(Reject::Malformed),
             },
             FromRelay::Offer(offer) => {
                 let Some(addr) = self.inner.relays[relay].sender.relay_endpoint(&offer) else {
@@ -343,7 +345,7 @@ impl Driver {
                 let ours = self.inner.relay_index_of(&peer) == Some(relay);
                 if ours && self.gone.insert(peer) {
                     tracing::info!(peer = %peer.short(), relay = %self.inner.relays[relay].name, ?reason, "peer gone from its relay");
-                    self.inner.publish(EndpointEvent::PeerGone { peer, reason });
+                    self.inner.publish(EventKind::PeerGone { peer, reason });
                 }
             }
             FromRelay::Present(peer) => self.heard_from(&peer),
@@ -361,8 +363,7 @@ impl Driver {
         }
         let relay_port = r.sender.relay_port();
         tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, ?relay_port, "relay connected");
-        self.inner
-            .publish(EndpointEvent::RelayUp { relay, relay_port });
+        self.inner.publish(EventKind::RelayUp { relay, relay_port });
         // Its sessions offer may have changed (or come for the first time).
         let peers: Vec<NodePublic> = self
             .inner
@@ -394,7 +395,7 @@ impl Driver {
         } else {
             tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay unreachable; retrying in {next}");
         }
-        self.inner.publish(EndpointEvent::RelayDown {
+        self.inner.publish(EventKind::RelayDown {
             relay,
             error,
             retry_in,
@@ -409,8 +410,7 @@ impl Driver {
         if self.gone.remove(peer) {
             tracing::info!(peer = %peer.short(), "peer back");
             self.inner.lock_sessions().reset(now(), peer);
-            self.inner
-                .publish(EndpointEvent::PeerPresent { peer: *peer });
+            self.inner.publish(EventKind::PeerPresent { peer: *peer });
         }
     }
 
@@ -431,15 +431,15 @@ impl Driver {
                     peer
                 };
                 let Some(peer) = peer else {
-                    self.inner.reject();
+                    self.inner.reject(Reject::UnknownSource);
                     return;
                 };
                 self.heard_from(&peer);
-                self.deliver(&peer, bytes);
+                self.deliver(&peer, path, bytes);
             }
             PeerMessage::Probe { sender, sealed } => {
                 if derp_src.is_some_and(|s| s != sender) {
-                    self.inner.reject();
+                    self.inner.reject(Reject::BadProbe);
                     return;
                 }
                 let key = self
@@ -450,7 +450,7 @@ impl Driver {
                     .get(&sender)
                     .map(|p| p.key.clone());
                 let Some(probe) = key.and_then(|k| peer_msg::open_probe(&k, sealed).ok()) else {
-                    self.inner.reject();
+                    self.inner.reject(Reject::BadProbe);
                     return;
                 };
                 self.heard_from(&sender);
@@ -463,16 +463,16 @@ impl Driver {
 
     fn on_stun(&mut self, datagram: &[u8], src: SocketAddr) {
         let Ok((txid, public)) = stun::parse_binding_response(datagram) else {
-            self.inner.reject();
+            self.inner.reject(Reject::StrayStun);
             return;
         };
         let Some(i) = self.stun_pending.remove(&txid) else {
-            self.inner.reject();
+            self.inner.reject(Reject::StrayStun);
             return;
         };
         let relay = &self.inner.relays[i];
         if relay.stun.map(ferry_proto::frame::canonical_addr) != Some(src) {
-            self.inner.reject();
+            self.inner.reject(Reject::StrayStun);
             return;
         }
         let changed = relay
@@ -484,7 +484,7 @@ impl Driver {
         if changed {
             tracing::info!(relay = %relay.name, %public, "this side's address as the relay's STUN server sees it");
             self.inner.update_candidates();
-            self.inner.publish(EndpointEvent::PublicAddr {
+            self.inner.publish(EventKind::PublicAddr {
                 relay: i,
                 addr: public,
             });

@@ -1,5 +1,9 @@
-//! How an [`super::Endpoint`] is set up: its relays, its socket and
+//! How an [`super::Endpoint`] is set up: its DERP servers, its socket and
 //! queues, its probing; and how each peer is reached.
+//!
+//! Every options type is `#[non_exhaustive]`: start from its constructor
+//! (or `Default`) and change the fields or call the builder methods, so
+//! that a field added later breaks no caller.
 
 use super::paths::{PathKind, Timing};
 use super::relay_sessions::SessionTiming;
@@ -12,12 +16,15 @@ use std::time::Duration;
 
 /// One DERP server the endpoint connects to.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DerpServerOptions {
     /// A name for status and logs.
     pub name: String,
     /// `http://host:port/derp` or `https://host/derp`.
     pub url: String,
-    /// How the DERP client connects.
+    /// How the DERP client connects; [`Options::relay_sessions`] (on by
+    /// default) says whether the endpoint asks this server for relay
+    /// sessions.
     pub options: Options,
     /// The STUN server that tells this endpoint its public address;
     /// `None`: the URL's host, port 3478.
@@ -25,7 +32,7 @@ pub struct DerpServerOptions {
 }
 
 impl DerpServerOptions {
-    /// A relay at `url` with default options.
+    /// A DERP server at `url` with default options.
     pub fn new(name: impl Into<String>, url: impl Into<String>) -> DerpServerOptions {
         DerpServerOptions {
             name: name.into(),
@@ -33,6 +40,18 @@ impl DerpServerOptions {
             options: Options::default(),
             stun: None,
         }
+    }
+
+    /// With these DERP client options.
+    pub fn with_options(mut self, options: Options) -> DerpServerOptions {
+        self.options = options;
+        self
+    }
+
+    /// With this STUN server.
+    pub fn with_stun(mut self, stun: SocketAddr) -> DerpServerOptions {
+        self.stun = Some(stun);
+        self
     }
 }
 
@@ -48,8 +67,10 @@ pub struct EndpointOptions {
     pub relays: Vec<DerpServerOptions>,
     /// The UDP socket for direct paths, relay sessions and STUN.
     pub bind: SocketAddr,
-    /// Received datagrams held for [`Endpoint::recv`], and datagrams held
-    /// per DERP server for sending, before more are dropped.
+    /// Received datagrams held for [`Endpoint::recv`] (before more are
+    /// dropped and counted), and datagrams held per DERP server for
+    /// sending (before [`Endpoint::send`] waits and
+    /// [`Endpoint::try_send`] refuses).
     pub queue: usize,
     /// Bytes of received datagrams held for [`Endpoint::recv`] before more
     /// are dropped (with `queue`, whichever is reached first: a peer
@@ -71,15 +92,18 @@ pub struct EndpointOptions {
     pub advertise: Vec<SocketAddr>,
     /// How often STUN is asked again.
     pub stun_interval: Duration,
-    /// Ask relays that offer them for relay sessions with peers.
-    pub relay_sessions: bool,
-    /// How persistently relay sessions are sought.
+    /// How persistently relay sessions are sought (from the DERP servers
+    /// whose [`Options::relay_sessions`] is on and that offer them).
     pub session_timing: SessionTiming,
+    /// Events each [`Endpoint::events`] subscription holds before the
+    /// oldest are dropped for it (it is then told how many,
+    /// [`super::EventKind::Lagged`]).
+    pub event_queue: usize,
 }
 
 impl EndpointOptions {
     /// Defaults: every interface, an ephemeral port, queues of 1024
-    /// datagrams, 8 MiB of them received.
+    /// datagrams, 8 MiB of them received, 256 events per subscription.
     pub fn new(key: NodePrivate, relays: Vec<DerpServerOptions>) -> EndpointOptions {
         EndpointOptions {
             key,
@@ -93,20 +117,57 @@ impl EndpointOptions {
             discover: true,
             advertise: Vec::new(),
             stun_interval: Duration::from_secs(20),
-            relay_sessions: true,
             session_timing: SessionTiming::default(),
+            event_queue: 256,
         }
     }
 }
 
-/// How a peer is reached.
+/// How a peer is reached: [`PeerOptions::new`] (its DERP server is the
+/// first, every kind of path, best first) and the builder methods.
+///
+/// ```
+/// use ferry_client::{PathKind, PeerOptions};
+///
+/// let o = PeerOptions::new().relay(1).prefer(PathKind::RelaySession);
+/// assert_eq!((o.relay, o.prefer, o.only), (1, Some(PathKind::RelaySession), None));
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PeerOptions {
     /// Index into [`EndpointOptions::relays`]: the DERP server the peer is
-    /// connected to.
+    /// connected to. [`Endpoint::add_peer`] refuses one that names no
+    /// server.
     pub relay: usize,
     /// This kind of path first when it works.
     pub prefer: Option<PathKind>,
-    /// This kind of path alone.
+    /// This kind of path alone; while none of it works, sends fail with
+    /// [`super::SendError::NoPath`].
     pub only: Option<PathKind>,
+}
+
+impl PeerOptions {
+    /// The defaults: DERP server 0, every kind of path, best first.
+    pub fn new() -> PeerOptions {
+        PeerOptions::default()
+    }
+
+    /// The peer's DERP server: index `relay` of
+    /// [`EndpointOptions::relays`].
+    pub fn relay(mut self, relay: usize) -> PeerOptions {
+        self.relay = relay;
+        self
+    }
+
+    /// This kind of path first when it works.
+    pub fn prefer(mut self, kind: PathKind) -> PeerOptions {
+        self.prefer = Some(kind);
+        self
+    }
+
+    /// This kind of path alone.
+    pub fn only(mut self, kind: PathKind) -> PeerOptions {
+        self.only = Some(kind);
+        self
+    }
 }

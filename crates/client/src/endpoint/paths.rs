@@ -9,14 +9,17 @@
 //!   round-trip time, but chosen whether it answers or not.
 //! - **Direct** UDP, one path per candidate address: the addresses the peer
 //!   sent in call-me-maybe, and the sources of its authenticated probes.
-//! - **Relay**: a bound relay session (session id and relay address), once
-//!   the endpoint has one.
+//! - **Relay session**: a bound relay session (session id and relay
+//!   address), once the endpoint has one.
 //!
 //! A UDP path is **confirmed** (state [`PathState::Working`]) only by an
 //! authenticated pong that answers a ping this side sent *on that path*;
 //! it is [`PathState::Dead`] once no pong came for [`Timing::dead_after`].
 //! Working paths are pinged every [`Timing::probe_interval`], the others
-//! every [`Timing::discover_interval`].
+//! every [`Timing::discover_interval`]; an unconfirmed UDP path is also
+//! pinged at once when the peer's authenticated ping arrives on it, so a
+//! relay session whose two sides bound at different times is confirmed
+//! one round trip after the second bind, not at the next discovery ping.
 //!
 //! The choice: the best working kind, direct > relay > DERP (a peer's
 //! `prefer` moves one kind first, `only` allows one kind alone); among paths
@@ -25,21 +28,29 @@
 //! path is left as soon as it is found dead. The datagrams sent on the old
 //! path since its last pong are reported as possibly lost when it died.
 //!
+//! Every datagram is counted on its path and in the peer's totals by kind
+//! ([`PeerStatus::totals`]), which outlive the paths, so they never go
+//! backwards. A datagram longer than its path carries ([`PathMtu`]) is
+//! refused before it is counted.
+//!
 //! Inputs: [`Paths::add_peer`], [`Paths::set_local_candidates`],
 //! [`Paths::set_relay`], [`Paths::handle_probe`], [`Paths::handle_timeout`];
 //! the per-datagram [`Paths::on_send`] and [`Paths::on_receive`]. Outputs,
 //! drained after every input: [`Paths::poll_transmit`],
 //! [`Paths::poll_event`], [`Paths::poll_timeout`].
 
+use super::mtu::PathMtu;
+pub use super::path_status::{PathStats, PathStatus, PeerStatus, PeerTotals};
 use ferry_proto::key::NodePublic;
 use ferry_proto::peer_msg::{Probe, MAX_ENDPOINTS, TX_ID_LEN};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-/// The kinds of path, best first.
+/// The kinds of path, best first. A closed set (not `#[non_exhaustive]`):
+/// a match over it needs no catch-all arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PathKind {
     /// UDP straight to the peer.
@@ -52,6 +63,7 @@ pub enum PathKind {
 
 /// One path to a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PathAddr {
     /// UDP to this address, header VNI 0.
     Direct(SocketAddr),
@@ -75,6 +87,11 @@ impl PathAddr {
             PathAddr::Derp => PathKind::Derp,
         }
     }
+
+    /// How large a datagram the path carries.
+    pub fn mtu(&self) -> PathMtu {
+        PathMtu::of(self)
+    }
 }
 
 impl std::fmt::Display for PathAddr {
@@ -89,6 +106,7 @@ impl std::fmt::Display for PathAddr {
 
 /// How a path is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PathState {
     /// No pong yet.
     Unconfirmed,
@@ -98,8 +116,10 @@ pub enum PathState {
     Dead,
 }
 
-/// The probing schedule.
+/// The probing schedule: [`Timing::default`] or [`Timing::for_tunnels`],
+/// fields changed as needed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Timing {
     /// Pings on a working UDP path (keepalive and liveness).
     pub probe_interval: Duration,
@@ -174,38 +194,9 @@ impl Policy {
     }
 }
 
-/// Traffic counters of one path.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PathStats {
-    /// Datagrams sent.
-    pub tx_packets: u64,
-    /// Their bytes (application bytes, without headers).
-    pub tx_bytes: u64,
-    /// Datagrams received.
-    pub rx_packets: u64,
-    /// Their bytes.
-    pub rx_bytes: u64,
-    /// Pings sent.
-    pub pings: u64,
-    /// Pongs that answered them.
-    pub pongs: u64,
-}
-
-/// One path as [`Paths::status`] shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PathStatus {
-    /// Where it goes.
-    pub addr: PathAddr,
-    /// How it is doing.
-    pub state: PathState,
-    /// The last round trip measured by a ping.
-    pub rtt: Option<Duration>,
-    /// Its counters.
-    pub stats: PathStats,
-}
-
 /// Why the active path changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SwitchReason {
     /// A better path answered a ping.
     Better,
@@ -219,6 +210,7 @@ pub enum SwitchReason {
 
 /// A change of a peer's active path.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PathEvent {
     /// The peer.
     pub peer: NodePublic,
@@ -231,19 +223,8 @@ pub struct PathEvent {
     /// Datagrams sent on the old path since its last pong, when it died or
     /// was removed (possibly lost); 0 when it still worked.
     pub lost: u64,
-    /// When.
-    pub at: Instant,
-}
-
-/// One peer as [`Paths::status`] shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerStatus {
-    /// The path the next datagram takes.
-    pub active: Option<PathAddr>,
-    /// Every path, DERP first.
-    pub paths: Vec<PathStatus>,
-    /// The last switch.
-    pub last_switch: Option<PathEvent>,
+    /// When, by the wall clock (see [`Paths::wall_time`]).
+    pub at: SystemTime,
 }
 
 /// A probe to send.
@@ -257,8 +238,9 @@ pub struct Transmit {
     pub probe: Probe,
 }
 
-/// Why [`Paths::on_send`] has no path.
+/// Why [`Paths::on_send`] has no path for a datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NoPath {
     /// The peer was never added.
     #[error("unknown peer")]
@@ -266,6 +248,16 @@ pub enum NoPath {
     /// Under `only`, no path of that kind works now.
     #[error("no allowed path works")]
     NoneAllowed,
+    /// Longer than the active path carries.
+    #[error("{len} bytes, at most {max} on {path:?}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The path's limit ([`PathMtu::max`]).
+        max: usize,
+        /// The active path's kind.
+        path: PathKind,
+    },
 }
 
 /// Direct candidates kept per peer (the active one is never evicted).
@@ -314,6 +306,7 @@ impl Path {
     fn status(&self) -> PathStatus {
         PathStatus {
             addr: self.addr,
+            mtu: self.addr.mtu(),
             state: self.state,
             rtt: self.rtt,
             stats: self.stats,
@@ -331,6 +324,8 @@ struct Peer {
     next_call_me_maybe: Instant,
     /// The tx ids of the peer's latest pings, answered once each.
     seen_pings: VecDeque<[u8; TX_ID_LEN]>,
+    /// Every path's traffic since the peer was added, by kind.
+    totals: PeerTotals,
 }
 
 impl Peer {
@@ -373,6 +368,8 @@ pub struct Paths {
     transmits: VecDeque<Transmit>,
     events: VecDeque<PathEvent>,
     rng: StdRng,
+    /// A monotonic instant and the wall-clock time it was, for events.
+    epoch: (Instant, SystemTime),
 }
 
 impl Paths {
@@ -391,6 +388,20 @@ impl Paths {
                 Some(s) => StdRng::seed_from_u64(s),
                 None => StdRng::from_entropy(),
             },
+            epoch: (Instant::now(), SystemTime::now()),
+        }
+    }
+
+    /// The wall-clock time of the monotonic instant `at`, as events carry
+    /// it: the time this manager was made plus the monotonic time since
+    /// (so a simulated clock maps to a simulated wall clock one for one,
+    /// and a change of the system clock later does not reorder events).
+    pub fn wall_time(&self, at: Instant) -> SystemTime {
+        let (mono, wall) = self.epoch;
+        if at >= mono {
+            wall + (at - mono)
+        } else {
+            wall.checked_sub(mono - at).unwrap_or(wall)
         }
     }
 
@@ -409,6 +420,7 @@ impl Paths {
             last_switch: None,
             next_call_me_maybe: now,
             seen_pings: VecDeque::new(),
+            totals: PeerTotals::default(),
         };
         peer.active = peer.best().map(|p| p.addr);
         self.peers.insert(key, peer);
@@ -518,8 +530,20 @@ impl Paths {
                     peer.seen_pings.pop_front();
                 }
                 peer.seen_pings.push_back(*tx);
-                if let PathAddr::Direct(addr) = path {
-                    self.add_candidate(now, key, addr);
+                match path {
+                    PathAddr::Direct(addr) => self.add_candidate(now, key, addr),
+                    PathAddr::RelaySession { .. } => {
+                        // The peer's side of the session is bound (its
+                        // ping came through): a ping of ours sent before
+                        // that was dropped by the relay, so ping again now
+                        // rather than at the next discovery interval.
+                        if let Some(p) = peer.path_mut(&path) {
+                            if p.state != PathState::Working {
+                                p.next_ping = p.next_ping.min(now);
+                            }
+                        }
+                    }
+                    PathAddr::Derp => {}
                 }
             }
             Probe::CallMeMaybe { .. } if path != PathAddr::Derp => return,
@@ -614,9 +638,13 @@ impl Paths {
         p.last_pong = Some(now);
         p.since_pong = 0;
         p.stats.pongs += 1;
-        if p.state != PathState::Working {
+        let confirmed = p.state != PathState::Working;
+        if confirmed {
             p.state = PathState::Working;
             p.next_ping = now + self.timing.probe_interval;
+        }
+        peer.totals.of_mut(path.kind()).pongs += 1;
+        if confirmed {
             self.choose(now, *key, SwitchReason::Better);
         }
         true
@@ -646,6 +674,7 @@ impl Paths {
     /// Picks the active path again; switches to a better kind, or away from
     /// an active path that is no longer usable.
     fn choose(&mut self, now: Instant, key: NodePublic, reason: SwitchReason) {
+        let at = self.wall_time(now);
         let peer = self.peers.get_mut(&key).expect("a known peer");
         let best = peer.best().map(|p| p.addr);
         let current = peer.active.and_then(|a| peer.path(&a));
@@ -673,7 +702,7 @@ impl Paths {
             to: best,
             reason,
             lost,
-            at: now,
+            at,
         };
         peer.active = best;
         peer.last_switch = Some(event.clone());
@@ -686,6 +715,7 @@ impl Paths {
     /// A path was removed: if it was active, move to the best other one,
     /// reporting what was sent on it since its last pong.
     fn forget_active(&mut self, now: Instant, key: NodePublic, gone: Path) {
+        let at = self.wall_time(now);
         let peer = self.peers.get_mut(&key).expect("a known peer");
         if peer.active != Some(gone.addr) {
             return;
@@ -697,7 +727,7 @@ impl Paths {
             to,
             reason: SwitchReason::Removed,
             lost: gone.since_pong,
-            at: now,
+            at,
         };
         peer.active = to;
         peer.last_switch = Some(event.clone());
@@ -705,23 +735,57 @@ impl Paths {
     }
 
     /// The path for one application datagram of `len` bytes to `key`, its
-    /// counters updated.
+    /// counters updated; nothing counted when there is none or the
+    /// datagram is longer than the active path carries.
     pub fn on_send(&mut self, key: &NodePublic, len: usize) -> Result<PathAddr, NoPath> {
         let peer = self.peers.get_mut(key).ok_or(NoPath::UnknownPeer)?;
         let active = peer.active.ok_or(NoPath::NoneAllowed)?;
+        let max = active.mtu().max;
+        if len > max {
+            return Err(NoPath::TooLarge {
+                len,
+                max,
+                path: active.kind(),
+            });
+        }
         let p = peer.path_mut(&active).expect("the active path exists");
         p.stats.tx_packets += 1;
         p.stats.tx_bytes += len as u64;
         p.since_pong += 1;
+        let total = peer.totals.of_mut(active.kind());
+        total.tx_packets += 1;
+        total.tx_bytes += len as u64;
         Ok(active)
+    }
+
+    /// Takes back [`Paths::on_send`]'s count of a datagram that did not go
+    /// out after all (its queue was full, its send failed).
+    pub fn unsend(&mut self, key: &NodePublic, path: &PathAddr, len: usize) {
+        let Some(peer) = self.peers.get_mut(key) else {
+            return;
+        };
+        if let Some(p) = peer.path_mut(path) {
+            p.stats.tx_packets = p.stats.tx_packets.saturating_sub(1);
+            p.stats.tx_bytes = p.stats.tx_bytes.saturating_sub(len as u64);
+            p.since_pong = p.since_pong.saturating_sub(1);
+        }
+        let total = peer.totals.of_mut(path.kind());
+        total.tx_packets = total.tx_packets.saturating_sub(1);
+        total.tx_bytes = total.tx_bytes.saturating_sub(len as u64);
     }
 
     /// One application datagram of `len` bytes from `key` on `path`.
     pub fn on_receive(&mut self, key: &NodePublic, path: &PathAddr, len: usize) {
-        if let Some(p) = self.peers.get_mut(key).and_then(|peer| peer.path_mut(path)) {
+        let Some(peer) = self.peers.get_mut(key) else {
+            return;
+        };
+        if let Some(p) = peer.path_mut(path) {
             p.stats.rx_packets += 1;
             p.stats.rx_bytes += len as u64;
         }
+        let total = peer.totals.of_mut(path.kind());
+        total.rx_packets += 1;
+        total.rx_bytes += len as u64;
     }
 
     /// Sends what is due at `now`: pings, call-me-maybe; declares silent
@@ -765,6 +829,7 @@ impl Paths {
                 }
                 p.pending.push_back((tx, now));
                 p.stats.pings += 1;
+                peer.totals.of_mut(p.addr.kind()).pings += 1;
                 let interval = if p.state == PathState::Working && p.addr != PathAddr::Derp {
                     self.timing.probe_interval
                 } else {
@@ -838,6 +903,7 @@ impl Paths {
         Some(PeerStatus {
             active: peer.active,
             paths: peer.paths.iter().map(Path::status).collect(),
+            totals: peer.totals,
             last_switch: peer.last_switch.clone(),
         })
     }

@@ -62,6 +62,16 @@ impl Pair {
         Pair::with(policy_a, relay, Timing::default(), LATENCY)
     }
 
+    /// A pair with a relay session and direct UDP cut, run until A
+    /// sends on the relay session.
+    fn on_relay_session() -> Pair {
+        let mut p = Pair::new(Policy::default(), true);
+        p.direct_up = false;
+        p.run_for(Duration::from_secs(3));
+        assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
+        p
+    }
+
     fn with(policy_a: Policy, relay: bool, timing: Timing, latency: Duration) -> Pair {
         let now = Instant::now();
         let (ka, kb) = (key(1), key(2));
@@ -229,8 +239,12 @@ impl Pair {
             );
             self.run_for(step);
         }
+        let start = self.a.wall_time(start);
         let switched = self.a.status(&self.kb).unwrap().last_switch.map(|e| e.at);
-        switched.unwrap_or(start).max(start) - start
+        let switched = switched.unwrap_or(start).max(start);
+        switched
+            .duration_since(start)
+            .expect("not before the start")
     }
 }
 
@@ -281,7 +295,7 @@ fn switches_down_within_two_seconds_of_silence_whenever_it_starts() {
         p.direct_up = false;
         p.until_active(PathKind::Derp, Duration::from_secs(2));
         let ev = p.events_a.last().unwrap().clone();
-        let took = ev.at - cut;
+        let took = ev.at.duration_since(p.a.wall_time(cut)).unwrap();
         assert!(
             took <= Duration::from_secs(2),
             "offset {offset_ms}: {took:?}"
@@ -318,7 +332,7 @@ fn switches_down_within_two_seconds_of_silence_whenever_it_starts() {
         let after: Vec<_> = p
             .sent
             .iter()
-            .filter(|(_, _, t)| *t >= ev.at)
+            .filter(|(_, _, t)| p.a.wall_time(*t) >= ev.at)
             .map(|s| s.0)
             .collect();
         assert!(after.iter().all(|id| got.contains(id)));
@@ -352,7 +366,13 @@ fn the_tunnel_schedule_switches_down_within_one_and_a_quarter_seconds() {
         let cut = p.now;
         p.direct_up = false;
         p.until_active(PathKind::Derp, bound);
-        let took = p.events_a.last().unwrap().at - cut;
+        let took = p
+            .events_a
+            .last()
+            .unwrap()
+            .at
+            .duration_since(p.a.wall_time(cut))
+            .unwrap();
         assert!(took <= bound, "offset {offset_ms}: {took:?}");
     }
 }
@@ -383,7 +403,13 @@ fn link_timing_keeps_a_long_round_trip_path_and_still_drops_a_dead_one_within_tw
         let cut = p.now;
         p.direct_up = false;
         p.until_active(PathKind::Derp, Duration::from_secs(2));
-        let took = p.events_a.last().unwrap().at - cut;
+        let took = p
+            .events_a
+            .last()
+            .unwrap()
+            .at
+            .duration_since(p.a.wall_time(cut))
+            .unwrap();
         assert!(took <= Duration::from_secs(2), "rtt {rtt_ms} ms: {took:?}");
     }
 }
@@ -479,10 +505,7 @@ fn relay_session_between_direct_and_derp() {
 
 #[test]
 fn a_removed_relay_session_hands_over_with_its_unanswered_datagrams() {
-    let mut p = Pair::new(Policy::default(), true);
-    p.direct_up = false;
-    p.run_for(Duration::from_secs(3));
-    assert_eq!(p.active_a().unwrap().kind(), PathKind::RelaySession);
+    let mut p = Pair::on_relay_session();
     for _ in 0..3 {
         p.a.on_send(&p.kb, 10).unwrap();
     }
@@ -834,4 +857,103 @@ fn the_timeout_is_never_in_the_past_after_handling_it() {
             assert!(m.poll_timeout().unwrap() > p.now);
         }
     }
+}
+
+/// A relay session bound by A first and by B half a second later: the
+/// relay drops A's first pings (B's side is not bound yet), and A's path
+/// is confirmed one round trip after B's bind, because B's ping makes A
+/// ping again at once, not at A's next discovery ping 2 s after its own.
+#[test]
+fn a_relay_session_is_confirmed_one_round_trip_after_the_second_bind() {
+    let mut p = Pair::new(Policy::default(), false);
+    p.direct_up = false;
+    p.relay_up = false;
+    let session = Some((VNI, addr(RELAY)));
+    let (ka, kb) = (p.ka, p.kb);
+    p.a.set_relay(p.now, &kb, session);
+    p.run_for(Duration::from_millis(500));
+    assert_eq!(p.a.relay_state(&kb), Some(PathState::Unconfirmed));
+    // B binds: from now on the relay carries both ways.
+    p.relay_up = true;
+    let bound = p.now;
+    p.b.set_relay(p.now, &ka, session);
+    let deadline = bound + Duration::from_secs(3);
+    while p.a.relay_state(&kb) != Some(PathState::Working) {
+        assert!(p.now < deadline, "A's relay session never confirmed");
+        p.run_for(Duration::from_millis(1));
+    }
+    let took = p.now - bound;
+    assert!(
+        took <= LATENCY * 4 + Duration::from_millis(2),
+        "A confirmed its relay session {took:?} after B bound"
+    );
+    assert_eq!(p.b.relay_state(&ka), Some(PathState::Working));
+}
+
+/// A peer's totals by kind of path outlive its paths: a relay session
+/// that is removed takes its own counters with it, not the peer's.
+#[test]
+fn totals_by_kind_survive_the_removal_of_a_path() {
+    let mut p = Pair::on_relay_session();
+    for _ in 0..3 {
+        p.a.on_send(&p.kb, 10).unwrap();
+    }
+    let before = p.a.status(&p.kb).unwrap().totals;
+    assert_eq!(
+        (
+            before.relay_session.tx_packets,
+            before.relay_session.tx_bytes
+        ),
+        (3, 30)
+    );
+    assert!(before.relay_session.pongs > 0, "{before:?}");
+    p.a.set_relay(p.now, &p.kb, None);
+    let st = p.a.status(&p.kb).unwrap();
+    assert!(st
+        .paths
+        .iter()
+        .all(|x| x.addr.kind() != PathKind::RelaySession));
+    assert_eq!(st.totals.relay_session, before.relay_session);
+    p.a.on_send(&p.kb, 7).unwrap();
+    let after = p.a.status(&p.kb).unwrap().totals;
+    assert_eq!(after.derp.tx_packets, before.derp.tx_packets + 1);
+    assert_eq!(after.all().tx_packets, before.all().tx_packets + 1);
+}
+
+/// A datagram longer than the active path carries is refused with the
+/// path's limit and counted nowhere; DERP carries what UDP paths cannot.
+#[test]
+fn a_datagram_over_the_path_limit_is_refused_and_not_counted() {
+    use crate::endpoint::{MAX_DATAGRAM, MAX_DERP_DATAGRAM};
+    let mut p = Pair::new(Policy::default(), false);
+    p.run_for(Duration::from_secs(3));
+    let active = p.active_a().unwrap();
+    assert_eq!(active.kind(), PathKind::Direct);
+    let max = active.mtu().max;
+    assert_eq!(max, MAX_DATAGRAM, "IPv4 direct path");
+    let before = p.a.status(&p.kb).unwrap().totals;
+    assert_eq!(
+        p.a.on_send(&p.kb, max + 1),
+        Err(NoPath::TooLarge {
+            len: max + 1,
+            max,
+            path: PathKind::Direct
+        })
+    );
+    assert_eq!(p.a.status(&p.kb).unwrap().totals, before);
+    assert_eq!(p.a.on_send(&p.kb, max), Ok(active));
+    let only_derp = Policy {
+        prefer: None,
+        only: Some(PathKind::Derp),
+    };
+    let mut d = Pair::new(only_derp, false);
+    assert_eq!(d.a.on_send(&d.kb, max + 1), Ok(PathAddr::Derp));
+    assert_eq!(
+        d.a.on_send(&d.kb, MAX_DERP_DATAGRAM + 1),
+        Err(NoPath::TooLarge {
+            len: MAX_DERP_DATAGRAM + 1,
+            max: MAX_DERP_DATAGRAM,
+            path: PathKind::Derp
+        })
+    );
 }

@@ -36,8 +36,10 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// How persistently sessions are sought.
+/// How persistently sessions are sought: [`SessionTiming::default`],
+/// fields changed as needed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SessionTiming {
     /// Wait before asking again after a refusal, a failed bind or a lost
     /// session; doubled after each further failure in a row.

@@ -34,15 +34,14 @@ use std::os::fd::AsFd;
 use anyhow::{Context, Result};
 use ferry_client::endpoint::{gro_segments, Datagrams, UdpBatchSender};
 use ferry_client::{
-    DerpServerOptions, Endpoint, EndpointEvent, EndpointOptions, Options, PathEvent, PathKind,
-    PeerOptions,
+    DerpServerOptions, Endpoint, EndpointOptions, EventKind, Events, Options, PathEvent, PathKind,
+    PathMtu, PeerOptions,
 };
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_sys::mmsg::{RecvBatch, RecvMeta};
 use ferry_sys::sockopt::{set_buffer, Buffer};
 use tokio::io::Interest;
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::broadcast;
 
 use super::config::Config;
 use super::metrics::{self, kind_label, DropReason, Metrics, PeerStats};
@@ -145,11 +144,12 @@ pub(crate) async fn run(
         .relays
         .iter()
         .zip(options)
-        .map(|(r, options)| DerpServerOptions {
-            name: r.name.clone(),
-            url: r.url.clone(),
-            options,
-            stun: r.stun,
+        .map(|(r, options)| {
+            let d = DerpServerOptions::new(r.name.clone(), r.url.clone()).with_options(options);
+            match r.stun {
+                Some(stun) => d.with_stun(stun),
+                None => d,
+            }
         })
         .collect();
     let mut opts = EndpointOptions::new(key, relays);
@@ -170,15 +170,17 @@ pub(crate) async fn run(
         }
     };
     tracing::info!(udp = %ep.local_addr(), candidates = ?ep.local_candidates(), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
+    tracing::info!(
+        mtu = wireguard_mtu(),
+        "WireGuard interface MTU to set: at most {}, so that its packets cross every path without IP fragmentation",
+        wireguard_mtu()
+    );
     for (p, cp) in peers.iter().zip(&cfg.peers) {
-        ep.add_peer(
-            p.key,
-            PeerOptions {
-                relay: p.relay,
-                prefer: cp.prefer,
-                only: cp.only,
-            },
-        );
+        let mut o = PeerOptions::new().relay(p.relay);
+        o.prefer = cp.prefer;
+        o.only = cp.only;
+        ep.add_peer(p.key, o)
+            .with_context(|| format!("peer {}", p.name))?;
     }
     let ep = Arc::new(ep);
     // Subscribed before anything else runs, so no event is missed.
@@ -192,6 +194,31 @@ pub(crate) async fn run(
     stop.await;
     tasks.shutdown().await;
     Ok(())
+}
+
+/// What WireGuard adds to each packet it tunnels: its data message's
+/// 16-byte header and 16-byte tag.
+const WIREGUARD_OVERHEAD: usize = 32;
+
+/// The largest WireGuard interface MTU whose packets every path carries
+/// without IP fragmentation on a 1,500-byte network: the smallest
+/// unfragmented limit of the SDK's paths (a relay session's, whose far
+/// leg may be IPv6) less WireGuard's overhead.
+fn wireguard_mtu() -> usize {
+    let paths = [
+        PathMtu::RELAY_SESSION,
+        PathMtu::direct(std::net::SocketAddr::from((
+            std::net::Ipv6Addr::LOCALHOST,
+            1,
+        ))),
+        PathMtu::DERP,
+    ];
+    paths
+        .iter()
+        .map(|m| m.unfragmented)
+        .min()
+        .expect("three paths")
+        - WIREGUARD_OVERHEAD
 }
 
 /// Local WireGuard → the endpoint: what one `recvmmsg` brings goes to
@@ -285,11 +312,12 @@ fn to_endpoint(
             return true;
         }
     };
-    let r = ep.send_batch(batch);
+    let r = ep.try_send_batch(batch);
     batch.clear();
     peer.stats.count_drops(DropReason::TooLarge, r.too_large);
     peer.stats.count_drops(DropReason::NoPath, r.no_path);
-    peer.stats.count_drops(DropReason::QueueFull, r.dropped);
+    peer.stats
+        .count_drops(DropReason::QueueFull, r.queue_full + r.closed + r.io);
     r.unknown_peer == 0
 }
 
@@ -368,7 +396,7 @@ async fn deliver(
 /// are summed up in a log line now and then.
 async fn react(
     ep: Arc<Endpoint>,
-    mut events: broadcast::Receiver<EndpointEvent>,
+    mut events: Events,
     peers: Arc<[PeerCtx]>,
     by_key: Arc<HashMap<NodePublic, usize>>,
     metrics: Arc<Metrics>,
@@ -385,7 +413,7 @@ async fn react(
         let ev = tokio::select! {
             ev = events.recv() => ev,
             _ = tick.tick() => {
-                let rejected = ep.stats().rejected;
+                let rejected = ep.stats().rejected.total();
                 // A few lines; the counter has the rest.
                 if rejected > rejected_seen && rejected_logged < 16 {
                     rejected_logged += 1;
@@ -401,28 +429,21 @@ async fn react(
                 continue;
             }
         };
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(
-                    missed = n,
-                    "endpoint events came faster than they were handled"
-                );
+        let Some(ev) = ev else { return };
+        match ev.kind {
+            EventKind::Lagged { missed } => {
+                tracing::warn!(missed, "endpoint events came faster than they were handled");
                 relays_changed(&ep, &metrics);
-                continue;
             }
-            Err(broadcast::error::RecvError::Closed) => return,
-        };
-        match ev {
-            EndpointEvent::Path(ev) => {
+            EventKind::Path(ev) => {
                 if let Some(&i) = by_key.get(&ev.peer) {
                     switched(&peers[i], &ev);
                 }
             }
-            EndpointEvent::RelayUp { .. } | EndpointEvent::RelayDown { .. } => {
+            EventKind::RelayUp { .. } | EventKind::RelayDown { .. } => {
                 relays_changed(&ep, &metrics);
             }
-            EndpointEvent::PeerGone { peer, reason } => {
+            EventKind::PeerGone { peer, reason } => {
                 if let Some(&i) = by_key.get(&peer) {
                     tracing::warn!(
                         peer = %peers[i].name,
@@ -432,7 +453,7 @@ async fn react(
                     );
                 }
             }
-            EndpointEvent::PeerPresent { peer } => {
+            EventKind::PeerPresent { peer } => {
                 if let Some(&i) = by_key.get(&peer) {
                     tracing::info!(peer = %peers[i].name, "peer back on its relay");
                 }
@@ -489,4 +510,13 @@ fn switched(peer: &PeerCtx, ev: &PathEvent) {
         ev.to.map_or("none", |p| kind_label(p.kind())),
         metrics::reason_text(ev.reason),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    /// The MTU `ferry link` advises is the one docs/link.md gives.
+    #[test]
+    fn the_advised_wireguard_mtu_is_1412() {
+        assert_eq!(super::wireguard_mtu(), 1412);
+    }
 }

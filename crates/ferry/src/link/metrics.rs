@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use ferry_client::{
     endpoint::PathStats, Endpoint, PathEvent, PathKind, PathState, PathStatus, PeerStatus,
@@ -87,6 +87,7 @@ pub(crate) fn reason_label(reason: SwitchReason) -> &'static str {
         SwitchReason::Silent => "silent",
         SwitchReason::Removed => "removed",
         SwitchReason::Policy => "policy",
+        _ => "other",
     }
 }
 
@@ -97,6 +98,7 @@ pub(crate) fn reason_text(reason: SwitchReason) -> &'static str {
         SwitchReason::Silent => "the path went silent",
         SwitchReason::Removed => "the path was removed",
         SwitchReason::Policy => "the peer's prefer/only",
+        _ => "another reason",
     }
 }
 
@@ -302,10 +304,9 @@ impl Metrics {
         );
         for ((peer, _, _, _), st) in self.peers.iter().zip(&status) {
             if let Some(ev) = st.as_ref().and_then(|s| s.last_switch.as_ref()) {
-                let ago = std::time::Instant::now().saturating_duration_since(ev.at);
-                let at = SystemTime::now()
-                    .checked_sub(ago)
-                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                let at = ev
+                    .at
+                    .duration_since(UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
                 let kind =
                     |p: Option<ferry_client::PathAddr>| p.map_or("none", |p| kind_label(p.kind()));
@@ -336,7 +337,7 @@ impl Metrics {
         }
         head(o, "ferry_link_rejected_total", "counter", "Datagrams and DERP packets dropped because they were not from a configured peer (unknown link key, or not a peer message).");
         let stats = self.endpoint.get().map(|ep| ep.stats()).unwrap_or_default();
-        let _ = writeln!(o, "ferry_link_rejected_total {}", stats.rejected);
+        let _ = writeln!(o, "ferry_link_rejected_total {}", stats.rejected.total());
         head(o, "ferry_link_gso_fallbacks_total", "counter", "UDP GSO trains the kernel refused (a path MTU under 1500 bytes), sent again one datagram at a time: to_peer on the paths to the peers, from_peer to the local WireGuard.");
         let delivered: u64 = self
             .peers

@@ -1,5 +1,6 @@
-//! The committed fuzz corpora (`fuzz/corpus/<target>/`), for the replay
-//! tests of every crate with a fuzz target (included by `#[path]`).
+//! The committed fuzz corpora (`fuzz/corpus/<target>/`), replayed by the
+//! tests of every crate with a fuzz target, with bounded mutations of
+//! their seeds, so the ordinary suite catches what the fuzzers would.
 
 use std::path::PathBuf;
 
@@ -12,7 +13,7 @@ fn corpus_dir(target: &str) -> PathBuf {
 /// Every file of a target's corpus, sorted by name. Panics if the directory
 /// is missing or empty: a corpus that silently vanished would make the
 /// replay test pass vacuously.
-pub(crate) fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
+pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = corpus_dir(target);
     let entries = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("corpus directory {} missing: {e}", dir.display()));
@@ -35,8 +36,7 @@ pub(crate) fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Runs `run` over every seed of `target`; a panic names the seed.
-#[allow(dead_code)]
-pub(crate) fn replay(target: &str, run: fn(&[u8])) {
+pub fn replay(target: &str, run: fn(&[u8])) {
     for (name, data) in seeds(target) {
         let outcome = std::panic::catch_unwind(|| run(&data));
         assert!(
@@ -74,8 +74,7 @@ impl Rng {
 /// operations. Each case is a seed (or, one case in four, random
 /// operations) with a few changes: a byte changed, a run of operations
 /// spliced in from another seed, an operation dropped, another header.
-#[allow(dead_code)]
-pub(crate) fn mutate_ops(target: &str, run: fn(&[u8]), seed: u64, cases: usize, prefix: usize) {
+pub fn mutate_ops(target: &str, run: fn(&[u8]), seed: u64, cases: usize, prefix: usize) {
     let seeds: Vec<Vec<u8>> = seeds(target).into_iter().map(|(_, d)| d).collect();
     let mut rng = Rng(seed);
     for case in 0..cases {
@@ -111,8 +110,7 @@ pub(crate) fn mutate_ops(target: &str, run: fn(&[u8]), seed: u64, cases: usize, 
 
 /// Runs `run` over `cases` byte-level mutations of the seeds: bytes
 /// changed, inserted and removed, and runs spliced in from another seed.
-#[allow(dead_code)]
-pub(crate) fn mutate_bytes(target: &str, run: fn(&[u8]), seed: u64, cases: usize) {
+pub fn mutate_bytes(target: &str, run: fn(&[u8]), seed: u64, cases: usize) {
     let seeds: Vec<Vec<u8>> = seeds(target).into_iter().map(|(_, d)| d).collect();
     let mut rng = Rng(seed);
     for case in 0..cases {
