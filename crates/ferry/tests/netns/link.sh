@@ -22,7 +22,7 @@
 #   ferry-derp     (a) only TCP to the relay: DERP; ping, iperf3, counters,
 #                  status, and a relay restart during a transfer
 #   derper-derp    (a) the same against Tailscale's derper (no restart)
-#   ferry-derp    (b) UDP to the relay, not between the peers: relay session
+#   ferry-relay-session (b) UDP to the relay, not between the peers: relay session
 #   ferry-direct   (c) everything allowed: direct
 #   derper-direct  (c) against derper: direct
 #   ferry-failover (d) during one iperf3 transfer, direct is cut (-> relay
@@ -57,9 +57,9 @@ if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/10
 fu_skip_or_fail "ferry link namespace tests" "$why"
 ferry=$(fu_ferry_bin "$root")
 
-cases=${LINK_CASES:-ferry-derp derper-derp ferry-derp ferry-direct derper-direct ferry-failover ferry-upgrade}
+cases=${LINK_CASES:-ferry-derp derper-derp ferry-relay-session ferry-direct derper-direct ferry-failover ferry-upgrade}
 for c in $cases; do
-  case " ferry-derp derper-derp ferry-derp ferry-direct derper-direct ferry-failover ferry-upgrade " in
+  case " ferry-derp derper-derp ferry-relay-session ferry-direct derper-direct ferry-failover ferry-upgrade " in
     *" $c "*) ;; *) echo "unknown case $c in LINK_CASES" >&2; exit 2 ;;
   esac
 done
@@ -249,7 +249,7 @@ case_ferry_derp() {
   all_stop
 }
 case_derper_derp() { firewall derp; relay_start derper; links_start; traffic derp; all_stop; }
-case_ferry_derp() { firewall relay; relay_start ferry; links_start; traffic relay; all_stop; }
+case_ferry_relay_session() { firewall relay; relay_start ferry; links_start; traffic relay; all_stop; }
 case_ferry_direct() { firewall direct; relay_start ferry; links_start; traffic direct; all_stop; }
 case_derper_direct() { firewall direct; relay_start derper; links_start; traffic direct; all_stop; }
 
