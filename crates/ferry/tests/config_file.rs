@@ -97,6 +97,15 @@ fn command_line_beats_environment_beats_file() {
     assert!(field(&mut f, "url").starts_with("http://127.0.0.1:"));
     assert!(field(&mut f, "admission").contains("http://127.0.0.1:9/verify"));
     assert!(std::path::Path::new(&dir.path("ferry.key")).exists());
+    // Where two sources disagree, the start-up log names the winner and
+    // what it overrode.
+    let log = f.log();
+    assert!(
+        log.contains("--trusted-proxies: FERRY_TRUSTED_PROXIES=\"192.0.2.0/24\" wins over ")
+            && log.contains(":6: trusted_proxies = \"10.0.0.0/8\""),
+        "{log}"
+    );
+    assert!(log.contains("--derp: --derp "), "{log}");
     f.stop();
 
     // FERRY_CONFIG names the file as --config does.
@@ -112,6 +121,37 @@ fn command_line_beats_environment_beats_file() {
         !log.contains("ferry.toml:"),
         "the value came from FERRY_*: {log}"
     );
+}
+
+/// A variable's bad value is reported as the variable, not as a flag
+/// nobody typed; `-c` has a long name, `--key-file`, and its variable is
+/// `FERRY_KEY_FILE`.
+#[test]
+fn variables_are_named_and_the_key_file_has_a_long_name() {
+    let dir = TempDir::new("cfg-env");
+    let (status, log) = run(ferry()
+        .args(["-a", "127.0.0.1:0", "-c", &dir.path("ferry.key")])
+        .env("FERRY_STUN_PORT", "abc"));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("FERRY_STUN_PORT=\"abc\": invalid value 'abc'"),
+        "{log}"
+    );
+
+    let out = ferry().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("-c, --key-file <KEY_FILE>"), "{help}");
+    assert!(help.contains("-a, --addr <ADDR>"), "{help}");
+
+    let key = dir.path("from-env.key");
+    let mut f = Ferry::spawn(
+        ferry()
+            .args(["-a", "127.0.0.1:0", "--stun=false", "--workers", "1"])
+            .env("FERRY_KEY_FILE", &key),
+    );
+    f.wait_log("ferry relay running");
+    assert!(std::path::Path::new(&key).exists());
+    f.stop();
 }
 
 #[test]
@@ -162,8 +202,13 @@ fn mistakes_in_the_file_name_the_key_and_line() {
         "--send-queue-bytes",
         "1",
     ]));
+    // (The start-up log says the command line won over the file.)
+    let error = log
+        .lines()
+        .find(|l| l.starts_with("ferry: "))
+        .unwrap_or_default();
     assert!(
-        log.contains("--send-queue-bytes 1: must be between") && !log.contains("range.toml"),
+        error.contains("--send-queue-bytes 1: must be between") && !error.contains("range.toml"),
         "{log}"
     );
     // derper's key file given as the configuration.

@@ -10,13 +10,13 @@
 //!
 //! Each remote peer is one local UDP address (its `Endpoint` in the local
 //! WireGuard configuration) and one link key (its DERP address); see
-//! [`config`] for the file and [`forward`] for the data path. The paths
+//! [`config`] for the file and [`datapath`] for the data path. The paths
 //! (direct UDP, a relay session, DERP) and the choice between them are the
 //! SDK's `Endpoint`'s. WireGuard's keys are never read and nothing is
 //! decrypted.
 
 mod config;
-mod forward;
+mod datapath;
 mod metrics;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ use ferry_sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use crate::key_file::KeyFile;
 use config::Config;
 
 /// `ferry link` flags.
@@ -37,8 +38,8 @@ pub(crate) struct LinkArgs {
     #[command(subcommand)]
     action: Option<Action>,
 
-    /// TOML configuration file (link key file, relays, peers); see the
-    /// README, "ferry link".
+    /// TOML configuration file (link key file, relays, peers); see
+    /// docs/link.md.
     #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
 
@@ -59,16 +60,16 @@ enum Action {
     /// Show each peer's path, traffic and drops and each relay's state,
     /// from the running link's metrics_addr.
     Status {
-        /// One JSON object instead of text (see the README, "ferry link").
+        /// One JSON object instead of text (docs/link.md, "Status and metrics").
         #[arg(long)]
         json: bool,
     },
 }
 
 /// Runs `ferry link` and its subcommands.
-pub(crate) fn run(args: &LinkArgs) -> Result<()> {
+pub(crate) fn run(args: &LinkArgs, origins: &crate::flags::Origins) -> Result<()> {
     let Some(path) = &args.config else {
-        bail!("--config FILE is required (the link's TOML configuration; see the README, \"ferry link\")");
+        bail!("--config FILE is required (the link's TOML configuration; see docs/link.md)");
     };
     match args.action {
         Some(Action::Pubkey) => {
@@ -81,27 +82,16 @@ pub(crate) fn run(args: &LinkArgs) -> Result<()> {
             Ok(())
         }
         Some(Action::Status { json }) => status(path, json),
-        None => serve(args, path),
+        None => serve(args, origins, path),
     }
 }
 
 /// Reads the link key, or creates it (mode 0600) when the file does not
 /// exist. `true` when it was created.
 fn load_key(path: &Path) -> Result<(NodePrivate, bool)> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok((
-            NodePrivate::from_key_file_json(&text)
-                .map_err(|e| anyhow::anyhow!("key_file {}: {e}", path.display()))?,
-            false,
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = NodePrivate::generate();
-            crate::write_private(path, key.to_key_file_json().as_bytes())
-                .with_context(|| format!("key_file: creating {}", path.display()))?;
-            Ok((key, true))
-        }
-        Err(e) => Err(e).with_context(|| format!("key_file: reading {}", path.display())),
-    }
+    let key = KeyFile::load(path, "key_file")?;
+    let created = key.persist("key_file")?;
+    Ok((key.private, created))
 }
 
 /// SDK options for each relay: the system's roots, or the relay's
@@ -126,8 +116,8 @@ fn relay_options(cfg: &Config) -> Result<Vec<Options>> {
     Ok(all)
 }
 
-fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
-    crate::init_logging(&args.log, &args.log_format)?;
+fn serve(args: &LinkArgs, origins: &crate::flags::Origins, path: &Path) -> Result<()> {
+    crate::logs::init_subcommand(&args.log, &args.log_format, origins)?;
     ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     let cfg = Config::load(path)?;
     let options = relay_options(&cfg)?;
@@ -173,7 +163,7 @@ fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(forward::run(cfg, key, options, metrics, async {
+    runtime.block_on(datapath::run(cfg, key, options, metrics, async {
         let _ = stop_rx.await;
     }))?;
     tracing::info!("stopped");
@@ -189,7 +179,7 @@ fn status(path: &Path, json: bool) -> Result<()> {
             path.display()
         );
     };
-    let scrape = crate::status::fetch(&addr.to_string())?;
+    let scrape = crate::cmd::status::fetch(&addr.to_string())?;
     if json {
         println!("{}", status_json(&cfg, &scrape));
     } else {
@@ -198,7 +188,7 @@ fn status(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
+fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0);
@@ -299,7 +289,7 @@ fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
 
 /// `ferry link status --json`: the same scrape as one object, for scripts
 /// (the namespace tests read the path from it).
-fn status_json(cfg: &Config, s: &crate::status::Scrape) -> serde_json::Value {
+fn status_json(cfg: &Config, s: &crate::cmd::status::Scrape) -> serde_json::Value {
     use serde_json::json;
     let n = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0) as u64;
     let relays: Vec<_> = cfg
@@ -324,7 +314,7 @@ fn status_json(cfg: &Config, s: &crate::status::Scrape) -> serde_json::Value {
 }
 
 /// Each peer's path, paths, switches and drops from one scrape.
-fn peers_json(cfg: &Config, s: &crate::status::Scrape) -> Vec<serde_json::Value> {
+fn peers_json(cfg: &Config, s: &crate::cmd::status::Scrape) -> Vec<serde_json::Value> {
     use serde_json::{json, Map};
     let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with);
     let n = |name: &str, with: &[(&str, &str)]| v(name, with).unwrap_or(0.0) as u64;
