@@ -786,11 +786,12 @@ fn every_size_crosses_a_1500_byte_mtu_between_links() {
 }
 
 /// Every reason a link counts a dropped datagram for.
-const DROP_REASONS: [&str; 6] = [
+const DROP_REASONS: [&str; 7] = [
     "queue_full",
     "relay_down",
     "not_wireguard",
     "too_large",
     "no_path",
     "deliver_failed",
+    "local_socket_full",
 ];
