@@ -123,6 +123,52 @@ fn command_line_beats_environment_beats_file() {
     );
 }
 
+/// The shipped systemd unit (the one step 45 checks with `systemd-analyze
+/// verify`) passes no flag of its own, so a configuration file's settings
+/// hold. Run as the unit runs it (its ExecStart, `$FERRY_ARGS` naming the
+/// file, and the state directory systemd's `StateDirectory=` gives it,
+/// here one of the test's), the file's `certdir` is where the certificate
+/// goes, and the key goes to the state directory.
+#[test]
+fn the_systemd_unit_leaves_the_file_its_settings() {
+    let dir = TempDir::new("cfg-unit");
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../packaging/systemd/ferry.service"
+    ))
+    .unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("the unit has an ExecStart");
+    let (state, certs) = (dir.path("state"), dir.path("from-file"));
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::create_dir_all(&certs).unwrap();
+    let file = dir.path("ferry.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "addr = \"127.0.0.1:0\"\nstun = false\nworkers = 1\nhttp_port = -1\n\
+             certmode = \"selfsigned\"\ncertdir = \"{certs}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/bin/ferry"), "{exec}");
+    let args: Vec<String> = words
+        .flat_map(|w| match w {
+            "$FERRY_ARGS" => vec!["--config".to_string(), file.clone()],
+            w => vec![w.replace("/var/lib/ferry", &state)],
+        })
+        .collect();
+    let mut f = Ferry::spawn(ferry().args(&args).env("STATE_DIRECTORY", &state));
+    f.wait_log("ferry relay running");
+    f.stop();
+    let cert = std::path::Path::new(&certs).join("localhost.selfsigned.crt");
+    assert!(cert.exists(), "{exec}: the file's certdir was overridden");
+    assert!(std::path::Path::new(&state).join("ferry.key").exists());
+}
+
 /// A variable's bad value is reported as the variable, not as a flag
 /// nobody typed; `-c` has a long name, `--key-file`, and its variable is
 /// `FERRY_KEY_FILE`.

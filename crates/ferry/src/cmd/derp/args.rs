@@ -37,7 +37,9 @@ pub(crate) struct DerpArgs {
     pub config_file: Option<PathBuf>,
 
     /// Server key file ({"PrivateKey":"privkey:…"}, as derper's); created if
-    /// missing. Default: /var/lib/ferry/ferry.key as root, else
+    /// missing. Default: $STATE_DIRECTORY/ferry.key under a service manager
+    /// that sets it (systemd's StateDirectory=), else
+    /// /var/lib/ferry/ferry.key as root, else
     /// $XDG_CONFIG_HOME/ferry/ferry.key (~/.config/ferry/ferry.key).
     /// derper's -c.
     #[arg(short = 'c', long = "key-file", visible_alias = "c")]
@@ -53,8 +55,9 @@ pub(crate) struct DerpArgs {
 
     /// Directory holding the certificate files (--certmode manual), the
     /// generated certificate (selfsigned) or the ACME account and
-    /// certificates (letsencrypt). Default: /var/lib/ferry/certs as
-    /// root, else $XDG_CACHE_HOME/ferry-certs (~/.cache/ferry-certs).
+    /// certificates (letsencrypt). Default: $STATE_DIRECTORY/certs under a
+    /// service manager that sets it, else /var/lib/ferry/certs as root,
+    /// else $XDG_CACHE_HOME/ferry-certs (~/.cache/ferry-certs).
     #[arg(long)]
     pub certdir: Option<PathBuf>,
 
@@ -357,8 +360,21 @@ pub(crate) fn file_hint(key: &str) -> Option<String> {
         .then(|| "a `ferry udp-relay --config` key: this file is for the DERP server".to_string())
 }
 
+/// The state directory a service manager gives the service: systemd's
+/// `StateDirectory=` sets `STATE_DIRECTORY` (the first, if several). The
+/// defaults below live there, so that a unit needs no flags for them and
+/// the configuration file can still set them.
+fn state_directory() -> Option<PathBuf> {
+    let dirs = std::env::var_os("STATE_DIRECTORY")?;
+    let first = dirs.to_str()?.split(':').next()?;
+    (!first.is_empty()).then(|| PathBuf::from(first))
+}
+
 /// Where certificates live by default.
 pub(crate) fn default_certdir() -> PathBuf {
+    if let Some(dir) = state_directory() {
+        return dir.join("certs");
+    }
     if ferry_sys::is_root() {
         return PathBuf::from("/var/lib/ferry/certs");
     }
@@ -371,6 +387,9 @@ pub(crate) fn default_certdir() -> PathBuf {
 
 /// Where the server key lives by default.
 pub(crate) fn default_key_path() -> PathBuf {
+    if let Some(dir) = state_directory() {
+        return dir.join("ferry.key");
+    }
     if ferry_sys::is_root() {
         PathBuf::from("/var/lib/ferry/ferry.key")
     } else {
