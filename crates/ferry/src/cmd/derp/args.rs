@@ -83,7 +83,8 @@ pub(crate) struct DerpArgs {
     pub hostname: String,
 
     /// Port of the plain-HTTP companion listener in TLS mode (captive-portal
-    /// checks, redirects to HTTPS); -1 disables.
+    /// checks, redirects to HTTPS); -1 disables, 0 is a port the system
+    /// picks (as for every port flag).
     #[arg(
         long = "http-port",
         default_value_t = 80,
@@ -95,7 +96,8 @@ pub(crate) struct DerpArgs {
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub stun: bool,
 
-    /// UDP port for STUN (bound on the -a address).
+    /// UDP port for STUN (bound on the -a address; 0: a port the system
+    /// picks).
     #[arg(long = "stun-port", default_value_t = 3478)]
     pub stun_port: u16,
 

@@ -133,13 +133,16 @@ impl Plan {
             }),
             _ => None,
         };
+        // Port 0 is a port the system picks, as for every port flag.
         let port80 = match (&cert_mode, args.http_port) {
-            (Some(_), p) if p > 0 => Some(SocketAddr::new(
+            (Some(_), p) if p >= 0 => Some(SocketAddr::new(
                 addr.ip(),
                 u16::try_from(p).context("--http-port: out of range")?,
             )),
-            (Some(_), -1 | 0) | (None, _) => None,
-            (Some(_), p) => bail!("--http-port {p}: expected a port or -1"),
+            (Some(_), -1) | (None, _) => None,
+            (Some(_), p) => {
+                bail!("--http-port {p}: expected a port (0: one the system picks) or -1 (none)")
+            }
         };
         let stun = args
             .stun
@@ -493,6 +496,18 @@ mod tests {
         .unwrap();
         assert!(p.cert_mode.is_some());
         assert!(p.port80.is_none());
+        // 0 is a port the system picks, as for every other port flag.
+        let p = Plan::from_args(&args(&[
+            "-a",
+            "127.0.0.1:8443",
+            "--certmode",
+            "manual",
+            "--http-port",
+            "0",
+        ]))
+        .unwrap();
+        assert_eq!(p.port80, Some("127.0.0.1:0".parse().unwrap()));
+        assert!(Plan::from_args(&args(&["--certmode", "manual", "--http-port", "-2"])).is_err());
         let p = Plan::from_args(&args(&["--certmode", "letsencrypt"])).unwrap();
         assert!(matches!(p.cert_mode, Some(CertMode::Acme { .. })));
         assert!(Plan::from_args(&args(&["--certmode", "gcp"])).is_err());
