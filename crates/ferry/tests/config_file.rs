@@ -315,6 +315,57 @@ fn check_config_exit_codes_and_summaries() {
         )),
         "{err}"
     );
+    // A manual certificate's files are read as the start reads them.
+    let manual = write(
+        "manual.toml",
+        &format!(
+            "addr = \"127.0.0.1:8443\"\ncertmode = \"manual\"\nhostname = \"derp.example.com\"\n\
+             certdir = \"{}\"\nkey_file = \"{}\"\n",
+            dir.path("no-certs"),
+            dir.path("k.key")
+        ),
+    );
+    let (code, out, err) = check(&manual);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(err.contains("derp.example.com.crt"), "{err}");
+    // The default key, where it exists, is named as the key (not --dev's).
+    let state = dir.path("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let key = ferry_proto::key::NodePrivate::generate().to_key_file_json();
+    std::fs::write(format!("{state}/ferry.key"), key).unwrap();
+    let out = ferry()
+        .env("STATE_DIRECTORY", &state)
+        .args(["check-config", &derp])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.trim_end().ends_with(&format!("key {state}/ferry.key")),
+        "{out}"
+    );
+    // A link file is a link file.
+    let link = write(
+        "link.toml",
+        &format!(
+            "key_file = \"{}\"\nwireguard = \"127.0.0.1:51820\"\n\
+             [[relay]]\nname = \"home\"\nurl = \"https://derp.example.com/derp\"\n\
+             [[peer]]\nname = \"nas\"\nlink_key = \"nodekey:{}\"\nendpoint = \"127.0.0.1:51001\"\n",
+            dir.path("link.key"),
+            "11".repeat(32)
+        ),
+    );
+    let (code, out, err) = check(&link);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with(&format!(
+            "{link}: ferry link configuration OK: 1 relays, 1 peers (nas)"
+        )),
+        "{out}"
+    );
+    assert!(
+        !std::path::Path::new(&dir.path("link.key")).exists(),
+        "nothing written"
+    );
     // --kind overrides the guess.
     let out = ferry()
         .args(["check-config", "--kind", "udp-relay", &derp])

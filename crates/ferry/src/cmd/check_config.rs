@@ -19,8 +19,9 @@ pub(crate) struct CheckArgs {
     pub file: PathBuf,
 
     /// Which service's file it is: auto (a file with [[bounce]], [hub] or
-    /// another key only the UDP relay has is a udp-relay file; any other
-    /// is the DERP server's), derp or udp-relay.
+    /// another key only the UDP relay has is a udp-relay file, one with
+    /// [[peer]], [[relay]] or `wireguard` a link file; any other is the
+    /// DERP server's), derp, udp-relay or link.
     #[arg(long, default_value = "auto")]
     pub kind: FileKind,
 }
@@ -34,22 +35,31 @@ pub(crate) enum FileKind {
     Derp,
     /// `ferry udp-relay --config`.
     UdpRelay,
+    /// `ferry link --config`.
+    Link,
 }
 
-/// Decides whose file `text` is: a UDP relay's when a top-level key only
-/// the UDP relay has is in it (a file that does not parse is the DERP
-/// server's, whose parser then reports the error).
+/// Top-level keys only a `ferry link` file has.
+const LINK_ONLY_KEYS: &[&str] = &["peer", "relay", "wireguard", "queue", "bind"];
+
+/// Decides whose file `text` is: a UDP relay's or a link's when a
+/// top-level key only that service has is in it (a file that does not
+/// parse is the DERP server's, whose parser then reports the error).
 fn detect(text: &str) -> FileKind {
-    match DeTable::parse(text) {
-        Ok(doc)
-            if doc
-                .get_ref()
-                .iter()
-                .any(|(k, _)| derp::args::UDP_ONLY_KEYS.contains(&k.get_ref().as_ref())) =>
-        {
-            FileKind::UdpRelay
-        }
-        _ => FileKind::Derp,
+    let Ok(doc) = DeTable::parse(text) else {
+        return FileKind::Derp;
+    };
+    let has = |keys: &[&str]| {
+        doc.get_ref()
+            .iter()
+            .any(|(k, _)| keys.contains(&k.get_ref().as_ref()))
+    };
+    if has(derp::args::UDP_ONLY_KEYS) {
+        FileKind::UdpRelay
+    } else if has(LINK_ONLY_KEYS) {
+        FileKind::Link
+    } else {
+        FileKind::Derp
     }
 }
 
@@ -76,6 +86,10 @@ fn check_file(args: &CheckArgs) -> Result<String> {
         k => k,
     };
     match kind {
+        FileKind::Link => Ok(format!(
+            "{path}: ferry link configuration OK: {}",
+            super::link::check(&path, &text)?
+        )),
         FileKind::UdpRelay => {
             use ferry_udp::config::{Config, ConfigError};
             let cfg = Config::from_toml(&path, &text).map_err(|e| match e {
@@ -142,5 +156,7 @@ mod tests {
         assert_eq!(detect("gro = false\n"), FileKind::UdpRelay);
         assert_eq!(detect("workers = 1\nstun = false\n"), FileKind::Derp);
         assert_eq!(detect("not toml = = ="), FileKind::Derp);
+        assert_eq!(detect("key_file = \"k\"\n[[peer]]\n"), FileKind::Link);
+        assert_eq!(detect("key_file = \"k\"\n"), FileKind::Derp);
     }
 }

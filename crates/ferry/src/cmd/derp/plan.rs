@@ -259,6 +259,15 @@ pub(crate) fn check(args: &DerpArgs) -> Result<String> {
     if let Some(warning) = &p.plan.workers_warning {
         eprintln!("ferry: check-config: warning: {warning}");
     }
+    // A manual certificate's files, read as the start reads them (for an
+    // IP address without files the start generates one; selfsigned and
+    // letsencrypt make their own, so nothing is read for them).
+    if let Some(mode @ CertMode::Manual { hostname, .. }) = &p.plan.cert_mode {
+        if hostname.parse::<IpAddr>().is_err() {
+            ferry_derp::tls::server_config(mode, *p.config.public_key.as_bytes())
+                .context("setting up TLS")?;
+        }
+    }
     let tls = match &p.plan.cert_mode {
         None => "plain HTTP".to_string(),
         Some(CertMode::Manual { hostname, .. }) => format!("TLS (manual) for {hostname}"),
@@ -266,14 +275,10 @@ pub(crate) fn check(args: &DerpArgs) -> Result<String> {
         Some(CertMode::Acme { hostname }) => format!("TLS (letsencrypt) for {hostname}"),
     };
     let off = || "off".to_string();
-    let key = match &p.key.unsaved {
-        Some(path) => format!("{} (created at the first start)", path.display()),
-        None => args
-            .key_file
-            .as_ref()
-            .map_or("a fresh one each run (--dev)".into(), |p| {
-                p.display().to_string()
-            }),
+    let key = match (&p.key.unsaved, args.key_path()) {
+        (Some(path), _) => format!("{} (created at the first start)", path.display()),
+        (None, Some(path)) => path.display().to_string(),
+        (None, None) => "a fresh one each run (--dev)".into(),
     };
     Ok(format!(
         "{} {} ({tls}{}), port 80 {}, STUN {}, metrics {}, {} workers, admission {}, key {}",

@@ -94,6 +94,30 @@ fn load_key(path: &Path) -> Result<(NodePrivate, bool)> {
     Ok((key.private, created))
 }
 
+/// `ferry check-config` for a link file: every check a start makes short
+/// of binding sockets and creating the key (the relays' CA files are
+/// read, the key file if it exists); returns a one-line summary.
+pub(crate) fn check(path: &str, text: &str) -> Result<String> {
+    let cfg = Config::from_toml(path, text)?;
+    relay_options(&cfg)?;
+    let key = KeyFile::load(&cfg.key_file, "key_file")?;
+    let peers: Vec<&str> = cfg.peers.iter().map(|p| p.name.as_str()).collect();
+    Ok(format!(
+        "{} relays, {} peers ({}), key {}{}, metrics {}",
+        cfg.relays.len(),
+        peers.len(),
+        peers.join(", "),
+        cfg.key_file.display(),
+        if key.unsaved.is_some() {
+            " (created at the first start)"
+        } else {
+            ""
+        },
+        cfg.metrics_addr
+            .map_or("off".to_string(), |a| format!("on {a}")),
+    ))
+}
+
 /// SDK options for each relay: the system's roots, or the relay's
 /// `ca_file`.
 fn relay_options(cfg: &Config) -> Result<Vec<Options>> {
