@@ -348,6 +348,23 @@ fn port_443_without_certmode_uses_acme_as_derper() {
     f.stop();
 }
 
+/// --verify-clients without tailscaled's socket: the relay starts (it may
+/// come up before tailscaled) and says at once that every client is
+/// refused until the socket answers.
+#[test]
+fn verify_clients_without_the_socket_warns_at_start() {
+    let dir = TempDir::new("verify");
+    let socket = dir.path("tailscaled.sock");
+    let (f, _) = serving(&mut relay(&dir, &["--verify-clients", "--socket", &socket]));
+    let log = f.log();
+    assert!(
+        log.contains(&format!("LocalAPI socket {socket} cannot be used"))
+            && log.contains("every client is refused"),
+        "{log}"
+    );
+    f.stop();
+}
+
 #[test]
 fn a_bad_log_filter_is_a_start_up_error() {
     let dir = TempDir::new("log");

@@ -65,7 +65,7 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         rate_path,
         dns,
     } = plan::prepare(args)?;
-    if let Some(warning) = &plan.workers_warning {
+    for warning in &plan.warnings {
         tracing::warn!("{warning}");
     }
     if rate_path.is_some() {

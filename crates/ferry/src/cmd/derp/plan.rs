@@ -80,8 +80,9 @@ pub(crate) struct Plan {
     pub handshake_timeout: Duration,
     /// Shard threads.
     pub workers: usize,
-    /// A warning about the shard count, to log once logging is up.
-    pub workers_warning: Option<String>,
+    /// Warnings to log once logging is up (the shard count, a missing
+    /// tailscaled socket).
+    pub warnings: Vec<String>,
     /// How long a non-draining client may hold its senders paused.
     pub backpressure_budget: Duration,
     /// How long a shard polls in quiet before it parks (zero: at once).
@@ -155,7 +156,10 @@ impl Plan {
         }
         let cpus = ferry_sys::available_cpus().len().max(1);
         let workers = args.workers.unwrap_or(cpus);
-        let workers_warning = check_workers("--workers", workers, cpus)?;
+        let mut warnings: Vec<String> = check_workers("--workers", workers, cpus)?
+            .into_iter()
+            .collect();
+        warnings.extend(verify_clients_warning(args));
         let us = Duration::from_micros;
         let ms = Duration::from_millis;
         let secs = Duration::from_secs;
@@ -203,7 +207,7 @@ impl Plan {
             )?
             .context("--handshake-timeout: must be more than 0")?,
             workers,
-            workers_warning,
+            warnings,
             backpressure_budget: duration_flag(
                 "backpressure-budget",
                 &args.backpressure_budget,
@@ -240,6 +244,26 @@ impl Plan {
     }
 }
 
+/// With --verify-clients, what every client gets when tailscaled's
+/// LocalAPI socket is not there (yet): refused, since nobody can say it
+/// is a peer. Not an error, as tailscaled may start after the relay.
+fn verify_clients_warning(args: &DerpArgs) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    if !args.verify_clients {
+        return None;
+    }
+    let why = match std::fs::metadata(&args.socket) {
+        Ok(m) if m.file_type().is_socket() => return None,
+        Ok(_) => "is not a socket".to_string(),
+        Err(e) => format!("cannot be used ({e})"),
+    };
+    Some(format!(
+        "--verify-clients: tailscaled's LocalAPI socket {} {why}: every client is refused \
+         until tailscaled answers there (start tailscaled, or name its socket with --socket)",
+        args.socket.display()
+    ))
+}
+
 /// What the DERP server's flags resolve to, checked, before anything is
 /// bound or written.
 pub(crate) struct Prepared {
@@ -256,7 +280,7 @@ pub(crate) fn check(args: &DerpArgs) -> Result<String> {
     crate::logs::log_filter(&args.log).with_context(|| format!("--log {:?}", args.log))?;
     crate::logs::check_format(&args.log_format)?;
     let p = prepare(args)?;
-    if let Some(warning) = &p.plan.workers_warning {
+    for warning in &p.plan.warnings {
         eprintln!("ferry: check-config: warning: {warning}");
     }
     // A manual certificate's files, read as the start reads them (for an
