@@ -561,6 +561,23 @@ fn status_reads_a_running_relay() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["kind"], "derp");
     assert!(v["bytes_in_per_second"].is_number(), "{v}");
+    // Counts are integers, and the scrape's own connection is not one.
+    assert_eq!(v["connections"]["plain"].as_u64(), Some(0), "{v}");
+    // A /healthz URL is a health check: one line, exit 0 when healthy.
+    for at in [addr, metrics] {
+        let url = format!("http://{at}/healthz");
+        let out = ferry().args(["status", &url]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let head = format!(
+            "ferry at {url}: ok  version {}  back end ",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(
+            text.starts_with(&head) && text.lines().count() == 1,
+            "{text}"
+        );
+    }
     // A wrong address is an error, not a hang.
     let out = ferry().args(["status", "127.0.0.1:1"]).output().unwrap();
     assert!(!out.status.success());

@@ -308,6 +308,19 @@ fn healthz_on_the_metrics_listener() {
     assert_eq!(support::check_healthz(metrics), "epoll");
     let page = get(metrics, "/metrics");
     assert!(page.contains("ferry_udp_packets_total"), "{page}");
+    // `ferry status` names the version, back end and uptime (from
+    // /healthz: the UDP relay's metrics carry none of them).
+    let out = ferry()
+        .args(["status", &metrics.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let head = format!(
+        "ferry udp-relay at {metrics}  version {}  back end epoll  up ",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.starts_with(&head) && !text.contains("up -s"), "{text}");
     f.stop();
 }
 
