@@ -123,8 +123,8 @@ pub(crate) async fn run(
             endpoint = %cp.endpoint,
             wireguard = %p.wireguard,
             relay = %cfg.relays[p.relay].name,
-            prefer = ?cp.prefer,
-            only = ?cp.only,
+            prefer = %cp.prefer.map_or("none", kind_label),
+            only = %cp.only.map_or("none", kind_label),
             "peer: its WireGuard endpoint here is {}",
             cp.endpoint
         );
@@ -169,7 +169,12 @@ pub(crate) async fn run(
             return Ok(());
         }
     };
-    tracing::info!(udp = %ep.local_addr(), candidates = ?ep.local_candidates(), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
+    let candidates: Vec<String> = ep
+        .local_candidates()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    tracing::info!(udp = %ep.local_addr(), candidates = %candidates.join(" "), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
     for (p, cp) in peers.iter().zip(&cfg.peers) {
         ep.add_peer(
             p.key,

@@ -293,7 +293,9 @@ fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
                     ls["from"].as_str().unwrap_or("?"),
                     ls["to"].as_str().unwrap_or("?"),
                     ls["reason"].as_str().unwrap_or("?"),
-                    ls["at_unix"],
+                    ls["at_unix"]
+                        .as_f64()
+                        .map_or("?".to_owned(), |at| when(at, unix_now())),
                     switches.join(", "),
                     j["lost"],
                 );
@@ -309,6 +311,43 @@ fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
         v("ferry_link_rejected_total", &[])
     );
     out
+}
+
+/// Seconds since the Unix epoch, now.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A Unix time as a reader wants it: the UTC date and time, and how long
+/// ago that was at `now` (`2026-11-28 11:40:02 UTC, 3 min ago`).
+fn when(at: f64, now: f64) -> String {
+    let secs = at.max(0.0) as i64;
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let ago = (now - at).max(0.0) as u64;
+    let ago = match ago {
+        0..=119 => format!("{ago} s ago"),
+        120..=7_199 => format!("{} min ago", ago / 60),
+        7_200..=172_799 => format!("{} h ago", ago / 3_600),
+        _ => format!("{} d ago", ago / 86_400),
+    };
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC, {ago}",
+        rest / 3_600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
 
 /// `ferry link status --json`: the same scrape as one object, for scripts
@@ -429,4 +468,22 @@ fn peers_json(cfg: &Config, s: &crate::cmd::status::Scrape) -> Vec<serde_json::V
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_time_reads_as_a_date_and_an_age() {
+        assert_eq!(when(0.0, 59.0), "1970-01-01 00:00:00 UTC, 59 s ago");
+        // 2026-11-28 11:40:02 UTC.
+        let at = 1_795_866_002.0;
+        assert_eq!(when(at, at + 200.0), "2026-11-28 11:40:02 UTC, 3 min ago");
+        assert_eq!(when(at, at + 90_000.0), "2026-11-28 11:40:02 UTC, 25 h ago");
+        assert_eq!(
+            when(951_782_400.0, 951_782_400.0 + 200_000.0),
+            "2000-02-29 00:00:00 UTC, 2 d ago"
+        );
+    }
 }
