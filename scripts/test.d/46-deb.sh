@@ -21,8 +21,19 @@ dpkg --root="$root" --force-script-chrootless --force-depends --log=/dev/null -i
 dpkg --root="$root" -s ferry | grep '^Status: install ok installed$' >/dev/null
 "$root/usr/bin/ferry" --version | grep '^ferry ' >/dev/null
 for f in lib/systemd/system/ferry.service lib/systemd/system/ferry-udp-relay.service lib/systemd/system/ferry.socket \
-         etc/default/ferry usr/share/doc/ferry/copyright; do
+         lib/systemd/system/ferry-link.service etc/default/ferry usr/share/doc/ferry/copyright; do
   [ -f "$root/$f" ] || { echo "missing /$f in the package" >&2; exit 1; }
 done
 zcat "$root/usr/share/man/man1/ferry.1.gz" | grep '^\.TH FERRY 1' >/dev/null
+# Every service and tool has its section.
+for section in 'DERP SERVER' UDP-RELAY LINK STATUS CHECK-CONFIG; do
+  zcat "$root/usr/share/man/man1/ferry.1.gz" | grep "^\.SH $section\$" >/dev/null || { echo "the man page has no $section section" >&2; exit 1; }
+done
+# Depends names the libraries the binary links, with versions.
+depends=$(dpkg-deb --field "$deb" Depends)
+echo "Depends: $depends"
+case "$depends" in
+  *"libc6 (>="*) ;;
+  *) echo "Depends lacks a versioned libc6: $depends" >&2; exit 1 ;;
+esac
 echo "$(basename "$deb"): $(du -h "$deb" | cut -f1), installed into a scratch root; $("$root/usr/bin/ferry" --version)"
