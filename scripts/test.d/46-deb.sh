@@ -36,4 +36,25 @@ case "$depends" in
   *"libc6 (>="*) ;;
   *) echo "Depends lacks a versioned libc6: $depends" >&2; exit 1 ;;
 esac
+# Started with its defaults (the unit's ExecStart, /etc/default/ferry as
+# shipped, the state directory systemd gives it), ferry must not run ACME
+# for localhost on :443: it stops at once, saying what to set.
+exec_start=$(sed -n 's/^ExecStart=//p' "$root/lib/systemd/system/ferry.service")
+FERRY_ARGS=unset
+# shellcheck disable=SC1091
+. "$root/etc/default/ferry"
+[ "$FERRY_ARGS" != unset ] || { echo "/etc/default/ferry sets no FERRY_ARGS" >&2; exit 1; }
+exec_start=${exec_start//\$FERRY_ARGS/$FERRY_ARGS}
+exec_start=${exec_start//\/usr\/bin\/ferry/$root/usr/bin/ferry}
+mkdir -p "$work/state"
+set +e
+# shellcheck disable=SC2086
+started=$(STATE_DIRECTORY="$work/state" timeout 10 $exec_start 2>&1)
+status=$?
+set -e
+if [ "$status" != 1 ] || ! echo "$started" | grep -- '--hostname localhost: --certmode letsencrypt' >/dev/null; then
+  echo "started with the package's defaults, ferry did not stop naming --hostname (exit $status):" >&2
+  echo "$started" >&2
+  exit 1
+fi
 echo "$(basename "$deb"): $(du -h "$deb" | cut -f1), installed into a scratch root; $("$root/usr/bin/ferry" --version)"

@@ -46,7 +46,27 @@ fn keys_from_help() -> BTreeSet<String> {
 
 #[test]
 fn the_example_file_checks_and_has_a_key_for_every_flag() {
-    let (code, stdout, stderr) = check(EXAMPLE);
+    // At its defaults (port 443, letsencrypt, localhost) it names what is
+    // missing; with a real name it checks.
+    let (code, _, stderr) = check(EXAMPLE);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(": hostname: --hostname localhost: --certmode letsencrypt"),
+        "{stderr}"
+    );
+    let dir = TempDir::new("cfg-example");
+    let named = dir.path("ferry.toml");
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    assert!(text.contains("\nhostname = \"localhost\"\n"));
+    std::fs::write(
+        &named,
+        text.replace(
+            "\nhostname = \"localhost\"\n",
+            "\nhostname = \"derp.example.com\"\n",
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = check(&named);
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(

@@ -50,6 +50,24 @@ pub(crate) fn parse_listen_addr(s: &str) -> Result<SocketAddr> {
     bail!("-a {s:?}: expected host:port or :port")
 }
 
+/// Refuses a name no CA certifies (`localhost`, `*.localhost`, a name
+/// without a dot) for an ACME certificate: the relay would run with every
+/// TLS handshake failing. This is what a start with nothing configured
+/// (port 443, `--hostname localhost`) meets, so it stops, saying what to
+/// set.
+fn check_acme_hostname(hostname: &str) -> Result<()> {
+    let name = hostname.trim_end_matches('.').to_ascii_lowercase();
+    if name == "localhost" || name.ends_with(".localhost") || !name.contains('.') {
+        bail!(
+            "--hostname {hostname}: --certmode letsencrypt (the default on port 443) needs the relay's \
+             public DNS name, and no CA certifies {hostname:?}: set --hostname (`hostname` in the \
+             --config file, FERRY_HOSTNAME), or use --certmode manual or selfsigned, or --dev to \
+             try it on this host"
+        );
+    }
+    Ok(())
+}
+
 /// Smallest --send-queue-bytes: one maximum-size DERP packet (64 KiB).
 pub(crate) const MIN_SEND_QUEUE_BYTES: usize = 64 << 10;
 /// Largest --send-queue-bytes.
@@ -125,6 +143,9 @@ impl Plan {
             }
             (false, None) => None,
         };
+        if let Some(CertMode::Acme { hostname }) = &cert_mode {
+            check_acme_hostname(hostname)?;
+        }
         let acme = match &cert_mode {
             Some(CertMode::Acme { .. }) => Some(super::acme::AcmeOptions {
                 directory: args.acme_directory.clone(),
@@ -537,8 +558,22 @@ mod tests {
         .unwrap();
         assert_eq!(p.port80, Some("127.0.0.1:0".parse().unwrap()));
         assert!(Plan::from_args(&args(&["--certmode", "manual", "--http-port", "-2"])).is_err());
-        let p = Plan::from_args(&args(&["--certmode", "letsencrypt"])).unwrap();
+        let p = Plan::from_args(&args(&[
+            "--certmode",
+            "letsencrypt",
+            "--hostname",
+            "d.example",
+        ]))
+        .unwrap();
         assert!(matches!(p.cert_mode, Some(CertMode::Acme { .. })));
+        // Nothing configured: port 443, ACME, localhost. No CA certifies
+        // that name, so the start stops and says what to set.
+        for name in ["localhost", "relay", "a.localhost"] {
+            let e = Plan::from_args(&args(&["--hostname", name]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&format!("--hostname {name}: ")), "{e}");
+        }
         assert!(Plan::from_args(&args(&["--certmode", "gcp"])).is_err());
         assert!(Plan::from_args(&args(&[
             "--certmode",
@@ -547,7 +582,7 @@ mod tests {
             "dns-01"
         ]))
         .is_err());
-        let p = Plan::from_args(&args(&["-tcp-write-timeout", "0"])).unwrap();
+        let p = Plan::from_args(&args(&["-dev", "-tcp-write-timeout", "0"])).unwrap();
         assert!(p.write_timeout.is_none());
     }
     #[test]
