@@ -25,7 +25,8 @@ pub(crate) struct DerpArgs {
     pub addr: String,
 
     /// Development mode: plain HTTP on 127.0.0.1:3340 (unless -a is given),
-    /// STUN on 127.0.0.1:3478, a fresh key, and a printed DERP map.
+    /// STUN on port 3478 of every address (IPv4 and IPv6, as derper -dev),
+    /// a fresh key, and a printed DERP map.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dev: bool,
 

@@ -166,9 +166,15 @@ impl Plan {
                 bail!("--http-port {p}: expected a port (0: one the system picks) or -1 (none)")
             }
         };
-        let stun = args
-            .stun
-            .then(|| SocketAddr::new(addr.ip(), args.stun_port));
+        // In dev mode without -a, STUN answers on every address, IPv4 and
+        // IPv6 (one dual-stack socket), as derper -dev does and derpprobe
+        // checks; the DERP listener itself stays on 127.0.0.1.
+        let stun_ip = if args.dev && !addr_given {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        } else {
+            addr.ip()
+        };
+        let stun = args.stun.then(|| SocketAddr::new(stun_ip, args.stun_port));
         let q = args.send_queue_bytes;
         if !(MIN_SEND_QUEUE_BYTES..=MAX_SEND_QUEUE_BYTES).contains(&q) {
             bail!(
@@ -529,7 +535,13 @@ mod tests {
         let p = Plan::from_args(&args(&["--dev"])).unwrap();
         assert_eq!(p.addr, "127.0.0.1:3340".parse().unwrap());
         assert!(p.cert_mode.is_none());
-        assert_eq!(p.stun, Some("127.0.0.1:3478".parse().unwrap()));
+        assert_eq!(p.stun, Some("[::]:3478".parse().unwrap()), "as derper -dev");
+        let p = Plan::from_args(&args(&["--dev", "-a", "127.0.0.1:9"])).unwrap();
+        assert_eq!(
+            p.stun,
+            Some("127.0.0.1:3478".parse().unwrap()),
+            "on -a's address"
+        );
         let p = Plan::from_args(&args(&["-a", "127.0.0.1:8443"])).unwrap();
         assert!(
             p.cert_mode.is_none(),
