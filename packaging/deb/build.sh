@@ -22,6 +22,7 @@ trap 'rm -rf "$root"' EXIT
 install -D -s -m 0755 "$bin" "$root/usr/bin/ferry"
 install -D -m 0644 packaging/systemd/ferry.service "$root/lib/systemd/system/ferry.service"
 install -D -m 0644 packaging/systemd/ferry-udp-relay.service "$root/lib/systemd/system/ferry-udp-relay.service"
+install -D -m 0644 packaging/systemd/ferry-link.service "$root/lib/systemd/system/ferry-link.service"
 install -D -m 0644 packaging/systemd/ferry.socket "$root/lib/systemd/system/ferry.socket"
 install -D -m 0644 packaging/deb/default-ferry "$root/etc/default/ferry"
 install -D -m 0644 LICENSE "$root/usr/share/doc/ferry/copyright"
@@ -33,7 +34,7 @@ mkdir -p "$(dirname "$man")"
   echo ".TH FERRY 1 \"$(date -u +%Y-%m-%d)\" \"ferry $version\" \"User Commands\""
   echo ".SH NAME"
   echo "ferry \\- DERP relay for Tailscale, and UDP relay for WireGuard"
-  for sub in "" "udp-relay" "status"; do
+  for sub in "" "udp-relay" "link" "status" "check-config"; do
     if [ -z "$sub" ]; then echo ".SH DERP SERVER"; else echo ".SH ${sub^^}"; fi
     echo ".nf"
     # shellcheck disable=SC2086
@@ -43,6 +44,15 @@ mkdir -p "$(dirname "$man")"
 } > "$man"
 gzip -9n "$man"
 
+# Depends from the libraries the binary links, as dpkg-shlibdeps finds
+# them (it wants a debian/control beside it).
+shlib=$(mktemp -d)
+mkdir -p "$shlib/debian"
+printf 'Source: ferry\n\nPackage: ferry\nArchitecture: any\n' > "$shlib/debian/control"
+depends=$(cd "$shlib" && dpkg-shlibdeps -O -e "$root/usr/bin/ferry" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+rm -rf "$shlib"
+[ -n "$depends" ] || { echo "dpkg-shlibdeps found no dependencies for $bin" >&2; exit 1; }
+
 size=$(du -ks "$root" | cut -f1)
 mkdir -p "$root/DEBIAN"
 cat > "$root/DEBIAN/control" <<CONTROL
@@ -51,7 +61,7 @@ Version: $version
 Architecture: $arch
 Maintainer: Ferry <ferry@localhost>
 Installed-Size: $size
-Depends: libc6
+Depends: $depends
 Section: net
 Priority: optional
 Description: DERP relay for Tailscale and UDP relay for WireGuard

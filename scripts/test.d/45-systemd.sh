@@ -11,12 +11,13 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for unit in ferry ferry-udp-relay; do
+units="ferry ferry-udp-relay ferry-link"
+for unit in $units; do
   sed "s|/usr/bin/ferry|$target_dir/debug/ferry|" "packaging/systemd/$unit.service" > "$work/$unit.service"
 done
 cp packaging/systemd/ferry.socket "$work/ferry.socket"
-systemd-analyze verify "$work/ferry.service" "$work/ferry-udp-relay.service" "$work/ferry.socket"
-for unit in ferry ferry-udp-relay; do
+systemd-analyze verify "$work/ferry.service" "$work/ferry-udp-relay.service" "$work/ferry-link.service" "$work/ferry.socket"
+for unit in $units; do
   line=$(systemd-analyze security --offline=true "$work/$unit.service" | grep 'Overall exposure level')
   echo "$line"
   level=$(echo "$line" | sed -E 's/.*: ([0-9.]+) .*/\1/')

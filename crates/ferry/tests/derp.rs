@@ -348,15 +348,34 @@ fn port_443_without_certmode_uses_acme_as_derper() {
     f.stop();
 }
 
+/// --verify-clients without tailscaled's socket: the relay starts (it may
+/// come up before tailscaled) and says at once that every client is
+/// refused until the socket answers.
+#[test]
+fn verify_clients_without_the_socket_warns_at_start() {
+    let dir = TempDir::new("verify");
+    let socket = dir.path("tailscaled.sock");
+    let (f, _) = serving(&mut relay(&dir, &["--verify-clients", "--socket", &socket]));
+    let log = f.log();
+    assert!(
+        log.contains(&format!("LocalAPI socket {socket} cannot be used"))
+            && log.contains("every client is refused"),
+        "{log}"
+    );
+    f.stop();
+}
+
 #[test]
 fn a_bad_log_filter_is_a_start_up_error() {
     let dir = TempDir::new("log");
+    // FERRY_LOG is --log's variable: it counts where no --log is given.
     for (env, flag, bad) in [
-        (None, "verbose", "verbose"),
-        (None, "info,ferry_derp=loud", "ferry_derp=loud"),
-        (Some("debu"), "info", "debu"),
+        (None, Some("verbose"), "verbose"),
+        (None, Some("info,ferry_derp=loud"), "ferry_derp=loud"),
+        (Some("debu"), None, "debu"),
     ] {
-        let mut c = relay(&dir, &["--log", flag]);
+        let log_flag: Vec<&str> = flag.map_or(Vec::new(), |f| vec!["--log", f]);
+        let mut c = relay(&dir, &log_flag);
         if let Some(v) = env {
             c.env("FERRY_LOG", v);
         }
@@ -542,6 +561,23 @@ fn status_reads_a_running_relay() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["kind"], "derp");
     assert!(v["bytes_in_per_second"].is_number(), "{v}");
+    // Counts are integers, and the scrape's own connection is not one.
+    assert_eq!(v["connections"]["plain"].as_u64(), Some(0), "{v}");
+    // A /healthz URL is a health check: one line, exit 0 when healthy.
+    for at in [addr, metrics] {
+        let url = format!("http://{at}/healthz");
+        let out = ferry().args(["status", &url]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let head = format!(
+            "ferry at {url}: ok  version {}  back end ",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(
+            text.starts_with(&head) && text.lines().count() == 1,
+            "{text}"
+        );
+    }
     // A wrong address is an error, not a hang.
     let out = ferry().args(["status", "127.0.0.1:1"]).output().unwrap();
     assert!(!out.status.success());

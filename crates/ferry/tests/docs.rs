@@ -226,8 +226,9 @@ fn documented<'a>(tables: &'a [Table], token: &str) -> Option<(&'a Vec<String>, 
         })
 }
 
-/// Aliases clap does not print (`alias = "addr"`), per source file, with
-/// the doc their command's flags live in.
+/// Aliases in the flag definitions (`visible_alias = "a"`, and any clap
+/// does not print), per source file, with the doc their command's flags
+/// live in.
 fn hidden_aliases() -> Vec<(String, &'static str, String)> {
     let mut out = Vec::new();
     let mut files = vec![root().join("crates/ferry/src")];
@@ -239,7 +240,7 @@ fn hidden_aliases() -> Vec<(String, &'static str, String)> {
         let rel = path.strip_prefix(root()).unwrap().display().to_string();
         let doc = if rel.contains("/link/") {
             "docs/link.md"
-        } else if rel.ends_with("/udp.rs") {
+        } else if rel.ends_with("/udp_relay.rs") {
             "docs/udp-relay.md"
         } else {
             "docs/operating.md"
@@ -265,7 +266,7 @@ fn hidden_aliases() -> Vec<(String, &'static str, String)> {
         }
     }
     assert!(
-        out.iter().any(|(n, _, _)| n == "--addr"),
+        out.iter().any(|(n, _, _)| n == "--a"),
         "no alias found in crates/ferry/src: the scan is broken ({out:?})"
     );
     out
@@ -273,12 +274,12 @@ fn hidden_aliases() -> Vec<(String, &'static str, String)> {
 
 /// derper's flags that `ferry` refuses by name (parsed before clap, so the
 /// help does not list them): the `name: "…"` entries of
-/// `UNSUPPORTED_DERPER_FLAGS` in `cli.rs`.
+/// `UNSUPPORTED_DERPER_FLAGS` in `cmd/derp/derper.rs`.
 fn unsupported_derper_flags() -> Vec<String> {
-    let cli = read("crates/ferry/src/cli.rs");
+    let cli = read("crates/ferry/src/cmd/derp/derper.rs");
     let start = cli
         .find("UNSUPPORTED_DERPER_FLAGS")
-        .expect("cli.rs names UNSUPPORTED_DERPER_FLAGS");
+        .expect("derper.rs names UNSUPPORTED_DERPER_FLAGS");
     let body = &cli[start..];
     let body = &body[..body.find("];").expect("the table ends")];
     let names: Vec<String> = body

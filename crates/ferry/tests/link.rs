@@ -145,6 +145,15 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     let mut lb = link(&b_cfg);
     la.wait_log("relay connected");
     lb.wait_log("relay connected");
+    // The peer's settings in the log read as in the file, not as Rust's
+    // debug text (`Some(Derp)`, `None`).
+    let intro = "peer: its WireGuard endpoint here is";
+    let log = la.wait_log(intro);
+    let line = log.lines().find(|l| l.contains(intro)).unwrap();
+    assert!(
+        line.contains("prefer=none only=derp") && !line.contains("Some("),
+        "{what}: {line}"
+    );
 
     // Both ways; each side hears the other from the address standing for it.
     let src = carried(&a.wg, a.peer_endpoint, &b.wg, b"a to b");
@@ -785,11 +794,12 @@ fn every_size_crosses_a_1500_byte_mtu_between_links() {
 }
 
 /// Every reason a link counts a dropped datagram for.
-const DROP_REASONS: [&str; 6] = [
+const DROP_REASONS: [&str; 7] = [
     "queue_full",
     "relay_down",
     "not_wireguard",
     "too_large",
     "no_path",
     "deliver_failed",
+    "local_socket_full",
 ];

@@ -85,6 +85,29 @@ fn a_second_udp_relay_on_the_same_port_is_refused() {
     first.stop();
 }
 
+/// `--log` on the command line wins over `FERRY_LOG`, which wins over
+/// the default: one order of precedence for every service.
+#[test]
+fn the_command_line_log_filter_wins_over_ferry_log() {
+    let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    // The start stops at the port in use, after logging is up.
+    let start = |log_flag: &[&str]| {
+        let mut c = udp_relay(&["--listen", &addr, "--target", "127.0.0.1:9"]);
+        c.args(log_flag).env("FERRY_LOG", "debu");
+        run(&mut c)
+    };
+    let (status, log) = start(&["--log", "info"]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("is in use") && !log.contains("debu"), "{log}");
+    let (status, log) = start(&[]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("FERRY_LOG") && log.contains("bad directive \"debu\""),
+        "{log}"
+    );
+}
+
 /// A WireGuard initiation with sender index `sender`, its MAC1 sealed
 /// for the peer whose public key is `to` (the hub routes it by that).
 fn initiation(sender: u32, to: &str) -> Vec<u8> {
@@ -285,6 +308,19 @@ fn healthz_on_the_metrics_listener() {
     assert_eq!(support::check_healthz(metrics), "epoll");
     let page = get(metrics, "/metrics");
     assert!(page.contains("ferry_udp_packets_total"), "{page}");
+    // `ferry status` names the version, back end and uptime (from
+    // /healthz: the UDP relay's metrics carry none of them).
+    let out = ferry()
+        .args(["status", &metrics.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let head = format!(
+        "ferry udp-relay at {metrics}  version {}  back end epoll  up ",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.starts_with(&head) && !text.contains("up -s"), "{text}");
     f.stop();
 }
 

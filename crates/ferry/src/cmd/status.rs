@@ -4,6 +4,8 @@
 //! scrapes a second apart), drops by reason, backpressure, admission, and
 //! for a UDP relay its sessions, hub peers and drops. `--json` prints the
 //! same as one object; `--watch` redraws it in place until interrupted.
+//! Given a `/healthz` URL it is a health check: the answer in one line,
+//! and a failing exit status when the service is not healthy.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -17,7 +19,7 @@ use anyhow::{bail, Context, Result};
 pub(crate) struct StatusArgs {
     /// The relay's metrics: `host:port` (its --metrics-addr, read at
     /// /metrics) or a full http:// URL such as
-    /// http://127.0.0.1:3340/debug/varz.
+    /// http://127.0.0.1:3340/debug/varz; a /healthz URL checks health.
     #[arg(default_value = "127.0.0.1:9100")]
     pub(crate) target: String,
 
@@ -125,8 +127,8 @@ fn endpoint(target: &str) -> Result<(String, String, String)> {
     Ok((hostport, host, path))
 }
 
-pub(crate) fn fetch(target: &str) -> Result<Scrape> {
-    let (hostport, host, path) = endpoint(target)?;
+/// GETs `path` from `hostport`: the status line and the body.
+fn get(hostport: &str, host: &str, path: &str) -> Result<(String, String)> {
     let addr = hostport
         .to_socket_addrs()
         .with_context(|| format!("{hostport}: not an address"))?
@@ -147,11 +149,72 @@ pub(crate) fn fetch(target: &str) -> Result<Scrape> {
     let (head, rest) = text
         .split_once("\r\n\r\n")
         .with_context(|| format!("http://{hostport}{path}: not an HTTP response"))?;
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        let status = head.lines().next().unwrap_or_default();
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    Ok((status, rest.to_owned()))
+}
+
+fn is_ok(status: &str) -> bool {
+    status.starts_with("HTTP/1.1 200") || status.starts_with("HTTP/1.0 200")
+}
+
+/// One scrape of `target`'s metrics; an answer without a single series
+/// (a `/healthz` or a page) is an error saying so.
+pub(crate) fn fetch(target: &str) -> Result<Scrape> {
+    let (hostport, host, path) = endpoint(target)?;
+    let (status, body) = get(&hostport, &host, &path)?;
+    if !is_ok(&status) {
         bail!("http://{hostport}{path}: {status}");
     }
-    Ok(Scrape::parse(rest, Instant::now()))
+    let scrape = Scrape::parse(&body, Instant::now());
+    if scrape.series.is_empty() {
+        bail!(
+            "http://{hostport}{path}: no metrics in the answer (a health check is `ferry status http://{hostport}/healthz`)"
+        );
+    }
+    Ok(scrape)
+}
+
+/// What `/healthz` answers, on the DERP server's listeners and the UDP
+/// relay's metrics listener alike.
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+struct Health {
+    status: String,
+    version: Option<String>,
+    backend: Option<String>,
+    uptime_seconds: Option<u64>,
+}
+
+/// GETs `/healthz` from `hostport`: the status line and the answer.
+fn health(hostport: &str, host: &str) -> Result<(String, Health)> {
+    let (status, body) = get(hostport, host, "/healthz")?;
+    let health = serde_json::from_str(&body)
+        .with_context(|| format!("http://{hostport}/healthz: {status}: not a health answer"))?;
+    Ok((status, health))
+}
+
+/// `ferry status http://…/healthz`: one line (or the JSON), and an error
+/// unless the service answers 200 with status ok.
+fn health_check(args: &StatusArgs, hostport: &str, host: &str) -> Result<()> {
+    let (status, h) = health(hostport, host)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&h)?);
+    } else {
+        println!(
+            "ferry at {}: {}  version {}  back end {}  up {}s",
+            args.target,
+            h.status,
+            h.version.as_deref().unwrap_or("?"),
+            h.backend.as_deref().unwrap_or("?"),
+            h.uptime_seconds.map_or("?".to_owned(), |u| u.to_string()),
+        );
+    }
+    if !is_ok(&status) || h.status != "ok" {
+        bail!(
+            "http://{hostport}/healthz: {status}: not healthy ({})",
+            h.status
+        );
+    }
+    Ok(())
 }
 
 /// What the view shows, computed from two scrapes.
@@ -160,24 +223,34 @@ struct View {
     kind: &'static str,
     version: Option<String>,
     backend: Option<String>,
-    uptime_seconds: Option<f64>,
-    connections: BTreeMap<String, f64>,
+    uptime_seconds: Option<u64>,
+    connections: BTreeMap<String, u64>,
     bytes_in_per_second: Option<f64>,
     bytes_out_per_second: Option<f64>,
     packets_in_per_second: Option<f64>,
     packets_out_per_second: Option<f64>,
-    drops: BTreeMap<String, f64>,
-    backpressure_pauses: Option<f64>,
-    senders_paused: Option<f64>,
-    budget_expired: Option<f64>,
-    admission: BTreeMap<String, f64>,
+    drops: BTreeMap<String, u64>,
+    backpressure_pauses: Option<u64>,
+    senders_paused: Option<u64>,
+    budget_expired: Option<u64>,
+    admission: BTreeMap<String, u64>,
     /// Per mesh peer (`--mesh-with`): whether its link is up.
     mesh_links: BTreeMap<String, bool>,
     /// Packets forwarded to and from the region's other nodes, per second.
     forwarded_out_per_second: Option<f64>,
     forwarded_in_per_second: Option<f64>,
-    udp_sessions: Option<f64>,
-    udp_hub_peers: Option<f64>,
+    udp_sessions: Option<u64>,
+    udp_hub_peers: Option<u64>,
+}
+
+/// A counter or gauge's value as the count it is.
+fn count(v: f64) -> u64 {
+    v.max(0.0).round() as u64
+}
+
+/// A map of values as counts.
+fn counts(m: BTreeMap<String, f64>) -> BTreeMap<String, u64> {
+    m.into_iter().map(|(k, v)| (k, count(v))).collect()
 }
 
 fn rate(a: &Scrape, b: &Scrape, name: &str, with: &[(&str, &str)]) -> Option<f64> {
@@ -235,17 +308,19 @@ fn view(a: &Scrape, b: &Scrape) -> View {
         kind: if udp { "udp-relay" } else { "derp" },
         version: label("version", "version"),
         backend: label("ferry_io_backend", "backend"),
-        uptime_seconds: b.sum("uptime_sec", &[]),
-        connections: b.by("ferry_connections_by_transport", "transport"),
+        uptime_seconds: b.sum("uptime_sec", &[]).map(count),
+        connections: counts(b.by("ferry_connections_by_transport", "transport")),
         bytes_in_per_second: bytes_in,
         bytes_out_per_second: bytes_out,
         packets_in_per_second: pkts_in,
         packets_out_per_second: pkts_out,
-        drops,
-        backpressure_pauses: b.sum("ferry_backpressure_pauses_total", &[]),
-        senders_paused: b.sum("ferry_senders_paused", &[]),
-        budget_expired: b.sum("ferry_backpressure_budget_expired_total", &[]),
-        admission,
+        drops: counts(drops),
+        backpressure_pauses: b.sum("ferry_backpressure_pauses_total", &[]).map(count),
+        senders_paused: b.sum("ferry_senders_paused", &[]).map(count),
+        budget_expired: b
+            .sum("ferry_backpressure_budget_expired_total", &[])
+            .map(count),
+        admission: counts(admission),
         mesh_links: b
             .by("ferry_mesh_link_up", "peer")
             .into_iter()
@@ -253,8 +328,8 @@ fn view(a: &Scrape, b: &Scrape) -> View {
             .collect(),
         forwarded_out_per_second: rate(a, b, "derp_packets_forwarded_out", &[]),
         forwarded_in_per_second: rate(a, b, "derp_packets_forwarded_in", &[]),
-        udp_sessions: b.sum("ferry_udp_sessions", &[]),
-        udp_hub_peers: b.sum("ferry_udp_hub_known_peers", &[]),
+        udp_sessions: b.sum("ferry_udp_sessions", &[]).map(count),
+        udp_hub_peers: b.sum("ferry_udp_hub_known_peers", &[]).map(count),
     }
 }
 
@@ -276,7 +351,7 @@ fn human_rate(v: Option<f64>, unit: &str) -> String {
 
 fn text(target: &str, v: &View) -> String {
     let mut out = String::new();
-    let opt = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.0}"));
+    let opt = |x: Option<u64>| x.map_or("-".to_owned(), |x| x.to_string());
     out.push_str(&format!(
         "ferry {} at {target}  version {}  back end {}  up {}s\n",
         v.kind,
@@ -288,7 +363,7 @@ fn text(target: &str, v: &View) -> String {
         let conns: Vec<String> = v
             .connections
             .iter()
-            .map(|(t, n)| format!("{t} {n:.0}"))
+            .map(|(t, n)| format!("{t} {n}"))
             .collect();
         out.push_str(&format!(
             "connections  {}\n",
@@ -315,7 +390,7 @@ fn text(target: &str, v: &View) -> String {
             let a: Vec<String> = v
                 .admission
                 .iter()
-                .map(|(k, n)| format!("{k} {n:.0}"))
+                .map(|(k, n)| format!("{k} {n}"))
                 .collect();
             out.push_str(&format!("admission    {}\n", a.join(", ")));
         }
@@ -343,7 +418,7 @@ fn text(target: &str, v: &View) -> String {
             opt(v.udp_hub_peers),
         ));
     }
-    let drops: Vec<String> = v.drops.iter().map(|(k, n)| format!("{k} {n:.0}")).collect();
+    let drops: Vec<String> = v.drops.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out.push_str(&format!(
         "drops        {}\n",
         if drops.is_empty() {
@@ -362,12 +437,29 @@ pub(crate) fn run(args: &StatusArgs) -> Result<()> {
             bail!("--watch {every}: must be between 1 and 3600 seconds");
         }
     }
+    let (hostport, host, path) = endpoint(&args.target)?;
+    if path == "/healthz" {
+        return health_check(args, &hostport, &host);
+    }
     let interval = Duration::from_secs(args.watch.unwrap_or(1));
     let mut before = fetch(&args.target)?;
     loop {
         std::thread::sleep(interval);
         let now = fetch(&args.target)?;
-        let v = view(&before, &now);
+        let mut v = view(&before, &now);
+        if v.version.is_none() {
+            // The UDP relay's metrics carry no version, back end or
+            // uptime; its /healthz does.
+            if let Ok((_, h)) = health(&hostport, &host) {
+                (v.version, v.backend, v.uptime_seconds) = (h.version, h.backend, h.uptime_seconds);
+            }
+        }
+        if path == "/debug/varz" {
+            // This scrape is a plain connection to the DERP listener.
+            if let Some(plain) = v.connections.get_mut("plain") {
+                *plain = plain.saturating_sub(1);
+            }
+        }
         let mut out = std::io::stdout().lock();
         if args.json {
             writeln!(out, "{}", serde_json::to_string(&v)?)?;
@@ -404,12 +496,12 @@ mod tests {
         assert_eq!(v.kind, "derp");
         assert_eq!(v.bytes_in_per_second, Some(1000.0));
         assert_eq!(v.packets_out_per_second, Some(10.0));
-        assert_eq!(v.connections.get("ferry_records"), Some(&3.0));
-        assert_eq!(v.drops.get("queue_tail"), Some(&8.0));
+        assert_eq!(v.connections.get("ferry_records"), Some(&3));
+        assert_eq!(v.drops.get("queue_tail"), Some(&8));
         assert!(!v.drops.contains_key("gone"));
         assert_eq!(v.backend.as_deref(), Some("uring"));
         assert_eq!(v.version.as_deref(), Some("0.1.0"));
-        assert_eq!(v.admission.get("reject:denied"), Some(&2.0));
+        assert_eq!(v.admission.get("reject:denied"), Some(&2));
         let t = text("x", &v);
         assert!(t.contains("connections  ferry_records 3, plain 1"), "{t}");
         assert!(t.contains("in           8.0 kbit/s  0.0 pkt/s"), "{t}");

@@ -10,13 +10,13 @@
 //!
 //! Each remote peer is one local UDP address (its `Endpoint` in the local
 //! WireGuard configuration) and one link key (its DERP address); see
-//! [`config`] for the file and [`forward`] for the data path. The paths
+//! [`config`] for the file and [`datapath`] for the data path. The paths
 //! (direct UDP, a relay session, DERP) and the choice between them are the
 //! SDK's `Endpoint`'s. WireGuard's keys are never read and nothing is
 //! decrypted.
 
 mod config;
-mod forward;
+mod datapath;
 mod metrics;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ use ferry_sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use crate::key_file::KeyFile;
 use config::Config;
 
 /// `ferry link` flags.
@@ -37,8 +38,8 @@ pub(crate) struct LinkArgs {
     #[command(subcommand)]
     action: Option<Action>,
 
-    /// TOML configuration file (link key file, relays, peers); see the
-    /// README, "ferry link".
+    /// TOML configuration file (link key file, relays, peers); see
+    /// docs/link.md.
     #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
 
@@ -59,16 +60,16 @@ enum Action {
     /// Show each peer's path, traffic and drops and each relay's state,
     /// from the running link's metrics_addr.
     Status {
-        /// One JSON object instead of text (see the README, "ferry link").
+        /// One JSON object instead of text (docs/link.md, "Status and metrics").
         #[arg(long)]
         json: bool,
     },
 }
 
 /// Runs `ferry link` and its subcommands.
-pub(crate) fn run(args: &LinkArgs) -> Result<()> {
+pub(crate) fn run(args: &LinkArgs, origins: &crate::flags::Origins) -> Result<()> {
     let Some(path) = &args.config else {
-        bail!("--config FILE is required (the link's TOML configuration; see the README, \"ferry link\")");
+        bail!("--config FILE is required (the link's TOML configuration; see docs/link.md)");
     };
     match args.action {
         Some(Action::Pubkey) => {
@@ -81,27 +82,40 @@ pub(crate) fn run(args: &LinkArgs) -> Result<()> {
             Ok(())
         }
         Some(Action::Status { json }) => status(path, json),
-        None => serve(args, path),
+        None => serve(args, origins, path),
     }
 }
 
 /// Reads the link key, or creates it (mode 0600) when the file does not
 /// exist. `true` when it was created.
 fn load_key(path: &Path) -> Result<(NodePrivate, bool)> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok((
-            NodePrivate::from_key_file_json(&text)
-                .map_err(|e| anyhow::anyhow!("key_file {}: {e}", path.display()))?,
-            false,
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = NodePrivate::generate();
-            crate::write_private(path, key.to_key_file_json().as_bytes())
-                .with_context(|| format!("key_file: creating {}", path.display()))?;
-            Ok((key, true))
-        }
-        Err(e) => Err(e).with_context(|| format!("key_file: reading {}", path.display())),
-    }
+    let key = KeyFile::load(path, "key_file")?;
+    let created = key.persist("key_file")?;
+    Ok((key.private, created))
+}
+
+/// `ferry check-config` for a link file: every check a start makes short
+/// of binding sockets and creating the key (the relays' CA files are
+/// read, the key file if it exists); returns a one-line summary.
+pub(crate) fn check(path: &str, text: &str) -> Result<String> {
+    let cfg = Config::from_toml(path, text)?;
+    relay_options(&cfg)?;
+    let key = KeyFile::load(&cfg.key_file, "key_file")?;
+    let peers: Vec<&str> = cfg.peers.iter().map(|p| p.name.as_str()).collect();
+    Ok(format!(
+        "{} relays, {} peers ({}), key {}{}, metrics {}",
+        cfg.relays.len(),
+        peers.len(),
+        peers.join(", "),
+        cfg.key_file.display(),
+        if key.unsaved.is_some() {
+            " (created at the first start)"
+        } else {
+            ""
+        },
+        cfg.metrics_addr
+            .map_or("off".to_string(), |a| format!("on {a}")),
+    ))
 }
 
 /// SDK options for each relay: the system's roots, or the relay's
@@ -126,8 +140,8 @@ fn relay_options(cfg: &Config) -> Result<Vec<Options>> {
     Ok(all)
 }
 
-fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
-    crate::init_logging(&args.log, &args.log_format)?;
+fn serve(args: &LinkArgs, origins: &crate::flags::Origins, path: &Path) -> Result<()> {
+    crate::logs::init_subcommand(&args.log, &args.log_format, origins)?;
     ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     let cfg = Config::load(path)?;
     let options = relay_options(&cfg)?;
@@ -173,7 +187,7 @@ fn serve(args: &LinkArgs, path: &Path) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(forward::run(cfg, key, options, metrics, async {
+    runtime.block_on(datapath::run(cfg, key, options, metrics, async {
         let _ = stop_rx.await;
     }))?;
     tracing::info!("stopped");
@@ -189,7 +203,7 @@ fn status(path: &Path, json: bool) -> Result<()> {
             path.display()
         );
     };
-    let scrape = crate::status::fetch(&addr.to_string())?;
+    let scrape = crate::cmd::status::fetch(&addr.to_string())?;
     if json {
         println!("{}", status_json(&cfg, &scrape));
     } else {
@@ -198,7 +212,7 @@ fn status(path: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
+fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0);
@@ -279,7 +293,9 @@ fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
                     ls["from"].as_str().unwrap_or("?"),
                     ls["to"].as_str().unwrap_or("?"),
                     ls["reason"].as_str().unwrap_or("?"),
-                    ls["at_unix"],
+                    ls["at_unix"]
+                        .as_f64()
+                        .map_or("?".to_owned(), |at| when(at, unix_now())),
                     switches.join(", "),
                     j["lost"],
                 );
@@ -297,9 +313,46 @@ fn status_text(cfg: &Config, s: &crate::status::Scrape) -> String {
     out
 }
 
+/// Seconds since the Unix epoch, now.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A Unix time as a reader wants it: the UTC date and time, and how long
+/// ago that was at `now` (`2026-11-28 11:40:02 UTC, 3 min ago`).
+fn when(at: f64, now: f64) -> String {
+    let secs = at.max(0.0) as i64;
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let ago = (now - at).max(0.0) as u64;
+    let ago = match ago {
+        0..=119 => format!("{ago} s ago"),
+        120..=7_199 => format!("{} min ago", ago / 60),
+        7_200..=172_799 => format!("{} h ago", ago / 3_600),
+        _ => format!("{} d ago", ago / 86_400),
+    };
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC, {ago}",
+        rest / 3_600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
 /// `ferry link status --json`: the same scrape as one object, for scripts
 /// (the namespace tests read the path from it).
-fn status_json(cfg: &Config, s: &crate::status::Scrape) -> serde_json::Value {
+fn status_json(cfg: &Config, s: &crate::cmd::status::Scrape) -> serde_json::Value {
     use serde_json::json;
     let n = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0) as u64;
     let relays: Vec<_> = cfg
@@ -324,7 +377,7 @@ fn status_json(cfg: &Config, s: &crate::status::Scrape) -> serde_json::Value {
 }
 
 /// Each peer's path, paths, switches and drops from one scrape.
-fn peers_json(cfg: &Config, s: &crate::status::Scrape) -> Vec<serde_json::Value> {
+fn peers_json(cfg: &Config, s: &crate::cmd::status::Scrape) -> Vec<serde_json::Value> {
     use serde_json::{json, Map};
     let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with);
     let n = |name: &str, with: &[(&str, &str)]| v(name, with).unwrap_or(0.0) as u64;
@@ -415,4 +468,22 @@ fn peers_json(cfg: &Config, s: &crate::status::Scrape) -> Vec<serde_json::Value>
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_time_reads_as_a_date_and_an_age() {
+        assert_eq!(when(0.0, 59.0), "1970-01-01 00:00:00 UTC, 59 s ago");
+        // 2026-11-28 11:40:02 UTC.
+        let at = 1_795_866_002.0;
+        assert_eq!(when(at, at + 200.0), "2026-11-28 11:40:02 UTC, 3 min ago");
+        assert_eq!(when(at, at + 90_000.0), "2026-11-28 11:40:02 UTC, 25 h ago");
+        assert_eq!(
+            when(951_782_400.0, 951_782_400.0 + 200_000.0),
+            "2000-02-29 00:00:00 UTC, 2 d ago"
+        );
+    }
 }

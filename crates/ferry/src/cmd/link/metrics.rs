@@ -37,16 +37,20 @@ pub(crate) enum DropReason {
     NoPath,
     /// From the peer: the local socket refused it.
     DeliverFailed,
+    /// From the peer: the local socket's send buffer was full (the way to
+    /// the local WireGuard still held earlier datagrams).
+    LocalSocketFull,
 }
 
 impl DropReason {
-    pub(crate) const ALL: [DropReason; 6] = [
+    pub(crate) const ALL: [DropReason; 7] = [
         DropReason::QueueFull,
         DropReason::RelayDown,
         DropReason::NotWireguard,
         DropReason::TooLarge,
         DropReason::NoPath,
         DropReason::DeliverFailed,
+        DropReason::LocalSocketFull,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -57,6 +61,7 @@ impl DropReason {
             DropReason::TooLarge => "too_large",
             DropReason::NoPath => "no_path",
             DropReason::DeliverFailed => "deliver_failed",
+            DropReason::LocalSocketFull => "local_socket_full",
         }
     }
 }
@@ -124,6 +129,11 @@ impl PeerStats {
         if n > 0 {
             self.drops[why as usize].fetch_add(n as u64, Relaxed);
         }
+    }
+
+    /// The datagrams dropped for `why` so far.
+    pub(crate) fn dropped(&self, why: DropReason) -> u64 {
+        self.drops[why as usize].load(Relaxed)
     }
 
     /// The current path's kind, as the last switch said.
@@ -331,7 +341,7 @@ impl Metrics {
                     o,
                     "ferry_link_peer_drops_total{{peer=\"{peer}\",reason=\"{}\"}} {}",
                     why.label(),
-                    s.drops[why as usize].load(Relaxed)
+                    s.dropped(why)
                 );
             }
         }

@@ -122,8 +122,8 @@ pub(crate) async fn run(
             endpoint = %cp.endpoint,
             wireguard = %p.wireguard,
             relay = %cfg.relays[p.relay].name,
-            prefer = ?cp.prefer,
-            only = ?cp.only,
+            prefer = %cp.prefer.map_or("none", kind_label),
+            only = %cp.only.map_or("none", kind_label),
             "peer: its WireGuard endpoint here is {}",
             cp.endpoint
         );
@@ -169,7 +169,12 @@ pub(crate) async fn run(
             return Ok(());
         }
     };
-    tracing::info!(udp = %ep.local_addr(), candidates = ?ep.local_candidates(), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
+    let candidates: Vec<String> = ep
+        .local_candidates()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    tracing::info!(udp = %ep.local_addr(), candidates = %candidates.join(" "), "paths: direct and relay sessions from this UDP socket, DERP as the floor");
     tracing::info!(
         mtu = wireguard_mtu(),
         "WireGuard interface MTU to set: at most {}, so that its packets cross every path without IP fragmentation",
@@ -323,8 +328,9 @@ fn to_endpoint(
 
 /// The endpoint → the local WireGuard, from the sender's socket: each
 /// received batch's runs of one peer's datagrams leave in `sendmmsg`
-/// calls (GSO trains where sizes allow), waiting for the socket when its
-/// buffer is full.
+/// calls (GSO trains where sizes allow). Nothing here waits for a peer
+/// socket ([`deliver`]), so one peer whose socket is full never holds up
+/// the others.
 async fn inbound(
     ep: Arc<Endpoint>,
     peers: Arc<[PeerCtx]>,
@@ -337,27 +343,43 @@ async fn inbound(
         .collect();
     let mut run: Vec<(SocketAddr, Range<usize>)> = Vec::new();
     while ep.recv_batch(&mut batch).await.is_ok() {
-        let mut current = None;
-        for (key, range) in batch.ranges() {
-            // The endpoint delivers only its peers' datagrams.
-            let Some(&i) = by_key.get(key) else { continue };
-            if current != Some(i) {
-                if let Some(c) = current {
-                    deliver(&peers[c], &mut senders[c], batch.bytes(), &mut run).await;
-                }
-                current = Some(i);
+        deliver_batch(&peers, &mut senders, &by_key, &batch, &mut run);
+    }
+}
+
+/// Hands one batch from the endpoint to the local WireGuard: each run of
+/// one peer's datagrams leaves from that peer's socket.
+fn deliver_batch(
+    peers: &[PeerCtx],
+    senders: &mut [UdpBatchSender],
+    by_key: &HashMap<NodePublic, usize>,
+    batch: &Datagrams,
+    run: &mut Vec<(SocketAddr, Range<usize>)>,
+) {
+    let mut current = None;
+    for (key, range) in batch.ranges() {
+        // The endpoint delivers only its peers' datagrams.
+        let Some(&i) = by_key.get(key) else { continue };
+        if current != Some(i) {
+            if let Some(c) = current {
+                deliver(&peers[c], &mut senders[c], batch.bytes(), run);
             }
-            run.push((peers[i].wireguard, range));
+            current = Some(i);
         }
-        if let Some(c) = current {
-            deliver(&peers[c], &mut senders[c], batch.bytes(), &mut run).await;
-        }
+        run.push((peers[i].wireguard, range));
+    }
+    if let Some(c) = current {
+        deliver(&peers[c], &mut senders[c], batch.bytes(), run);
     }
 }
 
 /// Hands `run` (ranges of `bytes`) to the local WireGuard from the peer's
-/// socket, and empties it.
-async fn deliver(
+/// socket, and empties it. It never waits for the socket: what the socket
+/// will not take now (its send buffer is full: the way to the local
+/// WireGuard holds what was sent before) is dropped and counted as
+/// `local_socket_full`, as a full queue towards a peer is, so that one
+/// peer's full socket cannot hold up the delivery to every other peer.
+fn deliver(
     peer: &PeerCtx,
     sender: &mut UdpBatchSender,
     bytes: &[u8],
@@ -371,17 +393,16 @@ async fn deliver(
         peer.stats
             .deliver_gso_fallbacks
             .fetch_add(r.fallbacks as u64, Relaxed);
-        if done < run.len() {
-            if let Err(e) = peer.socket.writable().await {
-                tracing::debug!(peer = %peer.name, error = %e, "the peer's socket failed");
-                break;
-            }
+        if r.consumed == 0 {
+            // The socket would block.
+            break;
         }
     }
-    let failed = run.len() - sent;
-    if failed > 0 {
-        peer.stats.count_drops(DropReason::DeliverFailed, failed);
-        tracing::debug!(peer = %peer.name, failed, "could not hand datagrams to the local WireGuard");
+    let (full, failed) = (run.len() - done, done - sent);
+    peer.stats.count_drops(DropReason::LocalSocketFull, full);
+    peer.stats.count_drops(DropReason::DeliverFailed, failed);
+    if full + failed > 0 {
+        tracing::debug!(peer = %peer.name, full, failed, "could not hand datagrams to the local WireGuard");
     }
     if sent > 0 && !peer.stats.heard.swap(true, Relaxed) {
         tracing::info!(peer = %peer.name, "peer reachable: its datagrams arrive");
@@ -514,6 +535,118 @@ fn switched(peer: &PeerCtx, ev: &PathEvent) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// Runs `ip` with `args` inside namespace `ns`.
+    fn ip(ns: &str, args: &[&str]) {
+        let out = Command::new("ip")
+            .args(["-n", ns])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+
+    fn peer(name: &str, socket: UdpSocket, wireguard: SocketAddr) -> PeerCtx {
+        PeerCtx {
+            name: name.into(),
+            key: NodePrivate::generate().public(),
+            relay: 0,
+            wireguard,
+            socket: Arc::new(socket),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Peer "stuck"'s local WireGuard sits behind a neighbour that never
+    /// answers (a veth whose other end has no address, probed once every
+    /// ten minutes), and its socket has the smallest send buffer: after a
+    /// datagram or two every send would block. Peer "fine" delivers on
+    /// loopback. One batch holds both peers' datagrams, stuck's first;
+    /// every one of fine's must be with its WireGuard when the batch has
+    /// been handed over, which must not wait for stuck's socket.
+    #[test]
+    fn one_full_local_socket_does_not_hold_up_the_other_peers() {
+        let Some(ns) = ferry_testkit::netns::Netns::new("link-full", 65536) else {
+            return;
+        };
+        let name = ns.name().to_string();
+        ip(
+            &name,
+            &["link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+        );
+        ip(&name, &["addr", "add", "10.99.0.1/24", "dev", "v0"]);
+        ip(&name, &["link", "set", "v0", "up"]);
+        ip(&name, &["link", "set", "v1", "up"]);
+        const EACH: usize = 32;
+        let (stuck_dropped, stuck_full, fine_got, fine_dropped) = ns.run(|| {
+            std::fs::write("/proc/sys/net/ipv4/neigh/v0/retrans_time_ms", "600000").unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let stuck_socket = UdpSocket::bind("10.99.0.1:0").await.unwrap();
+                set_buffer(stuck_socket.as_fd(), Buffer::Send, 1).unwrap();
+                let stuck = peer("stuck", stuck_socket, "10.99.0.2:51820".parse().unwrap());
+                let wireguard = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                wireguard.set_nonblocking(true).unwrap();
+                let fine_socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+                let fine = peer("fine", fine_socket, wireguard.local_addr().unwrap());
+                let mut batch = Datagrams::new();
+                // Sizes all different: no GSO train (one buffer) forms.
+                for i in 0..EACH {
+                    batch.push(&stuck.key, &vec![i as u8; 1000 + i]);
+                }
+                for i in 0..EACH {
+                    batch.push(&fine.key, &[i as u8; 100]);
+                }
+                let peers = [stuck, fine];
+                let by_key: HashMap<NodePublic, usize> =
+                    peers.iter().enumerate().map(|(i, p)| (p.key, i)).collect();
+                let mut senders: Vec<UdpBatchSender> = peers
+                    .iter()
+                    .map(|p| UdpBatchSender::new(&p.socket))
+                    .collect();
+                // Seen writable by the reactor, as a running link's sockets are.
+                for p in &peers {
+                    p.socket.writable().await.unwrap();
+                }
+                let mut run = Vec::new();
+                // A bound for the test only: handing a batch over waits
+                // for no socket, so it takes microseconds.
+                let handed = tokio::time::timeout(Duration::from_secs(10), async {
+                    deliver_batch(&peers, &mut senders, &by_key, &batch, &mut run)
+                })
+                .await;
+                assert!(
+                    handed.is_ok(),
+                    "handing the batch over waited for the stuck peer's socket"
+                );
+                let mut got = 0;
+                let mut buf = [0u8; 2048];
+                while wireguard.recv(&mut buf).is_ok() {
+                    got += 1;
+                }
+                let dropped = |p: &PeerCtx| {
+                    DropReason::ALL
+                        .iter()
+                        .map(|&why| p.stats.dropped(why))
+                        .sum::<u64>()
+                };
+                let full = peers[0].stats.dropped(DropReason::LocalSocketFull);
+                (dropped(&peers[0]), full, got, dropped(&peers[1]))
+            })
+        });
+        assert_eq!((fine_got, fine_dropped), (EACH, 0));
+        assert!(
+            stuck_dropped > 0 && stuck_dropped <= EACH as u64,
+            "the stuck peer's datagrams the socket would not take are counted: {stuck_dropped}"
+        );
+        assert_eq!(stuck_full, stuck_dropped, "as local_socket_full");
+    }
+
     /// The MTU `ferry link` advises is the one docs/link.md gives.
     #[test]
     fn the_advised_wireguard_mtu_is_1412() {

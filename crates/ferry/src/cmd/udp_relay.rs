@@ -39,7 +39,7 @@ pub(crate) struct UdpRelayArgs {
     #[arg(long = "peer", value_name = "[NAME=]PUBKEY")]
     pub peer: Vec<String>,
 
-    /// TOML configuration file (bounces, hub, tuning); see the README.
+    /// TOML configuration file (bounces, hub, tuning); see docs/udp-relay.md.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -282,8 +282,8 @@ fn cli_config(args: &UdpRelayArgs) -> Result<Config, ConfigError> {
 }
 
 /// Runs the relay until SIGINT or SIGTERM; SIGHUP re-reads `--config`.
-pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
-    crate::init_logging(&args.log, &args.log_format)?;
+pub(crate) fn run(args: &UdpRelayArgs, origins: &crate::flags::Origins) -> Result<()> {
+    crate::logs::init_subcommand(&args.log, &args.log_format, origins)?;
     ferry_sys::signal::block_signals().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     let mut cfg = build_config(args)?;
     if cfg.tuning.workers != 0 {
@@ -293,7 +293,8 @@ pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
         } else {
             "workers"
         };
-        if let Some(warning) = crate::cli::check_workers(flag, cfg.tuning.workers, cpus)? {
+        if let Some(warning) = crate::flags::values::check_workers(flag, cfg.tuning.workers, cpus)?
+        {
             tracing::warn!("{warning}");
         }
     }
@@ -305,8 +306,8 @@ pub(crate) fn run(args: &UdpRelayArgs) -> Result<()> {
         tracing::info!(
             field = %b.target_field,
             target = %b.target,
-            idle_timeout = %crate::cli::go_duration(b.idle_timeout),
-            resolve_interval = %crate::cli::go_duration(b.resolve_interval),
+            idle_timeout = %crate::flags::values::go_duration(b.idle_timeout),
+            resolve_interval = %crate::flags::values::go_duration(b.resolve_interval),
             wireguard_only = b.wireguard_only,
             max_sessions = b.max_sessions,
             "static bounce"
@@ -359,7 +360,7 @@ fn reread(args: &UdpRelayArgs, relay: &ferry_udp::Relay, running: &mut Config) {
         Ok(c) => c,
         Err(e) => {
             relay.metrics().reloads_failed.fetch_add(1, Relaxed);
-            tracing::error!(error = %crate::error_text(&e), "SIGHUP: the configuration file is not usable; still running with the one loaded before");
+            tracing::error!(error = %crate::flags::error_text(&e), "SIGHUP: the configuration file is not usable; still running with the one loaded before");
             return;
         }
     };
@@ -388,7 +389,8 @@ fn reread(args: &UdpRelayArgs, relay: &ferry_udp::Relay, running: &mut Config) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{normalize_go_flags, Args, Command};
+    use crate::cmd::{Cli, Command};
+    use crate::flags::normalize_go_flags;
     use clap::Parser;
     use std::ffi::OsString;
 
@@ -398,7 +400,7 @@ mod tests {
     fn parse(list: &[&str]) -> Result<UdpRelayArgs, clap::Error> {
         let mut v = vec!["ferry", "udp-relay"];
         v.extend_from_slice(list);
-        match Args::try_parse_from(normalize_go_flags(v.into_iter().map(OsString::from)))?.command {
+        match Cli::try_parse_from(normalize_go_flags(v.into_iter().map(OsString::from)))?.command {
             Some(Command::UdpRelay(a)) => Ok(*a),
             other => panic!("not udp-relay: {other:?}"),
         }
@@ -478,18 +480,5 @@ mod tests {
             "soon",
         ]);
         assert!(e.starts_with("--idle-timeout:"), "{e}");
-    }
-
-    #[test]
-    fn derp_flags_stay_top_level() {
-        // The DERP server keeps working without a subcommand, and DERP
-        // flags cannot be mixed with the subcommand.
-        let a = Args::try_parse_from(normalize_go_flags(["ferry", "-dev"].map(OsString::from)))
-            .unwrap();
-        assert!(a.dev && a.command.is_none());
-        assert!(Args::try_parse_from(
-            ["ferry", "--dev", "udp-relay", "--listen", ":1"].map(OsString::from)
-        )
-        .is_err());
     }
 }

@@ -1,0 +1,162 @@
+//! `ferry check-config FILE`: a configuration file checked without
+//! starting anything, by the checks its service runs at start.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context, Result};
+use toml::de::DeTable;
+
+use super::derp;
+use crate::flags::{self, Given, Origins};
+
+/// `ferry check-config` flags.
+#[derive(clap::Args, Debug)]
+pub(crate) struct CheckArgs {
+    /// The file to check.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Which service's file it is: auto (a file with [[bounce]], [hub] or
+    /// another key only the UDP relay has is a udp-relay file, one with
+    /// [[peer]], [[relay]] or `wireguard` a link file; any other is the
+    /// DERP server's), derp, udp-relay or link.
+    #[arg(long, default_value = "auto")]
+    pub kind: FileKind,
+}
+
+/// Whose configuration file.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    /// Decide from the keys.
+    Auto,
+    /// `ferry --config`.
+    Derp,
+    /// `ferry udp-relay --config`.
+    UdpRelay,
+    /// `ferry link --config`.
+    Link,
+}
+
+/// Top-level keys only a `ferry link` file has.
+const LINK_ONLY_KEYS: &[&str] = &["peer", "relay", "wireguard", "queue", "bind"];
+
+/// Decides whose file `text` is: a UDP relay's or a link's when a
+/// top-level key only that service has is in it (a file that does not
+/// parse is the DERP server's, whose parser then reports the error).
+fn detect(text: &str) -> FileKind {
+    let Ok(doc) = DeTable::parse(text) else {
+        return FileKind::Derp;
+    };
+    let has = |keys: &[&str]| {
+        doc.get_ref()
+            .iter()
+            .any(|(k, _)| keys.contains(&k.get_ref().as_ref()))
+    };
+    if has(derp::args::UDP_ONLY_KEYS) {
+        FileKind::UdpRelay
+    } else if has(LINK_ONLY_KEYS) {
+        FileKind::Link
+    } else {
+        FileKind::Derp
+    }
+}
+
+/// Runs `ferry check-config`: prints a one-line summary and returns, or
+/// prints the error and exits with status 2.
+pub(crate) fn run(args: &CheckArgs) -> Result<()> {
+    match check_file(args) {
+        Ok(summary) => {
+            println!("{summary}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("ferry: check-config: {}", crate::flags::error_text(&e));
+            std::process::exit(2);
+        }
+    }
+}
+
+fn check_file(args: &CheckArgs) -> Result<String> {
+    let path = args.file.display().to_string();
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {path}"))?;
+    let kind = match args.kind {
+        FileKind::Auto => detect(&text),
+        k => k,
+    };
+    match kind {
+        FileKind::Link => Ok(format!(
+            "{path}: ferry link configuration OK: {}",
+            super::link::check(&path, &text)?
+        )),
+        FileKind::UdpRelay => {
+            use ferry_udp::config::{Config, ConfigError};
+            let cfg = Config::from_toml(&path, &text).map_err(|e| match e {
+                // The parser's errors already start with the file and line.
+                ConfigError::File { .. } => anyhow!(e),
+                e => anyhow!("{path}: {e}"),
+            })?;
+            Ok(format!(
+                "{path}: ferry udp-relay configuration OK: {}",
+                udp_summary(&cfg)
+            ))
+        }
+        _ => {
+            let command = derp::args::command();
+            let given = flags::file::parse(&path, &text, &command, derp::args::file_hint)?;
+            let argv =
+                std::iter::once(OsString::from("ferry")).chain(given.iter().map(Given::flag));
+            let args = derp::args::parse(argv).map_err(|e| anyhow!("{path}: {e}"))?;
+            let keys = given.len();
+            let origins = Origins::new(&command, given);
+            let summary = derp::plan::check(&args).map_err(|e| origins.locate(e))?;
+            Ok(format!(
+                "{path}: DERP server configuration OK ({keys} keys): {summary}"
+            ))
+        }
+    }
+}
+
+fn udp_summary(cfg: &ferry_udp::config::Config) -> String {
+    let addrs = |l: &[ferry_udp::config::Listen]| {
+        l.iter()
+            .map(|l| l.addr.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut parts: Vec<String> = cfg
+        .bounce
+        .iter()
+        .map(|b| format!("bounce {} -> {}", addrs(&b.listen), b.target))
+        .collect();
+    if let Some(h) = &cfg.hub {
+        parts.push(format!(
+            "hub {} with {} peers",
+            addrs(&h.listen),
+            h.peers.len()
+        ));
+    }
+    let metrics = cfg
+        .metrics_addr
+        .map_or("metrics off".to_string(), |a: SocketAddr| {
+            format!("metrics on {a}")
+        });
+    parts.push(metrics);
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_relay_files_are_told_apart() {
+        assert_eq!(detect("[hub]\nlisten = [\":1\"]\n"), FileKind::UdpRelay);
+        assert_eq!(detect("gro = false\n"), FileKind::UdpRelay);
+        assert_eq!(detect("workers = 1\nstun = false\n"), FileKind::Derp);
+        assert_eq!(detect("not toml = = ="), FileKind::Derp);
+        assert_eq!(detect("key_file = \"k\"\n[[peer]]\n"), FileKind::Link);
+        assert_eq!(detect("key_file = \"k\"\n"), FileKind::Derp);
+    }
+}
