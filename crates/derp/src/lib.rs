@@ -18,21 +18,20 @@
 //!   reads the clock: `now` comes from the loop, so `tests/sim.rs` drives
 //!   it on `ferry_engine::sim` with simulated time.
 //! - [`conn`] is one client connection, its fields private: the shard
-//!   asks and tells it through methods. Its DERP protocol part is a
-//!   sans-IO session ([`conn::Session`], in `conn/session.rs`): a frame
-//!   [`conn::Reader`] whose `handle_bytes` turns client bytes into
-//!   [`conn::Action`]s that borrow the shard's read buffer (route this
-//!   packet, note preferred, ping, watch, close a peer, and one `Unknown`
-//!   arm where frame types beyond the classic set reach the shard); the
-//!   control, disco and data queues with their caps (`queue_packet`,
-//!   `answer_ping`, ...), drained by `poll_output` into the send buffer
-//!   (with only data queued, the queue itself becomes the buffer); and its
-//!   clocks — handshake deadline, keepalive, write timeout — behind
-//!   `poll_timeout` / `handle_timeout(now)`. Time comes from the caller.
-//!   Two adaptations for the hot path: actions go to a callback instead of
-//!   a returned list (nothing is collected or allocated per packet), and
-//!   the reader leaves the session while it runs, because an action may
-//!   queue output on the same connection (a packet to its own key, a pong).
+//!   asks and tells it through methods. Its DERP protocol part is
+//!   `ferry_proto::server::ServerConn`, sans-IO: a frame reader whose
+//!   `handle_bytes` turns client bytes into actions that borrow the
+//!   shard's read buffer (route this packet, note preferred, ping, watch,
+//!   close a peer, and one `Unknown` arm where frame types beyond the
+//!   classic set reach the shard); the control, disco and data queues with
+//!   their caps, drained by `poll_output` into the send buffer (with only
+//!   data queued, the queue itself becomes the buffer); and its clocks —
+//!   handshake deadline, keepalive, write timeout — behind `poll_timeout` /
+//!   `handle_timeout(now)`. Time comes from the caller. Two adaptations
+//!   for the hot path: actions go to a callback instead of a returned list
+//!   (nothing is collected or allocated per packet), and the reader leaves
+//!   the connection state while it runs, because an action may queue
+//!   output on the same connection (a packet to its own key, a pong).
 //!   `conn` never uses `shard`.
 //! - [`front`] answers plain HTTP
 //!   requests; [`transport`] carries a connection's bytes (plain, TLS,
@@ -43,9 +42,8 @@
 //!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`; [`mesh`]
 //!   dials the region's other nodes (`--mesh-with`) on a thread of its
 //!   own.
-//! - [`fuzzing`] drives the DERP server session and the TLS record layer
-//!   with arbitrary input for the `server` and `tls_records` fuzz targets
-//!   and the corpus replay test.
+//! - [`fuzzing`] drives the TLS record layer with arbitrary input for the
+//!   `tls_records` fuzz target and the corpus replay test.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.

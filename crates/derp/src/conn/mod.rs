@@ -7,9 +7,9 @@
 //! A [`Conn`] is the connection's whole state, its fields private: the
 //! shard asks and tells it through methods. The DERP protocol part —
 //! frames in, the output queues and their caps, the handshake deadline,
-//! keepalives and the write timeout — is its [`Session`] (see
-//! [`session`]), which knows nothing of sockets, shards or the clock. This
-//! module never uses the shard's types: the shard drives it.
+//! keepalives and the write timeout — is its [`ServerConn`]
+//! (`ferry_proto::server`), which knows nothing of sockets, shards or the
+//! clock. This module never uses the shard's types: the shard drives it.
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpStream};
@@ -25,9 +25,7 @@ use crate::metrics::CloseReason;
 use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 
-pub mod session;
-
-pub use session::{Action, Caps, Queued, Reader, Session, Timeout};
+pub use ferry_proto::server::{Action, Caps, Queued, Reader, ServerConn, Timeout};
 
 /// A reference to a connection on some shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +188,7 @@ pub struct Conn {
     /// How far the request head was looked at.
     head_scan: HeadScan,
     /// The DERP protocol: frames in, queues out, its clocks.
-    session: Session,
+    derp: ServerConn,
     /// Raw bytes received while input was paused.
     stash: Vec<u8>,
     /// Input is stopped: the socket is not read (TCP pushes back on the
@@ -301,7 +299,7 @@ impl Conn {
             phase: Phase::Http,
             head: Vec::new(),
             head_scan: HeadScan::new(),
-            session: Session::new(deadline),
+            derp: ServerConn::new(deadline),
             stash: Vec::new(),
             paused: false,
             gate: Gate::default(),
@@ -498,7 +496,7 @@ impl Conn {
         self.phase = phase;
     }
 
-    /// Registered at `now`, with the session established: keepalives from
+    /// Registered at `now`, with its DERP state established: keepalives from
     /// `first_keepalive` every `keepalive`, the write timeout, and the
     /// receive limit.
     pub fn register(
@@ -512,7 +510,7 @@ impl Conn {
         self.phase = Phase::Active;
         self.registered_at = now;
         self.rate = rate;
-        self.session
+        self.derp
             .establish(first_keepalive, keepalive, write_timeout);
     }
 
@@ -646,28 +644,28 @@ impl Conn {
         self.ws = Some(link);
     }
 
-    /// The DERP session.
+    /// Its DERP protocol state.
     #[inline]
-    pub fn session(&self) -> &Session {
-        &self.session
+    pub fn derp(&self) -> &ServerConn {
+        &self.derp
     }
 
-    /// The DERP session, to change.
+    /// Its DERP protocol state, to change.
     #[inline]
-    pub fn session_mut(&mut self) -> &mut Session {
-        &mut self.session
+    pub fn derp_mut(&mut self) -> &mut ServerConn {
+        &mut self.derp
     }
 
-    /// The transport and the session together (a flush moves the one's
+    /// The transport and the DERP state together (a flush moves the one's
     /// output through the other).
     #[inline]
-    pub fn transport_and_session(&mut self) -> (&mut Transport, &mut Session) {
-        (&mut self.transport, &mut self.session)
+    pub fn transport_and_derp(&mut self) -> (&mut Transport, &mut ServerConn) {
+        (&mut self.transport, &mut self.derp)
     }
 
     /// Whether anything waits to be written.
     pub fn has_output(&self) -> bool {
-        self.session.has_output()
+        self.derp.has_output()
             || self.transport.wants_write()
             || self.ws.as_ref().is_some_and(|w| w.has_out())
     }
@@ -679,7 +677,7 @@ impl Conn {
         let now = if self.closing.is_some() {
             0
         } else {
-            self.session.queued_bytes() + self.session.in_flight_bytes()
+            self.derp.queued_bytes() + self.derp.in_flight_bytes()
         };
         let delta = now as i64 - self.gauged_bytes as i64;
         self.gauged_bytes = now;
@@ -917,7 +915,7 @@ impl Conn {
     /// at `now` while it holds nobody.
     pub fn wants_probe(&self, now: Instant, half: Duration) -> bool {
         let pending = self
-            .session
+            .derp
             .sending_since()
             .is_some_and(|t| now.saturating_duration_since(t) >= half);
         pending
@@ -948,7 +946,7 @@ impl Conn {
     /// socket says nothing any more. Returns `true` if it had been marked
     /// not draining.
     pub fn on_sent(&mut self, buf: Vec<u8>) -> bool {
-        self.session.on_sent(buf);
+        self.derp.handle_sent(buf);
         self.probe = None;
         std::mem::take(&mut self.not_draining)
     }

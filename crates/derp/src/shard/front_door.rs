@@ -142,16 +142,16 @@ impl Shard {
                     link.out = ferry_proto::websocket::accept_response(&key);
                     conn.put_ws(link);
                 } else if !fast_start {
-                    conn.session_mut()
+                    conn.derp_mut()
                         .control_mut()
                         .extend_from_slice(&http::switching_protocols(&public));
                 }
-                conn.session_mut()
+                conn.derp_mut()
                     .control_mut()
                     .extend_from_slice(&handshake::server_key_frame(&public));
                 conn.set_not_ideal(req.ideal_node.as_deref().is_some_and(|n| !n.is_empty()));
                 conn.set_phase(Phase::ClientInfo);
-                conn.session_mut().set_deadline(deadline);
+                conn.derp_mut().set_deadline(deadline);
                 self.mark_dirty(slot);
                 let rest = head.get(req.head_len..).unwrap_or_default();
                 if rest.is_empty() {
@@ -178,7 +178,7 @@ impl Shard {
 
     pub(super) fn respond(&mut self, slot: Slot, bytes: Vec<u8>) {
         let conn = &mut self.conns[slot];
-        conn.session_mut().control_mut().extend_from_slice(&bytes);
+        conn.derp_mut().control_mut().extend_from_slice(&bytes);
         conn.set_phase(Phase::Responding);
         conn.close_when_flushed(CloseReason::HttpDone);
         self.mark_dirty(slot);

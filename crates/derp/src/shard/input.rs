@@ -312,7 +312,7 @@ impl Shard {
     }
 
     pub(super) fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
-        let mut reader = self.conns[slot].session_mut().take_reader();
+        let mut reader = self.conns[slot].derp_mut().take_reader();
         let was_handshake = self.conns[slot].phase() == Phase::ClientInfo;
         let policy = self.conns[slot].frame_policy();
         let result = if was_handshake {
@@ -320,7 +320,7 @@ impl Shard {
         } else {
             reader.handle_bytes(data, policy, |len, action| self.on_frame(slot, len, action))
         };
-        self.conns[slot].session_mut().put_reader(reader);
+        self.conns[slot].derp_mut().put_reader(reader);
         if was_handshake
             && result == Ok(frame::Fed::Paused)
             && self.conns[slot].phase() == Phase::Active
@@ -335,10 +335,10 @@ impl Shard {
 
     /// Continues with frames the reader holds (after a pause).
     pub(super) fn resume_frames(&mut self, slot: Slot) -> ControlFlow<()> {
-        let mut reader = self.conns[slot].session_mut().take_reader();
+        let mut reader = self.conns[slot].derp_mut().take_reader();
         let policy = self.conns[slot].frame_policy();
         let result = reader.resume(policy, |len, action| self.on_frame(slot, len, action));
-        self.conns[slot].session_mut().put_reader(reader);
+        self.conns[slot].derp_mut().put_reader(reader);
         self.after_deframe(slot, result)
     }
 
@@ -408,7 +408,7 @@ impl Shard {
                 let m = self.m();
                 m.packets_received.inc();
                 m.bytes_received.add(packet.len() as u64);
-                m.packets_received_kind[kind_of(packet) as usize].inc();
+                m.packets_received_kind[PacketKind::of(packet) as usize].inc();
                 self.route(slot, RECORD_SEND, &src, &dst, packet)
             }
             Action::Forward { src, dst, packet } => {
@@ -434,7 +434,7 @@ impl Shard {
             }
             Action::Ping(data) => {
                 self.m().got_ping.inc();
-                if self.conns[slot].session_mut().answer_ping(&data) {
+                if self.conns[slot].derp_mut().answer_ping(&data) {
                     self.m().sent_pong.inc();
                     self.mark_dirty(slot);
                 }

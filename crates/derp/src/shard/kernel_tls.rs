@@ -61,7 +61,7 @@ impl Shard {
             return Attempt::Done;
         };
         let (closing, responding) = (conn.is_closed(), conn.phase() == Phase::Responding);
-        let waiting = if conn.session().sending_since().is_some() {
+        let waiting = if conn.derp().sending_since().is_some() {
             Some("a send is in flight")
         } else if conn.has_stash() {
             Some("input is stashed")

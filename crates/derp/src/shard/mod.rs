@@ -766,11 +766,3 @@ fn count_transport(m: &ShardMetrics, conn: &Conn, sign: i64) {
         m.records_sockets.add(sign);
     }
 }
-
-fn kind_of(packet: &[u8]) -> PacketKind {
-    if frame::is_disco(packet) {
-        PacketKind::Disco
-    } else {
-        PacketKind::Other
-    }
-}

@@ -18,7 +18,7 @@ impl Shard {
                 continue;
             };
             conn.clear_dirty();
-            if conn.is_closed() || conn.session().sending_since().is_some() || conn.is_detached() {
+            if conn.is_closed() || conn.derp().sending_since().is_some() || conn.is_detached() {
                 continue;
             }
             if let Some(KernelTls { session, .. }) = conn.transport_mut().kernel() {
@@ -38,14 +38,14 @@ impl Shard {
                     }
                 }
             }
-            let moved = conn.session().queued_bytes();
+            let moved = conn.derp().queued_bytes();
             if conn.is_websocket() {
                 self.ws_frame_output(slot);
             }
             let conn = &mut self.conns[slot];
-            let (transport, session) = conn.transport_and_session();
+            let (transport, derp) = conn.transport_and_derp();
             let mut worn = None;
-            let mut buf = session.take_send_buffer();
+            let mut buf = derp.take_send_buffer();
             if buf.capacity() == 0 {
                 buf = self.send_pool.take();
             }
@@ -64,7 +64,7 @@ impl Shard {
                     // flush first and copying it all out afterwards.
                     let plain = &mut self.plain_out;
                     let buf = &mut buf;
-                    session.poll_output_with(|parts| {
+                    derp.poll_output_with(|parts| {
                         let data: &[u8] = if parts.iter().filter(|p| !p.is_empty()).count() > 1 {
                             plain.clear();
                             for p in parts {
@@ -95,11 +95,11 @@ impl Shard {
             } else if let Some(records) = transport.records() {
                 // Ferry's record layer: the frames are copied once, into
                 // full records in the send buffer, and sealed there.
-                session.poll_output_with(|parts| worn = records.seal(&mut buf, parts).err());
+                derp.poll_output_with(|parts| worn = records.seal(&mut buf, parts).err());
             } else {
                 // Under load, only data frames are queued: the queue itself
                 // becomes the send buffer — no copy.
-                session.poll_output(&mut buf);
+                derp.poll_output(&mut buf);
             }
             if let Some(e) = worn {
                 // The key is worn and cannot be renewed: what was sealed
@@ -108,10 +108,10 @@ impl Shard {
                 conn_log!(self, info, %peer, error = %e, "TLS session ends; closing connection after this send");
                 conn.close_when_flushed(CloseReason::IoError);
             }
-            let session = conn.session_mut();
+            let derp = conn.derp_mut();
             if buf.is_empty() {
-                session.keep_send_buffer(buf);
-                self.send_pool.release_idle(session);
+                derp.keep_send_buffer(buf);
+                self.send_pool.release_idle(derp);
                 let delta = conn.regauge();
                 self.shared.metrics.shards[self.id].queued_bytes.add(delta);
                 if let Some(reason) = conn.close_after_flush() {
@@ -119,7 +119,7 @@ impl Shard {
                 }
                 continue;
             }
-            session.start_send(now, moved);
+            derp.start_send(now, moved);
             let delta = conn.regauge();
             self.shared.metrics.shards[self.id].queued_bytes.add(delta);
             if let Some(KernelTls { session, .. }) = conn.transport_mut().kernel() {
@@ -166,7 +166,7 @@ impl Shard {
         if conn.has_output() || conn.close_after_flush().is_some() {
             self.mark_dirty(slot);
         } else {
-            self.send_pool.release_idle(conn.session_mut());
+            self.send_pool.release_idle(conn.derp_mut());
         }
     }
 }

@@ -27,7 +27,7 @@ impl Shard {
             return ControlFlow::Continue(());
         }
         if !self.stuck_remote.is_empty() && self.stuck_remote.contains(dst) {
-            let kind = kind_of(packet);
+            let kind = PacketKind::of(packet);
             if kind == PacketKind::Other {
                 // Its shard would only drop it (see the module doc).
                 let m = &self.shared.metrics.shards[self.id];
@@ -74,7 +74,7 @@ impl Shard {
         packet: &[u8],
         from: ConnRef,
     ) -> bool {
-        let kind = kind_of(packet);
+        let kind = PacketKind::of(packet);
         let m = &self.shared.metrics.shards[self.id];
         let drop = |m: &ShardMetrics, reason: DropReason| m.dropped(reason, kind, packet.len());
         let Some(entry) = self.keys.get(dst) else {
@@ -119,7 +119,7 @@ impl Shard {
         // destination that stopped draining pause anyone.
         let may_pause = record_kind != RECORD_FORWARD && !conn.is_not_draining();
         let (queued, frame_len) = conn
-            .session_mut()
+            .derp_mut()
             .queue_packet(src, packet, kind, &self.caps, may_pause);
         let mut pause = false;
         match queued {

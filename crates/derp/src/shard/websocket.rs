@@ -76,7 +76,7 @@ impl Shard {
         let Some(link) = conn.ws_mut() else { return };
         out.clear();
         link.take_out(out);
-        conn.session_mut()
+        conn.derp_mut()
             .rewrap_output(out, |out, parts| websocket::put_binary_parts(out, &parts));
     }
 }
