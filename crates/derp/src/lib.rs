@@ -11,8 +11,9 @@
 //!   `router` (delivery, caps and drops, cross-shard records and mail),
 //!   `forward` (the region's keys and packets for the mesh links),
 //!   `gate` (backpressure and its budget), `presence` (watchers),
-//!   `migrate` (moving a connection to its key's owner), `kernel_tls`,
-//!   `output` (one send per connection per turn) and `timers` (the sweep,
+//!   `migrate` (moving a connection to its key's owner), `handoff` (when
+//!   to move a TLS session into the kernel), `output` (one send per
+//!   connection per turn) and `timers` (the sweep,
 //!   the start of a drain). A new feature adds a module there, not lines to
 //!   the turn loop. See its module doc for the data path. The shard never
 //!   reads the clock: `now` comes from the loop, so `tests/sim.rs` drives
@@ -34,8 +35,10 @@
 //!   output on the same connection (a packet to its own key, a pong).
 //!   `conn` never uses `shard`.
 //! - [`front`] answers plain HTTP
-//!   requests; [`transport`] carries a connection's bytes (plain, TLS,
-//!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
+//!   requests; [`transport`] carries a connection's bytes under DERP
+//!   (plain, rustls, Ferry's own TLS 1.3 record layer, kernel TLS, and
+//!   leaving rustls for one of the last two at a record boundary) and
+//!   imports neither `conn` nor `shard`; [`tls`] sets up certificates; [`stun`] answers STUN;
 //!   [`metrics`] counts everything; [`health`] answers `/healthz`;
 //!   [`config`] holds the settings; [`admission`] asks tailscaled or an
 //!   admission controller whether a client may register, off the shards;
@@ -58,14 +61,12 @@ pub mod front;
 pub mod fuzzing;
 pub mod health;
 pub mod heap;
-pub mod ktls;
 pub mod mesh;
 pub mod metrics;
 pub mod server;
 pub mod shard;
 pub mod stun;
 pub mod tls;
-pub mod tls_records;
 pub mod transport;
 
 pub use config::{DerpConfig, HomePage, ListenerKind, ListenerSpec, Placement};

@@ -151,7 +151,7 @@ labelled!(
 
 labelled!(
     /// Why a TLS session stayed in userspace, or was lost, when moving it
-    /// into the kernel: [`crate::ktls::RefuseReason`]'s reasons plus the
+    /// into the kernel: [`crate::transport::handoff::Refusal`]'s reasons plus the
     /// shard's own.
     KtlsRefusal {
         /// The TLS handshake was not finished.

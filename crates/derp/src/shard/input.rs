@@ -133,7 +133,7 @@ impl Shard {
             return Some(user);
         }
         let UserTls { conn, boundary, .. } = *user;
-        match crate::tls_records::RecordLayer::start(conn) {
+        match crate::transport::records::RecordLayer::start(conn) {
             Ok(layer) => {
                 let pending = layer.has_pending();
                 self.conns[slot]
@@ -145,7 +145,7 @@ impl Shard {
                 }
                 None
             }
-            Err(crate::ktls::Refused::Usable { conn, reason }) => {
+            Err(crate::transport::handoff::Refused::Usable { conn, reason }) => {
                 // TLS 1.2 (not transient): rustls for the whole connection.
                 let own_records = reason.is_transient();
                 Some(Box::new(UserTls {
@@ -155,7 +155,7 @@ impl Shard {
                     failed: false,
                 }))
             }
-            Err(crate::ktls::Refused::Dead(e)) => {
+            Err(crate::transport::handoff::Refused::Dead(e)) => {
                 self.tls_failed(slot, &e);
                 None
             }
@@ -169,10 +169,10 @@ impl Shard {
     fn ingest_records(
         &mut self,
         slot: Slot,
-        mut records: Box<crate::tls_records::RecordLayer>,
+        mut records: Box<crate::transport::records::RecordLayer>,
         data: &[u8],
     ) {
-        use crate::tls_records::Content;
+        use crate::transport::records::Content;
         let mut plain = std::mem::take(&mut self.tls_plain);
         if plain.len() < PLAINTEXT_BUFFER {
             plain.resize(PLAINTEXT_BUFFER, 0);

@@ -86,8 +86,8 @@ use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
-use crate::tls_records::{TlsRecords, PLAINTEXT_BUFFER};
-use crate::transport::{KernelTls, Transport, UserTls};
+use crate::transport::records::{TlsRecords, PLAINTEXT_BUFFER};
+use crate::transport::{Transport, UserTls};
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
 
@@ -389,8 +389,8 @@ mod control_queue;
 mod forward;
 mod front_door;
 mod gate;
+mod handoff;
 mod input;
-mod kernel_tls;
 mod limits;
 mod migrate;
 mod output;

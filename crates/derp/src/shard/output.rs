@@ -21,7 +21,7 @@ impl Shard {
             if conn.is_closed() || conn.derp().sending_since().is_some() || conn.is_detached() {
                 continue;
             }
-            if let Some(KernelTls { session, .. }) = conn.transport_mut().kernel() {
+            if let Some(session) = conn.transport_mut().kernel() {
                 if session.key_update_due() {
                     match driver.fd(slot).map(|fd| session.rekey_tx(fd)) {
                         Some(Ok(true)) => {}
@@ -122,7 +122,7 @@ impl Shard {
             derp.start_send(now, moved);
             let delta = conn.regauge();
             self.shared.metrics.shards[self.id].queued_bytes.add(delta);
-            if let Some(KernelTls { session, .. }) = conn.transport_mut().kernel() {
+            if let Some(session) = conn.transport_mut().kernel() {
                 // Counts records against the cipher's limit; where keys
                 // cannot be renewed in time, the session must end.
                 if session.note_sent(buf.len()).is_err() {

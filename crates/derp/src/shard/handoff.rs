@@ -1,5 +1,7 @@
-//! Kernel TLS on the shard: moving sessions into the kernel between
-//! turns, and the control records (alerts, KeyUpdate) that come up after.
+//! Hand-offs on the shard: when to move a TLS session into the kernel
+//! (between turns, once nothing would be lost; how is in
+//! `transport::handoff` and `transport::kernel`), and the control records
+//! (alerts, KeyUpdate) that come up after.
 
 use super::*;
 use crate::metrics::KtlsRefusal;
@@ -20,15 +22,14 @@ impl Shard {
             self.close(slot, CloseReason::IoError);
             return;
         };
-        if kernel.records.is_empty() {
+        if kernel.hold_record(record_type, data) {
             self.record_slots.push(slot);
         }
-        kernel.records.push((record_type, data.to_vec()));
     }
 
     /// Moves TLS sessions into the kernel where it is safe now: between
     /// turns (no receive pending), no send in flight, nothing stashed, at a
-    /// record boundary, rustls holding nothing (see `crate::ktls`). A
+    /// record boundary, rustls holding nothing (see `crate::transport::kernel`). A
     /// candidate that cannot move yet is tried again after later turns
     /// until its deadline.
     pub(super) fn try_ktls(&mut self, driver: &mut dyn DriverOps) {
@@ -116,7 +117,7 @@ impl Shard {
             // at a boundary now).
             return self.ktls_attempt(slot, gen, driver);
         }
-        use crate::ktls::Handoff;
+        use crate::transport::handoff::Handoff;
         let user = self.conns[slot].transport_mut().user().expect("tls");
         if let Err(reason) = user.conn.ready() {
             if reason.is_transient() {
@@ -139,17 +140,14 @@ impl Shard {
             return Attempt::Done;
         };
         let user = self.conns[slot].transport_mut().take_user().expect("tls");
-        match crate::ktls::KtlsSession::start(user.conn, fd) {
+        match crate::transport::kernel::KernelTls::start(user.conn, fd) {
             Ok(session) => {
-                self.conns[slot].set_transport(Transport::Kernel(Box::new(KernelTls {
-                    session,
-                    records: Vec::new(),
-                })));
+                self.conns[slot].set_transport(Transport::Kernel(Box::new(session)));
                 self.m().ktls_sockets.add(1);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, debug, %peer, "TLS session moved into the kernel");
             }
-            Err(crate::ktls::Refused::Usable { conn, reason }) => {
+            Err(crate::transport::handoff::Refused::Usable { conn, reason }) => {
                 self.conns[slot].transport_mut().put_user(Box::new(UserTls {
                     conn,
                     boundary: None,
@@ -158,7 +156,7 @@ impl Shard {
                 }));
                 self.ktls_refused(reason.refusal());
             }
-            Err(crate::ktls::Refused::Dead(e)) => {
+            Err(crate::transport::handoff::Refused::Dead(e)) => {
                 self.ktls_refused(KtlsRefusal::Failed);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
@@ -217,13 +215,13 @@ impl Shard {
             let (Some(kernel), Some(fd)) = (conn.transport_mut().kernel(), driver.fd(slot)) else {
                 continue;
             };
-            let records = std::mem::take(&mut kernel.records);
-            let session = &mut kernel.session;
+            let records = kernel.take_held();
+            let session = kernel;
             let mut end: Option<Result<(), String>> = None;
             for (record_type, data) in &records {
                 match session.on_record(fd, *record_type, data) {
-                    Ok(crate::ktls::RecordOutcome::KeyUpdated) => {}
-                    Ok(crate::ktls::RecordOutcome::Closed) => {
+                    Ok(crate::transport::kernel::RecordOutcome::KeyUpdated) => {}
+                    Ok(crate::transport::kernel::RecordOutcome::Closed) => {
                         end = Some(Ok(()));
                         break;
                     }

@@ -1,16 +1,26 @@
-//! How a connection's bytes are carried: plain TCP, TLS in userspace
-//! (rustls), TLS whose record layer moved into the kernel (kTLS), or TLS
-//! 1.3 whose record layer moved to Ferry's own after the handshake
-//! ([`crate::tls_records`]).
+//! How a connection's bytes are carried under DERP: plain TCP, TLS in
+//! userspace (rustls), TLS 1.3 whose record layer moved to Ferry's own
+//! after the handshake ([`records`]), or TLS whose record layer moved into
+//! the kernel ([`kernel`]). Both moves leave rustls at a record boundary
+//! the same way ([`handoff`]).
 //!
 //! One enum instead of a set of `Option`s, so that a connection is always
 //! exactly one of them: a TLS connection starts in [`Transport::Tls`] and
-//! may move to [`Transport::Kernel`] (see `shard::kernel_tls`) or to
-//! [`Transport::Records`] (see `shard::input`), never back. DERP over WebSocket is not a transport of its own but a layer
-//! above any of them (`conn::WsLink`, `shard::websocket`).
+//! may move to [`Transport::Kernel`] (see `shard::handoff`) or to
+//! [`Transport::Records`] (see `shard::input`), never back. DERP over
+//! WebSocket is not a transport of its own but a layer above any of them
+//! (`conn::WsLink`, `shard::websocket`).
+//!
+//! This module knows neither the connection (`conn`) nor the shard that
+//! drives it.
 
-use crate::ktls::{KtlsSession, RecordBoundary};
-use crate::tls_records::RecordLayer;
+pub mod handoff;
+pub mod kernel;
+pub mod records;
+
+use handoff::RecordBoundary;
+use kernel::KernelTls;
+use records::RecordLayer;
 
 /// A connection's transport.
 pub enum Transport {
@@ -41,14 +51,6 @@ pub struct UserTls {
     /// rustls ended the session with an error: only its own bytes (the
     /// alert it queued) go out before the connection closes, no frames.
     pub failed: bool,
-}
-
-/// A session whose record layer moved into the kernel.
-pub struct KernelTls {
-    /// What the kernel cannot do on its own (KeyUpdate, alerts, limits).
-    pub session: KtlsSession,
-    /// Control records that arrived in a turn, handled after it.
-    pub records: Vec<(u8, Vec<u8>)>,
 }
 
 impl Transport {
