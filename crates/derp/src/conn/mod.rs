@@ -22,6 +22,7 @@ use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
 use crate::metrics::CloseReason;
+use crate::transport::websocket::WsFraming;
 use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 
@@ -115,52 +116,6 @@ pub enum ProxyPrelude {
     Refuse,
 }
 
-/// DERP over WebSocket: the frame decoder, and raw WebSocket bytes to
-/// write before the framed DERP output (the 101 response, a pong, close).
-#[derive(Debug, Default)]
-pub struct WsLink {
-    /// Reads the client's frames.
-    pub decoder: ferry_proto::websocket::Decoder,
-    /// Raw bytes for the socket, ahead of the next framed output (the
-    /// caller appends the 101 response or a close frame; pongs go through
-    /// [`WsLink::pong`]).
-    pub out: Vec<u8>,
-    /// The pong in `out` not yet written, if one waits.
-    pub pong: PendingPong,
-}
-
-/// Where in [`WsLink::out`] the pong not yet written starts, if one
-/// waits.
-#[derive(Debug, Default)]
-pub struct PendingPong(Option<usize>);
-
-impl PendingPong {
-    /// Queues in `out` the pong for a ping whose payload is `ping`, in
-    /// place of the pong still waiting for an earlier one, if any (RFC
-    /// 6455 §5.5.3 lets an endpoint answer only the latest ping): a
-    /// client's pings cannot grow the queue, whether or not it reads.
-    pub fn queue(&mut self, out: &mut Vec<u8>, ping: &[u8]) {
-        match self.0 {
-            Some(at) => out.truncate(at),
-            None => self.0 = Some(out.len()),
-        }
-        ferry_proto::websocket::put_pong(out, ping);
-    }
-}
-
-impl WsLink {
-    /// Whether raw bytes wait.
-    pub fn has_out(&self) -> bool {
-        !self.out.is_empty()
-    }
-
-    /// Moves the raw bytes to the end of `to` (they are being written).
-    pub fn take_out(&mut self, to: &mut Vec<u8>) {
-        to.append(&mut self.out);
-        self.pong = PendingPong::default();
-    }
-}
-
 /// A client connection.
 pub struct Conn {
     /// Distinguishes this connection from later ones in the same slot.
@@ -176,7 +131,7 @@ pub struct Conn {
     /// limits are off.
     rate: Option<Bucket>,
     /// DERP carried in WebSocket messages (after an `Upgrade: websocket`).
-    ws: Option<Box<WsLink>>,
+    ws: Option<Box<WsFraming>>,
     /// What the listener that accepted it serves.
     listener: ListenerKind,
     /// Plain, TLS in userspace, or kernel TLS.
@@ -623,9 +578,23 @@ impl Conn {
         self.transport = transport;
     }
 
-    /// Its WebSocket link, if it speaks DERP over WebSocket.
-    pub fn ws_mut(&mut self) -> Option<&mut WsLink> {
+    /// Takes the transport out (leaving [`Transport::Plain`]) for one
+    /// read, which may reach this connection again through the shard;
+    /// [`Conn::set_transport`] puts it back.
+    #[inline]
+    pub fn take_transport(&mut self) -> Transport {
+        std::mem::replace(&mut self.transport, Transport::Plain)
+    }
+
+    /// Its WebSocket framing, if it speaks DERP over WebSocket.
+    pub fn ws_mut(&mut self) -> Option<&mut WsFraming> {
         self.ws.as_deref_mut()
+    }
+
+    /// Its WebSocket framing (if any) and DERP state together (a flush
+    /// frames the one's output with the other).
+    pub fn ws_and_derp(&mut self) -> (Option<&mut WsFraming>, &mut ServerConn) {
+        (self.ws.as_deref_mut(), &mut self.derp)
     }
 
     /// Whether it speaks DERP over WebSocket.
@@ -634,14 +603,14 @@ impl Conn {
         self.ws.is_some()
     }
 
-    /// Takes the WebSocket link out while its decoder runs.
-    pub fn take_ws(&mut self) -> Option<Box<WsLink>> {
+    /// Takes the WebSocket framing out while its decoder runs.
+    pub fn take_ws(&mut self) -> Option<Box<WsFraming>> {
         self.ws.take()
     }
 
-    /// Puts the WebSocket link (back).
-    pub fn put_ws(&mut self, link: Box<WsLink>) {
-        self.ws = Some(link);
+    /// Puts the WebSocket framing (back).
+    pub fn put_ws(&mut self, ws: Box<WsFraming>) {
+        self.ws = Some(ws);
     }
 
     /// Its DERP protocol state.

@@ -2,6 +2,7 @@
 //! handshake up to a registered (or migrating) connection.
 
 use super::*;
+use crate::transport::websocket::WsFraming;
 
 impl Shard {
     pub(super) fn accept(&mut self, listener: usize, stream: TcpStream, peer: SocketAddr) {
@@ -43,7 +44,7 @@ impl Shard {
                         let own_records = cfg.tls_records == TlsRecords::Ferry
                             && !cfg.ktls
                             && tls.enable_secret_extraction;
-                        conn.set_transport(Transport::tls(t, cfg.ktls, own_records));
+                        conn.set_transport(Transport::rustls(t, cfg.ktls, own_records));
                         self.m().tls_sockets.add(1);
                     }
                     Err(e) => {
@@ -138,9 +139,8 @@ impl Shard {
                 }
                 let conn = &mut self.conns[slot];
                 if let Some(key) = websocket {
-                    let mut link = Box::<crate::conn::WsLink>::default();
-                    link.out = ferry_proto::websocket::accept_response(&key);
-                    conn.put_ws(link);
+                    let response = ferry_proto::websocket::accept_response(&key);
+                    conn.put_ws(Box::new(WsFraming::new(response)));
                 } else if !fast_start {
                     conn.derp_mut()
                         .control_mut()

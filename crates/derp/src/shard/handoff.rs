@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::metrics::KtlsRefusal;
+use crate::transport::KernelMove;
 
 impl Shard {
     /// A non-data TLS record on a kernel-TLS socket: kept for after the
@@ -139,24 +140,15 @@ impl Shard {
             self.ktls_refused(KtlsRefusal::Backend);
             return Attempt::Done;
         };
-        let user = self.conns[slot].transport_mut().take_user().expect("tls");
-        match crate::transport::kernel::KernelTls::start(user.conn, fd) {
-            Ok(session) => {
-                self.conns[slot].set_transport(Transport::Kernel(Box::new(session)));
+        match self.conns[slot].transport_mut().move_into_kernel(fd) {
+            KernelMove::Moved => {
                 self.m().ktls_sockets.add(1);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, debug, %peer, "TLS session moved into the kernel");
             }
-            Err(crate::transport::handoff::Refused::Usable { conn, reason }) => {
-                self.conns[slot].transport_mut().put_user(Box::new(UserTls {
-                    conn,
-                    boundary: None,
-                    own_records: false,
-                    failed: false,
-                }));
-                self.ktls_refused(reason.refusal());
-            }
-            Err(crate::transport::handoff::Refused::Dead(e)) => {
+            KernelMove::NotRustls => {}
+            KernelMove::Refused(reason) => self.ktls_refused(reason.refusal()),
+            KernelMove::Failed(e) => {
                 self.ktls_refused(KtlsRefusal::Failed);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");

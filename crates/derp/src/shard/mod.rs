@@ -62,7 +62,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, BufRead, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,8 +86,8 @@ use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
-use crate::transport::records::{TlsRecords, PLAINTEXT_BUFFER};
-use crate::transport::{Transport, UserTls};
+use crate::transport::records::TlsRecords;
+use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
 
@@ -343,10 +343,13 @@ pub struct Shard {
     /// Destinations holding paused senders, watched against the
     /// backpressure budget.
     holders: Vec<(Slot, u32)>,
-    plain_out: Vec<u8>,
+    /// WebSocket output being framed (it then swaps with the control
+    /// queue's memory).
+    ws_out: Vec<u8>,
     /// Where records of Ferry's TLS record layer are opened (one record's
-    /// plaintext; empty until the first).
-    tls_plain: Vec<u8>,
+    /// plaintext; empty until the first), shared by the shard's
+    /// connections.
+    plain: Vec<u8>,
     /// Send buffers of connections with nothing in flight.
     send_pool: buffers::SendPool,
     record: Vec<u8>,
@@ -453,8 +456,8 @@ impl Shard {
             record_slots: Vec::with_capacity(WORK_LIST_START),
             stalled: Vec::with_capacity(WORK_LIST_START),
             holders: Vec::with_capacity(WORK_LIST_START),
-            plain_out: Vec::new(),
-            tls_plain: Vec::new(),
+            ws_out: Vec::new(),
+            plain: Vec::new(),
             send_pool: buffers::SendPool::default(),
             record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),

@@ -3,9 +3,6 @@
 
 use super::*;
 
-/// Plaintext bytes in a full TLS record (the protocol's limit).
-const RECORD_PLAINTEXT: usize = 16 * 1024;
-
 impl Shard {
     pub(super) fn flush(&mut self, driver: &mut dyn DriverOps) {
         let now = self.now;
@@ -44,63 +41,15 @@ impl Shard {
             }
             let conn = &mut self.conns[slot];
             let (transport, derp) = conn.transport_and_derp();
-            let mut worn = None;
             let mut buf = derp.take_send_buffer();
             if buf.capacity() == 0 {
                 buf = self.send_pool.take();
             }
-            if let Some(UserTls {
-                conn: tls, failed, ..
-            }) = transport.user()
-            {
-                if *failed {
-                    // rustls failed: only its alert, written below.
-                } else if !tls.is_handshaking() {
-                    // One plaintext write per flush, cut into full records
-                    // (many small frames share one). Each record is copied
-                    // into the send buffer right after it is encrypted,
-                    // while it is still in cache, and its memory is reused
-                    // for the next one, instead of encrypting the whole
-                    // flush first and copying it all out afterwards.
-                    let plain = &mut self.plain_out;
-                    let buf = &mut buf;
-                    derp.poll_output_with(|parts| {
-                        let data: &[u8] = if parts.iter().filter(|p| !p.is_empty()).count() > 1 {
-                            plain.clear();
-                            for p in parts {
-                                plain.extend_from_slice(p);
-                            }
-                            plain
-                        } else {
-                            parts
-                                .into_iter()
-                                .find(|p| !p.is_empty())
-                                .unwrap_or_default()
-                        };
-                        for record in data.chunks(RECORD_PLAINTEXT) {
-                            let _ = tls.writer().write_all(record);
-                            while tls.wants_write() {
-                                if tls.write_tls(buf).is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    });
-                }
-                while tls.wants_write() {
-                    if tls.write_tls(&mut buf).is_err() {
-                        break;
-                    }
-                }
-            } else if let Some(records) = transport.records() {
-                // Ferry's record layer: the frames are copied once, into
-                // full records in the send buffer, and sealed there.
-                derp.poll_output_with(|parts| worn = records.seal(&mut buf, parts).err());
-            } else {
-                // Under load, only data frames are queued: the queue itself
-                // becomes the send buffer — no copy.
-                derp.poll_output(&mut buf);
-            }
+            // One write through the transport: the frames as they are
+            // (under load, only data frames are queued and the queue itself
+            // becomes the send buffer — no copy), sealed into records, or
+            // through rustls.
+            let worn = transport.write(derp, &mut buf).err();
             if let Some(e) = worn {
                 // The key is worn and cannot be renewed: what was sealed
                 // goes out with a close_notify, then the end.
