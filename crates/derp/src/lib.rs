@@ -34,22 +34,37 @@
 //!   the connection state while it runs, because an action may queue
 //!   output on the same connection (a packet to its own key, a pong).
 //!   `conn` never uses `shard`.
-//! - [`front`] answers plain HTTP
-//!   requests; [`transport`] carries a connection's bytes under DERP
-//!   (plain, rustls, Ferry's own TLS 1.3 record layer, kernel TLS, and
-//!   leaving rustls for one of the last two at a record boundary) and
-//!   imports neither `conn` nor `shard`; [`tls`] sets up certificates; [`stun`] answers STUN;
-//!   [`metrics`] counts everything; [`health`] answers `/healthz`;
-//!   [`config`] holds the settings; [`admission`] asks tailscaled or an
-//!   admission controller whether a client may register, off the shards;
-//!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`; [`mesh`]
-//!   dials the region's other nodes (`--mesh-with`) on a thread of its
-//!   own.
+//! - [`transport`] carries a connection's bytes under DERP (plain,
+//!   rustls, Ferry's own TLS 1.3 record layer, kernel TLS, leaving rustls
+//!   for one of the last two at a record boundary, and WebSocket framing
+//!   above any of them): one `read` per receive, one `write` per flush.
+//! - [`front`] answers plain HTTP requests; [`tls`] sets up certificates;
+//!   [`stun`] answers STUN; [`metrics`] counts everything; [`health`]
+//!   answers `/healthz`; [`config`] holds the settings; [`admission`] asks
+//!   tailscaled or an admission controller whether a client may register,
+//!   off the shards; [`bootstrap_dns`] resolves and serves
+//!   `/bootstrap-dns`; [`mesh`] dials the region's other nodes
+//!   (`--mesh-with`) on a thread of its own.
 //! - [`fuzzing`] drives the TLS record layer with arbitrary input for the
 //!   `tls_records` fuzz target and the corpus replay test.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
+//!
+//! # Layers
+//!
+//! A connection's bytes pass three layers, each once: the transport
+//! (socket bytes to DERP bytes and back), the DERP state
+//! (`ferry_proto::server::ServerConn`: frames to actions, queues to send
+//! buffers, its clocks) and the shard, which drives both and routes. The
+//! lower layers know nothing above them, which these commands check:
+//!
+//! - `grep -rn 'crate::' crates/derp/src/transport` names neither `conn`
+//!   nor `shard`;
+//! - `grep -n 'ferry_derp' crates/proto/src/server.rs` finds nothing:
+//!   `proto::server` knows no type of this crate;
+//! - `grep -rn 'shard' crates/derp/src/conn --include=*.rs | grep 'use '`
+//!   finds nothing: `conn` never uses `shard`.
 
 #![deny(unsafe_code)]
 
