@@ -1,6 +1,6 @@
-//! What an idle TLS connection keeps in the relay's heap (issue 17 asks
-//! for at most 8 KiB of server memory each): with Ferry's own record layer
-//! after the handshake (the default) and with rustls for the whole
+//! What an idle TLS connection keeps in the relay's heap (at most 8 KiB
+//! of server memory each): with Ferry's own record layer after the
+//! handshake (the default) and with rustls for the whole
 //! connection (`--tls-records rustls`), each against its bar ([`BAR`],
 //! [`RUSTLS_BAR`]).
 //!
