@@ -90,6 +90,7 @@ use crate::transport::records::TlsRecords;
 use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
+use log_limit::LogLimiter;
 
 /// How often deadlines, keepalives and write timeouts are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -273,39 +274,6 @@ enum Op {
     KtlsRx(Slot),
 }
 
-/// Log lines per second per shard about misbehaving clients, beyond which
-/// they are counted but not printed.
-const LOG_BURST: u32 = 20;
-
-struct LogLimiter {
-    window: Instant,
-    lines: u32,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    fn allow(&mut self, now: Instant) -> bool {
-        if now.duration_since(self.window) >= Duration::from_secs(1) {
-            if self.suppressed > 0 {
-                tracing::info!(
-                    suppressed = self.suppressed,
-                    "connection log lines suppressed in the last second"
-                );
-            }
-            self.window = now;
-            self.lines = 0;
-            self.suppressed = 0;
-        }
-        self.lines += 1;
-        if self.lines > LOG_BURST {
-            self.suppressed += 1;
-            false
-        } else {
-            true
-        }
-    }
-}
-
 /// One shard's state; implements the engine's [`Handler`].
 pub struct Shard {
     id: usize,
@@ -395,6 +363,7 @@ mod gate;
 mod handoff;
 mod input;
 mod limits;
+mod log_limit;
 mod migrate;
 mod output;
 mod presence;
@@ -474,11 +443,7 @@ impl Shard {
             done: false,
             hard_cap,
             caps,
-            log: LogLimiter {
-                window: now,
-                lines: 0,
-                suppressed: 0,
-            },
+            log: LogLimiter::new(now),
         }
     }
 
