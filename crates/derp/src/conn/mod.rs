@@ -116,6 +116,24 @@ pub enum ProxyPrelude {
     Refuse,
 }
 
+/// A connection's acknowledged-bytes reading in a hold of its senders
+/// (see the shard's backpressure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckedMark {
+    /// Not read yet in this hold.
+    NotRead,
+    /// Read, but the back end cannot tell how far the peer has read.
+    Unknown,
+    /// Read: the socket's acknowledged bytes then.
+    Bytes(u64),
+}
+
+impl From<Option<u64>> for AckedMark {
+    fn from(acked: Option<u64>) -> AckedMark {
+        acked.map_or(AckedMark::Unknown, AckedMark::Bytes)
+    }
+}
+
 /// A client connection.
 pub struct Conn {
     /// Distinguishes this connection from later ones in the same slot.
@@ -167,9 +185,8 @@ pub struct Conn {
     /// socket was last seen taking bytes while holding them.
     held_since: Instant,
     /// The socket's acknowledged-bytes count, read once half the
-    /// backpressure budget has passed while holding senders: `None` until
-    /// read in this hold, `Some(None)` where the back end cannot tell.
-    acked_mark: Option<Option<u64>>,
+    /// backpressure budget has passed while holding senders.
+    acked_mark: AckedMark,
     /// An acknowledged-bytes reading taken, while this connection held
     /// nobody, because its send had been in flight for half a budget when
     /// another destination's hold was checked: a hold that starts later
@@ -263,7 +280,7 @@ impl Conn {
             waiters: Vec::new(),
             holding: false,
             held_since: now,
-            acked_mark: None,
+            acked_mark: AckedMark::NotRead,
             probe: None,
             not_draining: false,
             key: NodePublic::from_bytes([0; 32]),
@@ -817,11 +834,11 @@ impl Conn {
             match self.probe.take() {
                 Some((at, mark)) => {
                     self.held_since = at.checked_sub(half).unwrap_or(at);
-                    self.acked_mark = Some(mark);
+                    self.acked_mark = AckedMark::from(mark);
                 }
                 None => {
                     self.held_since = now;
-                    self.acked_mark = None;
+                    self.acked_mark = AckedMark::NotRead;
                 }
             }
             join = !std::mem::replace(&mut self.holding, true);
@@ -853,13 +870,13 @@ impl Conn {
     }
 
     /// The acknowledged-bytes reading of this hold, if taken.
-    pub fn acked_mark(&self) -> Option<Option<u64>> {
+    pub fn acked_mark(&self) -> AckedMark {
         self.acked_mark
     }
 
     /// Notes the socket's acknowledged bytes; `since` starts a new window.
     pub fn mark_acked(&mut self, acked: Option<u64>, since: Option<Instant>) {
-        self.acked_mark = Some(acked);
+        self.acked_mark = AckedMark::from(acked);
         if let Some(at) = since {
             self.held_since = at;
         }
@@ -872,7 +889,7 @@ impl Conn {
         }
         Some(
             self.held_since
-                + if self.acked_mark.is_none() {
+                + if self.acked_mark == AckedMark::NotRead {
                     budget / 2
                 } else {
                     budget
