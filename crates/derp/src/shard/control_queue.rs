@@ -72,7 +72,7 @@ impl Shard {
 
     /// The cap `slot`'s control queue has for a frame of `origin`.
     fn control_cap(&self, slot: Slot, origin: Origin) -> usize {
-        let cfg = self.cfg();
+        let cfg = &self.shared.config;
         if self.conns[slot].is_watcher() {
             let conns: i64 = self
                 .shared

@@ -17,10 +17,10 @@ impl Shard {
         }
         let sock = socket2::SockRef::from(&stream);
         let _ = sock.set_nodelay(true);
-        if let Some(idle) = self.cfg().tcp_keepalive {
+        if let Some(idle) = self.shared.config.tcp_keepalive {
             let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(idle));
         }
-        if let Some(t) = self.cfg().tcp_user_timeout {
+        if let Some(t) = self.shared.config.tcp_user_timeout {
             let _ = sock.set_tcp_user_timeout(Some(t));
         }
         let kind = self
@@ -29,7 +29,7 @@ impl Shard {
             .get(listener)
             .copied()
             .unwrap_or(ListenerKind::Derp);
-        let deadline = self.now + self.cfg().handshake_timeout;
+        let deadline = self.now + self.shared.config.handshake_timeout;
         self.next_gen = self.next_gen.wrapping_add(1);
         let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
         conn.set_proxy(self.proxy_prelude_for(&peer));
@@ -132,8 +132,8 @@ impl Shard {
                 if fast_start {
                     m.fast_starts.inc();
                 }
-                let public = self.cfg().public_key;
-                let deadline = self.now + self.cfg().handshake_timeout;
+                let public = self.shared.config.public_key;
+                let deadline = self.now + self.shared.config.handshake_timeout;
                 if websocket.is_some() {
                     m.websocket_accepts.inc();
                 }

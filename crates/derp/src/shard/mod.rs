@@ -451,10 +451,6 @@ impl Shard {
         &self.shared.metrics.shards[self.id]
     }
 
-    fn cfg(&self) -> &DerpConfig {
-        &self.shared.config
-    }
-
     fn conn_ref(&self, slot: Slot) -> ConnRef {
         ConnRef {
             shard: self.id,
