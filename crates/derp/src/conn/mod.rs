@@ -172,9 +172,9 @@ pub struct Conn {
     gate: Gate,
     /// With [`Hold::Ring`]: the shard whose ring had no room ...
     stalled_to: Option<usize>,
-    /// ... and the packet record that waits for it (its memory is kept for
+    /// ... and the ring packet that waits for it (its memory is kept for
     /// the next stall).
-    stall_record: Vec<u8>,
+    stall_packet: Vec<u8>,
     /// Senders paused because this connection's queue is over its cap;
     /// resumed when it drains or goes away.
     waiters: Vec<ConnRef>,
@@ -276,7 +276,7 @@ impl Conn {
             paused: false,
             gate: Gate::default(),
             stalled_to: None,
-            stall_record: Vec::new(),
+            stall_packet: Vec::new(),
             waiters: Vec::new(),
             holding: false,
             held_since: now,
@@ -775,22 +775,22 @@ impl Conn {
         self.stash = stash;
     }
 
-    /// Keeps the packet record `parts` for the ring to `shard`, which had
-    /// no room.
+    /// Keeps the ring packet `parts` (header and packet) for the ring to
+    /// `shard`, which had no room.
     pub fn stall(&mut self, shard: usize, parts: [&[u8]; 2]) {
-        self.stall_record.clear();
+        self.stall_packet.clear();
         for p in parts {
-            self.stall_record.extend_from_slice(p);
+            self.stall_packet.extend_from_slice(p);
         }
         self.stalled_to = Some(shard);
     }
 
-    /// The ring it waits for, with the record to push there.
+    /// The ring it waits for, with the ring packet to push there.
     pub fn stalled(&self) -> Option<(usize, &[u8])> {
-        self.stalled_to.map(|s| (s, &self.stall_record[..]))
+        self.stalled_to.map(|s| (s, &self.stall_packet[..]))
     }
 
-    /// The stalled record went out (or never will).
+    /// The stalled ring packet went out (or never will).
     pub fn clear_stall(&mut self) {
         self.stalled_to = None;
     }

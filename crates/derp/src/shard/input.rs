@@ -223,11 +223,11 @@ impl Shard {
                 m.packets_received.inc();
                 m.bytes_received.add(packet.len() as u64);
                 m.packets_received_kind[PacketKind::of(packet) as usize].inc();
-                self.route(slot, RECORD_SEND, &src, &dst, packet)
+                self.route(slot, Via::Send, &src, &dst, packet)
             }
             Action::Forward { src, dst, packet } => {
                 self.m().packets_forwarded_in.inc();
-                self.route(slot, RECORD_FORWARD, &src, &dst, packet)
+                self.route(slot, Via::Forward, &src, &dst, packet)
             }
             Action::NotePreferred(preferred) => {
                 let young = self.now.duration_since(self.conns[slot].registered_at())

@@ -18,7 +18,7 @@
 //! `Received` bytes go through TLS (if any) into the connection's deframer,
 //! which hands out whole frames, in place when they lie whole in the read
 //! buffer. A `sendPacket` to a local key becomes a `recvPacket` frame
-//! appended to the destination's queue; to a remote key, a record in the
+//! appended to the destination's queue; to a remote key, a packet in the
 //! ring to its owner, read there in place and appended the same way. After
 //! the turn, every connection with queued output gets one send.
 //!
@@ -91,6 +91,7 @@ use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
 use log_limit::LogLimiter;
+use ring::{RingHeader, RingPacket, Via};
 
 /// How often deadlines, keepalives and write timeouts are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -109,11 +110,6 @@ const FINISH_GRACE: Duration = Duration::from_secs(2);
 const KTLS_TRY_FOR: Duration = Duration::from_secs(5);
 /// Messages per cross-shard control ring.
 pub const MSG_RING: usize = 4096;
-
-/// Bytes in front of a packet in a cross-shard record.
-const RECORD_HEADER: usize = 1 + 32 + 32 + 4 + 4;
-const RECORD_SEND: u8 = 0;
-const RECORD_FORWARD: u8 = 1;
 
 pub use crate::conn::ConnRef;
 pub use forward::{MeshNews, MeshOut, MeshShared};
@@ -320,7 +316,8 @@ pub struct Shard {
     plain: Vec<u8>,
     /// Send buffers of connections with nothing in flight.
     send_pool: buffers::SendPool,
-    record: Vec<u8>,
+    /// A ring packet that wrapped around the ring's end, made whole.
+    ring_packet: Vec<u8>,
     mail_batch: Vec<Mail>,
     /// Control messages taken from the inbox, handled after the turn.
     control: Vec<Control>,
@@ -369,6 +366,7 @@ mod output;
 mod presence;
 mod proxied;
 mod registry;
+mod ring;
 mod router;
 mod sessions;
 mod timers;
@@ -428,7 +426,7 @@ impl Shard {
             ws_out: Vec::new(),
             plain: Vec::new(),
             send_pool: buffers::SendPool::default(),
-            record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
+            ring_packet: Vec::with_capacity(RingHeader::LEN + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             control: Vec::new(),
             ws_payload: Vec::new(),
