@@ -1,4 +1,4 @@
-//! Fuzz target: `ferry_derp::fuzzing::server`.
+//! Fuzz target: `ferry_proto::fuzzing::server`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_derp::fuzzing::server(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_proto::fuzzing::server(data));

@@ -100,14 +100,14 @@ run "modprobe wireguard" 30 modprobe wireguard
 run "io_uring usable" 30 "$URING_PROBE"
 # kTLS: a skip is a failure here (FERRY_REQUIRE_KTLS=1). Test binaries run
 # from their crate's directory, as cargo test runs them, through
-# scripts/lib/expect.sh: a run selected by name (the unit tests' "ktls")
+# scripts/lib/expect.sh: a run selected by name (the unit tests of the kTLS modules)
 # must pass as many tests as it selected on 2026-11-28 (12 and 5), the
 # others at least one, so that a renamed test cannot turn the check into
 # "0 passed".
 export FERRY_REQUIRE_KTLS=1
 libtest=(bash scripts/lib/expect.sh libtest)
 run "ferry-sys ktls unit tests" 120 "${libtest[@]}" 12 env -C crates/sys "$SYS_LIB" ktls --test-threads=2 --color never
-run "ferry-derp ktls unit tests" 120 "${libtest[@]}" 5 env -C crates/derp "$RELAY_LIB" ktls --test-threads=2 --color never
+run "ferry-derp ktls unit tests" 120 "${libtest[@]}" 5 env -C crates/derp "$RELAY_LIB" transport::kernel transport::handoff --test-threads=2 --color never
 run "ferry-engine ktls_rx" 120 "${libtest[@]}" 1 env -C crates/engine "$KTLS_RX" --test-threads=2 --color never
 # tests/ktls.rs drives the epoll driver itself (the one back end that reads
 # kTLS records); tls_relay.rs runs the relay on each back end: on epoll

@@ -83,11 +83,11 @@ pub struct DerpConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Move TLS sessions into the kernel after the handshake (the TLS
     /// configuration must allow secret extraction; see
-    /// [`crate::ktls::allow_kernel_tls`]).
+    /// [`crate::transport::kernel::allow_kernel_tls`]).
     pub ktls: bool,
     /// Who runs the record layer of TLS 1.3 sessions after the handshake
     /// where kernel TLS does not (`--tls-records`).
-    pub tls_records: crate::tls_records::TlsRecords,
+    pub tls_records: crate::transport::records::TlsRecords,
     /// Serve `/derp` (derper's `--derp`).
     pub derp_enabled: bool,
     /// Cut off a client whose send has not finished in this long
@@ -185,7 +185,7 @@ impl DerpConfig {
             mesh_with: Vec::new(),
             tls: None,
             ktls: false,
-            tls_records: crate::tls_records::TlsRecords::Ferry,
+            tls_records: crate::transport::records::TlsRecords::Ferry,
             derp_enabled: true,
             write_timeout: Some(Duration::from_secs(2)),
             mesh_write_timeout: Duration::from_secs(30),
@@ -222,10 +222,10 @@ impl DerpConfig {
     /// layer chosen, a TLS configuration that does not yet let rustls give
     /// up its keys gets a copy that does (same certificate resolver).
     pub(crate) fn prepared(mut self) -> Self {
-        if self.tls_records == crate::tls_records::TlsRecords::Ferry && !self.ktls {
+        if self.tls_records == crate::transport::records::TlsRecords::Ferry && !self.ktls {
             if let Some(tls) = self.tls.as_mut().filter(|t| !t.enable_secret_extraction) {
                 let mut own = (**tls).clone();
-                crate::tls_records::allow_own_records(&mut own);
+                crate::transport::records::allow_own_records(&mut own);
                 *tls = Arc::new(own);
             }
         }

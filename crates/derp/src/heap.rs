@@ -1,5 +1,5 @@
-//! The allocator's policy for a long-running relay (issue 17): memory that
-//! load took is given back when the load is gone.
+//! The allocator's policy for a long-running relay: memory that load took
+//! is given back when the load is gone.
 //!
 //! A receiver's queue and send buffer grow to its queue cap (1 MiB) in
 //! bursts and are dropped again when it is quiet. With glibc's defaults the

@@ -11,44 +11,60 @@
 //!   `router` (delivery, caps and drops, cross-shard records and mail),
 //!   `forward` (the region's keys and packets for the mesh links),
 //!   `gate` (backpressure and its budget), `presence` (watchers),
-//!   `migrate` (moving a connection to its key's owner), `kernel_tls`,
-//!   `output` (one send per connection per turn) and `timers` (the sweep,
+//!   `migrate` (moving a connection to its key's owner), `handoff` (when
+//!   to move a TLS session into the kernel), `output` (one send per
+//!   connection per turn) and `timers` (the sweep,
 //!   the start of a drain). A new feature adds a module there, not lines to
 //!   the turn loop. See its module doc for the data path. The shard never
 //!   reads the clock: `now` comes from the loop, so `tests/sim.rs` drives
 //!   it on `ferry_engine::sim` with simulated time.
 //! - [`conn`] is one client connection, its fields private: the shard
-//!   asks and tells it through methods. Its DERP protocol part is a
-//!   sans-IO session ([`conn::Session`], in `conn/session.rs`): a frame
-//!   [`conn::Reader`] whose `handle_bytes` turns client bytes into
-//!   [`conn::Action`]s that borrow the shard's read buffer (route this
-//!   packet, note preferred, ping, watch, close a peer, and one `Unknown`
-//!   arm where frame types beyond the classic set reach the shard); the
-//!   control, disco and data queues with their caps (`queue_packet`,
-//!   `answer_ping`, ...), drained by `poll_output` into the send buffer
-//!   (with only data queued, the queue itself becomes the buffer); and its
-//!   clocks — handshake deadline, keepalive, write timeout — behind
-//!   `poll_timeout` / `handle_timeout(now)`. Time comes from the caller.
-//!   Two adaptations for the hot path: actions go to a callback instead of
-//!   a returned list (nothing is collected or allocated per packet), and
-//!   the reader leaves the session while it runs, because an action may
-//!   queue output on the same connection (a packet to its own key, a pong).
+//!   asks and tells it through methods. Its DERP protocol part is
+//!   `ferry_proto::server::ServerConn`, sans-IO: a frame reader whose
+//!   `handle_bytes` turns client bytes into actions that borrow the
+//!   shard's read buffer (route this packet, note preferred, ping, watch,
+//!   close a peer, and one `Unknown` arm where frame types beyond the
+//!   classic set reach the shard); the control, disco and data queues with
+//!   their caps, drained by `poll_output` into the send buffer (with only
+//!   data queued, the queue itself becomes the buffer); and its clocks —
+//!   handshake deadline, keepalive, write timeout — behind `poll_timeout` /
+//!   `handle_timeout(now)`. Time comes from the caller. Two adaptations
+//!   for the hot path: actions go to a callback instead of a returned list
+//!   (nothing is collected or allocated per packet), and the reader leaves
+//!   the connection state while it runs, because an action may queue
+//!   output on the same connection (a packet to its own key, a pong).
 //!   `conn` never uses `shard`.
-//! - [`front`] answers plain HTTP
-//!   requests; [`transport`] carries a connection's bytes (plain, TLS,
-//!   kernel TLS); [`tls`] sets up certificates; [`stun`] answers STUN;
-//!   [`metrics`] counts everything; [`health`] answers `/healthz`;
-//!   [`config`] holds the settings; [`admission`] asks tailscaled or an
-//!   admission controller whether a client may register, off the shards;
-//!   [`bootstrap_dns`] resolves and serves `/bootstrap-dns`; [`mesh`]
-//!   dials the region's other nodes (`--mesh-with`) on a thread of its
-//!   own.
-//! - [`fuzzing`] drives the DERP server session and the TLS record layer
-//!   with arbitrary input for the `server` and `tls_records` fuzz targets
-//!   and the corpus replay test.
+//! - [`transport`] carries a connection's bytes under DERP (plain,
+//!   rustls, Ferry's own TLS 1.3 record layer, kernel TLS, leaving rustls
+//!   for one of the last two at a record boundary, and WebSocket framing
+//!   above any of them): one `read` per receive, one `write` per flush.
+//! - [`front`] answers plain HTTP requests; [`tls`] sets up certificates;
+//!   [`stun`] answers STUN; [`metrics`] counts everything; [`health`]
+//!   answers `/healthz`; [`config`] holds the settings; [`admission`] asks
+//!   tailscaled or an admission controller whether a client may register,
+//!   off the shards; [`bootstrap_dns`] resolves and serves
+//!   `/bootstrap-dns`; [`mesh`] dials the region's other nodes
+//!   (`--mesh-with`) on a thread of its own.
+//! - [`fuzzing`] drives the TLS record layer with arbitrary input for the
+//!   `tls_records` fuzz target and the corpus replay test.
 //!
 //! The protocol itself (frames, handshake boxes, HTTP head, STUN parsing)
 //! lives in `ferry-proto`, without I/O.
+//!
+//! # Layers
+//!
+//! A connection's bytes pass three layers, each once: the transport
+//! (socket bytes to DERP bytes and back), the DERP state
+//! (`ferry_proto::server::ServerConn`: frames to actions, queues to send
+//! buffers, its clocks) and the shard, which drives both and routes. The
+//! lower layers know nothing above them, which these commands check:
+//!
+//! - `grep -rn 'crate::' crates/derp/src/transport` names neither `conn`
+//!   nor `shard`;
+//! - `grep -n 'ferry_derp' crates/proto/src/server.rs` finds nothing:
+//!   `proto::server` knows no type of this crate;
+//! - `grep -rn 'shard' crates/derp/src/conn --include=*.rs | grep 'use '`
+//!   finds nothing: `conn` never uses `shard`.
 
 #![deny(unsafe_code)]
 
@@ -60,14 +76,12 @@ pub mod front;
 pub mod fuzzing;
 pub mod health;
 pub mod heap;
-pub mod ktls;
 pub mod mesh;
 pub mod metrics;
 pub mod server;
 pub mod shard;
 pub mod stun;
 pub mod tls;
-pub mod tls_records;
 pub mod transport;
 
 pub use config::{DerpConfig, HomePage, ListenerKind, ListenerSpec, Placement};

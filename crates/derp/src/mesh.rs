@@ -186,9 +186,10 @@ fn split_port(s: &str) -> Option<(String, Option<u16>)> {
     }
 }
 
-/// Counters of one link, for the metrics page.
+/// Counters of one mesh peer and the connection to it, for the metrics
+/// page.
 #[derive(Default)]
-pub struct LinkStats {
+pub struct MeshPeerStats {
     up: AtomicBool,
     keys: AtomicI64,
     connects: AtomicU64,
@@ -241,20 +242,23 @@ impl Announced {
 
 /// The links' counters, rendered as `ferry_mesh_*` metrics.
 pub struct MeshStats {
-    links: Vec<(String, Arc<LinkStats>)>,
+    links: Vec<(String, Arc<MeshPeerStats>)>,
 }
 
 impl MeshStats {
     /// Writes the per-link metrics.
     pub fn render(&self, w: &mut String) {
         use std::fmt::Write as _;
-        let series =
-            |w: &mut String, name: &str, help: &str, kind: &str, f: &dyn Fn(&LinkStats) -> i64| {
-                let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
-                for (peer, s) in &self.links {
-                    let _ = writeln!(w, "{name}{{peer=\"{peer}\"}} {}", f(s));
-                }
-            };
+        let series = |w: &mut String,
+                      name: &str,
+                      help: &str,
+                      kind: &str,
+                      f: &dyn Fn(&MeshPeerStats) -> i64| {
+            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (peer, s) in &self.links {
+                let _ = writeln!(w, "{name}{{peer=\"{peer}\"}} {}", f(s));
+            }
+        };
         series(
             w,
             "ferry_mesh_link_up",
@@ -320,7 +324,7 @@ impl MeshStats {
 /// Everything the mesh thread needs, made before it starts.
 pub struct MeshThread {
     poll: Poll,
-    links: Vec<Link>,
+    links: Vec<MeshPeerState>,
     /// `[link][shard]`: the rings from the shards.
     rx: Vec<Vec<ByteRx>>,
     /// Set by [`MeshThread::run`] (the shards' state is made after this).
@@ -381,11 +385,11 @@ impl MeshThread {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let poll = Poll::new().map_err(MeshError::Poll)?;
-        let links: Vec<Link> = peers
+        let links: Vec<MeshPeerState> = peers
             .iter()
-            .map(|p| Link {
+            .map(|p| MeshPeerState {
                 peer: p.clone(),
-                stats: Arc::new(LinkStats::default()),
+                stats: Arc::new(MeshPeerStats::default()),
                 conn: None,
                 retry_at: None,
                 backoff: BACKOFF_START,
@@ -567,7 +571,7 @@ impl MeshThread {
             return self.down(i, now, &format!("registering the socket: {e}"));
         }
         let _ = sock.set_nodelay(true);
-        self.links[i].conn = Some(LinkConn {
+        self.links[i].conn = Some(MeshConn {
             sock,
             addr,
             tls,
@@ -810,10 +814,12 @@ impl MeshThread {
     }
 }
 
-struct Link {
+/// One configured mesh peer: its counters, the connection to it (if
+/// any) and when to dial again.
+struct MeshPeerState {
     peer: MeshPeer,
-    stats: Arc<LinkStats>,
-    conn: Option<LinkConn>,
+    stats: Arc<MeshPeerStats>,
+    conn: Option<MeshConn>,
     /// When to dial again (while there is no connection).
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -825,7 +831,9 @@ struct Link {
     attempts: u32,
 }
 
-struct LinkConn {
+/// The connection to one mesh peer: the socket, TLS and the DERP client
+/// watching its keys.
+struct MeshConn {
     sock: TcpStream,
     addr: SocketAddr,
     tls: ClientConnection,
@@ -844,7 +852,7 @@ struct LinkConn {
     sent: usize,
 }
 
-impl LinkConn {
+impl MeshConn {
     /// Reads what the socket has, collecting the client's events.
     fn read(
         &mut self,

@@ -20,6 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::health::Health;
 
 pub use ferry_engine::stat::{Counter, Gauge};
+pub use ferry_proto::frame::PacketKind;
 pub use limits::{AllocateRefusal, Notice};
 
 macro_rules! labelled {
@@ -57,16 +58,6 @@ labelled!(
         WriteError => "write_error",
         /// All connections of the key are disabled by the duplicate policy.
         DupClient => "dup_client",
-    }
-);
-
-labelled!(
-    /// Packet kind: disco (NAT traversal) or anything else (WireGuard).
-    PacketKind {
-        /// Starts with the disco magic.
-        Disco => "disco",
-        /// Everything else.
-        Other => "other",
     }
 );
 
@@ -160,7 +151,7 @@ labelled!(
 
 labelled!(
     /// Why a TLS session stayed in userspace, or was lost, when moving it
-    /// into the kernel: [`crate::ktls::RefuseReason`]'s reasons plus the
+    /// into the kernel: [`crate::transport::handoff::Refusal`]'s reasons plus the
     /// shard's own.
     KtlsRefusal {
         /// The TLS handshake was not finished.

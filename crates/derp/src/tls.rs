@@ -23,9 +23,9 @@
 //! the file holds) followed by the DERP *meta-certificate*: a throw-away
 //! Ed25519 certificate whose subject carries the server's public key, from
 //! which TLS 1.3 clients learn the key and skip the HTTP upgrade round trip
-//! (protocol reference §4.1, §4.4). Self-signed leaves are served alone before
-//! the meta-certificate, because `sha256-raw:` pinning clients accept exactly
-//! one non-meta certificate.
+//! (`docs/derp-protocol.md` §4.1, §4.4). Self-signed leaves are served
+//! alone before the meta-certificate, because `sha256-raw:` pinning
+//! clients accept exactly one non-meta certificate.
 //!
 //! The chain lives in an [`arc_swap::ArcSwap`] read by the
 //! certificate resolver on every handshake; a [`CertReloader`] re-reads the
@@ -98,7 +98,7 @@ pub struct TlsSetup {
     /// The rustls configuration every accepted connection starts from.
     pub config: Arc<ServerConfig>,
     /// `sha256-raw:<hex>` of the leaf when it is self-signed, for the
-    /// `CertName` field of the DERP map (protocol reference §4.1, §15).
+    /// `CertName` field of the DERP map (`docs/derp-protocol.md` §4.1, §15).
     /// Describes the certificate loaded at start-up; a reload that brings a
     /// different self-signed leaf logs its new name.
     pub cert_name: Option<String>,

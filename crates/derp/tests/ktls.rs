@@ -24,9 +24,9 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_derp::ktls::{
-    allow_kernel_tls, crypto_info, Handoff, KernelSocket, KtlsError, KtlsSession, RecordBoundary,
-    RecordOutcome, RefuseReason, Refused,
+use ferry_derp::transport::handoff::{Handoff, HandoffError, RecordBoundary, Refusal, Refused};
+use ferry_derp::transport::kernel::{
+    allow_kernel_tls, crypto_info, KernelSocket, KernelTls, RecordOutcome,
 };
 use ferry_engine::{Completion, Driver, EpollDriver};
 use ferry_sys::ktls::{self as sys, Cipher, CryptoInfo, Direction, Version};
@@ -350,7 +350,7 @@ fn buffered_pair(
     (client, server)
 }
 
-fn expect_usable<C>(r: Result<KtlsSession, Refused<C>>) -> (C, RefuseReason) {
+fn expect_usable<C>(r: Result<KernelTls, Refused<C>>) -> (C, Refusal) {
     match r {
         Err(Refused::Usable { conn, reason }) => (conn, reason),
         Err(Refused::Dead(e)) => panic!("connection lost: {e}"),
@@ -365,7 +365,7 @@ fn tls13_hand_off_exports_the_clients_keys_for_each_suite() {
     for suite in tls13_suites() {
         let (client, server) = buffered_pair(suite, 3, 2);
         let mut sock = FakeSocket::default();
-        let session = KtlsSession::start(server, &mut sock).expect("hand-off");
+        let session = KernelTls::start(server, &mut sock).expect("hand-off");
         assert_eq!(session.version(), Version::Tls13);
         assert_eq!(session.cipher(), cipher_of(suite));
         assert!(
@@ -394,7 +394,7 @@ fn tls12_hand_off_exports_the_clients_keys_for_each_suite() {
     for suite in tls12_suites() {
         let (client, server) = buffered_pair(suite, 2, 4);
         let mut sock = FakeSocket::default();
-        let session = KtlsSession::start(server, &mut sock).expect("hand-off");
+        let session = KernelTls::start(server, &mut sock).expect("hand-off");
         assert_eq!(session.version(), Version::Tls12);
         assert_eq!(sock.key(0).version(), Version::Tls12);
         assert_eq!(sock.key(0).header().0, 0x0303);
@@ -439,15 +439,15 @@ fn production_config_needs_allow_kernel_tls() {
     let mut client = ClientConnection::new(client_config(suite), localhost()).unwrap();
     let mut server = ServerConnection::new(Arc::new(prepared)).unwrap();
     handshake(&mut client, &mut server);
-    KtlsSession::start(server, &mut FakeSocket::default()).expect("hand-off");
+    KernelTls::start(server, &mut FakeSocket::default()).expect("hand-off");
 
     // Without it rustls refuses to export the keys only once it has been
     // consumed, so the connection is lost: configure it up front.
     let mut client = ClientConnection::new(client_config(suite), localhost()).unwrap();
     let mut server = ServerConnection::new(setup.config.clone()).unwrap();
     handshake(&mut client, &mut server);
-    match KtlsSession::start(server, &mut FakeSocket::default()) {
-        Err(Refused::Dead(KtlsError::Extract(e))) => {
+    match KernelTls::start(server, &mut FakeSocket::default()) {
+        Err(Refused::Dead(HandoffError::Extract(e))) => {
             assert!(e.to_string().contains("disabled"), "{e}")
         }
         other => panic!("expected a failed export, got {other:?}"),
@@ -462,12 +462,12 @@ fn start_refuses_while_handshaking_and_the_handshake_goes_on() {
     let mut client = ClientConnection::new(client_config(suite), localhost()).unwrap();
     let server = ServerConnection::new(server_config(suite)).unwrap();
     let mut sock = FakeSocket::default();
-    let (mut server, reason) = expect_usable(KtlsSession::start(server, &mut sock));
-    assert!(matches!(reason, RefuseReason::Handshaking), "{reason}");
+    let (mut server, reason) = expect_usable(KernelTls::start(server, &mut sock));
+    assert!(matches!(reason, Refusal::Handshaking), "{reason}");
     assert!(reason.is_transient());
     assert_eq!(sock.calls(), 0);
     handshake(&mut client, &mut server);
-    KtlsSession::start(server, &mut sock).expect("after the handshake");
+    KernelTls::start(server, &mut sock).expect("after the handshake");
 }
 
 #[test]
@@ -476,13 +476,13 @@ fn start_refuses_while_rustls_holds_unsent_output() {
     let (mut client, mut server) = buffered_pair(suite, 0, 0);
     server.write_all_plain(b"not yet on the wire");
     let mut sock = FakeSocket::default();
-    let (mut server, reason) = expect_usable(KtlsSession::start(server, &mut sock));
-    assert!(matches!(reason, RefuseReason::UnsentTls), "{reason}");
+    let (mut server, reason) = expect_usable(KernelTls::start(server, &mut sock));
+    assert!(matches!(reason, Refusal::UnsentTls), "{reason}");
     assert_eq!(sock.calls(), 0, "nothing touched the socket");
     // Still a working rustls connection.
     transfer!(server, client);
     assert_eq!(client.read_plain(), b"not yet on the wire");
-    KtlsSession::start(server, &mut sock).expect("once flushed");
+    KernelTls::start(server, &mut sock).expect("once flushed");
     assert_eq!(sock.key(0).seq(), 1);
 }
 
@@ -493,8 +493,8 @@ fn start_refuses_while_rustls_holds_unread_input() {
     client.write_all_plain(b"unread");
     transfer!(client, server);
     let mut sock = FakeSocket::default();
-    let (mut server, reason) = expect_usable(KtlsSession::start(server, &mut sock));
-    assert!(matches!(reason, RefuseReason::PendingInput), "{reason}");
+    let (mut server, reason) = expect_usable(KernelTls::start(server, &mut sock));
+    assert!(matches!(reason, Refusal::PendingInput), "{reason}");
     assert_eq!(reason.label(), "pending_input");
     assert_eq!(sock.calls(), 0);
     assert_eq!(server.read_plain(), b"unread");
@@ -502,7 +502,7 @@ fn start_refuses_while_rustls_holds_unread_input() {
     server.write_all_plain(b"reply");
     transfer!(server, client);
     assert_eq!(client.read_plain(), b"reply");
-    KtlsSession::start(server, &mut sock).expect("once read");
+    KernelTls::start(server, &mut sock).expect("once read");
     assert_eq!((sock.key(0).seq(), sock.key(1).seq()), (1, 1));
 }
 
@@ -512,8 +512,8 @@ fn start_refuses_after_the_peers_close_notify() {
     let (mut client, mut server) = buffered_pair(suite, 1, 0);
     client.send_close_notify();
     transfer!(client, server);
-    let (_server, reason) = expect_usable(KtlsSession::start(server, &mut FakeSocket::default()));
-    assert!(matches!(reason, RefuseReason::PendingInput), "{reason}");
+    let (_server, reason) = expect_usable(KernelTls::start(server, &mut FakeSocket::default()));
+    assert!(matches!(reason, Refusal::PendingInput), "{reason}");
 }
 
 #[test]
@@ -533,8 +533,8 @@ fn tls13_tickets_must_reach_the_wire_before_a_hand_off() {
         let mut sock = FakeSocket::default();
         let mut ticket_records = 0;
         let server = if tickets > 0 {
-            let (mut server, reason) = expect_usable(KtlsSession::start(server, &mut sock));
-            assert!(matches!(reason, RefuseReason::UnsentTls), "{reason}");
+            let (mut server, reason) = expect_usable(KernelTls::start(server, &mut sock));
+            assert!(matches!(reason, Refusal::UnsentTls), "{reason}");
             let mut wire = Vec::new();
             while server.wants_write() {
                 server.write_tls(&mut wire).unwrap();
@@ -547,7 +547,7 @@ fn tls13_tickets_must_reach_the_wire_before_a_hand_off() {
         } else {
             server
         };
-        KtlsSession::start(server, &mut sock).expect("hand-off");
+        KernelTls::start(server, &mut sock).expect("hand-off");
         // Tickets travel in records under the application keys (rustls
         // packs both into one): the kernel's count continues after them.
         assert_eq!(sock.key(0).seq(), ticket_records, "{tickets} tickets");
@@ -574,8 +574,8 @@ fn fallback_keeps_rustls_working_when_the_kernel_refuses() {
         unsupported: Some("the kernel has no TLS ULP (test)"),
         ..FakeSocket::default()
     };
-    let (mut server, reason) = expect_usable(KtlsSession::start(server, &mut sock));
-    assert!(matches!(reason, RefuseReason::Kernel(_)), "{reason}");
+    let (mut server, reason) = expect_usable(KernelTls::start(server, &mut sock));
+    assert!(matches!(reason, Refusal::Kernel(_)), "{reason}");
     assert!(!reason.is_transient());
     assert_eq!(reason.to_string(), "the kernel has no TLS ULP (test)");
     assert_eq!(sock.calls(), 0);
@@ -598,8 +598,8 @@ fn failures_after_the_ulp_is_attached_are_fatal() {
         fail_keys_from: Some(1),
         ..FakeSocket::default()
     };
-    match KtlsSession::start(server, &mut sock) {
-        Err(Refused::Dead(e @ KtlsError::Socket { .. })) => {
+    match KernelTls::start(server, &mut sock) {
+        Err(Refused::Dead(e @ HandoffError::Socket { .. })) => {
             assert!(e.to_string().starts_with("setting TLS_RX: "), "{e}")
         }
         other => panic!("expected a dead connection, got {other:?}"),
@@ -726,7 +726,7 @@ fn key_update_from_the_peer_installs_the_next_keys_both_ways() {
     for suite in tls13_suites() {
         let (client, server) = unbuffered_pair(suite, &[b"hello"], &[b"hi", b"there"]);
         let mut sock = FakeSocket::default();
-        let mut session = KtlsSession::start(server, &mut sock).expect("hand-off");
+        let mut session = KernelTls::start(server, &mut sock).expect("hand-off");
         assert!(session.can_rekey());
         let (theirs, mut client) = client.dangerous_into_kernel_connection().unwrap();
         assert_keys(sock.key(0), &theirs.rx, "initial tx");
@@ -774,7 +774,7 @@ fn key_update_response_waits_when_the_send_buffer_is_full() {
     let suite = tls13_suites()[0];
     let (client, server) = unbuffered_pair(suite, &[], &[]);
     let mut sock = FakeSocket::default();
-    let mut session = KtlsSession::start(server, &mut sock).unwrap();
+    let mut session = KernelTls::start(server, &mut sock).unwrap();
     let (_, mut client) = client.dangerous_into_kernel_connection().unwrap();
     client.update_tx_secret().unwrap();
 
@@ -805,11 +805,11 @@ fn key_update_where_the_kernel_cannot_rekey_closes_cleanly() {
         no_rekey: Some("the kernel cannot replace TLS 1.3 keys (test)"),
         ..FakeSocket::default()
     };
-    let mut session = KtlsSession::start(server, &mut sock).unwrap();
+    let mut session = KernelTls::start(server, &mut sock).unwrap();
     let err = session
         .on_record(&mut sock, 22, &KEY_UPDATE_REQUESTED)
         .unwrap_err();
-    assert!(matches!(err, KtlsError::CannotRekey(_)), "{err}");
+    assert!(matches!(err, HandoffError::CannotRekey(_)), "{err}");
     assert_eq!(sock.keys.len(), 2, "no keys touched");
     // Our keys still match the peer's, so we can say goodbye.
     session.send_close_notify(&mut sock).unwrap();
@@ -818,7 +818,7 @@ fn key_update_where_the_kernel_cannot_rekey_closes_cleanly() {
     // A session from a buffered connection cannot follow either.
     let (_client, server) = buffered_pair(suite, 0, 0);
     let mut sock = FakeSocket::default();
-    let mut session = KtlsSession::start(server, &mut sock).unwrap();
+    let mut session = KernelTls::start(server, &mut sock).unwrap();
     let err = session
         .on_record(&mut sock, 22, &KEY_UPDATE_NOT_REQUESTED)
         .unwrap_err();
@@ -840,7 +840,7 @@ fn failed_transmit_rekey_leaves_nothing_to_say() {
         fail_keys_from: Some(3),
         ..FakeSocket::default()
     };
-    let mut session = KtlsSession::start(server, &mut sock).unwrap();
+    let mut session = KernelTls::start(server, &mut sock).unwrap();
     let err = session
         .on_record(&mut sock, 22, &KEY_UPDATE_REQUESTED)
         .unwrap_err();
@@ -860,7 +860,7 @@ fn alerts_and_stray_records() {
     let suite = tls13_suites()[0];
     let (_client, server) = buffered_pair(suite, 0, 0);
     let mut sock = FakeSocket::default();
-    let mut session = KtlsSession::start(server, &mut sock).unwrap();
+    let mut session = KernelTls::start(server, &mut sock).unwrap();
     assert_eq!(
         session.on_record(&mut sock, 21, &[1, 0]).unwrap(),
         RecordOutcome::Closed
@@ -874,24 +874,24 @@ fn alerts_and_stray_records() {
     for stray in [20u8, 23, 24, 99] {
         let err = session.on_record(&mut sock, stray, &[0]).unwrap_err();
         assert!(
-            matches!(err, KtlsError::UnexpectedRecord { record_type } if record_type == stray),
+            matches!(err, HandoffError::UnexpectedRecord { record_type } if record_type == stray),
             "{err}"
         );
     }
     let err = session.on_record(&mut sock, 22, &[4, 0, 0, 0]).unwrap_err();
     assert!(
-        matches!(err, KtlsError::UnexpectedHandshake { msg_type: 4 }),
+        matches!(err, HandoffError::UnexpectedHandshake { msg_type: 4 }),
         "{err}"
     );
 
     // TLS 1.2 has no post-handshake messages to accept.
     let (_client, server) = buffered_pair(tls12_suites()[0], 0, 0);
-    let mut session = KtlsSession::start(server, &mut sock_fresh()).unwrap();
+    let mut session = KernelTls::start(server, &mut sock_fresh()).unwrap();
     let err = session
         .on_record(&mut sock_fresh(), 22, &KEY_UPDATE_NOT_REQUESTED)
         .unwrap_err();
     assert!(
-        matches!(err, KtlsError::UnexpectedHandshake { msg_type: 24 }),
+        matches!(err, HandoffError::UnexpectedHandshake { msg_type: 24 }),
         "{err}"
     );
 }
@@ -905,7 +905,7 @@ fn aes_gcm_keys_are_renewed_before_their_record_limit() {
     let suite = tls13_suites()[0];
     let (_client, server) = unbuffered_pair(suite, &[], &[]);
     let mut sock = FakeSocket::default();
-    let mut session = KtlsSession::start(server, &mut sock).unwrap();
+    let mut session = KernelTls::start(server, &mut sock).unwrap();
     session.note_sent(100).unwrap();
     assert!(!session.key_update_due());
     // 2^23 full records: half of AES-GCM's 2^24.
@@ -917,15 +917,15 @@ fn aes_gcm_keys_are_renewed_before_their_record_limit() {
 
     // ChaCha20-Poly1305 has no such limit.
     let (_client, server) = unbuffered_pair(tls13_suites()[2], &[], &[]);
-    let mut session = KtlsSession::start(server, &mut sock_fresh()).unwrap();
+    let mut session = KernelTls::start(server, &mut sock_fresh()).unwrap();
     session.note_sent(1usize << 40).unwrap();
     assert!(!session.key_update_due());
 
     // Where keys cannot be renewed, the limit ends the connection.
     let (_client, server) = buffered_pair(suite, 0, 0);
-    let mut session = KtlsSession::start(server, &mut sock_fresh()).unwrap();
+    let mut session = KernelTls::start(server, &mut sock_fresh()).unwrap();
     let err = session.note_sent((1usize << 23) * 16384).unwrap_err();
-    assert!(matches!(err, KtlsError::CannotRekey(_)), "{err}");
+    assert!(matches!(err, HandoffError::CannotRekey(_)), "{err}");
 }
 
 // ----- over real sockets -----
@@ -1065,14 +1065,11 @@ fn fallback_on_this_kernel_keeps_the_connection_in_userspace() {
 
     let mut server = match (
         sys::tls_ulp_available(),
-        KtlsSession::start(server, sock.as_fd()),
+        KernelTls::start(server, sock.as_fd()),
     ) {
         (Err(reason), Err(Refused::Usable { conn, reason: got })) => {
             println!("kernel TLS unavailable, staying in userspace: {got}");
-            assert!(
-                matches!(got, RefuseReason::Kernel(r) if r == reason),
-                "{got}"
-            );
+            assert!(matches!(got, Refusal::Kernel(r) if r == reason), "{got}");
             conn
         }
         (Ok(()), Ok(_)) => {
@@ -1208,13 +1205,13 @@ fn real_exchange(suite: SupportedCipherSuite, unbuffered: bool, key_update: bool
     let (mut sock, mut session) = if unbuffered {
         let (sock, server) = accept_handshake_unbuffered(&listener, server_config(suite));
         assert!(server.ready().is_ok());
-        let session = KtlsSession::start(server, sock.as_fd())
+        let session = KernelTls::start(server, sock.as_fd())
             .unwrap_or_else(|r| panic!("{what}: hand-off refused: {r:?}"));
         (sock, session)
     } else {
         let (sock, server) = accept_handshake(&listener, server_config(suite));
         assert!(server.ready().is_ok());
-        let session = KtlsSession::start(server, sock.as_fd())
+        let session = KernelTls::start(server, sock.as_fd())
             .unwrap_or_else(|r| panic!("{what}: hand-off refused: {r:?}"));
         (sock, session)
     };
@@ -1239,7 +1236,7 @@ fn real_exchange(suite: SupportedCipherSuite, unbuffered: bool, key_update: bool
                 assert_eq!(msg, KEY_UPDATE_REQUESTED, "{what}");
                 match session.on_record(r.d.fd(0).unwrap(), 22, &msg) {
                     Ok(RecordOutcome::KeyUpdated) => rekeyed = true,
-                    Err(KtlsError::CannotRekey(reason)) => {
+                    Err(HandoffError::CannotRekey(reason)) => {
                         println!("{what}: KeyUpdate not followed: {reason}");
                         assert!(
                             !unbuffered || sys::kernel_can_rekey().is_err(),

@@ -915,7 +915,7 @@ fn reload_thread_ends_when_the_configuration_is_dropped() {
 
 #[test]
 fn pinning_refuses_a_second_non_meta_certificate() {
-    // Protocol reference §19: a pinned leaf followed by an intermediate
+    // docs/derp-protocol.md §19: a pinned leaf followed by an intermediate
     // fails, which is why generated leaves are served with the meta cert
     // alone. Checked here so the pin verifier's approvals above mean
     // something.

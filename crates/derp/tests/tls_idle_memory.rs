@@ -1,6 +1,6 @@
-//! What an idle TLS connection keeps in the relay's heap (issue 17 asks
-//! for at most 8 KiB of server memory each): with Ferry's own record layer
-//! after the handshake (the default) and with rustls for the whole
+//! What an idle TLS connection keeps in the relay's heap (at most 8 KiB
+//! of server memory each): with Ferry's own record layer after the
+//! handshake (the default) and with rustls for the whole
 //! connection (`--tls-records rustls`), each against its bar ([`BAR`],
 //! [`RUSTLS_BAR`]).
 //!
@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_derp::tls_records::TlsRecords;
+use ferry_derp::transport::records::TlsRecords;
 use ferry_proto::client::Event;
 
 /// Set in the child: the relay's address and how many clients to hold.

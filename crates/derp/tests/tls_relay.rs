@@ -20,7 +20,7 @@ fn tls_relays_with_kernel_tls_switched_on() {
     let (server, addr) = support::start(2, |cfg| {
         let setup = support::self_signed_tls(cfg);
         let mut server_config = (*setup.config).clone();
-        ferry_derp::ktls::allow_kernel_tls(&mut server_config);
+        ferry_derp::transport::kernel::allow_kernel_tls(&mut server_config);
         cfg.tls = Some(Arc::new(server_config));
         cfg.ktls = true;
     });

@@ -1,6 +1,6 @@
-//! Tailscale's DERP map (protocol reference §15): the regions a client may
-//! use and the nodes in each, as JSON from a control server, a policy file
-//! or a URL.
+//! Tailscale's DERP map (`docs/derp-protocol.md` §15): the regions a
+//! client may use and the nodes in each, as JSON from a control server, a
+//! policy file or a URL.
 //!
 //! The map is untrusted input, so [`DerpMap::from_json`] bounds it (at most
 //! [`MAX_MAP_LEN`] bytes, [`MAX_REGIONS`] regions, [`MAX_NODES`] nodes per

@@ -75,6 +75,41 @@ pub fn is_disco(packet: &[u8]) -> bool {
     packet.len() >= DISCO_MIN_LEN && packet.starts_with(&DISCO_MAGIC)
 }
 
+/// What a relayed packet is, for queue caps and counting: disco (NAT
+/// traversal, see [`is_disco`]) or anything else (WireGuard).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketKind {
+    /// Starts with the disco magic.
+    Disco,
+    /// Everything else.
+    Other,
+}
+
+impl PacketKind {
+    /// Every value, in label order.
+    pub const ALL: &'static [PacketKind] = &[PacketKind::Disco, PacketKind::Other];
+    /// Number of values.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// The kind of `packet`.
+    #[inline]
+    pub fn of(packet: &[u8]) -> PacketKind {
+        if is_disco(packet) {
+            PacketKind::Disco
+        } else {
+            PacketKind::Other
+        }
+    }
+
+    /// Its name as a metrics label (derper's `kind` label).
+    pub fn label(self) -> &'static str {
+        match self {
+            PacketKind::Disco => "disco",
+            PacketKind::Other => "other",
+        }
+    }
+}
+
 /// Ferry's relayAllocate frame (`docs/relay-sessions.md` §2), C→S, only
 /// from clients that asked for relay sessions (see
 /// [`ServerFramePolicy::relay_sessions`] and [`crate::relay_session`]).

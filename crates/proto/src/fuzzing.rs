@@ -26,7 +26,9 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 mod relay_session;
+mod server;
 pub use relay_session::{bind_message, relay_frames};
+pub use server::server;
 
 /// Largest frame (header included) [`ServerFramePolicy`] ever buffers.
 const MAX_BUFFERED_FRAME: usize = HEADER_LEN + 2 * KEY_LEN + MAX_PACKET_SIZE;

@@ -21,10 +21,15 @@
 //! 4. The `frame::put_*` builders append outgoing frames to a caller-owned
 //!    `Vec<u8>`, so the hot path performs no allocation per frame.
 //!
-//! The client side mirrors it in one object: [`client::Client`] writes the
-//! upgrade request, reads the 101 (or nothing, in fast-start mode), answers
-//! `serverKey` with `clientInfo`, opens `serverInfo` and then turns server
-//! frames into events, all without I/O.
+//! One server connection's DERP state is one object, [`server::ServerConn`]:
+//! its frame reader turns client frames into actions, its queues (with
+//! their caps) hold the server frames until the owner polls them out, and
+//! its clocks say when the handshake deadline, the write timeout or the
+//! next keepAlive is due. The client side mirrors it in one object:
+//! [`client::Client`] writes the upgrade request, reads the 101 (or
+//! nothing, in fast-start mode), answers `serverKey` with `clientInfo`,
+//! opens `serverInfo` and then turns server frames into events, all
+//! without I/O.
 //!
 //! [`proxy`] reads the PROXY protocol header a TCP proxy puts before the
 //! client's bytes, and [`forwarded`] decides which client address to believe
@@ -62,6 +67,7 @@ pub mod peer_msg;
 pub mod proxy;
 pub mod rate_config;
 pub mod relay_session;
+pub mod server;
 pub mod stun;
 pub mod tls13;
 pub mod tls_record;

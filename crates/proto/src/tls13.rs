@@ -5,7 +5,7 @@
 //! 23, legacy version, 16-bit length) and an AEAD ciphertext whose
 //! plaintext is the content, its real content type and zero padding. The
 //! relay opens and seals these records itself after the handshake (see
-//! `ferry_derp::tls_records`); this module holds the parts that read the
+//! `ferry_derp::transport::records`); this module holds the parts that read the
 //! peer's bytes:
 //!
 //! - [`RecordReader`] cuts a byte stream into whole records: a record that

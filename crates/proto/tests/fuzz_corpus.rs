@@ -30,6 +30,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("bind_message", fuzzing::bind_message),
     ("peer_msg", fuzzing::peer_msg),
     ("tls13", fuzzing::tls13),
+    ("server", fuzzing::server),
 ];
 
 #[test]
@@ -69,6 +70,14 @@ fn client_seeds_reach_the_steady_state() {
         );
         assert!(events.len() > 10, "{name}: {events:?}");
     }
+}
+
+/// The `server` target runs every input twice over a whole connection:
+/// fewer mutations than the proptest cases below (which use the seeds of
+/// the other targets), from a fixed seed so a failure reproduces.
+#[test]
+fn mutated_server_inputs() {
+    corpus::mutate_bytes("server", fuzzing::server, 0x5345_5256, 400);
 }
 
 fn all_seeds() -> &'static [Vec<Vec<u8>>] {

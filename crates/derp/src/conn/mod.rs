@@ -7,9 +7,9 @@
 //! A [`Conn`] is the connection's whole state, its fields private: the
 //! shard asks and tells it through methods. The DERP protocol part —
 //! frames in, the output queues and their caps, the handshake deadline,
-//! keepalives and the write timeout — is its [`Session`] (see
-//! [`session`]), which knows nothing of sockets, shards or the clock. This
-//! module never uses the shard's types: the shard drives it.
+//! keepalives and the write timeout — is its [`ServerConn`]
+//! (`ferry_proto::server`), which knows nothing of sockets, shards or the
+//! clock. This module never uses the shard's types: the shard drives it.
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpStream};
@@ -22,12 +22,11 @@ use ferry_proto::key::NodePublic;
 
 use crate::config::ListenerKind;
 use crate::metrics::CloseReason;
+use crate::transport::websocket::WsFraming;
 use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 
-pub mod session;
-
-pub use session::{Action, Caps, Queued, Reader, Session, Timeout};
+pub use ferry_proto::server::{Action, Caps, Queued, Reader, ServerConn, Timeout};
 
 /// A reference to a connection on some shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,49 +116,21 @@ pub enum ProxyPrelude {
     Refuse,
 }
 
-/// DERP over WebSocket: the frame decoder, and raw WebSocket bytes to
-/// write before the framed DERP output (the 101 response, a pong, close).
-#[derive(Debug, Default)]
-pub struct WsLink {
-    /// Reads the client's frames.
-    pub decoder: ferry_proto::websocket::Decoder,
-    /// Raw bytes for the socket, ahead of the next framed output (the
-    /// caller appends the 101 response or a close frame; pongs go through
-    /// [`WsLink::pong`]).
-    pub out: Vec<u8>,
-    /// The pong in `out` not yet written, if one waits.
-    pub pong: PendingPong,
+/// A connection's acknowledged-bytes reading in a hold of its senders
+/// (see the shard's backpressure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckedMark {
+    /// Not read yet in this hold.
+    NotRead,
+    /// Read, but the back end cannot tell how far the peer has read.
+    Unknown,
+    /// Read: the socket's acknowledged bytes then.
+    Bytes(u64),
 }
 
-/// Where in [`WsLink::out`] the pong not yet written starts, if one
-/// waits.
-#[derive(Debug, Default)]
-pub struct PendingPong(Option<usize>);
-
-impl PendingPong {
-    /// Queues in `out` the pong for a ping whose payload is `ping`, in
-    /// place of the pong still waiting for an earlier one, if any (RFC
-    /// 6455 §5.5.3 lets an endpoint answer only the latest ping): a
-    /// client's pings cannot grow the queue, whether or not it reads.
-    pub fn queue(&mut self, out: &mut Vec<u8>, ping: &[u8]) {
-        match self.0 {
-            Some(at) => out.truncate(at),
-            None => self.0 = Some(out.len()),
-        }
-        ferry_proto::websocket::put_pong(out, ping);
-    }
-}
-
-impl WsLink {
-    /// Whether raw bytes wait.
-    pub fn has_out(&self) -> bool {
-        !self.out.is_empty()
-    }
-
-    /// Moves the raw bytes to the end of `to` (they are being written).
-    pub fn take_out(&mut self, to: &mut Vec<u8>) {
-        to.append(&mut self.out);
-        self.pong = PendingPong::default();
+impl From<Option<u64>> for AckedMark {
+    fn from(acked: Option<u64>) -> AckedMark {
+        acked.map_or(AckedMark::Unknown, AckedMark::Bytes)
     }
 }
 
@@ -178,7 +149,7 @@ pub struct Conn {
     /// limits are off.
     rate: Option<Bucket>,
     /// DERP carried in WebSocket messages (after an `Upgrade: websocket`).
-    ws: Option<Box<WsLink>>,
+    ws: Option<Box<WsFraming>>,
     /// What the listener that accepted it serves.
     listener: ListenerKind,
     /// Plain, TLS in userspace, or kernel TLS.
@@ -190,7 +161,7 @@ pub struct Conn {
     /// How far the request head was looked at.
     head_scan: HeadScan,
     /// The DERP protocol: frames in, queues out, its clocks.
-    session: Session,
+    derp: ServerConn,
     /// Raw bytes received while input was paused.
     stash: Vec<u8>,
     /// Input is stopped: the socket is not read (TCP pushes back on the
@@ -201,9 +172,9 @@ pub struct Conn {
     gate: Gate,
     /// With [`Hold::Ring`]: the shard whose ring had no room ...
     stalled_to: Option<usize>,
-    /// ... and the packet record that waits for it (its memory is kept for
+    /// ... and the ring packet that waits for it (its memory is kept for
     /// the next stall).
-    stall_record: Vec<u8>,
+    stall_packet: Vec<u8>,
     /// Senders paused because this connection's queue is over its cap;
     /// resumed when it drains or goes away.
     waiters: Vec<ConnRef>,
@@ -214,9 +185,8 @@ pub struct Conn {
     /// socket was last seen taking bytes while holding them.
     held_since: Instant,
     /// The socket's acknowledged-bytes count, read once half the
-    /// backpressure budget has passed while holding senders: `None` until
-    /// read in this hold, `Some(None)` where the back end cannot tell.
-    acked_mark: Option<Option<u64>>,
+    /// backpressure budget has passed while holding senders.
+    acked_mark: AckedMark,
     /// An acknowledged-bytes reading taken, while this connection held
     /// nobody, because its send had been in flight for half a budget when
     /// another destination's hold was checked: a hold that starts later
@@ -301,16 +271,16 @@ impl Conn {
             phase: Phase::Http,
             head: Vec::new(),
             head_scan: HeadScan::new(),
-            session: Session::new(deadline),
+            derp: ServerConn::new(deadline),
             stash: Vec::new(),
             paused: false,
             gate: Gate::default(),
             stalled_to: None,
-            stall_record: Vec::new(),
+            stall_packet: Vec::new(),
             waiters: Vec::new(),
             holding: false,
             held_since: now,
-            acked_mark: None,
+            acked_mark: AckedMark::NotRead,
             probe: None,
             not_draining: false,
             key: NodePublic::from_bytes([0; 32]),
@@ -498,7 +468,7 @@ impl Conn {
         self.phase = phase;
     }
 
-    /// Registered at `now`, with the session established: keepalives from
+    /// Registered at `now`, with its DERP state established: keepalives from
     /// `first_keepalive` every `keepalive`, the write timeout, and the
     /// receive limit.
     pub fn register(
@@ -512,7 +482,7 @@ impl Conn {
         self.phase = Phase::Active;
         self.registered_at = now;
         self.rate = rate;
-        self.session
+        self.derp
             .establish(first_keepalive, keepalive, write_timeout);
     }
 
@@ -625,9 +595,23 @@ impl Conn {
         self.transport = transport;
     }
 
-    /// Its WebSocket link, if it speaks DERP over WebSocket.
-    pub fn ws_mut(&mut self) -> Option<&mut WsLink> {
+    /// Takes the transport out (leaving [`Transport::Plain`]) for one
+    /// read, which may reach this connection again through the shard;
+    /// [`Conn::set_transport`] puts it back.
+    #[inline]
+    pub fn take_transport(&mut self) -> Transport {
+        std::mem::replace(&mut self.transport, Transport::Plain)
+    }
+
+    /// Its WebSocket framing, if it speaks DERP over WebSocket.
+    pub fn ws_mut(&mut self) -> Option<&mut WsFraming> {
         self.ws.as_deref_mut()
+    }
+
+    /// Its WebSocket framing (if any) and DERP state together (a flush
+    /// frames the one's output with the other).
+    pub fn ws_and_derp(&mut self) -> (Option<&mut WsFraming>, &mut ServerConn) {
+        (self.ws.as_deref_mut(), &mut self.derp)
     }
 
     /// Whether it speaks DERP over WebSocket.
@@ -636,38 +620,38 @@ impl Conn {
         self.ws.is_some()
     }
 
-    /// Takes the WebSocket link out while its decoder runs.
-    pub fn take_ws(&mut self) -> Option<Box<WsLink>> {
+    /// Takes the WebSocket framing out while its decoder runs.
+    pub fn take_ws(&mut self) -> Option<Box<WsFraming>> {
         self.ws.take()
     }
 
-    /// Puts the WebSocket link (back).
-    pub fn put_ws(&mut self, link: Box<WsLink>) {
-        self.ws = Some(link);
+    /// Puts the WebSocket framing (back).
+    pub fn put_ws(&mut self, ws: Box<WsFraming>) {
+        self.ws = Some(ws);
     }
 
-    /// The DERP session.
+    /// Its DERP protocol state.
     #[inline]
-    pub fn session(&self) -> &Session {
-        &self.session
+    pub fn derp(&self) -> &ServerConn {
+        &self.derp
     }
 
-    /// The DERP session, to change.
+    /// Its DERP protocol state, to change.
     #[inline]
-    pub fn session_mut(&mut self) -> &mut Session {
-        &mut self.session
+    pub fn derp_mut(&mut self) -> &mut ServerConn {
+        &mut self.derp
     }
 
-    /// The transport and the session together (a flush moves the one's
+    /// The transport and the DERP state together (a flush moves the one's
     /// output through the other).
     #[inline]
-    pub fn transport_and_session(&mut self) -> (&mut Transport, &mut Session) {
-        (&mut self.transport, &mut self.session)
+    pub fn transport_and_derp(&mut self) -> (&mut Transport, &mut ServerConn) {
+        (&mut self.transport, &mut self.derp)
     }
 
     /// Whether anything waits to be written.
     pub fn has_output(&self) -> bool {
-        self.session.has_output()
+        self.derp.has_output()
             || self.transport.wants_write()
             || self.ws.as_ref().is_some_and(|w| w.has_out())
     }
@@ -679,7 +663,7 @@ impl Conn {
         let now = if self.closing.is_some() {
             0
         } else {
-            self.session.queued_bytes() + self.session.in_flight_bytes()
+            self.derp.queued_bytes() + self.derp.in_flight_bytes()
         };
         let delta = now as i64 - self.gauged_bytes as i64;
         self.gauged_bytes = now;
@@ -791,22 +775,22 @@ impl Conn {
         self.stash = stash;
     }
 
-    /// Keeps the packet record `parts` for the ring to `shard`, which had
-    /// no room.
+    /// Keeps the ring packet `parts` (header and packet) for the ring to
+    /// `shard`, which had no room.
     pub fn stall(&mut self, shard: usize, parts: [&[u8]; 2]) {
-        self.stall_record.clear();
+        self.stall_packet.clear();
         for p in parts {
-            self.stall_record.extend_from_slice(p);
+            self.stall_packet.extend_from_slice(p);
         }
         self.stalled_to = Some(shard);
     }
 
-    /// The ring it waits for, with the record to push there.
+    /// The ring it waits for, with the ring packet to push there.
     pub fn stalled(&self) -> Option<(usize, &[u8])> {
-        self.stalled_to.map(|s| (s, &self.stall_record[..]))
+        self.stalled_to.map(|s| (s, &self.stall_packet[..]))
     }
 
-    /// The stalled record went out (or never will).
+    /// The stalled ring packet went out (or never will).
     pub fn clear_stall(&mut self) {
         self.stalled_to = None;
     }
@@ -850,11 +834,11 @@ impl Conn {
             match self.probe.take() {
                 Some((at, mark)) => {
                     self.held_since = at.checked_sub(half).unwrap_or(at);
-                    self.acked_mark = Some(mark);
+                    self.acked_mark = AckedMark::from(mark);
                 }
                 None => {
                     self.held_since = now;
-                    self.acked_mark = None;
+                    self.acked_mark = AckedMark::NotRead;
                 }
             }
             join = !std::mem::replace(&mut self.holding, true);
@@ -886,13 +870,13 @@ impl Conn {
     }
 
     /// The acknowledged-bytes reading of this hold, if taken.
-    pub fn acked_mark(&self) -> Option<Option<u64>> {
+    pub fn acked_mark(&self) -> AckedMark {
         self.acked_mark
     }
 
     /// Notes the socket's acknowledged bytes; `since` starts a new window.
     pub fn mark_acked(&mut self, acked: Option<u64>, since: Option<Instant>) {
-        self.acked_mark = Some(acked);
+        self.acked_mark = AckedMark::from(acked);
         if let Some(at) = since {
             self.held_since = at;
         }
@@ -905,7 +889,7 @@ impl Conn {
         }
         Some(
             self.held_since
-                + if self.acked_mark.is_none() {
+                + if self.acked_mark == AckedMark::NotRead {
                     budget / 2
                 } else {
                     budget
@@ -917,7 +901,7 @@ impl Conn {
     /// at `now` while it holds nobody.
     pub fn wants_probe(&self, now: Instant, half: Duration) -> bool {
         let pending = self
-            .session
+            .derp
             .sending_since()
             .is_some_and(|t| now.saturating_duration_since(t) >= half);
         pending
@@ -948,7 +932,7 @@ impl Conn {
     /// socket says nothing any more. Returns `true` if it had been marked
     /// not draining.
     pub fn on_sent(&mut self, buf: Vec<u8>) -> bool {
-        self.session.on_sent(buf);
+        self.derp.handle_sent(buf);
         self.probe = None;
         std::mem::take(&mut self.not_draining)
     }

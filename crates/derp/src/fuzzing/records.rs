@@ -36,7 +36,7 @@ use rustls::crypto::cipher::{AeadKey, Iv};
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets};
 
 use super::{chunks, max_chunk, XorShift};
-use crate::tls_records::{Content, RecordLayer, PLAINTEXT_BUFFER};
+use crate::transport::records::{Content, RecordLayer, PLAINTEXT_BUFFER};
 
 /// Records read from one input at most.
 const MAX_RECORDS: usize = 64;

@@ -1,5 +1,5 @@
-//! Send buffers shared by a shard's connections (issue 17: an idle
-//! connection holds none).
+//! Send buffers shared by a shard's connections (an idle connection holds
+//! none).
 //!
 //! A connection takes a buffer for a send when it has none of its own
 //! and gives it back once the send is done and nothing else waits, so a
@@ -16,7 +16,7 @@ pub(super) const SHARE_UP_TO: usize = 64 * 1024;
 /// The most memory the pool keeps; buffers given back past it are freed.
 const POOL_BYTES: usize = 4 << 20;
 
-use crate::conn::Session;
+use crate::conn::ServerConn;
 
 /// Free send buffers, emptied, most recently given back first.
 #[derive(Default)]
@@ -39,10 +39,10 @@ impl SendPool {
     }
 
     /// Takes back the send buffer of a connection with nothing in flight
-    /// and nothing queued (see [`Session::release_idle_send_buffer`]).
+    /// and nothing queued (see [`ServerConn::release_idle_send_buffer`]).
     #[inline]
-    pub(super) fn release_idle(&mut self, session: &mut Session) {
-        if let Some(buf) = session.release_idle_send_buffer(SHARE_UP_TO) {
+    pub(super) fn release_idle(&mut self, derp: &mut ServerConn) {
+        if let Some(buf) = derp.release_idle_send_buffer(SHARE_UP_TO) {
             self.give(buf);
         }
     }

@@ -52,7 +52,7 @@ impl Shard {
         let cap = self.control_cap(slot, origin);
         let m = &self.shared.metrics.shards[self.id];
         let conn = &mut self.conns[slot];
-        if conn.session_mut().queue_control(cap, put) {
+        if conn.derp_mut().queue_control(cap, put) {
             let delta = conn.regauge();
             m.queued_bytes.add(delta);
             self.mark_dirty(slot);
@@ -72,7 +72,7 @@ impl Shard {
 
     /// The cap `slot`'s control queue has for a frame of `origin`.
     fn control_cap(&self, slot: Slot, origin: Origin) -> usize {
-        let cfg = self.cfg();
+        let cfg = &self.shared.config;
         if self.conns[slot].is_watcher() {
             let conns: i64 = self
                 .shared

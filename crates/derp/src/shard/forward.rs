@@ -125,7 +125,7 @@ impl Shard {
         packet: &[u8],
         from: ConnRef,
     ) -> bool {
-        let kind = kind_of(packet);
+        let kind = PacketKind::of(packet);
         let mut head = [0u8; FORWARD_HEAD];
         head[0] = frame::FrameType::ForwardPacket as u8;
         head[1..5].copy_from_slice(&((64 + packet.len()) as u32).to_be_bytes());
@@ -267,7 +267,11 @@ impl Shard {
         while at + FORWARD_HEAD <= queue.len() {
             let len = framed_len(&queue[at..]);
             let packet = &queue[at + FORWARD_HEAD..at + len];
-            m.dropped(DropReason::GoneDisconnected, kind_of(packet), packet.len());
+            m.dropped(
+                DropReason::GoneDisconnected,
+                PacketKind::of(packet),
+                packet.len(),
+            );
             at += len;
         }
         self.release_link_waiters(link);

@@ -2,6 +2,7 @@
 //! handshake up to a registered (or migrating) connection.
 
 use super::*;
+use crate::transport::websocket::WsFraming;
 
 impl Shard {
     pub(super) fn accept(&mut self, listener: usize, stream: TcpStream, peer: SocketAddr) {
@@ -16,10 +17,10 @@ impl Shard {
         }
         let sock = socket2::SockRef::from(&stream);
         let _ = sock.set_nodelay(true);
-        if let Some(idle) = self.cfg().tcp_keepalive {
+        if let Some(idle) = self.shared.config.tcp_keepalive {
             let _ = sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(idle));
         }
-        if let Some(t) = self.cfg().tcp_user_timeout {
+        if let Some(t) = self.shared.config.tcp_user_timeout {
             let _ = sock.set_tcp_user_timeout(Some(t));
         }
         let kind = self
@@ -28,7 +29,7 @@ impl Shard {
             .get(listener)
             .copied()
             .unwrap_or(ListenerKind::Derp);
-        let deadline = self.now + self.cfg().handshake_timeout;
+        let deadline = self.now + self.shared.config.handshake_timeout;
         self.next_gen = self.next_gen.wrapping_add(1);
         let mut conn = Conn::new(self.next_gen, peer, kind, self.now, deadline);
         conn.set_proxy(self.proxy_prelude_for(&peer));
@@ -43,7 +44,7 @@ impl Shard {
                         let own_records = cfg.tls_records == TlsRecords::Ferry
                             && !cfg.ktls
                             && tls.enable_secret_extraction;
-                        conn.set_transport(Transport::tls(t, cfg.ktls, own_records));
+                        conn.set_transport(Transport::rustls(t, cfg.ktls, own_records));
                         self.m().tls_sockets.add(1);
                     }
                     Err(e) => {
@@ -131,27 +132,26 @@ impl Shard {
                 if fast_start {
                     m.fast_starts.inc();
                 }
-                let public = self.cfg().public_key;
-                let deadline = self.now + self.cfg().handshake_timeout;
+                let public = self.shared.config.public_key;
+                let deadline = self.now + self.shared.config.handshake_timeout;
                 if websocket.is_some() {
                     m.websocket_accepts.inc();
                 }
                 let conn = &mut self.conns[slot];
                 if let Some(key) = websocket {
-                    let mut link = Box::<crate::conn::WsLink>::default();
-                    link.out = ferry_proto::websocket::accept_response(&key);
-                    conn.put_ws(link);
+                    let response = ferry_proto::websocket::accept_response(&key);
+                    conn.put_ws(Box::new(WsFraming::new(response)));
                 } else if !fast_start {
-                    conn.session_mut()
+                    conn.derp_mut()
                         .control_mut()
                         .extend_from_slice(&http::switching_protocols(&public));
                 }
-                conn.session_mut()
+                conn.derp_mut()
                     .control_mut()
                     .extend_from_slice(&handshake::server_key_frame(&public));
                 conn.set_not_ideal(req.ideal_node.as_deref().is_some_and(|n| !n.is_empty()));
                 conn.set_phase(Phase::ClientInfo);
-                conn.session_mut().set_deadline(deadline);
+                conn.derp_mut().set_deadline(deadline);
                 self.mark_dirty(slot);
                 let rest = head.get(req.head_len..).unwrap_or_default();
                 if rest.is_empty() {
@@ -178,7 +178,7 @@ impl Shard {
 
     pub(super) fn respond(&mut self, slot: Slot, bytes: Vec<u8>) {
         let conn = &mut self.conns[slot];
-        conn.session_mut().control_mut().extend_from_slice(&bytes);
+        conn.derp_mut().control_mut().extend_from_slice(&bytes);
         conn.set_phase(Phase::Responding);
         conn.close_when_flushed(CloseReason::HttpDone);
         self.mark_dirty(slot);

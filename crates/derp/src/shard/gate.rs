@@ -4,6 +4,7 @@
 //! holds it.
 
 use super::*;
+use crate::conn::AckedMark;
 
 impl Shard {
     /// Holds `slot`'s input for `why`, stopping its socket's reads.
@@ -93,20 +94,21 @@ impl Shard {
                 i += 1;
                 continue;
             }
-            let Some(mark) = conn.acked_mark() else {
+            let mark = conn.acked_mark();
+            if mark == AckedMark::NotRead {
                 // Half the budget gone: note how far the peer has read, and
                 // how far the other long-pending sends' peers have.
                 conn.mark_acked(driver.bytes_acked(slot), None);
                 probe = true;
                 i += 1;
                 continue;
-            };
+            }
             if held < budget {
                 i += 1;
                 continue;
             }
             let acked = driver.bytes_acked(slot);
-            if mark.is_some() && acked.is_some() && acked != mark {
+            if matches!((mark, acked), (AckedMark::Bytes(m), Some(a)) if a != m) {
                 // It reads, just slowly: a new half-budget window.
                 conn.mark_acked(acked, Some(now - half));
                 i += 1;

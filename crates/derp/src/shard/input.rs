@@ -1,7 +1,9 @@
-//! Bytes in: raw socket bytes through TLS (if any) into the connection's
-//! phase, frames from active clients, and resuming input after a pause.
+//! Bytes in: raw socket bytes through the transport into the
+//! connection's phase, frames from active clients, and resuming input
+//! after a pause.
 
 use super::*;
+use crate::transport::{End, Sink};
 
 impl Shard {
     pub(super) fn on_received(&mut self, slot: Slot, data: &[u8]) {
@@ -22,92 +24,51 @@ impl Shard {
         self.ingest(slot, data);
     }
 
-    /// Feeds raw socket bytes through TLS (if any) into the protocol.
-    /// Bytes not consumed because input paused are stashed.
+    /// Feeds raw socket bytes through the transport into the protocol:
+    /// the transport is taken out of the connection once and does one
+    /// read. Bytes not read because input paused are stashed.
     pub(super) fn ingest(&mut self, slot: Slot, data: &[u8]) {
-        let Some(mut user) = self.conns[slot].transport_mut().take_user() else {
-            if let Some(records) = self.conns[slot].transport_mut().take_records() {
-                self.ingest_records(slot, records, data);
+        let mut transport = self.conns[slot].take_transport();
+        let mut plain = std::mem::take(&mut self.plain);
+        let read = transport.read(data, &mut plain, &mut PhaseSink { shard: self, slot });
+        self.plain = plain;
+        self.conns[slot].set_transport(transport);
+        if read.moved {
+            self.m().records_sockets.add(1);
+        }
+        match read.end {
+            None => {
+                let conn = &mut self.conns[slot];
+                if read.unread > 0 && conn.closed().is_none() {
+                    conn.stash(&data[data.len() - read.unread..]);
+                }
+            }
+            // close_notify: an orderly end.
+            Some(End::Closed) => self.on_eof(slot),
+            Some(End::Io(e)) => self.tls_failed(slot, &e),
+            Some(End::Handoff(e)) => self.tls_failed(slot, &e),
+            Some(End::Rustls(e)) => {
+                self.tls_failed_after_alert(slot, &e);
                 return;
             }
-            // Without TLS, whatever is not consumed is kept by the phase
-            // that stopped (deframer or stash).
-            let _ = self.process_plain(slot, data);
-            return;
-        };
-        let mut rest = data;
-        let mut ok = true;
-        let mut failure = None;
-        'feed: loop {
-            if !self.drain_tls(slot, &mut user.conn) {
-                break 'feed;
-            }
-            if user.own_records && !user.conn.is_handshaking() {
-                match self.move_to_own_records(slot, user) {
-                    Some(back) => user = back,
-                    None => {
-                        if self.conns[slot].closed().is_none() {
-                            self.ingest(slot, rest);
-                        }
-                        return;
-                    }
+            Some(End::Records(e)) => {
+                let conn = &self.conns[slot];
+                let peer = conn.peer();
+                conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
+                if e.alert().is_some() && self.conns[slot].closed().is_none() {
+                    // The alert goes out, nothing after it, then the
+                    // connection closes.
+                    self.finish(slot, CloseReason::IoError);
+                } else {
+                    self.close(slot, CloseReason::IoError);
                 }
-            }
-            if rest.is_empty() {
-                break;
-            }
-            let before = rest;
-            // Before a move to Ferry's record layer, rustls gets whole
-            // records only (a header, then its body), so that the move
-            // finds it at a record boundary.
-            let mut input = match user.boundary.as_ref().filter(|_| user.own_records) {
-                Some(b) => {
-                    let upto = match b.bytes_to_next() {
-                        0 => ferry_proto::tls_record::HEADER_LEN,
-                        n => n,
-                    };
-                    &rest[..upto.min(rest.len())]
-                }
-                None => rest,
-            };
-            match user.conn.read_tls(&mut input) {
-                Ok(n) => {
-                    rest = &before[n..];
-                    if let Some(b) = user.boundary.as_mut() {
-                        b.feed(&before[..n]);
-                    }
-                }
-                Err(e) => {
-                    ok = false;
-                    self.tls_failed(slot, &e);
-                    break;
-                }
-            }
-            if let Err(e) = user.conn.process_new_packets() {
-                // rustls queued its alert: that goes out, then the end.
-                ok = false;
-                user.failed = true;
-                failure = Some(e);
-                break;
             }
         }
-        let conn = &mut self.conns[slot];
-        if ok && !rest.is_empty() && conn.closed().is_none() {
-            conn.stash(rest);
-        }
-        let wants_write = user.conn.wants_write();
-        let handshaken = !user.conn.is_handshaking();
-        let may_move = user.boundary.is_some() && !user.own_records;
-        conn.transport_mut().put_user(user);
-        if let Some(e) = failure {
-            self.tls_failed_after_alert(slot, &e);
-            return;
-        }
-        if wants_write {
+        if self.conns[slot].transport().wants_write() {
             self.mark_dirty(slot);
         }
         let conn = &self.conns[slot];
-        if handshaken && may_move && conn.closed().is_none() {
+        if conn.transport().may_hand_off() && conn.closed().is_none() {
             let gen = conn.gen();
             if !self
                 .ktls_candidates
@@ -118,118 +79,6 @@ impl Shard {
                 // for good, or this deadline passes.
                 let deadline = self.now + KTLS_TRY_FOR;
                 self.ktls_candidates.push((slot, gen, deadline));
-            }
-        }
-    }
-
-    /// Moves a finished TLS 1.3 session from rustls to Ferry's record
-    /// layer (the bytes given to rustls end on a record boundary, and it
-    /// holds no plaintext: `drain_tls` emptied it). `None`: moved, or the
-    /// connection failed; `Some`: it stays on rustls (TLS 1.2, or input
-    /// paused with plaintext still in rustls: tried again on the next
-    /// input).
-    fn move_to_own_records(&mut self, slot: Slot, user: Box<UserTls>) -> Option<Box<UserTls>> {
-        if !user.boundary.as_ref().is_some_and(|b| b.at_boundary()) {
-            return Some(user);
-        }
-        let UserTls { conn, boundary, .. } = *user;
-        match crate::tls_records::RecordLayer::start(conn) {
-            Ok(layer) => {
-                let pending = layer.has_pending();
-                self.conns[slot]
-                    .transport_mut()
-                    .put_records(Box::new(layer));
-                self.m().records_sockets.add(1);
-                if pending {
-                    self.mark_dirty(slot);
-                }
-                None
-            }
-            Err(crate::ktls::Refused::Usable { conn, reason }) => {
-                // TLS 1.2 (not transient): rustls for the whole connection.
-                let own_records = reason.is_transient();
-                Some(Box::new(UserTls {
-                    conn,
-                    boundary: boundary.filter(|_| own_records),
-                    own_records,
-                    failed: false,
-                }))
-            }
-            Err(crate::ktls::Refused::Dead(e)) => {
-                self.tls_failed(slot, &e);
-                None
-            }
-        }
-    }
-
-    /// Feeds raw socket bytes through Ferry's TLS record layer into the
-    /// protocol: each record's plaintext goes to the connection's phase
-    /// where it was opened. Bytes not consumed because input paused are
-    /// stashed.
-    fn ingest_records(
-        &mut self,
-        slot: Slot,
-        mut records: Box<crate::tls_records::RecordLayer>,
-        data: &[u8],
-    ) {
-        use crate::tls_records::Content;
-        let mut plain = std::mem::take(&mut self.tls_plain);
-        if plain.len() < PLAINTEXT_BUFFER {
-            plain.resize(PLAINTEXT_BUFFER, 0);
-        }
-        let mut rest = data;
-        let mut end = None;
-        loop {
-            let conn = &self.conns[slot];
-            if conn.is_closed() || conn.is_paused() {
-                break;
-            }
-            match records.read(&mut rest, &mut plain) {
-                Ok(Some(Content::Data(data))) => {
-                    // The phase keeps whatever it does not consume, so the
-                    // record is used either way.
-                    let _ = self.process_plain(slot, data);
-                }
-                Ok(Some(Content::Closed)) => {
-                    end = Some(Ok(()));
-                    break;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    end = Some(Err(e));
-                    break;
-                }
-            }
-        }
-        self.tls_plain = plain;
-        let conn = &mut self.conns[slot];
-        if end.is_none() && !rest.is_empty() && conn.closed().is_none() {
-            conn.stash(rest);
-        }
-        match end {
-            None => conn.transport_mut().put_records(records),
-            Some(Ok(())) => {
-                conn.transport_mut().put_records(records);
-                // close_notify: an orderly end.
-                self.on_eof(slot);
-            }
-            Some(Err(e)) => {
-                let peer = conn.peer();
-                conn_log!(self, info, %peer, error = %e, "TLS error; closing connection");
-                let conn = &mut self.conns[slot];
-                match e.alert() {
-                    Some(alert) if conn.closed().is_none() => {
-                        // The alert goes out, nothing after it, then the
-                        // connection closes.
-                        records.queue_alert(alert);
-                        conn.transport_mut().put_records(records);
-                        self.finish(slot, CloseReason::IoError);
-                    }
-                    _ => {
-                        conn.transport_mut().put_records(records);
-                        self.close(slot, CloseReason::IoError);
-                    }
-                }
             }
         }
     }
@@ -258,41 +107,6 @@ impl Shard {
         self.mark_dirty(slot);
     }
 
-    /// Moves decrypted bytes from TLS into the protocol, parsing them where
-    /// rustls keeps them (one plaintext chunk per record) instead of
-    /// copying them out first. Returns `false` when input paused or the
-    /// connection closed.
-    pub(super) fn drain_tls(&mut self, slot: Slot, tls: &mut rustls::ServerConnection) -> bool {
-        loop {
-            let conn = &self.conns[slot];
-            if conn.is_closed() || conn.is_paused() {
-                return false;
-            }
-            match tls.reader().into_first_chunk() {
-                Ok([]) => {
-                    // close_notify: an orderly end.
-                    self.on_eof(slot);
-                    return false;
-                }
-                Ok(chunk) => {
-                    let n = chunk.len();
-                    // The phase keeps whatever it does not consume (partial
-                    // frame, stash), so the whole chunk is used either way.
-                    let flow = self.process_plain(slot, chunk);
-                    tls.reader().consume(n);
-                    if flow.is_break() {
-                        return false;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                Err(e) => {
-                    self.tls_failed(slot, &e);
-                    return false;
-                }
-            }
-        }
-    }
-
     /// Feeds decrypted bytes to the connection's current phase. Breaks when
     /// input paused or the connection closed; unconsumed bytes are kept by
     /// the connection (deframer or stash).
@@ -312,7 +126,7 @@ impl Shard {
     }
 
     pub(super) fn deframe(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
-        let mut reader = self.conns[slot].session_mut().take_reader();
+        let mut reader = self.conns[slot].derp_mut().take_reader();
         let was_handshake = self.conns[slot].phase() == Phase::ClientInfo;
         let policy = self.conns[slot].frame_policy();
         let result = if was_handshake {
@@ -320,7 +134,7 @@ impl Shard {
         } else {
             reader.handle_bytes(data, policy, |len, action| self.on_frame(slot, len, action))
         };
-        self.conns[slot].session_mut().put_reader(reader);
+        self.conns[slot].derp_mut().put_reader(reader);
         if was_handshake
             && result == Ok(frame::Fed::Paused)
             && self.conns[slot].phase() == Phase::Active
@@ -335,10 +149,10 @@ impl Shard {
 
     /// Continues with frames the reader holds (after a pause).
     pub(super) fn resume_frames(&mut self, slot: Slot) -> ControlFlow<()> {
-        let mut reader = self.conns[slot].session_mut().take_reader();
+        let mut reader = self.conns[slot].derp_mut().take_reader();
         let policy = self.conns[slot].frame_policy();
         let result = reader.resume(policy, |len, action| self.on_frame(slot, len, action));
-        self.conns[slot].session_mut().put_reader(reader);
+        self.conns[slot].derp_mut().put_reader(reader);
         self.after_deframe(slot, result)
     }
 
@@ -408,12 +222,12 @@ impl Shard {
                 let m = self.m();
                 m.packets_received.inc();
                 m.bytes_received.add(packet.len() as u64);
-                m.packets_received_kind[kind_of(packet) as usize].inc();
-                self.route(slot, RECORD_SEND, &src, &dst, packet)
+                m.packets_received_kind[PacketKind::of(packet) as usize].inc();
+                self.route(slot, Via::Send, &src, &dst, packet)
             }
             Action::Forward { src, dst, packet } => {
                 self.m().packets_forwarded_in.inc();
-                self.route(slot, RECORD_FORWARD, &src, &dst, packet)
+                self.route(slot, Via::Forward, &src, &dst, packet)
             }
             Action::NotePreferred(preferred) => {
                 let young = self.now.duration_since(self.conns[slot].registered_at())
@@ -434,7 +248,7 @@ impl Shard {
             }
             Action::Ping(data) => {
                 self.m().got_ping.inc();
-                if self.conns[slot].session_mut().answer_ping(&data) {
+                if self.conns[slot].derp_mut().answer_ping(&data) {
                     self.m().sent_pong.inc();
                     self.mark_dirty(slot);
                 }
@@ -499,12 +313,11 @@ impl Shard {
         if self.resume_frames(slot).is_break() {
             return;
         }
-        if let Some(mut user) = self.conns[slot].transport_mut().take_user() {
-            let go_on = self.drain_tls(slot, &mut user.conn);
-            self.conns[slot].transport_mut().put_user(user);
-            if !go_on {
-                return;
-            }
+        // Plaintext the transport still holds (rustls's).
+        self.ingest(slot, &[]);
+        let conn = &self.conns[slot];
+        if conn.is_closed() || conn.is_paused() {
+            return;
         }
         let stash = self.conns[slot].take_stash();
         if !stash.is_empty() {
@@ -515,5 +328,24 @@ impl Shard {
         if !self.conns[slot].is_paused() && self.conns[slot].closed().is_none() {
             self.ops.push(Op::SetRecv(slot, true));
         }
+    }
+}
+
+/// The connection's current phase as a transport's [`Sink`].
+struct PhaseSink<'a> {
+    shard: &'a mut Shard,
+    slot: Slot,
+}
+
+impl Sink for PhaseSink<'_> {
+    #[inline]
+    fn open(&self) -> bool {
+        let conn = &self.shard.conns[self.slot];
+        !conn.is_closed() && !conn.is_paused()
+    }
+
+    #[inline]
+    fn deliver(&mut self, plain: &[u8]) -> ControlFlow<()> {
+        self.shard.process_plain(self.slot, plain)
     }
 }

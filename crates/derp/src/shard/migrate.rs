@@ -41,7 +41,7 @@ impl Shard {
             }
             // The socket moves once everything queued here (the 101 and
             // serverKey) is written.
-            if conn.session().sending_since().is_some() || conn.has_output() {
+            if conn.derp().sending_since().is_some() || conn.has_output() {
                 i += 1;
                 continue;
             }

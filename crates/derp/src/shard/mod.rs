@@ -18,7 +18,7 @@
 //! `Received` bytes go through TLS (if any) into the connection's deframer,
 //! which hands out whole frames, in place when they lie whole in the read
 //! buffer. A `sendPacket` to a local key becomes a `recvPacket` frame
-//! appended to the destination's queue; to a remote key, a record in the
+//! appended to the destination's queue; to a remote key, a packet in the
 //! ring to its owner, read there in place and appended the same way. After
 //! the turn, every connection with queued output gets one send.
 //!
@@ -62,7 +62,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, BufRead, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,10 +86,12 @@ use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
-use crate::tls_records::{TlsRecords, PLAINTEXT_BUFFER};
-use crate::transport::{KernelTls, Transport, UserTls};
+use crate::transport::records::TlsRecords;
+use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
+use log_limit::LogLimiter;
+use ring::{RingHeader, RingPacket, Via};
 
 /// How often deadlines, keepalives and write timeouts are checked.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -108,11 +110,6 @@ const FINISH_GRACE: Duration = Duration::from_secs(2);
 const KTLS_TRY_FOR: Duration = Duration::from_secs(5);
 /// Messages per cross-shard control ring.
 pub const MSG_RING: usize = 4096;
-
-/// Bytes in front of a packet in a cross-shard record.
-const RECORD_HEADER: usize = 1 + 32 + 32 + 4 + 4;
-const RECORD_SEND: u8 = 0;
-const RECORD_FORWARD: u8 = 1;
 
 pub use crate::conn::ConnRef;
 pub use forward::{MeshNews, MeshOut, MeshShared};
@@ -273,39 +270,6 @@ enum Op {
     KtlsRx(Slot),
 }
 
-/// Log lines per second per shard about misbehaving clients, beyond which
-/// they are counted but not printed.
-const LOG_BURST: u32 = 20;
-
-struct LogLimiter {
-    window: Instant,
-    lines: u32,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    fn allow(&mut self, now: Instant) -> bool {
-        if now.duration_since(self.window) >= Duration::from_secs(1) {
-            if self.suppressed > 0 {
-                tracing::info!(
-                    suppressed = self.suppressed,
-                    "connection log lines suppressed in the last second"
-                );
-            }
-            self.window = now;
-            self.lines = 0;
-            self.suppressed = 0;
-        }
-        self.lines += 1;
-        if self.lines > LOG_BURST {
-            self.suppressed += 1;
-            false
-        } else {
-            true
-        }
-    }
-}
-
 /// One shard's state; implements the engine's [`Handler`].
 pub struct Shard {
     id: usize,
@@ -343,13 +307,17 @@ pub struct Shard {
     /// Destinations holding paused senders, watched against the
     /// backpressure budget.
     holders: Vec<(Slot, u32)>,
-    plain_out: Vec<u8>,
+    /// WebSocket output being framed (it then swaps with the control
+    /// queue's memory).
+    ws_out: Vec<u8>,
     /// Where records of Ferry's TLS record layer are opened (one record's
-    /// plaintext; empty until the first).
-    tls_plain: Vec<u8>,
+    /// plaintext; empty until the first), shared by the shard's
+    /// connections.
+    plain: Vec<u8>,
     /// Send buffers of connections with nothing in flight.
     send_pool: buffers::SendPool,
-    record: Vec<u8>,
+    /// A ring packet that wrapped around the ring's end, made whole.
+    ring_packet: Vec<u8>,
     mail_batch: Vec<Mail>,
     /// Control messages taken from the inbox, handled after the turn.
     control: Vec<Control>,
@@ -389,14 +357,16 @@ mod control_queue;
 mod forward;
 mod front_door;
 mod gate;
+mod handoff;
 mod input;
-mod kernel_tls;
 mod limits;
+mod log_limit;
 mod migrate;
 mod output;
 mod presence;
 mod proxied;
 mod registry;
+mod ring;
 mod router;
 mod sessions;
 mod timers;
@@ -453,10 +423,10 @@ impl Shard {
             record_slots: Vec::with_capacity(WORK_LIST_START),
             stalled: Vec::with_capacity(WORK_LIST_START),
             holders: Vec::with_capacity(WORK_LIST_START),
-            plain_out: Vec::new(),
-            tls_plain: Vec::new(),
+            ws_out: Vec::new(),
+            plain: Vec::new(),
             send_pool: buffers::SendPool::default(),
-            record: Vec::with_capacity(RECORD_HEADER + frame::MAX_PACKET_SIZE),
+            ring_packet: Vec::with_capacity(RingHeader::LEN + frame::MAX_PACKET_SIZE),
             mail_batch: Vec::with_capacity(WORK_LIST_START),
             control: Vec::new(),
             ws_payload: Vec::new(),
@@ -471,20 +441,12 @@ impl Shard {
             done: false,
             hard_cap,
             caps,
-            log: LogLimiter {
-                window: now,
-                lines: 0,
-                suppressed: 0,
-            },
+            log: LogLimiter::new(now),
         }
     }
 
     fn m(&self) -> &ShardMetrics {
         &self.shared.metrics.shards[self.id]
-    }
-
-    fn cfg(&self) -> &DerpConfig {
-        &self.shared.config
     }
 
     fn conn_ref(&self, slot: Slot) -> ConnRef {
@@ -764,13 +726,5 @@ fn count_transport(m: &ShardMetrics, conn: &Conn, sign: i64) {
     }
     if conn.transport().is_records() {
         m.records_sockets.add(sign);
-    }
-}
-
-fn kind_of(packet: &[u8]) -> PacketKind {
-    if frame::is_disco(packet) {
-        PacketKind::Disco
-    } else {
-        PacketKind::Other
     }
 }

@@ -3,9 +3,6 @@
 
 use super::*;
 
-/// Plaintext bytes in a full TLS record (the protocol's limit).
-const RECORD_PLAINTEXT: usize = 16 * 1024;
-
 impl Shard {
     pub(super) fn flush(&mut self, driver: &mut dyn DriverOps) {
         let now = self.now;
@@ -18,10 +15,10 @@ impl Shard {
                 continue;
             };
             conn.clear_dirty();
-            if conn.is_closed() || conn.session().sending_since().is_some() || conn.is_detached() {
+            if conn.is_closed() || conn.derp().sending_since().is_some() || conn.is_detached() {
                 continue;
             }
-            if let Some(KernelTls { session, .. }) = conn.transport_mut().kernel() {
+            if let Some(session) = conn.transport_mut().kernel() {
                 if session.key_update_due() {
                     match driver.fd(slot).map(|fd| session.rekey_tx(fd)) {
                         Some(Ok(true)) => {}
@@ -38,69 +35,21 @@ impl Shard {
                     }
                 }
             }
-            let moved = conn.session().queued_bytes();
+            let moved = conn.derp().queued_bytes();
             if conn.is_websocket() {
                 self.ws_frame_output(slot);
             }
             let conn = &mut self.conns[slot];
-            let (transport, session) = conn.transport_and_session();
-            let mut worn = None;
-            let mut buf = session.take_send_buffer();
+            let (transport, derp) = conn.transport_and_derp();
+            let mut buf = derp.take_send_buffer();
             if buf.capacity() == 0 {
                 buf = self.send_pool.take();
             }
-            if let Some(UserTls {
-                conn: tls, failed, ..
-            }) = transport.user()
-            {
-                if *failed {
-                    // rustls failed: only its alert, written below.
-                } else if !tls.is_handshaking() {
-                    // One plaintext write per flush, cut into full records
-                    // (many small frames share one). Each record is copied
-                    // into the send buffer right after it is encrypted,
-                    // while it is still in cache, and its memory is reused
-                    // for the next one, instead of encrypting the whole
-                    // flush first and copying it all out afterwards.
-                    let plain = &mut self.plain_out;
-                    let buf = &mut buf;
-                    session.poll_output_with(|parts| {
-                        let data: &[u8] = if parts.iter().filter(|p| !p.is_empty()).count() > 1 {
-                            plain.clear();
-                            for p in parts {
-                                plain.extend_from_slice(p);
-                            }
-                            plain
-                        } else {
-                            parts
-                                .into_iter()
-                                .find(|p| !p.is_empty())
-                                .unwrap_or_default()
-                        };
-                        for record in data.chunks(RECORD_PLAINTEXT) {
-                            let _ = tls.writer().write_all(record);
-                            while tls.wants_write() {
-                                if tls.write_tls(buf).is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    });
-                }
-                while tls.wants_write() {
-                    if tls.write_tls(&mut buf).is_err() {
-                        break;
-                    }
-                }
-            } else if let Some(records) = transport.records() {
-                // Ferry's record layer: the frames are copied once, into
-                // full records in the send buffer, and sealed there.
-                session.poll_output_with(|parts| worn = records.seal(&mut buf, parts).err());
-            } else {
-                // Under load, only data frames are queued: the queue itself
-                // becomes the send buffer — no copy.
-                session.poll_output(&mut buf);
-            }
+            // One write through the transport: the frames as they are
+            // (under load, only data frames are queued and the queue itself
+            // becomes the send buffer — no copy), sealed into records, or
+            // through rustls.
+            let worn = transport.write(derp, &mut buf).err();
             if let Some(e) = worn {
                 // The key is worn and cannot be renewed: what was sealed
                 // goes out with a close_notify, then the end.
@@ -108,10 +57,10 @@ impl Shard {
                 conn_log!(self, info, %peer, error = %e, "TLS session ends; closing connection after this send");
                 conn.close_when_flushed(CloseReason::IoError);
             }
-            let session = conn.session_mut();
+            let derp = conn.derp_mut();
             if buf.is_empty() {
-                session.keep_send_buffer(buf);
-                self.send_pool.release_idle(session);
+                derp.keep_send_buffer(buf);
+                self.send_pool.release_idle(derp);
                 let delta = conn.regauge();
                 self.shared.metrics.shards[self.id].queued_bytes.add(delta);
                 if let Some(reason) = conn.close_after_flush() {
@@ -119,10 +68,10 @@ impl Shard {
                 }
                 continue;
             }
-            session.start_send(now, moved);
+            derp.start_send(now, moved);
             let delta = conn.regauge();
             self.shared.metrics.shards[self.id].queued_bytes.add(delta);
-            if let Some(KernelTls { session, .. }) = conn.transport_mut().kernel() {
+            if let Some(session) = conn.transport_mut().kernel() {
                 // Counts records against the cipher's limit; where keys
                 // cannot be renewed in time, the session must end.
                 if session.note_sent(buf.len()).is_err() {
@@ -166,7 +115,7 @@ impl Shard {
         if conn.has_output() || conn.close_after_flush().is_some() {
             self.mark_dirty(slot);
         } else {
-            self.send_pool.release_idle(conn.session_mut());
+            self.send_pool.release_idle(conn.derp_mut());
         }
     }
 }

@@ -20,7 +20,7 @@ impl Shard {
     /// Where a connection should start: a PROXY header expected, refused,
     /// or neither.
     pub(super) fn proxy_prelude_for(&self, peer: &SocketAddr) -> ProxyPrelude {
-        let cfg = self.cfg();
+        let cfg = &self.shared.config;
         if !cfg.proxy_protocol {
             ProxyPrelude::Done
         } else if cfg.trusted_proxies.contains(peer.ip()) {

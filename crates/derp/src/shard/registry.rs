@@ -16,7 +16,7 @@ impl Shard {
             return;
         }
         let phase = conn.phase();
-        let (disco_n, data_n) = conn.session().queued_packets();
+        let (disco_n, data_n) = conn.derp().queued_packets();
         let queued = conn.regauge();
         let bp_paused = conn.release(Hold::Backpressure);
         self.closing.push(slot);
@@ -46,14 +46,14 @@ impl Shard {
         if conn.is_ending() {
             return;
         }
-        if !conn.has_output() && conn.session().sending_since().is_none() {
+        if !conn.has_output() && conn.derp().sending_since().is_none() {
             self.close(slot, reason);
             return;
         }
         let was_active = conn.phase() == Phase::Active;
         conn.set_phase(Phase::Responding);
         conn.close_when_flushed(reason);
-        conn.session_mut().set_deadline(now + FINISH_GRACE);
+        conn.derp_mut().set_deadline(now + FINISH_GRACE);
         self.hold_input(slot, Hold::Closing);
         if was_active {
             self.unregister(slot);
@@ -100,7 +100,7 @@ impl Shard {
             },
             &nonce,
         );
-        conn.session_mut().control_mut().extend_from_slice(&info);
+        conn.derp_mut().control_mut().extend_from_slice(&info);
         let (addr, flags) = (conn.peer(), conn.presence_flags());
 
         let not_ideal = self.conns[slot].is_not_ideal();

@@ -6,13 +6,13 @@ use super::control_queue::Origin;
 use super::*;
 
 impl Shard {
-    /// Sends a packet on its way: delivered here, or recorded into the ring
+    /// Sends a packet on its way: delivered here, or pushed into the ring
     /// to the destination's owner. Breaks (pausing the sender) when that
     /// ring is full.
     pub(super) fn route(
         &mut self,
         slot: Slot,
-        record_kind: u8,
+        via: Via,
         src: &NodePublic,
         dst: &NodePublic,
         packet: &[u8],
@@ -20,14 +20,14 @@ impl Shard {
         let owner = self.shared.owner_of(dst, self.shards);
         if owner == self.id {
             let from = self.conn_ref(slot);
-            if self.deliver(record_kind, src, dst, packet, from) {
+            if self.deliver(via, src, dst, packet, from) {
                 self.pause_sender(slot);
                 return ControlFlow::Break(());
             }
             return ControlFlow::Continue(());
         }
         if !self.stuck_remote.is_empty() && self.stuck_remote.contains(dst) {
-            let kind = kind_of(packet);
+            let kind = PacketKind::of(packet);
             if kind == PacketKind::Other {
                 // Its shard would only drop it (see the module doc).
                 let m = &self.shared.metrics.shards[self.id];
@@ -36,8 +36,14 @@ impl Shard {
             }
         }
         let gen = self.conns[slot].gen();
-        let mut header = [0u8; RECORD_HEADER];
-        write_record_header(&mut header, record_kind, src, dst, slot as u32, gen);
+        let header = RingHeader {
+            via,
+            src: *src,
+            dst: *dst,
+            slot: slot as u32,
+            gen,
+        }
+        .encode();
         let tx = self.rings.bytes_tx[owner]
             .as_mut()
             .expect("ring to another shard");
@@ -68,24 +74,24 @@ impl Shard {
     /// cap (see [`Shard::new`]) is that bound, and drops only beyond it.
     pub(super) fn deliver(
         &mut self,
-        record_kind: u8,
+        via: Via,
         src: &NodePublic,
         dst: &NodePublic,
         packet: &[u8],
         from: ConnRef,
     ) -> bool {
-        let kind = kind_of(packet);
+        let kind = PacketKind::of(packet);
         let m = &self.shared.metrics.shards[self.id];
         let drop = |m: &ShardMetrics, reason: DropReason| m.dropped(reason, kind, packet.len());
         let Some(entry) = self.keys.get(dst) else {
-            if record_kind == RECORD_SEND {
+            if via == Via::Send {
                 if let Some(link) = self.forwarder(dst) {
                     return self.forward_packet(link, src, dst, packet, from);
                 }
             }
             drop(
                 m,
-                if record_kind == RECORD_FORWARD {
+                if via == Via::Forward {
                     DropReason::UnknownDestOnFwd
                 } else {
                     DropReason::UnknownDest
@@ -117,9 +123,9 @@ impl Shard {
         }
         // Mesh-forwarded packets never pause their link, nor does a
         // destination that stopped draining pause anyone.
-        let may_pause = record_kind != RECORD_FORWARD && !conn.is_not_draining();
+        let may_pause = via != Via::Forward && !conn.is_not_draining();
         let (queued, frame_len) = conn
-            .session_mut()
+            .derp_mut()
             .queue_packet(src, packet, kind, &self.caps, may_pause);
         let mut pause = false;
         match queued {
@@ -185,18 +191,18 @@ impl Shard {
         // sockets. The rest waits for the next turn.
         let avail = rx.len();
         let backed_up = avail * 2 > rx.capacity();
-        let mut scratch = std::mem::take(&mut self.record);
+        let mut scratch = std::mem::take(&mut self.ring_packet);
         rx.pop_until(avail, |a, b| {
             if b.is_empty() {
-                self.on_record(from, a);
+                self.on_ring_packet(from, a);
             } else {
                 scratch.clear();
                 scratch.extend_from_slice(a);
                 scratch.extend_from_slice(b);
-                self.on_record(from, &scratch);
+                self.on_ring_packet(from, &scratch);
             }
         });
-        self.record = scratch;
+        self.ring_packet = scratch;
         self.rings.bytes_rx[from] = Some(rx);
         if backed_up {
             // The producer may have paused senders on this ring.
@@ -209,18 +215,25 @@ impl Shard {
         self.mail_batch = batch;
     }
 
-    pub(super) fn on_record(&mut self, from: usize, record: &[u8]) {
-        let Some((kind, src, dst, slot, gen, packet)) = read_record(record) else {
-            debug_assert!(false, "malformed cross-shard record");
+    pub(super) fn on_ring_packet(&mut self, from: usize, bytes: &[u8]) {
+        let Some(RingPacket { header, packet }) = RingPacket::parse(bytes) else {
+            debug_assert!(false, "malformed cross-shard ring packet");
             return;
         };
+        let RingHeader {
+            via,
+            src,
+            dst,
+            slot,
+            gen,
+        } = header;
         // The sender lives on the shard whose ring this is.
         let sender = ConnRef {
             shard: from,
             slot: slot as usize,
             gen,
         };
-        if self.deliver(kind, &src, &dst, packet, sender) {
+        if self.deliver(via, &src, &dst, packet, sender) {
             self.mail(from, Mail::Pause(sender));
         }
     }
@@ -265,12 +278,12 @@ impl Shard {
                 self.stalled.swap_remove(i);
                 continue;
             }
-            let Some((shard, record)) = conn.stalled() else {
+            let Some((shard, packet)) = conn.stalled() else {
                 self.stalled.swap_remove(i);
                 continue;
             };
             let tx = self.rings.bytes_tx[shard].as_mut().expect("ring");
-            if !tx.try_push(&[record]) {
+            if !tx.try_push(&[packet]) {
                 i += 1;
                 continue;
             }
@@ -280,58 +293,5 @@ impl Shard {
             self.stalled.swap_remove(i);
             self.release_input(slot, Hold::Ring);
         }
-    }
-}
-
-pub(super) fn write_record_header(
-    out: &mut [u8; RECORD_HEADER],
-    kind: u8,
-    src: &NodePublic,
-    dst: &NodePublic,
-    slot: u32,
-    gen: u32,
-) {
-    out[0] = kind;
-    out[1..33].copy_from_slice(src.as_bytes());
-    out[33..65].copy_from_slice(dst.as_bytes());
-    out[65..69].copy_from_slice(&slot.to_le_bytes());
-    out[69..73].copy_from_slice(&gen.to_le_bytes());
-}
-
-type Record<'a> = (u8, NodePublic, NodePublic, u32, u32, &'a [u8]);
-
-pub(super) fn read_record(r: &[u8]) -> Option<Record<'_>> {
-    if r.len() < RECORD_HEADER {
-        return None;
-    }
-    let key = |b: &[u8]| NodePublic::from_bytes(b.try_into().expect("32 bytes"));
-    Some((
-        r[0],
-        key(&r[1..33]),
-        key(&r[33..65]),
-        u32::from_le_bytes(r[65..69].try_into().ok()?),
-        u32::from_le_bytes(r[69..73].try_into().ok()?),
-        &r[RECORD_HEADER..],
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_header_round_trips() {
-        let src = NodePublic::from_bytes([1; 32]);
-        let dst = NodePublic::from_bytes([2; 32]);
-        let mut h = [0u8; RECORD_HEADER];
-        write_record_header(&mut h, RECORD_FORWARD, &src, &dst, 7, 9);
-        let mut rec = h.to_vec();
-        rec.extend_from_slice(b"pkt");
-        let (k, s, d, slot, gen, p) = read_record(&rec).unwrap();
-        assert_eq!(
-            (k, s, d, slot, gen, p),
-            (RECORD_FORWARD, src, dst, 7, 9, &b"pkt"[..])
-        );
-        assert!(read_record(&rec[..10]).is_none());
     }
 }

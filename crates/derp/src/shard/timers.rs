@@ -14,12 +14,12 @@ impl Shard {
             if conn.is_closed() || conn.is_detached() {
                 continue;
             }
-            if conn.session().poll_timeout().is_none_or(|at| now < at) {
+            if conn.derp().poll_timeout().is_none_or(|at| now < at) {
                 continue;
             }
             let jitter = &mut self.jitter;
             let jitter = || Duration::from_millis(jitter.gen_range(0..KEEPALIVE_JITTER_MS));
-            match conn.session_mut().handle_timeout(now, jitter) {
+            match conn.derp_mut().handle_timeout(now, jitter) {
                 None => {}
                 Some(Timeout::Deadline) => match conn.close_after_flush() {
                     // A response or farewell the client did not take.
@@ -76,7 +76,7 @@ impl Shard {
                 // go out first, so a data queue takes it at its end): a
                 // client that leaves when told loses nothing. Its input
                 // stops, so nothing new lands behind it.
-                conn.session_mut().queue_restarting(reconnect, try_for);
+                conn.derp_mut().queue_restarting(reconnect, try_for);
                 conn.close_when_flushed(CloseReason::Shutdown);
                 self.hold_input(slot, Hold::Closing);
                 self.mark_dirty(slot);

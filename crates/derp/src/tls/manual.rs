@@ -376,7 +376,7 @@ fn exists(path: &Path) -> Result<bool, TlsError> {
 
 /// The `sha256-raw:` name of a self-signed leaf, or `None` for a CA-issued
 /// one. Warns when a self-signed leaf comes with more certificates, which
-/// pinning clients reject (protocol reference §19).
+/// pinning clients reject (`docs/derp-protocol.md` §19).
 pub(super) fn self_signed_cert_name(chain: &[CertificateDer<'_>], path: &Path) -> Option<String> {
     let leaf = chain.first()?;
     if is_self_issued(leaf) != Some(true) {

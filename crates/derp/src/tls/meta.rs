@@ -1,4 +1,4 @@
-//! The DERP meta-certificate (protocol reference §4.1).
+//! The DERP meta-certificate (`docs/derp-protocol.md` §4.1).
 //!
 //! A TLS 1.3 client scans the served chain for a certificate whose subject
 //! common name is `derpkey` followed by 64 hex digits; those digits are the

@@ -242,14 +242,14 @@ pub(crate) struct DerpArgs {
     /// Kernel TLS: auto (move TLS sessions into the kernel where the TLS
     /// ULP is available), on (fail to start without it), or off.
     #[arg(long, default_value = "auto")]
-    pub ktls: ferry_derp::ktls::KtlsMode,
+    pub ktls: ferry_derp::transport::kernel::KtlsMode,
 
     /// TLS record layer after a TLS 1.3 handshake where kernel TLS is not
     /// used: ferry (Ferry's own: records opened and sealed in place, rustls
     /// dropped after the handshake) or rustls (rustls for the whole
     /// connection). TLS 1.2 always stays on rustls.
     #[arg(long = "tls-records", default_value = "ferry")]
-    pub tls_records: ferry_derp::tls_records::TlsRecords,
+    pub tls_records: ferry_derp::transport::records::TlsRecords,
 
     /// Extra listener serving Prometheus metrics at /metrics (any client;
     /// /debug/varz on the main listener is loopback-only).

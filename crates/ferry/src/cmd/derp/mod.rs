@@ -90,7 +90,7 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
                 // Same certificate resolver (and reloader), plus what a
                 // hand-off to the kernel needs.
                 let mut server_config = (*setup.config).clone();
-                ferry_derp::ktls::allow_kernel_tls(&mut server_config);
+                ferry_derp::transport::kernel::allow_kernel_tls(&mut server_config);
                 config.tls = Some(std::sync::Arc::new(server_config));
                 config.ktls = true;
                 tracing::info!("kernel TLS: sessions move into the kernel after the handshake");

@@ -1,8 +1,11 @@
-//! Kernel TLS on the shard: moving sessions into the kernel between
-//! turns, and the control records (alerts, KeyUpdate) that come up after.
+//! Hand-offs on the shard: when to move a TLS session into the kernel
+//! (between turns, once nothing would be lost; how is in
+//! `transport::handoff` and `transport::kernel`), and the control records
+//! (alerts, KeyUpdate) that come up after.
 
 use super::*;
 use crate::metrics::KtlsRefusal;
+use crate::transport::KernelMove;
 
 impl Shard {
     /// A non-data TLS record on a kernel-TLS socket: kept for after the
@@ -20,15 +23,14 @@ impl Shard {
             self.close(slot, CloseReason::IoError);
             return;
         };
-        if kernel.records.is_empty() {
+        if kernel.hold_record(record_type, data) {
             self.record_slots.push(slot);
         }
-        kernel.records.push((record_type, data.to_vec()));
     }
 
     /// Moves TLS sessions into the kernel where it is safe now: between
     /// turns (no receive pending), no send in flight, nothing stashed, at a
-    /// record boundary, rustls holding nothing (see `crate::ktls`). A
+    /// record boundary, rustls holding nothing (see `crate::transport::kernel`). A
     /// candidate that cannot move yet is tried again after later turns
     /// until its deadline.
     pub(super) fn try_ktls(&mut self, driver: &mut dyn DriverOps) {
@@ -61,7 +63,7 @@ impl Shard {
             return Attempt::Done;
         };
         let (closing, responding) = (conn.is_closed(), conn.phase() == Phase::Responding);
-        let waiting = if conn.session().sending_since().is_some() {
+        let waiting = if conn.derp().sending_since().is_some() {
             Some("a send is in flight")
         } else if conn.has_stash() {
             Some("input is stashed")
@@ -116,7 +118,7 @@ impl Shard {
             // at a boundary now).
             return self.ktls_attempt(slot, gen, driver);
         }
-        use crate::ktls::Handoff;
+        use crate::transport::handoff::Handoff;
         let user = self.conns[slot].transport_mut().user().expect("tls");
         if let Err(reason) = user.conn.ready() {
             if reason.is_transient() {
@@ -138,27 +140,15 @@ impl Shard {
             self.ktls_refused(KtlsRefusal::Backend);
             return Attempt::Done;
         };
-        let user = self.conns[slot].transport_mut().take_user().expect("tls");
-        match crate::ktls::KtlsSession::start(user.conn, fd) {
-            Ok(session) => {
-                self.conns[slot].set_transport(Transport::Kernel(Box::new(KernelTls {
-                    session,
-                    records: Vec::new(),
-                })));
+        match self.conns[slot].transport_mut().move_into_kernel(fd) {
+            KernelMove::Moved => {
                 self.m().ktls_sockets.add(1);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, debug, %peer, "TLS session moved into the kernel");
             }
-            Err(crate::ktls::Refused::Usable { conn, reason }) => {
-                self.conns[slot].transport_mut().put_user(Box::new(UserTls {
-                    conn,
-                    boundary: None,
-                    own_records: false,
-                    failed: false,
-                }));
-                self.ktls_refused(reason.refusal());
-            }
-            Err(crate::ktls::Refused::Dead(e)) => {
+            KernelMove::NotRustls => {}
+            KernelMove::Refused(reason) => self.ktls_refused(reason.refusal()),
+            KernelMove::Failed(e) => {
                 self.ktls_refused(KtlsRefusal::Failed);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, info, %peer, error = %e, "moving TLS into the kernel failed; closing connection");
@@ -217,13 +207,13 @@ impl Shard {
             let (Some(kernel), Some(fd)) = (conn.transport_mut().kernel(), driver.fd(slot)) else {
                 continue;
             };
-            let records = std::mem::take(&mut kernel.records);
-            let session = &mut kernel.session;
+            let records = kernel.take_held();
+            let session = kernel;
             let mut end: Option<Result<(), String>> = None;
             for (record_type, data) in &records {
                 match session.on_record(fd, *record_type, data) {
-                    Ok(crate::ktls::RecordOutcome::KeyUpdated) => {}
-                    Ok(crate::ktls::RecordOutcome::Closed) => {
+                    Ok(crate::transport::kernel::RecordOutcome::KeyUpdated) => {}
+                    Ok(crate::transport::kernel::RecordOutcome::Closed) => {
                         end = Some(Ok(()));
                         break;
                     }

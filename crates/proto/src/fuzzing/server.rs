@@ -1,6 +1,7 @@
-//! The `server` fuzz target: one DERP server session ([`Session`] and its
-//! frame [`Reader`](crate::conn::Reader)) driven the way a shard drives it,
-//! with a client's arbitrary bytes and the shard's events in between.
+//! The `server` fuzz target: one DERP server connection ([`ServerConn`]
+//! and its frame [`Reader`](crate::server::Reader)) driven the way a shard
+//! of the DERP server drives it, with a client's arbitrary bytes and the
+//! shard's events in between.
 //!
 //! Input: `data[0]` chooses the connection (bit 0 mesh peer, bit 1 relay
 //! sessions, bit 6 a clientInfo handshake first, else established at once;
@@ -10,7 +11,7 @@
 //! 8, 1 in 2, always). `data[1]` is a number of events (at most
 //! [`MAX_EVENTS`]), 4 bytes each: kind, argument and a 16-bit offset into
 //! the client's stream, which is the rest of the input. An event runs once
-//! the stream has been fed up to its offset: time passing (the session's
+//! the stream has been fed up to its offset: time passing (the connection's
 //! timers run), a flush (the queues drained into a send buffer that stays
 //! in flight: raw, part by part as for TLS, or as WebSocket messages), the
 //! send finishing, a packet from another client, an idle buffer release,
@@ -34,7 +35,7 @@
 //!   the control queue, however many pings it sends;
 //! - the frame reader holds at most one frame;
 //! - the timers make progress: a due timer always fires, and after it the
-//!   next one is later (a shard never spins on a session);
+//!   next one is later (a shard never spins on a connection);
 //! - the same result whatever the cutting of the stream and the pauses:
 //!   the whole transcript (actions, queue outcomes, flushed bytes, timers)
 //!   equals that of feeding each stretch between two events at once.
@@ -42,16 +43,15 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use ferry_proto::frame::{
-    self, Fed, FrameError, FrameType, PeerGoneReason, ServerFramePolicy, DISCO_MAGIC,
+use crate::frame::{
+    self, Fed, FrameError, FrameType, PacketKind, PeerGoneReason, ServerFramePolicy, DISCO_MAGIC,
     DISCO_MIN_LEN, HEADER_LEN, KEY_LEN, MAX_PACKET_SIZE, PING_LEN,
 };
-use ferry_proto::key::NodePublic;
-use ferry_proto::websocket;
+use crate::key::NodePublic;
+use crate::server::{Action, Caps, Queued, ServerConn, Timeout};
+use crate::websocket;
 
-use super::{chunks, max_chunk, XorShift};
-use crate::conn::{Action, Caps, Queued, Session, Timeout};
-use crate::metrics::PacketKind;
+use super::{chunks, max_chunk, XorShift, MAX_BUFFERED_FRAME};
 
 /// Events read from one input at most.
 pub(crate) const MAX_EVENTS: usize = 64;
@@ -59,8 +59,6 @@ pub(crate) const MAX_EVENTS: usize = 64;
 const HANDSHAKE: Duration = Duration::from_secs(10);
 const KEEPALIVE: Duration = Duration::from_secs(60);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-/// The largest frame the server's frame policy buffers whole.
-const MAX_BUFFERED_FRAME: usize = HEADER_LEN + 2 * KEY_LEN + MAX_PACKET_SIZE;
 /// A pong frame's length.
 const PONG_FRAME: usize = HEADER_LEN + PING_LEN;
 
@@ -184,21 +182,13 @@ impl Model {
     }
 }
 
-fn kind_of(packet: &[u8]) -> PacketKind {
-    if frame::is_disco(packet) {
-        PacketKind::Disco
-    } else {
-        PacketKind::Other
-    }
-}
-
-/// One run of the session over the input.
+/// One run of the connection over the input.
 struct Run {
     policy: ServerFramePolicy,
     caps: Caps,
     t0: Instant,
     now: Instant,
-    session: Session,
+    conn: ServerConn,
     established: bool,
     /// The buffer of the send in flight.
     in_flight: Option<Vec<u8>>,
@@ -213,9 +203,9 @@ struct Run {
 impl Run {
     fn new(ctl: u8, t0: Instant, pause_one_in: usize) -> Run {
         let established = ctl & 0x40 == 0;
-        let mut session = Session::new(t0 + HANDSHAKE);
+        let mut conn = ServerConn::new(t0 + HANDSHAKE);
         if established {
-            session.establish(t0 + KEEPALIVE, KEEPALIVE, Some(WRITE_TIMEOUT));
+            conn.establish(t0 + KEEPALIVE, KEEPALIVE, Some(WRITE_TIMEOUT));
         }
         Run {
             policy: ServerFramePolicy {
@@ -229,7 +219,7 @@ impl Run {
             },
             t0,
             now: t0,
-            session,
+            conn,
             established,
             in_flight: None,
             model: Model::default(),
@@ -243,11 +233,11 @@ impl Run {
     /// Queues a packet from `src` as the shard's `deliver` does, checking
     /// the outcome against the caps.
     fn deliver(&mut self, src: &NodePublic, packet: &[u8], overshoot: bool) -> Queued {
-        let kind = kind_of(packet);
+        let kind = PacketKind::of(packet);
         let frame_len = HEADER_LEN + KEY_LEN + packet.len();
         let want = self.model.expect(kind, frame_len, &self.caps, overshoot);
         let (got, len) = self
-            .session
+            .conn
             .queue_packet(src, packet, kind, &self.caps, overshoot);
         assert_eq!(len, frame_len, "queue_packet reports the frame's length");
         assert_eq!(got, want, "{kind:?} packet of {} bytes", packet.len());
@@ -286,7 +276,7 @@ impl Run {
                 }
             }
             Action::Ping(data) => {
-                let queued = self.session.answer_ping(&data);
+                let queued = self.conn.answer_ping(&data);
                 assert_eq!(queued, !self.model.pong_pending, "one pong per flush");
                 if queued {
                     frame::put_pong(&mut self.model.ctrl, &data);
@@ -312,7 +302,7 @@ impl Run {
             Action::Unknown { ty, payload } => {
                 if ty == frame::RELAY_ALLOCATE && self.policy.relay_sessions {
                     // The policy buffers it only at its exact length.
-                    ferry_proto::relay_session::parse_allocate(payload)
+                    crate::relay_session::parse_allocate(payload)
                         .unwrap_or_else(|e| panic!("delivered relayAllocate fails: {e}"));
                 }
                 assert!(
@@ -336,7 +326,7 @@ impl Run {
         if self.ended {
             return;
         }
-        let mut reader = self.session.take_reader();
+        let mut reader = self.conn.take_reader();
         let mut result = if self.established {
             reader.handle_bytes(chunk, self.policy, |_, a| self.action(a))
         } else {
@@ -350,7 +340,7 @@ impl Run {
                 // clientInfo: the connection registers, and what followed
                 // it is read under the steady-state rules.
                 self.established = true;
-                self.session
+                self.conn
                     .establish(self.now + KEEPALIVE, KEEPALIVE, Some(WRITE_TIMEOUT));
                 reader.resume(self.policy, |_, a| self.action(a))
             } else {
@@ -384,7 +374,7 @@ impl Run {
                 self.ended = true;
             }
         }
-        self.session.put_reader(reader);
+        self.conn.put_reader(reader);
         self.check();
     }
 
@@ -402,7 +392,7 @@ impl Run {
             1 => self.flush(arg),
             2 => {
                 if let Some(buf) = self.in_flight.take() {
-                    self.session.on_sent(buf);
+                    self.conn.handle_sent(buf);
                     self.notes.push(Note::Sent);
                 }
             }
@@ -418,9 +408,7 @@ impl Run {
             }
             4 => {
                 let quiet = self.in_flight.is_none() && self.model.len() == 0;
-                let got = self
-                    .session
-                    .release_idle_send_buffer(usize::from(arg) << 10);
+                let got = self.conn.release_idle_send_buffer(usize::from(arg) << 10);
                 assert!(
                     got.is_none() || quiet,
                     "a busy connection released its buffer"
@@ -436,7 +424,7 @@ impl Run {
                     let cap = 64 << (arg % 8);
                     let room = self.model.ctrl.len() < cap;
                     let queued = self
-                        .session
+                        .conn
                         .queue_control(cap, |q| frame::put_peer_gone(q, &key(arg), reason));
                     assert_eq!(queued, room, "peerGone queued over the cap");
                     if room {
@@ -447,7 +435,7 @@ impl Run {
                     let addr = (arg & 4 != 0).then(|| ([10, 0, 0, arg], 4000).into());
                     let cap = 64 << (arg % 8);
                     let room = self.model.ctrl.len() < cap;
-                    let queued = self.session.queue_control(cap, |q| {
+                    let queued = self.conn.queue_control(cap, |q| {
                         frame::put_peer_present(q, &key(arg), addr, arg >> 4)
                     });
                     assert_eq!(queued, room, "peerPresent queued over the cap");
@@ -457,7 +445,7 @@ impl Run {
                 }
                 _ => {
                     let (ms, try_for) = (u32::from(arg) * 100, u32::from(arg) * 1000);
-                    self.session.queue_restarting(ms, try_for);
+                    self.conn.queue_restarting(ms, try_for);
                     let m = &mut self.model;
                     let tail = if m.data.is_empty() && m.disco.is_empty() {
                         &mut m.ctrl
@@ -477,14 +465,14 @@ impl Run {
     fn timers(&mut self, arg: u8) {
         for _ in 0..3 {
             let due = self
-                .session
+                .conn
                 .poll_timeout()
-                .expect("a session always has a deadline");
+                .expect("a connection always has a deadline");
             if due > self.now {
                 return;
             }
             let jitter = || Duration::from_millis(u64::from(arg) * 10);
-            let fired = self.session.handle_timeout(self.now, jitter);
+            let fired = self.conn.handle_timeout(self.now, jitter);
             let Some(t) = fired else {
                 panic!(
                     "a timer due at {:?} did not fire at {:?}",
@@ -505,7 +493,7 @@ impl Run {
                     return;
                 }
                 Timeout::WriteTimeout => {
-                    let since = self.session.sending_since().expect("a send in flight");
+                    let since = self.conn.sending_since().expect("a send in flight");
                     assert!(self.in_flight.is_some());
                     assert!(self.now >= since + WRITE_TIMEOUT);
                     self.ended = true;
@@ -522,22 +510,22 @@ impl Run {
         if self.in_flight.is_some() {
             return;
         }
-        let mut buf = self.session.take_send_buffer();
+        let mut buf = self.conn.take_send_buffer();
         assert!(buf.is_empty(), "a send buffer comes empty");
         let want = self.model.take();
         match arg % 3 {
-            0 => self.session.poll_output(&mut buf),
+            0 => self.conn.poll_output(&mut buf),
             // As for TLS: the writer copies the three parts itself.
             1 => self
-                .session
+                .conn
                 .poll_output_with(|parts| parts.iter().for_each(|p| buf.extend_from_slice(p))),
             // As for WebSocket: the frames become binary messages first.
             _ => {
                 let mut out = Vec::new();
-                self.session.rewrap_output(&mut out, |out, parts| {
+                self.conn.rewrap_output(&mut out, |out, parts| {
                     websocket::put_binary_parts(out, &parts)
                 });
-                self.session.poll_output(&mut buf);
+                self.conn.poll_output(&mut buf);
                 let mut derp = Vec::new();
                 websocket::Decoder::for_client()
                     .feed(&buf, &mut derp, |c| {
@@ -547,11 +535,11 @@ impl Run {
                 assert_eq!(derp, want, "the messages carry the queued frames");
                 check_frames(&derp);
                 if !buf.is_empty() {
-                    self.session.start_send(self.now, buf.len());
+                    self.conn.start_send(self.now, buf.len());
                     self.notes.push(Note::Flushed(buf.len(), fnv(&buf)));
                     self.in_flight = Some(buf);
                 } else {
-                    self.session.keep_send_buffer(buf);
+                    self.conn.keep_send_buffer(buf);
                 }
                 return;
             }
@@ -562,17 +550,17 @@ impl Run {
         );
         check_frames(&buf);
         if buf.is_empty() {
-            self.session.keep_send_buffer(buf);
+            self.conn.keep_send_buffer(buf);
             return;
         }
-        self.session.start_send(self.now, buf.len());
+        self.conn.start_send(self.now, buf.len());
         self.notes.push(Note::Flushed(buf.len(), fnv(&buf)));
         self.in_flight = Some(buf);
     }
 
     /// The invariants that hold between any two steps.
     fn check(&self) {
-        let (m, s, caps) = (&self.model, &self.session, &self.caps);
+        let (m, s, caps) = (&self.model, &self.conn, &self.caps);
         assert_eq!(s.queued_bytes(), m.len(), "queued bytes");
         assert_eq!(s.queued_packets(), (m.disco_n, m.data_n), "queued packets");
         assert_eq!(s.has_output(), m.len() > 0);
@@ -609,7 +597,7 @@ fn check_frames(mut buf: &[u8]) {
     }
 }
 
-/// Runs the session over `stream` with `events` (sorted by offset); with
+/// Runs the connection over `stream` with `events` (sorted by offset); with
 /// `cut`, each stretch between two events is cut into pieces.
 fn run(ctl: u8, t0: Instant, events: &[Event], stream: &[u8], cut: Option<usize>) -> Vec<Note> {
     let pause_one_in = match (cut.is_some(), (ctl >> 4) & 3) {
@@ -663,7 +651,7 @@ fn parse(data: &[u8]) -> Option<(u8, Vec<Event>, &[u8])> {
     Some((*ctl, events, stream))
 }
 
-/// Drives one DERP server session with `data` (see the module doc).
+/// Drives one DERP server connection with `data` (see the module doc).
 pub fn server(data: &[u8]) {
     let Some((ctl, events, stream)) = parse(data) else {
         return;

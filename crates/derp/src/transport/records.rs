@@ -2,7 +2,7 @@
 //!
 //! rustls does the handshake. Once it is over, at a record boundary and
 //! with rustls holding no received plaintext (the same hand-off point as
-//! kernel TLS, see [`crate::ktls`]), [`RecordLayer::start`] takes the
+//! kernel TLS, see [`super::kernel`]), [`RecordLayer::start`] takes the
 //! traffic keys and sequence numbers out of rustls and drops it: the
 //! connection keeps only two AEAD keys, two counters and, while a read ends
 //! inside a record, that record's bytes.
@@ -21,10 +21,10 @@
 //!   sealed in place, and the tag appended.
 //! - **KeyUpdate and the record limit**: as for a kernel session started
 //!   from rustls's buffered connection, which keeps no key schedule
-//!   ([`crate::ktls`], "Buffered or unbuffered rustls"): a peer's KeyUpdate
+//!   ([`super::kernel`], "Buffered or unbuffered rustls"): a peer's KeyUpdate
 //!   ends the connection cleanly (close_notify), and so does the transmit
 //!   key reaching half its confidentiality limit
-//!   (`ktls::past_record_limit`).
+//!   (`handoff::past_record_limit`).
 //!
 //! TLS 1.2 sessions, and servers run with `--tls-records rustls`, stay on
 //! rustls for the whole connection.
@@ -44,7 +44,7 @@ use rustls::{
     AlertDescription, ConnectionTrafficSecrets, ExtractedSecrets, ServerConfig, ServerConnection,
 };
 
-use crate::ktls::{KtlsError, RefuseReason, Refused};
+use super::handoff::{self, HandoffError, Refusal, Refused};
 
 /// `--tls-records`: who runs the TLS record layer after a TLS 1.3
 /// handshake when kernel TLS does not.
@@ -97,13 +97,13 @@ struct Keys {
 }
 
 impl Keys {
-    fn new(seq: u64, secrets: &ConnectionTrafficSecrets) -> Result<Keys, KtlsError> {
+    fn new(seq: u64, secrets: &ConnectionTrafficSecrets) -> Result<Keys, HandoffError> {
         let (alg, key, iv) = match secrets {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&AES_128_GCM, key, iv),
             ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&AES_256_GCM, key, iv),
             ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (&CHACHA20_POLY1305, key, iv),
             _ => {
-                return Err(KtlsError::Secrets(
+                return Err(HandoffError::Secrets(
                     "keys for an AEAD other than AES-GCM or ChaCha20-Poly1305",
                 ))
             }
@@ -111,9 +111,9 @@ impl Keys {
         let iv: [u8; NONCE_LEN] = iv
             .as_ref()
             .try_into()
-            .map_err(|_| KtlsError::Secrets("an IV that is not 12 bytes"))?;
+            .map_err(|_| HandoffError::Secrets("an IV that is not 12 bytes"))?;
         let key = UnboundKey::new(alg, key.as_ref())
-            .map_err(|_| KtlsError::Secrets("a key of the wrong length for its cipher"))?;
+            .map_err(|_| HandoffError::Secrets("a key of the wrong length for its cipher"))?;
         Ok(Keys {
             key: LessSafeKey::new(key),
             iv,
@@ -157,7 +157,7 @@ pub enum RecordFailure {
     /// A post-handshake handshake message: a KeyUpdate, which this layer
     /// cannot follow (no key schedule), or one that has no place here.
     #[error(transparent)]
-    Handshake(KtlsError),
+    Handshake(HandoffError),
     /// A record of a content type that has no place after the handshake.
     #[error("unexpected TLS record of content type {0} after the handshake")]
     UnexpectedRecord(u8),
@@ -172,8 +172,8 @@ impl RecordFailure {
             RecordFailure::PeerAlert { .. } => None,
             RecordFailure::BadAlert(_) => Some(alert::DECODE_ERROR),
             // The peer's KeyUpdate was well formed; we end cleanly.
-            RecordFailure::Handshake(KtlsError::CannotRekey(_)) => Some(alert::CLOSE_NOTIFY),
-            RecordFailure::Handshake(KtlsError::Malformed(_)) => Some(alert::DECODE_ERROR),
+            RecordFailure::Handshake(HandoffError::CannotRekey(_)) => Some(alert::CLOSE_NOTIFY),
+            RecordFailure::Handshake(HandoffError::Malformed(_)) => Some(alert::DECODE_ERROR),
             RecordFailure::Handshake(_) | RecordFailure::UnexpectedRecord(_) => {
                 Some(alert::UNEXPECTED_MESSAGE)
             }
@@ -194,7 +194,7 @@ pub enum Content<'a> {
 /// nothing more but a close_notify, and close.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub struct LimitReached(KtlsError);
+pub struct LimitReached(HandoffError);
 
 /// A TLS 1.3 session after the handshake, without rustls.
 pub struct RecordLayer {
@@ -234,7 +234,7 @@ impl RecordLayer {
     /// received plaintext, TLS 1.2); a failure after that is
     /// [`Refused::Dead`]. Call it only where the bytes given to rustls end
     /// on a record boundary.
-    // The connection is handed back on a refusal, as `KtlsSession::start`
+    // The connection is handed back on a refusal, as `KernelTls::start`
     // does.
     #[allow(clippy::result_large_err)]
     pub fn start(mut conn: ServerConnection) -> Result<RecordLayer, Refused<ServerConnection>> {
@@ -242,15 +242,15 @@ impl RecordLayer {
         // out of rustls (which could not be given back): TLS 1.2 finishes
         // its handshake with a flight still to write.
         let negotiated = if conn.is_handshaking() {
-            Err(RefuseReason::Handshaking)
+            Err(Refusal::Handshaking)
         } else if !conn.wants_read() {
-            Err(RefuseReason::PendingInput)
+            Err(Refusal::PendingInput)
         } else {
-            crate::ktls::negotiated(&conn).and_then(|(version, _, limit)| {
+            handoff::negotiated(&conn).and_then(|(version, _, limit)| {
                 if version == Version::Tls13 {
                     Ok(limit)
                 } else {
-                    Err(RefuseReason::Unsupported {
+                    Err(Refusal::Unsupported {
                         version: conn.protocol_version(),
                         suite: conn.negotiated_cipher_suite().map(|s| s.suite()),
                     })
@@ -269,7 +269,7 @@ impl RecordLayer {
         }
         let secrets = conn
             .dangerous_extract_secrets()
-            .map_err(|e| Refused::Dead(KtlsError::Extract(e)))?;
+            .map_err(|e| Refused::Dead(HandoffError::Extract(e)))?;
         let mut layer = RecordLayer::from_secrets(secrets, tx_limit).map_err(Refused::Dead)?;
         layer.pending = pending;
         Ok(layer)
@@ -280,7 +280,7 @@ impl RecordLayer {
     pub(crate) fn from_secrets(
         secrets: ExtractedSecrets,
         tx_limit: u64,
-    ) -> Result<RecordLayer, KtlsError> {
+    ) -> Result<RecordLayer, HandoffError> {
         Ok(RecordLayer {
             rx: Keys::new(secrets.rx.0, &secrets.rx.1)?,
             tx: Keys::new(secrets.tx.0, &secrets.tx.1)?,
@@ -402,7 +402,7 @@ impl RecordLayer {
             self.seal_record(buf, start);
             left -= len;
         }
-        match crate::ktls::past_record_limit(self.tx.seq, self.tx_limit, false) {
+        match handoff::past_record_limit(self.tx.seq, self.tx_limit, false) {
             Ok(_) => Ok(()),
             Err(e) => {
                 self.seal_alert(buf, alert::CLOSE_NOTIFY);
@@ -505,8 +505,8 @@ impl Kind {
             // outcome as a kernel session started from a buffered rustls
             // connection.
             Kind::Handshake => Err(RecordFailure::Handshake(
-                match crate::ktls::parse_key_update(data) {
-                    Ok(_) => KtlsError::CannotRekey(crate::ktls::NO_KEY_SCHEDULE),
+                match handoff::parse_key_update(data) {
+                    Ok(_) => HandoffError::CannotRekey(handoff::NO_KEY_SCHEDULE),
                     Err(e) => e,
                 },
             )),
