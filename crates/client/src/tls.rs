@@ -72,6 +72,15 @@ fn system_roots() -> Result<Arc<RootCertStore>, String> {
         .clone()
 }
 
+/// The rustls configuration and server name for an `https://` request to
+/// `host`, its certificate checked against `roots` for that name.
+pub fn https_client_config(
+    roots: &TlsRoots,
+    host: &str,
+) -> Result<(Arc<ClientConfig>, ServerName<'static>), Error> {
+    client_config(roots, &Verify::Name(host.to_owned()), host)
+}
+
 /// The rustls configuration and server name for one TLS target.
 pub(crate) fn client_config(
     roots: &TlsRoots,

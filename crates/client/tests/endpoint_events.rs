@@ -60,6 +60,16 @@ async fn event(
     panic!("no {what} among 10000 events");
 }
 
+/// Two endpoints on the relay at `url`, peers of nobody yet, with their
+/// keys, and a subscription to A's events made before B binds.
+async fn two_on(url: &str) -> (NodePrivate, NodePrivate, Endpoint, Events, Endpoint) {
+    let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
+    let a = Endpoint::bind(options(url, ka.clone())).await.unwrap();
+    let events = a.events();
+    let b = Endpoint::bind(options(url, kb.clone())).await.unwrap();
+    (ka, kb, a, events, b)
+}
+
 /// Sends numbered datagrams from `a` to `to` until `b` gets one from `a`.
 async fn delivered(a: &Endpoint, b: &Endpoint, what: &str) {
     let (ka, kb) = (a.public_key(), b.public_key());
@@ -264,11 +274,8 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
     for kind in kinds() {
         let server = TestServer::start(kind, None);
         let url = server.url();
-        let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
+        let (ka, kb, a, mut events, b) = two_on(&url).await;
         let only_derp = PeerOptions::new().only(PathKind::Derp);
-        let a = Endpoint::bind(options(&url, ka.clone())).await.unwrap();
-        let mut events = a.events();
-        let b = Endpoint::bind(options(&url, kb.clone())).await.unwrap();
         a.add_peer(kb.public(), only_derp).unwrap();
         b.add_peer(ka.public(), only_derp).unwrap();
         delivered(&a, &b, &format!("{kind:?}")).await;
@@ -294,6 +301,63 @@ async fn a_peer_leaving_its_relay_is_gone_then_present() {
         .await;
         delivered(&a, &b, &format!("{kind:?}: again")).await;
         drop(b);
+    }
+}
+
+/// A's side has a wrong key for B (B runs with another link key than A
+/// was given): what B sends over DERP names B's real key in one event,
+/// however much B keeps sending; the rest is counted as rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_with_an_unknown_key_is_reported_once() {
+    for kind in kinds() {
+        let server = TestServer::start(kind, None);
+        let url = server.url();
+        let (ka, kb, a, mut events, b) = two_on(&url).await;
+        let only_derp = PeerOptions::new().only(PathKind::Derp);
+        a.add_peer(NodePrivate::generate().public(), only_derp)
+            .unwrap();
+        b.add_peer(ka.public(), only_derp).unwrap();
+        let pk = kb.public();
+        let deadline = tokio::time::Instant::now() + QUICK;
+        let mut sent = 0u32;
+        let reported = loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{kind:?}: no UnknownSender for B after {sent} datagrams; {:?}",
+                a.stats().rejected
+            );
+            let _ = b.try_send(&ka.public(), &sent.to_be_bytes());
+            sent += 1;
+            match tokio::time::timeout(Duration::from_millis(100), events.recv()).await {
+                Ok(Some(e)) => match e.kind {
+                    EventKind::UnknownSender { key } => break key,
+                    _ => continue,
+                },
+                Ok(None) => panic!("events ended"),
+                Err(_) => continue,
+            }
+        };
+        assert_eq!(reported, pk, "{kind:?}: the event names B's real key");
+        // More from B: counted, not reported again.
+        let before = a.stats().rejected.total();
+        let deadline = tokio::time::Instant::now() + QUICK;
+        while a.stats().rejected.total() < before + 20 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{kind:?}: B's datagrams not counted"
+            );
+            let _ = b.try_send(&ka.public(), &sent.to_be_bytes());
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        while let Ok(Some(e)) =
+            tokio::time::timeout(Duration::from_millis(200), events.recv()).await
+        {
+            assert!(
+                !matches!(e.kind, EventKind::UnknownSender { .. }),
+                "{kind:?}: reported twice: {e:?}"
+            );
+        }
     }
 }
 

@@ -311,7 +311,7 @@ fn check_config_exit_codes_and_summaries() {
     let (code, out, err) = check(&bad_udp);
     assert_eq!(code, Some(2), "{out}");
     assert!(
-        err.contains(&format!("{bad_udp}:3: unknown field `mtu`")),
+        err.contains(&format!("{bad_udp}:3: hub.mtu: unknown field `mtu`")),
         "{err}"
     );
     let derp = write("derp.toml", "addr = \"127.0.0.1:3340\"\nstun = false\n");

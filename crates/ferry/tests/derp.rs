@@ -528,6 +528,60 @@ fn json_logs_are_one_object_per_line_with_fields() {
 
 /// `ferry status` against a running relay's metrics listener: the text
 /// view and `--json`.
+/// `ferry status https://…`: the metrics and the health check over TLS,
+/// the certificate checked against the system's roots (`SSL_CERT_FILE`
+/// here names the relay's self-signed one); without that root it fails.
+#[test]
+fn status_reads_a_relay_over_https() {
+    let dir = TempDir::new("status-tls");
+    let certs = dir.path("certs");
+    let (f, addr) = serving(&mut relay(
+        &dir,
+        &[
+            "--stun=false",
+            "--certmode",
+            "manual",
+            "--hostname",
+            "127.0.0.1",
+            "--certdir",
+            &certs,
+            "--http-port",
+            "-1",
+        ],
+    ));
+    let ca = format!("{certs}/127.0.0.1.crt");
+    let status = |url: &str, ca: Option<&str>| {
+        let mut c = ferry();
+        c.args(["status", url]).env_remove("SSL_CERT_DIR");
+        match ca {
+            Some(ca) => c.env("SSL_CERT_FILE", ca),
+            None => c.env("SSL_CERT_FILE", dir.path("no-such-roots.pem")),
+        };
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), text, err)
+    };
+    let varz = format!("https://{addr}/debug/varz");
+    let (ok, text, err) = status(&varz, Some(&ca));
+    assert!(ok, "{text}{err}");
+    assert!(
+        text.starts_with(&format!("ferry derp at {varz}  version ")),
+        "{text}"
+    );
+    let healthz = format!("https://{addr}/healthz");
+    let (ok, text, err) = status(&healthz, Some(&ca));
+    assert!(ok, "{text}{err}");
+    assert!(
+        text.starts_with(&format!("ferry at {healthz}: ok  version ")),
+        "{text}"
+    );
+    let (ok, text, err) = status(&healthz, None);
+    assert!(!ok, "trusted without its root: {text}");
+    assert!(err.contains("TLS for 127.0.0.1"), "{err}");
+    f.stop();
+}
+
 #[test]
 fn status_reads_a_running_relay() {
     let dir = TempDir::new("status");

@@ -10,7 +10,8 @@
 //!   file (and heading) that exists;
 //! - the test vectors of `docs/derp-protocol.md` §15 and §17 are the bytes
 //!   `ferry_proto` writes;
-//! - the README stays short and no doc cites an issue number.
+//! - the README stays short, says what the first build takes and where
+//!   the printed DERP map goes, and no doc cites an issue number.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -852,6 +853,51 @@ fn the_protocol_notes_derp_map_is_the_fuzz_seed() {
     let map =
         ferry_proto::derp_map::DerpMap::from_json(json.as_bytes()).expect("§15's example parses");
     assert!(format!("{map:?}").contains("derp.example.com"), "{map:?}");
+}
+
+/// The text of `md` from the heading line `heading` to the next heading
+/// of the same or a higher level.
+fn heading_section<'a>(md: &'a str, heading: &str) -> &'a str {
+    let start = md
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let level = heading.split(' ').next().unwrap();
+    let body = &md[start + heading.len() + 2..];
+    let end = body
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .find(|l| l.split(' ').next().is_some_and(|h| h.len() <= level.len()))
+        .and_then(|l| body.find(&format!("\n{l}\n")))
+        .unwrap_or(body.len());
+    &body[..end]
+}
+
+#[test]
+fn the_run_section_says_what_the_first_build_takes_and_where_the_map_goes() {
+    let readme = read("README.md");
+    let run = heading_section(&readme, "## Run it");
+    assert!(run.contains("first build"), "{run}");
+    assert!(
+        run.contains("docs/operating.md#handing-the-derp-map-to-tailscaled"),
+        "{run}"
+    );
+    // The lower-case field names said to be Headscale's YAML names are
+    // the printed map's keys.
+    let ops = read("docs/operating.md");
+    let handing = heading_section(&ops, "### Handing the DERP map to tailscaled");
+    let banner = read("crates/ferry/src/cmd/derp/banner.rs").to_lowercase();
+    for name in [
+        "regions", "regionid", "nodes", "hostname", "ipv4", "derpport", "stunport",
+    ] {
+        assert!(
+            handing.contains(&format!("`{name}`")),
+            "{name} in {handing}"
+        );
+        assert!(
+            banner.contains(&format!("\"{name}\"")),
+            "the printed map has no key {name}"
+        );
+    }
 }
 
 #[test]

@@ -574,9 +574,9 @@ fn a_peer_that_never_answers_is_logged_and_nothing_crashes() {
 }
 
 /// Two running links, one with the other's link key wrong: neither is
-/// answered, and each says so once after 10 s; the one whose key the
-/// other has wrong also logs the probes it cannot place (not from a
-/// configured peer). Neither crashes.
+/// answered, and each says so once after 10 s; the one with the wrong key
+/// also says, once and naming it, which key its messages come from (no
+/// line every second). Neither crashes.
 #[test]
 fn a_wrong_link_key_on_one_side_is_logged_on_both() {
     let server = derp::TestServer::start(derp::Kind::Ferry, None);
@@ -591,12 +591,18 @@ fn a_wrong_link_key_on_one_side_is_logged_on_both() {
     let mut lb = link(&b_cfg);
     assert_eq!(la.field("peer not answering after 10 s", "peer"), "b");
     assert_eq!(lb.field("peer not answering after 10 s", "peer"), "a");
-    lb.wait_log("dropped datagrams that were not from a configured peer");
+    let unknown = lb.field("from a link key that is no configured peer", "link_key");
+    assert_eq!(unknown.trim_matches('"'), a.key.public().to_string());
     a.wg.send_to(b"lost", a.peer_endpoint).unwrap();
     assert!(b.wg.recv_from(&mut [0u8; 16]).is_err(), "nothing crosses");
     let (la, lb) = (la.stop(), lb.stop());
     assert_eq!(la.matches("peer not answering").count(), 1, "{la}");
     assert_eq!(lb.matches("peer not answering").count(), 1, "{lb}");
+    assert_eq!(
+        lb.matches("not a configured peer").count() + lb.matches("no configured peer").count(),
+        1,
+        "said once, then counted:\n{lb}"
+    );
 }
 
 /// Sends `count` datagrams of `size` bytes and one of `last` bytes from

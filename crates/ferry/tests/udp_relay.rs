@@ -108,6 +108,40 @@ fn the_command_line_log_filter_wins_over_ferry_log() {
     );
 }
 
+#[test]
+fn file_errors_name_the_file_line_and_key_at_start_and_in_check_config() {
+    let dir = TempDir::new("udp-file-errors");
+    let cases = [
+        (
+            "[[bounce]]\nlisten = \":51820\"\ntarget = \"127.0.0.1:9\"\n",
+            ":2: bounce[0].listen: invalid type: string \":51820\"",
+        ),
+        (
+            "[[bounce]]\nlisten = [\"127.0.0.1:0\"]\ntarget = \"127.0.0.1:9\"\nmax_sessions = \"x\"\n",
+            ":4: bounce[0].max_sessions: invalid type: string \"x\", expected usize",
+        ),
+        (
+            "workers = \"two\"\n[[bounce]]\nlisten = [\"127.0.0.1:0\"]\ntarget = \"127.0.0.1:9\"\n",
+            ":1: workers: invalid type: string \"two\"",
+        ),
+        (
+            "[[bounce]]\nlisten = [\"51820\"]\ntarget = \"127.0.0.1:9\"\n",
+            ": bounce[0].listen[0]: \"51820\" is not an address",
+        ),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let file = dir.path(&format!("udp{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let want = format!("{file}{want}");
+        let (status, log) = run(ferry().args(["udp-relay", "--config", &file]));
+        assert_eq!(status.code(), Some(1), "{log}");
+        assert!(log.contains(&want), "start: want {want:?} in {log}");
+        let (status, log) = run(ferry().args(["check-config", &file]));
+        assert_ne!(status.code(), Some(0), "{log}");
+        assert!(log.contains(&want), "check-config: want {want:?} in {log}");
+    }
+}
+
 /// A WireGuard initiation with sender index `sender`, its MAC1 sealed
 /// for the peer whose public key is `to` (the hub routes it by that).
 fn initiation(sender: u32, to: &str) -> Vec<u8> {

@@ -259,7 +259,8 @@ pub enum ConfigError {
     File {
         /// The file.
         path: String,
-        /// The parser's message (it names the key and line).
+        /// The parser's message, after the key it is about where the
+        /// position names one.
         message: String,
     },
 }
@@ -442,12 +443,21 @@ impl Config {
     /// Parses and validates a TOML configuration file's text; `path` is used
     /// in error messages.
     pub fn from_toml(path: &str, text: &str) -> Result<Config, ConfigError> {
-        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::File {
-            path: match e.span() {
-                Some(span) => format!("{path}:{}", 1 + text[..span.start].matches('\n').count()),
-                None => path.to_string(),
-            },
-            message: e.message().to_string(),
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            let message = e.message().trim_end();
+            match e.span() {
+                Some(span) => ConfigError::File {
+                    path: format!("{path}:{}", 1 + text[..span.start].matches('\n').count()),
+                    message: match crate::toml_key::key_at(text, span.start) {
+                        Some(key) => format!("{key}: {message}"),
+                        None => message.to_string(),
+                    },
+                },
+                None => ConfigError::File {
+                    path: path.to_string(),
+                    message: message.to_string(),
+                },
+            }
         })?;
         let defaults = Tuning::default();
         let tuning = Tuning {
@@ -864,7 +874,15 @@ endpoint = "192.0.2.10:51820"
         let e = err("[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\nidle_timeout = \"soon\"\n");
         assert!(e.starts_with("bounce[0].idle_timeout:"), "{e}");
         let e = err("[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\ncolour = 1\n");
-        assert!(e.starts_with("f.toml:4: unknown field `colour`"), "{e}");
+        assert!(
+            e.starts_with("f.toml:4: bounce[0].colour: unknown field `colour`"),
+            "{e}"
+        );
+        let e = err("[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\nmax_sessions = \"x\"\n");
+        assert!(
+            e.starts_with("f.toml:4: bounce[0].max_sessions: invalid type"),
+            "{e}"
+        );
         let e = err(&format!(
             "[[bounce]]\nlisten = [\":1\"]\ntarget = \"x:1\"\n[hub]\nlisten = [\":1\"]\n[[hub.peer]]\npublic_key = \"{A}\"\n[[hub.peer]]\npublic_key = \"{B}\"\n"
         ));

@@ -55,5 +55,6 @@ pub mod server;
 pub mod session;
 pub mod shard;
 pub mod socket;
+mod toml_key;
 
 pub use server::{Relay, Resolve, StartError, SystemResolver};

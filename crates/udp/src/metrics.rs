@@ -62,17 +62,20 @@ pub enum Drop {
     ClientRate,
     /// The upstream socket for a new bounce client could not be made.
     ClientFailed,
+    /// A bounce route's target has not resolved yet.
+    TargetUnresolved,
     /// The send buffer was full.
     SendBufferFull,
     /// The kernel refused the send (unreachable, refused, too big).
     SendFailed,
 }
 
-const OTHER_DROPS: [(Drop, &str); 6] = [
+const OTHER_DROPS: [(Drop, &str); 7] = [
     (Drop::Truncated, "truncated"),
     (Drop::ClientLimit, "session_limit"),
     (Drop::ClientRate, "session_rate_limited"),
     (Drop::ClientFailed, "session_failed"),
+    (Drop::TargetUnresolved, "target_unresolved"),
     (Drop::SendBufferFull, "send_buffer_full"),
     (Drop::SendFailed, "send_failed"),
 ];

@@ -1,5 +1,6 @@
 //! Starting and running the UDP relay: [`Relay::start`] validates a
-//! [`Config`], resolves bounce targets, probes the kernel's offloads,
+//! [`Config`], resolves bounce targets (one that does not resolve yet is
+//! retried with backoff while the rest runs), probes the kernel's offloads,
 //! binds every listening group (naming the config field of whatever
 //! fails), wires the shards' replication rings, and starts the shard
 //! threads, the resolver thread and the metrics listener. A [`Relay`]
@@ -40,16 +41,6 @@ pub enum StartError {
     /// A listening address could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
-    /// A bounce target does not resolve.
-    #[error("{field}: cannot resolve {target:?}: {reason}")]
-    Resolve {
-        /// The target's field.
-        field: String,
-        /// The target.
-        target: String,
-        /// The resolver's answer.
-        reason: String,
-    },
     /// The metrics listener could not be bound.
     #[error("metrics_addr (--metrics-addr): cannot listen on {addr}: {source}{}", ferry_sys::port::hint_suffix(*addr, source))]
     Metrics {
@@ -82,6 +73,15 @@ pub struct SystemResolver;
 impl Resolve for SystemResolver {
     fn resolve(&self, target: &str) -> io::Result<Vec<SocketAddr>> {
         Ok(target.to_socket_addrs()?.collect())
+    }
+}
+
+/// Every address `target` stands for, or why there is none.
+fn lookup(resolver: &dyn Resolve, target: &str) -> Result<Vec<SocketAddr>, String> {
+    match resolver.resolve(target) {
+        Ok(found) if !found.is_empty() => Ok(found),
+        Ok(_) => Err("no addresses".to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -155,21 +155,25 @@ impl Relay {
             t.workers
         };
 
-        // Targets first: an unresolvable one is a configuration error.
+        // Targets first. One that does not resolve yet is no reason to stay
+        // down: its clients' datagrams are dropped (and counted) until the
+        // resolver thread, retrying with backoff, finds an address.
         let mut routes = Vec::new();
-        for b in &config.bounce {
-            let found = resolver
-                .resolve(&b.target)
-                .map_err(|e| StartError::Resolve {
-                    field: b.target_field.clone(),
-                    target: b.target.clone(),
-                    reason: e.to_string(),
-                })?;
-            let addr = choose(None, &found).ok_or_else(|| StartError::Resolve {
-                field: b.target_field.clone(),
-                target: b.target.clone(),
-                reason: "no addresses".into(),
-            })?;
+        let mut unresolved = Vec::new();
+        for (r, b) in config.bounce.iter().enumerate() {
+            let addr = match lookup(&*resolver, &b.target) {
+                Ok(found) => choose(None, &found),
+                Err(reason) => {
+                    tracing::warn!(
+                        "{}: cannot resolve {:?}: {reason}; its clients are dropped until it resolves (next try in {}s)",
+                        b.target_field,
+                        b.target,
+                        FIRST_RETRY.as_secs()
+                    );
+                    unresolved.push(r);
+                    None
+                }
+            };
             routes.push(Route {
                 target: Arc::new(TargetCell::new(addr)),
                 idle_timeout: b.idle_timeout,
@@ -325,14 +329,25 @@ impl Relay {
             resolver: None,
             metrics_server: None,
         };
-        let watched: Vec<(String, Duration, Arc<TargetCell>)> = config
+        let now = Instant::now();
+        let watched: Vec<Watched> = config
             .bounce
             .iter()
             .zip(routes.iter())
-            .filter(|(b, _)| {
-                !b.resolve_interval.is_zero() && b.target.parse::<SocketAddr>().is_err()
+            .enumerate()
+            .filter_map(|(r, (b, route))| {
+                let retry = unresolved.contains(&r).then_some(FIRST_RETRY);
+                let by_name =
+                    !b.resolve_interval.is_zero() && b.target.parse::<SocketAddr>().is_err();
+                (retry.is_some() || by_name).then(|| Watched {
+                    target: b.target.clone(),
+                    field: b.target_field.clone(),
+                    every: b.resolve_interval,
+                    cell: route.target.clone(),
+                    due: now + retry.unwrap_or(b.resolve_interval),
+                    retry,
+                })
             })
-            .map(|(b, r)| (b.target.clone(), b.resolve_interval, r.target.clone()))
             .collect();
         if !watched.is_empty() {
             let wakers = relay.wakers.clone();
@@ -457,54 +472,118 @@ impl Drop for Relay {
     }
 }
 
-/// Re-resolves DNS targets on their intervals and publishes changes.
+/// The first retry of a target that did not resolve at start.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// The longest wait between retries of a target that never resolved.
+const LAST_RETRY: Duration = Duration::from_secs(60);
+
+/// The wait after a retry that waited `last` failed: twice as long, at
+/// most [`LAST_RETRY`].
+fn next_retry(last: Duration) -> Duration {
+    (last * 2).min(LAST_RETRY)
+}
+
+/// A bounce target the resolver thread looks after.
+struct Watched {
+    target: String,
+    /// Its configuration field, for the log.
+    field: String,
+    /// The re-resolution interval once it has resolved (zero: never).
+    every: Duration,
+    cell: Arc<TargetCell>,
+    due: Instant,
+    /// While it has never resolved: the wait before the next try.
+    retry: Option<Duration>,
+}
+
+/// Resolves targets that did not resolve at start (retrying with
+/// backoff), re-resolves DNS targets on their intervals, and publishes
+/// changes.
 fn resolve_loop(
-    watched: Vec<(String, Duration, Arc<TargetCell>)>,
+    mut watched: Vec<Watched>,
     resolver: Arc<dyn Resolve>,
     metrics: Arc<Metrics>,
     wakers: Vec<Arc<mio::Waker>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut due: Vec<Instant> = watched
-        .iter()
-        .map(|(_, every, _)| Instant::now() + *every)
-        .collect();
-    while !stop.load(Ordering::Relaxed) {
+    let wake = || {
+        for w in &wakers {
+            let _ = w.wake();
+        }
+    };
+    while !stop.load(Ordering::Relaxed) && !watched.is_empty() {
         let now = Instant::now();
-        for (i, (target, every, cell)) in watched.iter().enumerate() {
-            if now < due[i] {
-                continue;
-            }
-            due[i] = now + *every;
-            match resolver.resolve(target) {
-                Ok(found) if !found.is_empty() => {
-                    metrics.resolves_ok.fetch_add(1, Ordering::Relaxed);
-                    let current = *cell.get();
-                    if let Some(next) = choose(Some(current), &found) {
-                        if next != current {
-                            tracing::info!(%target, from = %current, to = %next, "bounce target moved");
-                            metrics.target_changes.fetch_add(1, Ordering::Relaxed);
-                            cell.set(next);
-                            for w in &wakers {
-                                let _ = w.wake();
-                            }
+        for w in watched.iter_mut().filter(|w| now >= w.due) {
+            let found = match lookup(&*resolver, &w.target) {
+                Ok(found) => found,
+                Err(reason) => {
+                    metrics.resolves_failed.fetch_add(1, Ordering::Relaxed);
+                    match &mut w.retry {
+                        Some(wait) => {
+                            *wait = next_retry(*wait);
+                            w.due = now + *wait;
+                            tracing::warn!(
+                                "{}: still cannot resolve {:?}: {reason}; next try in {}s",
+                                w.field,
+                                w.target,
+                                wait.as_secs()
+                            );
+                        }
+                        None => {
+                            w.due = now + w.every;
+                            tracing::warn!(target = %w.target, %reason, "re-resolving the bounce target failed; keeping the old address");
                         }
                     }
+                    continue;
                 }
-                Ok(_) | Err(_) => {
-                    metrics.resolves_failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%target, "re-resolving the bounce target failed; keeping the old address");
+            };
+            metrics.resolves_ok.fetch_add(1, Ordering::Relaxed);
+            w.due = now + w.every;
+            let current = *w.cell.get();
+            let Some(next) = choose(current, &found) else {
+                continue;
+            };
+            match current {
+                None => {
+                    tracing::info!(target = %w.target, to = %next, "bounce target resolved; relaying its clients");
+                    w.retry = None;
                 }
+                Some(from) if from != next => {
+                    tracing::info!(target = %w.target, %from, to = %next, "bounce target moved");
+                    metrics.target_changes.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(_) => continue,
             }
+            w.cell.set(Some(next));
+            wake();
         }
-        let next = due
+        // A target that resolved and is not to be re-resolved is done.
+        watched.retain(|w| w.retry.is_some() || !w.every.is_zero());
+        let next = watched
             .iter()
+            .map(|w| w.due)
             .min()
-            .copied()
             .unwrap_or(now + Duration::from_secs(1));
         std::thread::park_timeout(
             next.saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(500)),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_double_from_one_second_up_to_a_minute() {
+        let mut wait = FIRST_RETRY;
+        let mut waits = vec![wait.as_secs()];
+        for _ in 0..8 {
+            wait = next_retry(wait);
+            waits.push(wait.as_secs());
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ferry_proto::wireguard::{self as wg, PublicKey};
 use ferry_udp::config::{Bounce, Config, Hub, Listen, Tuning};
 use ferry_udp::metrics::Drop;
-use ferry_udp::{Relay, Resolve, StartError};
+use ferry_udp::{Relay, Resolve};
 
 mod support;
 
@@ -428,30 +428,44 @@ fn sessions_follow_a_moved_target_without_changing_port() {
 }
 
 #[test]
-fn start_errors_name_the_field() {
-    struct Nowhere;
-    impl Resolve for Nowhere {
-        fn resolve(&self, _: &str) -> std::io::Result<Vec<SocketAddr>> {
-            Err(std::io::Error::other("Name or service not known"))
-        }
-    }
-    let e = Relay::start_with(
-        &bounce(
-            "nosuch.invalid:51820",
-            Duration::from_secs(1),
-            Duration::ZERO,
-        ),
-        Arc::new(Nowhere),
+fn a_target_that_does_not_resolve_yet_is_retried_until_it_does() {
+    let server = echo();
+    let dns = Arc::new(Switch(Mutex::new(Err("Name or service not known".into()))));
+    // Re-resolution off: the retries at start do not depend on it.
+    let relay = Relay::start_with(
+        &bounce("later.test:51820", Duration::from_secs(60), Duration::ZERO),
+        dns.clone(),
     )
-    .err()
-    .unwrap();
-    assert!(matches!(e, StartError::Resolve { .. }));
-    assert!(
-        e.to_string()
-            .starts_with("--target: cannot resolve \"nosuch.invalid:51820\""),
-        "{e}"
-    );
+    .expect("the relay starts although its target does not resolve");
+    let at = relay.bound()[0].1;
+    let m = relay.metrics().clone();
+    let c = client();
+    c.send_to(b"too early", at).unwrap();
+    wait_for("the early datagram dropped", || {
+        m.drops(Drop::TargetUnresolved) == 1
+    });
+    wait_for("a retry that fails", || {
+        m.resolves_failed.load(Ordering::Relaxed) >= 1
+    });
+    *dns.0.lock().unwrap() = Ok(vec![server.addr]);
+    // The second retry comes 2 s after the first; a shard may still drop
+    // a datagram sent before it saw the new address, so ask until answered.
+    wait_for("the target to resolve", || {
+        m.resolves_ok.load(Ordering::Relaxed) == 1
+    });
+    c.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    wait_for("a reply through the resolved target", || {
+        c.send_to(b"now", at).unwrap();
+        matches!(c.recv_from(&mut buf), Ok((3, from)) if from == at && &buf[..3] == b"now")
+    });
+    assert!(server.count.load(Ordering::Relaxed) >= 1);
+    relay.shutdown();
+}
 
+#[test]
+fn start_errors_name_the_field() {
     let taken = UdpSocket::bind("127.0.0.1:0").unwrap();
     let mut c = bounce("127.0.0.1:9", Duration::from_secs(1), Duration::ZERO);
     c.bounce[0].listen = vec![Listen {

@@ -71,7 +71,14 @@ pub(super) struct Driver {
     stun_interval: Duration,
     /// Peers their DERP server reported gone, until heard from again.
     gone: HashSet<NodePublic>,
+    /// Keys not among the peers that sent over DERP, each reported once
+    /// (at most [`UNKNOWN_SENDERS_REPORTED`]).
+    unknown_senders: HashSet<NodePublic>,
 }
+
+/// How many distinct unknown DERP senders an endpoint reports as events;
+/// later ones are only counted.
+const UNKNOWN_SENDERS_REPORTED: usize = 64;
 
 impl Driver {
     /// The driver of `inner`, taking the relays' reports from `derp`.
@@ -87,6 +94,7 @@ impl Driver {
             stun_pending: HashMap::new(),
             stun_interval,
             gone: HashSet::new(),
+            unknown_senders: HashSet::new(),
         }
     }
 
@@ -414,6 +422,15 @@ impl Driver {
         }
     }
 
+    /// `key`, which is no peer, sent over DERP (so the server vouches for
+    /// the key): reported the first time, counted by the caller always.
+    fn unknown_sender(&mut self, key: NodePublic) {
+        if self.unknown_senders.len() < UNKNOWN_SENDERS_REPORTED && self.unknown_senders.insert(key)
+        {
+            self.inner.publish(EventKind::UnknownSender { key });
+        }
+    }
+
     /// A peer message on `path`; `derp_src` is the DERP-authenticated
     /// sender of a DERP packet.
     fn on_message(&mut self, path: PathAddr, derp_src: Option<NodePublic>, msg: PeerMessage<'_>) {
@@ -432,6 +449,9 @@ impl Driver {
                 };
                 let Some(peer) = peer else {
                     self.inner.reject(Reject::UnknownSource);
+                    if let Some(src) = derp_src {
+                        self.unknown_sender(src);
+                    }
                     return;
                 };
                 self.heard_from(&peer);
@@ -449,8 +469,12 @@ impl Driver {
                     .expect("not poisoned")
                     .get(&sender)
                     .map(|p| p.key.clone());
+                let known = key.is_some();
                 let Some(probe) = key.and_then(|k| peer_msg::open_probe(&k, sealed).ok()) else {
                     self.inner.reject(Reject::BadProbe);
+                    if let (false, Some(src)) = (known, derp_src) {
+                        self.unknown_sender(src);
+                    }
                     return;
                 };
                 self.heard_from(&sender);

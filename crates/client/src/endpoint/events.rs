@@ -66,6 +66,14 @@ pub enum EventKind {
         /// The peer.
         peer: NodePublic,
     },
+    /// A DERP packet or probe came from `key`, which is not a peer (a
+    /// peer that runs with another key than the one added here, or one
+    /// not added yet). Sent once per key, for the first 64 keys; every
+    /// such message is counted in [`super::Rejected`].
+    UnknownSender {
+        /// The sender's key, as its DERP server vouches for it.
+        key: NodePublic,
+    },
     /// This endpoint's address as a DERP server's STUN server sees it
     /// changed.
     PublicAddr {

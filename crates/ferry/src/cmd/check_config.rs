@@ -91,12 +91,7 @@ fn check_file(args: &CheckArgs) -> Result<String> {
             super::link::check(&path, &text)?
         )),
         FileKind::UdpRelay => {
-            use ferry_udp::config::{Config, ConfigError};
-            let cfg = Config::from_toml(&path, &text).map_err(|e| match e {
-                // The parser's errors already start with the file and line.
-                ConfigError::File { .. } => anyhow!(e),
-                e => anyhow!("{path}: {e}"),
-            })?;
+            let cfg = super::udp_relay::from_file(&path, &text)?;
             Ok(format!(
                 "{path}: ferry udp-relay configuration OK: {}",
                 udp_summary(&cfg)

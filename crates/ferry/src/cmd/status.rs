@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 #[derive(clap::Args, Debug)]
 pub(crate) struct StatusArgs {
     /// The relay's metrics: `host:port` (its --metrics-addr, read at
-    /// /metrics) or a full http:// URL such as
+    /// /metrics) or a full http:// or https:// URL such as
     /// http://127.0.0.1:3340/debug/varz; a /healthz URL checks health.
     #[arg(default_value = "127.0.0.1:9100")]
     pub(crate) target: String,
@@ -107,16 +107,38 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// The server `ferry status` asks: `http` or `https`, `host:port`, and the
+/// host alone (for the `Host` header and the TLS name).
+#[derive(Debug, PartialEq, Eq)]
+struct Server {
+    tls: bool,
+    hostport: String,
+    host: String,
+}
+
+impl Server {
+    /// The URL of `path` on this server, for messages.
+    fn url(&self, path: &str) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.hostport)
+    }
+}
+
 /// Where to GET, from the target argument.
-fn endpoint(target: &str) -> Result<(String, String, String)> {
-    let (hostport, path) = match target.strip_prefix("http://") {
+fn endpoint(target: &str) -> Result<(Server, String)> {
+    let (tls, rest) = match (
+        target.strip_prefix("http://"),
+        target.strip_prefix("https://"),
+    ) {
+        (Some(rest), _) => (false, Some(rest)),
+        (_, Some(rest)) => (true, Some(rest)),
+        _ => (false, None),
+    };
+    let (hostport, path) = match rest {
         Some(rest) => match rest.split_once('/') {
             Some((h, p)) => (h.to_owned(), format!("/{p}")),
             None => (rest.to_owned(), "/metrics".to_owned()),
         },
-        None if target.starts_with("https://") => {
-            bail!("{target}: only http:// metrics endpoints (--metrics-addr, or the relay's plain port)")
-        }
         None => (target.to_owned(), "/metrics".to_owned()),
     };
     let host = hostport
@@ -124,34 +146,88 @@ fn endpoint(target: &str) -> Result<(String, String, String)> {
         .map_or(hostport.as_str(), |(h, _)| h)
         .trim_matches(|c| c == '[' || c == ']')
         .to_owned();
-    Ok((hostport, host, path))
+    // https:// without a port is the usual 443.
+    let hostport = if tls && !hostport.ends_with(']') && !hostport.contains(':') {
+        format!("{hostport}:443")
+    } else {
+        hostport
+    };
+    Ok((
+        Server {
+            tls,
+            hostport,
+            host,
+        },
+        path,
+    ))
 }
 
-/// GETs `path` from `hostport`: the status line and the body.
-fn get(hostport: &str, host: &str, path: &str) -> Result<(String, String)> {
-    let addr = hostport
+/// A TLS client session for `host`, checked against the system's CA
+/// certificates (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured), as every
+/// outgoing TLS connection of Ferry's.
+fn tls_session(host: &str) -> Result<rustls::ClientConnection> {
+    let (config, name) = ferry_client::https_client_config(&ferry_client::TlsRoots::System, host)
+        .with_context(|| format!("TLS for {host}"))?;
+    rustls::ClientConnection::new(config, name).with_context(|| format!("TLS for {host}"))
+}
+
+/// GETs `path` from `server`: the status line and the body.
+fn get(server: &Server, path: &str) -> Result<(String, String)> {
+    let url = server.url(path);
+    let addrs: Vec<_> = server
+        .hostport
         .to_socket_addrs()
-        .with_context(|| format!("{hostport}: not an address"))?
-        .next()
-        .with_context(|| format!("{hostport}: no address"))?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .with_context(|| format!("connecting to {addr}"))?;
+        .with_context(|| format!("{}: not an address", server.hostport))?
+        .collect();
+    let mut failed = None;
+    let mut stream = None;
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => failed = Some(anyhow::Error::new(e).context(format!("connecting to {addr}"))),
+        }
+    }
+    let s = match (stream, failed) {
+        (Some(s), _) => s,
+        (None, Some(e)) => return Err(e),
+        (None, None) => bail!("{}: no address", server.hostport),
+    };
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut conn: Box<dyn ReadWrite> = if server.tls {
+        Box::new(rustls::StreamOwned::new(tls_session(&server.host)?, s))
+    } else {
+        Box::new(s)
+    };
     write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: ferry-status\r\n\r\n"
-    )?;
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nUser-Agent: ferry-status\r\n\r\n",
+        server.host
+    )
+    .with_context(|| format!("asking {url}"))?;
     let mut body = Vec::new();
-    s.take(64 << 20)
-        .read_to_end(&mut body)
-        .with_context(|| format!("reading http://{hostport}{path}"))?;
+    let read = conn.take(64 << 20).read_to_end(&mut body);
+    // A TLS server that closes without close_notify has still sent the
+    // whole answer (Connection: close).
+    match read {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !body.is_empty() => {}
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {url}"))),
+    }
     let text = String::from_utf8_lossy(&body);
     let (head, rest) = text
         .split_once("\r\n\r\n")
-        .with_context(|| format!("http://{hostport}{path}: not an HTTP response"))?;
+        .with_context(|| format!("{url}: not an HTTP response"))?;
     let status = head.lines().next().unwrap_or_default().to_owned();
     Ok((status, rest.to_owned()))
 }
+
+/// A plain or a TLS connection.
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
 
 fn is_ok(status: &str) -> bool {
     status.starts_with("HTTP/1.1 200") || status.starts_with("HTTP/1.0 200")
@@ -160,15 +236,17 @@ fn is_ok(status: &str) -> bool {
 /// One scrape of `target`'s metrics; an answer without a single series
 /// (a `/healthz` or a page) is an error saying so.
 pub(crate) fn fetch(target: &str) -> Result<Scrape> {
-    let (hostport, host, path) = endpoint(target)?;
-    let (status, body) = get(&hostport, &host, &path)?;
+    let (server, path) = endpoint(target)?;
+    let (status, body) = get(&server, &path)?;
+    let url = server.url(&path);
     if !is_ok(&status) {
-        bail!("http://{hostport}{path}: {status}");
+        bail!("{url}: {status}");
     }
     let scrape = Scrape::parse(&body, Instant::now());
     if scrape.series.is_empty() {
         bail!(
-            "http://{hostport}{path}: no metrics in the answer (a health check is `ferry status http://{hostport}/healthz`)"
+            "{url}: no metrics in the answer (a health check is `ferry status {}`)",
+            server.url("/healthz")
         );
     }
     Ok(scrape)
@@ -184,18 +262,18 @@ struct Health {
     uptime_seconds: Option<u64>,
 }
 
-/// GETs `/healthz` from `hostport`: the status line and the answer.
-fn health(hostport: &str, host: &str) -> Result<(String, Health)> {
-    let (status, body) = get(hostport, host, "/healthz")?;
+/// GETs `/healthz` from `server`: the status line and the answer.
+fn health(server: &Server) -> Result<(String, Health)> {
+    let (status, body) = get(server, "/healthz")?;
     let health = serde_json::from_str(&body)
-        .with_context(|| format!("http://{hostport}/healthz: {status}: not a health answer"))?;
+        .with_context(|| format!("{}: {status}: not a health answer", server.url("/healthz")))?;
     Ok((status, health))
 }
 
 /// `ferry status http://…/healthz`: one line (or the JSON), and an error
 /// unless the service answers 200 with status ok.
-fn health_check(args: &StatusArgs, hostport: &str, host: &str) -> Result<()> {
-    let (status, h) = health(hostport, host)?;
+fn health_check(args: &StatusArgs, server: &Server) -> Result<()> {
+    let (status, h) = health(server)?;
     if args.json {
         println!("{}", serde_json::to_string(&h)?);
     } else {
@@ -210,7 +288,8 @@ fn health_check(args: &StatusArgs, hostport: &str, host: &str) -> Result<()> {
     }
     if !is_ok(&status) || h.status != "ok" {
         bail!(
-            "http://{hostport}/healthz: {status}: not healthy ({})",
+            "{}: {status}: not healthy ({})",
+            server.url("/healthz"),
             h.status
         );
     }
@@ -437,9 +516,9 @@ pub(crate) fn run(args: &StatusArgs) -> Result<()> {
             bail!("--watch {every}: must be between 1 and 3600 seconds");
         }
     }
-    let (hostport, host, path) = endpoint(&args.target)?;
+    let (server, path) = endpoint(&args.target)?;
     if path == "/healthz" {
-        return health_check(args, &hostport, &host);
+        return health_check(args, &server);
     }
     let interval = Duration::from_secs(args.watch.unwrap_or(1));
     let mut before = fetch(&args.target)?;
@@ -450,7 +529,7 @@ pub(crate) fn run(args: &StatusArgs) -> Result<()> {
         if v.version.is_none() {
             // The UDP relay's metrics carry no version, back end or
             // uptime; its /healthz does.
-            if let Ok((_, h)) = health(&hostport, &host) {
+            if let Ok((_, h)) = health(&server) {
                 (v.version, v.backend, v.uptime_seconds) = (h.version, h.backend, h.uptime_seconds);
             }
         }
@@ -534,18 +613,28 @@ mod tests {
 
     #[test]
     fn targets() {
+        let server = |tls, hostport: &str, host: &str| Server {
+            tls,
+            hostport: hostport.into(),
+            host: host.into(),
+        };
         assert_eq!(
             endpoint("127.0.0.1:9100").unwrap(),
             (
-                "127.0.0.1:9100".into(),
-                "127.0.0.1".into(),
+                server(false, "127.0.0.1:9100", "127.0.0.1"),
                 "/metrics".into()
             )
         );
         assert_eq!(
             endpoint("http://[::1]:3340/debug/varz").unwrap(),
-            ("[::1]:3340".into(), "::1".into(), "/debug/varz".into())
+            (server(false, "[::1]:3340", "::1"), "/debug/varz".into())
         );
-        assert!(endpoint("https://x/metrics").is_err());
+        assert_eq!(
+            endpoint("https://derp.example.com/debug/varz").unwrap(),
+            (
+                server(true, "derp.example.com:443", "derp.example.com"),
+                "/debug/varz".into()
+            )
+        );
     }
 }

@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use ferry_proto::wireguard::PublicKey;
 use ferry_sys::signal::Signal;
 use ferry_udp::config::{
@@ -120,6 +120,18 @@ fn duration(
     }
 }
 
+/// Parses and checks a udp-relay configuration file's `text`, for the
+/// start (and SIGHUP) and for `ferry check-config` alike: every error
+/// starts with the file (and the line, where the parser knows it) and
+/// names the key.
+pub(crate) fn from_file(path: &str, text: &str) -> Result<Config> {
+    Config::from_toml(path, text).map_err(|e| match e {
+        // The parser's errors already start with the file and line.
+        ConfigError::File { .. } => anyhow!(e),
+        e => anyhow!("{path}: {e}"),
+    })
+}
+
 /// Builds the relay configuration from flags (and the file, if given).
 pub(crate) fn build_config(args: &UdpRelayArgs) -> Result<Config> {
     let mut cfg = if let Some(path) = &args.config {
@@ -142,7 +154,7 @@ pub(crate) fn build_config(args: &UdpRelayArgs) -> Result<Config> {
         }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--config: reading {}", path.display()))?;
-        Config::from_toml(&path.display().to_string(), &text)?
+        from_file(&path.display().to_string(), &text)?
     } else {
         cli_config(args)?
     };

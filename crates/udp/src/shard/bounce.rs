@@ -24,9 +24,10 @@ use crate::metrics::Drop;
 use crate::published::Published;
 use crate::socket;
 
-/// A bounce target's current address, updated by the resolver thread and
-/// read by shards when its generation changes.
-pub type TargetCell = Published<SocketAddr>;
+/// A bounce target's current address (none while it has never resolved),
+/// updated by the resolver thread and read by shards when its generation
+/// changes.
+pub type TargetCell = Published<Option<SocketAddr>>;
 
 /// A bounce route as every shard sees it.
 #[derive(Debug)]
@@ -269,7 +270,10 @@ impl Shard {
             self.metrics.count_drop(Drop::ClientLimit, 1);
             return None;
         };
-        let target = self.route_targets[route];
+        let Some(target) = self.route_targets[route] else {
+            self.metrics.count_drop(Drop::TargetUnresolved, 1);
+            return None;
+        };
         let sock = match socket::upstream(target, 0, &self.socket_options) {
             Ok(s) => s,
             Err(e) => {
@@ -370,7 +374,9 @@ impl Shard {
     /// same port otherwise (a connected UDP socket keeps the source
     /// address it was first given, which the new route may not reach).
     pub(super) fn retarget(&mut self, r: usize) {
-        let target = self.route_targets[r];
+        let Some(target) = self.route_targets[r] else {
+            return;
+        };
         let source = socket::route_source(target).ok();
         let keys: Vec<usize> = self
             .clients

@@ -118,7 +118,7 @@ pub struct Shard {
     hub_listeners: Vec<usize>,
     routes: Arc<Vec<Route>>,
     route_generation: Vec<u64>,
-    route_targets: Vec<SocketAddr>,
+    route_targets: Vec<Option<SocketAddr>>,
     clients: Slab<BounceClient>,
     by_client: HashMap<(usize, SocketAddr), usize>,
     unanswered: unanswered::Unanswered,

@@ -46,8 +46,9 @@ use tokio::net::{TcpListener, UdpSocket};
 use super::config::Config;
 use super::metrics::{self, kind_label, DropReason, Metrics, PeerStats};
 
-/// How often a growing count of datagrams not from a configured peer is
-/// logged (a summary; the counter is read at each scrape).
+/// How often the endpoint's counters are looked at: for the first
+/// datagrams rejected as not from a configured peer, and for peers that
+/// have not answered.
 const REJECTED_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A peer none of whose paths has answered a probe this long after the
@@ -413,8 +414,10 @@ fn deliver(
 /// Reacts to the endpoint's events: every path switch one log line with
 /// its reason and the counters; the relays' state copied to the metrics
 /// at each change (the endpoint logs the changes themselves); peers gone
-/// from their relay and back, by name. Datagrams rejected by the endpoint
-/// are summed up in a log line now and then.
+/// from their relay and back, by name. A sender over DERP whose link key
+/// is no configured peer is logged once, with its key; datagrams rejected
+/// otherwise are logged once, the first time; after that
+/// `ferry_link_rejected_total` counts them.
 async fn react(
     ep: Arc<Endpoint>,
     mut events: Events,
@@ -424,8 +427,8 @@ async fn react(
 ) {
     // What happened before the subscription (the first attempts).
     relays_changed(&ep, &metrics);
-    let mut rejected_seen = 0u64;
-    let mut rejected_logged = 0u32;
+    let mut rejected_logged = false;
+    let mut rejected_before = 0u64;
     let started = tokio::time::Instant::now();
     let mut answered = vec![false; peers.len()];
     let mut tick = tokio::time::interval(REJECTED_LOG_INTERVAL);
@@ -434,16 +437,18 @@ async fn react(
         let ev = tokio::select! {
             ev = events.recv() => ev,
             _ = tick.tick() => {
+                // One line; ferry_link_rejected_total has the rest. It
+                // waits a tick, so that the endpoint's event naming an
+                // unknown key (counted first, published right after) comes
+                // first and stands for it.
                 let rejected = ep.stats().rejected.total();
-                // A few lines; the counter has the rest.
-                if rejected > rejected_seen && rejected_logged < 16 {
-                    rejected_logged += 1;
+                if !rejected_logged && rejected_before > 0 {
+                    rejected_logged = true;
                     tracing::warn!(
-                        count = rejected - rejected_seen,
-                        "dropped datagrams that were not from a configured peer (an unknown link key, or not a peer message)"
+                        "dropped datagrams that were not from a configured peer (not a peer message, or from an unknown address or link key); logged once, counted in ferry_link_rejected_total"
                     );
                 }
-                rejected_seen = rejected;
+                rejected_before = rejected;
                 if started.elapsed() >= UNANSWERED_AFTER {
                     unanswered(&ep, &peers, &mut answered);
                 }
@@ -473,6 +478,14 @@ async fn react(
                         "peer not connected to its relay (not started, gone, or a wrong link_key); its probes continue and its datagrams are sent as they come"
                     );
                 }
+            }
+            EventKind::UnknownSender { key } => {
+                // The endpoint reports each key once.
+                rejected_logged = true;
+                tracing::warn!(
+                    link_key = %key,
+                    "messages over the relay from a link key that is no configured peer: a peer whose ferry link runs with another key than its link_key here (or one not configured here); logged once per key, counted in ferry_link_rejected_total"
+                );
             }
             EventKind::PeerPresent { peer } => {
                 if let Some(&i) = by_key.get(&peer) {
