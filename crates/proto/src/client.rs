@@ -1,4 +1,5 @@
-//! A DERP client connection as a state machine without I/O (§4, §7, §10).
+//! A DERP client connection as a state machine without I/O
+//! (`docs/derp-protocol.md` §4, §7, §10).
 //!
 //! [`Client`] is to DERP what quinn-proto's `Connection` is to QUIC: it owns
 //! no socket, no TLS session, no clock and no random source. Its owner reads
@@ -112,10 +113,11 @@ use std::time::{Duration, Instant};
 use upgrade::RequestHead;
 
 /// How long the whole handshake may take by default (Go bounds its connect
-/// to 10 s, §4.7).
+/// to 10 s, `docs/derp-protocol.md` §4.7).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server may stay silent by default before the connection is
-/// presumed dead (Go's per-receive read deadline, §8.7).
+/// presumed dead (Go's per-receive read deadline,
+/// `docs/derp-protocol.md` §8.7).
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// The `User-Agent` sent by default.
 pub const DEFAULT_USER_AGENT: &str = concat!("ferry/", env!("CARGO_PKG_VERSION"));
@@ -176,14 +178,15 @@ pub struct Config {
     /// `Ideal-Node` header (the name of the region's first node when this
     /// is another one); omitted when `None` or empty.
     pub ideal_node: Option<String>,
-    /// Fast start (§4.4): the server key, learned from the TLS
-    /// meta-certificate. The request carries `Derp-Fast-Start: 1`,
+    /// Fast start (`docs/derp-protocol.md` §4.4): the server key, learned from
+    /// the TLS meta-certificate. The request carries `Derp-Fast-Start: 1`,
     /// `clientInfo` follows it at once, and no HTTP response is expected.
     /// `None`: classic upgrade, waiting for `101` and `serverKey`.
     pub fast_start: Option<NodePublic>,
-    /// What `clientInfo` says (§7.3): version 2, `CanAckPings`, mesh key,
-    /// prober flag. With `can_ack_pings` the client answers server pings on
-    /// its own. With a mesh key the mesh-only commands are allowed.
+    /// What `clientInfo` says (`docs/derp-protocol.md` §7.3): version 2,
+    /// `CanAckPings`, mesh key, prober flag. With `can_ack_pings` the client
+    /// answers server pings on its own. With a mesh key the mesh-only commands
+    /// are allowed.
     pub info: ClientInfo,
     /// Limit from construction to `serverInfo`.
     pub handshake_timeout: Duration,
@@ -360,9 +363,9 @@ impl Client {
         })
     }
 
-    /// A client on a transport that did its own upgrade (DERP over
-    /// WebSocket, §4.5): no HTTP request is queued, the server's first
-    /// frame must be `serverKey`, and there is no fast start
+    /// A client on a transport that did its own upgrade (DERP over WebSocket,
+    /// `docs/derp-protocol.md` §4.5): no HTTP request is queued, the server's
+    /// first frame must be `serverKey`, and there is no fast start
     /// ([`Config::fast_start`] is ignored).
     pub fn new_upgraded(
         mut config: Config,

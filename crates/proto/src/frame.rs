@@ -1,15 +1,16 @@
-//! DERP framing (§5, §6): frame types, builders, parsers, admission policy and
-//! the incremental [`Deframer`].
+//! DERP framing (`docs/derp-protocol.md` §5, §6): frame types, builders,
+//! parsers, admission policy and the incremental [`Deframer`].
 //!
 //! Every frame is `type (1 B) ‖ length (u32 big-endian) ‖ payload`. Data flows
 //! through this module in three steps:
 //!
 //! 1. **Admission.** When the [`Deframer`] has read a header it asks a
-//!    [`FramePolicy`] what to do *before* reading the payload: buffer it,
-//!    skip it (unknown or ignored types: the payload is discarded as it streams
-//!    past and never stored), or reject the connection (oversized frames,
-//!    mesh-only frames from ordinary clients). [`ServerFramePolicy`] encodes the
-//!    Go server's rules (§5, §6, §8.11); [`ClientFramePolicy`] the client's.
+//!    [`FramePolicy`] what to do *before* reading the payload: buffer it, skip
+//!    it (unknown or ignored types: the payload is discarded as it streams past
+//!    and never stored), or reject the connection (oversized frames, mesh-only
+//!    frames from ordinary clients). [`ServerFramePolicy`] encodes the Go
+//!    server's rules (`docs/derp-protocol.md` §5, §6, §8.11);
+//!    [`ClientFramePolicy`] the client's.
 //! 2. **Delivery.** Admitted frames are handed to a callback as `(type,
 //!    payload)`. When no partial frame is held, payloads are subslices of the
 //!    caller's input: nothing is copied. Only a frame split across reads is
@@ -75,8 +76,8 @@ pub const PEER_PRESENT_IS_PROBER: u8 = 1 << 2;
 /// `peerPresent` flag: the upgrade request carried a non-empty `Ideal-Node`.
 pub const PEER_PRESENT_NOT_IDEAL: u8 = 1 << 3;
 
-/// Whether `packet` is a disco message (§8.2): at least [`DISCO_MIN_LEN`]
-/// bytes starting with [`DISCO_MAGIC`].
+/// Whether `packet` is a disco message (`docs/derp-protocol.md` §8.2): at least
+/// [`DISCO_MIN_LEN`] bytes starting with [`DISCO_MAGIC`].
 pub fn is_disco(packet: &[u8]) -> bool {
     packet.len() >= DISCO_MIN_LEN && packet.starts_with(&DISCO_MAGIC)
 }
@@ -125,7 +126,7 @@ pub const RELAY_SESSION: u8 = 0xf1;
 /// Ferry's relayRefused frame, S→C.
 pub const RELAY_REFUSED: u8 = 0xf2;
 
-/// The frame types of protocol version 2 (§6).
+/// The frame types of protocol version 2 (`docs/derp-protocol.md` §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FrameType {
@@ -395,7 +396,7 @@ pub fn put_pong(out: &mut Vec<u8>, data: &[u8; PING_LEN]) {
     out.extend_from_slice(data);
 }
 
-/// Why a peer is gone (§6.1, `peerGone`).
+/// Why a peer is gone (`docs/derp-protocol.md` §6.1, `peerGone`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PeerGoneReason {
     /// `0x00`: the peer left the region (also assumed when the byte is absent).
@@ -565,10 +566,10 @@ pub enum ClientFrame<'a> {
     },
 }
 
-/// Parses a frame a client sent. Length rules are those of §6; mesh
-/// permission is not checked here (that is [`ServerFramePolicy`]'s job,
-/// before the payload is read). Every frame [`ServerFramePolicy`] admits
-/// parses successfully.
+/// Parses a frame a client sent. Length rules are those of
+/// `docs/derp-protocol.md` §6; mesh permission is not checked here (that is
+/// [`ServerFramePolicy`]'s job, before the payload is read). Every frame
+/// [`ServerFramePolicy`] admits parses successfully.
 pub fn parse_client_frame(ty: u8, payload: &[u8]) -> Result<ClientFrame<'_>, FrameError> {
     let len = payload.len();
     let Some(t) = FrameType::from_u8(ty) else {
@@ -662,18 +663,19 @@ pub enum ServerFrame<'a> {
         try_for_ms: u32,
     },
     /// A frame to ignore: unknown type, or a known type too short to act on
-    /// (Go clients drop those rather than fail, §6.1).
+    /// (Go clients drop those rather than fail, `docs/derp-protocol.md` §6.1).
     Other {
         /// Raw frame type.
         ty: u8,
     },
 }
 
-/// Parses a frame a server sent, tolerantly as Go clients do (§6.1):
-/// `peerPresent` of 32, 50 or 51+ bytes, `peerGone` without a reason byte,
-/// and short `recvPacket`/`peerGone`/`ping`/`pong`/`restarting` or a
-/// `serverKey` with a bad magic come back as [`ServerFrame::Other`]. This
-/// parser never fails; the `Result` leaves room for stricter rules.
+/// Parses a frame a server sent, tolerantly as Go clients do
+/// (`docs/derp-protocol.md` §6.1): `peerPresent` of 32, 50 or 51+ bytes,
+/// `peerGone` without a reason byte, and short
+/// `recvPacket`/`peerGone`/`ping`/`pong`/`restarting` or a `serverKey` with a
+/// bad magic come back as [`ServerFrame::Other`]. This parser never fails; the
+/// `Result` leaves room for stricter rules.
 pub fn parse_server_frame(ty: u8, payload: &[u8]) -> Result<ServerFrame<'_>, FrameError> {
     let len = payload.len();
     let other = ServerFrame::Other { ty };

@@ -255,10 +255,11 @@ pub fn stun(data: &[u8]) {
 }
 
 /// Splits `data` as a peer message (`docs/relay-sessions.md` §6). A payload
-/// re-encodes to the same bytes; a probe that opens with the §17.1 keys
-/// (the seeds are sealed with them) re-seals to the same bytes under its own
-/// nonce. Then `data` as a box's plaintext: whatever [`crate::peer_msg::open_probe`]
-/// accepts must survive a seal, parse and open unchanged.
+/// re-encodes to the same bytes; a probe that opens with the
+/// `docs/derp-protocol.md` §17.1 keys (the seeds are sealed with them) re-seals
+/// to the same bytes under its own nonce. Then `data` as a box's plaintext:
+/// whatever [`crate::peer_msg::open_probe`] accepts must survive a seal, parse
+/// and open unchanged.
 pub fn peer_msg(data: &[u8]) {
     use crate::peer_msg::{self, PeerMessage};
     let k = vector_keys();
@@ -488,8 +489,8 @@ pub fn tls13(data: &[u8]) {
     assert!(at + whole.2 <= stream.len());
 }
 
-/// The §17.1 keys, so seeds can carry the §17.3 handshake vectors, with the
-/// box keys both ways.
+/// The `docs/derp-protocol.md` §17.1 keys, so seeds can carry the §17.3
+/// handshake vectors, with the box keys both ways.
 struct VectorKeys {
     server: NodePrivate,
     client: NodePrivate,
@@ -499,7 +500,8 @@ struct VectorKeys {
 fn vector_keys() -> &'static VectorKeys {
     static KEYS: OnceLock<VectorKeys> = OnceLock::new();
     KEYS.get_or_init(|| {
-        // 00 02 03 … 1f 60 and 20 22 23 … 3f 40, as printed in §17.1.
+        // 00 02 03 … 1f 60 and 20 22 23 … 3f 40, as printed in
+        // `docs/derp-protocol.md` §17.1.
         let server = NodePrivate::from_bytes(core::array::from_fn(|i| match i {
             0 => 0x00,
             31 => 0x60,
@@ -518,7 +520,7 @@ fn vector_keys() -> &'static VectorKeys {
     })
 }
 
-/// The `clientInfo` nonce of the §17.3 vector.
+/// The `clientInfo` nonce of the `docs/derp-protocol.md` §17.3 vector.
 const VECTOR_NONCE: [u8; 24] = [
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
 ];
@@ -528,7 +530,8 @@ fn base_instant() -> Instant {
     *T0.get_or_init(Instant::now)
 }
 
-/// A §17 client: classic upgrade, or fast start to the §17 server key.
+/// A client with the `docs/derp-protocol.md` §17 keys: classic upgrade, or
+/// fast start to their server key.
 fn vector_client(fast_start: bool) -> derp_client::Client {
     let k = vector_keys();
     let mut config = derp_client::Config::new(k.client.clone(), "derp.example.com");
@@ -575,11 +578,12 @@ fn run_client<'a>(fast_start: bool, chunks: impl Iterator<Item = &'a [u8]>) -> C
 
 /// Feeds arbitrary server bytes (`data[1..]`) to a client right after
 /// construction. `data[0]`: bit 0 fast start (else classic); bits 1–2 the
-/// chunking (single bytes, up to 16, up to 4 096, all at once); the rest
-/// seeds the chunk sizes. Every chunking must give what one read gives,
-/// `Connected` can only come first, and the client may only have sent its
-/// request, `clientInfo` (once it knows the server key) and one pong per
-/// server ping. Seeds use the §17 keys, so they get past the handshake.
+/// chunking (single bytes, up to 16, up to 4 096, all at once); the rest seeds
+/// the chunk sizes. Every chunking must give what one read gives, `Connected`
+/// can only come first, and the client may only have sent its request,
+/// `clientInfo` (once it knows the server key) and one pong per server ping.
+/// Seeds use the `docs/derp-protocol.md` §17 keys, so they get past the
+/// handshake.
 pub fn client(data: &[u8]) {
     let Some((&ctl, stream)) = data.split_first() else {
         return;
@@ -660,9 +664,10 @@ pub fn server_key(data: &[u8]) {
     }
 }
 
-/// Opens `data` as a `serverInfo` payload with the §17 keys, directly and
-/// through a fast-start client (which must agree), and checks that sealing
-/// `data` in a real box and opening it agrees with decoding it as JSON.
+/// Opens `data` as a `serverInfo` payload with the `docs/derp-protocol.md` §17
+/// keys, directly and through a fast-start client (which must agree), and
+/// checks that sealing `data` in a real box and opening it agrees with decoding
+/// it as JSON.
 pub fn server_info(data: &[u8]) {
     let k = vector_keys();
     let opened = handshake::open_server_info(&k.client, &k.server.public(), data);

@@ -93,7 +93,7 @@ pub enum ClientError {
         got: NodePublic,
     },
     /// A fast-start request was answered with an HTTP response: the server
-    /// does not support `Derp-Fast-Start` (§4.4).
+    /// does not support `Derp-Fast-Start` (`docs/derp-protocol.md` §4.4).
     #[error(
         "server answered a Derp-Fast-Start request with an HTTP response (no fast-start support)"
     )]

@@ -38,7 +38,8 @@ fn exact_disposition(ty: FrameType, len: u32, expected: usize) -> Disposition {
     }
 }
 
-/// The Go server's rules for frames from a connected client (§5, §6, §8.11).
+/// The Go server's rules for frames from a connected client
+/// (`docs/derp-protocol.md` §5, §6, §8.11).
 ///
 /// | Frame | Rule |
 /// |---|---|
@@ -125,9 +126,10 @@ fn up_to(ty: u8, len: u32, max: usize, within: Disposition) -> Disposition {
     }
 }
 
-/// The server's rule for the first frame of a connection (§7.6): it must be
-/// `clientInfo` of [`MIN_CLIENT_INFO_LEN`] ..= [`MAX_CLIENT_INFO_LEN`] bytes.
-/// Use it for the first frame, break out of the callback, then continue with
+/// The server's rule for the first frame of a connection
+/// (`docs/derp-protocol.md` §7.6): it must be `clientInfo` of
+/// [`MIN_CLIENT_INFO_LEN`] ..= [`MAX_CLIENT_INFO_LEN`] bytes. Use it for the
+/// first frame, break out of the callback, then continue with
 /// [`ServerFramePolicy`] via [`Deframer::resume`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ClientInfoFramePolicy;
