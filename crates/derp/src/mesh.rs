@@ -619,7 +619,7 @@ impl MeshThread {
                 self.shared().post(
                     owner,
                     Control::Mesh {
-                        link: i,
+                        peer: i,
                         news: MeshNews::Present(key),
                     },
                 );
@@ -632,7 +632,7 @@ impl MeshThread {
                 self.shared().post(
                     owner,
                     Control::Mesh {
-                        link: i,
+                        peer: i,
                         news: MeshNews::Gone(key),
                     },
                 );
@@ -689,7 +689,7 @@ impl MeshThread {
             self.shared().post(
                 shard,
                 Control::Mesh {
-                    link: i,
+                    peer: i,
                     news: MeshNews::Down,
                 },
             );
