@@ -109,7 +109,7 @@ libtest=(bash scripts/lib/expect.sh libtest)
 run "ferry-sys ktls unit tests" 120 "${libtest[@]}" 12 env -C crates/sys "$SYS_LIB" ktls --test-threads=2 --color never
 run "ferry-derp ktls unit tests" 120 "${libtest[@]}" 5 env -C crates/derp "$RELAY_LIB" transport::kernel transport::handoff --test-threads=2 --color never
 run "ferry-engine ktls_rx" 120 "${libtest[@]}" 1 env -C crates/engine "$KTLS_RX" --test-threads=2 --color never
-# tests/ktls.rs drives the epoll driver itself (the one back end that reads
+# tests/ktls/ drives the epoll driver itself (the one back end that reads
 # kTLS records); tls_relay.rs runs the relay on each back end: on epoll
 # the sessions move into the kernel, on io_uring they are refused with
 # reason "backend" and stay in userspace.

@@ -29,7 +29,6 @@
 //! and `Host` header from the entry's name, as derper does.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -50,6 +49,10 @@ use rustls::{ClientConfig, ClientConnection};
 
 use crate::metrics::{write_counter, write_gauge};
 use crate::shard::{Control, MeshNews, Shared};
+
+mod peer;
+
+pub use peer::{MeshPeer, MeshPeerError};
 
 /// First wait before dialing a failed link again.
 const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -82,109 +85,6 @@ const WAKER: Token = Token(usize::MAX);
 /// million clients is far beyond one relay node: derper's busiest nodes
 /// hold tens of thousands.
 pub const MESH_LINK_MAX_KEYS: usize = 1 << 20;
-
-/// One `--mesh-with` entry: `host[:port]`, or `name[:port]/dialhost` to
-/// connect to `dialhost` while naming `name` in TLS and `Host`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MeshPeer {
-    /// TLS server name and `Host` header, without the port.
-    pub name: String,
-    /// Where to connect (host name or IP), without the port.
-    pub dial: String,
-    /// TCP port (443 unless the name gives one).
-    pub port: u16,
-}
-
-/// A malformed `--mesh-with` entry.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--mesh-with entry {entry:?}: {why}")]
-pub struct MeshPeerError {
-    entry: String,
-    why: &'static str,
-}
-
-impl MeshPeer {
-    /// Parses derper's `--mesh-with` list: comma-separated entries, each
-    /// `host[:port]` or `name[:port]/dialhost`. Empty entries are skipped.
-    pub fn parse_list(list: &str) -> Result<Vec<MeshPeer>, MeshPeerError> {
-        list.split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(MeshPeer::parse)
-            .collect()
-    }
-
-    /// Parses one entry.
-    pub fn parse(entry: &str) -> Result<MeshPeer, MeshPeerError> {
-        let err = |why| MeshPeerError {
-            entry: entry.to_owned(),
-            why,
-        };
-        let mut parts = entry.split('/');
-        let named = parts.next().unwrap_or_default();
-        let dial = parts.next();
-        if parts.next().is_some() {
-            return Err(err("too many '/' (expected host or name/dialhost)"));
-        }
-        let (name, port) = split_port(named).ok_or_else(|| err("bad port"))?;
-        if name.is_empty() {
-            return Err(err("empty host name"));
-        }
-        let dial = match dial {
-            Some("") => return Err(err("empty dial host")),
-            Some(d) => d.trim_start_matches('[').trim_end_matches(']').to_owned(),
-            None => name.clone(),
-        };
-        Ok(MeshPeer {
-            name,
-            dial,
-            port: port.unwrap_or(443),
-        })
-    }
-
-    /// The `Host` header: the name, with the port unless it is 443.
-    pub fn host_header(&self) -> String {
-        let name = if self.name.contains(':') {
-            format!("[{}]", self.name)
-        } else {
-            self.name.clone()
-        };
-        if self.port == 443 {
-            name
-        } else {
-            format!("{name}:{}", self.port)
-        }
-    }
-}
-
-impl fmt::Display for MeshPeer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.host_header())?;
-        if self.dial != self.name {
-            write!(f, " via {}", self.dial)?;
-        }
-        Ok(())
-    }
-}
-
-/// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address.
-fn split_port(s: &str) -> Option<(String, Option<u16>)> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        return match after {
-            "" => Some((host.to_owned(), None)),
-            p => Some((host.to_owned(), Some(p.strip_prefix(':')?.parse().ok()?))),
-        };
-    }
-    match s.matches(':').count() {
-        0 => Some((s.to_owned(), None)),
-        1 => {
-            let (h, p) = s.split_once(':')?;
-            Some((h.to_owned(), Some(p.parse().ok()?)))
-        }
-        _ => Some((s.to_owned(), None)), // a bare IPv6 address
-    }
-}
 
 /// Counters of one mesh peer and the connection to it, for the metrics
 /// page.
@@ -242,7 +142,7 @@ impl Announced {
 
 /// The links' counters, rendered as `ferry_mesh_*` metrics.
 pub struct MeshStats {
-    links: Vec<(String, Arc<MeshPeerStats>)>,
+    peers: Vec<(String, Arc<MeshPeerStats>)>,
 }
 
 impl MeshStats {
@@ -255,7 +155,7 @@ impl MeshStats {
                       kind: &str,
                       f: &dyn Fn(&MeshPeerStats) -> i64| {
             let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (peer, s) in &self.links {
+            for (peer, s) in &self.peers {
                 let _ = writeln!(w, "{name}{{peer=\"{peer}\"}} {}", f(s));
             }
         };
@@ -302,7 +202,7 @@ impl MeshStats {
             &|s| s.refused_keys.load(Ordering::Relaxed) as i64,
         );
         let up = self
-            .links
+            .peers
             .iter()
             .filter(|(_, s)| s.up.load(Ordering::Relaxed))
             .count();
@@ -316,7 +216,7 @@ impl MeshStats {
             w,
             "ferry_mesh_links_configured",
             "Mesh peers configured with --mesh-with.",
-            self.links.len() as u64,
+            self.peers.len() as u64,
         );
     }
 }
@@ -324,7 +224,7 @@ impl MeshStats {
 /// Everything the mesh thread needs, made before it starts.
 pub struct MeshThread {
     poll: Poll,
-    links: Vec<MeshPeerState>,
+    peers: Vec<MeshPeerState>,
     /// `[link][shard]`: the rings from the shards.
     rx: Vec<Vec<ByteRx>>,
     /// Set by [`MeshThread::run`] (the shards' state is made after this).
@@ -385,7 +285,7 @@ impl MeshThread {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let poll = Poll::new().map_err(MeshError::Poll)?;
-        let links: Vec<MeshPeerState> = peers
+        let states: Vec<MeshPeerState> = peers
             .iter()
             .map(|p| MeshPeerState {
                 peer: p.clone(),
@@ -399,7 +299,7 @@ impl MeshThread {
             })
             .collect();
         let stats = MeshStats {
-            links: links
+            peers: states
                 .iter()
                 .map(|l| (l.peer.host_header(), l.stats.clone()))
                 .collect(),
@@ -407,7 +307,7 @@ impl MeshThread {
         Ok((
             MeshThread {
                 poll,
-                links,
+                peers: states,
                 rx,
                 shared: None,
                 key,
@@ -434,13 +334,13 @@ impl MeshThread {
     /// Runs until the stop flag is set, talking to the shards of `shared`.
     pub fn run(mut self, shared: Arc<Shared>) {
         self.shared = Some(shared);
-        for (i, l) in self.links.iter().enumerate() {
+        for (i, l) in self.peers.iter().enumerate() {
             tracing::info!(link = i, peer = %l.peer, "mesh: will dial peer");
         }
         let mut events = Events::with_capacity(64);
         while !self.stop.load(Ordering::Relaxed) {
             let now = Instant::now();
-            for i in 0..self.links.len() {
+            for i in 0..self.peers.len() {
                 self.check_timers(i, now);
                 self.pump(i, now);
             }
@@ -460,11 +360,11 @@ impl MeshThread {
             let now = Instant::now();
             for ev in events.iter() {
                 let i = ev.token().0;
-                if i >= self.links.len() {
+                if i >= self.peers.len() {
                     continue;
                 }
                 let mut failed = None;
-                if let Some(c) = self.links[i].conn.as_mut() {
+                if let Some(c) = self.peers[i].conn.as_mut() {
                     if c.connecting && (ev.is_writable() || ev.is_error()) {
                         c.connecting = false;
                         let err = c.sock.take_error().ok().flatten();
@@ -480,15 +380,15 @@ impl MeshThread {
                 self.pump(i, now);
             }
         }
-        for i in 0..self.links.len() {
-            if let Some(mut c) = self.links[i].conn.take() {
+        for i in 0..self.peers.len() {
+            if let Some(mut c) = self.peers[i].conn.take() {
                 let _ = self.poll.registry().deregister(&mut c.sock);
             }
         }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.links
+        self.peers
             .iter()
             .filter_map(|l| match &l.conn {
                 Some(c) => [c.client.poll_timeout(), c.next_ping]
@@ -502,13 +402,13 @@ impl MeshThread {
     }
 
     fn check_timers(&mut self, i: usize, now: Instant) {
-        let link = &mut self.links[i];
-        if link.is_self {
+        let state = &mut self.peers[i];
+        if state.is_self {
             return;
         }
-        match &mut link.conn {
+        match &mut state.conn {
             None => {
-                if link.retry_at.is_none_or(|at| now >= at) {
+                if state.retry_at.is_none_or(|at| now >= at) {
                     self.dial(i, now);
                 }
             }
@@ -530,9 +430,9 @@ impl MeshThread {
     }
 
     fn dial(&mut self, i: usize, now: Instant) {
-        let link = &mut self.links[i];
-        link.attempts += 1;
-        let peer = link.peer.clone();
+        let state = &mut self.peers[i];
+        state.attempts += 1;
+        let peer = state.peer.clone();
         let addr = match (peer.dial.as_str(), peer.port).to_socket_addrs() {
             Ok(mut addrs) => match addrs.next() {
                 Some(a) => a,
@@ -571,7 +471,7 @@ impl MeshThread {
             return self.down(i, now, &format!("registering the socket: {e}"));
         }
         let _ = sock.set_nodelay(true);
-        self.links[i].conn = Some(MeshConn {
+        self.peers[i].conn = Some(MeshConn {
             sock,
             addr,
             tls,
@@ -587,21 +487,21 @@ impl MeshThread {
 
     /// Reads, handles events, takes from the rings and writes, for link `i`.
     fn pump(&mut self, i: usize, now: Instant) {
-        if self.links[i].conn.is_none() {
+        if self.peers[i].conn.is_none() {
             self.discard(i);
             return;
         }
-        if self.links[i].conn.as_ref().is_some_and(|c| c.connecting) {
+        if self.peers[i].conn.as_ref().is_some_and(|c| c.connecting) {
             return;
         }
         let mut events = Vec::new();
         let result = {
-            let c = self.links[i].conn.as_mut().expect("a connection");
+            let c = self.peers[i].conn.as_mut().expect("a connection");
             c.read(now, &mut self.buf, &mut events)
         };
         for ev in events {
             self.on_event(i, now, ev);
-            if self.links[i].conn.is_none() {
+            if self.peers[i].conn.is_none() {
                 return;
             }
         }
@@ -611,7 +511,7 @@ impl MeshThread {
         let shared = self.shared.clone().expect("set by run");
         let shards = self.rx[i].len();
         let mut notify = Vec::new();
-        let c = self.links[i].conn.as_mut().expect("a connection");
+        let c = self.peers[i].conn.as_mut().expect("a connection");
         // Take from the rings and write until the socket pushes back (its
         // next writable edge brings the thread back) or there is nothing
         // left; past PUMP_BUDGET bytes in one go, the other links get a turn
@@ -668,18 +568,18 @@ impl MeshThread {
     fn on_event(&mut self, i: usize, now: Instant, ev: Event) {
         let own = self.key.public();
         let shards = self.rx[i].len();
-        let link = &mut self.links[i];
+        let state = &mut self.peers[i];
         match ev {
             Event::Connected { server_key, .. } => {
                 if server_key == own {
-                    tracing::info!(peer = %link.peer, "mesh: the peer is this relay (same server key); not meshing with it");
-                    link.is_self = true;
-                    if let Some(mut c) = link.conn.take() {
+                    tracing::info!(peer = %state.peer, "mesh: the peer is this relay (same server key); not meshing with it");
+                    state.is_self = true;
+                    if let Some(mut c) = state.conn.take() {
                         let _ = self.poll.registry().deregister(&mut c.sock);
                     }
                     return;
                 }
-                let c = link.conn.as_mut().expect("a connection");
+                let c = state.conn.as_mut().expect("a connection");
                 if let Err(e) = c.client.watch_conns(&mut c.out) {
                     let why = describe(&e);
                     return self.down(i, now, &why);
@@ -690,26 +590,26 @@ impl MeshThread {
             Event::PeerPresent { key, .. } => {
                 // The flood that follows watchConns always names at least
                 // this relay's own connection: the peer took the mesh key.
-                let c = link.conn.as_mut().expect("a connection");
+                let c = state.conn.as_mut().expect("a connection");
                 if c.accepted.is_none() {
                     c.accepted = Some(now);
-                    link.attempts = 0;
-                    link.stats.up.store(true, Ordering::Relaxed);
-                    link.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    state.attempts = 0;
+                    state.stats.up.store(true, Ordering::Relaxed);
+                    state.stats.connects.fetch_add(1, Ordering::Relaxed);
                     let server = c
                         .client
                         .server_key()
                         .map(|k| k.to_string())
                         .unwrap_or_default();
-                    tracing::info!(peer = %link.peer, addr = %c.addr, server, "mesh: link up");
+                    tracing::info!(peer = %state.peer, addr = %c.addr, server, "mesh: link up");
                 }
-                match link.announced.present(key) {
-                    Presence::New => link.stats.keys.fetch_add(1, Ordering::Relaxed),
+                match state.announced.present(key) {
+                    Presence::New => state.stats.keys.fetch_add(1, Ordering::Relaxed),
                     Presence::Known => return,
                     Presence::OverCap { first } => {
-                        link.stats.refused_keys.fetch_add(1, Ordering::Relaxed);
+                        state.stats.refused_keys.fetch_add(1, Ordering::Relaxed);
                         if first {
-                            tracing::warn!(peer = %link.peer, max = link.announced.cap,
+                            tracing::warn!(peer = %state.peer, max = state.announced.cap,
                                 "mesh: the peer announced more keys than a link may hold; dropping its further new keys (counted in ferry_mesh_link_refused_keys_total)");
                         }
                         return;
@@ -719,31 +619,31 @@ impl MeshThread {
                 self.shared().post(
                     owner,
                     Control::Mesh {
-                        link: i,
+                        peer: i,
                         news: MeshNews::Present(key),
                     },
                 );
             }
             Event::PeerGone { key, .. } => {
-                if link.announced.keys.remove(&key) {
-                    link.stats.keys.fetch_sub(1, Ordering::Relaxed);
+                if state.announced.keys.remove(&key) {
+                    state.stats.keys.fetch_sub(1, Ordering::Relaxed);
                 }
                 let owner = self.shared().owner_of(&key, shards);
                 self.shared().post(
                     owner,
                     Control::Mesh {
-                        link: i,
+                        peer: i,
                         news: MeshNews::Gone(key),
                     },
                 );
             }
             Event::Restarting { reconnect_in, .. } => {
-                tracing::info!(peer = %link.peer, reconnect_in = ?reconnect_in, "mesh: the peer is restarting");
-                link.backoff = reconnect_in.clamp(Duration::from_millis(100), BACKOFF_MAX);
+                tracing::info!(peer = %state.peer, reconnect_in = ?reconnect_in, "mesh: the peer is restarting");
+                state.backoff = reconnect_in.clamp(Duration::from_millis(100), BACKOFF_MAX);
             }
             Event::ServerClosed => self.down(i, now, "the peer closed the connection"),
             Event::Health(problem) if !problem.is_empty() => {
-                tracing::warn!(peer = %link.peer, problem = %String::from_utf8_lossy(&problem), "mesh: the peer reports a problem");
+                tracing::warn!(peer = %state.peer, problem = %String::from_utf8_lossy(&problem), "mesh: the peer reports a problem");
             }
             _ => {}
         }
@@ -754,42 +654,42 @@ impl MeshThread {
     fn down(&mut self, i: usize, now: Instant, why: &str) {
         let shards = self.rx[i].len();
         let jitter = self.rng.gen_range(0.8..1.2);
-        let link = &mut self.links[i];
-        let accepted = link.conn.as_ref().and_then(|c| c.accepted);
-        let refused = link
+        let state = &mut self.peers[i];
+        let accepted = state.conn.as_ref().and_then(|c| c.accepted);
+        let refused = state
             .conn
             .as_ref()
             .is_some_and(|c| c.up && c.accepted.is_none());
-        if let Some(mut c) = link.conn.take() {
+        if let Some(mut c) = state.conn.take() {
             let _ = self.poll.registry().deregister(&mut c.sock);
         }
         // A link that held for a while starts its backoff afresh; one that
         // keeps failing (or is refused right after its handshake) backs
         // off further.
         if accepted.is_some_and(|at| now.duration_since(at) >= STABLE) {
-            link.backoff = BACKOFF_START;
+            state.backoff = BACKOFF_START;
         }
-        let wait = link.backoff.mul_f64(jitter);
-        link.retry_at = Some(now + wait);
-        link.backoff = (link.backoff * 2).min(BACKOFF_MAX);
-        link.stats.failures.fetch_add(1, Ordering::Relaxed);
-        link.stats.up.store(false, Ordering::Relaxed);
-        link.stats.keys.store(0, Ordering::Relaxed);
-        let forgot = link.announced.keys.len();
-        link.announced.keys.clear();
+        let wait = state.backoff.mul_f64(jitter);
+        state.retry_at = Some(now + wait);
+        state.backoff = (state.backoff * 2).min(BACKOFF_MAX);
+        state.stats.failures.fetch_add(1, Ordering::Relaxed);
+        state.stats.up.store(false, Ordering::Relaxed);
+        state.stats.keys.store(0, Ordering::Relaxed);
+        let forgot = state.announced.keys.len();
+        state.announced.keys.clear();
         if accepted.is_some() {
-            tracing::warn!(peer = %link.peer, reason = why, forgot, retry_in = ?wait, "mesh: link down");
+            tracing::warn!(peer = %state.peer, reason = why, forgot, retry_in = ?wait, "mesh: link down");
         } else if refused {
-            tracing::warn!(peer = %link.peer, reason = why, attempt = link.attempts, retry_in = ?wait,
+            tracing::warn!(peer = %state.peer, reason = why, attempt = state.attempts, retry_in = ?wait,
                 "mesh: could not connect: the peer ended the link after its handshake, before accepting watchConns (is the mesh key the same on both nodes?)");
         } else {
-            tracing::warn!(peer = %link.peer, reason = why, attempt = link.attempts, retry_in = ?wait, "mesh: could not connect");
+            tracing::warn!(peer = %state.peer, reason = why, attempt = state.attempts, retry_in = ?wait, "mesh: could not connect");
         }
         for shard in 0..shards {
             self.shared().post(
                 shard,
                 Control::Mesh {
-                    link: i,
+                    peer: i,
                     news: MeshNews::Down,
                 },
             );
@@ -806,7 +706,7 @@ impl MeshThread {
             }
         }
         if n > 0 {
-            self.links[i]
+            self.peers[i]
                 .stats
                 .discarded
                 .fetch_add(n, Ordering::Relaxed);

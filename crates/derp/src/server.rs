@@ -255,8 +255,8 @@ impl Server {
         let metrics = Metrics::new(n, backend.name(), backend_reason);
 
         // Mesh links: their rings and the waker exist before the shards.
-        let links = opts.config.mesh_with.len();
-        let mut mesh_rx: Vec<Vec<ByteRx>> = (0..links).map(|_| Vec::new()).collect();
+        let mesh_peers = opts.config.mesh_with.len();
+        let mut mesh_rx: Vec<Vec<ByteRx>> = (0..mesh_peers).map(|_| Vec::new()).collect();
         let mut mesh_tx: Vec<Vec<ByteTx>> = (0..n).map(|_| Vec::new()).collect();
         for rx in mesh_rx.iter_mut() {
             for tx in mesh_tx.iter_mut() {
@@ -269,7 +269,7 @@ impl Server {
         let mut mesh_thread = None;
         let mut mesh_shared = None;
         let mut mesh_wake = None;
-        if links > 0 {
+        if mesh_peers > 0 {
             let (thread, stats) = MeshThread::new(
                 &opts.config.mesh_with,
                 opts.config.private_key.clone(),
@@ -285,7 +285,7 @@ impl Server {
                 let _ = waker.wake();
             });
             mesh_wake = Some(wake.clone());
-            mesh_shared = Some(MeshShared::new(links, n, wake));
+            mesh_shared = Some(MeshShared::new(mesh_peers, n, wake));
             metrics.add_source(Box::new(move |w| stats.render(w)));
             mesh_thread = Some(thread);
         }

@@ -361,7 +361,8 @@ fn sans(cert: &X509Certificate<'_>) -> Vec<String> {
         .collect()
 }
 
-/// Asserts everything §4.1 requires of the meta-certificate.
+/// Asserts everything `docs/derp-protocol.md` §4.1 requires of the
+/// meta-certificate.
 fn assert_meta_certificate(der: &CertificateDer<'_>) {
     const ED25519_OID: &str = "1.3.101.112";
     let cert = parse(der);

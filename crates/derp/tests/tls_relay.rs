@@ -94,9 +94,9 @@ fn tls_relays_with_kernel_tls_switched_on() {
     support::stop(server);
 }
 
-/// Fast start (§4.4) as tailscaled does it once the meta-certificate gave
-/// it the server key: request and clientInfo in one write, no 101, and the
-/// relay goes straight to serverKey and serverInfo.
+/// Fast start (`docs/derp-protocol.md` §4.4) as tailscaled does it once the
+/// meta-certificate gave it the server key: request and clientInfo in one
+/// write, no 101, and the relay goes straight to serverKey and serverInfo.
 fn fast_start_client_over_tls() {
     let mut server_key = None;
     let (server, addr) = support::start(2, |cfg| {

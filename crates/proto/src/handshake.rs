@@ -1,5 +1,5 @@
-//! The DERP handshake (§7): `serverKey`, sealed `clientInfo`, sealed
-//! `serverInfo`.
+//! The DERP handshake (`docs/derp-protocol.md` §7): `serverKey`, sealed
+//! `clientInfo`, sealed `serverInfo`.
 //!
 //! Server side, in order:
 //!
@@ -102,7 +102,8 @@ pub enum HandshakeError {
         /// Largest allowed payload length.
         max: usize,
     },
-    /// The client presented the all-zero public key (§3).
+    /// The client presented the all-zero public key
+    /// (`docs/derp-protocol.md` §3).
     #[error("clientInfo frame carries the all-zero client key")]
     ZeroKey,
     /// The sealed box did not open: wrong keys, or altered bytes.
@@ -141,7 +142,7 @@ pub fn server_key_frame(server: &NodePublic) -> [u8; SERVER_KEY_FRAME_LEN] {
     f
 }
 
-/// The JSON a client seals into `clientInfo` (§7.3).
+/// The JSON a client seals into `clientInfo` (`docs/derp-protocol.md` §7.3).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClientInfo {
     /// Mesh pre-shared key; `None` for ordinary clients. An all-zero key in
@@ -261,7 +262,7 @@ impl FieldSink for ClientInfo {
     }
 }
 
-/// The JSON a server seals into `serverInfo` (§7.4).
+/// The JSON a server seals into `serverInfo` (`docs/derp-protocol.md` §7.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ServerInfo {
     /// Server protocol version (2).
@@ -269,7 +270,8 @@ pub struct ServerInfo {
     /// Advisory client send rate in bytes per second (0 = unspecified).
     pub token_bucket_bytes_per_second: u64,
     /// Burst for the above. If set it must exceed one maximum frame (65 573
-    /// bytes) or Go clients can never send large packets (§19.15).
+    /// bytes) or Go clients can never send large packets
+    /// (`docs/derp-protocol.md` §19.15).
     pub token_bucket_bytes_burst: u64,
     /// Ferry's relay sessions (`"ferryRelay": {"version": 1, "port": P}`),
     /// only for clients that asked; `None` when absent or malformed.

@@ -1,4 +1,5 @@
-//! The HTTP/1.1 surface of the DERP listener (§4.2, §4.4, §4.5, §11).
+//! The HTTP/1.1 surface of the DERP listener
+//! (`docs/derp-protocol.md` §4.2, §4.4, §4.5, §11).
 //!
 //! The server must parse the upgrade request itself so that, in fast-start
 //! mode, it can answer with *no* HTTP response at all, and so that bytes read
@@ -46,7 +47,7 @@ pub enum HttpError {
     Malformed(String),
 }
 
-/// What the `Upgrade` header asks for (§4.2, §4.5).
+/// What the `Upgrade` header asks for (`docs/derp-protocol.md` §4.2, §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Upgrade {
     /// No `Upgrade` header, or an empty one.
@@ -75,7 +76,8 @@ pub struct Request {
     pub query: Option<String>,
     /// What the `Upgrade` header asks for.
     pub upgrade: Upgrade,
-    /// `Derp-Fast-Start` is exactly `1`: answer with no HTTP response (§4.4).
+    /// `Derp-Fast-Start` is exactly `1`: answer with no HTTP response
+    /// (`docs/derp-protocol.md` §4.4).
     pub fast_start: bool,
     /// Non-empty `Ideal-Node` value (the connection is "not ideal").
     pub ideal_node: Option<String>,
@@ -327,7 +329,7 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// The classic upgrade response (§4.2), byte-exact.
+/// The classic upgrade response (`docs/derp-protocol.md` §4.2), byte-exact.
 pub fn switching_protocols(server: &NodePublic) -> Vec<u8> {
     let mut out = Vec::with_capacity(160);
     out.extend_from_slice(
@@ -370,7 +372,7 @@ pub fn response(status: u16, reason: &str, headers: &[(&str, &str)], body: &[u8]
 }
 
 /// Whether a captive-portal challenge may be echoed: 1 to 64 characters from
-/// `[A-Za-z0-9._:-]` (§11).
+/// `[A-Za-z0-9._:-]` (`docs/derp-protocol.md` §11).
 pub fn valid_challenge(challenge: &str) -> bool {
     !challenge.is_empty()
         && challenge.len() <= MAX_CHALLENGE_LEN
@@ -379,9 +381,9 @@ pub fn valid_challenge(challenge: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
-/// The `/generate_204` response (§11): `204 No Content` with the no-cache
-/// header, plus `X-Tailscale-Response: response <challenge>` when the
-/// challenge is valid.
+/// The `/generate_204` response (`docs/derp-protocol.md` §11): `204 No Content`
+/// with the no-cache header, plus `X-Tailscale-Response: response <challenge>`
+/// when the challenge is valid.
 pub fn generate_204(challenge: Option<&str>) -> Vec<u8> {
     let echoed = challenge
         .filter(|c| valid_challenge(c))

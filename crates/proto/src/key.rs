@@ -1,4 +1,5 @@
-//! Node keys and the mesh key, with their text encodings (§2).
+//! Node keys and the mesh key, with their text encodings
+//! (`docs/derp-protocol.md` §2).
 //!
 //! * [`NodePublic`] is a client's DERP address and the server's identity:
 //!   32 bytes of Curve25519 public key, written `nodekey:<64 hex>`.
@@ -44,7 +45,8 @@ pub enum KeyError {
         /// Length of the slice given.
         len: usize,
     },
-    /// An all-zero mesh key was given; zero means "no mesh key" (§9.1).
+    /// An all-zero mesh key was given; zero means "no mesh key"
+    /// (`docs/derp-protocol.md` §9.1).
     #[error("mesh key must not be all zero")]
     ZeroMeshKey,
     /// The key file is not the JSON object `derper` writes.
@@ -90,7 +92,8 @@ impl NodePublic {
         &self.0
     }
 
-    /// Whether every byte is zero (never a valid peer; §3).
+    /// Whether every byte is zero (never a valid peer;
+    /// `docs/derp-protocol.md` §3).
     pub fn is_zero(&self) -> bool {
         self.0 == [0; 32]
     }
@@ -297,7 +300,7 @@ fn ct_eq32(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The region's pre-shared mesh key (§9.1).
+/// The region's pre-shared mesh key (`docs/derp-protocol.md` §9.1).
 ///
 /// A client that presents the server's mesh key gains mesh privileges.
 /// Equality (`==` as well as [`MeshKey::ct_eq`]) runs in constant time.
@@ -365,7 +368,7 @@ mod tests {
 
     #[test]
     fn vector_public_keys() {
-        // §17.1
+        // `docs/derp-protocol.md` §17.1
         let cases = [
             (SERVER_PRIV, SERVER_PUB),
             (

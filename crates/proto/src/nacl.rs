@@ -1,4 +1,4 @@
-//! The NaCl box used by the DERP handshake (§3).
+//! The NaCl box used by the DERP handshake (`docs/derp-protocol.md` §3).
 //!
 //! `crypto_box_curve25519xsalsa20poly1305`: X25519, then HSalsa20 to derive a
 //! symmetric key (done once in [`SharedKey::new`]), then XSalsa20-Poly1305.
@@ -107,7 +107,8 @@ mod tests {
 
     #[test]
     fn client_info_box_vector() {
-        // §17.3: the box inside the clientInfo frame, after the 32-byte key.
+        // `docs/derp-protocol.md` §17.3: the box inside the clientInfo frame,
+        // after the 32-byte key.
         let nonce: [u8; 24] = core::array::from_fn(|i| i as u8);
         let expected = unhex(
             "000102030405060708090a0b0c0d0e0f1011121314151617

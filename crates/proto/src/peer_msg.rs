@@ -256,8 +256,9 @@ mod tests {
 
     #[test]
     fn vectors_from_the_protocol_document() {
-        // docs/relay-sessions.md §7, "Peer messages": the §17.1 client key
-        // sends to the §17.1 server key with nonce 00 01 … 17.
+        // docs/relay-sessions.md §7, "Peer messages": the client key of
+        // `docs/derp-protocol.md` §17.1 sends to its server key with nonce
+        // 00 01 … 17.
         let ping = sealed(0, &Probe::Ping { tx: [0xaa; 12] });
         let pong = sealed(
             0x12_3456,

@@ -69,7 +69,7 @@ pub struct SessionOffer {
     pub idle_lifetime: Duration,
 }
 
-/// Why the relay refused an allocation (§2).
+/// Why the relay refused an allocation (`docs/relay-sessions.md` §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RefuseReason {
     /// 1: the peer is not connected to this relay node.
@@ -337,7 +337,7 @@ fn addr_bytes(addr: SocketAddr) -> [u8; ENDPOINT_LEN] {
 }
 
 /// The relay's cookie for a bind of `slot` of session `vni` at
-/// `generation` from `source`, under `secret` (§4).
+/// `generation` from `source`, under `secret` (`docs/relay-sessions.md` §4).
 pub fn cookie(
     secret: &[u8; 32],
     vni: u32,
@@ -357,7 +357,8 @@ pub fn cookie(
     )
 }
 
-/// The client's proof over a cookie, keyed by its slot's bind token (§4).
+/// The client's proof over a cookie, keyed by its slot's bind token
+/// (`docs/relay-sessions.md` §4).
 pub fn proof(token: &[u8; 32], vni: u32, slot: u8, generation: u32, cookie: &[u8; 32]) -> [u8; 32] {
     hmac_sha256(
         token,
@@ -411,7 +412,8 @@ impl BindKind {
     }
 }
 
-/// A bind message (§4): always [`BIND_LEN`] bytes on the wire.
+/// A bind message (`docs/relay-sessions.md` §4): always [`BIND_LEN`] bytes on
+/// the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BindMsg {
     /// Which message.
@@ -541,8 +543,8 @@ pub struct AllocateRequest {
     pub conns: [u64; 2],
 }
 
-/// Who hears of a session after a relayAllocate (§2): the asker at most
-/// once per answer interval, the peer once per connection.
+/// Who hears of a session after a relayAllocate (`docs/relay-sessions.md` §2):
+/// the asker at most once per answer interval, the peer once per connection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Offers {
     /// The asker's answer (with its request id), unless this connection
@@ -565,8 +567,8 @@ pub trait SessionService: Send + Sync {
     fn allocate(&self, request: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason>;
 }
 
-/// Binds one slot of a relay session from a client's UDP socket (§4),
-/// without I/O.
+/// Binds one slot of a relay session from a client's UDP socket
+/// (`docs/relay-sessions.md` §4), without I/O.
 ///
 /// Drive it with [`poll_transmit`](Self::poll_transmit) (send what it
 /// returns to [`relay`](Self::relay)), [`handle`](Self::handle) (every

@@ -1,4 +1,4 @@
-//! The STUN binding responder's codec (§12, §17.6).
+//! The STUN binding responder's codec (`docs/derp-protocol.md` §12, §17.6).
 //!
 //! A DERP node answers exactly one kind of UDP datagram: a Tailscale RFC 5389
 //! Binding Request (SOFTWARE `tailnode`, FINGERPRINT last). The server path is

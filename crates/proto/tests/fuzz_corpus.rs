@@ -40,8 +40,9 @@ fn replay_corpora() {
     }
 }
 
-/// The client seeds that carry a §17 handshake must get a client past it,
-/// or the mutated inputs would never reach the steady-state frames.
+/// The client seeds that carry a `docs/derp-protocol.md` §17 handshake must get
+/// a client past it, or the mutated inputs would never reach the steady-state
+/// frames.
 #[test]
 fn client_seeds_reach_the_steady_state() {
     use ferry_proto::client::{Client, Config, Event};

@@ -50,7 +50,7 @@ impl Shard {
             match msg {
                 Control::Admitted(r, verdict) => self.on_admission(r, verdict),
                 Control::RateConfig(rc) => self.set_rate(rc),
-                Control::Mesh { link, news } => self.on_mesh_news(link, news),
+                Control::Mesh { peer, news } => self.on_mesh_news(peer, news),
             }
         }
         if self.control.is_empty() {

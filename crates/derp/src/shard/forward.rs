@@ -74,22 +74,22 @@ impl MeshOut {
 /// The mesh thread's side of what the shards share: how to wake it and
 /// which (link, shard) rings a shard waits on.
 pub struct MeshShared {
-    /// Number of links.
-    pub links: usize,
+    /// Number of mesh peers (one mesh conn each).
+    pub peers: usize,
     /// Wakes the mesh thread (something was pushed into a ring).
     pub wake: Arc<dyn Fn() + Send + Sync>,
-    /// Per `link * shards + shard`: the shard has overflow for the link
+    /// Per `peer * shards + shard`: the shard has overflow for the link
     /// and wants its doorbell rung when the ring has room.
     pub waiting: Vec<AtomicBool>,
 }
 
 impl MeshShared {
-    /// Shared state for `links` links and `shards` shards.
-    pub fn new(links: usize, shards: usize, wake: Arc<dyn Fn() + Send + Sync>) -> MeshShared {
+    /// Shared state for `peers` mesh peers and `shards` shards.
+    pub fn new(peers: usize, shards: usize, wake: Arc<dyn Fn() + Send + Sync>) -> MeshShared {
         MeshShared {
-            links,
+            peers,
             wake,
-            waiting: (0..links * shards)
+            waiting: (0..peers * shards)
                 .map(|_| AtomicBool::new(false))
                 .collect(),
         }
@@ -112,14 +112,14 @@ impl Shard {
     pub(super) fn forwarder(&self, dst: &NodePublic) -> Option<usize> {
         self.forward
             .get(dst)
-            .and_then(|links| links.first().copied())
+            .and_then(|peers| peers.first().copied())
     }
 
-    /// Sends a packet from a local client on `link` as forwardPacket.
+    /// Sends a packet from a local client to mesh peer `peer` as forwardPacket.
     /// Returns `true` when `from` must pause (see the module doc).
     pub(super) fn forward_packet(
         &mut self,
-        link: usize,
+        peer: usize,
         src: &NodePublic,
         dst: &NodePublic,
         packet: &[u8],
@@ -134,26 +134,26 @@ impl Shard {
         let (cap, hard_cap) = (self.shared.config.send_queue_bytes, self.hard_cap);
         let m = &self.shared.metrics.shards[self.id];
         let out = &mut self.mesh;
-        if out.overflow[link].is_empty() && out.tx[link].try_push(&[&head, packet]) {
+        if out.overflow[peer].is_empty() && out.tx[peer].try_push(&[&head, packet]) {
             out.pushed = true;
             m.packets_forwarded_out.inc();
             return false;
         }
-        let queue = &mut out.overflow[link];
+        let queue = &mut out.overflow[peer];
         if queue.len() + head.len() + packet.len() > hard_cap {
             m.dropped(DropReason::QueueTail, kind, packet.len());
             return false;
         }
         if queue.is_empty() {
             if let Some(mesh) = self.shared.mesh.as_ref() {
-                mesh.waiting[link * self.shards + self.id].store(true, Ordering::Release);
+                mesh.waiting[peer * self.shards + self.id].store(true, Ordering::Release);
             }
         }
         queue.extend_from_slice(&head);
         queue.extend_from_slice(packet);
         m.packets_forwarded_out.inc();
-        if queue.len() > cap && !out.waiters[link].contains(&from) {
-            out.waiters[link].push(from);
+        if queue.len() > cap && !out.waiters[peer].contains(&from) {
+            out.waiters[peer].push(from);
             return true;
         }
         false
@@ -162,12 +162,12 @@ impl Shard {
     /// Moves waiting frames into the links' rings, resumes the senders of
     /// a link whose overflow fell back under the cap, and wakes the mesh
     /// thread if anything was pushed this turn.
-    pub(super) fn flush_links(&mut self) {
+    pub(super) fn flush_mesh(&mut self) {
         let cap = self.shared.config.send_queue_bytes;
-        for link in 0..self.mesh.tx.len() {
-            let queue = &mut self.mesh.overflow[link];
+        for peer in 0..self.mesh.tx.len() {
+            let queue = &mut self.mesh.overflow[peer];
             if !queue.is_empty() {
-                let tx = &mut self.mesh.tx[link];
+                let tx = &mut self.mesh.tx[peer];
                 let mut at = 0;
                 while at < queue.len() {
                     let len = framed_len(&queue[at..]);
@@ -182,12 +182,12 @@ impl Shard {
                 }
                 if !queue.is_empty() {
                     if let Some(mesh) = self.shared.mesh.as_ref() {
-                        mesh.waiting[link * self.shards + self.id].store(true, Ordering::Release);
+                        mesh.waiting[peer * self.shards + self.id].store(true, Ordering::Release);
                     }
                 }
             }
-            if self.mesh.overflow[link].len() <= cap && !self.mesh.waiters[link].is_empty() {
-                self.release_link_waiters(link);
+            if self.mesh.overflow[peer].len() <= cap && !self.mesh.waiters[peer].is_empty() {
+                self.release_mesh_waiters(peer);
             }
         }
         if std::mem::take(&mut self.mesh.pushed) {
@@ -198,16 +198,16 @@ impl Shard {
     }
 
     /// Applies what a mesh link learned.
-    pub(super) fn on_mesh_news(&mut self, link: usize, news: MeshNews) {
-        if link >= self.mesh.tx.len() {
+    pub(super) fn on_mesh_news(&mut self, peer: usize, news: MeshNews) {
+        if peer >= self.mesh.tx.len() {
             return;
         }
         match news {
             MeshNews::Present(key) => {
-                let links = self.forward.entry(key).or_default();
-                if !links.contains(&link) {
-                    links.push(link);
-                    let n = links.len();
+                let peers = self.forward.entry(key).or_default();
+                if !peers.contains(&peer) {
+                    peers.push(peer);
+                    let n = peers.len();
                     let local = self.keys.contains_key(&key);
                     let m = self.m();
                     match n {
@@ -217,34 +217,34 @@ impl Shard {
                     }
                 }
             }
-            MeshNews::Gone(key) => self.withdraw(key, link),
+            MeshNews::Gone(key) => self.withdraw(key, peer),
             MeshNews::Down => {
                 let keys: Vec<NodePublic> = self
                     .forward
                     .iter()
-                    .filter(|(_, links)| links.contains(&link))
+                    .filter(|(_, peers)| peers.contains(&peer))
                     .map(|(k, _)| *k)
                     .collect();
                 for key in keys {
-                    self.withdraw(key, link);
+                    self.withdraw(key, peer);
                 }
-                self.drop_overflow(link);
+                self.drop_overflow(peer);
             }
         }
     }
 
-    /// `link` no longer carries `key`; if nothing does and the key has no
-    /// local connection, it has left the region.
-    fn withdraw(&mut self, key: NodePublic, link: usize) {
+    /// The mesh conn to `peer` no longer carries `key`; if nothing does and the
+    /// key has no local connection, it has left the region.
+    fn withdraw(&mut self, key: NodePublic, peer: usize) {
         let m = &self.shared.metrics.shards[self.id];
-        let Some(links) = self.forward.get_mut(&key).filter(|l| l.contains(&link)) else {
+        let Some(peers) = self.forward.get_mut(&key).filter(|l| l.contains(&peer)) else {
             // derper's count of removals by a forwarder that was not the
             // key's.
             m.forwarder_delete_other.inc();
             return;
         };
-        links.retain(|&l| l != link);
-        match links.len() {
+        peers.retain(|&l| l != peer);
+        match peers.len() {
             0 => {}
             1 => {
                 m.multiforwarder_deleted.inc();
@@ -260,8 +260,8 @@ impl Shard {
     }
 
     /// Drops what waits for a link that went down and lets its senders go.
-    fn drop_overflow(&mut self, link: usize) {
-        let queue = std::mem::take(&mut self.mesh.overflow[link]);
+    fn drop_overflow(&mut self, peer: usize) {
+        let queue = std::mem::take(&mut self.mesh.overflow[peer]);
         let m = &self.shared.metrics.shards[self.id];
         let mut at = 0;
         while at + FORWARD_HEAD <= queue.len() {
@@ -274,18 +274,18 @@ impl Shard {
             );
             at += len;
         }
-        self.release_link_waiters(link);
+        self.release_mesh_waiters(peer);
     }
 
-    /// Lets every sender waiting on `link` go. A resumed sender may be
-    /// read at once and wait again: those stay on the list (which keeps
-    /// its memory).
-    fn release_link_waiters(&mut self, link: usize) {
-        let mut waiting = std::mem::take(&mut self.mesh.waiters[link]);
+    /// Lets every sender waiting on mesh peer `peer` go. A resumed sender may
+    /// be read at once and wait again: those stay on the list (which keeps its
+    /// memory).
+    fn release_mesh_waiters(&mut self, peer: usize) {
+        let mut waiting = std::mem::take(&mut self.mesh.waiters[peer]);
         for r in waiting.drain(..) {
             self.resume_sender(r);
         }
-        let again = &mut self.mesh.waiters[link];
+        let again = &mut self.mesh.waiters[peer];
         std::mem::swap(again, &mut waiting);
         again.append(&mut waiting);
     }

@@ -199,10 +199,10 @@ pub enum Control {
     Admitted(ConnRef, Verdict),
     /// New per-client receive limits (`--rate-config` reloaded).
     RateConfig(RateConfig),
-    /// What mesh link `link` learned (see [`MeshNews`]).
+    /// What the mesh conn to peer `peer` learned (see [`MeshNews`]).
     Mesh {
-        /// The link's index in `--mesh-with` order.
-        link: usize,
+        /// The mesh peer's index in `--mesh-with` order.
+        peer: usize,
         /// What it learned.
         news: MeshNews,
     },
@@ -656,7 +656,7 @@ impl<D: Driver> Handler<D> for Shard {
             self.enforce_budget(driver);
         }
         self.flush(driver);
-        self.flush_links();
+        self.flush_mesh();
         self.release_closed(driver);
         self.ring_doorbells();
         if let Some(deadline) = self.draining {

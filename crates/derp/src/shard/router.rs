@@ -85,8 +85,8 @@ impl Shard {
         let drop = |m: &ShardMetrics, reason: DropReason| m.dropped(reason, kind, packet.len());
         let Some(entry) = self.keys.get(dst) else {
             if via == Via::Send {
-                if let Some(link) = self.forwarder(dst) {
-                    return self.forward_packet(link, src, dst, packet, from);
+                if let Some(peer) = self.forwarder(dst) {
+                    return self.forward_packet(peer, src, dst, packet, from);
                 }
             }
             drop(

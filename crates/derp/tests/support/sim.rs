@@ -319,10 +319,10 @@ pub(crate) fn ws_client(s: &mut Sim, key: &NodePrivate) -> Slot {
     slot
 }
 
-/// A shard with `links` mesh links whose rings hold `ring` bytes; the
+/// A shard with `peers` mesh conns whose rings hold `ring` bytes; the
 /// mesh thread's ends of the rings, and how often it was woken.
 pub(crate) fn meshed(
-    links: usize,
+    peers: usize,
     ring: usize,
     tweak: impl FnOnce(&mut DerpConfig),
 ) -> (
@@ -335,17 +335,17 @@ pub(crate) fn meshed(
     let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
         w.fetch_add(1, Ordering::Relaxed);
     });
-    let (tx, rx): (Vec<_>, Vec<_>) = (0..links)
+    let (tx, rx): (Vec<_>, Vec<_>) = (0..peers)
         .map(|_| ferry_engine::mailbox::byte_ring(ring))
         .unzip();
-    let s = Sim::with_mesh(tweak, tx, Some(MeshShared::new(links, 1, wake)));
+    let s = Sim::with_mesh(tweak, tx, Some(MeshShared::new(peers, 1, wake)));
     (s, rx, wakes)
 }
 
 impl Sim {
-    /// What mesh link `link` learned, as the mesh thread posts it.
-    pub(crate) fn news(&mut self, link: usize, news: MeshNews) {
-        self.shared.post(0, Control::Mesh { link, news });
+    /// What the mesh conn to peer `peer` learned, as the mesh thread posts it.
+    pub(crate) fn news(&mut self, peer: usize, news: MeshNews) {
+        self.shared.post(0, Control::Mesh { peer, news });
         self.settle();
     }
 }

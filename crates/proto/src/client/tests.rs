@@ -1,6 +1,6 @@
 //! Unit tests for the client state machine: scripted server bytes built with
-//! the crate's own builders and the §17 vectors, virtual time from one base
-//! instant.
+//! the crate's own builders and the `docs/derp-protocol.md` §17 vectors,
+//! virtual time from one base instant.
 
 use super::*;
 use crate::frame::{
@@ -134,7 +134,7 @@ fn classic_handshake_with_vectors() {
     assert_eq!(feed_ok(&mut c, &script[..sk_end]), vec![]);
     assert_eq!(c.stage(), Stage::AwaitServerInfo);
     assert_eq!(c.server_key(), Some(key_s()));
-    // §17.3: exactly the clientInfo vector.
+    // `docs/derp-protocol.md` §17.3: exactly the clientInfo vector.
     assert_eq!(transmit(&mut c), unhex(CLIENT_INFO_FRAME));
 
     assert_eq!(feed_ok(&mut c, &script[sk_end..]), vec![connected()]);
@@ -196,7 +196,7 @@ fn fast_start_handshake() {
         ..fast_config()
     });
     assert_eq!(c.stage(), Stage::AwaitServerInfo);
-    // §17.5 request, clientInfo right behind it.
+    // `docs/derp-protocol.md` §17.5 request, clientInfo right behind it.
     let mut want = FAST_START_REQUEST.to_vec();
     want.extend_from_slice(&unhex(CLIENT_INFO_FRAME));
     assert_eq!(transmit(&mut c), want);
@@ -327,7 +327,8 @@ fn every_event_kind() {
         ]
     );
     assert_eq!(c.ignored_frames(), 5);
-    // The ping was answered on its own, with §17.2's bytes.
+    // The ping was answered on its own, with `docs/derp-protocol.md` §17.2's
+    // bytes.
     assert_eq!(transmit(&mut c), unhex("1300000008 | 0102030405060708"));
 
     let mut events = Vec::new();
@@ -737,7 +738,8 @@ fn bad_server_info_frames() {
 
 #[test]
 fn fast_start_errors() {
-    // A server without fast-start support answers with a 101 (§4.4).
+    // A server without fast-start support answers with a 101
+    // (`docs/derp-protocol.md` §4.4).
     let mut c = client(fast_config());
     assert_eq!(
         feed_err(&mut c, &switching_protocols(&key_s())),

@@ -1,6 +1,7 @@
-//! The HTTP/1.1 half of the client handshake (§4.2, §4.4): the `GET /derp`
-//! upgrade request the client writes, and the `101 Switching Protocols`
-//! head it reads back in classic mode.
+//! The HTTP/1.1 half of the client handshake
+//! (`docs/derp-protocol.md` §4.2, §4.4): the `GET /derp` upgrade request the
+//! client writes, and the `101 Switching Protocols` head it reads back in
+//! classic mode.
 //!
 //! The request follows Go's byte layout (non-special headers in
 //! alphabetical order). The response parser reads only what a client needs:
@@ -131,7 +132,7 @@ mod tests {
             fast_start: true,
         }
         .put(&mut out);
-        // §17.5, byte for byte.
+        // `docs/derp-protocol.md` §17.5, byte for byte.
         assert_eq!(out, crate::testutil::FAST_START_REQUEST);
         // The server's own parser reads it as a fast-start DERP upgrade.
         let req = crate::http::parse_request(&out).unwrap().unwrap();

@@ -1,5 +1,5 @@
-//! Unit tests for framing: §17.2/§17.4 vectors, policy tables, parser
-//! tolerance and deframer mechanics. Randomised tests live in
+//! Unit tests for framing: `docs/derp-protocol.md` §17.2/§17.4 vectors, policy
+//! tables, parser tolerance and deframer mechanics. Randomised tests live in
 //! `tests/proptests.rs`.
 
 use super::*;
@@ -14,7 +14,7 @@ fn built(f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
 
 #[test]
 fn vectors_small_frames() {
-    // §17.2
+    // `docs/derp-protocol.md` §17.2
     let ping = [1, 2, 3, 4, 5, 6, 7, 8];
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (built(put_keepalive), "0600000000"),
@@ -46,7 +46,7 @@ const P_HEX: &str = "64b101b1d0be5a8704bd078f9895001fc03e8e9f9522f188dd128d9846d
 
 #[test]
 fn vectors_data_and_control_frames() {
-    // §17.4
+    // `docs/derp-protocol.md` §17.4
     let c = key_c();
     let p = key_p();
     let v4: SocketAddr = "198.51.100.23:41641".parse().unwrap();

@@ -220,7 +220,8 @@ fn malformed_bind_messages_are_refused() {
     assert_eq!(BindMsg::parse(&vni0), Err(BindError::Field));
 }
 
-/// A relay's side of the handshake for these tests: what §4 says it does.
+/// A relay's side of the handshake for these tests: what
+/// `docs/relay-sessions.md` §4 says it does.
 fn relay_reply(msg: &[u8], from: SocketAddr) -> Option<[u8; BIND_LEN]> {
     let m = BindMsg::parse(msg).ok()?;
     match m.kind {
