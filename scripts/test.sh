@@ -47,7 +47,7 @@ show_skips() { # show_skips NAME SECONDS: the step's line, its skips and back en
   echo "== $name: $3 in $secs s, $n skipped"
   sort -u "$FERRY_SKIP_LOG" | awk -F'\t' 'NF { printf "   SKIP %s: %s\n", $1, $2 }'
   if [ -s "$FERRY_BACKEND_LOG" ]; then
-    echo "   relays started by the Rust tests, by I/O back end: $(awk -F'\t' 'NF { n[$3]++ } END { for (b in n) printf "%s%s %d", sep, b, n[b]; sep = ", " }' "$FERRY_BACKEND_LOG")"
+    echo "   relays started by the Rust tests, by I/O back end: $(awk -F'\t' 'NF { n[$3]++ } END { for (b in n) { printf "%s%s %d", sep, b, n[b]; sep = ", " } }' "$FERRY_BACKEND_LOG")"
   fi
   summary+=("$(printf '%-18s %5d s  %3d skipped  %s' "$name" "$secs" "$n" "$3")")
 }
