@@ -59,7 +59,7 @@ HYPERDERP_SUITES = ("rate", "latency")
 
 MBIT = 1e6
 
-# Stuck receivers (issue 14): the 10 pairs paced at `rate` Mbit/s in all,
+# Stuck receivers: the 10 pairs paced at `rate` Mbit/s in all,
 # plus `counts` receivers that stop reading; from the window's start every
 # sender also sends them `size`-byte packets at `stuck_rate` Mbit/s (over all
 # of them). The window outlasts the 2 s write timeout both servers apply, so
@@ -117,7 +117,7 @@ PLANS = {
     },
 }
 
-PEERS = 20  # the 20 peers in 10 pairs of issue #3
+PEERS = 20  # 20 peers in 10 pairs
 SIZE = 1400
 
 
@@ -873,7 +873,7 @@ def cell(v, unit):
 
 def headline_table(s, servers):
     lines = ["| Metric | " + " | ".join(SERVERS[n]["label"] for n in servers) +
-             f" | Ferry / derper | Ferry / derper (queue {TUNED_QUEUE}) | Bar (issue #3) | Met |",
+             f" | Ferry / derper | Ferry / derper (queue {TUNED_QUEUE}) | Bar | Met |",
              "|---|" + "---|" * len(servers) + "---|---|---|---|"]
     for row in s["headline"]:
         vals = " | ".join(cell(row["values"].get(n), row["unit"]) for n in servers)

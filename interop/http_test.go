@@ -127,7 +127,7 @@ func TestHTTPSurface(t *testing.T) {
 				return
 			}
 			// Ferry deliberately answers 404 for paths it does not serve
-			// (issue 2: "a small home page, 404 for the rest"); no client
+			// (a small home page, 404 for the rest); no client
 			// relies on the catch-all.
 			wantStatus(t, resp, 404)
 		})

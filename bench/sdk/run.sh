@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SDK benchmark (issue #15): datagram goodput and round trip between two
+# SDK benchmark: datagram goodput and round trip between two
 # SDK endpoints (crates/client/examples/endpoint_bench.rs) on this machine,
 # per path — direct UDP, a relay session, DERP — through a Ferry relay run
 # as its own process. The relay is pinned to CPU 0, the endpoints to CPU 1.

@@ -167,7 +167,7 @@ pub struct PeerServerArgs {
     pub peer_server_pid: Option<u32>,
 }
 
-/// Stuck receivers among the pairs of `throughput` (issue 14): extra peers
+/// Stuck receivers among the pairs of `throughput`: extra peers
 /// that complete the handshake and then never read their socket again, as a
 /// frozen laptop or a hostile client would. Every sender also sends them
 /// large packets from the start of the measured window.

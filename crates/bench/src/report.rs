@@ -250,8 +250,8 @@ pub struct Throughput {
     pub stuck: Option<Stuck>,
 }
 
-/// Receivers that completed their handshake and then stopped reading
-/// (issue 14). Every sender also sent to them, from the window's start;
+/// Receivers that completed their handshake and then stopped reading.
+/// Every sender also sent to them, from the window's start;
 /// they read again after the window, to learn whether the server had cut
 /// them off.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

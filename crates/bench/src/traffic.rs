@@ -23,7 +23,7 @@
 //! stall any receiver saw, which a relay that pauses senders shows and an
 //! average rate hides.
 //!
-//! Stuck receivers ([`StuckPeers`], issue 14) complete their handshake and
+//! Stuck receivers ([`StuckPeers`]) complete their handshake and
 //! then stop reading until the window ends, as a frozen laptop or a hostile
 //! client would. Flows to them start with the window, so the warm-up is
 //! undisturbed and the window sees the onset; their packets are counted

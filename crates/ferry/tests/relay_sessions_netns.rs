@@ -1,5 +1,5 @@
-//! Relay sessions across network namespaces (`docs/relay-sessions.md`,
-//! issue 15): the real `ferry` in namespace R, SDK peers A and B in their
+//! Relay sessions across network namespaces (`docs/relay-sessions.md`):
+//! the real `ferry` in namespace R, SDK peers A and B in their
 //! own namespaces, an attacker in a fourth, M, on the relay's side.
 //!
 //! ```text
