@@ -232,10 +232,6 @@ def main():
     if not a.no_build:
         flag = ["--release"] if a.profile == "release" else []
         rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=rb.ROOT)
-        if udp:  # examples: builds of their own (target flags select only them)
-            rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry-udp", "--example", "udp_gen"], cwd=rb.ROOT)
-        if udp and a.shape == "session":
-            rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry-client", "--example", "session_pps"], cwd=rb.ROOT)
     out = a.out or Path(tempfile.mkdtemp(prefix="ferry-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     a.transports = a.transport
@@ -246,7 +242,7 @@ def main():
         (tmp / "bin").mkdir()
         wanted = ("ferry", "ferry-bench")
         if udp:
-            wanted = ("ferry", "examples/udp_gen") + (("examples/session_pps",) if a.shape == "session" else ())
+            wanted = ("ferry", "udp_gen") + (("session_pps",) if a.shape == "session" else ())
         for k in wanted:
             name = k.rpartition("/")[2]
             bins[name] = tmp / "bin" / name

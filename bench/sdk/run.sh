@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SDK benchmark: datagram goodput and round trip between two
-# SDK endpoints (crates/client/examples/endpoint_bench.rs) on this machine,
+# SDK endpoints (endpoint_bench, crates/bench/src/bin/endpoint_bench.rs) on this machine,
 # per path — direct UDP, a relay session, DERP — through a Ferry relay run
 # as its own process. The relay is pinned to CPU 0, the endpoints to CPU 1.
 #
@@ -33,10 +33,10 @@ for tool in taskset python3; do
 done
 target=${CARGO_TARGET_DIR:-$root/target}
 if [ -n "$build" ]; then
-  (cd "$root" && cargo build --release --locked -q -p ferry && cargo build --release --locked -q -p ferry-client --example endpoint_bench)
+  (cd "$root" && cargo build --release --locked -q -p ferry && cargo build --release --locked -q -p ferry-bench --bin endpoint_bench)
 fi
 ferry=${FERRY_BIN:-$target/release/ferry}
-bench=$target/release/examples/endpoint_bench
+bench=$target/release/endpoint_bench
 for b in "$ferry" "$bench"; do [ -x "$b" ] || { echo "bench/sdk: no binary at $b (drop --no-build)" >&2; exit 1; }; done
 mkdir -p "$root/bench/sdk/results"
 out=${out:-$root/bench/sdk/results/$(date -u +%Y-%m-%dT%H%M%SZ).json}

@@ -67,12 +67,11 @@ case $profile in
   *) echo "-profile: release or debug" >&2; exit 2 ;;
 esac
 cargo build "${build[@]}" --locked -q -p ferry
-cargo build "${build[@]}" --locked -q -p ferry-udp --example udp_gen
-cargo build "${build[@]}" --locked -q -p ferry-client --example session_pps
+cargo build "${build[@]}" --locked -q -p ferry-bench --bin udp_gen --bin session_pps
 bin=${CARGO_TARGET_DIR:-$root/target}/$profile
 ferry=$bin/ferry
-gen=$bin/examples/udp_gen
-sessions=$bin/examples/session_pps
+gen=$bin/udp_gen
+sessions=$bin/session_pps
 mkdir -p bench/udp/results
 [ -n "$out" ] || out="$root/bench/udp/results/pps-$(date -u +%Y-%m-%dT%H%M%SZ).json"
 

@@ -31,9 +31,9 @@ if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not fou
 [ -z "$why" ] || { echo "cannot run the UDP benchmark: $why" >&2; exit 1; }
 
 cargo build --release --locked -q -p ferry
-cargo build --release --locked -q -p ferry-udp --example udp_gen
+cargo build --release --locked -q -p ferry-bench --bin udp_gen
 ferry=$root/target/release/ferry
-load=$root/target/release/examples/udp_gen
+load=$root/target/release/udp_gen
 mkdir -p bench/udp/results
 out="$root/bench/udp/results/$(date -u +%Y-%m-%dT%H%M%SZ).json"
 

@@ -6,11 +6,10 @@
 # crates/ferry/tests/relay_sessions_netns.rs, about 7 s.)
 set -euo pipefail
 # Everything this step runs is built first, outside the time limits below,
-# which bound the tests (a cold build of the examples takes minutes on a
+# which bound the tests (a cold build of the load generators takes minutes on a
 # busy 2-core machine).
 cargo build --locked -q -p ferry
-cargo build --locked -q -p ferry-udp --example udp_gen
-cargo build --locked -q -p ferry-client --example session_pps
+cargo build --locked -q -p ferry-bench --bin udp_gen --bin session_pps
 FERRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ferry" timeout 360 bash crates/udp/tests/netns/run.sh
 
 # The packet-rate benchmark (bench/udp/pps.sh), as a smoke check of about

@@ -38,10 +38,10 @@ test -s "$out/summary.json"
 #   expired, none left), and one per flow and the probe were open at the
 #   end of the load.
 # A gauge that is not in the summary is an error, never read as 0.
-# The soaks' binaries are built first, outside the time limits, which
+# The soaks' binaries (ferry, and the load generators of crates/bench:
+# ferry-bench, udp_gen) are built first, outside the time limits, which
 # bound the runs.
 cargo build --locked -q -p ferry -p ferry-bench
-cargo build --locked -q -p ferry-udp --example udp_gen
 soak_check() { # soak_check DIR JQ-FILTER: the summary passes the filter
   if ! jq -e "$2" "$1/soak.json" >/dev/null; then
     echo "soak smoke check: unexpected summary in $1/soak.json" >&2

@@ -13,7 +13,8 @@
 //!
 //! How the pieces fit:
 //!
-//! - [`target`]: where the server is and how to reach it (plain or TLS).
+//! - [`target`]: where the server is and how to reach it (plain or TLS;
+//!   [`insecure`] for `--insecure`).
 //! - [`conn`]: one DERP client connection as a non-blocking state machine
 //!   (TCP, TLS, HTTP upgrade, serverKey/clientInfo/serverInfo).
 //! - [`traffic`]: the multi-threaded engine behind `throughput` and
@@ -24,6 +25,12 @@
 //! - [`ceiling`]: the minimal forwarder, for "how close to the machine".
 //! - [`report`]: the JSON schema; [`procstat`] and [`varz`] observe the
 //!   server; [`runs`] ties a command line to a report.
+//!
+//! The crate's other binaries are the load generators of the other suites
+//! (`src/bin/`, see `bench/README.md`): `udp_gen` (the UDP relay's
+//! generator, sink and latency probe), `endpoint_bench` (two SDK endpoints
+//! per path) and `session_pps` (relay sessions set up over DERP for
+//! `udp_gen`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -35,6 +42,7 @@ pub mod clock;
 pub mod conn;
 pub mod histogram;
 pub mod idle;
+pub mod insecure;
 pub mod pacing;
 pub mod pairs;
 pub mod pool;

@@ -14,8 +14,8 @@
 //! resumption is off: every connection pays a full handshake, as Tailscale
 //! clients do against a relay.
 
+use crate::insecure::AnyChain;
 use anyhow::{anyhow, bail, Context, Result};
-use ferry_testkit::tls::Verifier;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -238,7 +238,7 @@ fn client_config(ca: Option<&Path>, insecure: bool) -> Result<ClientConfig> {
             .dangerous()
             // Accepts any chain; handshake signatures are still checked, so
             // the server must hold the key of the certificate it shows.
-            .with_custom_certificate_verifier(Arc::new(Verifier::accept_any(provider)))
+            .with_custom_certificate_verifier(Arc::new(AnyChain::new(provider)))
             .with_no_client_auth(),
         (Some(path), false) => {
             let mut roots = RootCertStore::empty();

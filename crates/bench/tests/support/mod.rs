@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 
 /// A per-test scratch directory, removed when the guard drops.
+#[allow(dead_code)] // not every test binary needs one
 pub(crate) struct Scratch(pub(crate) PathBuf);
 
+#[allow(dead_code)]
 impl Scratch {
     pub(crate) fn new(test: &str) -> Self {
         let dir =
@@ -15,7 +17,6 @@ impl Scratch {
     }
 
     /// A file in it.
-    #[allow(dead_code)] // not every test binary names files
     pub(crate) fn file(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }

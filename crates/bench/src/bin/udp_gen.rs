@@ -31,7 +31,7 @@
 //! index.
 //!
 //! `--shape session` sends through relay sessions set up by
-//! `crates/client/examples/session_pps.rs`: line `i` of `--vni-file` is
+//! `session_pps` (this crate's other binary): line `i` of `--vni-file` is
 //! flow `i`'s `VNI SOURCE_PORT`; the flow's socket is bound to that port
 //! (from which the session's slot 0 was bound) and every datagram starts
 //! with the session's 8-byte data header.

@@ -4,7 +4,7 @@
 //! it per path with the relay as its own process; see bench/README.md.
 //!
 //! ```sh
-//! cargo run --release -p ferry-client --example endpoint_bench -- \
+//! cargo run --release -p ferry-bench --bin endpoint_bench -- \
 //!     --url http://127.0.0.1:3340/derp --path direct|relay|derp \
 //!     [--seconds 5] [--size 1200] [--rate 0] [--rtt 2000] [--batch 0] [--json]
 //! ```
