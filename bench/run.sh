@@ -7,7 +7,8 @@
 #   bench/run.sh full      # the real measurement, about 29 minutes
 #   bench/run.sh soak      # fixed load for 10 minutes, then idle: memory over time
 #
-# Any further arguments go to bench/run.py (--help lists them).
+# Any further arguments go to the suite (bench/ferrybench/; --help lists
+# them) or to bench/soak.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Plots need matplotlib; Debian's python3-matplotlib lives with /usr/bin/python3,
@@ -23,4 +24,4 @@ if [ "${1:-}" = soak ]; then
   shift
   exec "$py" bench/soak.py "$@"
 fi
-exec "$py" bench/run.py "$@"
+PYTHONPATH=bench${PYTHONPATH:+:$PYTHONPATH} exec "$py" -m ferrybench "$@"

@@ -31,7 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "udp"))
-import run as rb  # noqa: E402  (the suite's servers, pinning and build)
+from ferrybench.build import target_dir  # noqa: E402  (the DERP suite's build, servers and runs)
+from ferrybench.certs import make_cert  # noqa: E402
+from ferrybench.common import ROOT, log, run  # noqa: E402
+from ferrybench.context import Context  # noqa: E402
+from ferrybench.servers import Server  # noqa: E402
 import soak_udp  # noqa: E402  (the UDP relay's soak: --relay udp)
 from soak_udp import BOUNCE_IDLE, seconds  # noqa: E402
 
@@ -56,23 +60,23 @@ def bench_cmd(ctx, server, a, out, extra):
 
 
 def measure_peak(ctx, a):
-    with rb.Server(ctx, "ferry", a.transport == "tls") as s:
+    with Server(ctx, "ferry", a.transport == "tls") as s:
         out = ctx.tmp / "peak.json"
-        rb.run(bench_cmd(ctx, s, a, out, ["--rate", "max", "--warmup", "2s", "-d", a.peak_window, "--drain", "3s"]))
+        run(bench_cmd(ctx, s, a, out, ["--rate", "max", "--warmup", "2s", "-d", a.peak_window, "--drain", "3s"]))
         r = json.loads(out.read_text())
     peak = r["result"]["delivered_mbps"]
-    rb.log(f"peak: {peak:.0f} Mbit/s unpaced with {a.peers} peers")
+    log(f"peak: {peak:.0f} Mbit/s unpaced with {a.peers} peers")
     return peak, r
 
 
 def soak(ctx, a, rate):
     tls = a.transport == "tls"
-    with rb.Server(ctx, "ferry", tls) as s:
+    with Server(ctx, "ferry", tls) as s:
         time.sleep(1.0)
         start = server_state(s)
-        rb.log(f"server RSS before the first connection: {start['rss'] / 2**20:.1f} MiB")
+        log(f"server RSS before the first connection: {start['rss'] / 2**20:.1f} MiB")
         out = ctx.tmp / "soak-bench.json"
-        rb.run(bench_cmd(ctx, s, a, out, ["--total-rate", f"{rate:.0f}M", "--warmup", a.warmup, "-d", a.duration,
+        run(bench_cmd(ctx, s, a, out, ["--total-rate", f"{rate:.0f}M", "--warmup", a.warmup, "-d", a.duration,
                                           "--drain", "5s", "--sample-every", a.sample]))
         report = json.loads(out.read_text())
         # Idle: every connection closed. Sample on the same period.
@@ -152,7 +156,7 @@ def plot(path, a, report, idle):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        rb.log("matplotlib is missing: no plot")
+        log("matplotlib is missing: no plot")
         return
     samples = report.get("samples", [])
     end = samples[-1]["t_s"] if samples else 0.0
@@ -228,10 +232,10 @@ def main():
                         "their last datagram, so an --idle longer than it sees them go")
     a = ap.parse_args()
     udp = a.relay == "udp"
-    target = Path(os.environ.get("CARGO_TARGET_DIR", rb.ROOT / "target")) / ("release" if a.profile == "release" else "debug")
+    target = target_dir(a.profile)
     if not a.no_build:
         flag = ["--release"] if a.profile == "release" else []
-        rb.run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=rb.ROOT)
+        run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=ROOT)
     out = a.out or Path(tempfile.mkdtemp(prefix="ferry-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     a.transports = a.transport
@@ -248,13 +252,13 @@ def main():
             bins[name] = tmp / "bin" / name
             bins[name].write_bytes((target / k).read_bytes())
             bins[name].chmod(0o755)
-        ctx = rb.Context(a, bins, out, tmp, rb.make_cert(tmp), {})
+        ctx = Context(a, bins, out, tmp, make_cert(tmp), {})
         if udp:
-            peak, peak_report, rate, start, report, idle = soak_udp.run(ctx, a, rb.log)
+            peak, peak_report, rate, start, report, idle = soak_udp.run(ctx, a, log)
         else:
             peak, peak_report = (None, None) if a.rate else measure_peak(ctx, a)
             rate = a.rate or a.fraction * peak
-            rb.log(f"soak: {rate:.0f} Mbit/s offered for {a.duration} (+{a.warmup} warm-up), then {a.idle} idle")
+            log(f"soak: {rate:.0f} Mbit/s offered for {a.duration} (+{a.warmup} warm-up), then {a.idle} idle")
             start, report, idle = soak(ctx, a, rate)
     summary = summarize(a, rate, start, report, idle)
     doc = {
@@ -275,12 +279,12 @@ def main():
 
     def pct(v):
         return f"{v * 100:+.1f} %" if v is not None else "?"
-    rb.log(f"RSS: start {m(summary['rss_start'])}, minute 2 {m(summary['rss_minute2'])}, "
+    log(f"RSS: start {m(summary['rss_start'])}, minute 2 {m(summary['rss_minute2'])}, "
            f"end of load {m(summary['rss_end_of_load'])} (drift {pct(summary['drift_minute2_to_end'])}; "
            f"of the highest per 5 minutes {pct(summary['drift_of_5min_max'])}), "
            f"after {a.idle} idle {m(summary['rss_after_idle'])} ({pct(summary['after_idle_over_start'])} over start)")
     offered = f"{summary['delivered_pps']:.0f} of {rate:.0f} pps" if udp else f"{summary['delivered_mbps']:.0f} of {rate:.0f} Mbit/s"
-    rb.log(f"delivered {offered}, loss {summary['loss'] * 100:.3f} %, descriptors {summary['fds_start']} → "
+    log(f"delivered {offered}, loss {summary['loss'] * 100:.3f} %, descriptors {summary['fds_start']} → "
            f"{summary['fds_end_of_load']} → {summary['fds_after_idle']}; wrote {out / 'soak.json'} and {out / 'soak.png'}")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Hyper-DERP's `hyper-derp` server binary from a source tree outside
-# this repository, for bench/run.py --hyperderp. Not run by CI; nothing of
+# this repository, for bench/run.sh --hyperderp. Not run by CI; nothing of
 # Hyper-DERP is committed here. See bench/README.md ("Hyper-DERP").
 #
 # usage: bench/hyperderp/build.sh SRC_DIR WORK_DIR

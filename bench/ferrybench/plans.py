@@ -1,0 +1,91 @@
+"""The two modes (quick, full): which suites run which servers at which
+points, and a command line's changes to them."""
+
+import json
+
+from .common import HYPERDERP_SUITES, SERVERS
+
+# Stuck receivers: the 10 pairs paced at `rate` Mbit/s in all,
+# plus `counts` receivers that stop reading; from the window's start every
+# sender also sends them `size`-byte packets at `stuck_rate` Mbit/s (over all
+# of them). The window outlasts the 2 s write timeout both servers apply, so
+# a stall that lasts until the server cuts the stuck receivers off fits in it.
+STUCK_PLAN = {"servers": ["ferry", "derper", "derper-q"], "rate": 500, "stuck_rate": 20, "size": 32768,
+              "window": "4s"}
+
+# Cross-node traffic through a two-node TLS region (the mesh suite): the
+# paced point, total offered Mbit/s, besides the unpaced peak. Pings (1 pair,
+# 1000/s) run with each of `ping_loads` Mbit/s of background load (0: alone).
+MESH_PACED = 500
+
+# The two modes. Rates are total offered Mbit/s over all flows (None = unpaced).
+PLANS = {
+    "quick": {
+        "repeats": 1,
+        "retries": 1,
+        "retry_disturbed": False,
+        "warmup": "300ms",
+        "window": "1s",
+        "drain": "3s",
+        "rate": {
+            "servers": ["ferry", "derper", "derper-q", "ceiling"],
+            "plain": [500, None],
+            "tls": [500, None],
+        },
+        "latency": {"servers": ["ferry", "derper", "ceiling"], "levels": [0.5], "window": "1s", "fixed_base_mbps": 500},
+        "peers": {"servers": ["ferry", "derper", "ceiling"], "counts": [20, 100]},
+        "idle": {"servers": ["ferry", "derper"], "conns": 500, "hold": "500ms", "tls": True},
+        "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
+        "stuck": STUCK_PLAN | {"counts": [3]},
+        "mesh": {"servers": ["ferry", "derper"], "rates": [None], "ping_loads": [0]},
+    },
+    "full": {
+        "repeats": 3,
+        "retries": 2,
+        "retry_disturbed": True,
+        "warmup": "1s",
+        "window": "2s",
+        "drain": "10s",
+        "rate": {
+            "servers": ["ferry", "derper", "derper-q", "ceiling"],
+            "plain": [500, 1000, 1500, 2000, 3000, 4000, 6000, 8000, None],
+            "tls": [500, 1000, 1500, 2000, 3000, 4000, None],
+        },
+        # Background load as a fraction of derper's plain saturation (its peak
+        # delivered rate in the rate suite), 0 = pings alone.
+        "latency": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "levels": [0, 0.25, 0.5, 0.75, 1.0, 1.5],
+                    "window": "3s"},
+        "peers": {"servers": ["ferry", "derper", "derper-q", "ceiling"], "counts": [20, 100, 200, 1000]},
+        "idle": {"servers": ["ferry", "derper"], "conns": 10000, "hold": "2s", "tls": True},
+        "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
+        "stuck": STUCK_PLAN | {"counts": [0, 3]},
+        "mesh": {"servers": ["ferry", "derper"], "rates": [MESH_PACED, None], "ping_loads": [0]},
+    },
+}
+
+
+def plan_for(args):
+    """The plan of args.mode with the command line's changes: --baseline's
+    ferry beside Ferry (and among the known servers), --hyperderp after
+    derper, repeats, peak-only rates, the latency base and levels."""
+    plan = json.loads(json.dumps(PLANS[args.mode]))
+    if args.baseline:
+        SERVERS["ferry-base"] = {"label": "Ferry (baseline)"}
+        for spec in plan.values():
+            if isinstance(spec, dict) and "ferry" in spec.get("servers", []):
+                i = spec["servers"].index("ferry")
+                spec["servers"].insert(i + 1, "ferry-base")
+    if args.hyperderp:
+        for x in HYPERDERP_SUITES:
+            servers = plan[x]["servers"]
+            servers.insert(servers.index("derper") + 1, "hyperderp")
+    if args.repeats:
+        plan["repeats"] = args.repeats
+    if args.peak_only:
+        for transport in ("plain", "tls"):
+            plan["rate"][transport] = [None]
+    if args.latency_base:
+        plan["latency"]["fixed_base_mbps"] = args.latency_base
+    if args.latency_levels:
+        plan["latency"]["levels"] = [float(x) for x in args.latency_levels.split(",")]
+    return plan

@@ -1,0 +1,43 @@
+"""Whether a report's numbers make sense (quick mode: the tool works), per
+run and over a whole run."""
+
+def insane(report):
+    """Why a report's numbers do not make sense, or None."""
+    res = report["result"]
+    m = res["mode"]
+    if m == "throughput":
+        lat = res["latency_us"]
+        if not (res["packets_delivered"] > 0 and 0.0 <= res["loss"] <= 1.0 and lat["count"] > 0):
+            return f"nothing delivered or loss out of range ({res['loss']})"
+        if not lat["min"] <= lat["p50"] <= lat["p99"] <= lat["max"]:
+            return "percentiles out of order"
+        gap = res.get("gap_us")
+        if gap is not None and not (gap["count"] > 0 and gap["min"] <= gap["p99"] <= gap["max"] <= res["window_s"] * 1e6):
+            return f"gaps not measured or out of range ({gap})"
+        stuck, asked = res.get("stuck"), (report.get("config") or {}).get("stuck") or 0
+        if asked and not stuck:
+            return f"{asked} stuck receivers asked for, none reported"
+        if stuck and not (stuck["peers"] == asked and stuck["cut_off"] + stuck["held"] == asked):
+            return f"stuck receivers miscounted ({stuck})"
+    elif m == "latency":
+        q = res["rtt_us"]
+        if not (res["pongs_received"] > 0 and q["min"] <= q["p50"] <= q["p99"] <= q["p999"] <= q["max"]):
+            return "no pongs, or percentiles out of order"
+    elif m == "idle":
+        if res["established"] < res["requested"] * 0.9:
+            return f"only {res['established']} of {res['requested']} connections held"
+    elif m == "churn":
+        if res["completed"] <= 0:
+            return "no handshake completed"
+    return None
+
+
+def sanity(ctx):
+    problems = []
+    for r in ctx.records:
+        name = f"{r['suite']}/{r['server']}-{r['transport']}-{r['point']}"
+        if r["error"] or not r["report"]:
+            problems.append(f"{name}: {r['error']}")
+        elif insane(r["report"]):
+            problems.append(f"{name}: {insane(r['report'])}")
+    return problems

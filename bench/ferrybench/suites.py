@@ -1,0 +1,144 @@
+"""The suites: what each runs against which server, as ferry-bench
+command lines."""
+
+import statistics
+
+from .common import PEERS, SERVERS, SIZE, log
+from .servers import Region, Server
+from .summary import values
+
+def engine_args(plan, window=None):
+    return ["--warmup", plan["warmup"], "-d", window or plan["window"], "--drain", plan["drain"]]
+
+
+def rate_arg(total_mbps):
+    return ["--rate", "max"] if total_mbps is None else ["--total-rate", f"{total_mbps}M"]
+
+
+def point_name(total_mbps):
+    return "max" if total_mbps is None else f"{total_mbps}M"
+
+
+def suite_rate(ctx):
+    p = ctx.plan["rate"]
+    for rep in range(ctx.plan["repeats"]):
+        for transport in ctx.transports:
+            for name in p["servers"]:
+                if transport == "tls" and SERVERS[name].get("plain_only"):
+                    continue
+                with Server(ctx, name, transport == "tls") as srv:
+                    for rate in p[transport]:
+                        ctx.bench(srv, "rate", point_name(rate), rep, "throughput",
+                                  ["-n", str(PEERS), "--size", str(SIZE), *srv.metrics(), *rate_arg(rate),
+                                   *engine_args(ctx.plan)])
+
+
+def peak_delivered(ctx, server, transport):
+    """A server's saturation throughput: the highest median delivered rate
+    over the offered-rate sweep."""
+    best = 0.0
+    for point in {r["point"] for r in ctx.records if r["suite"] == "rate"}:
+        vals = values(ctx.records, "rate", server, transport, point, lambda r: r["result"]["delivered_mbps"])
+        if vals:
+            best = max(best, statistics.median(vals))
+    return best
+
+
+def suite_latency(ctx):
+    p = ctx.plan["latency"]
+    base = p.get("fixed_base_mbps") or peak_delivered(ctx, "derper", "plain")
+    if base <= 0:
+        log("latency: no derper saturation figure; using 1000 Mbit/s as the base load")
+        base = 1000.0
+    ctx.latency_base = base
+    log(f"latency: base load (derper plain saturation) = {base:.0f} Mbit/s")
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, False) as srv:
+                for level in p["levels"]:
+                    extra = ["--ping-pairs", "1", "--ping-rate", "1000", "--ping-size", str(SIZE), *srv.metrics(),
+                             *engine_args(ctx.plan, p["window"])]
+                    if level > 0:
+                        extra += ["--load-peers", str(PEERS), "--size", str(SIZE), "--load-total-rate", f"{base * level:.0f}M"]
+                    ctx.bench(srv, "latency", f"{int(level * 100)}%", rep, "latency", extra)
+
+
+def suite_peers(ctx):
+    p = ctx.plan["peers"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, False) as srv:
+                for n in p["counts"]:
+                    # Keep the generator's buffering per peer modest with many peers.
+                    cap = str(max(64 * 1024, min(256 * 1024, 16 * 1024 * 1024 // n)))
+                    ctx.bench(srv, "peers", str(n), rep, "throughput",
+                              ["-n", str(n), "--size", str(SIZE), "--rate", "max", "--out-cap", cap, *srv.metrics(),
+                               "--timeout", "30s", *engine_args(ctx.plan)])
+
+
+def suite_stuck(ctx):
+    p = ctx.plan["stuck"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            for n in p["counts"]:
+                # A fresh server per point: the one before cut connections off.
+                with Server(ctx, name, False) as srv:
+                    ctx.bench(srv, "stuck", str(n), rep, "throughput",
+                              ["-n", str(PEERS), "--size", str(SIZE), "--total-rate", f"{p['rate']}M",
+                               "--stuck", str(n), "--stuck-size", str(p["size"]), "--stuck-rate", f"{p['stuck_rate']}M",
+                               *srv.metrics(), *engine_args(ctx.plan, p["window"])])
+
+
+def suite_idle(ctx):
+    p = ctx.plan["idle"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, p["tls"]) as srv:
+                ctx.bench(srv, "idle", str(p["conns"]), rep, "idle",
+                          ["-n", str(p["conns"]), "--hold", p["hold"], "--concurrency", "256", "--timeout", "30s"])
+
+
+def suite_churn(ctx):
+    p = ctx.plan["churn"]
+    for rep in range(ctx.plan["repeats"]):
+        for transport in [t for t in p["transports"] if t in ctx.transports]:
+            for name in p["servers"]:
+                with Server(ctx, name, transport == "tls") as srv:
+                    ctx.bench(srv, "churn", "max", rep, "churn",
+                              ["-d", p["duration"], "--concurrency", "64", "--keys", str(p["keys"])])
+
+
+def suite_mesh(ctx):
+    """Senders on node A, receivers on node B of a two-node TLS region of
+    each server: every packet crosses the mesh. Round trips first (on a
+    quiet region), then the paced and the unpaced throughput."""
+    p = ctx.plan["mesh"]
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Region(ctx, name) as region:
+                a = region.nodes[0]
+                across = region.peer_args() + a.metrics()
+                for load in p["ping_loads"]:
+                    extra = ["--ping-pairs", "1", "--ping-rate", "1000", "--ping-size", str(SIZE), *across,
+                             *engine_args(ctx.plan)]
+                    if load:
+                        extra += ["--load-peers", str(PEERS), "--size", str(SIZE), "--load-total-rate", f"{load}M"]
+                    ctx.bench(a, "mesh", mesh_ping_point(load), rep, "latency", extra)
+                for rate in p["rates"]:
+                    ctx.bench(a, "mesh", point_name(rate), rep, "throughput",
+                              ["-n", str(PEERS), "--size", str(SIZE), *across, *rate_arg(rate), *engine_args(ctx.plan)])
+
+
+def mesh_ping_point(load):
+    return "rtt" if not load else f"rtt+{load}M"
+
+
+SUITES = {
+    "rate": suite_rate,
+    "latency": suite_latency,
+    "peers": suite_peers,
+    "idle": suite_idle,
+    "churn": suite_churn,
+    "stuck": suite_stuck,
+    "mesh": suite_mesh,
+}
