@@ -11,9 +11,11 @@
 # bench/link/results/<mode>-<UTC time>.json) and prints a table.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-netns=$root/crates/ferry/tests/netns
-. "$root/crates/udp/tests/netns/lib.sh"
-. "$netns/link-lib.sh"
+. "$root/scripts/lib/netns.sh"
+. "$root/scripts/lib/netns-link.sh"
+# This run's namespaces, ${K}a ${K}b ${K}r ${K}d, and the prefix of its
+# interfaces (names outside a namespace are shared: they carry the pid).
+K=fu-$FU_RUN-k W=fu$FU_RUN
 
 mode=${1:-}
 case $mode in
@@ -56,23 +58,23 @@ trap 'rc=$?; [ $rc -eq 0 ] || for f in "$T"/*.log; do echo "-- $f" >&2; tail -n 
 trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------ network
-#   fu-ka 10.77.21.2 ─┐                        ┌─ fu-kr 10.77.20.2: relay (Ferry or derper), Headscale
-#                      fu-kd: router (+ delay line)
-#   fu-kb 10.77.22.2 ─┘
-# With emulation, every packet entering fu-kd from fu-ka or fu-kb (the
+#   fu-PID-ka 10.77.21.2 ─┐                        ┌─ fu-PID-kr 10.77.20.2: relay (Ferry or derper), Headscale
+#                          fu-PID-kd: router (+ delay line)
+#   fu-PID-kb 10.77.22.2 ─┘
+# With emulation, every packet entering kd from ka or kb (the
 # peers' uplinks) is dropped with probability LOSS % and delayed by RTT/2:
 # every path between the peers, direct or through the relay, crosses two
 # uplinks per round trip, so all see the same RTT and loss.
 step "network: $mode (round trip +$rtt ms, loss $loss % per uplink), inner MTU $mtu"
-fu_ns fu-ka fu-kb fu-kr fu-kd
-fu_link fu-ka 10.77.21.2/24 fu-kd 10.77.21.1/24
-fu_link fu-kb 10.77.22.2/24 fu-kd 10.77.22.1/24
-fu_link fu-kr 10.77.20.2/24 fu-kd 10.77.20.1/24
-for n in a b r; do fu_route "fu-k$n" default "10.77.2$([ $n = a ] && echo 1 || { [ $n = b ] && echo 2 || echo 0; }).1"; done
+fu_ns "${K}a" "${K}b" "${K}r" "${K}d"
+fu_link "${K}a" 10.77.21.2/24 "${K}d" 10.77.21.1/24
+fu_link "${K}b" 10.77.22.2/24 "${K}d" 10.77.22.1/24
+fu_link "${K}r" 10.77.20.2/24 "${K}d" 10.77.20.1/24
+for n in a b r; do fu_route "$K$n" default "10.77.2$([ $n = a ] && echo 1 || { [ $n = b ] && echo 2 || echo 0; }).1"; done
 if [ "$rtt" != 0 ] || [ "$loss" != 0 ]; then
-  delay_router fu-kd "$(awk -v r="$rtt" 'BEGIN { print r / 2 }')" "$(awk -v l="$loss" 'BEGIN { print int(l * 10 + 0.5) }')" fukdelay vkd-ka vkd-kb
+  delay_router "${K}d" "$(awk -v r="$rtt" 'BEGIN { print r / 2 }')" "$(awk -v l="$loss" 'BEGIN { print int(l * 10 + 0.5) }')" "${W}delay" vkd-ka vkd-kb
 else
-  ip netns exec fu-kd sysctl -qw net.ipv4.ip_forward=1
+  ip netns exec "${K}d" sysctl -qw net.ipv4.ip_forward=1
 fi
 RELAY=10.77.20.2
 ip_of() { case $1 in a) echo 10.77.21.2 ;; b) echo 10.77.22.2 ;; esac; }
@@ -80,7 +82,7 @@ other() { [ "$1" = a ] && echo b || echo a; }
 ping_rtt() { # ping_rtt NS DST: average of 10 pings, ms
   ip netns exec "$1" ping -c 10 -i 0.2 -W 3 "$2" | awk -F/ '/^rtt/ { print $5 }'
 }
-check "network: the emulated round trip between the peers is $(ping_rtt fu-ka 10.77.22.2) ms" ping_until fu-ka 10.77.22.2 5
+check "network: the emulated round trip between the peers is $(ping_rtt "${K}a" 10.77.22.2) ms" ping_until "${K}a" 10.77.22.2 5
 
 # block WHAT: nftables in the peers drops outgoing UDP to WHAT
 # ("peer", "peer relay", or nothing).
@@ -94,7 +96,7 @@ block() {
         relay) rules+="ip daddr $RELAY meta l4proto udp counter drop"$'\n' ;;
       esac
     done
-    nft_table "fu-k$n" bench <<NFT
+    nft_table "$K$n" bench <<NFT
   chain out {
     type filter hook output priority 0; policy accept;
     $rules
@@ -105,12 +107,12 @@ NFT
 
 # -------------------------------------------------------------- WireGuard
 for n in a b; do fu_key "wg$n"; done
-fu_wg fu-ka fukwa "$T/wga.key" 51820 10.77.120.1/24
-fu_wg fu-kb fukwb "$T/wgb.key" 51820 10.77.120.2/24
-for n in a b; do ip -n "fu-k$n" link set "fukw$n" mtu "$mtu"; done
+fu_wg "${K}a" "${W}wa" "$T/wga.key" 51820 10.77.120.1/24
+fu_wg "${K}b" "${W}wb" "$T/wgb.key" 51820 10.77.120.2/24
+for n in a b; do ip -n "$K$n" link set "${W}w$n" mtu "$mtu"; done
 wg_endpoint() { # wg_endpoint EP_FOR_A EP_FOR_B
-  fu_wg_peer fu-ka fukwa "$(fu_pub wgb)" 10.77.120.2/32 "$1"
-  fu_wg_peer fu-kb fukwb "$(fu_pub wga)" 10.77.120.1/32 "$2"
+  fu_wg_peer "${K}a" "${W}wa" "$(fu_pub wgb)" 10.77.120.2/32 "$1"
+  fu_wg_peer "${K}b" "${W}wb" "$(fu_pub wga)" 10.77.120.1/32 "$2"
 }
 for n in a b; do
   printf 'key_file = "%s"\n' "$T/link-$n.key" >"$T/link-$n.toml"
@@ -145,14 +147,14 @@ results="[]"
 # the run goes on.
 measure() {
   local c=$1 path=$2 dst=$3 rpid=${4:-} lpids=${5:-} rtt c0 c1 cpu=null spid l0=0 l1=0 lcpu=null p
-  ping_until fu-ka "$dst" 30 || { record_error "$c" "no ping through the tunnel within 30 s"; return; }
-  rtt=$(ping_rtt fu-ka "$dst")
-  fu_bg fu-kb "$T/iperf-server-$c.log" iperf3 -s
+  ping_until "${K}a" "$dst" 30 || { record_error "$c" "no ping through the tunnel within 30 s"; return; }
+  rtt=$(ping_rtt "${K}a" "$dst")
+  fu_bg "${K}b" "$T/iperf-server-$c.log" iperf3 -s
   spid=$FU_LAST_PID
-  wait_tcp fu-kb 127.0.0.1 5201 10 || { record_error "$c" "iperf3 server did not start"; fu_stop "$spid"; return; }
+  wait_tcp "${K}b" 127.0.0.1 5201 10 || { record_error "$c" "iperf3 server did not start"; fu_stop "$spid"; return; }
   [ -n "$rpid" ] && c0=$(cpu_ticks "$rpid")
   for p in $lpids; do l0=$((l0 + $(cpu_ticks "$p"))); done
-  iperf_json fu-ka "$dst" "$duration" "$T/iperf-$c.json" || true
+  iperf_json "${K}a" "$dst" "$duration" "$T/iperf-$c.json" || true
   [ -n "$rpid" ] && { c1=$(cpu_ticks "$rpid"); cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$(getconf CLK_TCK)" 'BEGIN { print (b - a) / hz }'); }
   if [ -n "$lpids" ]; then
     for p in $lpids; do l1=$((l1 + $(cpu_ticks "$p"))); done
@@ -187,12 +189,12 @@ record_error() {
 relay_pid=""
 relay_start() { # relay_start ferry|derper
   if [ "$1" = ferry ]; then
-    fu_bg fu-kr "$T/relay-$1.log" "$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key" --relay-port 3341
+    fu_bg "${K}r" "$T/relay-$1.log" "$ferry" -a :3340 --stun-port 3478 -c "$T/relay-ferry.key" --relay-port 3341
   else
-    fu_bg fu-kr "$T/relay-$1.log" "$bin/derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key"
+    fu_bg "${K}r" "$T/relay-$1.log" "$bin/derper" -a :3340 -http-port -1 -stun-port 3478 -c "$T/relay-derper.key"
   fi
   relay_pid=$FU_LAST_PID
-  wait_tcp fu-kr 127.0.0.1 3340 20
+  wait_tcp "${K}r" 127.0.0.1 3340 20
 }
 
 # link_case CASE PATH BLOCKED...: both links through a Ferry relay, UDP
@@ -201,21 +203,21 @@ link_case() {
   local c=$1 path=$2; shift 2
   block "$@"
   relay_start ferry
-  fu_bg fu-ka "$T/link-a-$c.log" "$ferry" link --config "$T/link-a.toml"
+  fu_bg "${K}a" "$T/link-a-$c.log" "$ferry" link --config "$T/link-a.toml"
   local la=$FU_LAST_PID
-  fu_bg fu-kb "$T/link-b-$c.log" "$ferry" link --config "$T/link-b.toml"
+  fu_bg "${K}b" "$T/link-b-$c.log" "$ferry" link --config "$T/link-b.toml"
   local lb=$FU_LAST_PID
   wg_endpoint 127.0.0.1:51001 127.0.0.1:51001
-  if ping_until fu-ka 10.77.120.2 30 && on_path fu-ka "$T/link-a.toml" b "$path" 15 &&
-     on_path fu-kb "$T/link-b.toml" a "$path" 15; then
+  if ping_until "${K}a" 10.77.120.2 30 && on_path "${K}a" "$T/link-a.toml" b "$path" 15 &&
+     on_path "${K}b" "$T/link-b.toml" a "$path" 15; then
     measure "$c" "$path" 10.77.120.2 "$relay_pid" "$la $lb"
   else
-    record_error "$c" "ferry link is not on path $path here (status: $(link_path fu-ka "$T/link-a.toml" b 2>/dev/null || echo unknown))"
+    record_error "$c" "ferry link is not on path $path here (status: $(link_path "${K}a" "$T/link-a.toml" b 2>/dev/null || echo unknown))"
   fi
   fu_stop "$la"; fu_stop "$lb"; fu_stop "$relay_pid"
 }
 
-# tailscaled_case: Headscale and derper in fu-kr, a tailscaled in each
+# tailscaled_case: Headscale and derper in fu-PID-kr, a tailscaled in each
 # peer, UDP between the peers dropped so that they talk through derper.
 tailscaled_case() {
   local c=tailscaled-derper hs=$T/headscale
@@ -251,32 +253,32 @@ regions:
         derpport: 3340
 YAML
   local hsc=("$bin/headscale-v0.29.3" -c "$hs/config.yaml")
-  fu_bg fu-kr "$T/headscale.log" "${hsc[@]}" serve
+  fu_bg "${K}r" "$T/headscale.log" "${hsc[@]}" serve
   local hpid=$FU_LAST_PID
-  wait_tcp fu-kr "$RELAY" 8080 30
+  wait_tcp "${K}r" "$RELAY" 8080 30
   local uid key
-  uid=$(ip netns exec fu-kr "${hsc[@]}" users create bench -o json | jq -r .id)
-  key=$(ip netns exec fu-kr "${hsc[@]}" preauthkeys create --user "$uid" --reusable --expiration 1h -o json | jq -r .key)
+  uid=$(ip netns exec "${K}r" "${hsc[@]}" users create bench -o json | jq -r .id)
+  key=$(ip netns exec "${K}r" "${hsc[@]}" preauthkeys create --user "$uid" --reusable --expiration 1h -o json | jq -r .key)
   local n pids=()
   for n in a b; do
     mkdir -p "$T/ts-$n"
-    fu_bg "fu-k$n" "$T/tailscaled-$n.log" env TS_DEBUG_USE_DERP_HTTP=1 "$bin/tailscaled-v1.102.5" \
-      --tun "fukts$n" --socket "$T/ts-$n/sock" --statedir "$T/ts-$n/state" --port 41641 --no-logs-no-support
+    fu_bg "$K$n" "$T/tailscaled-$n.log" env TS_DEBUG_USE_DERP_HTTP=1 "$bin/tailscaled-v1.102.5" \
+      --tun "${W}ts$n" --socket "$T/ts-$n/sock" --statedir "$T/ts-$n/state" --port 41641 --no-logs-no-support
     pids+=("$FU_LAST_PID")
   done
   for n in a b; do
     local end=$((SECONDS + 10))
     until [ -S "$T/ts-$n/sock" ]; do [ $SECONDS -lt $end ] || { record_error "$c" "tailscaled $n did not start"; return; }; sleep 0.1; done
-    ip netns exec "fu-k$n" "$bin/tailscale-v1.102.5" --socket "$T/ts-$n/sock" up --login-server "http://$RELAY:8080" \
+    ip netns exec "$K$n" "$bin/tailscale-v1.102.5" --socket "$T/ts-$n/sock" up --login-server "http://$RELAY:8080" \
       --authkey "$key" --hostname "bench-$n" --accept-dns=false --netfilter-mode=off --timeout 90s >"$T/ts-up-$n.log" 2>&1
   done
   local bip
-  bip=$(ip netns exec fu-kb "$bin/tailscale-v1.102.5" --socket "$T/ts-b/sock" ip -4)
+  bip=$(ip netns exec "${K}b" "$bin/tailscale-v1.102.5" --socket "$T/ts-b/sock" ip -4)
   # tailscale ping answers once the peers see each other; it must say DERP.
   # (It exits non-zero when no direct connection came of it, as here.)
   local pinged="" i
   for i in $(seq 1 30); do
-    ip netns exec fu-ka "$bin/tailscale-v1.102.5" --socket "$T/ts-a/sock" ping --c 1 --timeout 3s "$bip" >"$T/ts-ping.log" 2>&1 || true
+    ip netns exec "${K}a" "$bin/tailscale-v1.102.5" --socket "$T/ts-a/sock" ping --c 1 --timeout 3s "$bip" >"$T/ts-ping.log" 2>&1 || true
     if grep -q '^pong from' "$T/ts-ping.log"; then pinged=1; break; fi
   done
   if [ -z "$pinged" ]; then record_error "$c" "tailscale ping to B never answered: $(tail -n 1 "$T/ts-ping.log")";

@@ -1,5 +1,5 @@
 # Helpers shared by the UDP relay benchmarks (run.sh, pps.sh). Source it
-# after crates/udp/tests/netns/lib.sh; it defines functions only.
+# after scripts/lib/netns.sh; it defines functions only.
 
 # bench_stop_relay NS TABLE PID...: stops the relay processes we started
 # in NS and undoes an nftables relay (table TABLE, forwarding, conntrack).

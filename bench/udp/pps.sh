@@ -55,7 +55,7 @@ while [ $# -gt 0 ]; do
 done
 [ $((flows % procs)) = 0 ] || { echo "-flows must be a multiple of -procs" >&2; exit 2; }
 
-. crates/udp/tests/netns/lib.sh
+. scripts/lib/netns.sh
 . bench/udp/common.sh
 why=$(fu_why_not nft socat jq taskset)
 [ -z "$why" ] || { echo "cannot run the UDP packet-rate benchmark: $why" >&2; exit 1; }

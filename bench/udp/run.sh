@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-. crates/udp/tests/netns/lib.sh
+. scripts/lib/netns.sh
 . bench/udp/common.sh
 why=$(fu_why_not wg iperf3 socat nft jq taskset)
 if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found"; fi
@@ -40,12 +40,12 @@ out="$root/bench/udp/results/$(date -u +%Y-%m-%dT%H%M%SZ).json"
 fu_init
 T=$FU_TMP
 trap fu_cleanup EXIT
-bench_topology fu-bench 11 12
+bench_topology "fu-$FU_RUN-bench" 11 12
 fu_key a; fu_key b
-fu_wg $A fubencha "$T/a.key" 51820 10.77.110.1/24
-fu_wg $B fubenchb "$T/b.key" 51820 10.77.110.2/24
-fu_wg_peer $B fubenchb "$(fu_pub a)" 10.77.110.1/32
-fu_wg_peer $A fubencha "$(fu_pub b)" 10.77.110.2/32 10.77.11.1:51820
+fu_wg $A "fu${FU_RUN}a" "$T/a.key" 51820 10.77.110.1/24
+fu_wg $B "fu${FU_RUN}b" "$T/b.key" 51820 10.77.110.2/24
+fu_wg_peer $B "fu${FU_RUN}b" "$(fu_pub a)" 10.77.110.1/32
+fu_wg_peer $A "fu${FU_RUN}a" "$(fu_pub b)" 10.77.110.2/32 10.77.11.1:51820
 fu_bg $B "$T/iperf.log" iperf3 -s -B 10.77.110.2
 
 # One core is the relay's: its process is pinned there. For the packet

@@ -18,7 +18,7 @@ FERRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ferry" timeout 360 bash crates
 # packets (for Ferry's sessions that means they were allocated, bound and
 # forwarded: nothing else sends to that sink) and that the hub's handshakes
 # went through, not how many packets.
-. crates/udp/tests/netns/lib.sh
+. scripts/lib/netns.sh
 fu_skip_or_fail "UDP packet-rate smoke check" "$(fu_why_not nft socat jq taskset)"
 smoke=$(mktemp)
 timeout 180 bash bench/udp/pps.sh -profile debug -r 1 -d 1 -relays "ferry nft" -cases "bounce hub session" -flows 2 -out "$smoke" >/dev/null

@@ -63,7 +63,7 @@ soak_check "$out/soak-derp" "$num 1.25 as \$factor | $common
   and num(.idle[-1].gauges.ferry_heap_in_use_bytes; \"ferry_heap_in_use_bytes after idle\")
       <= num(.start.gauges.ferry_heap_in_use_bytes; \"ferry_heap_in_use_bytes before the load\") + 2 * 1048576"
 echo "DERP soak: $(jq -r '.summary | "RSS \(.rss_start / 1048576 * 10 | round / 10) -> \(.rss_after_idle / 1048576 * 10 | round / 10) MiB after idle, descriptors \(.fds_start) -> \(.fds_end_of_load) -> \(.fds_after_idle)"' "$out/soak-derp/soak.json")"
-. crates/udp/tests/netns/lib.sh
+. scripts/lib/netns.sh
 fu_skip_or_fail "UDP relay soak smoke check" "$(fu_why_not jq taskset)"
 timeout 120 bash bench/run.sh soak --no-build --relay udp --profile dev --pps 2000 --warmup 1s --duration 8s \
   --sample 1s --idle 3s --bounce-idle 2s --out "$out/soak-udp"

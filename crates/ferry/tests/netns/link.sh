@@ -43,9 +43,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../../.." && pwd)
-. "$root/crates/udp/tests/netns/lib.sh"
-
-. "$here/link-lib.sh"
+. "$root/scripts/lib/netns.sh"
+. "$root/scripts/lib/netns-link.sh"
 
 derper=""
 for c in "${FERRY_DERPER_BIN:-}" "$root/interop/bin/derper" "$HOME/go/bin/derper"; do
@@ -66,7 +65,7 @@ done
 
 fu_init
 T=$FU_TMP
-# This run's namespaces and WireGuard interface prefix (lib.sh: names
+# This run's namespaces and WireGuard interface prefix (scripts/lib/netns.sh: names
 # outside a namespace carry the pid, so two runs on one host do not meet).
 LA=fu-$FU_RUN-la LB=fu-$FU_RUN-lb LR=fu-$FU_RUN-lr W=fu$FU_RUN
 LK_STARTED=$SECONDS

@@ -11,7 +11,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../../../proto/src/wireguard/fixtures}
-. "$here/lib.sh"
+. "$here/../../../../scripts/lib/netns.sh"
 why=$(fu_why_not wg python3 ping)
 [ -z "$why" ] || { echo "capture-fixtures: cannot run: $why" >&2; exit 1; }
 fu_init

@@ -18,7 +18,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../../.." && pwd)
-. "$here/lib.sh"
+. "$root/scripts/lib/netns.sh"
 
 why=$(fu_why_not wg iperf3 ping timeout)
 if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
@@ -27,7 +27,7 @@ ferry=$(fu_ferry_bin "$root")
 
 fu_init
 T=$FU_TMP
-# This run's namespaces and WireGuard interface prefix (lib.sh: names
+# This run's namespaces and WireGuard interface prefix (scripts/lib/netns.sh: names
 # outside a namespace carry the pid, so two runs on one host do not meet).
 A=fu-$FU_RUN-a R=fu-$FU_RUN-r B=fu-$FU_RUN-b C=fu-$FU_RUN-c W=fu$FU_RUN
 # Bulk TCP through the tunnel must reach this rate. In an emulated VM

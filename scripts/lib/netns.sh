@@ -1,7 +1,8 @@
-# Network-namespace helpers shared by the UDP relay's integration test
-# (crates/udp/tests/netns/run.sh), its benchmark (bench/udp/run.sh) and the
-# fixture capture (capture-fixtures.sh). Source it; it defines functions
-# only. Every namespace is named fu-<something>, every address is inside
+# Network-namespace helpers, one copy for the namespace tests (the UDP
+# relay's, crates/udp/tests/netns/, and `ferry link`'s,
+# crates/ferry/tests/netns/link.sh; test steps 30 and 40) and the
+# benchmarks that build namespaces (bench/udp/, bench/link/). Source it;
+# it defines functions only. Every namespace is named fu-<something>, every address is inside
 # 10.77.0.0/16, every WireGuard interface name starts with fu, and
 # everything started here is recorded so fu_cleanup can undo it (call it
 # from an EXIT trap).
@@ -14,7 +15,7 @@
 # was killed left behind (its pid gone).
 
 # shellcheck source=/dev/null
-. "$(dirname "${BASH_SOURCE[0]}")/../../../../scripts/lib/expect.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 
 FU_RUN=$$
 FU_NAMESPACES=()

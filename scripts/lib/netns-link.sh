@@ -1,5 +1,5 @@
 # Helpers for the `ferry link` namespace test (link.sh) and its benchmark
-# (bench/link/run.sh), on top of crates/udp/tests/netns/lib.sh (source that
+# (bench/link/run.sh), on top of scripts/lib/netns.sh (source that
 # first). Functions only. Set LK_STARTED=$SECONDS before calling step.
 
 step() { echo "== [$((SECONDS - ${LK_STARTED:-0}))s] $*"; }
