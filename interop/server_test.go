@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"ferry.invalid/interop/derpserver"
 	"tailscale.com/types/key"
 )
 
@@ -157,15 +158,13 @@ func startServer(t *testing.T, kind string, opts serverOpts) *server {
 		lastErr = err
 		// Only retry if the process died because a port was taken (a race
 		// with another test); anything else will not do better on a retry.
-		if !errors.Is(err, errExitedEarly) || !strings.Contains(strings.ToLower(err.Error()), "in use") {
+		if !errors.Is(err, derpserver.ErrExited) || !strings.Contains(strings.ToLower(err.Error()), "in use") {
 			break
 		}
 	}
 	t.Fatalf("starting %s: %v", kind, lastErr)
 	return nil
 }
-
-var errExitedEarly = errors.New("server process exited before becoming ready")
 
 // readyTimeout bounds a server's start (TestKernelTLS raises it for the
 // emulated kernel test VM).
@@ -185,9 +184,18 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		logs:     new(lockedBuffer),
 		exitc:    make(chan struct{}),
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", s.port)
-	stun := strconv.Itoa(s.stunPort)
-	stateFile := filepath.Join(dir, "derper.key")
+	// Identical flags for both servers, but for plain ferry: dev mode
+	// (plain HTTP, a random key; -a overrides its default address).
+	// derper's --dev forces :3340, so it runs plain on our own port.
+	flags := derpserver.Flags{
+		Addr:     fmt.Sprintf("127.0.0.1:%d", s.port),
+		STUNPort: s.stunPort,
+		KeyFile:  filepath.Join(dir, "derper.key"),
+		TLS:      opts.tls,
+		CertDir:  dir,
+		Hostname: "localhost",
+		Dev:      !opts.tls && kind == kindFerry,
+	}
 
 	var bin string
 	switch kind {
@@ -206,23 +214,6 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		if err := s.writeCert(opts.ca); err != nil {
 			return nil, err
 		}
-		// Identical flags for both servers.
-		s.args = []string{
-			"-a", addr,
-			"--certmode", "manual",
-			"--certdir", dir,
-			"--hostname", "localhost",
-			"--http-port", "-1",
-			"--stun-port", stun,
-			"-c", stateFile,
-		}
-	} else if kind == kindFerry {
-		// Dev mode: plain HTTP, random key; -a overrides its default address.
-		s.args = []string{"--dev", "-a", addr, "--stun-port", stun}
-	} else {
-		// derper's --dev forces :3340, so run it plain on our own port instead
-		// (any port but 443 without --certmode manual serves plain HTTP).
-		s.args = []string{"-a", addr, "--http-port", "-1", "--stun-port", stun, "-c", stateFile}
 	}
 	if opts.mesh {
 		s.meshHex = opts.meshHex
@@ -240,39 +231,46 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 		if err := os.WriteFile(s.pskFile, []byte(s.meshHex+"\n"), 0o600); err != nil {
 			return nil, err
 		}
-		s.args = append(s.args, "--mesh-psk-file", s.pskFile)
+		flags.Extra = append(flags.Extra, "--mesh-psk-file", s.pskFile)
 	}
 
-	s.args = append(s.args, opts.args...)
+	flags.Extra = append(flags.Extra, opts.args...)
 	if kind == kindFerry {
 		// FERRY_ARGS adds flags to every ferry command line, so the suite
 		// can run once per I/O back end ("--io epoll", "--io uring").
-		s.args = append(s.args, strings.Fields(os.Getenv("FERRY_ARGS"))...)
-		s.args = append(s.args, opts.ferryArgs...)
+		flags.Extra = append(flags.Extra, strings.Fields(os.Getenv("FERRY_ARGS"))...)
+		flags.Extra = append(flags.Extra, opts.ferryArgs...)
 	}
+	s.args = flags.Args()
 
 	s.httpc = s.newHTTPClient()
 
-	cmd := exec.Command(bin, s.args...)
-	cmd.Dir = dir
-	cmd.Stdout = s.logs
-	cmd.Stderr = s.logs
-	cmd.Env = append(append(os.Environ(), "RUST_BACKTRACE=1"), opts.env...)
-	setProcAttrs(cmd)
-	fmt.Fprintf(s.logs, "=== attempt %d: %s %s\n", attempt, bin, strings.Join(s.args, " "))
-	if err := cmd.Start(); err != nil {
-		return nil, err
+	launch := func(argv []string) (*server, error) {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Dir = dir
+		cmd.Stdout = s.logs
+		cmd.Stderr = s.logs
+		cmd.Env = append(append(os.Environ(), "RUST_BACKTRACE=1"), opts.env...)
+		setProcAttrs(cmd)
+		fmt.Fprintf(s.logs, "=== attempt %d: %s %s\n", attempt, bin, strings.Join(s.args, " "))
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		s.cmd = cmd
+		go func() {
+			err := cmd.Wait()
+			fmt.Fprintf(s.logs, "=== process exited: %v\n", err)
+			close(s.exitc)
+		}()
+		t.Cleanup(s.stop)
+		return s, nil
 	}
-	s.cmd = cmd
-	go func() {
-		err := cmd.Wait()
-		fmt.Fprintf(s.logs, "=== process exited: %v\n", err)
-		close(s.exitc)
-	}()
-	t.Cleanup(s.stop)
-
-	if err := s.waitReady(readyTimeout); err != nil {
+	probe := derpserver.Probe{Client: s.httpc, BaseURL: s.baseURL(), Timeout: readyTimeout}
+	if _, err := derpserver.Start(bin, flags, launch, probe); err != nil {
 		s.stop()
+		if errors.Is(err, derpserver.ErrExited) {
+			err = fmt.Errorf("%w; output:\n%s", err, s.logs.String())
+		}
 		return nil, err
 	}
 	if err := s.checkBackend(kind, opts); err != nil {
@@ -286,6 +284,17 @@ func tryStartServer(t *testing.T, kind string, opts serverOpts, dir string, atte
 	})
 	t.Logf("started %s: %s %s", kind, filepath.Base(bin), strings.Join(s.args, " "))
 	return s, nil
+}
+
+// Exited reports whether the server's process has ended, and how
+// (derpserver.Process).
+func (s *server) Exited() (bool, error) {
+	select {
+	case <-s.exitc:
+		return true, fmt.Errorf("status: %v", s.cmd.ProcessState)
+	default:
+		return false, nil
+	}
 }
 
 // stop terminates the server's process group: SIGTERM, then SIGKILL after a
@@ -335,37 +344,6 @@ func (s *server) checkBackend(kind string, opts serverOpts) error {
 		return fmt.Errorf("ferry did not report the %s back end (FERRY_EXPECT_BACKEND); output:\n%s", want, s.logs.String())
 	}
 	return nil
-}
-
-func (s *server) waitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		select {
-		case <-s.exitc:
-			return fmt.Errorf("%w (status: %v); output:\n%s", errExitedEarly, s.cmd.ProcessState, s.logs.String())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		req, _ := http.NewRequestWithContext(ctx, "GET", s.baseURL()+"/derp/probe", nil)
-		resp, err := s.httpc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			cancel()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-			lastErr = fmt.Errorf("GET /derp/probe: %s", resp.Status)
-		} else {
-			cancel()
-			lastErr = err
-		}
-		select {
-		case <-s.exitc:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("not ready after %v: %v", timeout, lastErr)
 }
 
 // addr is the listener's host:port.

@@ -22,6 +22,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"ferry.invalid/interop/derpserver"
 )
 
 // Relay kinds.
@@ -83,16 +85,20 @@ type Relay struct {
 // 127.0.0.1.
 func startRelay(bin, ns, dir string, o DerpServerOptions) (*Relay, error) {
 	r := &Relay{Opts: o, ns: ns}
-	keyFile := filepath.Join(dir, o.Kind+".key")
-	var args []string
-	stunPort := STUNPort
-	if o.stunPort != 0 {
-		stunPort = o.stunPort
+	flags := derpserver.Flags{
+		STUNPort: STUNPort,
+		KeyFile:  filepath.Join(dir, o.Kind+".key"),
+		TLS:      o.TLS,
+		CertDir:  dir,
+		Hostname: RelayHostname,
 	}
 	if o.TLS {
 		r.Port = TLSPort
 		if o.port != 0 {
 			r.Port = o.port
+		}
+		if o.stunPort != 0 {
+			flags.STUNPort = o.stunPort
 		}
 		r.scheme = "https"
 		var err error
@@ -100,30 +106,15 @@ func startRelay(bin, ns, dir string, o DerpServerOptions) (*Relay, error) {
 		if err != nil {
 			return nil, err
 		}
-		args = []string{
-			"-a", fmt.Sprintf(":%d", r.Port),
-			"--certmode", "manual", "--certdir", dir, "--hostname", RelayHostname,
-			"--http-port", "-1",
-			"--stun-port", strconv.Itoa(stunPort),
-			"-c", keyFile,
-		}
 	} else {
 		r.Port = PlainPort
 		r.scheme = "http"
-		// Any port but 443 without --certmode serves plain HTTP (derper's
-		// rule, which ferry follows).
-		args = []string{
-			"-a", fmt.Sprintf(":%d", r.Port),
-			"--http-port", "-1",
-			"--stun-port", strconv.Itoa(STUNPort),
-			"-c", keyFile,
-		}
 	}
+	flags.Addr = fmt.Sprintf(":%d", r.Port)
 	if o.Kind == Ferry && o.Workers > 0 {
-		args = append(args, "--workers", strconv.Itoa(o.Workers))
+		flags.Extra = append(flags.Extra, "--workers", strconv.Itoa(o.Workers))
 	}
-	args = append(args, o.ExtraArgs...)
-	argv := o.Place.wrap(append([]string{bin}, args...))
+	flags.Extra = append(flags.Extra, o.ExtraArgs...)
 	env := append([]string(nil), o.env...)
 	if o.Kind == Ferry {
 		env = append(env, "RUST_BACKTRACE=1")
@@ -146,35 +137,16 @@ func startRelay(bin, ns, dir string, o DerpServerOptions) (*Relay, error) {
 			DisableKeepAlives: true,
 		},
 	}
+	launch := func(argv []string) (*Proc, error) {
+		return startProc("relay ("+o.Name()+")", ns, env, o.Place.wrap(argv)...)
+	}
+	probe := derpserver.Probe{Client: r.httpc, BaseURL: r.url(""), Timeout: 30 * time.Second}
 	var err error
-	r.Proc, err = startProc("relay ("+o.Name()+")", ns, env, argv...)
-	if err != nil {
-		return nil, err
+	r.Proc, err = derpserver.Start(bin, flags, launch, probe)
+	if err != nil && r.Proc != nil {
+		err = fmt.Errorf("relay (%s): %w", o.Name(), err)
 	}
-	return r, r.waitReady(30 * time.Second)
-}
-
-// waitReady polls GET /derp/probe until it answers 200.
-func (r *Relay) waitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		if done, err := r.Proc.Exited(); done {
-			return fmt.Errorf("relay exited during start-up: %v", err)
-		}
-		resp, err := r.httpc.Get(r.url("/derp/probe"))
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("GET /derp/probe: %s", resp.Status)
-		}
-		lastErr = err
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("relay not ready after %v: %v", timeout, lastErr)
+	return r, err
 }
 
 func (r *Relay) url(path string) string {
