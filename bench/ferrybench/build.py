@@ -1,14 +1,15 @@
-"""The binaries under test: Ferry and ferry-bench from cargo, derper from
-`go install` at the pinned version."""
+"""The binaries under test: Ferry and ferry-bench from cargo, and derper
+where every derper test of the repository finds it (interop/bin/derper,
+tailscale.com pinned by interop/go.mod, built by .ci/setup.d/10-derper.sh)."""
 
 import os
 import subprocess
 from pathlib import Path
 
-from .common import BENCH, DERPER_VERSION, ROOT, run
+from .common import DERPER_VERSION, ROOT, run
 
-# derper as `go install` leaves it (bench/.gitignore).
-DERPER = BENCH / "bin" / "derper"
+# FERRY_DERPER_BIN names another build, as for the Rust tests.
+DERPER = Path(os.environ.get("FERRY_DERPER_BIN") or ROOT / "interop" / "bin" / "derper")
 
 
 def target_dir(profile):
@@ -18,21 +19,21 @@ def target_dir(profile):
 
 
 def binaries(args):
-    """Ferry, ferry-bench and derper, built first unless --no-build."""
+    """Ferry, ferry-bench and derper, built first unless --no-build. derper
+    must be tailscale.com DERPER_VERSION: the version the results name."""
     if not args.no_build:
         flag = ["--release"] if args.profile == "release" else []
         run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=ROOT)
-        if not derper_is_current(DERPER):
-            DERPER.parent.mkdir(parents=True, exist_ok=True)
-            env = dict(os.environ, GOBIN=str(DERPER.parent), GOFLAGS="-mod=mod")
-            run(["go", "install", f"tailscale.com/cmd/derper@{DERPER_VERSION}"], env=env, cwd=BENCH)
+        if "FERRY_DERPER_BIN" not in os.environ:
+            run(["bash", ".ci/setup.d/10-derper.sh"], cwd=ROOT)
+    if DERPER.exists() and not derper_is_current(DERPER):
+        raise SystemExit(f"bench: {DERPER} is not derper {DERPER_VERSION}")
     out = target_dir(args.profile)
     return {"ferry": out / "ferry", "ferry-bench": out / "ferry-bench", "derper": DERPER}
 
 
 def derper_is_current(path):
-    if not path.exists():
-        return False
+    """Whether the binary was built from tailscale.com DERPER_VERSION."""
     try:
         out = subprocess.run(["go", "version", "-m", str(path)], capture_output=True, text=True).stdout
     except OSError:
