@@ -30,7 +30,8 @@
 //!   messages — and the [`mailbox::Doorbell`] that wakes a parked shard once
 //!   per batch instead of once per packet.
 //! - [`runtime::spawn_pinned`]: starting a shard thread pinned to a core.
-//! - [`stat`]: single-writer counters and gauges for shard metrics.
+//! - [`stat`]: single-writer counters and gauges for shard metrics, the
+//!   Prometheus text writer, and the `/metrics` listener.
 //! - [`limit`]: the token bucket every rate limit uses.
 
 #![deny(unsafe_code)]
