@@ -14,6 +14,7 @@
 //! Each family the server writes itself is declared once in `families.rs`
 //! and rendered in `render.rs`.
 
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -21,6 +22,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::health::Health;
 
 pub use ferry_engine::stat::exposition::{Exposition, Family};
+use ferry_engine::stat::scrape::Pages;
 pub use ferry_engine::stat::{Counter, Gauge};
 pub use ferry_proto::frame::PacketKind;
 pub use limits::{AllocateRefusal, Notice};
@@ -404,6 +406,26 @@ impl Metrics {
     fn sum_gauge(&self, f: impl Fn(&ShardMetrics) -> i64) -> i64 {
         self.shards.iter().map(f).sum()
     }
+}
+
+/// Serves `--metrics-addr` until `stop`: `/metrics` and `/debug/varz`
+/// with the page, `/healthz` with the server's health, through the
+/// listener every service shares (its limits keep a slow or hostile
+/// scraper from holding it).
+pub(crate) fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: &AtomicBool) {
+    let page = metrics.clone();
+    let mut pages = Pages::metrics(move || page.render());
+    pages.other = Box::new(move |path| match path {
+        "/healthz" => Some(metrics.health().response()),
+        "/debug/varz" => Some(ferry_proto::http::response(
+            200,
+            "OK",
+            &[("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+            metrics.render().as_bytes(),
+        )),
+        _ => None,
+    });
+    ferry_engine::stat::scrape::serve(listener, Arc::new(pages), stop);
 }
 
 mod families;
