@@ -33,12 +33,16 @@
 //! - [`stat`]: single-writer counters and gauges for shard metrics, the
 //!   Prometheus text writer, and the `/metrics` listener.
 //! - [`limit`]: the token bucket every rate limit uses.
+//!
+//! [`fuzzing`] drives the `/metrics` listener's request reading for the
+//! `scrape_request` fuzz target.
 
 #![deny(unsafe_code)]
 
 pub mod backend;
 pub mod driver;
 pub mod epoll;
+pub mod fuzzing;
 pub mod limit;
 pub mod mailbox;
 pub mod runtime;

@@ -184,17 +184,10 @@ fn answer(mut stream: TcpStream, pages: &Pages) -> io::Result<()> {
     let max = pages.limits.max_request;
     let mut head = Vec::with_capacity(max.min(1024));
     let mut buf = [0u8; 1024];
-    let end = loop {
-        if let Some(end) = head_end(&head) {
-            break end;
-        }
-        if head.len() >= max {
-            let resp = response(
-                431,
-                "Request Header Fields Too Large",
-                b"request too large\n",
-            );
-            return write_within(&mut stream, &resp, &left);
+    let request = loop {
+        match Request::parse(&head, max) {
+            Request::Partial => {}
+            done => break done,
         }
         stream.set_read_timeout(Some(left()?))?;
         let want = buf.len().min(max - head.len());
@@ -205,29 +198,72 @@ fn answer(mut stream: TcpStream, pages: &Pages) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     };
-    let line = head[..end].split(|&b| b == b'\n').next().unwrap_or(&[]);
-    let line = String::from_utf8_lossy(line);
-    let mut words = line.trim_end_matches('\r').split(' ');
-    let resp = match (words.next(), words.next(), words.next(), words.next()) {
-        (Some(method), Some(target), Some(version), None) if version.starts_with("HTTP/1.") => {
-            let path = target.split('?').next().unwrap_or(target);
-            match (method, path) {
-                ("GET", "/metrics") => {
-                    let body = (pages.metrics)();
-                    http(200, "OK", CONTENT_TYPE, body.as_bytes())
-                }
-                ("GET", path) => (pages.other)(path)
-                    .unwrap_or_else(|| response(404, "Not Found", b"GET /metrics\n")),
-                _ => response(405, "Method Not Allowed", b"GET /metrics\n"),
-            }
+    let resp = match request {
+        Request::Get("/metrics") => {
+            let body = (pages.metrics)();
+            http(200, "OK", CONTENT_TYPE, body.as_bytes())
         }
-        _ => response(400, "Bad Request", b"bad request\n"),
+        Request::Get(path) => {
+            (pages.other)(path).unwrap_or_else(|| response(404, "Not Found", b"GET /metrics\n"))
+        }
+        Request::OtherMethod => response(405, "Method Not Allowed", b"GET /metrics\n"),
+        Request::TooLarge => response(
+            431,
+            "Request Header Fields Too Large",
+            b"request too large\n",
+        ),
+        Request::Bad | Request::Partial => response(400, "Bad Request", b"bad request\n"),
     };
     write_within(&mut stream, &resp, &left)
 }
 
 /// The content type of the text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What a request head asks, as far as the listener cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request<'h> {
+    /// The head has not ended yet (and is under the cap).
+    Partial,
+    /// `GET` of this path (without its query).
+    Get(&'h str),
+    /// Another method.
+    OtherMethod,
+    /// The head reached the cap without ending.
+    TooLarge,
+    /// Not an HTTP/1 request line.
+    Bad,
+}
+
+impl<'h> Request<'h> {
+    /// Reads `head`, the bytes received so far, whose cap is `max`.
+    pub fn parse(head: &'h [u8], max: usize) -> Request<'h> {
+        let Some(end) = head_end(head) else {
+            return if head.len() >= max {
+                Request::TooLarge
+            } else {
+                Request::Partial
+            };
+        };
+        let line = head[..end].split(|&b| b == b'\n').next().unwrap_or(&[]);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Ok(line) = std::str::from_utf8(line) else {
+            return Request::Bad;
+        };
+        let mut words = line.split(' ');
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some(method), Some(target), Some(version), None)
+                if version.starts_with("HTTP/1.") && !method.is_empty() =>
+            {
+                if method != "GET" {
+                    return Request::OtherMethod;
+                }
+                Request::Get(target.split('?').next().unwrap_or(target))
+            }
+            _ => Request::Bad,
+        }
+    }
+}
 
 /// Where the head ends (after its blank line), if it has.
 fn head_end(head: &[u8]) -> Option<usize> {
