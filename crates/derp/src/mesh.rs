@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::ByteRx;
+use ferry_engine::stat::exposition::{Exposition, Family, Kind};
 use ferry_proto::client::{Client, ClientError, Config, Event};
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
@@ -148,57 +149,57 @@ pub struct MeshStats {
 impl MeshStats {
     /// Writes the per-link metrics.
     pub fn render(&self, w: &mut String) {
-        use std::fmt::Write as _;
         let series = |w: &mut String,
                       name: &str,
                       help: &str,
-                      kind: &str,
+                      kind: Kind,
                       f: &dyn Fn(&MeshPeerStats) -> i64| {
-            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            let mut w = Exposition::new(w);
+            let mut samples = w.family(&Family::new(name, help, kind).labels(&["peer"]));
             for (peer, s) in &self.peers {
-                let _ = writeln!(w, "{name}{{peer=\"{peer}\"}} {}", f(s));
+                samples.sample(&[peer], f(s));
             }
         };
         series(
             w,
             "ferry_mesh_link_up",
             "Whether the mesh link to the peer is connected (1) or not (0).",
-            "gauge",
+            Kind::Gauge,
             &|s| s.up.load(Ordering::Relaxed).into(),
         );
         series(
             w,
             "ferry_mesh_link_keys",
             "Keys the mesh peer announced on the link now.",
-            "gauge",
+            Kind::Gauge,
             &|s| s.keys.load(Ordering::Relaxed),
         );
         series(
             w,
             "ferry_mesh_link_connects_total",
             "Mesh link handshakes completed.",
-            "counter",
+            Kind::Counter,
             &|s| s.connects.load(Ordering::Relaxed) as i64,
         );
         series(
             w,
             "ferry_mesh_link_failures_total",
             "Mesh link dials that failed or links that broke.",
-            "counter",
+            Kind::Counter,
             &|s| s.failures.load(Ordering::Relaxed) as i64,
         );
         series(
             w,
             "ferry_mesh_link_discarded_packets_total",
             "forwardPacket frames discarded because the link was down.",
-            "counter",
+            Kind::Counter,
             &|s| s.discarded.load(Ordering::Relaxed) as i64,
         );
         series(
             w,
             "ferry_mesh_link_refused_keys_total",
             "peerPresent announcements dropped because the link's peer had announced the most keys a link may hold.",
-            "counter",
+            Kind::Counter,
             &|s| s.refused_keys.load(Ordering::Relaxed) as i64,
         );
         let up = self

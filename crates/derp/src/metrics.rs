@@ -8,17 +8,21 @@
 //! written for derper read Ferry unchanged; Ferry's own additions are
 //! prefixed `ferry_`.
 //!
-//! The text format is written by hand: with single-writer atomics summed at
-//! scrape time there is nothing for a metrics library's registry to hold,
-//! and the exposition format is a few lines.
+//! The page is written with [`ferry_engine::stat::exposition`], the text
+//! writer every Ferry service shares: with single-writer atomics summed at
+//! scrape time there is nothing for a metrics library's registry to hold.
+//! Each family the server writes itself is declared once in `families.rs`
+//! and rendered in `render.rs`.
 
-use std::fmt::Write as _;
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::health::Health;
 
+pub use ferry_engine::stat::exposition::{Exposition, Family};
+use ferry_engine::stat::scrape::Pages;
 pub use ferry_engine::stat::{Counter, Gauge};
 pub use ferry_proto::frame::PacketKind;
 pub use limits::{AllocateRefusal, Notice};
@@ -322,14 +326,6 @@ pub struct StunMetrics {
     pub ipv6: Counter,
 }
 
-/// A per-shard series: name, type, help, and how to read it.
-type ShardSeries = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&ShardMetrics) -> i64,
-);
-
 /// Everything a scrape reads.
 pub struct Metrics {
     /// One per shard, indexed by shard id.
@@ -349,18 +345,19 @@ pub struct Metrics {
     sources: Mutex<Vec<Source>>,
 }
 
-/// A part of the server that writes its own metrics into a scrape (with
-/// [`write_counter`] and [`write_gauge`]).
+/// A part of the server that writes its own metrics into a scrape (with an
+/// [`Exposition`] over the page, or [`write_counter`] and
+/// [`write_gauge`]).
 pub type Source = Box<dyn Fn(&mut String) + Send + Sync>;
 
-/// Writes one counter in the Prometheus text format.
+/// Writes one counter without labels.
 pub fn write_counter(w: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+    Exposition::new(w).counter(name, help, v);
 }
 
-/// Writes one gauge in the Prometheus text format.
+/// Writes one gauge without labels.
 pub fn write_gauge(w: &mut String, name: &str, help: &str, v: i64) {
-    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    Exposition::new(w).gauge(name, help, v);
 }
 
 impl Metrics {
@@ -409,583 +406,30 @@ impl Metrics {
     fn sum_gauge(&self, f: impl Fn(&ShardMetrics) -> i64) -> i64 {
         self.shards.iter().map(f).sum()
     }
-
-    /// Renders the Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut out = String::with_capacity(16 * 1024);
-        let w = &mut out;
-        let counter = write_counter;
-        let gauge = write_gauge;
-
-        counter(
-            w,
-            "derp_accepts",
-            "Connections that asked for the DERP upgrade.",
-            self.sum(|s| s.accepts.get()),
-        );
-        gauge(
-            w,
-            "derp_current_connections",
-            "Registered DERP connections.",
-            self.sum_gauge(|s| s.current_connections.get()),
-        );
-        gauge(
-            w,
-            "derp_current_home_connections",
-            "Connections whose client calls this server home.",
-            self.sum_gauge(|s| s.current_home_connections.get()),
-        );
-        gauge(
-            w,
-            "derp_current_dup_client_keys",
-            "Keys with more than one connection.",
-            self.sum_gauge(|s| s.current_dup_client_keys.get()),
-        );
-        gauge(
-            w,
-            "derp_current_dup_client_conns",
-            "Connections of keys with more than one connection.",
-            self.sum_gauge(|s| s.current_dup_client_conns.get()),
-        );
-        counter(
-            w,
-            "derp_total_dup_client_conns",
-            "Connections registered while their key already had one.",
-            self.sum(|s| s.total_dup_client_conns.get()),
-        );
-        gauge(
-            w,
-            "derp_watchers",
-            "Mesh watchers.",
-            self.sum_gauge(|s| s.watchers.get()),
-        );
-        let local = self.sum_gauge(|s| {
-            s.current_connections.get() - s.current_dup_client_conns.get()
-                + s.current_dup_client_keys.get()
-        });
-        gauge(
-            w,
-            "derp_clients_local",
-            "Distinct keys connected here.",
-            local,
-        );
-        let remote = self.sum_gauge(|s| s.remote_keys.get());
-        gauge(
-            w,
-            "derp_clients_remote",
-            "Distinct keys known to be connected to mesh peers and not here.",
-            remote,
-        );
-        gauge(
-            w,
-            "derp_clients_total",
-            "Distinct keys connected here or to mesh peers.",
-            local + remote,
-        );
-        gauge(
-            w,
-            "derp_current_notideal_connections",
-            "Registered connections whose client named another node as ideal.",
-            self.sum_gauge(|s| s.current_notideal.get()),
-        );
-        counter(
-            w,
-            "derp_packets_received",
-            "sendPacket frames received.",
-            self.sum(|s| s.packets_received.get()),
-        );
-        counter(
-            w,
-            "derp_bytes_received",
-            "sendPacket payload bytes received.",
-            self.sum(|s| s.bytes_received.get()),
-        );
-        let _ = writeln!(w, "# HELP derp_packets_received_kind sendPacket frames received by kind.\n# TYPE derp_packets_received_kind counter");
-        for k in PacketKind::ALL {
-            let _ = writeln!(
-                w,
-                "derp_packets_received_kind{{kind=\"{}\"}} {}",
-                k.label(),
-                self.sum(|s| s.packets_received_kind[*k as usize].get())
-            );
-        }
-        counter(
-            w,
-            "derp_packets_sent",
-            "recvPacket frames sent.",
-            self.sum(|s| s.packets_sent.get()),
-        );
-        counter(
-            w,
-            "derp_bytes_sent",
-            "recvPacket payload bytes sent.",
-            self.sum(|s| s.bytes_sent.get()),
-        );
-        for (name, help, pick) in [
-            (
-                "derp_packets_dropped",
-                "Packets not delivered, by reason and kind.",
-                true,
-            ),
-            (
-                "derp_bytes_dropped",
-                "Bytes not delivered, by reason and kind.",
-                false,
-            ),
-        ] {
-            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} counter");
-            for r in DropReason::ALL {
-                for k in PacketKind::ALL {
-                    let v = self.sum(|s| {
-                        let table = if pick {
-                            &s.packets_dropped
-                        } else {
-                            &s.bytes_dropped
-                        };
-                        table[*r as usize][*k as usize].get()
-                    });
-                    let _ = writeln!(
-                        w,
-                        "{name}{{kind=\"{}\",reason=\"{}\"}} {v}",
-                        k.label(),
-                        r.label()
-                    );
-                }
-            }
-        }
-        counter(
-            w,
-            "derp_packets_forwarded_in",
-            "forwardPacket frames received from mesh peers.",
-            self.sum(|s| s.packets_forwarded_in.get()),
-        );
-        counter(
-            w,
-            "derp_packets_forwarded_out",
-            "Packets forwarded to mesh peers.",
-            self.sum(|s| s.packets_forwarded_out.get()),
-        );
-        counter(
-            w,
-            "derp_multiforwarder_created",
-            "Keys announced by a second mesh peer.",
-            self.sum(|s| s.multiforwarder_created.get()),
-        );
-        counter(
-            w,
-            "derp_multiforwarder_deleted",
-            "Keys back to one announcing mesh peer from several.",
-            self.sum(|s| s.multiforwarder_deleted.get()),
-        );
-        counter(
-            w,
-            "derp_packet_forwarder_delete_other_value",
-            "peerGone from a mesh peer that had not announced the key.",
-            self.sum(|s| s.forwarder_delete_other.get()),
-        );
-        counter(
-            w,
-            "derp_peer_gone_disconnected_frames",
-            "peerGone(disconnected) frames sent.",
-            self.sum(|s| s.peer_gone_disconnected_frames.get()),
-        );
-        counter(
-            w,
-            "derp_peer_gone_not_here_frames",
-            "peerGone(not here) frames sent.",
-            self.sum(|s| s.peer_gone_not_here_frames.get()),
-        );
-        counter(
-            w,
-            "derp_got_ping",
-            "ping frames received.",
-            self.sum(|s| s.got_ping.get()),
-        );
-        counter(
-            w,
-            "derp_sent_pong",
-            "pong frames sent.",
-            self.sum(|s| s.sent_pong.get()),
-        );
-        counter(
-            w,
-            "derp_home_moves_in",
-            "Clients that made this server home.",
-            self.sum(|s| s.home_moves_in.get()),
-        );
-        counter(
-            w,
-            "derp_home_moves_out",
-            "Clients that stopped calling this server home.",
-            self.sum(|s| s.home_moves_out.get()),
-        );
-        counter(
-            w,
-            "derp_sclient_write_timeouts",
-            "Connections cut off for not reading.",
-            self.sum(|s| s.sclient_write_timeouts.get()),
-        );
-        counter(
-            w,
-            "derp_unknown_frames",
-            "Frames skipped as unknown.",
-            self.sum(|s| s.unknown_frames.get()),
-        );
-        if let Some(fds) = ferry_sys::open_fds() {
-            gauge(
-                w,
-                "derp_current_file_descriptors",
-                "Open file descriptors.",
-                fds as i64,
-            );
-            gauge(w, "process_open_fds", "Open file descriptors.", fds as i64);
-        }
-        if let Some(h) = ferry_sys::heap::heap_stats() {
-            let rows = [
-                (
-                    "ferry_heap_in_use_bytes",
-                    "Heap bytes allocated and not freed (glibc mallinfo2).",
-                    h.in_use,
-                ),
-                (
-                    "ferry_heap_free_bytes",
-                    "Heap bytes freed but held by the allocator's arenas.",
-                    h.free,
-                ),
-                (
-                    "ferry_heap_arena_bytes",
-                    "Bytes the allocator's arenas obtained from the system.",
-                    h.arena,
-                ),
-                (
-                    "ferry_heap_mmapped_bytes",
-                    "Heap bytes in separate mappings (large allocations).",
-                    h.mmapped,
-                ),
-            ];
-            for (name, help, v) in rows {
-                gauge(w, name, help, v as i64);
-            }
-        }
-        let p = ferry_sys::process::process_stats();
-        if let Some(cpu) = p.cpu_seconds {
-            let _ = writeln!(w, "# HELP process_cpu_seconds_total User and system CPU time.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {cpu}");
-        }
-        let rows: [(&str, &str, bool, Option<u64>); 6] = [
-            (
-                "process_max_fds",
-                "Limit on open file descriptors.",
-                false,
-                p.max_fds,
-            ),
-            (
-                "process_virtual_memory_bytes",
-                "Virtual memory size.",
-                false,
-                p.virtual_bytes,
-            ),
-            (
-                "process_virtual_memory_max_bytes",
-                "Limit on virtual memory.",
-                false,
-                p.virtual_max_bytes,
-            ),
-            (
-                "process_network_receive_bytes_total",
-                "Bytes received on the namespace's interfaces.",
-                true,
-                p.net_rx_bytes,
-            ),
-            (
-                "process_network_transmit_bytes_total",
-                "Bytes sent on the namespace's interfaces.",
-                true,
-                p.net_tx_bytes,
-            ),
-            (
-                "node_boot_time_seconds",
-                "When the machine booted (Unix seconds).",
-                false,
-                p.boot_time,
-            ),
-        ];
-        for (name, help, is_counter, v) in rows {
-            if let Some(v) = v {
-                let kind = if is_counter { "counter" } else { "gauge" };
-                let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-            }
-        }
-        let _ = writeln!(
-            w,
-            "# HELP process_start_time_seconds Start time (Unix seconds).\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {:.0}",
-            self.started_unix
-        );
-        let _ = writeln!(
-            w,
-            "# HELP version Version of the running binary.\n# TYPE version gauge\nversion{{version=\"{}\",binary=\"ferry\"}} 1",
-            env!("CARGO_PKG_VERSION")
-        );
-
-        counter(
-            w,
-            "ferry_tcp_accepts_total",
-            "TCP connections accepted.",
-            self.sum(|s| s.tcp_accepts.get()),
-        );
-        counter(
-            w,
-            "ferry_http_head_bytes_scanned_total",
-            "Bytes of HTTP request heads looked at, scanning for their end and parsing them.",
-            self.sum(|s| s.head_bytes_scanned.get()),
-        );
-        counter(
-            w,
-            "derp_websocket_accepts",
-            "DERP-over-WebSocket upgrades accepted.",
-            self.sum(|s| s.websocket_accepts.get()),
-        );
-        counter(
-            w,
-            "tls_listener_accepted_connections",
-            "Connections accepted on the DERP listener (derper: its TLS listener).",
-            self.sum(|s| s.tcp_accepts.get() - s.accept_rejects.get()),
-        );
-        counter(
-            w,
-            "tls_listener_rejected_connections",
-            "Connections closed at once by --accept-connection-limit.",
-            self.sum(|s| s.accept_rejects.get()),
-        );
-        counter(
-            w,
-            "derp_rate_limit_per_client_waited",
-            "Times a client's input was held by --rate-config.",
-            self.sum(|s| s.rate_limit_waits.get()),
-        );
-        counter(
-            w,
-            "ferry_fast_start_total",
-            "DERP connections that used fast start.",
-            self.sum(|s| s.fast_starts.get()),
-        );
-        gauge(
-            w,
-            "ferry_open_sockets",
-            "Open client sockets in any phase.",
-            self.sum_gauge(|s| s.open_sockets.get()),
-        );
-        let _ = writeln!(w, "# HELP ferry_connections_by_transport Open client sockets by transport: plain TCP, or TLS whose record layer is rustls's (the handshake, TLS 1.2, --tls-records rustls, a session kept out of the kernel), Ferry's own, or the kernel's.\n# TYPE ferry_connections_by_transport gauge");
-        let tls = self.sum_gauge(|s| s.tls_sockets.get());
-        let ktls = self.sum_gauge(|s| s.ktls_sockets.get());
-        let records = self.sum_gauge(|s| s.records_sockets.get());
-        let _ = writeln!(
-            w,
-            "ferry_connections_by_transport{{transport=\"rustls\"}} {}",
-            tls - ktls - records
-        );
-        let _ = writeln!(
-            w,
-            "ferry_connections_by_transport{{transport=\"ferry_records\"}} {records}"
-        );
-        let _ = writeln!(
-            w,
-            "ferry_connections_by_transport{{transport=\"ktls\"}} {ktls}"
-        );
-        let _ = writeln!(
-            w,
-            "ferry_connections_by_transport{{transport=\"plain\"}} {}",
-            self.sum_gauge(|s| s.open_sockets.get()) - tls
-        );
-        let _ = writeln!(w, "# HELP ferry_ktls_refused_total TLS sessions kept in userspace (or lost) when moving them into the kernel, by reason.\n# TYPE ferry_ktls_refused_total counter");
-        for r in KtlsRefusal::ALL {
-            let _ = writeln!(
-                w,
-                "ferry_ktls_refused_total{{reason=\"{}\"}} {}",
-                r.label(),
-                self.sum(|s| s.ktls_refused[*r as usize].get())
-            );
-        }
-        let _ = writeln!(w, "# HELP ferry_handshake_failures_total Connections that failed before registering, by reason.\n# TYPE ferry_handshake_failures_total counter");
-        for r in HandshakeFailure::ALL {
-            let _ = writeln!(
-                w,
-                "ferry_handshake_failures_total{{reason=\"{}\"}} {}",
-                r.label(),
-                self.sum(|s| s.handshake_failures[*r as usize].get())
-            );
-        }
-        let _ = writeln!(w, "# HELP ferry_connections_closed_total Connection ends by reason.\n# TYPE ferry_connections_closed_total counter");
-        for r in CloseReason::ALL {
-            let _ = writeln!(
-                w,
-                "ferry_connections_closed_total{{reason=\"{}\"}} {}",
-                r.label(),
-                self.sum(|s| s.closes[*r as usize].get())
-            );
-        }
-        let _ = writeln!(w, "# HELP ferry_http_requests_total Plain HTTP requests by route.\n# TYPE ferry_http_requests_total counter");
-        for r in Route::ALL {
-            let _ = writeln!(
-                w,
-                "ferry_http_requests_total{{route=\"{}\"}} {}",
-                r.label(),
-                self.sum(|s| s.http_requests[*r as usize].get())
-            );
-        }
-        gauge(
-            w,
-            "ferry_queued_bytes",
-            "Bytes queued for clients or being written to them.",
-            self.sum_gauge(|s| s.queued_bytes.get()),
-        );
-        counter(
-            w,
-            "ferry_backpressure_pauses_total",
-            "Senders paused because a destination's queue was over its cap.",
-            self.sum(|s| s.backpressure_pauses.get()),
-        );
-        counter(
-            w,
-            "ferry_backpressure_budget_expired_total",
-            "Destinations that held paused senders for the backpressure budget while taking nothing from their sockets, and switched to dropping their own packets.",
-            self.sum(|s| s.backpressure_expired.get()),
-        );
-        gauge(
-            w,
-            "ferry_senders_paused",
-            "Senders paused right now by backpressure.",
-            self.sum_gauge(|s| s.senders_paused.get()),
-        );
-        counter(
-            w,
-            "ferry_ring_stalls_total",
-            "Senders paused because a cross-shard ring was full.",
-            self.sum(|s| s.ring_stalls.get()),
-        );
-
-        let per_shard: [ShardSeries; 9] = [
-            (
-                "ferry_shard_connections",
-                "gauge",
-                "Registered connections per shard.",
-                |s| s.current_connections.get(),
-            ),
-            (
-                "ferry_shard_packets_received_total",
-                "counter",
-                "Packets read per shard.",
-                |s| s.packets_received.get() as i64,
-            ),
-            (
-                "ferry_shard_packets_sent_total",
-                "counter",
-                "Packets queued to clients per shard.",
-                |s| s.packets_sent.get() as i64,
-            ),
-            (
-                "ferry_shard_cross_packets_total",
-                "counter",
-                "Packets handed to another shard.",
-                |s| s.cross_shard_out.get() as i64,
-            ),
-            (
-                "ferry_shard_turns_total",
-                "counter",
-                "Event loop turns per shard.",
-                |s| s.turns.get() as i64,
-            ),
-            (
-                "ferry_shard_migrations_in_total",
-                "counter",
-                "Connections moved onto the shard after their handshake.",
-                |s| s.migrations_in.get() as i64,
-            ),
-            (
-                "ferry_shard_recv_buffer_bytes",
-                "gauge",
-                "Receive buffers the I/O back end holds (io_uring's provided buffers; 0 on epoll, where the kernel keeps received bytes).",
-                |s| s.recv_buffer_bytes.get(),
-            ),
-            (
-                "ferry_shard_recv_buffer_exhausted_total",
-                "counter",
-                "Receives that found every provided buffer in use and were re-armed (io_uring ENOBUFS).",
-                |s| s.recv_buffer_exhausted.get(),
-            ),
-            (
-                "ferry_shard_recv_buffer_growths_total",
-                "counter",
-                "Times the provided-buffer pool grew after running out.",
-                |s| s.recv_buffer_growths.get(),
-            ),
-        ];
-        for (name, ty, help, f) in per_shard {
-            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {ty}");
-            for (i, s) in self.shards.iter().enumerate() {
-                let _ = writeln!(w, "{name}{{shard=\"{i}\"}} {}", f(s));
-            }
-        }
-        let _ = writeln!(w, "# HELP ferry_shard_busy_seconds_total Time each shard spent working rather than waiting.\n# TYPE ferry_shard_busy_seconds_total counter");
-        for (i, s) in self.shards.iter().enumerate() {
-            let _ = writeln!(
-                w,
-                "ferry_shard_busy_seconds_total{{shard=\"{i}\"}} {:.6}",
-                s.busy_ns.get() as f64 / 1e9
-            );
-        }
-        let _ = writeln!(
-            w,
-            "# HELP ferry_io_backend The I/O back end in use and why.\n# TYPE ferry_io_backend gauge\nferry_io_backend{{backend=\"{}\",reason=\"{}\"}} 1",
-            self.backend,
-            self.backend_reason.replace('\\', "\\\\").replace('"', "\\\"")
-        );
-
-        let _ = writeln!(
-            w,
-            "# HELP stun_requests STUN datagrams by disposition.\n# TYPE stun_requests counter"
-        );
-        for (d, v) in [
-            ("success", self.stun.success.get()),
-            ("not_stun", self.stun.not_stun.get()),
-            ("read_error", self.stun.read_error.get()),
-            ("write_error", self.stun.write_error.get()),
-        ] {
-            let _ = writeln!(w, "stun_requests{{disposition=\"{d}\"}} {v}");
-        }
-        let _ = writeln!(w, "# HELP stun_addrfamily STUN requests by address family.\n# TYPE stun_addrfamily counter");
-        let _ = writeln!(
-            w,
-            "stun_addrfamily{{family=\"ipv4\"}} {}",
-            self.stun.ipv4.get()
-        );
-        let _ = writeln!(
-            w,
-            "stun_addrfamily{{family=\"ipv6\"}} {}",
-            self.stun.ipv6.get()
-        );
-
-        if let Some(rss) = ferry_sys::rss_bytes() {
-            gauge(
-                w,
-                "process_resident_memory_bytes",
-                "Resident memory.",
-                rss as i64,
-            );
-        }
-        let _ = writeln!(w, "# HELP process_start_unix_time Start time.\n# TYPE process_start_unix_time gauge\nprocess_start_unix_time {:.0}", self.started_unix);
-        let _ = writeln!(
-            w,
-            "# HELP uptime_sec Seconds since start.\n# TYPE uptime_sec counter\nuptime_sec {}",
-            self.started.elapsed().as_secs()
-        );
-        self.render_limits(w);
-        for source in self.sources.lock().expect("metrics sources lock").iter() {
-            source(w);
-        }
-        out
-    }
 }
 
+/// Serves `--metrics-addr` until `stop`: `/metrics` and `/debug/varz`
+/// with the page, `/healthz` with the server's health, through the
+/// listener every service shares (its limits keep a slow or hostile
+/// scraper from holding it).
+pub(crate) fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: &AtomicBool) {
+    let page = metrics.clone();
+    let mut pages = Pages::metrics(move || page.render());
+    pages.other = Box::new(move |path| match path {
+        "/healthz" => Some(metrics.health().response()),
+        "/debug/varz" => Some(ferry_proto::http::response(
+            200,
+            "OK",
+            &[("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+            metrics.render().as_bytes(),
+        )),
+        _ => None,
+    });
+    ferry_engine::stat::scrape::serve(listener, Arc::new(pages), stop);
+}
+
+mod families;
 mod limits;
+mod render;
 #[cfg(test)]
 mod tests;

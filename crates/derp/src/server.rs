@@ -9,12 +9,11 @@
 //! and the shards start. STUN and the optional metrics listener get a
 //! thread each: they are low-rate and must not share a loop with relaying.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use ferry_engine::mailbox::{byte_ring, msg_ring, ByteRx, ByteTx, Doorbell};
 use ferry_engine::{run_shard_polling, Backend, BusyPoll, Driver, EpollDriver, IoMode};
@@ -449,7 +448,7 @@ impl Server {
             aux.push(
                 std::thread::Builder::new()
                     .name("ferry-metrics".into())
-                    .spawn(move || serve_metrics(l, metrics, &stop))
+                    .spawn(move || crate::metrics::serve(l, metrics, &stop))
                     .map_err(|source| StartError::Thread {
                         what: "the metrics thread".into(),
                         source,
@@ -577,102 +576,4 @@ impl ShardStart {
         }
         result
     }
-}
-
-/// Concurrent metrics requests served at once; more are turned away.
-const METRICS_CONCURRENCY: usize = 8;
-/// Time a metrics request has to arrive and its answer to be written: a
-/// client that sends slowly holds one of the places for this long at most.
-const METRICS_REQUEST_TIME: Duration = Duration::from_secs(5);
-
-fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, stop: &AtomicBool) {
-    let _ = listener.set_nonblocking(true);
-    let busy = Arc::new(AtomicUsize::new(0));
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((mut stream, _)) => {
-                if busy.fetch_add(1, Ordering::SeqCst) >= METRICS_CONCURRENCY {
-                    busy.fetch_sub(1, Ordering::SeqCst);
-                    continue; // dropped: closed
-                }
-                let (metrics, busy) = (metrics.clone(), busy.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("ferry-metrics-conn".into())
-                    .spawn(move || {
-                        let _ = answer_metrics(&mut stream, &metrics);
-                        busy.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if spawned.is_err() {
-                    tracing::warn!("could not start a metrics request thread");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics accept failed");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-fn answer_metrics(stream: &mut std::net::TcpStream, metrics: &Metrics) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    let deadline = std::time::Instant::now() + METRICS_REQUEST_TIME;
-    // The limit is for the whole request, not for each read.
-    let left = || {
-        Some(deadline.saturating_duration_since(std::time::Instant::now()))
-            .filter(|t| !t.is_zero())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))
-    };
-    let mut head = Vec::with_capacity(1024);
-    let mut scan = ferry_proto::http::HeadScan::new();
-    let mut buf = [0u8; 2048];
-    let req = loop {
-        stream.set_read_timeout(Some(left()?))?;
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-        match scan.advance(&head) {
-            Ok(Some(req)) => break req,
-            Ok(None) => continue,
-            Err(_) => {
-                let bad = ferry_proto::http::response(400, "Bad Request", &[], b"bad request\n");
-                return write_within(stream, &bad, &left);
-            }
-        }
-    };
-    let resp = match req.path.as_str() {
-        "/healthz" => metrics.health().response(),
-        "/metrics" | "/debug/varz" => ferry_proto::http::response(
-            200,
-            "OK",
-            &[("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-            metrics.render().as_bytes(),
-        ),
-        _ => ferry_proto::http::response(404, "Not Found", &[], b"try /metrics or /healthz\n"),
-    };
-    write_within(stream, &resp, &left)
-}
-
-/// Writes `bytes` to `stream` while `left` gives time (each write may
-/// take what is left, no more).
-fn write_within(
-    stream: &mut std::net::TcpStream,
-    mut bytes: &[u8],
-    left: &dyn Fn() -> io::Result<Duration>,
-) -> io::Result<()> {
-    while !bytes.is_empty() {
-        stream.set_write_timeout(Some(left()?))?;
-        match stream.write(bytes) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

@@ -30,14 +30,19 @@
 //!   messages — and the [`mailbox::Doorbell`] that wakes a parked shard once
 //!   per batch instead of once per packet.
 //! - [`runtime::spawn_pinned`]: starting a shard thread pinned to a core.
-//! - [`stat`]: single-writer counters and gauges for shard metrics.
+//! - [`stat`]: single-writer counters and gauges for shard metrics, the
+//!   Prometheus text writer, and the `/metrics` listener.
 //! - [`limit`]: the token bucket every rate limit uses.
+//!
+//! [`fuzzing`] drives the `/metrics` listener's request reading for the
+//! `scrape_request` fuzz target.
 
 #![deny(unsafe_code)]
 
 pub mod backend;
 pub mod driver;
 pub mod epoll;
+pub mod fuzzing;
 pub mod limit;
 pub mod mailbox;
 pub mod runtime;

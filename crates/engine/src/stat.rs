@@ -4,6 +4,13 @@
 //! load and store on memory no other core writes — no locked instruction,
 //! no contention. Readers (a scrape, on any thread) load them and sum the
 //! shards.
+//!
+//! A scrape writes them out with [`exposition`], the one Prometheus text
+//! writer of every service; a service with a metrics address of its own
+//! serves the page with [`scrape`].
+
+pub mod exposition;
+pub mod scrape;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 

@@ -12,13 +12,10 @@
 //! `relay_session` (the session table's own counters are
 //! `crate::session::Sessions::render`'s).
 
-use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ferry_proto::health::Health;
 
@@ -28,6 +25,8 @@ use crate::hub::DropReason;
 /// (through mio) and move datagrams with `recvmmsg`/`sendmmsg`.
 const BACKEND: &str = "epoll";
 
+use ferry_engine::stat::exposition::{Exposition, Family};
+use ferry_engine::stat::scrape::{Pages, ScrapeServer};
 pub use ferry_engine::stat::{Counter, Gauge};
 
 /// Packets and bytes in one direction.
@@ -260,15 +259,7 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut o = String::with_capacity(4096);
-        let family = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            &mut o,
-            "ferry_udp_packets_total",
-            "counter",
-            "Datagrams relayed, by mode and direction.",
-        );
+        let mut w = Exposition::new(&mut o);
         let flows: [(&str, &str, FlowOf); 6] = [
             ("bounce", "to_target", |s| &s.to_target),
             ("bounce", "to_client", |s| &s.to_client),
@@ -277,227 +268,188 @@ impl Metrics {
             ("relay_session", "in", |s| &s.relay_session_in),
             ("relay_session", "out", |s| &s.relay_session_out),
         ];
-        for (mode, dir, f) in flows {
-            let v = self.sum(|s| f(s).packets.get());
-            let _ = writeln!(
-                o,
-                "ferry_udp_packets_total{{mode=\"{mode}\",direction=\"{dir}\"}} {v}"
-            );
+        let mut f = w.family(&PACKETS);
+        for (mode, dir, flow) in flows {
+            f.sample(&[mode, dir], self.sum(|s| flow(s).packets.get()));
         }
-        family(
-            &mut o,
-            "ferry_udp_bytes_total",
-            "counter",
-            "Payload bytes relayed, by mode and direction.",
-        );
-        for (mode, dir, f) in flows {
-            let v = self.sum(|s| f(s).bytes.get());
-            let _ = writeln!(
-                o,
-                "ferry_udp_bytes_total{{mode=\"{mode}\",direction=\"{dir}\"}} {v}"
-            );
+        let mut f = w.family(&BYTES);
+        for (mode, dir, flow) in flows {
+            f.sample(&[mode, dir], self.sum(|s| flow(s).bytes.get()));
         }
-        family(
-            &mut o,
-            "ferry_udp_hub_messages_total",
-            "counter",
-            "WireGuard messages received by the hub, by type.",
-        );
+        let mut f = w.family(&HUB_MESSAGES);
         for (i, kind) in ["initiation", "response", "cookie_reply", "transport"]
             .iter()
             .enumerate()
         {
-            let v = self.sum(|s| s.hub_kinds[i + 1].get());
-            let _ = writeln!(o, "ferry_udp_hub_messages_total{{kind=\"{kind}\"}} {v}");
+            f.sample(&[*kind], self.sum(|s| s.hub_kinds[i + 1].get()));
         }
-        family(
-            &mut o,
-            "ferry_udp_drops_total",
-            "counter",
-            "Datagrams dropped by the relay, by reason.",
-        );
+        let mut f = w.family(&DROPS);
         for slot in 0..N_DROPS {
-            let v = self.sum(|s| s.drops[slot].get());
-            let _ = writeln!(
-                o,
-                "ferry_udp_drops_total{{reason=\"{}\"}} {v}",
-                Drop::label(slot)
-            );
+            f.sample(&[Drop::label(slot)], self.sum(|s| s.drops[slot].get()));
         }
-        family(
-            &mut o,
-            "ferry_udp_sessions",
-            "gauge",
-            "Bounce sessions (clients with their own upstream socket).",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_sessions {}",
-            self.sum_gauge(|s| s.sessions.get())
-        );
+        w.single(&SESSIONS, self.sum_gauge(|s| s.sessions.get()));
         // Every shard holds a replica of the hub's tables: show the
         // largest (they differ only while events are in flight).
-        let replicas: [(&str, &str, GaugeOf); 4] = [
-            ("ferry_udp_hub_indices", "Hub session indices known.", |s| {
-                s.hub_indices.get()
-            }),
-            (
-                "ferry_udp_hub_pending",
-                "Hub initiations awaiting a response.",
-                |s| s.hub_pending.get(),
-            ),
-            (
-                "ferry_udp_hub_known_peers",
-                "Hub peers with a known endpoint.",
-                |s| s.hub_known_peers.get(),
-            ),
-            (
-                "ferry_udp_hub_index_collisions",
-                "Hub entries evicted by index collisions.",
-                |s| s.hub_collisions.get(),
-            ),
+        let replicas: [(&Family, GaugeOf); 4] = [
+            (&HUB_INDICES, |s| s.hub_indices.get()),
+            (&HUB_PENDING, |s| s.hub_pending.get()),
+            (&HUB_KNOWN_PEERS, |s| s.hub_known_peers.get()),
+            (&HUB_COLLISIONS, |s| s.hub_collisions.get()),
         ];
-        for (name, help, f) in replicas {
-            family(&mut o, name, "gauge", help);
-            let v = self.shards.iter().map(|s| f(s)).max().unwrap_or(0);
-            let _ = writeln!(o, "{name} {v}");
+        for (family, read) in replicas {
+            w.single(
+                family,
+                self.shards.iter().map(|s| read(s)).max().unwrap_or(0),
+            );
         }
-        let counters: [(&str, &str, CounterOf); 9] = [
-            ("ferry_udp_sessions_opened_total", "Bounce sessions opened.", |s| s.sessions_opened.get()),
-            ("ferry_udp_sessions_expired_total", "Bounce sessions closed after the idle timeout.", |s| s.sessions_expired.get()),
-            ("ferry_udp_sessions_evicted_total", "Bounce sessions whose target never answered, closed at the session limit for a new client.", |s| s.sessions_evicted.get()),
-            ("ferry_udp_sessions_retargeted_total", "Bounce sessions switched to a re-resolved target address.", |s| s.sessions_retargeted.get()),
-            ("ferry_udp_socket_drops_total", "Datagrams the kernel dropped on the relay's sockets for lack of receive buffer (SO_RXQ_OVFL).", |s| s.socket_drops.get()),
-            ("ferry_udp_recvmmsg_calls_total", "recvmmsg calls that returned datagrams.", |s| s.recv_calls.get()),
-            ("ferry_udp_sendmmsg_calls_total", "sendmmsg calls.", |s| s.send_calls.get()),
-            ("ferry_udp_gso_messages_total", "Messages sent with UDP GSO.", |s| s.gso_messages.get()),
-            ("ferry_udp_gso_fallbacks_total", "UDP GSO trains the kernel refused (a path MTU under 1500, a device without checksum offload), sent again one datagram at a time.", |s| s.gso_fallbacks.get()),
+        let counters: [(&Family, CounterOf); 10] = [
+            (&SESSIONS_OPENED, |s| s.sessions_opened.get()),
+            (&SESSIONS_EXPIRED, |s| s.sessions_expired.get()),
+            (&SESSIONS_EVICTED, |s| s.sessions_evicted.get()),
+            (&SESSIONS_RETARGETED, |s| s.sessions_retargeted.get()),
+            (&SOCKET_DROPS, |s| s.socket_drops.get()),
+            (&RECVMMSG_CALLS, |s| s.recv_calls.get()),
+            (&SENDMMSG_CALLS, |s| s.send_calls.get()),
+            (&GSO_MESSAGES, |s| s.gso_messages.get()),
+            (&GSO_FALLBACKS, |s| s.gso_fallbacks.get()),
+            (&GRO_DATAGRAMS, |s| s.gro_datagrams.get()),
         ];
-        for (name, help, f) in counters {
-            family(&mut o, name, "counter", help);
-            let _ = writeln!(o, "{name} {}", self.sum(f));
+        for (family, read) in counters {
+            w.single(family, self.sum(read));
         }
-        family(
-            &mut o,
-            "ferry_udp_gro_datagrams_total",
-            "counter",
-            "Datagrams that arrived coalesced by UDP GRO.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_gro_datagrams_total {}",
-            self.sum(|s| s.gro_datagrams.get())
-        );
-        family(
-            &mut o,
-            "ferry_udp_kernel_udp_errors_total",
-            "counter",
-            "The network namespace's UDP error counters (/proc/net/snmp and snmp6, IPv4 + IPv6).",
-        );
+        let mut f = w.family(&KERNEL_UDP_ERRORS);
         for (name, v) in kernel_udp_errors() {
-            let _ = writeln!(
-                o,
-                "ferry_udp_kernel_udp_errors_total{{counter=\"{name}\"}} {v}"
-            );
+            f.sample(&[name], v);
         }
-        family(
-            &mut o,
-            "ferry_udp_offload",
-            "gauge",
-            "UDP offloads in use (1) or not (0).",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_offload{{feature=\"gro\"}} {}",
-            u8::from(self.info.gro)
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_offload{{feature=\"gso\"}} {}",
-            u8::from(self.info.gso)
-        );
-        family(
-            &mut o,
-            "ferry_udp_socket_buffer_bytes",
-            "gauge",
-            "Socket buffer size the kernel granted, per socket.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_socket_buffer_bytes{{buffer=\"receive\"}} {}",
-            self.info.recv_buffer
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_socket_buffer_bytes{{buffer=\"send\"}} {}",
-            self.info.send_buffer
-        );
-        family(
-            &mut o,
-            "ferry_udp_socket_buffer_forced",
-            "gauge",
-            "1 if buffer sizes were forced past net.core.rmem_max/wmem_max.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_socket_buffer_forced {}",
-            u8::from(self.info.buffers_forced)
-        );
-        family(
-            &mut o,
-            "ferry_udp_target_resolutions_total",
-            "counter",
-            "DNS resolutions of bounce targets.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_target_resolutions_total{{result=\"ok\"}} {}",
-            self.resolves_ok.load(Relaxed)
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_target_resolutions_total{{result=\"failed\"}} {}",
-            self.resolves_failed.load(Relaxed)
-        );
-        family(
-            &mut o,
-            "ferry_udp_target_changes_total",
-            "counter",
-            "Times a bounce target's address changed.",
-        );
-        let _ = writeln!(
-            o,
-            "ferry_udp_target_changes_total {}",
-            self.target_changes.load(Relaxed)
-        );
-        family(
-            &mut o,
-            "ferry_udp_hub_peers",
-            "gauge",
-            "Peers the hub is configured with (changes on SIGHUP).",
-        );
-        let _ = writeln!(o, "ferry_udp_hub_peers {}", self.hub_peers.load(Relaxed));
-        family(
-            &mut o,
-            "ferry_udp_config_reloads_total",
-            "counter",
-            "Configuration reloads on SIGHUP: applied (possibly with changes that need a restart), or failed (the file was not valid; the running configuration stays).",
-        );
-        for (result, n) in [
-            ("applied", &self.reloads_applied),
-            ("failed", &self.reloads_failed),
-        ] {
-            let _ = writeln!(
-                o,
-                "ferry_udp_config_reloads_total{{result=\"{result}\"}} {}",
-                n.load(Relaxed)
-            );
-        }
-        family(&mut o, "ferry_udp_shards", "gauge", "Shard threads.");
-        let _ = writeln!(o, "ferry_udp_shards {}", self.shards.len());
+        w.family(&OFFLOAD)
+            .sample(&["gro"], self.info.gro)
+            .sample(&["gso"], self.info.gso);
+        w.family(&SOCKET_BUFFER)
+            .sample(&["receive"], self.info.recv_buffer)
+            .sample(&["send"], self.info.send_buffer);
+        w.single(&SOCKET_BUFFER_FORCED, self.info.buffers_forced);
+        w.family(&RESOLUTIONS)
+            .sample(&["ok"], self.resolves_ok.load(Relaxed))
+            .sample(&["failed"], self.resolves_failed.load(Relaxed));
+        w.single(&TARGET_CHANGES, self.target_changes.load(Relaxed));
+        w.single(&HUB_PEERS, self.hub_peers.load(Relaxed));
+        w.family(&RELOADS)
+            .sample(&["applied"], self.reloads_applied.load(Relaxed))
+            .sample(&["failed"], self.reloads_failed.load(Relaxed));
+        w.single(&SHARDS, self.shards.len());
         o
     }
 }
+
+// The families, in the order a scrape shows them.
+
+const PACKETS: Family = Family::counter(
+    "ferry_udp_packets_total",
+    "Datagrams relayed, by mode and direction.",
+)
+.labels(&["mode", "direction"]);
+const BYTES: Family = Family::counter(
+    "ferry_udp_bytes_total",
+    "Payload bytes relayed, by mode and direction.",
+)
+.labels(&["mode", "direction"]);
+const HUB_MESSAGES: Family = Family::counter(
+    "ferry_udp_hub_messages_total",
+    "WireGuard messages received by the hub, by type.",
+)
+.labels(&["kind"]);
+const DROPS: Family = Family::counter(
+    "ferry_udp_drops_total",
+    "Datagrams dropped by the relay, by reason.",
+)
+.labels(&["reason"]);
+const SESSIONS: Family = Family::gauge(
+    "ferry_udp_sessions",
+    "Bounce sessions (clients with their own upstream socket).",
+);
+const HUB_INDICES: Family = Family::gauge("ferry_udp_hub_indices", "Hub session indices known.");
+const HUB_PENDING: Family = Family::gauge(
+    "ferry_udp_hub_pending",
+    "Hub initiations awaiting a response.",
+);
+const HUB_KNOWN_PEERS: Family = Family::gauge(
+    "ferry_udp_hub_known_peers",
+    "Hub peers with a known endpoint.",
+);
+const HUB_COLLISIONS: Family = Family::gauge(
+    "ferry_udp_hub_index_collisions",
+    "Hub entries evicted by index collisions.",
+);
+const SESSIONS_OPENED: Family =
+    Family::counter("ferry_udp_sessions_opened_total", "Bounce sessions opened.");
+const SESSIONS_EXPIRED: Family = Family::counter(
+    "ferry_udp_sessions_expired_total",
+    "Bounce sessions closed after the idle timeout.",
+);
+const SESSIONS_EVICTED: Family = Family::counter(
+    "ferry_udp_sessions_evicted_total",
+    "Bounce sessions whose target never answered, closed at the session limit for a new client.",
+);
+const SESSIONS_RETARGETED: Family = Family::counter(
+    "ferry_udp_sessions_retargeted_total",
+    "Bounce sessions switched to a re-resolved target address.",
+);
+const SOCKET_DROPS: Family = Family::counter(
+    "ferry_udp_socket_drops_total",
+    "Datagrams the kernel dropped on the relay's sockets for lack of receive buffer (SO_RXQ_OVFL).",
+);
+const RECVMMSG_CALLS: Family = Family::counter(
+    "ferry_udp_recvmmsg_calls_total",
+    "recvmmsg calls that returned datagrams.",
+);
+const SENDMMSG_CALLS: Family = Family::counter("ferry_udp_sendmmsg_calls_total", "sendmmsg calls.");
+const GSO_MESSAGES: Family = Family::counter(
+    "ferry_udp_gso_messages_total",
+    "Messages sent with UDP GSO.",
+);
+const GSO_FALLBACKS: Family = Family::counter(
+    "ferry_udp_gso_fallbacks_total",
+    "UDP GSO trains the kernel refused (a path MTU under 1500, a device without checksum offload), sent again one datagram at a time.",
+);
+const GRO_DATAGRAMS: Family = Family::counter(
+    "ferry_udp_gro_datagrams_total",
+    "Datagrams that arrived coalesced by UDP GRO.",
+);
+const KERNEL_UDP_ERRORS: Family = Family::counter(
+    "ferry_udp_kernel_udp_errors_total",
+    "The network namespace's UDP error counters (/proc/net/snmp and snmp6, IPv4 + IPv6).",
+)
+.labels(&["counter"]);
+const OFFLOAD: Family =
+    Family::gauge("ferry_udp_offload", "UDP offloads in use (1) or not (0).").labels(&["feature"]);
+const SOCKET_BUFFER: Family = Family::gauge(
+    "ferry_udp_socket_buffer_bytes",
+    "Socket buffer size the kernel granted, per socket.",
+)
+.labels(&["buffer"]);
+const SOCKET_BUFFER_FORCED: Family = Family::gauge(
+    "ferry_udp_socket_buffer_forced",
+    "1 if buffer sizes were forced past net.core.rmem_max/wmem_max.",
+);
+const RESOLUTIONS: Family = Family::counter(
+    "ferry_udp_target_resolutions_total",
+    "DNS resolutions of bounce targets.",
+)
+.labels(&["result"]);
+const TARGET_CHANGES: Family = Family::counter(
+    "ferry_udp_target_changes_total",
+    "Times a bounce target's address changed.",
+);
+const HUB_PEERS: Family = Family::gauge(
+    "ferry_udp_hub_peers",
+    "Peers the hub is configured with (changes on SIGHUP).",
+);
+const RELOADS: Family = Family::counter(
+    "ferry_udp_config_reloads_total",
+    "Configuration reloads on SIGHUP: applied (possibly with changes that need a restart), or failed (the file was not valid; the running configuration stays).",
+)
+.labels(&["result"]);
+const SHARDS: Family = Family::gauge("ferry_udp_shards", "Shard threads.");
 
 /// The UDP error counters of this network namespace: `RcvbufErrors`,
 /// `SndbufErrors`, `InErrors`, `NoPorts`, IPv4 and IPv6 summed. Missing
@@ -530,98 +482,43 @@ pub fn kernel_udp_errors() -> [(&'static str, u64); 4] {
     out
 }
 
-/// A tiny HTTP server answering `GET /healthz` with the relay's health
-/// ([`ferry_proto::health`], as the DERP server's) and every other GET with
-/// the metrics text. It runs
-/// on its own thread, one connection at a time, with short timeouts: it is
-/// for a scraper, not for the public.
+/// The relay's metrics listener: `GET /metrics` with the metrics text and
+/// `GET /healthz` with the relay's health ([`ferry_proto::health`], as the
+/// DERP server's), served by [`ScrapeServer`] (its limits keep a slow or
+/// hostile scraper from holding it). It is for a scraper, not for the
+/// public. Dropping it stops it.
+#[derive(Debug)]
 pub struct MetricsServer {
     /// Where it listens.
     pub addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _server: ScrapeServer,
 }
 
 impl MetricsServer {
     /// Binds `addr` and serves `metrics` from a thread.
     pub fn start(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         // Started with the relay: its uptime counts from here.
         let started = Instant::now();
-        let thread = std::thread::Builder::new()
-            .name("ferry-udp-metrics".into())
-            .spawn(move || {
-                while !flag.load(Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            let _ = serve_one(conn, &metrics, started);
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(50)),
-                    }
+        let mut pages = Pages::metrics(move || metrics.render());
+        pages.other = Box::new(move |path| {
+            // Serving while this thread runs: the relay stops it on
+            // shutdown, so it never reports draining.
+            (path == "/healthz").then(|| {
+                Health {
+                    draining: false,
+                    backend: BACKEND,
+                    uptime: started.elapsed(),
                 }
-            })?;
+                .response()
+            })
+        });
+        let server = ScrapeServer::start(listener, "ferry-udp-metrics", pages)?;
         Ok(MetricsServer {
-            addr,
-            stop,
-            thread: Some(thread),
+            addr: server.addr(),
+            _server: server,
         })
     }
-}
-
-impl std::ops::Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve_one(
-    conn: std::net::TcpStream,
-    metrics: &Metrics,
-    started: Instant,
-) -> std::io::Result<()> {
-    conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
-    conn.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut reader = BufReader::new((&conn).take(8192));
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // Read (and ignore) the rest of the head.
-    let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
-        header.clear();
-    }
-    let mut w = &conn;
-    if line.starts_with("GET /healthz ") || line.starts_with("GET /healthz?") {
-        // Serving while this thread runs: the relay stops it on shutdown.
-        let health = Health {
-            draining: false,
-            backend: BACKEND,
-            uptime: started.elapsed(),
-        };
-        w.write_all(&health.response())?;
-        return w.flush();
-    }
-    let (status, body) = if line.starts_with("GET ") {
-        ("200 OK", metrics.render())
-    } else {
-        ("405 Method Not Allowed", String::new())
-    };
-    write!(
-        w,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    w.flush()
 }
 
 #[cfg(test)]
@@ -657,5 +554,51 @@ mod tests {
         series.sort_unstable();
         series.dedup();
         assert_eq!(series.len(), n, "every series appears once");
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&text),
+            Vec::<String>::new()
+        );
+    }
+    fn get(addr: SocketAddr, request: &[u8]) -> String {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        c.write_all(request).unwrap();
+        let mut text = String::new();
+        let _ = c.read_to_string(&mut text);
+        text
+    }
+
+    /// Scrapers that connect and send nothing do not keep the listener
+    /// from answering the next one: each has a place of its own, for a
+    /// bounded time.
+    #[test]
+    fn idle_scrapers_do_not_hold_up_a_scrape() {
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::default()).unwrap();
+        let idle: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(server.addr).unwrap())
+            .collect();
+        let start = Instant::now();
+        let text = get(server.addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(3),
+            "answered after {:?}",
+            start.elapsed()
+        );
+        drop(idle);
+    }
+
+    #[test]
+    fn only_metrics_and_healthz_are_served() {
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::default()).unwrap();
+        let other = get(server.addr, b"GET /other HTTP/1.1\r\n\r\n");
+        assert!(other.starts_with("HTTP/1.1 404 "), "{other}");
+        let health = get(server.addr, b"GET /healthz HTTP/1.1\r\n\r\n");
+        assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
+        assert!(health.contains("\"backend\":\"epoll\""), "{health}");
+        let page = get(server.addr, b"GET /metrics HTTP/1.0\r\n\r\n");
+        assert!(page.contains("\nferry_udp_shards 0\n"), "{page}");
     }
 }

@@ -40,7 +40,6 @@
 //! is what logs, errors and the configuration's debug form show.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
@@ -50,6 +49,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferry_engine::stat::exposition::{Exposition, Family, Fixed};
 use ferry_proto::admission::{self as wire, ResponseError};
 use ferry_proto::key::NodePublic;
 
@@ -213,51 +213,44 @@ pub struct AdmissionStats {
 impl AdmissionStats {
     /// Writes the counters (Ferry's names; derper exports none for this).
     pub fn render_metrics(&self, w: &mut String) {
-        use crate::metrics::{write_counter, write_gauge};
+        const DECISIONS: Family = Family::counter(
+            "ferry_admission_decisions_total",
+            "Admission verdicts by result and reason.",
+        )
+        .labels(&["result", "reason"]);
+        const CHECK_SECONDS: Family = Family::counter(
+            "ferry_admission_check_seconds_total",
+            "Time spent on those questions.",
+        );
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let _ = writeln!(
-            w,
-            "# HELP ferry_admission_decisions_total Admission verdicts by result and reason.\n# TYPE ferry_admission_decisions_total counter"
+        let mut w = Exposition::new(w);
+        let mut f = w.family(&DECISIONS);
+        f.sample(
+            &["admit", ""],
+            get(&self.admitted) - get(&self.admitted_fail_open),
         );
-        let _ = writeln!(
-            w,
-            "ferry_admission_decisions_total{{result=\"admit\",reason=\"\"}} {}",
-            get(&self.admitted) - get(&self.admitted_fail_open)
-        );
-        let _ = writeln!(
-            w,
-            "ferry_admission_decisions_total{{result=\"admit\",reason=\"fail_open\"}} {}",
-            get(&self.admitted_fail_open)
-        );
+        f.sample(&["admit", "fail_open"], get(&self.admitted_fail_open));
         for (label, n) in Rejection::LABELS.iter().zip(&self.rejected) {
-            let _ = writeln!(
-                w,
-                "ferry_admission_decisions_total{{result=\"reject\",reason=\"{label}\"}} {}",
-                get(n)
-            );
+            f.sample(&["reject", label], get(n));
         }
-        write_counter(
-            w,
+        w.counter(
             "ferry_admission_cache_hits_total",
             "Verdicts answered from --verify-client-cache.",
             get(&self.cache_hits),
         );
-        write_gauge(
-            w,
+        w.gauge(
             "ferry_admission_in_flight",
             "Clients waiting for an admission verdict.",
             get(&self.in_flight) as i64,
         );
-        write_counter(
-            w,
+        w.counter(
             "ferry_admission_checks_total",
             "Questions asked of tailscaled or the admission controller.",
             get(&self.asked),
         );
-        let _ = writeln!(
-            w,
-            "# HELP ferry_admission_check_seconds_total Time spent on those questions.\n# TYPE ferry_admission_check_seconds_total counter\nferry_admission_check_seconds_total {:.6}",
-            get(&self.asked_micros) as f64 / 1e6
+        w.single(
+            &CHECK_SECONDS,
+            Fixed(get(&self.asked_micros) as f64 / 1e6, 6),
         );
     }
 

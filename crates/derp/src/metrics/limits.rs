@@ -4,8 +4,7 @@
 //! closed for their own control queue count in
 //! `ferry_connections_closed_total{reason="control_queue_full"}`.)
 
-use std::fmt::Write as _;
-
+use ferry_engine::stat::exposition::{Exposition, Family};
 use ferry_proto::relay_session::RefuseReason;
 
 use super::Metrics;
@@ -56,25 +55,33 @@ impl AllocateRefusal {
     }
 }
 
+const CONTROL_FRAMES_DROPPED: Family = Family::counter(
+    "ferry_control_frames_dropped_total",
+    "Control frames other clients caused (peerGone, a session's offer to its peer), dropped because the receiving connection's control queue was past their share of its cap.",
+)
+.labels(&["frame"]);
+
+const ALLOCATE_REFUSED: Family = Family::counter(
+    "ferry_relay_allocate_refused_total",
+    "relayAllocate requests answered with relayRefused, by reason.",
+)
+.labels(&["reason"]);
+
 impl Metrics {
     /// Writes the families of this module.
-    pub(super) fn render_limits(&self, w: &mut String) {
-        let _ = writeln!(w, "# HELP ferry_control_frames_dropped_total Control frames other clients caused (peerGone, a session's offer to its peer), dropped because the receiving connection's control queue was past their share of its cap.\n# TYPE ferry_control_frames_dropped_total counter");
+    pub(super) fn render_limits(&self, w: &mut Exposition<'_>) {
+        let mut f = w.family(&CONTROL_FRAMES_DROPPED);
         for n in Notice::ALL {
-            let v = self.sum(|s| s.notices_dropped[*n as usize].get());
-            let _ = writeln!(
-                w,
-                "ferry_control_frames_dropped_total{{frame=\"{}\"}} {v}",
-                n.label()
+            f.sample(
+                &[n.label()],
+                self.sum(|s| s.notices_dropped[*n as usize].get()),
             );
         }
-        let _ = writeln!(w, "# HELP ferry_relay_allocate_refused_total relayAllocate requests answered with relayRefused, by reason.\n# TYPE ferry_relay_allocate_refused_total counter");
+        let mut f = w.family(&ALLOCATE_REFUSED);
         for r in AllocateRefusal::ALL {
-            let v = self.sum(|s| s.allocate_refused[*r as usize].get());
-            let _ = writeln!(
-                w,
-                "ferry_relay_allocate_refused_total{{reason=\"{}\"}} {v}",
-                r.label()
+            f.sample(
+                &[r.label()],
+                self.sum(|s| s.allocate_refused[*r as usize].get()),
             );
         }
     }

@@ -21,3 +21,21 @@ fn gauges_may_move_between_shards() {
     m.shards[1].current_connections.add(2);
     assert!(m.render().contains("\nderp_current_connections 2\n"));
 }
+
+#[test]
+fn the_page_is_sound_and_declares_each_family_once() {
+    use ferry_engine::stat::exposition::check;
+    let m = Metrics::new(3, "epoll", "a \"quoted\" \\ reason\nover two lines".into());
+    m.add_source(Box::new(|w| {
+        write_counter(w, "t_source_total", "A part's own counter.", 1)
+    }));
+    let text = m.render();
+    assert_eq!(check(&text), Vec::<String>::new(), "{text}");
+    assert!(
+        text.contains(
+            "\nferry_io_backend{backend=\"epoll\",reason=\"a \\\"quoted\\\" \\\\ reason\\nover two lines\"} 1\n"
+        ),
+        "{text}"
+    );
+    assert!(text.ends_with("t_source_total 1\n"), "{text}");
+}

@@ -12,12 +12,12 @@
 //! table, so that a shard checks cookies against a copy it refreshes only
 //! when they rotate.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Instant;
 
+use ferry_engine::stat::exposition::{Exposition, Family, Kind};
 use ferry_proto::relay_session::{
     AllocateRequest, Offers, RefuseReason, SessionOffer, SessionService,
 };
@@ -124,7 +124,7 @@ impl Sessions {
         family(
             o,
             "ferry_udp_relay_sessions",
-            "gauge",
+            Kind::Gauge,
             "Relay sessions, by state (allocated: no side bound; half_bound; bound: forwarding).",
             "state",
             &[
@@ -136,7 +136,7 @@ impl Sessions {
         family(
             o,
             "ferry_udp_relay_session_events_total",
-            "counter",
+            Kind::Counter,
             "Relay session allocations (and repeats left unanswered), refusals, evictions, binds and frees.",
             "event",
             &[
@@ -154,7 +154,7 @@ impl Sessions {
         family(
             o,
             "ferry_udp_relay_session_forwarded_total",
-            "counter",
+            Kind::Counter,
             "Datagrams forwarded between the two sides of relay sessions.",
             "",
             &[("", c.forwarded_packets)],
@@ -162,7 +162,7 @@ impl Sessions {
         family(
             o,
             "ferry_udp_relay_session_forwarded_bytes_total",
-            "counter",
+            Kind::Counter,
             "Bytes forwarded between the two sides of relay sessions.",
             "",
             &[("", c.forwarded_bytes)],
@@ -174,7 +174,7 @@ impl Sessions {
         family(
             o,
             "ferry_udp_relay_session_drops_total",
-            "counter",
+            Kind::Counter,
             "Datagrams on the relay-session port dropped, by reason.",
             "reason",
             &drops,
@@ -188,17 +188,23 @@ impl Sessions {
 fn family(
     o: &mut String,
     name: &str,
-    kind: &str,
+    kind: Kind,
     help: &str,
     label: &str,
     samples: &[(&str, u64)],
 ) {
-    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    let labels: &[&str] = if label.is_empty() {
+        &[]
+    } else {
+        std::slice::from_ref(&label)
+    };
+    let mut w = Exposition::new(o);
+    let mut f = w.family(&Family::new(name, help, kind).labels(labels));
     for (value, n) in samples {
         if label.is_empty() {
-            let _ = writeln!(o, "{name} {n}");
+            f.value(*n);
         } else {
-            let _ = writeln!(o, "{name}{{{label}=\"{value}\"}} {n}");
+            f.sample(&[value], *n);
         }
     }
 }

@@ -41,7 +41,7 @@ use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_sys::mmsg::{RecvBatch, RecvMeta};
 use ferry_sys::sockopt::{set_buffer, Buffer};
 use tokio::io::Interest;
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::UdpSocket;
 
 use super::config::Config;
 use super::metrics::{self, kind_label, DropReason, Metrics, PeerStats};
@@ -109,13 +109,19 @@ pub(crate) async fn run(
     }
     let peers: Arc<[PeerCtx]> = peers.into();
     let mut tasks = tokio::task::JoinSet::new();
-    if let Some(addr) = cfg.metrics_addr {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("metrics_addr: binding {addr}"))?;
-        tracing::info!(url = %format!("http://{addr}/metrics"), "metrics");
-        tasks.spawn(metrics::serve(listener, metrics.clone()));
-    }
+    // Served from threads of its own until this function returns.
+    let _scrapes = match cfg.metrics_addr {
+        Some(addr) => {
+            let listener = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("metrics_addr: binding {addr}"))?;
+            tracing::info!(url = %format!("http://{addr}/metrics"), "metrics");
+            Some(
+                metrics::serve(listener, metrics.clone())
+                    .context("starting the metrics listener")?,
+            )
+        }
+        None => None,
+    };
     for (p, cp) in peers.iter().zip(&cfg.peers) {
         tracing::info!(
             peer = %p.name,
