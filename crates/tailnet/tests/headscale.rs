@@ -3,7 +3,9 @@
 //! loopback: a tagged pre-auth key registers the node, the map poll gives
 //! it its tag and a 100.64/10 address, Headscale lists it online; then a
 //! restart with the saved state polls as the same node without
-//! registering again (even with a useless auth key).
+//! registering again (even with a useless auth key), and a real
+//! tailscaled (userspace networking, no root) logged in to the same
+//! tailnet sees it online with its tag.
 //!
 //! Needs the Headscale binary, so it is ignored in the plain workspace
 //! run and run by scripts/test.d/50-e2e.sh, after the set-up that builds
@@ -18,6 +20,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const HEADSCALE: &str = "headscale-v0.29.3";
+const TAILSCALED: &str = "tailscaled-v1.102.5";
+const TAILSCALE: &str = "tailscale-v1.102.5";
 
 struct Headscale {
     child: Child,
@@ -237,11 +241,107 @@ fn health(port: u16) -> bool {
     out.starts_with(b"HTTP/1.1 200")
 }
 
-fn headscale_bin() -> Option<PathBuf> {
+fn interop_bin(name: &str) -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../interop/bin")
-        .join(HEADSCALE);
+        .join(name);
     p.exists().then_some(p)
+}
+
+/// A real tailscaled in userspace-networking mode (no root, no TUN),
+/// logged in to the same Headscale with a user's (untagged) key.
+struct Tailscaled {
+    child: Child,
+    cli: PathBuf,
+    socket: PathBuf,
+}
+
+impl Drop for Tailscaled {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Tailscaled {
+    fn start(hs: &Headscale, daemon: PathBuf, cli: PathBuf, auth_key: &str) -> Tailscaled {
+        let dir = hs.dir.join("tailscaled");
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("tailscaled.sock");
+        let log = std::fs::File::create(dir.join("tailscaled.log")).unwrap();
+        let child = Command::new(daemon)
+            .arg("--tun=userspace-networking")
+            .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--statedir={}", dir.display()))
+            .args(["--port=0", "--no-logs-no-support"])
+            .env("TS_NO_LOGS_NO_SUPPORT", "true")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start tailscaled");
+        let ts = Tailscaled { child, cli, socket };
+        let out = ts.run(&[
+            "up",
+            &format!("--login-server={}", hs.login_server()),
+            &format!("--authkey={auth_key}"),
+            "--hostname=ts-a",
+            "--timeout=60s",
+        ]);
+        assert!(
+            out.status.success(),
+            "tailscale up: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ts
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = Command::new(&self.cli)
+                .arg(format!("--socket={}", self.socket.display()))
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run tailscale");
+            // The daemon's socket appears a moment after start.
+            let starting = String::from_utf8_lossy(&out.stderr).contains("failed to connect");
+            if !starting || Instant::now() > deadline {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until `tailscale status --json` shows a peer named `host`
+    /// online with `tag`; the peer's entry.
+    fn wait_peer_online(&self, host: &str, tag: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = serde_json::Value::Null;
+        while Instant::now() < deadline {
+            let out = self.run(&["status", "--json"]);
+            if let Ok(status) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+                let found = status["Peer"].as_object().and_then(|peers| {
+                    peers
+                        .values()
+                        .find(|p| p["HostName"] == host && p["Online"] == true)
+                        .filter(|p| {
+                            p["Tags"]
+                                .as_array()
+                                .is_some_and(|t| t.iter().any(|t| t == tag))
+                        })
+                        .cloned()
+                });
+                if let Some(p) = found {
+                    return p;
+                }
+                last = status;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("tailscaled never saw {host} online with {tag}: {last}");
+    }
 }
 
 fn has_tag_and_address(n: &Netmap) -> bool {
@@ -268,9 +368,13 @@ fn node_json_has_tag(node: &serde_json::Value) -> bool {
 #[test]
 #[ignore = "needs interop/bin/headscale-v0.29.3: run by scripts/test.d/50-e2e.sh with --ignored"]
 fn registers_with_tagged_key_and_restarts_without_registering() {
-    let Some(bin) = headscale_bin() else {
+    let (Some(bin), Some(daemon), Some(cli)) = (
+        interop_bin(HEADSCALE),
+        interop_bin(TAILSCALED),
+        interop_bin(TAILSCALE),
+    ) else {
         return ferry_testkit::skip!(
-            "interop/bin/{HEADSCALE} is missing (built by .ci/setup.d/50-e2e.sh)"
+            "interop/bin lacks {HEADSCALE}, {TAILSCALED} or {TAILSCALE} (built by .ci/setup.d/50-e2e.sh)"
         );
     };
     let hs = Headscale::start(bin);
@@ -335,4 +439,24 @@ fn registers_with_tagged_key_and_restarts_without_registering() {
     assert_eq!(again.registrations(), 0, "the saved node key was reused");
     let listed = hs.wait_one_online();
     assert_eq!(listed["id"], id, "the same node");
+
+    // A real tailscaled on the same tailnet sees Ferry online with its tag.
+    let user_key = hs.cli(&[
+        "preauthkeys",
+        "create",
+        "--user",
+        &user_id,
+        "--expiration",
+        "1h",
+    ]);
+    let user_key = user_key["key"].as_str().expect("key in the answer");
+    let ts = Tailscaled::start(&hs, daemon, cli, user_key);
+    let peer = ts.wait_peer_online("ferry-test", "tag:relay");
+    let ip = me.addresses[0].addr.to_string();
+    assert!(
+        peer["TailscaleIPs"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| *x == ip.as_str())),
+        "{peer}"
+    );
 }
