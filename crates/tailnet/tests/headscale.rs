@@ -5,7 +5,8 @@
 //! restart with the saved state polls as the same node without
 //! registering again (even with a useless auth key), and a real
 //! tailscaled (userspace networking, no root) logged in to the same
-//! tailnet sees it online with its tag.
+//! tailnet sees it online with its tag and its home DERP region, and
+//! then the new home region set while the poll runs.
 //!
 //! Needs the Headscale binary, so it is ignored in the plain workspace
 //! run and run by scripts/test.d/50-e2e.sh, after the set-up that builds
@@ -76,6 +77,18 @@ const DERP_MAP: &str = "regions:
         ipv6: none
         stunport: -1
         derpport: 3340
+  901:
+    regionid: 901
+    regioncode: fe2
+    regionname: Ferry test 2
+    nodes:
+      - name: 901a
+        regionid: 901
+        hostname: 127.0.0.1
+        ipv4: 127.0.0.1
+        ipv6: none
+        stunport: -1
+        derpport: 3341
 ";
 
 impl Headscale {
@@ -317,22 +330,33 @@ impl Tailscaled {
     /// Waits until `tailscale status --json` shows a peer named `host`
     /// online with `tag`; the peer's entry.
     fn wait_peer_online(&self, host: &str, tag: &str) -> serde_json::Value {
+        self.wait_peer(
+            |p| {
+                p["HostName"] == host
+                    && p["Online"] == true
+                    && p["Tags"]
+                        .as_array()
+                        .is_some_and(|t| t.iter().any(|t| t == tag))
+            },
+            &format!("{host} online with {tag}"),
+        )
+    }
+
+    /// Waits (at most 60 s) until `tailscale status --json` lists a peer
+    /// matching `pred`; the peer's entry.
+    fn wait_peer(
+        &self,
+        pred: impl Fn(&serde_json::Value) -> bool,
+        what: &str,
+    ) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last = serde_json::Value::Null;
         while Instant::now() < deadline {
             let out = self.run(&["status", "--json"]);
             if let Ok(status) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
-                let found = status["Peer"].as_object().and_then(|peers| {
-                    peers
-                        .values()
-                        .find(|p| p["HostName"] == host && p["Online"] == true)
-                        .filter(|p| {
-                            p["Tags"]
-                                .as_array()
-                                .is_some_and(|t| t.iter().any(|t| t == tag))
-                        })
-                        .cloned()
-                });
+                let found = status["Peer"]
+                    .as_object()
+                    .and_then(|peers| peers.values().find(|p| pred(p)).cloned());
                 if let Some(p) = found {
                     return p;
                 }
@@ -340,7 +364,7 @@ impl Tailscaled {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-        panic!("tailscaled never saw {host} online with {tag}: {last}");
+        panic!("tailscaled never saw {what}: {last}");
     }
 }
 
@@ -452,6 +476,13 @@ fn registers_with_tagged_key_and_restarts_without_registering() {
     let user_key = user_key["key"].as_str().expect("key in the answer");
     let ts = Tailscaled::start(&hs, daemon, cli, user_key);
     let peer = ts.wait_peer_online("ferry-test", "tag:relay");
+    assert_eq!(
+        peer["Relay"], "fe",
+        "home region 900 from the poll's Hostinfo"
+    );
+    // A new home region reaches the server while the poll runs.
+    again.set_preferred_derp(901);
+    ts.wait_peer(|p| p["Relay"] == "fe2", "ferry-test with home region fe2");
     let ip = me.addresses[0].addr.to_string();
     assert!(
         peer["TailscaleIPs"]
