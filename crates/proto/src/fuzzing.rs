@@ -33,7 +33,8 @@ pub use deframer::deframer;
 pub use relay_session::{bind_message, relay_frames};
 pub use server::server;
 pub use tailnet::{
-    early_payload, map_frames, map_response, noise_client, register_response, ts2021_upgrade,
+    early_payload, filter_caps, map_frames, map_response, noise_client, register_response,
+    ts2021_upgrade,
 };
 
 /// Largest frame (header included) [`ServerFramePolicy`] ever buffers.
@@ -904,6 +905,7 @@ mod tests {
             map_frames,
             map_response,
             register_response,
+            filter_caps,
         ] {
             f(b"");
             f(&[0]);

@@ -37,6 +37,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("map_frames", fuzzing::map_frames),
     ("map_response", fuzzing::map_response),
     ("register_response", fuzzing::register_response),
+    ("filter_caps", fuzzing::filter_caps),
 ];
 
 #[test]
@@ -326,5 +327,10 @@ proptest! {
     #[test]
     fn mutated_register_response(data in mutated(24)) {
         fuzzing::register_response(&data);
+    }
+
+    #[test]
+    fn mutated_filter_caps(data in mutated(25)) {
+        fuzzing::filter_caps(&data);
     }
 }

@@ -162,6 +162,54 @@ pub fn register_response(data: &[u8]) {
     let _ = RegisterResponse::from_json(data);
 }
 
+/// The capability check over a packet filter: the first byte picks the
+/// requester's address, the rest is a map response whose filter is
+/// checked. A grant is only ever found for a requester some rule lists as
+/// a source, and every prefix holds its own address.
+pub fn filter_caps(data: &[u8]) {
+    use crate::tailnet::filter::{has_cap, source_matches};
+    use std::net::IpAddr;
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(m) = MapResponse::from_json(rest) else {
+        return;
+    };
+    let src: IpAddr = match sel % 4 {
+        0 => [100, 64, 0, 1].into(),
+        1 => [100, 64, 0, sel].into(),
+        2 => "fd7a:115c:a1e0::1".parse().expect("literal"),
+        _ => [10, 0, 0, sel].into(),
+    };
+    let me: Vec<tailcfg::Prefix> = ["100.64.0.3/32", "fd7a:115c:a1e0::3/128"]
+        .iter()
+        .map(|p| p.parse().expect("literal"))
+        .collect();
+    let rules: Vec<&tailcfg::FilterRule> = m
+        .packet_filter
+        .iter()
+        .flatten()
+        .chain(
+            m.packet_filters
+                .iter()
+                .flat_map(|f| f.values().flatten().flatten()),
+        )
+        .collect();
+    for r in &rules {
+        for g in &r.cap_grant {
+            assert!(g.dsts.iter().all(|d| d.contains(d.addr)));
+            for cap in g.cap_map.iter().chain(&g.caps) {
+                if has_cap(rules.iter().copied(), src, &me, cap) {
+                    assert!(rules
+                        .iter()
+                        .any(|r| r.src_ips.iter().any(|s| source_matches(s, src))));
+                }
+            }
+        }
+    }
+    assert!(source_matches("*", src));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

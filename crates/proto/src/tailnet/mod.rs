@@ -12,8 +12,12 @@
 //! 5. HTTP/2 with prior knowledge inside the records (not here: the driver
 //!    uses an HTTP/2 client), carrying [`tailcfg`] JSON: register, then a
 //!    streaming map poll whose body [`map_frame`] splits.
+//!
+//! [`filter`] answers whether a peer holds a capability on this node from
+//! the packet filter's capability grants.
 
 pub mod early;
+pub mod filter;
 pub mod map_frame;
 pub mod noise;
 pub mod tailcfg;
