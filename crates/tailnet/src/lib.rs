@@ -30,7 +30,7 @@ pub use channel::LoginServer;
 pub use netmap::Netmap;
 pub use state::State;
 
-use ferry_proto::key::NodePublic;
+use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::tailnet::early::EarlyError;
 use ferry_proto::tailnet::noise::NoiseError;
 use ferry_proto::tailnet::upgrade::UpgradeError;
@@ -143,6 +143,8 @@ impl Shared {
 pub struct Handle {
     shared: Arc<Shared>,
     node_key: NodePublic,
+    node_private: NodePrivate,
+    disco_private: [u8; 32],
     derp: tokio::sync::watch::Sender<u32>,
     stop: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -162,6 +164,8 @@ pub fn start(config: Config) -> Result<Handle, Error> {
             }
         };
     let node_key = state.node.public();
+    let node_private = state.node.clone();
+    let disco_private = state.disco;
     let shared = Arc::new(Shared {
         published: Mutex::new(Published {
             netmap: Arc::new(Netmap::default()),
@@ -178,6 +182,7 @@ pub fn start(config: Config) -> Result<Handle, Error> {
         state,
         shared: shared.clone(),
         derp: derp_rx,
+        version: 0,
     };
     let thread = std::thread::Builder::new()
         .name("ferry-tailnet".into())
@@ -185,6 +190,8 @@ pub fn start(config: Config) -> Result<Handle, Error> {
     Ok(Handle {
         shared,
         node_key,
+        node_private,
+        disco_private,
         derp,
         stop,
         thread: Some(thread),
@@ -195,6 +202,17 @@ impl Handle {
     /// The node key this node registered (or will register).
     pub fn node_key(&self) -> NodePublic {
         self.node_key
+    }
+
+    /// The node private key (the DERP identity to connect with).
+    pub fn node_private(&self) -> &NodePrivate {
+        &self.node_private
+    }
+
+    /// The node's disco private key (32 clamped bytes; its public half
+    /// is what the map request announces).
+    pub fn disco_private(&self) -> &[u8; 32] {
+        &self.disco_private
     }
 
     /// The current netmap snapshot.

@@ -1,7 +1,8 @@
 //! The node's view of the tailnet, rebuilt from the map stream.
 
 use ferry_proto::derp_map::DerpMap;
-use ferry_proto::tailnet::tailcfg::{FilterRule, MapResponse, Node};
+use ferry_proto::key::NodePublic;
+use ferry_proto::tailnet::tailcfg::{DiscoKey, FilterRule, MapResponse, Node};
 use std::collections::BTreeMap;
 
 /// A snapshot of the netmap.
@@ -23,6 +24,16 @@ impl Netmap {
     /// All filter rules, chunk by chunk.
     pub fn filter_rules(&self) -> impl Iterator<Item = &FilterRule> {
         self.filters.values().flatten()
+    }
+
+    /// The peer with node key `key`.
+    pub fn peer_by_node_key(&self, key: &NodePublic) -> Option<&Node> {
+        self.peers.values().find(|p| p.key == *key)
+    }
+
+    /// The peer whose disco key is `key`.
+    pub fn peer_by_disco_key(&self, key: &DiscoKey) -> Option<&Node> {
+        self.peers.values().find(|p| p.disco_key == Some(*key))
     }
 
     /// Applies one map response; whether anything changed (keep-alives
@@ -110,12 +121,19 @@ mod tests {
         assert_eq!(n.filter_rules().count(), 2);
         assert!(apply(
             &mut n,
-            r#"{"PeersChanged":[{"ID":3}],"PeersRemoved":[1],
+            r#"{"PeersChanged":[{"ID":3,"DiscoKey":"discokey:0101010101010101010101010101010101010101010101010101010101010101"}],"PeersRemoved":[1],
                "PeersChangedPatch":[{"NodeID":2,"DERPRegion":5},{"NodeID":77,"DERPRegion":1}],
                "PacketFilters":{"x":null}}"#
         ));
         assert_eq!(n.peers.keys().copied().collect::<Vec<_>>(), [2, 3]);
         assert_eq!(n.peers[&2].home_derp, 5);
+        let key = NodePublic::from_bytes([0; 32]);
+        assert_eq!(n.peer_by_node_key(&key).map(|p| p.id), Some(2));
+        assert_eq!(
+            n.peer_by_disco_key(&DiscoKey([1; 32])).map(|p| p.id),
+            Some(3)
+        );
+        assert!(n.peer_by_disco_key(&DiscoKey([2; 32])).is_none());
         assert_eq!(n.filter_rules().count(), 1);
         assert!(apply(&mut n, r#"{"PacketFilters":{"*":null}}"#));
         assert_eq!(n.filter_rules().count(), 0);

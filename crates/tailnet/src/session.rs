@@ -33,6 +33,9 @@ pub(crate) struct Driver {
     pub(crate) state: State,
     pub(crate) shared: Arc<Shared>,
     pub(crate) derp: watch::Receiver<u32>,
+    /// The version of the last netmap published (versions keep growing
+    /// across sessions).
+    pub(crate) version: u64,
 }
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -197,7 +200,12 @@ impl Driver {
         mut body: hyper::body::Incoming,
         mapped: &mut bool,
     ) -> Result<(), Error> {
-        let mut netmap = Netmap::default();
+        // Each session starts from nothing (its first response is a full
+        // one), numbered after the last published netmap.
+        let mut netmap = Netmap {
+            version: self.version,
+            ..Netmap::default()
+        };
         let mut buf = Vec::new();
         let mut derp = self.derp.clone();
         derp.mark_unchanged();
@@ -244,6 +252,10 @@ impl Driver {
                     self.save();
                 }
             }
+            if netmap.version == self.version {
+                netmap.version += 1;
+            }
+            self.version = netmap.version;
             self.shared.set_netmap(netmap.clone());
         }
         if first {

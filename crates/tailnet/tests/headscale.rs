@@ -6,7 +6,8 @@
 //! registering again (even with a useless auth key), and a real
 //! tailscaled (userspace networking, no root) logged in to the same
 //! tailnet sees it online with its tag and its home DERP region, and
-//! then the new home region set while the poll runs.
+//! then the new home region set while the poll runs; when Headscale
+//! restarts, the client reconnects as the same node.
 //!
 //! Needs the Headscale binary, so it is ignored in the plain workspace
 //! run and run by scripts/test.d/50-e2e.sh, after the set-up that builds
@@ -169,6 +170,25 @@ taildrop:
         h
     }
 
+    /// Stops Headscale and starts it again on the same port and database.
+    fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("headscale.log"))
+            .unwrap();
+        self.child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&self.config)
+            .arg("serve")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("restart headscale");
+        self.wait_healthy();
+    }
+
     fn login_server(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -227,6 +247,19 @@ taildrop:
     }
 
     /// Waits until Headscale lists exactly one node and it is online.
+    /// Waits until Headscale lists the node `id` online.
+    fn wait_node_online(&self, id: &serde_json::Value) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let nodes = self.nodes();
+            if nodes.iter().any(|n| n["id"] == *id && n["online"] == true) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nodes: {nodes:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     fn wait_one_online(&self) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -401,7 +434,7 @@ fn registers_with_tagged_key_and_restarts_without_registering() {
             "interop/bin lacks {HEADSCALE}, {TAILSCALED} or {TAILSCALE} (built by .ci/setup.d/50-e2e.sh)"
         );
     };
-    let hs = Headscale::start(bin);
+    let mut hs = Headscale::start(bin);
     let user = hs.cli(&["users", "create", "fe"]);
     let user_id = user["id"].to_string().trim_matches('"').to_owned();
     let key = hs.cli(&[
@@ -490,4 +523,17 @@ fn registers_with_tagged_key_and_restarts_without_registering() {
             .is_some_and(|a| a.iter().any(|x| *x == ip.as_str())),
         "{peer}"
     );
+
+    // The control server goes away and comes back: the client notices,
+    // backs off, reconnects as the same node and publishes a newer
+    // netmap, still without registering.
+    let before = again.netmap().version;
+    hs.restart();
+    let netmap = again
+        .wait_changed(before, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("no netmap after the restart: {:?}", again.status()));
+    assert!(has_tag_and_address(&netmap), "{netmap:?}");
+    assert_eq!(netmap.self_node.as_ref().unwrap().id, me.id);
+    assert_eq!(again.registrations(), 0);
+    hs.wait_node_online(&id);
 }
