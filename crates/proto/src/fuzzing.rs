@@ -28,9 +28,14 @@ use std::time::Instant;
 mod deframer;
 mod relay_session;
 mod server;
+mod tailnet;
 pub use deframer::deframer;
 pub use relay_session::{bind_message, relay_frames};
 pub use server::server;
+pub use tailnet::{
+    early_payload, filter_caps, map_frames, map_response, noise_client, register_response,
+    ts2021_upgrade,
+};
 
 /// Largest frame (header included) [`ServerFramePolicy`] ever buffers.
 const MAX_BUFFERED_FRAME: usize = HEADER_LEN + 2 * KEY_LEN + MAX_PACKET_SIZE;
@@ -894,6 +899,13 @@ mod tests {
             relay_frames,
             bind_message,
             peer_msg,
+            noise_client,
+            ts2021_upgrade,
+            early_payload,
+            map_frames,
+            map_response,
+            register_response,
+            filter_caps,
         ] {
             f(b"");
             f(&[0]);

@@ -7,6 +7,9 @@
 //!   on creation; `derper` stores it in a small JSON key file.
 //! * [`MeshKey`] is the region's pre-shared secret, bare 64 hex, compared in
 //!   constant time.
+//! * [`MachinePublic`] / [`MachinePrivate`] are a tailnet node's identity on
+//!   the control channel (`mkey:<64 hex>`; the private text form is the
+//!   same `privkey:` as a node key's).
 //!
 //! Parsing accepts upper- or lowercase hex and requires the exact prefix;
 //! encoding always emits lowercase. Debug output of secrets never shows them.
@@ -350,6 +353,129 @@ impl Eq for MeshKey {}
 impl fmt::Debug for MeshKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("MeshKey(<redacted>)")
+    }
+}
+
+const MACHINE_PUBLIC_PREFIX: &str = "mkey:";
+
+/// A machine public key: a tailnet node's (or the control server's)
+/// long-term Noise identity on the control channel, written
+/// `mkey:<64 hex>`. A separate type from [`NodePublic`] so the two are never
+/// mixed up.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct MachinePublic(pub [u8; 32]);
+
+impl MachinePublic {
+    /// Wraps 32 raw bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        MachinePublic(bytes)
+    }
+
+    /// The raw 32 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Whether every byte is zero (never a valid key).
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 32]
+    }
+}
+
+impl fmt::Debug for MachinePublic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mkey{}", short_form(&self.0))
+    }
+}
+
+impl fmt::Display for MachinePublic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(MACHINE_PUBLIC_PREFIX)?;
+        f.write_str(&hex::encode(&self.0))
+    }
+}
+
+impl FromStr for MachinePublic {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        let hex = s
+            .strip_prefix(MACHINE_PUBLIC_PREFIX)
+            .ok_or(KeyError::MissingPrefix {
+                expected: MACHINE_PUBLIC_PREFIX,
+            })?;
+        decode_hex32(hex).map(MachinePublic)
+    }
+}
+
+/// A machine private key (`privkey:<64 hex>`, the same text form as a node
+/// private key). Clamped on creation; the public half is computed once.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MachinePrivate(NodePrivate);
+
+impl MachinePrivate {
+    /// Generates a fresh key from the operating system's CSPRNG.
+    pub fn generate() -> Self {
+        MachinePrivate(NodePrivate::generate())
+    }
+
+    /// Builds a key from 32 raw bytes, clamping them.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        MachinePrivate(NodePrivate::from_bytes(bytes))
+    }
+
+    /// The public key.
+    pub fn public(&self) -> MachinePublic {
+        MachinePublic(self.0.public().0)
+    }
+
+    /// The raw (clamped) 32 bytes. Secret material.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for MachinePrivate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MachinePrivate(public {:?})", self.public())
+    }
+}
+
+impl fmt::Display for MachinePrivate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl FromStr for MachinePrivate {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        s.parse().map(MachinePrivate)
+    }
+}
+
+#[cfg(test)]
+mod machine_tests {
+    use super::*;
+
+    #[test]
+    fn machine_text_forms() {
+        let k = MachinePrivate::from_bytes([7; 32]);
+        let text = k.to_string();
+        assert!(text.starts_with("privkey:"));
+        assert_eq!(text.parse::<MachinePrivate>(), Ok(k.clone()));
+        let p = k.public();
+        assert_eq!(p.0, NodePrivate::from_bytes([7; 32]).public().0);
+        let pt = p.to_string();
+        assert!(pt.starts_with("mkey:") && pt.len() == 5 + 64, "{pt}");
+        assert_eq!(pt.parse::<MachinePublic>(), Ok(p));
+        assert_eq!(
+            pt.replace("mkey:", "nodekey:").parse::<MachinePublic>(),
+            Err(KeyError::MissingPrefix { expected: "mkey:" })
+        );
+        assert!(!format!("{k:?}").contains(&text[8..]));
+        assert!(!p.is_zero() && MachinePublic::default().is_zero());
     }
 }
 

@@ -44,6 +44,10 @@
 //! client binder of relay sessions (`docs/relay-sessions.md`); [`peer_msg`]
 //! the payloads and sealed probes two SDK peers exchange behind it.
 //!
+//! [`tailnet`] is a tailnet node's control channel to its coordination
+//! server (Noise, upgrade, early payload, map stream framing, the JSON
+//! messages).
+//!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
@@ -69,6 +73,7 @@ pub mod rate_config;
 pub mod relay_session;
 pub mod server;
 pub mod stun;
+pub mod tailnet;
 pub mod tls13;
 pub mod tls_record;
 pub mod udp_header;

@@ -31,6 +31,13 @@ const TARGETS: &[(&str, Target)] = &[
     ("peer_msg", fuzzing::peer_msg),
     ("tls13", fuzzing::tls13),
     ("server", fuzzing::server),
+    ("noise_client", fuzzing::noise_client),
+    ("ts2021_upgrade", fuzzing::ts2021_upgrade),
+    ("early_payload", fuzzing::early_payload),
+    ("map_frames", fuzzing::map_frames),
+    ("map_response", fuzzing::map_response),
+    ("register_response", fuzzing::register_response),
+    ("filter_caps", fuzzing::filter_caps),
 ];
 
 #[test]
@@ -290,5 +297,40 @@ proptest! {
     #[test]
     fn mutated_tls13(data in mutated(17)) {
         fuzzing::tls13(&data);
+    }
+
+    #[test]
+    fn mutated_noise_client(data in mutated(19)) {
+        fuzzing::noise_client(&data);
+    }
+
+    #[test]
+    fn mutated_ts2021_upgrade(data in mutated(20)) {
+        fuzzing::ts2021_upgrade(&data);
+    }
+
+    #[test]
+    fn mutated_early_payload(data in mutated(21)) {
+        fuzzing::early_payload(&data);
+    }
+
+    #[test]
+    fn mutated_map_frames(data in mutated(22)) {
+        fuzzing::map_frames(&data);
+    }
+
+    #[test]
+    fn mutated_map_response(data in mutated(23)) {
+        fuzzing::map_response(&data);
+    }
+
+    #[test]
+    fn mutated_register_response(data in mutated(24)) {
+        fuzzing::register_response(&data);
+    }
+
+    #[test]
+    fn mutated_filter_caps(data in mutated(25)) {
+        fuzzing::filter_caps(&data);
     }
 }
