@@ -26,9 +26,11 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 mod deframer;
+mod disco;
 mod relay_session;
 mod server;
 pub use deframer::deframer;
+pub use disco::{disco, peer_relay_bind};
 pub use relay_session::{bind_message, relay_frames};
 pub use server::server;
 
@@ -894,6 +896,8 @@ mod tests {
             relay_frames,
             bind_message,
             peer_msg,
+            disco,
+            peer_relay_bind,
         ] {
             f(b"");
             f(&[0]);

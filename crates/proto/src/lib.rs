@@ -44,6 +44,9 @@
 //! client binder of relay sessions (`docs/relay-sessions.md`); [`peer_msg`]
 //! the payloads and sealed probes two SDK peers exchange behind it.
 //!
+//! [`disco`] is Tailscale's disco messages (sealed with disco keys), and
+//! [`peer_relay`] the steps a Tailscale peer relay takes on a bind.
+//!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
 //! the entry points the fuzz targets and the corpus-replay test drive.
@@ -54,6 +57,7 @@
 pub mod admission;
 pub mod client;
 pub mod derp_map;
+pub mod disco;
 pub mod forwarded;
 pub mod frame;
 pub mod fuzzing;
@@ -64,6 +68,7 @@ pub mod http;
 pub mod key;
 pub mod nacl;
 pub mod peer_msg;
+pub mod peer_relay;
 pub mod proxy;
 pub mod rate_config;
 pub mod relay_session;

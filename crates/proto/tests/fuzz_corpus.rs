@@ -31,6 +31,8 @@ const TARGETS: &[(&str, Target)] = &[
     ("peer_msg", fuzzing::peer_msg),
     ("tls13", fuzzing::tls13),
     ("server", fuzzing::server),
+    ("disco", fuzzing::disco),
+    ("peer_relay_bind", fuzzing::peer_relay_bind),
 ];
 
 #[test]
@@ -290,5 +292,15 @@ proptest! {
     #[test]
     fn mutated_tls13(data in mutated(17)) {
         fuzzing::tls13(&data);
+    }
+
+    #[test]
+    fn mutated_disco(data in mutated(19)) {
+        fuzzing::disco(&data);
+    }
+
+    #[test]
+    fn mutated_peer_relay_bind(data in mutated(20)) {
+        fuzzing::peer_relay_bind(&data);
     }
 }
