@@ -45,10 +45,12 @@
 //! fuzz target and the corpus-replay test.
 
 pub mod config;
+mod forward;
 pub mod fuzzing;
 pub mod hub;
 pub mod live;
 pub mod metrics;
+pub mod peer_relay;
 pub mod published;
 pub mod ratelimit;
 pub mod server;

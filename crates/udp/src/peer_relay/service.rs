@@ -1,0 +1,116 @@
+//! The peer-relay table shared by the control half (a tailnet node's
+//! thread, which allocates) and whatever serves the UDP port (which binds
+//! and forwards): one [`PeerRelayTable`] behind a lock, and the addresses
+//! the relay offers in its answers.
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
+
+use ferry_proto::disco::AllocateRequest;
+use ferry_proto::key::{DiscoPrivate, DiscoPublic, NodePublic};
+
+use super::{Allocated, Limits, PeerRelayTable, Refusal};
+
+/// The relay's peer-relay endpoints, shared.
+pub struct PeerRelays {
+    table: Mutex<PeerRelayTable>,
+    server: DiscoPublic,
+    /// Where clients reach the relay's port (configured, discovered).
+    addrs: Mutex<Vec<SocketAddr>>,
+}
+
+impl PeerRelays {
+    /// An empty table serving with the disco key `server` (fresh per
+    /// process) and no address yet (allocations are refused as not ready
+    /// until [`PeerRelays::set_addrs`]).
+    pub fn new(server: DiscoPrivate, limits: Limits) -> PeerRelays {
+        PeerRelays {
+            server: server.public(),
+            table: Mutex::new(PeerRelayTable::new(server, limits, Instant::now())),
+            addrs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The relay's disco key for binds (`ServerDisco`).
+    pub fn server_disco(&self) -> DiscoPublic {
+        self.server
+    }
+
+    /// Sets the addresses offered in answers from now on.
+    pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
+        *self.addrs.lock().unwrap_or_else(|e| e.into_inner()) = addrs;
+    }
+
+    /// The addresses offered now.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.addrs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The table, locked.
+    pub fn lock(&self) -> MutexGuard<'_, PeerRelayTable> {
+        // A holder that panicked left a table whose every step is
+        // complete: keep using it.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Answers an allocation request from `requester` (a node the caller
+    /// has checked holds the grant, whose disco key is in the request's
+    /// pair): [`PeerRelayTable::allocate`] with the current addresses.
+    pub fn allocate(
+        &self,
+        requester: &NodePublic,
+        request: &AllocateRequest,
+        now: Instant,
+    ) -> Result<Allocated, Refusal> {
+        let addrs = self.addrs();
+        self.lock().allocate(requester, request, &addrs, now)
+    }
+
+    /// Frees the endpoints of requesters `keep` refuses (a withdrawn
+    /// grant); returns how many.
+    pub fn revoke(&self, keep: impl FnMut(&NodePublic) -> bool) -> usize {
+        self.lock().revoke(keep)
+    }
+
+    /// Timers: rotates the cookie secret when due and frees expired
+    /// endpoints. A table busy now is left for the next tick.
+    pub fn tick(&self, now: Instant) {
+        let mut t = match self.table.try_lock() {
+            Ok(t) => t,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        t.rotate(now);
+        t.expire(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn allocations_wait_for_an_address() {
+        let relays = PeerRelays::new(DiscoPrivate::generate(), Limits::default());
+        let req = AllocateRequest {
+            client_disco: [
+                DiscoPrivate::generate().public(),
+                DiscoPrivate::generate().public(),
+            ],
+            generation: 3,
+        };
+        let node = NodePublic([1; 32]);
+        let now = Instant::now();
+        assert_eq!(relays.allocate(&node, &req, now), Err(Refusal::NotReady));
+        let addr: SocketAddr = "192.0.2.10:40000".parse().unwrap();
+        relays.set_addrs(vec![addr]);
+        let a = relays.allocate(&node, &req, now).unwrap();
+        assert_eq!(a.response.generation, 3);
+        assert_eq!(a.response.endpoint.server_disco, relays.server_disco());
+        assert_eq!(a.response.endpoint.endpoints, vec![addr]);
+        relays.tick(now + Duration::from_secs(30));
+        assert!(relays.lock().is_empty(), "unbound for 30 s: freed");
+    }
+}
