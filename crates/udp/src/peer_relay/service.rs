@@ -4,7 +4,7 @@
 //! the relay offers in its answers.
 
 use std::net::SocketAddr;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Instant;
 
 use ferry_proto::disco::AllocateRequest;
@@ -18,6 +18,7 @@ pub struct PeerRelays {
     server: DiscoPublic,
     /// Where clients reach the relay's port (configured, discovered).
     addrs: Mutex<Vec<SocketAddr>>,
+    bound: OnceLock<SocketAddr>,
 }
 
 impl PeerRelays {
@@ -29,12 +30,23 @@ impl PeerRelays {
             server: server.public(),
             table: Mutex::new(PeerRelayTable::new(server, limits, Instant::now())),
             addrs: Mutex::new(Vec::new()),
+            bound: OnceLock::new(),
         }
     }
 
     /// The relay's disco key for binds (`ServerDisco`).
     pub fn server_disco(&self) -> DiscoPublic {
         self.server
+    }
+
+    /// Records the address the port's socket is bound to (once, at start).
+    pub fn set_bound(&self, addr: SocketAddr) {
+        let _ = self.bound.set(addr);
+    }
+
+    /// The address the port's socket is bound to (`None` before start).
+    pub fn bound(&self) -> Option<SocketAddr> {
+        self.bound.get().copied()
     }
 
     /// Sets the addresses offered in answers from now on.
