@@ -7,7 +7,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::disco::{self, AllocateRequest, BindBody, Message};
+use ferry_proto::disco::{self, AllocateRequest, BindBody, Message, RelayEndpoint};
 use ferry_proto::key::{DiscoPrivate, DiscoPublic, NodePublic};
 use ferry_proto::peer_relay as pr;
 use ferry_proto::udp_header::{Header, Protocol};
@@ -75,9 +75,10 @@ impl Client {
     }
 }
 
-#[test]
-fn two_clients_bind_and_forward_both_ways() {
-    let relays = Arc::new(PeerRelays::new(DiscoPrivate::generate(), Limits::default()));
+/// The peer-relay port on one shard on loopback, with `limits`, offering
+/// its own address: the relay, the table and the port's address.
+fn start(limits: Limits) -> (Relay, Arc<PeerRelays>, SocketAddr) {
+    let relays = Arc::new(PeerRelays::new(DiscoPrivate::generate(), limits));
     let tuning = Tuning {
         workers: 1,
         pin: false,
@@ -92,15 +93,27 @@ fn two_clients_bind_and_forward_both_ways() {
     .expect("the peer relay starts");
     let port = relays.bound().expect("bound");
     relays.set_addrs(vec![port]);
-    let (a, b) = (Client::new(), Client::new());
+    (relay, relays, port)
+}
+
+/// The endpoint of `a` and `b`, as the control half allocates it.
+fn allocate(relays: &PeerRelays, a: &Client, b: &Client) -> RelayEndpoint {
     let request = AllocateRequest {
         client_disco: [a.key.public(), b.key.public()],
         generation: 5,
     };
-    let allocated = relays
+    relays
         .allocate(&NodePublic([1; 32]), &request, Instant::now())
-        .expect("allocated");
-    let e = allocated.response.endpoint;
+        .expect("allocated")
+        .response
+        .endpoint
+}
+
+#[test]
+fn two_clients_bind_and_forward_both_ways() {
+    let (relay, relays, port) = start(Limits::default());
+    let (a, b) = (Client::new(), Client::new());
+    let e = allocate(&relays, &a, &b);
     assert_eq!(e.endpoints, vec![port]);
     let server = e.server_disco;
     a.bind(port, &server, e.vni, &b.key.public());
@@ -132,4 +145,40 @@ fn two_clients_bind_and_forward_both_ways() {
     assert!(c.forwarded_packets >= 2);
     assert_eq!(relays.lock().states().open, 1);
     drop(relay);
+}
+
+/// Binds from one source beyond its rate are dropped before any crypto
+/// and counted: a flood gets at most its burst of challenges.
+#[test]
+fn a_bind_flood_from_one_source_is_limited() {
+    let limits = Limits {
+        bind_rate: 1,
+        bind_burst: 5,
+        ..Limits::default()
+    };
+    let (_relay, relays, port) = start(limits);
+    let (a, b) = (Client::new(), Client::new());
+    let e = allocate(&relays, &a, &b);
+    let body = BindBody {
+        vni: e.vni,
+        generation: 1,
+        remote_key: b.key.public(),
+        challenge: [0; 32],
+    };
+    for _ in 0..200 {
+        a.send_control(port, &e.server_disco, e.vni, &Message::Bind(body));
+    }
+    let limited = || {
+        relays
+            .lock()
+            .counters()
+            .dropped(ferry_udp::peer_relay::Drop::RateLimited)
+    };
+    let challenged = || relays.lock().counters().challenges;
+    assert!(
+        eventually(Duration::from_secs(10), || limited() + challenged() >= 200),
+        "not all binds were judged"
+    );
+    assert!(challenged() <= 6, "{} challenges", challenged());
+    assert!(limited() >= 194, "{} rate-limited", limited());
 }

@@ -10,7 +10,8 @@ use std::time::Instant;
 use ferry_proto::disco::AllocateRequest;
 use ferry_proto::key::{DiscoPrivate, DiscoPublic, NodePublic};
 
-use super::{Allocated, Limits, PeerRelayTable, Refusal};
+use super::{Allocated, Drop, Limits, PeerRelayTable, Refusal};
+use crate::session::service::family;
 
 /// The relay's peer-relay endpoints, shared.
 pub struct PeerRelays {
@@ -85,6 +86,73 @@ impl PeerRelays {
         self.lock().revoke(keep)
     }
 
+    /// The limits.
+    pub fn limits(&self) -> Limits {
+        *self.lock().limits()
+    }
+
+    /// Appends the endpoints' metrics in Prometheus text form
+    /// (`ferry_udp_peer_relay*`).
+    pub fn render(&self, o: &mut String) {
+        let (states, c) = {
+            let t = self.lock();
+            (t.states(), *t.counters())
+        };
+        family(
+            o,
+            "ferry_udp_peer_relay_endpoints",
+            "gauge",
+            "Peer-relay endpoints, by state (connecting: not bound on both sides; open).",
+            "state",
+            &[
+                ("connecting", states.connecting as u64),
+                ("open", states.open as u64),
+            ],
+        );
+        family(
+            o,
+            "ferry_udp_peer_relay_events_total",
+            "counter",
+            "Peer-relay allocations (new, existing, refused), challenges, binds and frees.",
+            "event",
+            &[
+                ("allocated", c.allocated),
+                ("existing", c.existing),
+                ("refused", c.refused),
+                ("challenged", c.challenges),
+                ("bound", c.binds),
+                ("freed_bind_timeout", c.freed_bind_timeout),
+                ("freed_idle", c.freed_idle),
+                ("freed_revoked", c.freed_revoked),
+            ],
+        );
+        family(
+            o,
+            "ferry_udp_peer_relay_forwarded_total",
+            "counter",
+            "Datagrams forwarded between the two sides of peer-relay endpoints.",
+            "",
+            &[("", c.forwarded_packets)],
+        );
+        family(
+            o,
+            "ferry_udp_peer_relay_forwarded_bytes_total",
+            "counter",
+            "Bytes forwarded between the two sides of peer-relay endpoints.",
+            "",
+            &[("", c.forwarded_bytes)],
+        );
+        let drops = Drop::ALL.map(|why| (why.label(), c.dropped(why)));
+        family(
+            o,
+            "ferry_udp_peer_relay_drops_total",
+            "counter",
+            "Datagrams on the peer-relay port dropped, by reason.",
+            "reason",
+            &drops,
+        );
+    }
+
     /// Timers: rotates the cookie secret when due and frees expired
     /// endpoints. A table busy now is left for the next tick.
     pub fn tick(&self, now: Instant) {
@@ -124,5 +192,16 @@ mod tests {
         assert_eq!(a.response.endpoint.endpoints, vec![addr]);
         relays.tick(now + Duration::from_secs(30));
         assert!(relays.lock().is_empty(), "unbound for 30 s: freed");
+        let mut text = String::new();
+        relays.render(&mut text);
+        for line in [
+            "ferry_udp_peer_relay_endpoints{state=\"connecting\"} 0",
+            "ferry_udp_peer_relay_events_total{event=\"allocated\"} 1",
+            "ferry_udp_peer_relay_events_total{event=\"refused\"} 1",
+            "ferry_udp_peer_relay_events_total{event=\"freed_bind_timeout\"} 1",
+            "ferry_udp_peer_relay_drops_total{reason=\"rate_limited\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in:\n{text}");
+        }
     }
 }

@@ -57,6 +57,12 @@ pub struct Limits {
     pub bind_lifetime: Duration,
     /// How long a bound endpoint lives while one side is silent.
     pub steady_state_lifetime: Duration,
+    /// Control datagrams per second one source (an IPv4 address, or an
+    /// IPv6 /64) may send to the port, on each shard ...
+    pub bind_rate: u32,
+    /// ... and their burst. Beyond, they are dropped before any crypto
+    /// ([`Drop::RateLimited`]).
+    pub bind_burst: u32,
 }
 
 impl Default for Limits {
@@ -67,6 +73,8 @@ impl Default for Limits {
             total: 65_536,
             bind_lifetime: Duration::from_secs(30),
             steady_state_lifetime: Duration::from_secs(300),
+            bind_rate: 64,
+            bind_burst: 128,
         }
     }
 }
@@ -120,11 +128,14 @@ pub enum Drop {
     Unbound,
     /// Data from an address that is neither side's.
     WrongSource,
+    /// A control datagram from a source over its rate
+    /// ([`Limits::bind_rate`]), dropped by the port before the table.
+    RateLimited,
 }
 
 impl Drop {
     /// Every reason, in counter order.
-    pub const ALL: [Drop; 13] = [
+    pub const ALL: [Drop; 14] = [
         Drop::BadHeader,
         Drop::BadControl,
         Drop::UnknownVni,
@@ -138,6 +149,7 @@ impl Drop {
         Drop::StaleGeneration,
         Drop::Unbound,
         Drop::WrongSource,
+        Drop::RateLimited,
     ];
 
     /// Its index in [`Drop::ALL`] (and in [`Counters::drops`]).
@@ -161,6 +173,7 @@ impl Drop {
             Drop::StaleGeneration => "stale_generation",
             Drop::Unbound => "unbound",
             Drop::WrongSource => "wrong_source",
+            Drop::RateLimited => "rate_limited",
         }
     }
 }
@@ -537,8 +550,13 @@ impl PeerRelayTable {
     }
 
     fn drop(&mut self, why: Drop) -> Verdict {
-        self.counters.drops[why.index()] += 1;
+        self.count_drop(why);
         Verdict::Drop(why)
+    }
+
+    /// Counts a drop decided outside the table (by the port).
+    pub fn count_drop(&mut self, why: Drop) {
+        self.counters.drops[why.index()] += 1;
     }
 
     /// Decides what happens to `datagram`, received from `src` at `now`.

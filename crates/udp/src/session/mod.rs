@@ -505,10 +505,10 @@ impl SessionTable {
     }
 }
 
-mod allocate;
+pub(crate) mod allocate;
 mod control;
 pub(crate) mod port;
-mod service;
+pub(crate) mod service;
 #[cfg(test)]
 mod tests;
 

@@ -3,22 +3,26 @@
 //! data forwarded between an endpoint's two bound addresses, binds
 //! answered in place with their challenge, answers binding their slot.
 //!
-//! What relay sessions do and this does not yet: binds are opened under
-//! the lock here (one box open each), with no per-source rate limit
-//! before the crypto, and every datagram is looked up (no train fast
-//! path).
+//! Control datagrams (binds, answers) are limited per source (an IPv4
+//! address or an IPv6 /64) before they reach the table: over the rate,
+//! they are dropped and counted without any crypto. What relay sessions
+//! do and this does not yet: binds are opened under the lock here (one
+//! box open each), and every datagram is looked up (no train fast path).
 
 use std::os::fd::AsFd;
 
 use super::recv::{each_datagram, each_train};
 use super::send::{Out, Run};
 use super::{Shard, ROUNDS};
-use crate::peer_relay::Verdict;
+use crate::peer_relay::{Drop, Verdict};
+use crate::session::allocate::source_key;
 
 impl Shard {
     /// Datagrams on the peer-relay port (see the module doc).
     pub(super) fn peer_relay_in(&mut self, li: usize) -> bool {
-        let Some(relays) = self.peer_relays.clone() else {
+        let (Some(relays), Some(mut limiter)) =
+            (self.peer_relays.clone(), self.peer_relay_limiter.take())
+        else {
             return false;
         };
         let mut more = true;
@@ -38,7 +42,13 @@ impl Shard {
                 |src, start, len, seg| {
                     let mut run = None;
                     each_datagram(start, len, seg, |at, n| {
-                        match table.handle(now, src, &mut buf[at..at + n]) {
+                        let datagram = &mut buf[at..at + n];
+                        let control = datagram.get(1).is_some_and(|b| b & 0x80 != 0);
+                        if control && !limiter.allow(source_key(src.ip()), now) {
+                            table.count_drop(Drop::RateLimited);
+                            return;
+                        }
+                        match table.handle(now, src, datagram) {
                             Verdict::Forward(to) => Run::add(&mut run, to, at, n, |r| {
                                 out.push(Some(r.to), r.start, r.len, seg, gso)
                             }),
@@ -63,6 +73,7 @@ impl Shard {
                 break;
             }
         }
+        self.peer_relay_limiter = Some(limiter);
         more
     }
 }
