@@ -368,6 +368,11 @@ impl PeerRelayTable {
         self.endpoints.is_empty()
     }
 
+    /// Whether an endpoint has this VNI.
+    pub fn has_endpoint(&self, vni: u32) -> bool {
+        self.endpoints.contains_key(&vni)
+    }
+
     /// Endpoints per state now.
     pub fn states(&self) -> States {
         let open = self.endpoints.values().filter(|e| e.both_bound()).count();
