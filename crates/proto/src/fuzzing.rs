@@ -26,10 +26,12 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 mod deframer;
+mod disco;
 mod relay_session;
 mod server;
 mod tailnet;
 pub use deframer::deframer;
+pub use disco::{disco, peer_relay_bind};
 pub use relay_session::{bind_message, relay_frames};
 pub use server::server;
 pub use tailnet::{
@@ -906,6 +908,8 @@ mod tests {
             map_response,
             register_response,
             filter_caps,
+            disco,
+            peer_relay_bind,
         ] {
             f(b"");
             f(&[0]);

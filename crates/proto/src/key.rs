@@ -126,8 +126,7 @@ impl fmt::Debug for NodePublic {
 
 impl fmt::Display for NodePublic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(NODE_PUBLIC_PREFIX)?;
-        f.write_str(&self.to_hex())
+        write_prefixed(f, NODE_PUBLIC_PREFIX, &self.0)
     }
 }
 
@@ -135,12 +134,7 @@ impl FromStr for NodePublic {
     type Err = KeyError;
 
     fn from_str(s: &str) -> Result<Self, KeyError> {
-        let hex = s
-            .strip_prefix(NODE_PUBLIC_PREFIX)
-            .ok_or(KeyError::MissingPrefix {
-                expected: NODE_PUBLIC_PREFIX,
-            })?;
-        Self::from_hex(hex)
+        parse_prefixed(s, NODE_PUBLIC_PREFIX).map(NodePublic)
     }
 }
 
@@ -191,19 +185,15 @@ pub struct NodePrivate {
 impl NodePrivate {
     /// Generates a fresh key from the operating system's CSPRNG.
     pub fn generate() -> Self {
-        use rand::RngCore;
-        let mut b = [0u8; 32];
-        rand::rngs::OsRng.fill_bytes(&mut b);
-        Self::from_bytes(b)
+        Self::from_bytes(random32())
     }
 
     /// Builds a key from 32 raw bytes, clamping them.
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        let bytes = clamp(bytes);
-        let public = crypto_box::SecretKey::from_bytes(bytes).public_key();
+        let (bytes, public) = clamped_pair(bytes);
         NodePrivate {
             bytes,
-            public: NodePublic(public.to_bytes()),
+            public: NodePublic(public),
         }
     }
 
@@ -278,8 +268,7 @@ impl fmt::Debug for NodePrivate {
 
 impl fmt::Display for NodePrivate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(NODE_PRIVATE_PREFIX)?;
-        f.write_str(&hex::encode(&self.bytes))
+        write_prefixed(f, NODE_PRIVATE_PREFIX, &self.bytes)
     }
 }
 
@@ -287,12 +276,7 @@ impl FromStr for NodePrivate {
     type Err = KeyError;
 
     fn from_str(s: &str) -> Result<Self, KeyError> {
-        let hex = s
-            .strip_prefix(NODE_PRIVATE_PREFIX)
-            .ok_or(KeyError::MissingPrefix {
-                expected: NODE_PRIVATE_PREFIX,
-            })?;
-        decode_hex32(hex).map(Self::from_bytes)
+        parse_prefixed(s, NODE_PRIVATE_PREFIX).map(Self::from_bytes)
     }
 }
 
@@ -637,5 +621,207 @@ mod tests {
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(json, format!("\"nodekey:{SERVER_PUB}\""));
         assert_eq!(serde_json::from_str::<NodePublic>(&json).unwrap(), s);
+    }
+}
+
+/// `prefix` and the 64 lowercase hex digits of `bytes`.
+fn write_prefixed(f: &mut fmt::Formatter<'_>, prefix: &str, bytes: &[u8; 32]) -> fmt::Result {
+    f.write_str(prefix)?;
+    f.write_str(&hex::encode(bytes))
+}
+
+/// The 32 bytes of `prefix` followed by 64 hex digits.
+fn parse_prefixed(s: &str, prefix: &'static str) -> Result<[u8; 32], KeyError> {
+    let hex = s
+        .strip_prefix(prefix)
+        .ok_or(KeyError::MissingPrefix { expected: prefix })?;
+    decode_hex32(hex)
+}
+
+/// 32 bytes from the operating system's CSPRNG.
+fn random32() -> [u8; 32] {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    b
+}
+
+/// The clamped private key from `bytes` and its X25519 public key.
+fn clamped_pair(bytes: [u8; 32]) -> ([u8; 32], [u8; 32]) {
+    let bytes = clamp(bytes);
+    let public = crypto_box::SecretKey::from_bytes(bytes).public_key();
+    (bytes, public.to_bytes())
+}
+
+const DISCO_PUBLIC_PREFIX: &str = "discokey:";
+const DISCO_PRIVATE_PREFIX: &str = "discoprivkey:";
+
+/// A disco public key: the identity under which a Tailscale node seals its
+/// disco messages (path discovery, peer-relay allocation and binds), and
+/// under which a peer relay seals its answers. 32 bytes of Curve25519
+/// public key, written `discokey:<64 hex>`. Ordered bytewise, as the
+/// sorted client pair of a peer-relay endpoint is.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct DiscoPublic(pub [u8; 32]);
+
+impl DiscoPublic {
+    /// The raw 32 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Whether every byte is zero (no key).
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 32]
+    }
+
+    /// The log short form `[abcde]`, also what `Debug` prints.
+    pub fn short(&self) -> String {
+        short_form(&self.0)
+    }
+}
+
+impl fmt::Debug for DiscoPublic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "d:{}", self.short())
+    }
+}
+
+impl fmt::Display for DiscoPublic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_prefixed(f, DISCO_PUBLIC_PREFIX, &self.0)
+    }
+}
+
+impl FromStr for DiscoPublic {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        parse_prefixed(s, DISCO_PUBLIC_PREFIX).map(DiscoPublic)
+    }
+}
+
+impl serde::Serialize for DiscoPublic {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DiscoPublic {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A disco private key. Always clamped; the public half is computed once.
+/// Its text form, `discoprivkey:<64 hex>`, is Ferry's own (for a state
+/// file): Tailscale never writes one.
+#[derive(Clone)]
+pub struct DiscoPrivate {
+    bytes: [u8; 32],
+    public: DiscoPublic,
+}
+
+impl DiscoPrivate {
+    /// Generates a fresh key from the operating system's CSPRNG.
+    pub fn generate() -> Self {
+        Self::from_bytes(random32())
+    }
+
+    /// Builds a key from 32 raw bytes, clamping them.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        let (bytes, public) = clamped_pair(bytes);
+        DiscoPrivate {
+            bytes,
+            public: DiscoPublic(public),
+        }
+    }
+
+    /// The public key.
+    pub fn public(&self) -> DiscoPublic {
+        self.public
+    }
+
+    /// The raw (clamped) 32 bytes. Secret material.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.bytes
+    }
+
+    /// The NaCl box key between this key and `their` (X25519 and HSalsa20
+    /// done once here): disco messages both ways are sealed and opened
+    /// with it.
+    pub fn shared(&self, their: &DiscoPublic) -> crate::nacl::SharedKey {
+        crate::nacl::SharedKey::from_raw(&self.bytes, &their.0)
+    }
+}
+
+impl PartialEq for DiscoPrivate {
+    fn eq(&self, other: &Self) -> bool {
+        ct_eq32(&self.bytes, &other.bytes)
+    }
+}
+
+impl Eq for DiscoPrivate {}
+
+impl fmt::Debug for DiscoPrivate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DiscoPrivate(public {:?})", self.public)
+    }
+}
+
+impl fmt::Display for DiscoPrivate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_prefixed(f, DISCO_PRIVATE_PREFIX, &self.bytes)
+    }
+}
+
+impl FromStr for DiscoPrivate {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        parse_prefixed(s, DISCO_PRIVATE_PREFIX).map(Self::from_bytes)
+    }
+}
+
+#[cfg(test)]
+mod disco_tests {
+    use super::*;
+
+    #[test]
+    fn disco_keys_text_forms_and_box() {
+        let a = DiscoPrivate::from_bytes([0xff; 32]);
+        assert_eq!(a.as_bytes()[0], 0xf8);
+        let text = a.public().to_string();
+        assert!(
+            text.starts_with("discokey:") && text.len() == 9 + 64,
+            "{text}"
+        );
+        assert_eq!(text.parse::<DiscoPublic>(), Ok(a.public()));
+        assert_eq!(
+            text[9..].parse::<DiscoPublic>(),
+            Err(KeyError::MissingPrefix {
+                expected: "discokey:"
+            })
+        );
+        assert!(format!("nodekey:{}", &text[9..])
+            .parse::<DiscoPublic>()
+            .is_err());
+        let private = a.to_string();
+        assert!(private.starts_with("discoprivkey:"));
+        assert_eq!(private.parse::<DiscoPrivate>().unwrap(), a);
+        assert!(!format!("{a:?}").contains(&private[13..20]));
+        let json = serde_json::to_string(&a.public()).unwrap();
+        assert_eq!(
+            serde_json::from_str::<DiscoPublic>(&json).unwrap(),
+            a.public()
+        );
+        // The same public key as a node key from the same bytes: one curve.
+        assert_eq!(a.public().0, NodePrivate::from_bytes([0xff; 32]).public().0);
+        // Both sides derive one box key.
+        let b = DiscoPrivate::generate();
+        let sealed = a.shared(&b.public()).seal(&[3; 24], b"disco");
+        assert_eq!(b.shared(&a.public()).open(&sealed).unwrap(), b"disco");
+        assert!(DiscoPublic::default().is_zero());
     }
 }

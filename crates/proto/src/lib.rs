@@ -47,6 +47,8 @@
 //! [`tailnet`] is a tailnet node's control channel to its coordination
 //! server (Noise, upgrade, early payload, map stream framing, the JSON
 //! messages).
+//! [`disco`] is Tailscale's disco messages (sealed with disco keys), and
+//! [`peer_relay`] the steps a Tailscale peer relay takes on a bind.
 //!
 //! [`stun`] is the UDP STUN binding responder's codec, [`tls_record`] follows
 //! TLS record framing for the kernel-TLS hand-off, and [`fuzzing`] exposes
@@ -58,6 +60,7 @@
 pub mod admission;
 pub mod client;
 pub mod derp_map;
+pub mod disco;
 pub mod forwarded;
 pub mod frame;
 pub mod fuzzing;
@@ -68,6 +71,7 @@ pub mod http;
 pub mod key;
 pub mod nacl;
 pub mod peer_msg;
+pub mod peer_relay;
 pub mod proxy;
 pub mod rate_config;
 pub mod relay_session;

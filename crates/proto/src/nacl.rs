@@ -43,6 +43,14 @@ impl SharedKey {
         SharedKey(crypto_box::SalsaBox::new(&public, &my.secret_key()))
     }
 
+    /// [`SharedKey::new`] from raw keys (`my` a clamped private key), for
+    /// the other Curve25519 key types of the same box (disco keys).
+    pub(crate) fn from_raw(my: &[u8; 32], their: &[u8; 32]) -> Self {
+        let public = crypto_box::PublicKey::from_bytes(*their);
+        let secret = crypto_box::SecretKey::from_bytes(*my);
+        SharedKey(crypto_box::SalsaBox::new(&public, &secret))
+    }
+
     /// Seals `plaintext` with `nonce`, returning `nonce ‖ tag ‖ ciphertext`.
     pub fn seal(&self, nonce: &[u8; NONCE_LEN], plaintext: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(plaintext.len() + OVERHEAD);
@@ -64,6 +72,40 @@ impl SharedKey {
             // Only non-empty associated data can make encryption fail.
             .expect("crypto_box encryption without associated data is infallible");
         out[tag_at..body_at].copy_from_slice(&tag);
+    }
+
+    /// Seals in place: `buf` is `nonce ‖ tag ‖ plaintext` with room for
+    /// the nonce and tag at its start; `nonce` is written there, the
+    /// plaintext encrypted over itself and the tag put before it.
+    /// Panics if `buf` is shorter than [`OVERHEAD`] (a caller's bug).
+    pub fn seal_in_place(&self, nonce: &[u8; NONCE_LEN], buf: &mut [u8]) {
+        let (head, body) = buf.split_at_mut(OVERHEAD);
+        head[..NONCE_LEN].copy_from_slice(nonce);
+        let tag = self
+            .0
+            .encrypt_in_place_detached(GenericArray::from_slice(nonce), b"", body)
+            .expect("crypto_box encryption without associated data is infallible");
+        head[NONCE_LEN..].copy_from_slice(&tag);
+    }
+
+    /// Opens `nonce ‖ tag ‖ ciphertext` in place: on success the plaintext
+    /// stands in `sealed[OVERHEAD..]` (returned); on failure the bytes are
+    /// left as they were.
+    pub fn open_in_place<'a>(&self, sealed: &'a mut [u8]) -> Result<&'a mut [u8], BoxError> {
+        if sealed.len() < OVERHEAD {
+            return Err(BoxError::TooShort { len: sealed.len() });
+        }
+        let (head, body) = sealed.split_at_mut(OVERHEAD);
+        let (nonce, tag) = head.split_at(NONCE_LEN);
+        self.0
+            .decrypt_in_place_detached(
+                GenericArray::from_slice(nonce),
+                b"",
+                body,
+                GenericArray::from_slice(tag),
+            )
+            .map_err(|_| BoxError::AuthFailed)?;
+        Ok(body)
     }
 
     /// Opens `nonce ‖ tag ‖ ciphertext`, returning the plaintext.
@@ -160,6 +202,26 @@ mod tests {
         let other = NodePrivate::generate();
         let wrong = SharedKey::new(&other, &server().public());
         assert_eq!(wrong.open(&sealed), Err(BoxError::AuthFailed));
+    }
+
+    #[test]
+    fn in_place_matches_the_copying_forms() {
+        let k = SharedKey::new(&client(), &server().public());
+        let nonce = [9; NONCE_LEN];
+        let mut buf = vec![0u8; OVERHEAD];
+        buf.extend_from_slice(b"in place");
+        k.seal_in_place(&nonce, &mut buf);
+        assert_eq!(buf, k.seal(&nonce, b"in place"));
+        let mut tampered = buf.clone();
+        tampered[OVERHEAD] ^= 1;
+        let before = tampered.clone();
+        assert_eq!(k.open_in_place(&mut tampered), Err(BoxError::AuthFailed));
+        assert_eq!(tampered, before, "a failed open leaves the bytes");
+        assert_eq!(k.open_in_place(&mut buf).unwrap(), b"in place");
+        assert_eq!(
+            k.open_in_place(&mut [0; 39]),
+            Err(BoxError::TooShort { len: 39 })
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ const TARGETS: &[(&str, Target)] = &[
     ("map_response", fuzzing::map_response),
     ("register_response", fuzzing::register_response),
     ("filter_caps", fuzzing::filter_caps),
+    ("disco", fuzzing::disco),
+    ("peer_relay_bind", fuzzing::peer_relay_bind),
 ];
 
 #[test]
@@ -332,5 +334,15 @@ proptest! {
     #[test]
     fn mutated_filter_caps(data in mutated(25)) {
         fuzzing::filter_caps(&data);
+    }
+
+    #[test]
+    fn mutated_disco(data in mutated(26)) {
+        fuzzing::disco(&data);
+    }
+
+    #[test]
+    fn mutated_peer_relay_bind(data in mutated(27)) {
+        fuzzing::peer_relay_bind(&data);
     }
 }

@@ -35,6 +35,9 @@ use crate::hub::{
     ROAM_CONFIRMATIONS, WG_SESSION_LIFETIME,
 };
 
+mod peer_relay;
+pub use peer_relay::peer_relay_port;
+
 /// Configured peers.
 const PEERS: usize = 3;
 /// Sources: each peer's current address, then two strangers.
@@ -619,5 +622,6 @@ mod tests {
             .flat_map(|k| [k, k.wrapping_mul(37), k, k])
             .collect();
         hub(&[&[0x3c][..], &ops].concat());
+        peer_relay_port(&ops);
     }
 }

@@ -34,8 +34,9 @@
 //! doc explains. Bounce and hub take no lock and allocate nothing on the
 //! packet path. Relay sessions ([`session`]) share one table behind a
 //! lock, taken once per received batch, not per datagram, so a bind seen
-//! by one shard is in force on every other at once. Counters are
-//! per-shard and single-writer ([`metrics`]).
+//! by one shard is in force on every other at once. Tailscale peer-relay
+//! endpoints ([`peer_relay`]) are served the same way on their own port.
+//! Counters are per-shard and single-writer ([`metrics`]).
 //!
 //! [`Relay::start`] validates a [`config::Config`], resolves targets,
 //! probes the kernel's offloads, binds everything (naming the config field
@@ -45,10 +46,12 @@
 //! fuzz target and the corpus-replay test.
 
 pub mod config;
+mod forward;
 pub mod fuzzing;
 pub mod hub;
 pub mod live;
 pub mod metrics;
+pub mod peer_relay;
 pub mod published;
 pub mod ratelimit;
 pub mod server;

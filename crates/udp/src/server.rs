@@ -22,10 +22,19 @@ use crate::config::{self, Change, Config, ConfigError};
 use crate::hub::HubSettings;
 use crate::live::{self, SourceRate};
 use crate::metrics::{Metrics, MetricsServer, ShardMetrics, StartInfo};
+use crate::peer_relay::PeerRelays;
 use crate::published::Published;
 use crate::session::Sessions;
 use crate::shard::{ClientCap, HubPart, Role, Route, Shard, ShardSetup, TargetCell};
 use crate::socket::{self, BindError, SocketOptions};
+
+/// The one port a relay started for the DERP side serves.
+enum Port {
+    /// Relay sessions.
+    Sessions(Arc<Sessions>),
+    /// Tailscale peer-relay endpoints.
+    PeerRelay(Arc<PeerRelays>),
+}
 
 /// Events a replication ring holds before the producer's overflow queue
 /// takes over.
@@ -127,6 +136,27 @@ impl Relay {
         sessions: Arc<Sessions>,
         tuning: config::Tuning,
     ) -> Result<Relay, StartError> {
+        Self::start_port(field, listen, Port::Sessions(sessions), tuning)
+    }
+
+    /// Starts the peer-relay port alone (no bounce, no hub) on `listen`
+    /// (`field` names it in errors) with `tuning`, serving the shared table
+    /// `relays`, which learns the bound address.
+    pub fn start_peer_relay(
+        field: &str,
+        listen: SocketAddr,
+        relays: Arc<PeerRelays>,
+        tuning: config::Tuning,
+    ) -> Result<Relay, StartError> {
+        Self::start_port(field, listen, Port::PeerRelay(relays), tuning)
+    }
+
+    fn start_port(
+        field: &str,
+        listen: SocketAddr,
+        port: Port,
+        tuning: config::Tuning,
+    ) -> Result<Relay, StartError> {
         let config = Config {
             bounce: Vec::new(),
             hub: None,
@@ -137,13 +167,13 @@ impl Relay {
             addr: listen,
             field: field.to_string(),
         };
-        Self::start_inner(&config, Arc::new(SystemResolver), Some((bind, sessions)))
+        Self::start_inner(&config, Arc::new(SystemResolver), Some((bind, port)))
     }
 
     fn start_inner(
         config: &Config,
         resolver: Arc<dyn Resolve>,
-        sessions: Option<(config::Listen, Arc<Sessions>)>,
+        sessions: Option<(config::Listen, Port)>,
     ) -> Result<Relay, StartError> {
         if sessions.is_none() {
             config.validate()?;
@@ -219,9 +249,16 @@ impl Relay {
                 bind(&l.field, l.addr, Role::Hub(via as u16))?;
             }
         }
-        if let Some((l, s)) = &sessions {
-            bind(&l.field, l.addr, Role::RelaySessions)?;
-            s.set_bound(bound.last().expect("just bound").1);
+        match &sessions {
+            Some((l, Port::Sessions(s))) => {
+                bind(&l.field, l.addr, Role::RelaySessions)?;
+                s.set_bound(bound.last().expect("just bound").1);
+            }
+            Some((l, Port::PeerRelay(p))) => {
+                bind(&l.field, l.addr, Role::PeerRelay)?;
+                p.set_bound(bound.last().expect("just bound").1);
+            }
+            None => {}
         }
         let granted = granted.unwrap_or_default();
 
@@ -279,7 +316,14 @@ impl Relay {
                 hub: hub_settings
                     .clone()
                     .map(|settings| HubPart { settings, tx, rx }),
-                relay_sessions: sessions.as_ref().map(|(_, s)| s.clone()),
+                relay_sessions: match &sessions {
+                    Some((_, Port::Sessions(s))) => Some(s.clone()),
+                    _ => None,
+                },
+                peer_relays: match &sessions {
+                    Some((_, Port::PeerRelay(p))) => Some(p.clone()),
+                    _ => None,
+                },
                 socket_options,
                 gso,
                 source_rate: source_rate.clone(),

@@ -1,4 +1,4 @@
-//! Replays the `hub` and `sessions` fuzz corpora through
+//! Replays the `hub`, `sessions` and `peer_relay_port` fuzz corpora through
 //! `ferry_udp::fuzzing`, then a bounded number of mutated seeds and random
 //! operation sequences (from a fixed seed, so a failure reproduces), so the
 //! ordinary test suite catches regressions the fuzzer would.
@@ -11,6 +11,7 @@ use ferry_udp::fuzzing;
 fn replay_corpora() {
     corpus::replay("hub", fuzzing::hub);
     corpus::replay("sessions", fuzzing::sessions);
+    corpus::replay("peer_relay_port", fuzzing::peer_relay_port);
 }
 
 #[test]
@@ -22,4 +23,15 @@ fn mutated_and_random_hub_inputs() {
 #[test]
 fn mutated_and_random_sessions_inputs() {
     corpus::mutate_ops("sessions", fuzzing::sessions, 0x5345_5353, 1000, 0);
+}
+
+#[test]
+fn mutated_and_random_peer_relay_port_inputs() {
+    corpus::mutate_ops(
+        "peer_relay_port",
+        fuzzing::peer_relay_port,
+        0x5052_4c59,
+        400,
+        0,
+    );
 }

@@ -34,6 +34,47 @@ pub struct Secrets {
     pub previous: Option<[u8; 32]>,
 }
 
+/// The cookie secrets and when they last rotated: a new random secret
+/// every [`SECRET_ROTATION`](super::SECRET_ROTATION), the one before it
+/// still accepted (relay sessions' and peer-relay endpoints' binds alike).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rotation {
+    secrets: Secrets,
+    rotated_at: Instant,
+}
+
+impl Rotation {
+    /// A first secret from `rng`, at `now`.
+    pub(crate) fn new(rng: &mut impl rand::Rng, now: Instant) -> Rotation {
+        Rotation {
+            secrets: Secrets {
+                current: rng.gen(),
+                previous: None,
+            },
+            rotated_at: now,
+        }
+    }
+
+    /// The secrets now.
+    pub(crate) fn secrets(&self) -> Secrets {
+        self.secrets
+    }
+
+    /// Starts a new secret from `rng` if the current one is a rotation
+    /// old; the current one becomes the previous. `true` if it rotated.
+    pub(crate) fn rotate(&mut self, rng: &mut impl rand::Rng, now: Instant) -> bool {
+        if now.saturating_duration_since(self.rotated_at) < super::SECRET_ROTATION {
+            return false;
+        }
+        self.secrets = Secrets {
+            current: rng.gen(),
+            previous: Some(self.secrets.current),
+        };
+        self.rotated_at = now;
+        true
+    }
+}
+
 /// A bind or an answer that passed the checks that need no table (step 1):
 /// its shape, and for an answer its cookie.
 #[derive(Clone, Copy, Debug)]
@@ -155,7 +196,7 @@ impl SessionTable {
         src: SocketAddr,
         datagram: &mut [u8],
     ) -> Verdict {
-        let c = match Checked::new(&self.secrets, src, datagram) {
+        let c = match Checked::new(&self.secrets.secrets(), src, datagram) {
             Ok(c) => c,
             Err(why) => return self.drop(why),
         };

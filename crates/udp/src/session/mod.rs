@@ -38,11 +38,13 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::forward::{self, Route};
 use ferry_proto::key::NodePublic;
 use ferry_proto::udp_header::Header;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
+pub(crate) use control::Rotation;
 pub use control::{Checked, Secrets};
 
 /// How often the cookie secret rotates (the previous one stays valid for
@@ -246,10 +248,12 @@ impl Counters {
     }
 }
 
+/// A bound slot: its address and the generation that bound it (relay
+/// sessions' and peer-relay endpoints' slots alike).
 #[derive(Clone, Copy, Debug)]
-struct Binding {
-    addr: SocketAddr,
-    generation: u32,
+pub(crate) struct Binding {
+    pub(crate) addr: SocketAddr,
+    pub(crate) generation: u32,
 }
 
 /// What a slot's key last heard of its session: on which DERP connection,
@@ -298,8 +302,7 @@ fn pair(a: &NodePublic, b: &NodePublic) -> (NodePublic, NodePublic) {
 pub struct SessionTable {
     limits: Limits,
     rng: StdRng,
-    secrets: Secrets,
-    rotated_at: Instant,
+    secrets: Rotation,
     sessions: HashMap<u32, Session>,
     by_pair: HashMap<(NodePublic, NodePublic), u32>,
     /// The sessions each key is in (at most `per_key`), oldest first.
@@ -323,12 +326,8 @@ impl SessionTable {
     fn with_rng(limits: Limits, mut rng: StdRng, now: Instant) -> SessionTable {
         SessionTable {
             limits,
-            secrets: Secrets {
-                current: rng.gen(),
-                previous: None,
-            },
+            secrets: Rotation::new(&mut rng, now),
             rng,
-            rotated_at: now,
             sessions: HashMap::new(),
             by_pair: HashMap::new(),
             by_key: HashMap::new(),
@@ -377,22 +376,14 @@ impl SessionTable {
 
     /// The cookie secrets now.
     pub fn secrets(&self) -> Secrets {
-        self.secrets
+        self.secrets.secrets()
     }
 
     /// Starts a new secret if the current one is [`SECRET_ROTATION`] old;
     /// the current one becomes the previous (still accepted). `true` if
     /// it rotated.
     pub fn rotate(&mut self, now: Instant) -> bool {
-        if now.saturating_duration_since(self.rotated_at) < SECRET_ROTATION {
-            return false;
-        }
-        self.secrets = Secrets {
-            current: self.rng.gen(),
-            previous: Some(self.secrets.current),
-        };
-        self.rotated_at = now;
-        true
+        self.secrets.rotate(&mut self.rng, now)
     }
 
     /// Frees sessions past their bind or idle lifetime; returns how many.
@@ -502,21 +493,11 @@ impl SessionTable {
         let Some(s) = self.sessions.get_mut(&vni) else {
             return self.drop(Drop::UnknownVni);
         };
-        let (Some(a), Some(b)) = (s.bound[0], s.bound[1]) else {
-            return self.drop(Drop::Unbound);
+        let to = match forward::between(s.bound.map(|b| b.map(|b| b.addr)), src) {
+            Route::To { to, .. } => to,
+            Route::Unbound => return self.drop(Drop::Unbound),
+            Route::WrongSource => return self.drop(Drop::WrongSource),
         };
-        let to = if src == a.addr {
-            b.addr
-        } else if src == b.addr {
-            a.addr
-        } else {
-            return self.drop(Drop::WrongSource);
-        };
-        if to == src {
-            // Both slots bound from one socket: never send a datagram
-            // back where it came from.
-            return self.drop(Drop::WrongSource);
-        }
         s.last_active = now;
         self.counters.forwarded_packets += 1;
         self.counters.forwarded_bytes += len as u64;
@@ -524,10 +505,10 @@ impl SessionTable {
     }
 }
 
-mod allocate;
+pub(crate) mod allocate;
 mod control;
 pub(crate) mod port;
-mod service;
+pub(crate) mod service;
 #[cfg(test)]
 mod tests;
 

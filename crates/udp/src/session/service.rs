@@ -185,7 +185,7 @@ impl Sessions {
 /// Appends one metric family: its help and type lines, then one sample per
 /// `(value of label, number)`; an empty `label` writes the one sample
 /// without labels.
-fn family(
+pub(crate) fn family(
     o: &mut String,
     name: &str,
     kind: Kind,

@@ -36,6 +36,7 @@ use slab::Slab;
 use crate::hub::{Event, Hub};
 use crate::live::SourceRate;
 use crate::metrics::ShardMetrics;
+use crate::peer_relay::PeerRelays;
 use crate::published::Published;
 use crate::ratelimit::SourceLimiter;
 use crate::session::{self, Sessions};
@@ -43,6 +44,7 @@ use crate::socket::SocketOptions;
 
 mod bounce;
 mod hub_listener;
+mod peer_relay;
 mod recv;
 mod relay_sessions;
 mod send;
@@ -72,6 +74,8 @@ pub enum Role {
     Hub(u16),
     /// The relay-session port ([`crate::session`]).
     RelaySessions,
+    /// The peer-relay port ([`crate::peer_relay`]).
+    PeerRelay,
 }
 
 /// Everything a shard is built from.
@@ -86,6 +90,8 @@ pub struct ShardSetup {
     pub hub: Option<HubPart>,
     /// Relay sessions' shared table, if the relay runs them.
     pub relay_sessions: Option<Arc<Sessions>>,
+    /// Peer-relay endpoints' shared table, if the relay serves them.
+    pub peer_relays: Option<Arc<PeerRelays>>,
     /// Options for upstream sockets.
     pub socket_options: SocketOptions,
     /// Use GSO.
@@ -127,9 +133,12 @@ pub struct Shard {
     hub: Option<Hub>,
     repl_tx: Vec<MsgTx<Event>>,
     relay_sessions: Option<Arc<Sessions>>,
+    peer_relays: Option<Arc<PeerRelays>>,
     /// The relay-session port's bind messages, handled outside the
     /// table's lock.
     relay_session_binds: Option<session::port::Binds>,
+    /// The peer-relay port's per-source limit on control datagrams.
+    peer_relay_limiter: Option<SourceLimiter>,
     socket_options: SocketOptions,
     gso: bool,
     client_limiter: SourceLimiter,
@@ -215,6 +224,11 @@ impl Shard {
                 .as_ref()
                 .map(|s| session::port::Binds::new(s.limits())),
             relay_sessions: setup.relay_sessions,
+            peer_relay_limiter: setup.peer_relays.as_ref().map(|p| {
+                let l = p.limits();
+                SourceLimiter::new(4096, f64::from(l.bind_rate), f64::from(l.bind_burst))
+            }),
+            peer_relays: setup.peer_relays,
             socket_options: setup.socket_options,
             gso: setup.gso,
             client_limiter: SourceLimiter::new(4096, rate, burst),
@@ -280,6 +294,7 @@ impl Shard {
                         Some(Role::Bounce(route)) => self.bounce_in(token.0, route),
                         Some(Role::Hub(via)) => self.hub_in(token.0, via),
                         Some(Role::RelaySessions) => self.relay_sessions_in(token.0),
+                        Some(Role::PeerRelay) => self.peer_relay_in(token.0),
                         None => false,
                     }
                 } else {
@@ -315,6 +330,9 @@ impl Shard {
         if self.id == 0 {
             if let Some(s) = &self.relay_sessions {
                 s.tick(self.now);
+            }
+            if let Some(p) = &self.peer_relays {
+                p.tick(self.now);
             }
         }
         for r in 0..self.routes.len() {

@@ -46,6 +46,8 @@ pub(super) enum Out {
     Target,
     Hub,
     RelaySessions,
+    /// The peer-relay port (its datagrams are counted by its table).
+    PeerRelay,
 }
 
 impl Shard {
@@ -57,6 +59,7 @@ impl Shard {
             Out::Target => self.metrics.to_target.add(f.sent, f.bytes),
             Out::Hub => self.metrics.hub_out.add(f.sent, f.bytes),
             Out::RelaySessions => self.metrics.relay_session_out.add(f.sent, f.bytes),
+            Out::PeerRelay => {}
         }
         if f.unsent > 0 {
             self.metrics.count_drop(Drop::SendBufferFull, f.unsent);
