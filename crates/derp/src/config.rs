@@ -148,7 +148,7 @@ pub struct DerpConfig {
     pub placement: Placement,
     /// With `--certmode letsencrypt`: the ACME client's challenge answers
     /// (HTTP-01 is answered at `/.well-known/acme-challenge/`).
-    pub acme: Option<Arc<crate::tls::AcmeState>>,
+    pub acme: Option<Arc<crate::certs::AcmeState>>,
     /// Names served at `/bootstrap-dns` (empty answers without).
     pub bootstrap_dns: Option<Arc<BootstrapDns>>,
     /// Connections from [`DerpConfig::trusted_proxies`] start with a PROXY

@@ -38,7 +38,8 @@
 //!   rustls, Ferry's own TLS 1.3 record layer, kernel TLS, leaving rustls
 //!   for one of the last two at a record boundary, and WebSocket framing
 //!   above any of them): one `read` per receive, one `write` per flush.
-//! - [`front`] answers plain HTTP requests; [`tls`] sets up certificates;
+//! - [`front`] answers plain HTTP requests; [`certs`] loads, generates
+//!   and reloads the listener's certificates and holds the ACME state;
 //!   [`stun`] answers STUN; [`metrics`] counts everything; [`health`]
 //!   answers `/healthz`; [`config`] holds the settings; [`admission`] asks
 //!   tailscaled or an admission controller whether a client may register,
@@ -70,6 +71,7 @@
 
 pub mod admission;
 pub mod bootstrap_dns;
+pub mod certs;
 pub mod config;
 pub mod conn;
 pub mod front;
@@ -81,7 +83,6 @@ pub mod metrics;
 pub mod server;
 pub mod shard;
 pub mod stun;
-pub mod tls;
 pub mod transport;
 
 pub use config::{DerpConfig, HomePage, ListenerKind, ListenerSpec, Placement};

@@ -86,9 +86,9 @@ pub(crate) fn check_backend(server: &Server) {
 
 /// A fresh self-signed TLS set-up for "localhost" with `cfg`'s key in its
 /// meta certificate (nothing written to disk).
-pub(crate) fn self_signed_tls(cfg: &DerpConfig) -> ferry_derp::tls::TlsSetup {
-    ferry_derp::tls::server_config(
-        &ferry_derp::tls::CertMode::SelfSigned {
+pub(crate) fn self_signed_tls(cfg: &DerpConfig) -> ferry_derp::certs::CertSetup {
+    ferry_derp::certs::server_config(
+        &ferry_derp::certs::CertMode::SelfSigned {
             hostname: "localhost".into(),
             certdir: None,
         },

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use ferry_derp::admission::AdmissionConfig;
 use ferry_derp::bootstrap_dns::{self, BootstrapDns};
-use ferry_derp::tls::CertMode;
+use ferry_derp::certs::CertMode;
 use ferry_derp::{DerpConfig, HomePage};
 use ferry_proto::key::MeshKey;
 use ferry_proto::rate_config::RateConfig;
@@ -315,7 +315,7 @@ pub(crate) fn check(args: &DerpArgs) -> Result<String> {
     // letsencrypt make their own, so nothing is read for them).
     if let Some(mode @ CertMode::Manual { hostname, .. }) = &p.plan.cert_mode {
         if hostname.parse::<IpAddr>().is_err() {
-            ferry_derp::tls::server_config(mode, *p.config.public_key.as_bytes())
+            ferry_derp::certs::server_config(mode, *p.config.public_key.as_bytes())
                 .context("setting up TLS")?;
         }
     }
