@@ -10,7 +10,7 @@ mod support;
 use ferry_bench::report::{ModeResult, Report};
 use ferry_bench::varz::parse_prometheus;
 use ferry_derp::certs::{self, CertMode};
-use ferry_derp::mesh::MeshPeer;
+use ferry_derp::config::MeshPeer;
 use ferry_proto::key::{MeshKey, NodePrivate};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -58,14 +58,16 @@
 //! (socket bytes to DERP bytes and back), the DERP state
 //! (`ferry_proto::server::ServerConn`: frames to actions, queues to send
 //! buffers, its clocks) and the shard, which drives both and routes. The
-//! lower layers know nothing above them, which these commands check:
+//! lower layers know nothing above them, and `tests/layers.rs` reads the
+//! sources to check it:
 //!
-//! - `grep -rn 'crate::' crates/derp/src/transport` names neither `conn`
-//!   nor `shard`;
-//! - `grep -n 'ferry_derp' crates/proto/src/server.rs` finds nothing:
-//!   `proto::server` knows no type of this crate;
-//! - `grep -rn 'shard' crates/derp/src/conn --include=*.rs | grep 'use '`
-//!   finds nothing: `conn` never uses `shard`.
+//! - `transport` names neither `conn` nor `shard`;
+//! - `conn` never names `shard`;
+//! - `config` names nothing of this crate, so every module may read the
+//!   settings (services it holds, such as relay sessions or the ACME
+//!   challenge answers, are traits their owners implement);
+//! - `proto::server` knows no type of this crate (`ferry-proto` does not
+//!   depend on it, so the compiler checks that one).
 
 #![deny(unsafe_code)]
 

@@ -24,6 +24,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
+use crate::config::AcmeChallenges;
+
 use super::resolver::SniPolicy;
 use super::{with_meta, CertError};
 
@@ -152,6 +154,12 @@ impl AcmeState {
             .expect("acme tokens lock")
             .get(token)
             .cloned()
+    }
+}
+
+impl AcmeChallenges for AcmeState {
+    fn http_challenge(&self, token: &str) -> Option<String> {
+        AcmeState::http_challenge(self, token)
     }
 }
 

@@ -40,7 +40,7 @@ impl Shard {
                         t.set_buffer_limit(None);
                         let cfg = &self.shared.config;
                         // Ferry's record layer needs the keys out of
-                        // rustls (`DerpConfig::prepared` allows that).
+                        // rustls (`server::shard_config` allows that).
                         let own_records = cfg.tls_records == TlsRecords::Ferry
                             && !cfg.ktls
                             && tls.enable_secret_extraction;

@@ -80,13 +80,12 @@ use rand::{Rng, SeedableRng};
 use slab::Slab;
 
 use crate::admission::{Admission, Verdict};
-use crate::config::{DerpConfig, ListenerKind, Placement};
+use crate::config::{DerpConfig, ListenerKind, Placement, TlsRecords};
 use crate::conn::{Action, Caps, Conn, Hold, Phase, Queued, Timeout};
 use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
-use crate::transport::records::TlsRecords;
 use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
@@ -113,7 +112,7 @@ pub const MSG_RING: usize = 4096;
 
 pub use crate::conn::ConnRef;
 pub use forward::{MeshNews, MeshOut, MeshShared};
-pub use sessions::{RelayMail, SessionService};
+pub use sessions::RelayMail;
 
 /// A presence change for a watcher.
 #[derive(Clone, Copy, Debug)]

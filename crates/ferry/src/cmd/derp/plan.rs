@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ferry_derp::admission::AdmissionConfig;
 use ferry_derp::bootstrap_dns::{self, BootstrapDns};
 use ferry_derp::certs::CertMode;
+use ferry_derp::config::AdmissionConfig;
 use ferry_derp::{DerpConfig, HomePage};
 use ferry_proto::key::MeshKey;
 use ferry_proto::rate_config::RateConfig;
@@ -387,7 +387,7 @@ pub(crate) fn prepare(args: &DerpArgs) -> Result<Prepared> {
         );
     }
 
-    config.mesh_with = ferry_derp::mesh::MeshPeer::parse_list(&args.mesh_with)?;
+    config.mesh_with = ferry_derp::config::MeshPeer::parse_list(&args.mesh_with)?;
     if !config.mesh_with.is_empty() && config.mesh_key.is_none() {
         bail!("--mesh-with requires --mesh-psk-file");
     }
