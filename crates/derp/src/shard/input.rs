@@ -309,7 +309,9 @@ impl Shard {
     /// Restarts input after a pause: frames held by the deframer, then
     /// plaintext held by TLS, then stashed raw bytes.
     pub(super) fn resume_input(&mut self, slot: Slot) {
-        self.conns[slot].unpause();
+        if !self.conns[slot].resume() {
+            return; // still held: its owner resumes it when it lets go
+        }
         if self.resume_frames(slot).is_break() {
             return;
         }
