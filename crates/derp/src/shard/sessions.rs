@@ -189,7 +189,7 @@ impl Shard {
     }
 
     fn count_refusal(&self, reason: RefuseReason) {
-        self.m().allocate_refused[AllocateRefusal::of(reason) as usize].inc();
+        self.m.allocate_refused[AllocateRefusal::of(reason) as usize].inc();
     }
 
     /// Queues a relay-session frame to the asking connection on this or
