@@ -1,4 +1,5 @@
-//! The relay tests' server harness. The blocking DERP client, the TLS
+//! The relay tests' server harness. The blocking DERP client (and the
+//! numbered packets and floods of the backpressure tests), the TLS
 //! verifier, the bounded waits and metric reading come from
 //! `ferry-testkit`, re-exported here under the names the tests use.
 //!
@@ -14,7 +15,8 @@ pub(crate) mod sim;
 use ferry_derp::{DerpConfig, ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_proto::key::NodePrivate;
 pub(crate) use ferry_testkit::derp::{
-    config, connect_tls, dial, info, tls_over, Client, Tls, Transport,
+    config, connect_tls, dial, info, recv_numbered, send_numbered, tls_over, Client, Flood, Tls,
+    Transport,
 };
 pub(crate) use ferry_testkit::http::http;
 pub(crate) use ferry_testkit::metrics::{metric, metric_in, Scrape};
