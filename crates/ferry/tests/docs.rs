@@ -14,24 +14,13 @@
 //!   the printed DERP map goes, and no doc cites an issue number.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use ferry_proto::frame::{self, PeerGoneReason};
 use ferry_proto::key::NodePrivate;
 
-/// The workspace root.
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn read(rel: &str) -> String {
-    let path = root().join(rel);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
+use ferry_testkit::{repo_file as read, workspace_root as root};
 
 /// `ferry ARGS --help`, with no `FERRY_*` variable of the test's
 /// environment turned into a flag.

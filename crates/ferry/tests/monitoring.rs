@@ -358,12 +358,7 @@ fn problems(
     out
 }
 
-fn repo_file(path: &str) -> String {
-    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
+use ferry_testkit::repo_file;
 
 /// The body of GET /metrics at the address in `url`.
 fn metrics_text(url: &str) -> String {

@@ -5,9 +5,7 @@
 use std::path::PathBuf;
 
 fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
+    crate::workspace_root().join("fuzz/corpus").join(target)
 }
 
 /// Every file of a target's corpus, sorted by name. Panics if the directory

@@ -39,3 +39,18 @@ pub mod wait;
 
 pub use ferry_sys::alloc_count as alloc;
 pub use tempdir::TempDir;
+
+/// The workspace's root directory (where `docs/`, `fuzz/`, `interop/` and
+/// `packaging/` are), for tests that read the repository's own files.
+pub fn workspace_root() -> std::path::PathBuf {
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    here.canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e}", here.display()))
+}
+
+/// The text of the repository file at `rel` (a path from the workspace
+/// root); panics naming the file if it cannot be read.
+pub fn repo_file(rel: &str) -> String {
+    let path = workspace_root().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
