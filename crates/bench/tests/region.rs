@@ -9,8 +9,8 @@ mod support;
 
 use ferry_bench::report::{ModeResult, Report};
 use ferry_bench::varz::parse_prometheus;
-use ferry_derp::mesh::MeshPeer;
-use ferry_derp::tls::{self, CertMode};
+use ferry_derp::certs::{self, CertMode};
+use ferry_derp::config::MeshPeer;
 use ferry_proto::key::{MeshKey, NodePrivate};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,7 +50,7 @@ fn free_port() -> u16 {
 /// A TLS node on `port` meshed with every node in `region`.
 fn node(port: u16, region: &str, mesh_key: &MeshKey, certdir: &Path) -> ferry_derp::Server {
     let mut config = ferry_derp::DerpConfig::new(NodePrivate::generate());
-    let setup = tls::server_config(
+    let setup = certs::server_config(
         &CertMode::Manual {
             certdir: certdir.to_owned(),
             hostname: "localhost".to_owned(),

@@ -27,6 +27,8 @@ use arc_swap::ArcSwap;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
+use crate::config::BootstrapAnswers;
+
 /// How often the names are resolved again (derper's interval).
 pub const REFRESH_EVERY: Duration = Duration::from_secs(10 * 60);
 /// Distinct queried names remembered for the metric before starting over
@@ -275,6 +277,12 @@ impl BootstrapDns {
             counter.fetch_add(1, Ordering::Relaxed);
         }
         snapshot.published_json.clone()
+    }
+}
+
+impl BootstrapAnswers for BootstrapDns {
+    fn answer(&self, query: Option<&str>) -> Vec<u8> {
+        BootstrapDns::answer(self, query)
     }
 }
 

@@ -38,7 +38,8 @@
 //!   rustls, Ferry's own TLS 1.3 record layer, kernel TLS, leaving rustls
 //!   for one of the last two at a record boundary, and WebSocket framing
 //!   above any of them): one `read` per receive, one `write` per flush.
-//! - [`front`] answers plain HTTP requests; [`tls`] sets up certificates;
+//! - [`front`] answers plain HTTP requests; [`certs`] loads, generates
+//!   and reloads the listener's certificates and holds the ACME state;
 //!   [`stun`] answers STUN; [`metrics`] counts everything; [`health`]
 //!   answers `/healthz`; [`config`] holds the settings; [`admission`] asks
 //!   tailscaled or an admission controller whether a client may register,
@@ -57,19 +58,22 @@
 //! (socket bytes to DERP bytes and back), the DERP state
 //! (`ferry_proto::server::ServerConn`: frames to actions, queues to send
 //! buffers, its clocks) and the shard, which drives both and routes. The
-//! lower layers know nothing above them, which these commands check:
+//! lower layers know nothing above them, and `tests/layers.rs` reads the
+//! sources to check it:
 //!
-//! - `grep -rn 'crate::' crates/derp/src/transport` names neither `conn`
-//!   nor `shard`;
-//! - `grep -n 'ferry_derp' crates/proto/src/server.rs` finds nothing:
-//!   `proto::server` knows no type of this crate;
-//! - `grep -rn 'shard' crates/derp/src/conn --include=*.rs | grep 'use '`
-//!   finds nothing: `conn` never uses `shard`.
+//! - `transport` names neither `conn` nor `shard`;
+//! - `conn` never names `shard`;
+//! - `config` names nothing of this crate, so every module may read the
+//!   settings (services it holds, such as relay sessions or the ACME
+//!   challenge answers, are traits their owners implement);
+//! - `proto::server` knows no type of this crate (`ferry-proto` does not
+//!   depend on it, so the compiler checks that one).
 
 #![deny(unsafe_code)]
 
 pub mod admission;
 pub mod bootstrap_dns;
+pub mod certs;
 pub mod config;
 pub mod conn;
 pub mod front;
@@ -81,7 +85,6 @@ pub mod metrics;
 pub mod server;
 pub mod shard;
 pub mod stun;
-pub mod tls;
 pub mod transport;
 
 pub use config::{DerpConfig, HomePage, ListenerKind, ListenerSpec, Placement};

@@ -48,12 +48,9 @@ use rand::{Rng, SeedableRng};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection};
 
+use crate::config::MeshPeer;
 use crate::metrics::{write_counter, write_gauge};
 use crate::shard::{Control, MeshNews, Shared};
-
-mod peer;
-
-pub use peer::{MeshPeer, MeshPeerError};
 
 /// First wait before dialing a failed link again.
 const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -846,43 +843,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_derpers_mesh_with_syntax() {
-        let peers = MeshPeer::parse_list(
-            "a.example.com, b.example.com:8443,c.example.com/10.0.0.3,,[::1]:444/::1",
-        )
-        .unwrap();
-        assert_eq!(
-            peers,
-            vec![
-                MeshPeer {
-                    name: "a.example.com".into(),
-                    dial: "a.example.com".into(),
-                    port: 443
-                },
-                MeshPeer {
-                    name: "b.example.com".into(),
-                    dial: "b.example.com".into(),
-                    port: 8443
-                },
-                MeshPeer {
-                    name: "c.example.com".into(),
-                    dial: "10.0.0.3".into(),
-                    port: 443
-                },
-                MeshPeer {
-                    name: "::1".into(),
-                    dial: "::1".into(),
-                    port: 444
-                },
-            ]
-        );
-        assert_eq!(peers[1].host_header(), "b.example.com:8443");
-        assert_eq!(peers[0].host_header(), "a.example.com");
-        assert_eq!(peers[3].host_header(), "[::1]:444");
-        assert_eq!(peers[2].to_string(), "c.example.com via 10.0.0.3");
-    }
-
-    #[test]
     fn a_link_holds_at_most_its_cap_of_announced_keys() {
         let mut a = Announced::new(3);
         let keys: Vec<NodePublic> = (0..6u8).map(|i| NodePublic::from_bytes([i; 32])).collect();
@@ -906,13 +866,5 @@ mod tests {
         assert_eq!(a.present(keys[4]), Presence::New);
         assert_eq!(a.present(keys[5]), Presence::OverCap { first: false });
         assert_eq!(a.keys.len(), 3);
-    }
-
-    #[test]
-    fn refuses_malformed_entries() {
-        for bad in ["a/b/c", "a:notaport", "/x", "a/", ":443"] {
-            let e = MeshPeer::parse(bad).unwrap_err();
-            assert!(e.to_string().starts_with("--mesh-with entry"), "{bad}: {e}");
-        }
     }
 }

@@ -20,7 +20,7 @@ use ferry_engine::{run_shard_polling, Backend, BusyPoll, Driver, EpollDriver, Io
 use ferry_sys::port::Transport;
 
 use crate::admission::{Admission, AdmissionStats};
-use crate::config::{DerpConfig, ListenerKind, ListenerSpec};
+use crate::config::{DerpConfig, ListenerKind, ListenerSpec, TlsRecords};
 use crate::mesh::{MeshError, MeshThread};
 use crate::metrics::Metrics;
 use crate::shard::{ConnRef, Control, Inbox, MeshShared, Rings, Shard, Shared, MSG_RING};
@@ -167,6 +167,20 @@ pub struct Server {
     pub metrics_addr: Option<SocketAddr>,
 }
 
+/// The settings as the shards use them: with Ferry's own TLS record
+/// layer chosen, a TLS configuration that does not yet let rustls give up
+/// its keys gets a copy that does (same certificate resolver).
+fn shard_config(mut config: DerpConfig) -> DerpConfig {
+    if config.tls_records == TlsRecords::Ferry && !config.ktls {
+        if let Some(tls) = config.tls.as_mut().filter(|t| !t.enable_secret_extraction) {
+            let mut own = (**tls).clone();
+            crate::transport::records::allow_own_records(&mut own);
+            *tls = Arc::new(own);
+        }
+    }
+    config
+}
+
 /// One shard's listener on `addr`, in the `SO_REUSEPORT` group that all
 /// shards share (see [`ferry_sys::port`] for why the port is claimed
 /// first).
@@ -290,7 +304,7 @@ impl Server {
         }
 
         let shared = Arc::new(Shared {
-            config: Arc::new(opts.config.clone().prepared()),
+            config: Arc::new(shard_config(opts.config.clone())),
             metrics: metrics.clone(),
             doorbells: OnceLock::new(),
             hasher: std::hash::RandomState::new(),

@@ -13,7 +13,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_derp::admission::{Admission, AdmissionConfig, AdmissionStats, Rejection, Verdict};
+use ferry_derp::admission::{Admission, AdmissionStats, Rejection, Verdict};
+use ferry_derp::config::AdmissionConfig;
 use ferry_proto::key::{NodePrivate, NodePublic};
 
 const WAIT: Duration = Duration::from_secs(10);

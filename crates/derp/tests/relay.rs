@@ -12,7 +12,10 @@ use ferry_derp::{DerpConfig, ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_proto::client::Event;
 use ferry_proto::frame::{self, PeerGoneReason};
 use ferry_proto::key::{MeshKey, NodePrivate};
-use support::{eventually, metric, start, start_with_metrics, stop, Client};
+use support::{
+    eventually, metric, recv_numbered, send_numbered, start, start_with_metrics, stop, Client,
+    Flood,
+};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -690,7 +693,7 @@ fn slow_reader_gets_backpressure_not_loss() {
             cfg.write_timeout = Some(Duration::from_secs(20));
             cfg.backpressure_budget = Duration::from_secs(20);
         });
-        let mut sender = Client::connect(addr);
+        let sender = Client::connect(addr);
         // A small receive buffer, so that the kernel cannot take in the
         // whole stream (3.6 MB) and leave the relay nothing to queue.
         let mut reader = Client::over(
@@ -699,29 +702,18 @@ fn slow_reader_gets_backpressure_not_loss() {
         );
         let reader_key = reader.public;
         const N: u32 = 3000;
-        let writer = std::thread::spawn(move || {
-            let mut payload = vec![0u8; 1200];
-            for i in 0..N {
-                payload[..4].copy_from_slice(&i.to_be_bytes());
-                sender.send(&reader_key, &payload);
-            }
-            sender
-        });
+        let writer = send_numbered(sender, reader_key, N, 1200);
         // Let the queue fill while the reader reads nothing.
         assert!(
             eventually(T, || metric(addr, "ferry_backpressure_pauses_total") >= 1.0),
             "the sender was never paused (workers={workers})"
         );
-        for i in 0..N {
-            let (_, p) = reader
-                .recv_packet(Duration::from_secs(20))
-                .expect("every packet arrives");
-            assert_eq!(
-                u32::from_be_bytes(p[..4].try_into().unwrap()),
-                i,
-                "in order (workers={workers})"
-            );
-        }
+        recv_numbered(
+            &mut reader,
+            N,
+            Duration::from_secs(20),
+            &format!("workers={workers}"),
+        );
         let _sender = writer.join().unwrap();
         let dropped = metric(
             addr,
@@ -733,40 +725,6 @@ fn slow_reader_gets_backpressure_not_loss() {
         assert_eq!(dropped, 0.0, "workers={workers}");
         assert!(eventually(T, || metric(addr, "ferry_senders_paused") == 0.0));
         stop(server);
-    }
-}
-
-/// A client writing 1300-byte packets to one destination as fast as the
-/// relay takes them, on a thread, for at most 30 s.
-struct Flood {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Client>,
-}
-
-impl Flood {
-    fn start(mut from: Client, to: ferry_proto::key::NodePublic) -> Flood {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            from.stream
-                .set_write_timeout(Some(Duration::from_millis(200)))
-                .unwrap();
-            let mut out = Vec::new();
-            frame::put_send_packet(&mut out, &to, &[7u8; 1300]);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
-                // Blocks (and times out) while the relay does not read us.
-                let _ = from.write(&out);
-            }
-            from
-        });
-        Flood { stop, thread }
-    }
-
-    /// Stops the flood and gives the client back.
-    fn stop(self) -> Client {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap()
     }
 }
 

@@ -9,11 +9,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_derp::shard::SessionService;
 use ferry_derp::Placement;
 use ferry_proto::client::Event;
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::SessionService;
 use ferry_proto::relay_session::{
     put_allocate, Allocate, AllocateRequest, Offers, RefuseReason, Refused, SessionOffer,
 };

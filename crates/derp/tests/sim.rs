@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_derp::admission::{Admission, AdmissionConfig, AdmissionStats};
+use ferry_derp::admission::{Admission, AdmissionStats};
+use ferry_derp::config::AdmissionConfig;
 use ferry_derp::shard::{ConnRef, Control, MeshNews};
 use ferry_engine::sim::{Reader, SimDriver};
 use ferry_engine::Slot;

@@ -46,7 +46,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use ferry_derp::transport::records::TlsRecords;
+use ferry_derp::config::TlsRecords;
 use ferry_proto::frame;
 use ferry_proto::key::NodePublic;
 

@@ -11,14 +11,13 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferry_derp::{DerpConfig, Placement, Server};
-use ferry_proto::frame;
-use ferry_proto::key::NodePublic;
-use support::{config, dial, eventually, info, metric_in, start, stop, tls_over, Client, Tls};
+use support::{
+    config, dial, eventually, info, metric_in, recv_numbered, send_numbered, start, stop, tls_over,
+    Client, Flood, Tls,
+};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -57,37 +56,21 @@ fn slow_tls_reader_gets_backpressure_not_loss() {
             cfg.send_queue_bytes = 64 * 1024;
             cfg.write_timeout = Some(Duration::from_secs(20));
         });
-        let mut sender = client(addr, sender_shard, workers, None);
+        let sender = client(addr, sender_shard, workers, None);
         // A small receive buffer, fixed (no autotuning, which here may grow
         // to tcp_rmem's 32 MiB and take the whole stream): the relay's
         // queue fills, as relay.rs's plain-TCP case has it.
         let mut reader = client(addr, reader_shard, workers, Some(4096));
         let reader_key = reader.public;
         const N: u32 = 3000;
-        let writer = std::thread::spawn(move || {
-            let mut payload = vec![0u8; 1200];
-            for i in 0..N {
-                payload[..4].copy_from_slice(&i.to_be_bytes());
-                sender.send(&reader_key, &payload);
-            }
-            sender
-        });
+        let writer = send_numbered(sender, reader_key, N, 1200);
         // The queue fills while the reader reads nothing.
         assert!(
             eventually(T, || metric(&server, "ferry_backpressure_pauses_total")
                 >= 1.0),
             "the sender was never paused ({case})"
         );
-        for i in 0..N {
-            let (_, p) = reader
-                .recv_packet(Duration::from_secs(20))
-                .expect("every packet arrives");
-            assert_eq!(
-                u32::from_be_bytes(p[..4].try_into().unwrap()),
-                i,
-                "in order ({case})"
-            );
-        }
+        recv_numbered(&mut reader, N, Duration::from_secs(20), &case);
         let _sender = writer.join().unwrap();
         let dropped = metric(&server, DROPPED_TAIL) + metric(&server, DROPPED_HEAD);
         assert_eq!(dropped, 0.0, "{case}");
@@ -105,41 +88,6 @@ fn slow_tls_reader_gets_backpressure_not_loss() {
             );
         }
         stop(server);
-    }
-}
-
-/// A TLS client writing 1300-byte packets to one destination as fast as
-/// the relay takes them, on a thread, for at most 30 s.
-struct Flood {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Client<Tls>>,
-}
-
-impl Flood {
-    fn start(mut from: Client<Tls>, to: NodePublic) -> Flood {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            from.stream
-                .sock
-                .set_write_timeout(Some(Duration::from_millis(200)))
-                .unwrap();
-            let mut out = Vec::new();
-            frame::put_send_packet(&mut out, &to, &[7u8; 1300]);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
-                // Blocks (and times out) while the relay does not read us;
-                // rustls keeps what it could not write for the next call.
-                let _ = from.write(&out);
-            }
-            from
-        });
-        Flood { stop, thread }
-    }
-
-    fn stop(self) -> Client<Tls> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap()
     }
 }
 

@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_derp::transport::records::TlsRecords;
+use ferry_derp::config::TlsRecords;
 use ferry_proto::client::Event;
 
 /// Set in the child: the relay's address and how many clients to hold.

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_derp::transport::records::TlsRecords;
+use ferry_derp::config::TlsRecords;
 use ferry_derp::Server;
 use ferry_proto::client::Event;
 use ferry_proto::key::NodePrivate;

@@ -3,30 +3,14 @@
 
 mod support;
 
-use std::process::Command;
-
-use support::{ferry, field_in, get, run, unprivileged, url_addr, Ferry, TempDir};
-
-/// A plain-HTTP relay on a free loopback port, with STUN on a free port.
-fn relay(dir: &TempDir, extra: &[&str]) -> Command {
-    let mut c = ferry();
-    c.args(["-a", "127.0.0.1:0", "--stun-port", "0", "--workers", "1"])
-        .args(["-c", &dir.path("ferry.key")])
-        .args(extra);
-    c
-}
-
-/// Starts `c` and waits until it serves; returns it and its DERP address.
-fn serving(c: &mut Command) -> (Ferry, std::net::SocketAddr) {
-    let mut f = Ferry::spawn(c);
-    let url = f.field("ferry relay running", "url");
-    (f, url_addr(&url))
-}
+use support::{
+    derp_server, ferry, field_in, get, run, serving, unprivileged, url_addr, Ferry, TempDir,
+};
 
 #[test]
 fn a_second_ferry_on_the_same_port_is_refused() {
     let dir = TempDir::new("port");
-    let (first, addr) = serving(&mut relay(&dir, &[]));
+    let (first, addr) = serving(&mut derp_server(&dir, &[]));
     let (status, log) = run(ferry()
         .args(["-a", &addr.to_string(), "--stun=false"])
         .args(["-c", &dir.path("second.key")]));
@@ -48,13 +32,16 @@ fn a_taken_metrics_or_http_port_names_its_flag() {
     let dir = TempDir::new("flags");
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = holder.local_addr().unwrap();
-    let (status, log) = run(&mut relay(&dir, &["--metrics-addr", &taken.to_string()]));
+    let (status, log) = run(&mut derp_server(
+        &dir,
+        &["--metrics-addr", &taken.to_string()],
+    ));
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains(&format!("--metrics-addr {taken}: address already in use")),
         "{log}"
     );
-    let (status, log) = run(&mut relay(
+    let (status, log) = run(&mut derp_server(
         &dir,
         &[
             "--certmode",
@@ -74,7 +61,10 @@ fn a_taken_metrics_or_http_port_names_its_flag() {
     // STUN is bound on the -a address, at --stun-port.
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let stun = udp.local_addr().unwrap();
-    let (status, log) = run(&mut relay(&dir, &["--stun-port", &stun.port().to_string()]));
+    let (status, log) = run(&mut derp_server(
+        &dir,
+        &["--stun-port", &stun.port().to_string()],
+    ));
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains(&format!("--stun-port {stun}: address already in use")),
@@ -107,7 +97,7 @@ fn a_low_port_without_the_capability_says_which_capability_once() {
 #[test]
 fn sighup_keeps_the_relay_serving() {
     let dir = TempDir::new("hup");
-    let (mut f, addr) = serving(&mut relay(&dir, &[]));
+    let (mut f, addr) = serving(&mut derp_server(&dir, &[]));
     f.signal(libc::SIGHUP);
     f.wait_log("SIGHUP: nothing to reload");
     f.signal(libc::SIGHUP);
@@ -123,7 +113,7 @@ fn sighup_reloads_manual_certificates_at_once() {
     let certs = dir.path("certs");
     let port80 = support::free_tcp_port().to_string();
     // An IP hostname without files: a certificate is generated and saved.
-    let mut f = Ferry::spawn(&mut relay(
+    let mut f = Ferry::spawn(&mut derp_server(
         &dir,
         &[
             "--certmode",
@@ -141,7 +131,7 @@ fn sighup_reloads_manual_certificates_at_once() {
     // A different certificate for the same IP, made by `--certmode
     // selfsigned`, replaces the files.
     let other = TempDir::new("reload-other");
-    let mut g = Ferry::spawn(&mut relay(
+    let mut g = Ferry::spawn(&mut derp_server(
         &other,
         &[
             "--certmode",
@@ -178,7 +168,7 @@ fn sighup_reloads_manual_certificates_at_once() {
 #[test]
 fn healthz_through_the_binary() {
     let dir = TempDir::new("healthz");
-    let (mut f, addr) = serving(&mut relay(&dir, &["--metrics-addr", "127.0.0.1:0"]));
+    let (mut f, addr) = serving(&mut derp_server(&dir, &["--metrics-addr", "127.0.0.1:0"]));
     let metrics = url_addr(&f.field("ferry relay running", "metrics"));
     for target in [addr, metrics] {
         support::check_healthz(target);
@@ -189,7 +179,7 @@ fn healthz_through_the_binary() {
 #[test]
 fn start_up_line_is_readable() {
     let dir = TempDir::new("startup");
-    let (f, _) = serving(&mut relay(&dir, &["--stun=false"]));
+    let (f, _) = serving(&mut derp_server(&dir, &["--stun=false"]));
     let log = f.stop();
     let line = log
         .lines()
@@ -227,7 +217,7 @@ fn start_up_line_is_readable() {
 fn accept_limit_closes_the_excess_at_once() {
     use std::io::{Read, Write};
     let dir = TempDir::new("accept");
-    let (mut f, addr) = serving(&mut relay(
+    let (mut f, addr) = serving(&mut derp_server(
         &dir,
         &[
             "--stun=false",
@@ -259,7 +249,7 @@ fn accept_limit_closes_the_excess_at_once() {
 #[test]
 fn bootstrap_dns_rollout_entries_are_refused() {
     let dir = TempDir::new("bootstrap");
-    let (status, log) = run(&mut relay(
+    let (status, log) = run(&mut derp_server(
         &dir,
         &[
             "-stun=false",
@@ -280,7 +270,7 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
         &["--secrets-url", "https://secrets.example.com"],
         &["--ace"],
     ] {
-        let (status, log) = run(relay(&dir, &["-stun=false"]).args(flags));
+        let (status, log) = run(derp_server(&dir, &["-stun=false"]).args(flags));
         assert_eq!(status.code(), Some(1), "{flags:?}: {log}");
         let name = flags[0]
             .trim_start_matches('-')
@@ -299,7 +289,7 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
         );
     }
     // --mesh-with is supported, and like derper needs the mesh key.
-    let (status, log) = run(&mut relay(
+    let (status, log) = run(&mut derp_server(
         &dir,
         &["-stun=false", "--mesh-with", "b.example.com"],
     ));
@@ -309,7 +299,7 @@ fn derper_flags_ferry_lacks_are_refused_before_anything_is_written() {
         "{log}"
     );
     // derper's own defaults change nothing and are accepted.
-    let (f, _) = serving(&mut relay(
+    let (f, _) = serving(&mut derp_server(
         &dir,
         &["--verify-clients=false", "--mesh-with", "", "--stun=false"],
     ));
@@ -355,7 +345,10 @@ fn port_443_without_certmode_uses_acme_as_derper() {
 fn verify_clients_without_the_socket_warns_at_start() {
     let dir = TempDir::new("verify");
     let socket = dir.path("tailscaled.sock");
-    let (f, _) = serving(&mut relay(&dir, &["--verify-clients", "--socket", &socket]));
+    let (f, _) = serving(&mut derp_server(
+        &dir,
+        &["--verify-clients", "--socket", &socket],
+    ));
     let log = f.log();
     assert!(
         log.contains(&format!("LocalAPI socket {socket} cannot be used"))
@@ -375,7 +368,7 @@ fn a_bad_log_filter_is_a_start_up_error() {
         (Some("debu"), None, "debu"),
     ] {
         let log_flag: Vec<&str> = flag.map_or(Vec::new(), |f| vec!["--log", f]);
-        let mut c = relay(&dir, &log_flag);
+        let mut c = derp_server(&dir, &log_flag);
         if let Some(v) = env {
             c.env("FERRY_LOG", v);
         }
@@ -387,7 +380,7 @@ fn a_bad_log_filter_is_a_start_up_error() {
             "{log}"
         );
     }
-    let (f, _) = serving(&mut relay(&dir, &["--log", "warn,ferry=info"]));
+    let (f, _) = serving(&mut derp_server(&dir, &["--log", "warn,ferry=info"]));
     f.stop();
 }
 
@@ -421,14 +414,14 @@ fn odd_values_are_refused_naming_the_flag() {
         (&["--tcp-user-timeout", "1ms"], "--tcp-user-timeout 1ms:"),
     ] {
         // `relay` passes `--workers 1`; a later one wins.
-        let (status, log) = run(&mut relay(&dir, flags));
+        let (status, log) = run(&mut derp_server(&dir, flags));
         assert_eq!(status.code(), Some(1), "{flags:?}: {log}");
         assert!(log.contains(expect), "{flags:?}: {log}");
     }
     // More shards than CPUs runs, with a warning.
     let cpus = ferry_sys::available_cpus().len().max(1);
     let many = (cpus + 1).to_string();
-    let (mut f, _) = serving(&mut relay(&dir, &["--workers", &many, "--pin=false"]));
+    let (mut f, _) = serving(&mut derp_server(&dir, &["--workers", &many, "--pin=false"]));
     f.wait_log(&format!(
         "--workers {many} is more than the {cpus} usable CPU(s)"
     ));
@@ -440,7 +433,7 @@ fn selfsigned_certificate_survives_a_restart() {
     let dir = TempDir::new("selfsigned");
     let certs = dir.path("certs");
     let start = |host: &str| {
-        let (f, _) = serving(&mut relay(
+        let (f, _) = serving(&mut derp_server(
             &dir,
             &[
                 "--certmode",
@@ -494,7 +487,10 @@ fn help_matches_the_behaviour() {
 fn json_logs_are_one_object_per_line_with_fields() {
     use std::io::Write;
     let dir = TempDir::new("json");
-    let mut f = Ferry::spawn(&mut relay(&dir, &["--stun=false", "--log-format", "json"]));
+    let mut f = Ferry::spawn(&mut derp_server(
+        &dir,
+        &["--stun=false", "--log-format", "json"],
+    ));
     let log = f.wait_log("ferry relay running");
     let running = log
         .lines()
@@ -518,7 +514,7 @@ fn json_logs_are_one_object_per_line_with_fields() {
     for line in log.lines().filter(|l| l.starts_with('{')) {
         serde_json::from_str::<serde_json::Value>(line).expect(line);
     }
-    let (status, log) = run(&mut relay(&dir, &["--log-format", "xml"]));
+    let (status, log) = run(&mut derp_server(&dir, &["--log-format", "xml"]));
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains("--log-format \"xml\": expected text or json"),
@@ -535,7 +531,7 @@ fn json_logs_are_one_object_per_line_with_fields() {
 fn status_reads_a_relay_over_https() {
     let dir = TempDir::new("status-tls");
     let certs = dir.path("certs");
-    let (f, addr) = serving(&mut relay(
+    let (f, addr) = serving(&mut derp_server(
         &dir,
         &[
             "--stun=false",
@@ -585,7 +581,7 @@ fn status_reads_a_relay_over_https() {
 #[test]
 fn status_reads_a_running_relay() {
     let dir = TempDir::new("status");
-    let (mut f, addr) = serving(&mut relay(
+    let (mut f, addr) = serving(&mut derp_server(
         &dir,
         &["--stun=false", "--metrics-addr", "127.0.0.1:0"],
     ));

@@ -11,27 +11,13 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ferry_proto::client::{Client, Config, Event};
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_testkit::metrics::Scrape;
-use support::{ferry, free_tcp_port, get, run, url_addr, Ferry, TempDir, T};
-
-fn relay(dir: &TempDir, extra: &[&str]) -> Command {
-    let mut c = ferry();
-    c.args(["-a", "127.0.0.1:0", "--stun-port", "0", "--workers", "1"])
-        .args(["-c", &dir.path("ferry.key")])
-        .args(extra);
-    c
-}
-
-fn serving(c: &mut Command) -> (Ferry, SocketAddr) {
-    let mut f = Ferry::spawn(c);
-    let url = f.field("ferry relay running", "url");
-    (f, url_addr(&url))
-}
+use support::{derp_server, ferry, free_tcp_port, get, run, serving, url_addr, Ferry, TempDir, T};
 
 /// A blocking DERP client over plain TCP (or TLS: [`Derp::tls`]), driven
 /// by `proto::client`.
@@ -205,7 +191,7 @@ fn sigterm_delivers_what_was_queued_then_restarting_then_exits_0() {
     const N: usize = 3000;
     const SIZE: usize = 1000;
     let dir = TempDir::new("drain");
-    let (f, addr) = serving(&mut relay(&dir, &[]));
+    let (f, addr) = serving(&mut derp_server(&dir, &[]));
     let bk = NodePrivate::generate();
     let b_key: NodePublic = bk.public();
     let mut b = Derp::connect(addr, bk, Some(4096));
@@ -277,7 +263,7 @@ fn sigterm_delivers_what_was_queued_then_restarting_then_exits_0() {
 fn port_80_companion_answers_checks_and_redirects() {
     let dir = TempDir::new("port80");
     let port80 = free_tcp_port();
-    let (f, _) = serving(&mut relay(
+    let (f, _) = serving(&mut derp_server(
         &dir,
         &[
             "--certmode",
@@ -300,12 +286,15 @@ fn port_80_companion_answers_checks_and_redirects() {
 #[test]
 fn home_page_blank_and_redirect() {
     let dir = TempDir::new("home");
-    let (f, addr) = serving(&mut relay(&dir, &["--home", "blank"]));
+    let (f, addr) = serving(&mut derp_server(&dir, &["--home", "blank"]));
     let r = get(addr, "/");
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     assert!(r.ends_with("\r\n\r\n"), "a blank page: {r}");
     f.stop();
-    let (f, addr) = serving(&mut relay(&dir, &["--home", "https://example.net/about"]));
+    let (f, addr) = serving(&mut derp_server(
+        &dir,
+        &["--home", "https://example.net/about"],
+    ));
     let r = get(addr, "/");
     assert!(r.starts_with("HTTP/1.1 302"), "{r}");
     assert!(r.contains("Location: https://example.net/about\r\n"), "{r}");
@@ -315,7 +304,7 @@ fn home_page_blank_and_redirect() {
 #[test]
 fn derp_false_serves_everything_but_derp() {
     let dir = TempDir::new("noderp");
-    let (f, addr) = serving(&mut relay(&dir, &["--derp=false"]));
+    let (f, addr) = serving(&mut derp_server(&dir, &["--derp=false"]));
     let r = get(addr, "/derp");
     assert!(r.starts_with("HTTP/1.1 404"), "{r}");
     assert!(r.contains("derp server disabled"), "{r}");
@@ -329,7 +318,7 @@ fn derp_false_serves_everything_but_derp() {
 #[test]
 fn ktls_on_needs_the_kernels_tls() {
     let dir = TempDir::new("ktls");
-    let mut c = relay(
+    let mut c = derp_server(
         &dir,
         &[
             "--certmode",
@@ -551,7 +540,7 @@ fn a_draining_ferry_leaves_new_connections_to_the_next_process() {
 fn the_served_certificate_expiry_is_a_metric() {
     let dir = TempDir::new("certexpiry");
     let certs = dir.path("certs");
-    let (mut f, _) = serving(&mut relay(
+    let (mut f, _) = serving(&mut derp_server(
         &dir,
         &[
             "--certmode",
@@ -587,14 +576,17 @@ fn free_udp_port() -> u16 {
 fn stun_false_leaves_the_stun_port_free() {
     let dir = TempDir::new("nostun");
     let port = free_udp_port().to_string();
-    let (f, _) = serving(&mut relay(&dir, &["--stun-port", &port]));
+    let (f, _) = serving(&mut derp_server(&dir, &["--stun-port", &port]));
     let taken = std::net::UdpSocket::bind(format!("127.0.0.1:{port}"));
     assert!(
         taken.is_err(),
         "STUN (on by default) holds 127.0.0.1:{port}"
     );
     f.stop();
-    let (f, _) = serving(&mut relay(&dir, &["--stun-port", &port, "--stun=false"]));
+    let (f, _) = serving(&mut derp_server(
+        &dir,
+        &["--stun-port", &port, "--stun=false"],
+    ));
     std::net::UdpSocket::bind(format!("127.0.0.1:{port}"))
         .expect("--stun=false leaves the STUN port free");
     f.stop();
@@ -630,7 +622,7 @@ fn tcp_keepalive_time_is_set_on_client_sockets() {
         (&["--tcp-keepalive-time", "30s"][..], 30 * 100, 1),
         (&[][..], 600 * 100, 31 * 100),
     ] {
-        let (f, addr) = serving(&mut relay(&dir, flags));
+        let (f, addr) = serving(&mut derp_server(&dir, flags));
         let c = Derp::connect(addr, NodePrivate::generate(), None);
         let me = c.sock.local_addr().unwrap();
         let mut seen = None;
@@ -656,7 +648,7 @@ fn tcp_keepalive_time_is_set_on_client_sockets() {
 #[test]
 fn tcp_user_timeout_cuts_off_a_client_that_takes_nothing() {
     let dir = TempDir::new("usertimeout");
-    let (f, addr) = serving(&mut relay(
+    let (f, addr) = serving(&mut derp_server(
         &dir,
         &["--tcp-user-timeout", "1s", "--tcp-write-timeout", "0"],
     ));
@@ -717,7 +709,7 @@ fn shards_are_pinned_unless_pin_false() {
     let dir = TempDir::new("pin");
     let mine = cpus_allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
     for pin in [true, false] {
-        let (f, _) = serving(&mut relay(
+        let (f, _) = serving(&mut derp_server(
             &dir,
             &["--workers", "2", &format!("--pin={pin}")],
         ));
@@ -746,7 +738,7 @@ fn the_reload_thread_swaps_in_new_certificate_files_under_a_connected_client() {
     let dir = TempDir::new("reloadthread");
     let certs = dir.path("certs");
     // An IP hostname without files: a certificate is generated and saved.
-    let (mut f, addr) = serving(&mut relay(
+    let (mut f, addr) = serving(&mut derp_server(
         &dir,
         &[
             "--certmode",
@@ -870,7 +862,7 @@ fn admission_url_credentials_are_never_shown() {
     let dir = TempDir::new("redact");
     let dead = free_tcp_port();
     let url = format!("http://ferry:s3cret@127.0.0.1:{dead}/verify?token=t0ken");
-    let (mut f, addr) = serving(&mut relay(
+    let (mut f, addr) = serving(&mut derp_server(
         &dir,
         &[
             "--stun=false",

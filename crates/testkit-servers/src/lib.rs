@@ -193,8 +193,8 @@ impl TestServer {
     fn launch_ferry(&mut self) {
         let mut cfg = DerpConfig::new(self.ferry_key());
         if let Some(ca) = &self.tls {
-            let setup = ferry_derp::tls::server_config(
-                &ferry_derp::tls::CertMode::Manual {
+            let setup = ferry_derp::certs::server_config(
+                &ferry_derp::certs::CertMode::Manual {
                     certdir: ca.dir.path().to_owned(),
                     hostname: "localhost".into(),
                 },

@@ -1,14 +1,20 @@
 //! A small blocking DERP client for tests: `ferry_proto::client` (the
 //! state machine the load generator and the SDK use) over a blocking
 //! socket, plain or TLS, handing the test its events. Every read is bounded
-//! in time.
+//! in time. Also the traffic backpressure tests make: numbered packets
+//! checked for order ([`send_numbered`], [`recv_numbered`]) and a
+//! [`Flood`] to one destination.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferry_proto::client::{self as derp, Event};
+use ferry_proto::frame;
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 use ferry_proto::nacl;
@@ -245,4 +251,83 @@ pub fn connect_tls(addr: SocketAddr) -> Client<Tls> {
         dial(addr, None),
         config(NodePrivate::generate(), info(None)),
     )
+}
+
+/// Sends `count` packets of `len` bytes (at least 4) to `to` on a thread
+/// of its own, each starting with its number (big-endian `u32`), as fast
+/// as the relay takes them; the thread gives the client back.
+/// [`recv_numbered`] is the other end.
+pub fn send_numbered<S: Transport + Send + 'static>(
+    mut from: Client<S>,
+    to: NodePublic,
+    count: u32,
+    len: usize,
+) -> JoinHandle<Client<S>> {
+    std::thread::spawn(move || {
+        let mut payload = vec![0u8; len.max(4)];
+        for i in 0..count {
+            payload[..4].copy_from_slice(&i.to_be_bytes());
+            from.send(&to, &payload);
+        }
+        from
+    })
+}
+
+/// Receives the `count` packets [`send_numbered`] sends, each within
+/// `timeout`, and fails on the first one missing or out of order; `case`
+/// names the run in the failure.
+pub fn recv_numbered<S: Transport>(
+    reader: &mut Client<S>,
+    count: u32,
+    timeout: Duration,
+    case: &str,
+) {
+    for i in 0..count {
+        let (_, p) = reader
+            .recv_packet(timeout)
+            .unwrap_or_else(|e| panic!("packet {i} of {count} did not arrive ({case}): {e}"));
+        assert_eq!(
+            u32::from_be_bytes(p[..4].try_into().expect("a numbered packet")),
+            i,
+            "in order ({case})"
+        );
+    }
+}
+
+/// A client writing 1300-byte packets to one destination as fast as the
+/// relay takes them, on a thread of its own, for at most 30 s.
+pub struct Flood<S: Transport> {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Client<S>>,
+}
+
+impl<S: Transport + Send + 'static> Flood<S> {
+    /// Starts flooding `to` from `from`.
+    pub fn start(mut from: Client<S>, to: NodePublic) -> Flood<S> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            from.stream
+                .tcp()
+                .set_write_timeout(Some(Duration::from_millis(200)))
+                .expect("write timeout");
+            let mut out = Vec::new();
+            frame::put_send_packet(&mut out, &to, &[7u8; 1300]);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
+                // Blocks (and times out) while the relay does not read us;
+                // over TLS, rustls keeps what it could not write for the
+                // next call.
+                let _ = from.write(&out);
+            }
+            from
+        });
+        Flood { stop, thread }
+    }
+
+    /// Stops the flood and gives the client back.
+    pub fn stop(self) -> Client<S> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the flood thread")
+    }
 }

@@ -53,6 +53,8 @@ use ferry_engine::stat::exposition::{Exposition, Family, Fixed};
 use ferry_proto::admission::{self as wire, ResponseError};
 use ferry_proto::key::NodePublic;
 
+use crate::config::AdmissionConfig;
+
 mod redact;
 pub use redact::redact_url;
 use redact::scrub;
@@ -65,28 +67,6 @@ const MAX_LOCAL_ANSWER: usize = 1 << 20;
 /// The capability version sent to tailscaled (that of the pinned client).
 const TAILSCALE_CAP: u32 = 142;
 
-/// How clients are admitted.
-#[derive(Clone)]
-pub struct AdmissionConfig {
-    /// Ask the tailscaled whose LocalAPI listens on this socket
-    /// (`--verify-clients` with `--socket`).
-    pub local_socket: Option<PathBuf>,
-    /// Ask this admission controller (`--verify-client-url`).
-    pub url: Option<String>,
-    /// Admit when the controller cannot be reached
-    /// (`--verify-client-url-fail-open`, default true as derper).
-    pub fail_open: bool,
-    /// Time allowed for one question (derper: 5 s).
-    pub timeout: Duration,
-    /// Questions asked at once (threads).
-    pub concurrency: usize,
-    /// Questions waiting beyond those; more are refused at once.
-    pub max_waiting: usize,
-    /// Keep answers this long (`--verify-client-cache`); `None` asks every
-    /// time, as derper does.
-    pub cache_for: Option<Duration>,
-}
-
 impl std::fmt::Debug for AdmissionConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdmissionConfig")
@@ -98,27 +78,6 @@ impl std::fmt::Debug for AdmissionConfig {
             .field("max_waiting", &self.max_waiting)
             .field("cache_for", &self.cache_for)
             .finish()
-    }
-}
-
-impl AdmissionConfig {
-    /// Whether any check is configured.
-    pub fn enabled(&self) -> bool {
-        self.local_socket.is_some() || self.url.is_some()
-    }
-}
-
-impl Default for AdmissionConfig {
-    fn default() -> Self {
-        AdmissionConfig {
-            local_socket: None,
-            url: None,
-            fail_open: true,
-            timeout: Duration::from_secs(5),
-            concurrency: 16,
-            max_waiting: 4096,
-            cache_for: None,
-        }
     }
 }
 

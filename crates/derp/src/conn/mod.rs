@@ -27,6 +27,9 @@ use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 
 pub use ferry_proto::server::{Action, Caps, Queued, Reader, ServerConn, Timeout};
+pub use input::{Gate, Hold, Input};
+
+mod input;
 
 /// A reference to a connection on some shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,54 +40,6 @@ pub struct ConnRef {
     pub slot: Slot,
     /// Generation of the connection in that slot.
     pub gen: u32,
-}
-
-/// A reason to hold a connection's input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Hold {
-    /// A packet waits for room in the ring to another shard.
-    Ring = 1,
-    /// A destination it feeds is over its queue cap (backpressure).
-    Backpressure = 2,
-    /// Moving to the shard that owns its key.
-    Migrating = 4,
-    /// On its way out: writing a last response or farewell.
-    Closing = 8,
-    /// Waiting for admission (tailscaled or the admission controller).
-    Admission = 16,
-    /// Over its receive rate limit until its bucket refills.
-    RateLimit = 32,
-}
-
-/// The reasons holding a connection's input; input flows when there are
-/// none. Each reason is set and lifted by the code that owns it, so one
-/// reason going away never lets input through while another holds it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Gate(u8);
-
-impl Gate {
-    /// Adds a reason.
-    pub fn hold(&mut self, why: Hold) {
-        self.0 |= why as u8;
-    }
-
-    /// Lifts a reason; `true` if it was held.
-    pub fn release(&mut self, why: Hold) -> bool {
-        let held = self.holds(why);
-        self.0 &= !(why as u8);
-        held
-    }
-
-    /// Whether `why` holds input now.
-    pub fn holds(&self, why: Hold) -> bool {
-        self.0 & why as u8 != 0
-    }
-
-    /// Whether nothing holds input.
-    pub fn is_open(&self) -> bool {
-        self.0 == 0
-    }
 }
 
 /// Where a connection is in its life.
@@ -162,14 +117,11 @@ pub struct Conn {
     head_scan: HeadScan,
     /// The DERP protocol: frames in, queues out, its clocks.
     derp: ServerConn,
-    /// Raw bytes received while input was paused.
+    /// Raw bytes received while input was stopped.
     stash: Vec<u8>,
-    /// Input is stopped: the socket is not read (TCP pushes back on the
-    /// peer) and bytes already read wait in `stash`. It restarts once
-    /// `gate` holds nothing.
-    paused: bool,
-    /// Why input is held.
-    gate: Gate,
+    /// Whether the socket is read, and what holds it if not; while it is
+    /// not, bytes already read wait in `stash`.
+    input: Input,
     /// With [`Hold::Ring`]: the shard whose ring had no room ...
     stalled_to: Option<usize>,
     /// ... and the ring packet that waits for it (its memory is kept for
@@ -273,8 +225,7 @@ impl Conn {
             head_scan: HeadScan::new(),
             derp: ServerConn::new(deadline),
             stash: Vec::new(),
-            paused: false,
-            gate: Gate::default(),
+            input: Input::Reading,
             stalled_to: None,
             stall_packet: Vec::new(),
             waiters: Vec::new(),
@@ -709,42 +660,41 @@ impl Conn {
     /// Whether its input is stopped.
     #[inline]
     pub fn is_paused(&self) -> bool {
-        self.paused
+        self.input.is_stopped()
     }
 
     /// Holds input for `why`; `true` if input was flowing (its socket's
     /// reads must stop).
     pub fn hold(&mut self, why: Hold) -> bool {
-        self.gate.hold(why);
-        !std::mem::replace(&mut self.paused, true)
+        self.input.hold(why)
     }
 
     /// Lifts `why`; `true` if it was held.
     pub fn release(&mut self, why: Hold) -> bool {
-        self.gate.release(why)
+        self.input.release(why)
     }
 
     /// Whether `why` holds its input.
     #[inline]
     pub fn holds(&self, why: Hold) -> bool {
-        self.gate.holds(why)
+        self.input.holds(why)
     }
 
     /// Whether input is stopped and nothing holds it any more.
     pub fn may_resume(&self) -> bool {
-        self.paused && self.gate.is_open()
+        self.input == Input::Released
     }
 
-    /// Input flows again.
-    pub fn unpause(&mut self) {
-        self.paused = false;
+    /// Input flows again, unless a reason still holds it (`false`).
+    pub fn resume(&mut self) -> bool {
+        self.input.resume()
     }
 
     /// Whether input waits in the stash (or is stopped): new bytes go
     /// behind it.
     #[inline]
     pub fn must_stash(&self) -> bool {
-        self.paused || !self.stash.is_empty()
+        self.input.is_stopped() || !self.stash.is_empty()
     }
 
     /// Whether bytes wait in the stash.

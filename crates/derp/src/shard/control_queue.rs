@@ -50,7 +50,7 @@ impl Shard {
         put: impl FnOnce(&mut Vec<u8>),
     ) -> bool {
         let cap = self.control_cap(slot, origin);
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         let conn = &mut self.conns[slot];
         if conn.derp_mut().queue_control(cap, put) {
             let delta = conn.regauge();

@@ -132,7 +132,7 @@ impl Shard {
         head[5..37].copy_from_slice(src.as_bytes());
         head[37..69].copy_from_slice(dst.as_bytes());
         let (cap, hard_cap) = (self.shared.config.send_queue_bytes, self.hard_cap);
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         let out = &mut self.mesh;
         if out.overflow[peer].is_empty() && out.tx[peer].try_push(&[&head, packet]) {
             out.pushed = true;
@@ -209,7 +209,7 @@ impl Shard {
                     peers.push(peer);
                     let n = peers.len();
                     let local = self.keys.contains_key(&key);
-                    let m = self.m();
+                    let m = &self.m;
                     match n {
                         1 if !local => m.remote_keys.add(1),
                         2 => m.multiforwarder_created.inc(),
@@ -236,7 +236,7 @@ impl Shard {
     /// The mesh conn to `peer` no longer carries `key`; if nothing does and the
     /// key has no local connection, it has left the region.
     fn withdraw(&mut self, key: NodePublic, peer: usize) {
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         let Some(peers) = self.forward.get_mut(&key).filter(|l| l.contains(&peer)) else {
             // derper's count of removals by a forwarder that was not the
             // key's.
@@ -254,7 +254,7 @@ impl Shard {
         }
         self.forward.remove(&key);
         if !self.keys.contains_key(&key) {
-            self.m().remote_keys.add(-1);
+            self.m.remote_keys.add(-1);
             self.broadcast_key_gone(key);
         }
     }
@@ -262,7 +262,7 @@ impl Shard {
     /// Drops what waits for a link that went down and lets its senders go.
     fn drop_overflow(&mut self, peer: usize) {
         let queue = std::mem::take(&mut self.mesh.overflow[peer]);
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         let mut at = 0;
         while at + FORWARD_HEAD <= queue.len() {
             let len = framed_len(&queue[at..]);

@@ -6,13 +6,13 @@ use crate::transport::websocket::WsFraming;
 
 impl Shard {
     pub(super) fn accept(&mut self, listener: usize, stream: TcpStream, peer: SocketAddr) {
-        let m = self.m();
+        let m = &self.m;
         m.tcp_accepts.inc();
         if self.draining.is_some() {
             return; // dropping the stream closes it
         }
         if !self.accept_allowed() {
-            self.m().accept_rejects.inc();
+            self.m.accept_rejects.inc();
             return; // closed at once, as derper does
         }
         let sock = socket2::SockRef::from(&stream);
@@ -40,12 +40,12 @@ impl Shard {
                         t.set_buffer_limit(None);
                         let cfg = &self.shared.config;
                         // Ferry's record layer needs the keys out of
-                        // rustls (`DerpConfig::prepared` allows that).
+                        // rustls (`server::shard_config` allows that).
                         let own_records = cfg.tls_records == TlsRecords::Ferry
                             && !cfg.ktls
                             && tls.enable_secret_extraction;
                         conn.set_transport(Transport::rustls(t, cfg.ktls, own_records));
-                        self.m().tls_sockets.add(1);
+                        self.m.tls_sockets.add(1);
                     }
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "could not start TLS");
@@ -54,7 +54,7 @@ impl Shard {
                 }
             }
         }
-        self.m().open_sockets.add(1);
+        self.m.open_sockets.add(1);
         let slot = self.conns.insert(conn);
         self.ops.push(Op::Attach(slot, stream));
     }
@@ -76,14 +76,14 @@ impl Shard {
         why: HandshakeFailure,
         detail: &dyn std::fmt::Display,
     ) {
-        self.m().handshake_failures[why as usize].inc();
+        self.m.handshake_failures[why as usize].inc();
         let peer = self.conns[slot].peer();
         conn_log!(self, info, %peer, reason = why.label(), %detail, "handshake failed; closing connection");
     }
 
     pub(super) fn read_head(&mut self, slot: Slot, data: &[u8]) -> ControlFlow<()> {
         let (got, work) = self.conns[slot].read_head(data);
-        self.m().head_bytes_scanned.add(work as u64);
+        self.m.head_bytes_scanned.add(work as u64);
         let conn = &mut self.conns[slot];
         let req = match got {
             Ok(Some(req)) => req,
@@ -99,7 +99,7 @@ impl Shard {
             }
             Err(e) => {
                 let detail = e.to_string();
-                self.m().handshake_failures[HandshakeFailure::HttpMalformed as usize].inc();
+                self.m.handshake_failures[HandshakeFailure::HttpMalformed as usize].inc();
                 let peer = self.conns[slot].peer();
                 conn_log!(self, info, %peer, error = %detail, "malformed HTTP request");
                 self.respond(
@@ -118,7 +118,7 @@ impl Shard {
         let kind = conn.listener();
         match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
             Answer::Respond(route, bytes) => {
-                self.m().http_requests[route as usize].inc();
+                self.m.http_requests[route as usize].inc();
                 self.respond(slot, bytes);
                 ControlFlow::Break(())
             }
@@ -126,7 +126,7 @@ impl Shard {
                 fast_start,
                 websocket,
             } => {
-                let m = self.m();
+                let m = &self.m;
                 m.http_requests[crate::metrics::Route::Derp as usize].inc();
                 m.accepts.inc();
                 if fast_start {
@@ -170,7 +170,7 @@ impl Shard {
         status: u16,
         reason: &str,
     ) {
-        self.m().handshake_failures[why as usize].inc();
+        self.m.handshake_failures[why as usize].inc();
         let peer = self.conns[slot].peer();
         conn_log!(self, info, %peer, reason = why.label(), "rejecting HTTP request");
         self.respond(slot, http::response(status, reason, &[], b""));

@@ -25,7 +25,7 @@ impl Shard {
     /// it has drained.
     pub(super) fn pause_sender(&mut self, slot: Slot) {
         if !self.conns[slot].holds(Hold::Backpressure) {
-            let m = &self.shared.metrics.shards[self.id];
+            let m = &self.m;
             m.backpressure_pauses.inc();
             m.senders_paused.add(1);
         }
@@ -40,7 +40,7 @@ impl Shard {
         }
         let Some(slot) = self.live(r) else { return };
         if self.conns[slot].holds(Hold::Backpressure) {
-            self.shared.metrics.shards[self.id].senders_paused.add(-1);
+            self.m.senders_paused.add(-1);
         }
         self.release_input(slot, Hold::Backpressure);
     }
@@ -120,7 +120,7 @@ impl Shard {
             let conn = &self.conns[slot];
             self.holders.swap_remove(i);
             let (peer, key, held_for) = (conn.peer(), conn.key(), held);
-            self.m().backpressure_expired.inc();
+            self.m.backpressure_expired.inc();
             conn_log!(self, info, %peer, client = %key, held_ms = held_for.as_millis() as u64,
                 "client is taking nothing from its socket; dropping its packets instead of pausing the senders feeding it");
             self.release_waiters(slot);

@@ -142,7 +142,7 @@ impl Shard {
         };
         match self.conns[slot].transport_mut().move_into_kernel(fd) {
             KernelMove::Moved => {
-                self.m().ktls_sockets.add(1);
+                self.m.ktls_sockets.add(1);
                 let peer = self.conns[slot].peer();
                 conn_log!(self, debug, %peer, "TLS session moved into the kernel");
             }
@@ -194,7 +194,7 @@ impl Shard {
     }
 
     pub(super) fn ktls_refused(&self, why: KtlsRefusal) {
-        self.m().ktls_refused[why as usize].inc();
+        self.m.ktls_refused[why as usize].inc();
     }
 
     /// Handles alerts and KeyUpdates that arrived on kernel-TLS sockets.

@@ -34,7 +34,7 @@ impl Shard {
         self.plain = plain;
         self.conns[slot].set_transport(transport);
         if read.moved {
-            self.m().records_sockets.add(1);
+            self.m.records_sockets.add(1);
         }
         match read.end {
             None => {
@@ -219,21 +219,21 @@ impl Shard {
         let src = self.conns[slot].key();
         match action {
             Action::Send { dst, packet } => {
-                let m = self.m();
+                let m = &self.m;
                 m.packets_received.inc();
                 m.bytes_received.add(packet.len() as u64);
                 m.packets_received_kind[PacketKind::of(packet) as usize].inc();
                 self.route(slot, Via::Send, &src, &dst, packet)
             }
             Action::Forward { src, dst, packet } => {
-                self.m().packets_forwarded_in.inc();
+                self.m.packets_forwarded_in.inc();
                 self.route(slot, Via::Forward, &src, &dst, packet)
             }
             Action::NotePreferred(preferred) => {
                 let young = self.now.duration_since(self.conns[slot].registered_at())
                     < Duration::from_secs(5);
                 if self.conns[slot].note_preferred(preferred) {
-                    let m = &self.shared.metrics.shards[self.id];
+                    let m = &self.m;
                     m.current_home_connections
                         .add(if preferred { 1 } else { -1 });
                     if !young {
@@ -247,16 +247,16 @@ impl Shard {
                 ControlFlow::Continue(())
             }
             Action::Ping(data) => {
-                self.m().got_ping.inc();
+                self.m.got_ping.inc();
                 if self.conns[slot].derp_mut().answer_ping(&data) {
-                    self.m().sent_pong.inc();
+                    self.m.sent_pong.inc();
                     self.mark_dirty(slot);
                 }
                 ControlFlow::Continue(())
             }
             Action::WatchConns => {
                 if src != self.shared.config.public_key && self.conns[slot].become_watcher() {
-                    self.m().watchers.add(1);
+                    self.m.watchers.add(1);
                     let me = self.conn_ref(slot);
                     for shard in 0..self.shards {
                         if shard == self.id {
@@ -286,7 +286,7 @@ impl Shard {
                 self.on_relay_allocate(slot, payload)
             }
             Action::Unknown { .. } => {
-                self.m().unknown_frames.inc();
+                self.m.unknown_frames.inc();
                 ControlFlow::Continue(())
             }
         }
@@ -300,7 +300,7 @@ impl Shard {
         match conn.phase() {
             Phase::Active => self.close(slot, CloseReason::Eof),
             _ => {
-                self.m().handshake_failures[HandshakeFailure::Eof as usize].inc();
+                self.m.handshake_failures[HandshakeFailure::Eof as usize].inc();
                 self.close(slot, CloseReason::Handshake);
             }
         }
@@ -309,7 +309,9 @@ impl Shard {
     /// Restarts input after a pause: frames held by the deframer, then
     /// plaintext held by TLS, then stashed raw bytes.
     pub(super) fn resume_input(&mut self, slot: Slot) {
-        self.conns[slot].unpause();
+        if !self.conns[slot].resume() {
+            return; // still held: its owner resumes it when it lets go
+        }
         if self.resume_frames(slot).is_break() {
             return;
         }

@@ -41,7 +41,7 @@ impl Shard {
             return flow;
         }
         let gen = conn.gen();
-        self.m().rate_limit_waits.inc();
+        self.m.rate_limit_waits.inc();
         self.hold_input(slot, Hold::RateLimit);
         self.rate_held.push((slot, gen, now + wait));
         ControlFlow::Break(())

@@ -12,7 +12,7 @@ impl Shard {
         conn.release(Hold::Migrating);
         self.next_gen = self.next_gen.wrapping_add(1);
         conn.arrive(self.next_gen);
-        let m = self.m();
+        let m = &self.m;
         m.migrations_in.inc();
         m.open_sockets.add(1);
         m.queued_bytes.add(conn.regauge());
@@ -53,7 +53,7 @@ impl Shard {
             let mut conn = self.conns.remove(slot);
             conn.detach(stream);
             let gauged = conn.leave();
-            let m = self.m();
+            let m = &self.m;
             m.open_sockets.add(-1);
             m.queued_bytes.add(-(gauged as i64));
             count_transport(m, &conn, -1);

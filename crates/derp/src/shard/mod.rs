@@ -80,13 +80,12 @@ use rand::{Rng, SeedableRng};
 use slab::Slab;
 
 use crate::admission::{Admission, Verdict};
-use crate::config::{DerpConfig, ListenerKind, Placement};
+use crate::config::{DerpConfig, ListenerKind, Placement, TlsRecords};
 use crate::conn::{Action, Caps, Conn, Hold, Phase, Queued, Timeout};
 use crate::front::{self, Answer};
 use crate::metrics::{
     CloseReason, DropReason, HandshakeFailure, Metrics, PacketKind, ShardMetrics,
 };
-use crate::transport::records::TlsRecords;
 use crate::transport::Transport;
 use ferry_engine::limit::Bucket;
 use ferry_proto::rate_config::RateConfig;
@@ -113,7 +112,7 @@ pub const MSG_RING: usize = 4096;
 
 pub use crate::conn::ConnRef;
 pub use forward::{MeshNews, MeshOut, MeshShared};
-pub use sessions::{RelayMail, SessionService};
+pub use sessions::RelayMail;
 
 /// A presence change for a watcher.
 #[derive(Clone, Copy, Debug)]
@@ -270,11 +269,29 @@ enum Op {
     KtlsRx(Slot),
 }
 
+/// A shard's own [`ShardMetrics`], reached as `self.m`.
+struct OwnMetrics {
+    all: Arc<Metrics>,
+    id: usize,
+}
+
+impl std::ops::Deref for OwnMetrics {
+    type Target = ShardMetrics;
+
+    #[inline]
+    fn deref(&self) -> &ShardMetrics {
+        &self.all.shards[self.id]
+    }
+}
+
 /// One shard's state; implements the engine's [`Handler`].
 pub struct Shard {
     id: usize,
     shards: usize,
     shared: Arc<Shared>,
+    /// This shard's counters, the one way to them: a field of its own, so
+    /// that a method can count while it holds a connection mutably.
+    m: OwnMetrics,
     conns: Slab<Conn>,
     next_gen: u32,
     keys: HashMap<NodePublic, KeyEntry>,
@@ -396,10 +413,15 @@ impl Shard {
             hard_bytes: hard_cap,
         };
         let mesh = MeshOut::new(std::mem::take(&mut rings.mesh_tx));
+        let m = OwnMetrics {
+            all: shared.metrics.clone(),
+            id,
+        };
         Shard {
             id,
             shards,
             shared,
+            m,
             conns: Slab::new(),
             next_gen: 0,
             keys: HashMap::new(),
@@ -443,10 +465,6 @@ impl Shard {
             caps,
             log: LogLimiter::new(now),
         }
-    }
-
-    fn m(&self) -> &ShardMetrics {
-        &self.shared.metrics.shards[self.id]
     }
 
     fn conn_ref(&self, slot: Slot) -> ConnRef {
@@ -639,7 +657,7 @@ impl<D: Driver> Handler<D> for Shard {
             self.next_sweep = self.now + SWEEP_EVERY;
             self.sweep();
             let b = driver.recv_buffers();
-            let m = self.m();
+            let m = &self.m;
             m.recv_buffer_bytes.set(b.bytes as i64);
             m.recv_buffer_exhausted.set(b.exhausted as i64);
             m.recv_buffer_growths.set(b.growths as i64);
@@ -669,11 +687,11 @@ impl<D: Driver> Handler<D> for Shard {
                 self.done = true;
             }
         }
-        self.m().turns.inc();
+        self.m.turns.inc();
     }
 
     fn turn_done(&mut self, busy: Duration) {
-        self.m().busy_ns.add(busy.as_nanos() as u64);
+        self.m.busy_ns.add(busy.as_nanos() as u64);
     }
 
     fn timeout(&mut self, now: Instant) -> Option<Duration> {

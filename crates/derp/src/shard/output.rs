@@ -62,7 +62,7 @@ impl Shard {
                 derp.keep_send_buffer(buf);
                 self.send_pool.release_idle(derp);
                 let delta = conn.regauge();
-                self.shared.metrics.shards[self.id].queued_bytes.add(delta);
+                self.m.queued_bytes.add(delta);
                 if let Some(reason) = conn.close_after_flush() {
                     self.close(slot, reason);
                 }
@@ -70,7 +70,7 @@ impl Shard {
             }
             derp.start_send(now, moved);
             let delta = conn.regauge();
-            self.shared.metrics.shards[self.id].queued_bytes.add(delta);
+            self.m.queued_bytes.add(delta);
             if let Some(session) = conn.transport_mut().kernel() {
                 // Counts records against the cipher's limit; where keys
                 // cannot be renewed in time, the session must end.
@@ -97,7 +97,7 @@ impl Shard {
         // it says nothing any more, and it is not stuck.
         let was_stuck = conn.on_sent(buf);
         let delta = conn.regauge();
-        self.shared.metrics.shards[self.id].queued_bytes.add(delta);
+        self.m.queued_bytes.add(delta);
         if was_stuck {
             let key = conn.key();
             self.announce_draining(key, false);

@@ -20,7 +20,7 @@ impl Shard {
         let queued = conn.regauge();
         let bp_paused = conn.release(Hold::Backpressure);
         self.closing.push(slot);
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         m.closes[reason as usize].inc();
         m.queued_bytes.add(queued);
         if bp_paused {
@@ -104,7 +104,7 @@ impl Shard {
         let (addr, flags) = (conn.peer(), conn.presence_flags());
 
         let not_ideal = self.conns[slot].is_not_ideal();
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         m.current_connections.add(1);
         if not_ideal {
             m.current_notideal.add(1);
@@ -145,14 +145,12 @@ impl Shard {
             // Its packets go to the key's other connection, if any, again.
             self.announce_draining(key, false);
         }
-        let metrics = self.shared.metrics.clone();
-        let m = &metrics.shards[self.id];
-        m.current_connections.add(-1);
+        self.m.current_connections.add(-1);
         if preferred {
-            m.current_home_connections.add(-1);
+            self.m.current_home_connections.add(-1);
         }
         if not_ideal {
-            m.current_notideal.add(-1);
+            self.m.current_notideal.add(-1);
         }
         for src in recv_from {
             if let Some(list) = self.receivers.get_mut(&src) {
@@ -163,7 +161,7 @@ impl Shard {
             }
         }
         if watcher {
-            m.watchers.add(-1);
+            self.m.watchers.add(-1);
             let me = self.conn_ref(slot);
             for shard in 0..self.shards {
                 if shard == self.id {
@@ -184,7 +182,7 @@ impl Shard {
                 self.broadcast_watch(WatchEvent::Gone(key));
                 // A key another node of the region still has is not gone.
                 if self.forward.contains_key(&key) {
-                    m.remote_keys.add(1);
+                    self.m.remote_keys.add(1);
                 } else {
                     self.broadcast_key_gone(key);
                 }
@@ -193,11 +191,11 @@ impl Shard {
                 let last = entry.conns[0];
                 entry.active = Some(last);
                 self.conns[last].set_dup(false);
-                m.current_dup_client_keys.add(-1);
-                m.current_dup_client_conns.add(-2);
+                self.m.current_dup_client_keys.add(-1);
+                self.m.current_dup_client_conns.add(-2);
             }
             _ => {
-                m.current_dup_client_conns.add(-1);
+                self.m.current_dup_client_conns.add(-1);
                 if entry.active == Some(slot) {
                     entry.active = entry
                         .conns
@@ -238,9 +236,7 @@ impl Shard {
             if self.queue_control(slot, notice, |q| {
                 frame::put_peer_gone(q, &key, PeerGoneReason::Disconnected)
             }) {
-                self.shared.metrics.shards[self.id]
-                    .peer_gone_disconnected_frames
-                    .inc();
+                self.m.peer_gone_disconnected_frames.inc();
             }
         }
     }
@@ -270,7 +266,7 @@ impl Shard {
         for slot in closing.drain(..) {
             if let Some(conn) = self.conns.try_remove(slot) {
                 driver.close(slot);
-                let m = self.m();
+                let m = &self.m;
                 m.open_sockets.add(-1);
                 count_transport(m, &conn, -1);
             }

@@ -30,7 +30,7 @@ impl Shard {
             let kind = PacketKind::of(packet);
             if kind == PacketKind::Other {
                 // Its shard would only drop it (see the module doc).
-                let m = &self.shared.metrics.shards[self.id];
+                let m = &self.m;
                 m.dropped(DropReason::QueueTail, kind, packet.len());
                 return ControlFlow::Continue(());
             }
@@ -49,14 +49,14 @@ impl Shard {
             .expect("ring to another shard");
         if tx.try_push(&[&header, packet]) {
             self.notify[owner] = true;
-            self.shared.metrics.shards[self.id].cross_shard_out.inc();
+            self.m.cross_shard_out.inc();
             return ControlFlow::Continue(());
         }
         // The owner is behind: keep this packet, stop reading the sender.
         self.conns[slot].stall(owner, [&header, packet]);
         self.hold_input(slot, Hold::Ring);
         self.stalled.push(slot);
-        self.m().ring_stalls.inc();
+        self.m.ring_stalls.inc();
         ControlFlow::Break(())
     }
 
@@ -81,7 +81,7 @@ impl Shard {
         from: ConnRef,
     ) -> bool {
         let kind = PacketKind::of(packet);
-        let m = &self.shared.metrics.shards[self.id];
+        let m = &self.m;
         let drop = |m: &ShardMetrics, reason: DropReason| m.dropped(reason, kind, packet.len());
         let Some(entry) = self.keys.get(dst) else {
             if via == Via::Send {
@@ -166,9 +166,7 @@ impl Shard {
                 frame::put_peer_gone(q, &dst, PeerGoneReason::NotHere)
             })
         {
-            self.shared.metrics.shards[self.id]
-                .peer_gone_not_here_frames
-                .inc();
+            self.m.peer_gone_not_here_frames.inc();
         }
     }
 
@@ -289,7 +287,7 @@ impl Shard {
             }
             conn.clear_stall();
             self.notify[shard] = true;
-            self.shared.metrics.shards[self.id].cross_shard_out.inc();
+            self.m.cross_shard_out.inc();
             self.stalled.swap_remove(i);
             self.release_input(slot, Hold::Ring);
         }

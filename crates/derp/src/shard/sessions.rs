@@ -22,13 +22,13 @@
 
 use std::net::IpAddr;
 
-use ferry_proto::relay_session::{self as rs, Allocate, AllocateRequest, RefuseReason, Refused};
+use ferry_proto::relay_session::{
+    self as rs, Allocate, AllocateRequest, RefuseReason, Refused, SessionService,
+};
 
 use super::control_queue::Origin;
 use super::*;
 use crate::metrics::{AllocateRefusal, Notice};
-
-pub use ferry_proto::relay_session::SessionService;
 
 /// An allocation on its way to the peer's owner shard, or an answer on its
 /// way back to the asker's.
@@ -189,7 +189,7 @@ impl Shard {
     }
 
     fn count_refusal(&self, reason: RefuseReason) {
-        self.m().allocate_refused[AllocateRefusal::of(reason) as usize].inc();
+        self.m.allocate_refused[AllocateRefusal::of(reason) as usize].inc();
     }
 
     /// Queues a relay-session frame to the asking connection on this or

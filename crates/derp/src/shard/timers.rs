@@ -44,7 +44,7 @@ impl Shard {
         for (slot, reason, write_timeout) in expired {
             let peer = self.conns[slot].peer();
             if write_timeout {
-                self.m().sclient_write_timeouts.inc();
+                self.m.sclient_write_timeouts.inc();
                 let key = self.conns[slot].key();
                 conn_log!(self, info, %peer, client = %key, "client stopped reading for the write timeout; closing connection");
                 self.close(slot, reason);

@@ -54,7 +54,7 @@ impl Shard {
         if self.conns[slot].phase() == Phase::Active {
             self.finish(slot, reason);
         } else {
-            self.m().handshake_failures[HandshakeFailure::BadFirstFrame as usize].inc();
+            self.m.handshake_failures[HandshakeFailure::BadFirstFrame as usize].inc();
             let conn = &mut self.conns[slot];
             conn.set_phase(Phase::Responding);
             conn.close_when_flushed(CloseReason::Handshake);

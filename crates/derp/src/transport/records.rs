@@ -30,7 +30,6 @@
 //! rustls for the whole connection.
 
 use std::fmt;
-use std::str::FromStr;
 
 use aws_lc_rs::aead::{
     Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305, NONCE_LEN,
@@ -45,40 +44,6 @@ use rustls::{
 };
 
 use super::handoff::{self, HandoffError, Refusal, Refused};
-
-/// `--tls-records`: who runs the TLS record layer after a TLS 1.3
-/// handshake when kernel TLS does not.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum TlsRecords {
-    /// Ferry's own record layer ([`RecordLayer`]).
-    #[default]
-    Ferry,
-    /// rustls for the whole connection.
-    Rustls,
-}
-
-impl FromStr for TlsRecords {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "ferry" => Ok(TlsRecords::Ferry),
-            "rustls" => Ok(TlsRecords::Rustls),
-            other => Err(format!(
-                "invalid TLS record layer {other:?}: expected ferry or rustls"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for TlsRecords {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TlsRecords::Ferry => "ferry",
-            TlsRecords::Rustls => "rustls",
-        })
-    }
-}
 
 /// Lets rustls give up a session's keys after the handshake (what
 /// [`RecordLayer::start`] needs).

@@ -64,8 +64,8 @@ fn crypto_info_keeps_the_sequence_number() {
 
 #[test]
 fn production_config_needs_allow_kernel_tls() {
-    let setup = ferry_derp::tls::server_config(
-        &ferry_derp::tls::CertMode::SelfSigned {
+    let setup = ferry_derp::certs::server_config(
+        &ferry_derp::certs::CertMode::SelfSigned {
             hostname: "localhost".into(),
             certdir: None,
         },

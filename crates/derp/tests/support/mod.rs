@@ -1,4 +1,5 @@
-//! The relay tests' server harness. The blocking DERP client, the TLS
+//! The relay tests' server harness. The blocking DERP client (and the
+//! numbered packets and floods of the backpressure tests), the TLS
 //! verifier, the bounded waits and metric reading come from
 //! `ferry-testkit`, re-exported here under the names the tests use.
 //!
@@ -14,7 +15,8 @@ pub(crate) mod sim;
 use ferry_derp::{DerpConfig, ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_proto::key::NodePrivate;
 pub(crate) use ferry_testkit::derp::{
-    config, connect_tls, dial, info, tls_over, Client, Tls, Transport,
+    config, connect_tls, dial, info, recv_numbered, send_numbered, tls_over, Client, Flood, Tls,
+    Transport,
 };
 pub(crate) use ferry_testkit::http::http;
 pub(crate) use ferry_testkit::metrics::{metric, metric_in, Scrape};
@@ -86,9 +88,9 @@ pub(crate) fn check_backend(server: &Server) {
 
 /// A fresh self-signed TLS set-up for "localhost" with `cfg`'s key in its
 /// meta certificate (nothing written to disk).
-pub(crate) fn self_signed_tls(cfg: &DerpConfig) -> ferry_derp::tls::TlsSetup {
-    ferry_derp::tls::server_config(
-        &ferry_derp::tls::CertMode::SelfSigned {
+pub(crate) fn self_signed_tls(cfg: &DerpConfig) -> ferry_derp::certs::CertSetup {
+    ferry_derp::certs::server_config(
+        &ferry_derp::certs::CertMode::SelfSigned {
             hostname: "localhost".into(),
             certdir: None,
         },

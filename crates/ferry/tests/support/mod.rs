@@ -302,6 +302,24 @@ pub(crate) fn field_in(line: &str, key: &str) -> Option<String> {
     rest.split_whitespace().next().map(str::to_string)
 }
 
+/// A plain-HTTP DERP server (`ferry` without a subcommand) on a free
+/// loopback port with one shard, STUN on a free port and its key in `dir`,
+/// plus `extra` flags; [`serving`] starts it.
+pub(crate) fn derp_server(dir: &TempDir, extra: &[&str]) -> Command {
+    let mut c = ferry();
+    c.args(["-a", "127.0.0.1:0", "--stun-port", "0", "--workers", "1"])
+        .args(["-c", &dir.path("ferry.key")])
+        .args(extra);
+    c
+}
+
+/// Starts `c` and waits until it serves; returns it and its DERP address.
+pub(crate) fn serving(c: &mut Command) -> (Ferry, SocketAddr) {
+    let mut f = Ferry::spawn(c);
+    let url = f.field("ferry relay running", "url");
+    (f, url_addr(&url))
+}
+
 /// The address in a URL such as `http://127.0.0.1:1234/derp`.
 pub(crate) fn url_addr(url: &str) -> SocketAddr {
     let rest = url.split("://").nth(1).unwrap_or(url);

@@ -249,7 +249,7 @@ pub(crate) struct DerpArgs {
     /// dropped after the handshake) or rustls (rustls for the whole
     /// connection). TLS 1.2 always stays on rustls.
     #[arg(long = "tls-records", default_value = "ferry")]
-    pub tls_records: ferry_derp::transport::records::TlsRecords,
+    pub tls_records: ferry_derp::config::TlsRecords,
 
     /// Extra listener serving Prometheus metrics at /metrics (any client;
     /// /debug/varz on the main listener is loopback-only).

@@ -12,7 +12,7 @@ pub(crate) mod plan;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ferry_derp::tls::{self, CertMode};
+use ferry_derp::certs::{self, CertMode};
 use ferry_derp::{ListenerKind, ListenerSpec, Server, ServerOptions};
 use ferry_sys::signal::Signal;
 
@@ -79,10 +79,10 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
     let mut cert_name = None;
     let mut reloader = None;
     let mut acme_start = None;
-    let mut tls_setup = None;
+    let mut cert_setup = None;
     if let Some(mode) = &plan.cert_mode {
         let setup =
-            tls::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
+            certs::server_config(mode, *config.public_key.as_bytes()).context("setting up TLS")?;
         cert_name = setup.cert_name.clone();
         config.tls_records = args.tls_records;
         match args.ktls.resolve() {
@@ -116,7 +116,7 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
             config.acme = Some(state.clone());
             acme_start = Some((opts.clone(), state.clone()));
         }
-        tls_setup = Some(setup);
+        cert_setup = Some(setup);
     }
 
     // Relay sessions: the UDP socket group first, so serverInfo can name
@@ -173,7 +173,7 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
             sessions.render(w);
         }));
     }
-    if let Some(setup) = tls_setup {
+    if let Some(setup) = cert_setup {
         server
             .metrics()
             .add_source(Box::new(move |w| certificate_metrics(w, &setup)));
@@ -296,7 +296,7 @@ const CERT_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// When the served certificate stops being valid, for alerts that need no
 /// probe from outside (0 while none is served: ACME before its first).
-fn certificate_metrics(w: &mut String, setup: &tls::TlsSetup) {
+fn certificate_metrics(w: &mut String, setup: &certs::CertSetup) {
     let not_after = setup
         .served_leaf()
         .and_then(|der| {
@@ -315,7 +315,7 @@ fn certificate_metrics(w: &mut String, setup: &tls::TlsSetup) {
 
 /// SIGHUP: reloads what can change without a restart (the manual-mode
 /// certificate files) and says what cannot.
-fn reload(reloader: Option<&tls::CertReloader>) {
+fn reload(reloader: Option<&certs::CertReloader>) {
     match reloader {
         Some(r) => {
             tracing::info!(cert = %r.cert_path().display(), "SIGHUP: checking the TLS certificate files");

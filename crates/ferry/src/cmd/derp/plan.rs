@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ferry_derp::admission::AdmissionConfig;
 use ferry_derp::bootstrap_dns::{self, BootstrapDns};
-use ferry_derp::tls::CertMode;
+use ferry_derp::certs::CertMode;
+use ferry_derp::config::AdmissionConfig;
 use ferry_derp::{DerpConfig, HomePage};
 use ferry_proto::key::MeshKey;
 use ferry_proto::rate_config::RateConfig;
@@ -315,7 +315,7 @@ pub(crate) fn check(args: &DerpArgs) -> Result<String> {
     // letsencrypt make their own, so nothing is read for them).
     if let Some(mode @ CertMode::Manual { hostname, .. }) = &p.plan.cert_mode {
         if hostname.parse::<IpAddr>().is_err() {
-            ferry_derp::tls::server_config(mode, *p.config.public_key.as_bytes())
+            ferry_derp::certs::server_config(mode, *p.config.public_key.as_bytes())
                 .context("setting up TLS")?;
         }
     }
@@ -387,7 +387,7 @@ pub(crate) fn prepare(args: &DerpArgs) -> Result<Prepared> {
         );
     }
 
-    config.mesh_with = ferry_derp::mesh::MeshPeer::parse_list(&args.mesh_with)?;
+    config.mesh_with = ferry_derp::config::MeshPeer::parse_list(&args.mesh_with)?;
     if !config.mesh_with.is_empty() && config.mesh_key.is_none() {
         bail!("--mesh-with requires --mesh-psk-file");
     }

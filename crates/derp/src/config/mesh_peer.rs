@@ -104,3 +104,53 @@ fn split_port(s: &str) -> Option<(String, Option<u16>)> {
         _ => Some((s.to_owned(), None)), // a bare IPv6 address
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_derpers_mesh_with_syntax() {
+        let peers = MeshPeer::parse_list(
+            "a.example.com, b.example.com:8443,c.example.com/10.0.0.3,,[::1]:444/::1",
+        )
+        .unwrap();
+        assert_eq!(
+            peers,
+            vec![
+                MeshPeer {
+                    name: "a.example.com".into(),
+                    dial: "a.example.com".into(),
+                    port: 443
+                },
+                MeshPeer {
+                    name: "b.example.com".into(),
+                    dial: "b.example.com".into(),
+                    port: 8443
+                },
+                MeshPeer {
+                    name: "c.example.com".into(),
+                    dial: "10.0.0.3".into(),
+                    port: 443
+                },
+                MeshPeer {
+                    name: "::1".into(),
+                    dial: "::1".into(),
+                    port: 444
+                },
+            ]
+        );
+        assert_eq!(peers[1].host_header(), "b.example.com:8443");
+        assert_eq!(peers[0].host_header(), "a.example.com");
+        assert_eq!(peers[3].host_header(), "[::1]:444");
+        assert_eq!(peers[2].to_string(), "c.example.com via 10.0.0.3");
+    }
+
+    #[test]
+    fn refuses_malformed_entries() {
+        for bad in ["a/b/c", "a:notaport", "/x", "a/", ":443"] {
+            let e = MeshPeer::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("--mesh-with entry"), "{bad}: {e}");
+        }
+    }
+}

@@ -1,15 +1,27 @@
 //! What a relay needs to know to run, fixed at start-up.
+//!
+//! This module is a leaf: it names nothing else of the crate (checked by
+//! `tests/layers.rs`), so every other module may read the settings
+//! without an import cycle. Settings that stand for a running service
+//! (the ACME client's challenge answers, the `/bootstrap-dns` names, relay
+//! sessions) are held as the small traits the HTTP front and the shards
+//! call, which the services implement where their behaviour lives.
 
+mod mesh_peer;
+
+use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_proto::forwarded::TrustedProxies;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 use ferry_proto::rate_config::RateConfig;
+use ferry_proto::relay_session::SessionService;
 
-use crate::admission::AdmissionConfig;
-use crate::bootstrap_dns::BootstrapDns;
+pub use mesh_peer::{MeshPeer, MeshPeerError};
 
 /// What the root page shows (derper's `--home`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,16 +90,16 @@ pub struct DerpConfig {
     /// Clients presenting this key are mesh peers.
     pub mesh_key: Option<MeshKey>,
     /// Other nodes of the region to dial (`--mesh-with`); needs `mesh_key`.
-    pub mesh_with: Vec<crate::mesh::MeshPeer>,
+    pub mesh_with: Vec<MeshPeer>,
     /// TLS for the DERP listener; plain HTTP when `None`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Move TLS sessions into the kernel after the handshake (the TLS
-    /// configuration must allow secret extraction; see
-    /// [`crate::transport::kernel::allow_kernel_tls`]).
+    /// configuration must allow secret extraction:
+    /// `transport::kernel::allow_kernel_tls`).
     pub ktls: bool,
     /// Who runs the record layer of TLS 1.3 sessions after the handshake
     /// where kernel TLS does not (`--tls-records`).
-    pub tls_records: crate::transport::records::TlsRecords,
+    pub tls_records: TlsRecords,
     /// Serve `/derp` (derper's `--derp`).
     pub derp_enabled: bool,
     /// Cut off a client whose send has not finished in this long
@@ -147,10 +159,12 @@ pub struct DerpConfig {
     /// How keys are spread over shards ([`Placement::Random`] but in tests).
     pub placement: Placement,
     /// With `--certmode letsencrypt`: the ACME client's challenge answers
-    /// (HTTP-01 is answered at `/.well-known/acme-challenge/`).
-    pub acme: Option<Arc<crate::tls::AcmeState>>,
-    /// Names served at `/bootstrap-dns` (empty answers without).
-    pub bootstrap_dns: Option<Arc<BootstrapDns>>,
+    /// (HTTP-01 is answered at `/.well-known/acme-challenge/`); the
+    /// certificates' `AcmeState`.
+    pub acme: Option<Arc<dyn AcmeChallenges>>,
+    /// Names served at `/bootstrap-dns` (empty answers without); a
+    /// `bootstrap_dns::BootstrapDns`.
+    pub bootstrap_dns: Option<Arc<dyn BootstrapAnswers>>,
     /// Connections from [`DerpConfig::trusted_proxies`] start with a PROXY
     /// header naming the client (`--proxy-protocol`); a connection from
     /// anyone else that starts with one is refused.
@@ -161,7 +175,7 @@ pub struct DerpConfig {
     /// Who may register ([`AdmissionConfig::enabled`]: anyone when off).
     pub admission: AdmissionConfig,
     /// Per-client receive limits at start (`--rate-config`; changed later
-    /// with [`crate::shard::Control::RateConfig`]).
+    /// with the shards' `Control::RateConfig`).
     pub rate: RateConfig,
     /// Accepted connections per second and burst
     /// (`--accept-connection-limit`, `--accept-connection-burst`); `None`
@@ -169,7 +183,7 @@ pub struct DerpConfig {
     pub accept_limit: Option<(f64, f64)>,
     /// Relay sessions (`ferry --relay-port`), offered to clients that ask;
     /// `None`: off, and clients see nothing of them.
-    pub relay_sessions: Option<Arc<dyn crate::shard::SessionService>>,
+    pub relay_sessions: Option<Arc<dyn SessionService>>,
 }
 
 impl DerpConfig {
@@ -185,7 +199,7 @@ impl DerpConfig {
             mesh_with: Vec::new(),
             tls: None,
             ktls: false,
-            tls_records: crate::transport::records::TlsRecords::Ferry,
+            tls_records: TlsRecords::Ferry,
             derp_enabled: true,
             write_timeout: Some(Duration::from_secs(2)),
             mesh_write_timeout: Duration::from_secs(30),
@@ -217,18 +231,94 @@ impl DerpConfig {
     }
 }
 
-impl DerpConfig {
-    /// The settings as the shards use them: with Ferry's own TLS record
-    /// layer chosen, a TLS configuration that does not yet let rustls give
-    /// up its keys gets a copy that does (same certificate resolver).
-    pub(crate) fn prepared(mut self) -> Self {
-        if self.tls_records == crate::transport::records::TlsRecords::Ferry && !self.ktls {
-            if let Some(tls) = self.tls.as_mut().filter(|t| !t.enable_secret_extraction) {
-                let mut own = (**tls).clone();
-                crate::transport::records::allow_own_records(&mut own);
-                *tls = Arc::new(own);
-            }
+/// `--tls-records`: who runs the TLS record layer after a TLS 1.3
+/// handshake when kernel TLS does not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsRecords {
+    /// Ferry's own record layer (`transport::records::RecordLayer`).
+    #[default]
+    Ferry,
+    /// rustls for the whole connection.
+    Rustls,
+}
+
+impl FromStr for TlsRecords {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ferry" => Ok(TlsRecords::Ferry),
+            "rustls" => Ok(TlsRecords::Rustls),
+            other => Err(format!(
+                "invalid TLS record layer {other:?}: expected ferry or rustls"
+            )),
         }
-        self
     }
+}
+
+impl fmt::Display for TlsRecords {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TlsRecords::Ferry => "ferry",
+            TlsRecords::Rustls => "rustls",
+        })
+    }
+}
+
+/// How clients are admitted (the checks themselves are in `admission`,
+/// as is this type's `Debug`, which hides the URL's credentials).
+#[derive(Clone)]
+pub struct AdmissionConfig {
+    /// Ask the tailscaled whose LocalAPI listens on this socket
+    /// (`--verify-clients` with `--socket`).
+    pub local_socket: Option<PathBuf>,
+    /// Ask this admission controller (`--verify-client-url`).
+    pub url: Option<String>,
+    /// Admit when the controller cannot be reached
+    /// (`--verify-client-url-fail-open`, default true as derper).
+    pub fail_open: bool,
+    /// Time allowed for one question (derper: 5 s).
+    pub timeout: Duration,
+    /// Questions asked at once (threads).
+    pub concurrency: usize,
+    /// Questions waiting beyond those; more are refused at once.
+    pub max_waiting: usize,
+    /// Keep answers this long (`--verify-client-cache`); `None` asks every
+    /// time, as derper does.
+    pub cache_for: Option<Duration>,
+}
+
+impl AdmissionConfig {
+    /// Whether any check is configured.
+    pub fn enabled(&self) -> bool {
+        self.local_socket.is_some() || self.url.is_some()
+    }
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            local_socket: None,
+            url: None,
+            fail_open: true,
+            timeout: Duration::from_secs(5),
+            concurrency: 16,
+            max_waiting: 4096,
+            cache_for: None,
+        }
+    }
+}
+
+/// The ACME client's HTTP-01 answers, as the HTTP front asks for them
+/// (implemented by the certificates' `AcmeState`).
+pub trait AcmeChallenges: Send + Sync {
+    /// The key authorization to serve for `token`, if one is set.
+    fn http_challenge(&self, token: &str) -> Option<String>;
+}
+
+/// The body of `/bootstrap-dns`, as the HTTP front asks for it
+/// (implemented by `bootstrap_dns::BootstrapDns`).
+pub trait BootstrapAnswers: Send + Sync {
+    /// The JSON body for a request with this query string.
+    fn answer(&self, query: Option<&str>) -> Vec<u8>;
 }

@@ -24,8 +24,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
+use crate::config::AcmeChallenges;
+
 use super::resolver::SniPolicy;
-use super::{with_meta, TlsError};
+use super::{with_meta, CertError};
 
 /// The ALPN protocol of TLS-ALPN-01 validation.
 pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
@@ -68,14 +70,14 @@ impl AcmeState {
         &self,
         chain: Vec<CertificateDer<'static>>,
         key: PrivatePkcs8KeyDer<'static>,
-    ) -> Result<(), TlsError> {
+    ) -> Result<(), CertError> {
         let key = self
             .provider
             .key_provider
             .load_private_key(PrivateKeyDer::Pkcs8(key))
-            .map_err(TlsError::Config)?;
+            .map_err(CertError::Config)?;
         let leaf = CertifiedKey::new(chain, key);
-        leaf.keys_match().map_err(TlsError::Config)?;
+        leaf.keys_match().map_err(CertError::Config)?;
         self.current
             .store(Some(Arc::new(with_meta(leaf, &self.meta))));
         Ok(())
@@ -97,14 +99,14 @@ impl AcmeState {
     /// Answers TLS-ALPN-01 with a certificate for the hostname carrying
     /// the `acmeIdentifier` extension over `key_authorization_digest`
     /// (SHA-256 of the key authorization); `None` stops answering.
-    pub fn set_tls_alpn_challenge(&self, digest: Option<&[u8]>) -> Result<(), TlsError> {
+    pub fn set_tls_alpn_challenge(&self, digest: Option<&[u8]>) -> Result<(), CertError> {
         let Some(digest) = digest else {
             self.tls_alpn.store(None);
             return Ok(());
         };
         let mut params =
             rcgen::CertificateParams::new(vec![self.hostname.clone()]).map_err(|source| {
-                TlsError::Generate {
+                CertError::Generate {
                     what: "TLS-ALPN-01 challenge certificate",
                     source,
                 }
@@ -112,13 +114,13 @@ impl AcmeState {
         params
             .custom_extensions
             .push(rcgen::CustomExtension::new_acme_identifier(digest));
-        let key = rcgen::KeyPair::generate().map_err(|source| TlsError::Generate {
+        let key = rcgen::KeyPair::generate().map_err(|source| CertError::Generate {
             what: "TLS-ALPN-01 challenge key",
             source,
         })?;
         let cert = params
             .self_signed(&key)
-            .map_err(|source| TlsError::Generate {
+            .map_err(|source| CertError::Generate {
                 what: "TLS-ALPN-01 challenge certificate",
                 source,
             })?;
@@ -128,7 +130,7 @@ impl AcmeState {
             .load_private_key(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
                 key.serialize_der(),
             )))
-            .map_err(TlsError::Config)?;
+            .map_err(CertError::Config)?;
         self.tls_alpn.store(Some(Arc::new(CertifiedKey::new(
             vec![cert.der().clone()],
             signing,
@@ -152,6 +154,12 @@ impl AcmeState {
             .expect("acme tokens lock")
             .get(token)
             .cloned()
+    }
+}
+
+impl AcmeChallenges for AcmeState {
+    fn http_challenge(&self, token: &str) -> Option<String> {
+        AcmeState::http_challenge(self, token)
     }
 }
 

@@ -24,7 +24,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::sign::CertifiedKey;
 
 use super::manual::{self_signed_cert_name, CertFiles, FilesStamp};
-use super::{with_meta, TlsError};
+use super::{with_meta, CertError};
 
 /// Watches the manual-mode certificate files and swaps in new certificates.
 ///
@@ -78,7 +78,7 @@ impl CertReloader {
     /// nothing changed (or the configuration is gone), and the load error
     /// when the changed files were unusable, in which case the previous
     /// chain stays in service. Both outcomes are also logged.
-    pub fn check(&self) -> Result<bool, TlsError> {
+    pub fn check(&self) -> Result<bool, CertError> {
         let Some(target) = self.inner.target.upgrade() else {
             return Ok(false);
         };

@@ -1,4 +1,5 @@
-//! TLS for the DERP listener: certificates, the served chain, and reload.
+//! The DERP listener's certificates: where they come from, the served
+//! chain, ACME state, reload, and the rustls configuration around them.
 //!
 //! [`server_config`] turns a [`CertMode`] and the server's DERP public key
 //! into a rustls [`ServerConfig`] using the aws-lc-rs provider, TLS 1.2 and
@@ -77,7 +78,7 @@ pub enum CertMode {
     },
     /// Certificates from an ACME CA (derper's `--certmode letsencrypt`),
     /// obtained and renewed by a client outside the relay through the
-    /// [`AcmeState`] in [`TlsSetup::acme`].
+    /// [`AcmeState`] in [`CertSetup::acme`].
     Acme {
         /// The name certificates are ordered for.
         hostname: String,
@@ -92,9 +93,10 @@ pub enum CertMode {
     },
 }
 
-/// A ready TLS configuration for the DERP listener.
+/// The DERP listener's certificates, ready: the rustls configuration
+/// that serves them and what watches or renews them.
 #[derive(Debug)]
-pub struct TlsSetup {
+pub struct CertSetup {
     /// The rustls configuration every accepted connection starts from.
     pub config: Arc<ServerConfig>,
     /// `sha256-raw:<hex>` of the leaf when it is self-signed, for the
@@ -111,7 +113,7 @@ pub struct TlsSetup {
     current: Option<Arc<ArcSwap<CertifiedKey>>>,
 }
 
-impl TlsSetup {
+impl CertSetup {
     /// The leaf certificate handshakes get now (after reloads and ACME
     /// renewals), if any.
     pub fn served_leaf(&self) -> Option<CertificateDer<'static>> {
@@ -136,13 +138,14 @@ impl TlsSetup {
     }
 }
 
-/// Errors from building the TLS configuration or reloading certificates.
+/// Errors from loading, generating or reloading certificates, or from
+/// building the rustls configuration around them.
 ///
 /// Each variant names the file involved, so that an operator can act on the
 /// message alone.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum TlsError {
+pub enum CertError {
     /// The configured hostname cannot name a certificate.
     #[error("invalid TLS hostname {hostname:?}: {reason}")]
     InvalidHostname {
@@ -242,14 +245,14 @@ pub enum TlsError {
 ///
 /// `server_public` is the server's DERP node public key; it goes into the
 /// meta-certificate, so it must be the real key or fast-start clients fail.
-pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetup, TlsError> {
+pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<CertSetup, CertError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let meta = meta::meta_certificate(&server_public, time::OffsetDateTime::now_utc())?;
 
     if let CertMode::Acme { hostname } = mode {
         let hostname = normalize_hostname(hostname)?;
         if hostname.parse::<IpAddr>().is_ok() {
-            return Err(TlsError::InvalidHostname {
+            return Err(CertError::InvalidHostname {
                 hostname,
                 reason: "ACME certificates need a DNS name",
             });
@@ -260,7 +263,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
         // a ClientHello whose ALPN list shares nothing with ours, so
         // http/1.1 stays first for browsers and other clients that send ALPN.
         config.alpn_protocols = vec![b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
-        return Ok(TlsSetup {
+        return Ok(CertSetup {
             config: Arc::new(config),
             cert_name: None,
             reloader: None,
@@ -293,7 +296,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
             let key = provider
                 .key_provider
                 .load_private_key(PrivateKeyDer::Pkcs8(generated.key))
-                .map_err(TlsError::Config)?;
+                .map_err(CertError::Config)?;
             let leaf = CertifiedKey::new(vec![generated.cert], key);
             (leaf, SniPolicy::Any, Some(cert_name), None)
         }
@@ -317,7 +320,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
     });
     let resolver = ChainResolver::new(current.clone(), sni);
     let config = build_config(provider, Arc::new(resolver))?;
-    Ok(TlsSetup {
+    Ok(CertSetup {
         config: Arc::new(config),
         cert_name,
         reloader,
@@ -331,7 +334,7 @@ pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<TlsSetu
 pub fn manual_paths(
     certdir: &std::path::Path,
     hostname: &str,
-) -> Result<(PathBuf, PathBuf), TlsError> {
+) -> Result<(PathBuf, PathBuf), CertError> {
     let hostname = normalize_hostname(hostname)?;
     let ip = hostname.parse::<IpAddr>().ok();
     let files = manual::CertFiles::new(certdir, &hostname, ip)?;
@@ -348,10 +351,10 @@ pub fn sha256_raw_cert_name(cert: &CertificateDer<'_>) -> String {
 fn build_config(
     provider: Arc<CryptoProvider>,
     resolver: Arc<dyn rustls::server::ResolvesServerCert>,
-) -> Result<ServerConfig, TlsError> {
+) -> Result<ServerConfig, CertError> {
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(TlsError::Config)?
+        .map_err(CertError::Config)?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     // Tickets would be encrypted under keys that a kTLS hand-off cannot
@@ -371,10 +374,10 @@ fn with_meta(leaf: CertifiedKey, meta: &CertificateDer<'static>) -> CertifiedKey
 }
 
 /// Trims a trailing dot and lowercases, refusing empty names.
-fn normalize_hostname(hostname: &str) -> Result<String, TlsError> {
+fn normalize_hostname(hostname: &str) -> Result<String, CertError> {
     let trimmed = hostname.trim().trim_end_matches('.');
     if trimmed.is_empty() {
-        return Err(TlsError::InvalidHostname {
+        return Err(CertError::InvalidHostname {
             hostname: hostname.to_owned(),
             reason: "empty",
         });
@@ -411,7 +414,7 @@ mod tests {
         assert_eq!(normalize_hostname("::1").unwrap(), "::1");
         assert!(matches!(
             normalize_hostname(" ."),
-            Err(TlsError::InvalidHostname { .. })
+            Err(CertError::InvalidHostname { .. })
         ));
     }
 

@@ -27,7 +27,7 @@ use rustls::server::ParsedCertificate;
 use rustls::sign::CertifiedKey;
 use rustls::{Error as RustlsError, InconsistentKeys};
 
-use super::{self_signed, sha256_raw_cert_name, TlsError};
+use super::{self_signed, sha256_raw_cert_name, CertError};
 
 /// The certificate and key files for one hostname.
 pub(super) struct CertFiles {
@@ -74,7 +74,7 @@ impl CertFiles {
         certdir: &Path,
         hostname: &str,
         ip: Option<IpAddr>,
-    ) -> Result<Self, TlsError> {
+    ) -> Result<Self, CertError> {
         Self::named(certdir, hostname, ip, "")
     }
 
@@ -84,8 +84,8 @@ impl CertFiles {
         hostname: &str,
         ip: Option<IpAddr>,
         suffix: &str,
-    ) -> Result<Self, TlsError> {
-        let invalid = |reason| TlsError::InvalidHostname {
+    ) -> Result<Self, CertError> {
+        let invalid = |reason| CertError::InvalidHostname {
             hostname: hostname.to_owned(),
             reason,
         };
@@ -126,38 +126,38 @@ impl CertFiles {
     }
 
     /// Reads and validates the certificate chain and key.
-    pub(super) fn load(&self, provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
+    pub(super) fn load(&self, provider: &CryptoProvider) -> Result<CertifiedKey, CertError> {
         let cert_pem = read(&self.cert)?;
         let key_pem = read(&self.key)?;
 
         let chain = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| TlsError::Pem {
+            .map_err(|source| CertError::Pem {
                 path: self.cert.clone(),
                 source,
             })?;
         let Some(leaf) = chain.first() else {
-            return Err(TlsError::NoCertificate {
+            return Err(CertError::NoCertificate {
                 path: self.cert.clone(),
             });
         };
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|err| match err {
-            pem::Error::NoItemsFound => TlsError::NoPrivateKey {
+            pem::Error::NoItemsFound => CertError::NoPrivateKey {
                 path: self.key.clone(),
             },
-            source => TlsError::Pem {
+            source => CertError::Pem {
                 path: self.key.clone(),
                 source,
             },
         })?;
 
         let parsed =
-            ParsedCertificate::try_from(leaf).map_err(|source| TlsError::BadCertificate {
+            ParsedCertificate::try_from(leaf).map_err(|source| CertError::BadCertificate {
                 path: self.cert.clone(),
                 source,
             })?;
         verify_server_name(&parsed, &self.server_name).map_err(|source| {
-            TlsError::NameMismatch {
+            CertError::NameMismatch {
                 path: self.cert.clone(),
                 hostname: self.hostname.clone(),
                 source,
@@ -167,7 +167,7 @@ impl CertFiles {
         let signing_key = provider
             .key_provider
             .load_private_key(key)
-            .map_err(|source| TlsError::UnsupportedKey {
+            .map_err(|source| CertError::UnsupportedKey {
                 path: self.key.clone(),
                 source,
             })?;
@@ -177,13 +177,13 @@ impl CertFiles {
             // handshake itself would then fail visibly.
             Ok(()) | Err(RustlsError::InconsistentKeys(InconsistentKeys::Unknown)) => {}
             Err(RustlsError::InconsistentKeys(_)) => {
-                return Err(TlsError::KeyMismatch {
+                return Err(CertError::KeyMismatch {
                     cert: self.cert.clone(),
                     key: self.key.clone(),
                 })
             }
             Err(source) => {
-                return Err(TlsError::BadCertificate {
+                return Err(CertError::BadCertificate {
                     path: self.cert.clone(),
                     source,
                 })
@@ -199,7 +199,7 @@ pub(super) fn load_or_generate(
     files: CertFiles,
     ip: Option<IpAddr>,
     provider: &CryptoProvider,
-) -> Result<Loaded, TlsError> {
+) -> Result<Loaded, CertError> {
     if let Some(ip) = ip {
         if !exists(&files.cert)? && !exists(&files.key)? {
             return generate_for_ip(files, ip, provider);
@@ -228,7 +228,7 @@ fn generate_for_ip(
     files: CertFiles,
     ip: IpAddr,
     provider: &CryptoProvider,
-) -> Result<Loaded, TlsError> {
+) -> Result<Loaded, CertError> {
     let generated = self_signed::generate(&ip.to_string(), false)?;
     let cert_name = sha256_raw_cert_name(&generated.cert);
 
@@ -250,7 +250,7 @@ fn generate_for_ip(
     let key = provider
         .key_provider
         .load_private_key(PrivateKeyDer::Pkcs8(generated.key))
-        .map_err(TlsError::Config)?;
+        .map_err(CertError::Config)?;
     let leaf = CertifiedKey::new(vec![generated.cert], key);
     let watch = saved.is_ok().then(|| {
         let stamp = files.stamp();
@@ -275,7 +275,7 @@ pub(super) fn load_or_generate_self_signed(
     certdir: &Path,
     hostname: &str,
     provider: &CryptoProvider,
-) -> Result<(CertifiedKey, String), TlsError> {
+) -> Result<(CertifiedKey, String), CertError> {
     let ip = hostname.parse::<IpAddr>().ok();
     let files = CertFiles::named(certdir, hostname, ip, ".selfsigned")?;
     if exists(&files.cert)? || exists(&files.key)? {
@@ -292,7 +292,7 @@ pub(super) fn load_or_generate_self_signed(
                 }
                 None => "is not self-signed",
             },
-            Err(TlsError::NameMismatch { .. }) => "was made for another hostname",
+            Err(CertError::NameMismatch { .. }) => "was made for another hostname",
             Err(err) => return Err(err),
         };
         tracing::warn!(
@@ -303,7 +303,7 @@ pub(super) fn load_or_generate_self_signed(
         for path in [&files.cert, &files.key] {
             fs::remove_file(path).or_else(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => Ok(()),
-                _ => Err(TlsError::Io {
+                _ => Err(CertError::Io {
                     path: path.clone(),
                     source: e,
                 }),
@@ -328,14 +328,14 @@ pub(super) fn load_or_generate_self_signed(
     let key = provider
         .key_provider
         .load_private_key(PrivateKeyDer::Pkcs8(generated.key))
-        .map_err(TlsError::Config)?;
+        .map_err(CertError::Config)?;
     Ok((CertifiedKey::new(vec![generated.cert], key), cert_name))
 }
 
 /// Writes a generated key (owner-only) and certificate, never overwriting.
-fn save_generated(files: &CertFiles, generated: &self_signed::Generated) -> Result<(), TlsError> {
+fn save_generated(files: &CertFiles, generated: &self_signed::Generated) -> Result<(), CertError> {
     if let Some(dir) = files.cert.parent() {
-        fs::create_dir_all(dir).map_err(|source| TlsError::Io {
+        fs::create_dir_all(dir).map_err(|source| CertError::Io {
             path: dir.to_owned(),
             source,
         })?;
@@ -351,24 +351,24 @@ fn save_generated(files: &CertFiles, generated: &self_signed::Generated) -> Resu
 }
 
 /// Creates `path` with `mode` and writes `contents`, failing if it exists.
-fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), TlsError> {
+fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertError> {
     ferry_sys::files::write_file(path, contents, mode, Existing::Keep).map_err(|source| {
-        TlsError::Io {
+        CertError::Io {
             path: path.to_owned(),
             source,
         }
     })
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    fs::read(path).map_err(|source| TlsError::Io {
+fn read(path: &Path) -> Result<Vec<u8>, CertError> {
+    fs::read(path).map_err(|source| CertError::Io {
         path: path.to_owned(),
         source,
     })
 }
 
-fn exists(path: &Path) -> Result<bool, TlsError> {
-    path.try_exists().map_err(|source| TlsError::Io {
+fn exists(path: &Path) -> Result<bool, CertError> {
+    path.try_exists().map_err(|source| CertError::Io {
         path: path.to_owned(),
         source,
     })
@@ -470,7 +470,7 @@ mod tests {
         let ip: IpAddr = "::".parse().unwrap();
         assert!(matches!(
             CertFiles::new(dir, "::", Some(ip)),
-            Err(TlsError::InvalidHostname { .. })
+            Err(CertError::InvalidHostname { .. })
         ));
         assert!(CertFiles::new(dir, "not a name", None).is_err());
     }

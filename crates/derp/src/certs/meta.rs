@@ -17,7 +17,7 @@ use rcgen::{
 use rustls::pki_types::CertificateDer;
 use time::{Duration, OffsetDateTime};
 
-use super::{hex_lower, TlsError};
+use super::{hex_lower, CertError};
 
 /// Subject common-name prefix that marks the meta-certificate.
 pub const META_CN_PREFIX: &str = "derpkey";
@@ -33,8 +33,8 @@ const VALIDITY: Duration = Duration::days(30);
 pub(super) fn meta_certificate(
     server_public: &[u8; 32],
     now: OffsetDateTime,
-) -> Result<CertificateDer<'static>, TlsError> {
-    let generate = |source| TlsError::Generate {
+) -> Result<CertificateDer<'static>, CertError> {
+    let generate = |source| CertError::Generate {
         what: "DERP meta-certificate",
         source,
     };

@@ -15,7 +15,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use time::{Duration, OffsetDateTime};
 
-use super::TlsError;
+use super::CertError;
 
 /// Backdating, to tolerate clients whose clocks run slow.
 const BACKDATE: Duration = Duration::days(1);
@@ -41,8 +41,8 @@ pub(super) struct Generated {
 /// With `loopback`, the certificate also names `localhost`, `127.0.0.1` and
 /// `::1`, so local tools and tests can reach a development server by any of
 /// them.
-pub(super) fn generate(hostname: &str, loopback: bool) -> Result<Generated, TlsError> {
-    let generate = |source| TlsError::Generate {
+pub(super) fn generate(hostname: &str, loopback: bool) -> Result<Generated, CertError> {
+    let generate = |source| CertError::Generate {
         what: "self-signed certificate",
         source,
     };

@@ -1,4 +1,4 @@
-//! Public behaviour of `ferry_derp::tls`: certificate sources, the served
+//! Public behaviour of `ferry_derp::certs`: certificate sources, the served
 //! chain and its meta-certificate, SNI policy, protocol versions, and reload.
 //!
 //! Handshakes run between a rustls client and the server configuration
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ferry_derp::tls::{self, CertMode, TlsError, TlsSetup};
+use ferry_derp::certs::{self, CertError, CertMode, CertSetup};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::version::{TLS12, TLS13};
@@ -48,7 +48,7 @@ impl TempDir {
     fn new() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
-            "ferry-tls-test-{}-{}",
+            "ferry-certs-test-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
@@ -117,8 +117,8 @@ fn bump_mtime(path: &Path, by_secs: u64) {
         .unwrap();
 }
 
-fn manual(dir: &Path, hostname: &str) -> Result<TlsSetup, TlsError> {
-    tls::server_config(
+fn manual(dir: &Path, hostname: &str) -> Result<CertSetup, CertError> {
+    certs::server_config(
         &CertMode::Manual {
             certdir: dir.to_owned(),
             hostname: hostname.to_owned(),
@@ -127,8 +127,8 @@ fn manual(dir: &Path, hostname: &str) -> Result<TlsSetup, TlsError> {
     )
 }
 
-fn self_signed(hostname: &str) -> TlsSetup {
-    tls::server_config(
+fn self_signed(hostname: &str) -> CertSetup {
+    certs::server_config(
         &CertMode::SelfSigned {
             hostname: hostname.to_owned(),
             certdir: None,
@@ -140,7 +140,7 @@ fn self_signed(hostname: &str) -> TlsSetup {
 
 /// A manual-mode set-up for `HOST` from a fresh CA; returns the set-up, the
 /// CA, the temp dir and the leaf.
-fn manual_setup() -> (TlsSetup, Ca, TempDir, CertificateDer<'static>) {
+fn manual_setup() -> (CertSetup, Ca, TempDir, CertificateDer<'static>) {
     let dir = TempDir::new();
     let ca = Ca::new();
     let (chain, key, leaf) = ca.issue(&[HOST]);
@@ -474,7 +474,7 @@ fn selfsigned_with_a_certdir_keeps_its_certificate_per_hostname() {
     let dir = TempDir::new();
     let certdir = dir.path().join("certs");
     let setup = |hostname: &str| {
-        tls::server_config(
+        certs::server_config(
             &CertMode::SelfSigned {
                 hostname: hostname.into(),
                 certdir: Some(certdir.clone()),
@@ -515,7 +515,7 @@ fn selfsigned_with_a_certdir_keeps_its_certificate_per_hostname() {
     assert_ne!(replaced_name, other.cert_name.clone().unwrap());
     // Unreadable garbage is an error naming the file, not overwritten.
     fs::write(&key, "not a key").unwrap();
-    let err = tls::server_config(
+    let err = certs::server_config(
         &CertMode::SelfSigned {
             hostname: HOST.into(),
             certdir: Some(certdir.clone()),
@@ -587,7 +587,7 @@ fn manual_ip_hostname_with_only_one_file_is_an_error() {
     fs::write(dir.path().join("127.0.0.1.key"), key).unwrap();
     let err = manual(dir.path(), "127.0.0.1").unwrap_err();
     match &err {
-        TlsError::Io { path, source } => {
+        CertError::Io { path, source } => {
             assert!(path.ends_with("127.0.0.1.crt"));
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         }
@@ -603,33 +603,33 @@ fn manual_mode_errors_name_the_file_and_problem() {
     // DNS hostname, no files: no generation, the missing file is named.
     let dir = TempDir::new();
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::Io { .. }), "{err:?}");
+    assert!(matches!(err, CertError::Io { .. }), "{err:?}");
     assert!(err.to_string().contains("derp.example.com.crt"), "{err}");
 
     // Certificate file without a CERTIFICATE block.
     let (chain, key, _) = ca.issue(&[HOST]);
     write_files(dir.path(), HOST, "not pem at all\n", &key);
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::NoCertificate { .. }), "{err:?}");
+    assert!(matches!(err, CertError::NoCertificate { .. }), "{err:?}");
     assert!(err.to_string().contains("derp.example.com.crt"), "{err}");
 
     // Truncated PEM.
     write_files(dir.path(), HOST, &chain[..chain.len() / 3], &key);
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::Pem { .. }), "{err:?}");
+    assert!(matches!(err, CertError::Pem { .. }), "{err:?}");
     assert!(err.to_string().contains("derp.example.com.crt"), "{err}");
 
     // Key file holding a certificate instead of a key.
     write_files(dir.path(), HOST, &chain, &chain);
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::NoPrivateKey { .. }), "{err:?}");
+    assert!(matches!(err, CertError::NoPrivateKey { .. }), "{err:?}");
     assert!(err.to_string().contains("derp.example.com.key"), "{err}");
 
     // Key of another certificate.
     let (_, other_key, _) = ca.issue(&[HOST]);
     write_files(dir.path(), HOST, &chain, &other_key);
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err:?}");
+    assert!(matches!(err, CertError::KeyMismatch { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("derp.example.com.key") && msg.contains("derp.example.com.crt"));
 
@@ -637,18 +637,18 @@ fn manual_mode_errors_name_the_file_and_problem() {
     let (wrong_chain, wrong_key, _) = ca.issue(&["other.example.com"]);
     write_files(dir.path(), HOST, &wrong_chain, &wrong_key);
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::NameMismatch { .. }), "{err:?}");
+    assert!(matches!(err, CertError::NameMismatch { .. }), "{err:?}");
     assert!(err.to_string().contains("derp.example.com.crt"), "{err}");
 
     // Leaf that is not X.509.
     let junk = "-----BEGIN CERTIFICATE-----\nAAECAwQF\n-----END CERTIFICATE-----\n";
     write_files(dir.path(), HOST, junk, &key);
     let err = manual(dir.path(), HOST).unwrap_err();
-    assert!(matches!(err, TlsError::BadCertificate { .. }), "{err:?}");
+    assert!(matches!(err, CertError::BadCertificate { .. }), "{err:?}");
 
     // Empty hostname.
     let err = manual(dir.path(), "").unwrap_err();
-    assert!(matches!(err, TlsError::InvalidHostname { .. }), "{err:?}");
+    assert!(matches!(err, CertError::InvalidHostname { .. }), "{err:?}");
 }
 
 const RSA_PKCS1_KEY: &str = r"-----BEGIN RSA PRIVATE KEY-----
@@ -812,7 +812,7 @@ fn self_signed_mode_uses_an_ip_san_for_an_ip_hostname() {
 fn each_configuration_has_its_own_meta_key_but_the_same_subject() {
     let a = self_signed("derp.test");
     let b = self_signed("derp.test");
-    let meta = |setup: &TlsSetup| {
+    let meta = |setup: &CertSetup| {
         let (c, _) = handshake(
             &setup.config,
             pinning_client(setup.cert_name.as_ref().unwrap(), &[&TLS13]),
@@ -855,7 +855,7 @@ fn reload_swaps_in_rewritten_files_and_keeps_meta() {
     fs::write(reloader.key_path(), "garbage").unwrap();
     bump_mtime(reloader.key_path(), 20);
     let err = reloader.check().unwrap_err();
-    assert!(matches!(err, TlsError::NoPrivateKey { .. }), "{err:?}");
+    assert!(matches!(err, CertError::NoPrivateKey { .. }), "{err:?}");
     assert_eq!(chain_now()[0], second_leaf);
     // Reported once per change, not on every check.
     assert!(!reloader.check().unwrap());
@@ -867,7 +867,7 @@ fn reload_swaps_in_rewritten_files_and_keeps_meta() {
     bump_mtime(reloader.cert_path(), 30);
     bump_mtime(reloader.key_path(), 30);
     let err = reloader.check().unwrap_err();
-    assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err:?}");
+    assert!(matches!(err, CertError::KeyMismatch { .. }), "{err:?}");
     assert_eq!(chain_now()[0], second_leaf);
 
     // The key lands: the rotation completes.
