@@ -3,8 +3,8 @@
 //! - its crate table lists every crate under `crates/`, and the Ferry
 //!   crates each one may depend on are exactly those of its `Cargo.toml`
 //!   (normal dependencies; dev-dependencies are free);
-//! - the rules of the DERP crate's layers hold: `transport` imports neither
-//!   `conn` nor `shard`;
+//! - (the DERP crate's layer rules are checked by its own
+//!   `tests/layers.rs`);
 //! - every module, type and file the page names exists, so a rename that
 //!   forgets the page fails here.
 
@@ -115,53 +115,6 @@ fn the_crate_table_is_the_manifests() {
         listed, on_disk,
         "crates missing from (or extra in) docs/architecture.md"
     );
-}
-
-/// The `use crate::…` and `crate::…` paths of every `.rs` file under `dir`.
-fn crate_paths(dir: &Path) -> Vec<(PathBuf, String)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                for line in read(&p).lines() {
-                    let mut rest = line;
-                    while let Some(i) = rest.find("crate::") {
-                        let path: String = rest[i + 7..]
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
-                        out.push((p.clone(), path));
-                        rest = &rest[i + 7..];
-                    }
-                }
-            }
-        }
-    }
-    assert!(
-        !out.is_empty() || dir.exists(),
-        "{} does not exist",
-        dir.display()
-    );
-    out
-}
-
-#[test]
-fn the_transport_layer_imports_neither_connections_nor_shards() {
-    let dir = root().join("crates/derp/src/transport");
-    assert!(
-        dir.is_dir(),
-        "{} is gone: update docs/architecture.md",
-        dir.display()
-    );
-    let bad: Vec<_> = crate_paths(&dir)
-        .into_iter()
-        .filter(|(_, m)| m == "conn" || m == "shard")
-        .collect();
-    assert!(bad.is_empty(), "transport reaches up a layer: {bad:?}");
 }
 
 /// The file of module `segments` under `src`, if it exists.
