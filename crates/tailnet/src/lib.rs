@@ -30,7 +30,7 @@ pub use channel::LoginServer;
 pub use netmap::Netmap;
 pub use state::State;
 
-use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::key::{DiscoPrivate, NodePrivate, NodePublic};
 use ferry_proto::tailnet::early::EarlyError;
 use ferry_proto::tailnet::noise::NoiseError;
 use ferry_proto::tailnet::upgrade::UpgradeError;
@@ -144,7 +144,7 @@ pub struct Handle {
     shared: Arc<Shared>,
     node_key: NodePublic,
     node_private: NodePrivate,
-    disco_private: [u8; 32],
+    disco_private: DiscoPrivate,
     derp: tokio::sync::watch::Sender<u32>,
     stop: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -165,7 +165,7 @@ pub fn start(config: Config) -> Result<Handle, Error> {
         };
     let node_key = state.node.public();
     let node_private = state.node.clone();
-    let disco_private = state.disco;
+    let disco_private = state.disco.clone();
     let shared = Arc::new(Shared {
         published: Mutex::new(Published {
             netmap: Arc::new(Netmap::default()),
@@ -209,9 +209,9 @@ impl Handle {
         &self.node_private
     }
 
-    /// The node's disco private key (32 clamped bytes; its public half
-    /// is what the map request announces).
-    pub fn disco_private(&self) -> &[u8; 32] {
+    /// The node's disco private key (its public half is what the map
+    /// request announces).
+    pub fn disco_private(&self) -> &DiscoPrivate {
         &self.disco_private
     }
 

@@ -1,8 +1,9 @@
 //! The node's view of the tailnet, rebuilt from the map stream.
 
 use ferry_proto::derp_map::DerpMap;
+use ferry_proto::key::DiscoPublic;
 use ferry_proto::key::NodePublic;
-use ferry_proto::tailnet::tailcfg::{DiscoKey, FilterRule, MapResponse, Node};
+use ferry_proto::tailnet::tailcfg::{FilterRule, MapResponse, Node};
 use std::collections::BTreeMap;
 
 /// A snapshot of the netmap.
@@ -32,7 +33,7 @@ impl Netmap {
     }
 
     /// The peer whose disco key is `key`.
-    pub fn peer_by_disco_key(&self, key: &DiscoKey) -> Option<&Node> {
+    pub fn peer_by_disco_key(&self, key: &DiscoPublic) -> Option<&Node> {
         self.peers.values().find(|p| p.disco_key == Some(*key))
     }
 
@@ -130,10 +131,10 @@ mod tests {
         let key = NodePublic::from_bytes([0; 32]);
         assert_eq!(n.peer_by_node_key(&key).map(|p| p.id), Some(2));
         assert_eq!(
-            n.peer_by_disco_key(&DiscoKey([1; 32])).map(|p| p.id),
+            n.peer_by_disco_key(&DiscoPublic([1; 32])).map(|p| p.id),
             Some(3)
         );
-        assert!(n.peer_by_disco_key(&DiscoKey([2; 32])).is_none());
+        assert!(n.peer_by_disco_key(&DiscoPublic([2; 32])).is_none());
         assert_eq!(n.filter_rules().count(), 1);
         assert!(apply(&mut n, r#"{"PacketFilters":{"*":null}}"#));
         assert_eq!(n.filter_rules().count(), 0);

@@ -8,8 +8,7 @@ use bytes::Bytes;
 use ferry_proto::key::NodePrivate;
 use ferry_proto::tailnet::map_frame::{self, MAX_MAP_FRAME};
 use ferry_proto::tailnet::tailcfg::{
-    DiscoKey, Hostinfo, MapRequest, MapResponse, NetInfo, RegisterAuth, RegisterRequest,
-    RegisterResponse,
+    Hostinfo, MapRequest, MapResponse, NetInfo, RegisterAuth, RegisterRequest, RegisterResponse,
 };
 use ferry_proto::tailnet::CAPABILITY_VERSION;
 use http_body_util::{BodyExt, Full, Limited};
@@ -176,7 +175,7 @@ impl Driver {
             version: CAPABILITY_VERSION.into(),
             keep_alive: stream,
             node_key: self.state.node.public(),
-            disco_key: DiscoKey(self.state.disco_public()),
+            disco_key: self.state.disco.public(),
             stream,
             omit_peers: !stream,
             hostinfo: self.hostinfo(),

@@ -5,7 +5,7 @@
 //! same directory, synced, renamed). A file made for another login server
 //! is not reused: the node starts over with fresh keys.
 
-use ferry_proto::key::{MachinePrivate, NodePrivate};
+use ferry_proto::key::{DiscoPrivate, MachinePrivate, NodePrivate};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -25,8 +25,8 @@ pub struct State {
     pub machine: MachinePrivate,
     /// The node key (WireGuard and DERP identity).
     pub node: NodePrivate,
-    /// The disco private key, 32 raw (clamped) bytes.
-    pub disco: [u8; 32],
+    /// The node's disco private key.
+    pub disco: DiscoPrivate,
     /// Whether the control server accepted the node key.
     pub registered: bool,
     /// The node ID the control server gave, once known.
@@ -49,7 +49,7 @@ struct File {
 impl State {
     /// Fresh random keys for `login_server`.
     pub fn fresh(login_server: &str) -> State {
-        let disco = *NodePrivate::generate().as_bytes();
+        let disco = DiscoPrivate::generate();
         State {
             login_server: login_server.to_owned(),
             machine: MachinePrivate::generate(),
@@ -83,7 +83,7 @@ impl State {
         }
         let bad =
             |what: &str, e: &dyn std::fmt::Display| format!("{}: {what}: {e}", path.display());
-        let disco_key: NodePrivate = f
+        let disco: DiscoPrivate = f
             .disco_private
             .parse()
             .map_err(|e| bad("disco_private", &e))?;
@@ -97,7 +97,7 @@ impl State {
                 .node_private
                 .parse()
                 .map_err(|e| bad("node_private", &e))?,
-            disco: *disco_key.as_bytes(),
+            disco,
             registered: f.registered,
             node_id: f.node_id,
         }))
@@ -110,7 +110,7 @@ impl State {
             login_server: self.login_server.clone(),
             machine_private: self.machine.to_string(),
             node_private: self.node.to_string(),
-            disco_private: NodePrivate::from_bytes(self.disco).to_string(),
+            disco_private: self.disco.to_string(),
             registered: self.registered,
             node_id: self.node_id,
         };
@@ -131,11 +131,6 @@ impl State {
         out.sync_all()?;
         drop(out);
         std::fs::rename(&tmp, path)
-    }
-
-    /// The disco public key.
-    pub fn disco_public(&self) -> [u8; 32] {
-        NodePrivate::from_bytes(self.disco).public().0
     }
 }
 

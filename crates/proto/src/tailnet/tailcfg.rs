@@ -9,9 +9,8 @@
 //! wrong type are errors too.
 
 use crate::derp_map::DerpMap;
-use crate::hex;
 use crate::json::{decode_object, FieldSink, GoObject};
-use crate::key::NodePublic;
+use crate::key::{DiscoPublic, NodePublic};
 use serde::de::{Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -30,51 +29,6 @@ pub const MAX_RULES: usize = 16_384;
 pub const MAX_RULE_ENTRIES: usize = 4096;
 /// Most named filter chunks, capabilities in a map, or grants in a rule.
 pub const MAX_SMALL_MAP: usize = 1024;
-
-const DISCO_PREFIX: &str = "discokey:";
-
-/// A disco public key in its text form `discokey:<64 hex>`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct DiscoKey(pub [u8; 32]);
-
-impl fmt::Debug for DiscoKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self}")
-    }
-}
-
-impl fmt::Display for DiscoKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(DISCO_PREFIX)?;
-        f.write_str(&hex::encode(&self.0))
-    }
-}
-
-impl FromStr for DiscoKey {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let h = s
-            .strip_prefix(DISCO_PREFIX)
-            .ok_or_else(|| format!("disco key {s:?} lacks {DISCO_PREFIX}"))?;
-        hex::decode32(h)
-            .map(DiscoKey)
-            .map_err(|_| format!("bad disco key {s:?}"))
-    }
-}
-
-impl Serialize for DiscoKey {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for DiscoKey {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        s.parse().map_err(D::Error::custom)
-    }
-}
 
 /// An IP prefix such as `100.64.0.1/32`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -281,7 +235,7 @@ pub struct MapRequest {
     pub node_key: NodePublic,
     /// The node's disco key.
     #[serde(rename = "DiscoKey")]
-    pub disco_key: DiscoKey,
+    pub disco_key: DiscoPublic,
     /// Stream responses (the long poll) or answer once.
     #[serde(rename = "Stream")]
     pub stream: bool,
@@ -354,7 +308,7 @@ pub struct Node {
     /// The node (WireGuard and DERP) key.
     pub key: NodePublic,
     /// The disco key, if the node has one.
-    pub disco_key: Option<DiscoKey>,
+    pub disco_key: Option<DiscoPublic>,
     /// Tailnet addresses (`100.64.0.1/32`, `fd7a:…/128`).
     pub addresses: Vec<Prefix>,
     /// Home DERP region (0: none).
@@ -383,7 +337,7 @@ impl FieldSink for Node {
             "name" => set(&mut self.name, map),
             "key" => set(&mut self.key, map),
             "discokey" => {
-                if let Some(k) = map.next_value::<Option<DiscoKey>>()? {
+                if let Some(k) = map.next_value::<Option<DiscoPublic>>()? {
                     self.disco_key = (k.0 != [0; 32]).then_some(k);
                 }
                 Ok(())
@@ -466,7 +420,7 @@ pub struct PeerChange {
     /// New home DERP region.
     pub derp_region: Option<u32>,
     /// New disco key.
-    pub disco_key: Option<DiscoKey>,
+    pub disco_key: Option<DiscoPublic>,
     /// New node key.
     pub key: Option<NodePublic>,
     /// New capability version.
