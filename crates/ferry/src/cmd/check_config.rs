@@ -79,6 +79,18 @@ pub(crate) fn run(args: &CheckArgs) -> Result<()> {
 }
 
 fn check_file(args: &CheckArgs) -> Result<String> {
+    check_file_with(args, &ferry_udp::SystemResolver, &mut |w| {
+        eprintln!("ferry: check-config: warning: {w}")
+    })
+}
+
+/// [`check_file`] with the resolver of the UDP relay's bounce targets, and
+/// where warnings (a target that does not resolve now) go.
+fn check_file_with(
+    args: &CheckArgs,
+    resolver: &dyn ferry_udp::Resolve,
+    warn: &mut dyn FnMut(String),
+) -> Result<String> {
     let path = args.file.display().to_string();
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {path}"))?;
     let kind = match args.kind {
@@ -92,6 +104,16 @@ fn check_file(args: &CheckArgs) -> Result<String> {
         )),
         FileKind::UdpRelay => {
             let cfg = super::udp_relay::from_file(&path, &text)?;
+            for b in &cfg.bounce {
+                if let Err(why) = resolves(resolver, &b.target) {
+                    warn(format!(
+                        "{path}: {} = {:?} does not resolve now ({why}); the relay starts \
+                         anyway, drops that route's datagrams and tries again (after 1 s, \
+                         doubling up to a minute) until it resolves",
+                        b.target_field, b.target,
+                    ));
+                }
+            }
             Ok(format!(
                 "{path}: ferry udp-relay configuration OK: {}",
                 udp_summary(&cfg)
@@ -110,6 +132,15 @@ fn check_file(args: &CheckArgs) -> Result<String> {
                 "{path}: DERP server configuration OK ({keys} keys): {summary}"
             ))
         }
+    }
+}
+
+/// Whether `target` resolves to at least one address now.
+fn resolves(resolver: &dyn ferry_udp::Resolve, target: &str) -> Result<(), String> {
+    match resolver.resolve(target) {
+        Ok(addrs) if !addrs.is_empty() => Ok(()),
+        Ok(_) => Err("no addresses".to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -144,6 +175,60 @@ fn udp_summary(cfg: &ferry_udp::config::Config) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
+
+    /// Resolves only numeric addresses and `home.example:51820`.
+    struct Fake;
+
+    impl ferry_udp::Resolve for Fake {
+        fn resolve(&self, target: &str) -> std::io::Result<Vec<SocketAddr>> {
+            if target == "home.example:51820" {
+                return Ok(vec!["192.0.2.1:51820".parse().unwrap()]);
+            }
+            target
+                .parse()
+                .map(|a| vec![a])
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::NotFound, "no such host"))
+        }
+    }
+
+    fn check(toml: &str) -> (Result<String>, Vec<String>) {
+        let dir = ferry_testkit::TempDir::new("check-config");
+        let file = dir.path().join("udp.toml");
+        std::fs::write(&file, toml).unwrap();
+        let args = CheckArgs {
+            file,
+            kind: FileKind::Auto,
+        };
+        let mut warnings = Vec::new();
+        let out = check_file_with(&args, &Fake, &mut |w| warnings.push(w));
+        (out, warnings)
+    }
+
+    #[test]
+    fn a_bounce_target_that_does_not_resolve_is_a_warning_not_an_error() {
+        let (out, warnings) =
+            check("[[bounce]]\nlisten = [\":51820\"]\ntarget = \"nowhere.example:51820\"\n");
+        assert!(out.unwrap().contains("configuration OK"));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains(
+                "bounce[0].target = \"nowhere.example:51820\" does not resolve now (no such host)"
+            ),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn bounce_targets_that_resolve_give_no_warning() {
+        let (out, warnings) = check(
+            "[[bounce]]\nlisten = [\":51820\"]\ntarget = \"home.example:51820\"\n\n\
+             [[bounce]]\nlisten = [\":51821\"]\ntarget = \"192.0.2.2:51820\"\n",
+        );
+        assert!(out.unwrap().contains("configuration OK"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
 
     #[test]
     fn udp_relay_files_are_told_apart() {
