@@ -197,6 +197,7 @@ impl Shard {
                 let why = match &e {
                     HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
                     HandshakeError::Json { .. } => HandshakeFailure::BadJson,
+                    HandshakeError::InvalidAppName { .. } => HandshakeFailure::InvalidAppName,
                     HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. } => {
                         HandshakeFailure::BadFirstFrame
                     }

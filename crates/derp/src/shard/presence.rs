@@ -27,7 +27,7 @@ impl Shard {
         let Some(slot) = self.live(w) else { return };
         self.queue_control(slot, Origin::Presence, |q| match ev {
             WatchEvent::Present { key, addr, flags } => {
-                frame::put_peer_present(q, &key, Some(addr), flags)
+                frame::put_peer_present(q, &key, Some(addr), flags, "")
             }
             WatchEvent::Gone(key) => frame::put_peer_gone(q, &key, PeerGoneReason::Disconnected),
         });
