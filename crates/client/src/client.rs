@@ -21,6 +21,7 @@ use crate::conn::{self, Conn, TlsParams};
 use crate::target::Target;
 use crate::tls::{self, TlsRoots};
 use crate::Error;
+use ferry_proto::app_name::AppName;
 use ferry_proto::client::{self as derp, BoxKey};
 use ferry_proto::derp_map::Region;
 use ferry_proto::frame::{PeerGoneReason, MAX_PACKET_SIZE, PING_LEN};
@@ -134,6 +135,9 @@ pub enum Event {
         addr: Option<SocketAddr>,
         /// `PEER_PRESENT_*` flags.
         flags: u8,
+        /// The client's application name, when the server sent a valid
+        /// one (servers older than the name send none).
+        app_name: Option<AppName>,
     },
     /// The server's view of this connection's health: a problem, or `None`
     /// when it is healthy again.
@@ -761,10 +765,16 @@ impl Driver {
         let event = match event {
             derp::Event::Packet { src, packet } => Event::Packet { src, data: packet },
             derp::Event::PeerGone { key, reason } => Event::PeerGone { peer: key, reason },
-            derp::Event::PeerPresent { key, addr, flags } => Event::PeerPresent {
+            derp::Event::PeerPresent {
+                key,
+                addr,
+                flags,
+                app_name,
+            } => Event::PeerPresent {
                 peer: key,
                 addr,
                 flags,
+                app_name,
             },
             derp::Event::Health(text) => Event::Health {
                 problem: (!text.is_empty()).then(|| String::from_utf8_lossy(&text).into_owned()),

@@ -134,6 +134,9 @@ pub use endpoint::{
     SendError, SendReport, SessionTiming, SwitchReason, Timing, MAX_DATAGRAM, MAX_DERP_DATAGRAM,
 };
 pub use error::Error;
+/// A client's application name, as a DERP server reports it to watchers
+/// ([`Event::PeerPresent`]).
+pub use ferry_proto::app_name::AppName;
 /// The DERP map [`home`] measures and connects by.
 pub use ferry_proto::derp_map::{DerpMap, Node, Region};
 /// Why a DERP server says a peer is gone ([`EventKind::PeerGone`],

@@ -69,7 +69,8 @@ async fn every_server_frame_becomes_an_event() {
             &nacl::random_nonce(),
         );
         frame::put_health(&mut out, "overloaded");
-        frame::put_peer_present(&mut out, &peer, Some("192.0.2.7:41641".parse().unwrap()), 1);
+        let addr = Some("192.0.2.7:41641".parse().unwrap());
+        frame::put_peer_present(&mut out, &peer, addr, 1, "scripted");
         frame::put_peer_gone(&mut out, &peer, PeerGoneReason::NotHere);
         frame::put_ping(&mut out, &ping);
         frame::put_keepalive(&mut out);
@@ -113,8 +114,8 @@ async fn every_server_frame_becomes_an_event() {
     );
     assert!(matches!(next(), Event::Health { problem: Some(p) } if p == "overloaded"));
     assert!(
-        matches!(next(), Event::PeerPresent { peer: p, addr: Some(a), flags: 1 }
-        if p == peer && a.to_string() == "192.0.2.7:41641")
+        matches!(next(), Event::PeerPresent { peer: p, addr: Some(a), flags: 1, app_name: Some(n) }
+        if p == peer && a.to_string() == "192.0.2.7:41641" && n.as_str() == "scripted")
     );
     assert!(
         matches!(next(), Event::PeerGone { peer: p, reason: PeerGoneReason::NotHere } if p == peer)

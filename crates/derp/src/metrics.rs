@@ -112,6 +112,12 @@ labelled!(
         BadJson => "bad_json",
         /// The client key was all zeros.
         ZeroKey => "zero_key",
+        /// The clientInfo's `AppName` was not a valid application name
+        /// (longer than 32 bytes, or a byte outside printable ASCII).
+        InvalidAppName => "invalid_app_name",
+        /// The clientInfo's `AppName` is one `--disallow-app-names` refuses
+        /// (mesh peers are exempt).
+        DisallowedAppName => "disallowed_app_name",
         /// A trusted proxy's connection did not start with a valid PROXY
         /// header.
         ProxyHeader => "proxy_header",

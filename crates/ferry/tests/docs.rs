@@ -694,6 +694,19 @@ fn the_protocol_notes_vectors_are_the_codes() {
                     &c,
                     addr("198.51.100.23:41641"),
                     frame::PEER_PRESENT_IS_REGULAR,
+                    "",
+                )
+            }),
+        ),
+        (
+            "peerPresent C 198.51.100.23:41641, regular, app \"ferry\"",
+            built(&|o| {
+                frame::put_peer_present(
+                    o,
+                    &c,
+                    addr("198.51.100.23:41641"),
+                    frame::PEER_PRESENT_IS_REGULAR,
+                    "ferry",
                 )
             }),
         ),
@@ -705,6 +718,7 @@ fn the_protocol_notes_vectors_are_the_codes() {
                     &p,
                     addr("[2001:db8::2]:443"),
                     frame::PEER_PRESENT_IS_MESH_PEER,
+                    "",
                 )
             }),
         ),

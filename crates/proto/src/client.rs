@@ -904,9 +904,17 @@ impl Session {
             ServerFrame::RecvPacket { src, packet } => Event::Packet { src, packet },
             ServerFrame::KeepAlive => Event::KeepAlive,
             ServerFrame::PeerGone { key, reason } => Event::PeerGone { key, reason },
-            ServerFrame::PeerPresent { key, addr, flags } => {
-                Event::PeerPresent { key, addr, flags }
-            }
+            ServerFrame::PeerPresent {
+                key,
+                addr,
+                flags,
+                app_name,
+            } => Event::PeerPresent {
+                key,
+                addr,
+                flags,
+                app_name,
+            },
             ServerFrame::Ping(data) => {
                 if self.info.can_ack_pings {
                     frame::put_pong(&mut self.pending, &data);

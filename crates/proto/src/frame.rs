@@ -29,6 +29,7 @@
 //! [`MAX_PACKET_SIZE`] itself). They panic only if a payload exceeds
 //! `u32::MAX` bytes, which no DERP frame can.
 
+use crate::app_name::{AppName, MAX_APP_NAME_LEN};
 use crate::key::NodePublic;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -62,8 +63,9 @@ pub const DISCO_MIN_LEN: usize = DISCO_MAGIC.len() + KEY_LEN + crate::nacl::NONC
 pub const PING_LEN: usize = 8;
 /// Longest ping payload the server tolerates (extra bytes are ignored).
 pub const MAX_PING_LEN: usize = 1000;
-/// Length of the `peerPresent` payload current servers send.
-pub const PEER_PRESENT_LEN: usize = KEY_LEN + 16 + 2 + 1;
+/// Length of the `peerPresent` payload current servers send before the
+/// application name: key, IP, port, flags and the name's length byte.
+pub const PEER_PRESENT_LEN: usize = KEY_LEN + 16 + 2 + 1 + 1;
 /// The DERP protocol version this crate speaks.
 pub const PROTOCOL_VERSION: u32 = 2;
 
@@ -447,10 +449,21 @@ pub fn put_peer_gone(out: &mut Vec<u8>, key: &NodePublic, reason: PeerGoneReason
     out.push(reason.to_u8());
 }
 
-/// Appends the 51-byte `peerPresent`: key, IP as 16 bytes (IPv4 as
-/// IPv4-mapped IPv6, all zero when `addr` is `None`), port, flags.
-pub fn put_peer_present(out: &mut Vec<u8>, key: &NodePublic, addr: Option<SocketAddr>, flags: u8) {
-    put_header(out, FrameType::PeerPresent, PEER_PRESENT_LEN);
+/// Appends `peerPresent`: key, IP as 16 bytes (IPv4 as IPv4-mapped IPv6,
+/// all zero when `addr` is `None`), port, flags, then the application
+/// name's length (always, 0 for none) and the name: 52 bytes plus the
+/// name. `app_name` must be valid ([`crate::app_name::valid_app_name`]);
+/// anything longer than [`MAX_APP_NAME_LEN`] bytes is cut there.
+pub fn put_peer_present(
+    out: &mut Vec<u8>,
+    key: &NodePublic,
+    addr: Option<SocketAddr>,
+    flags: u8,
+    app_name: &str,
+) {
+    debug_assert!(crate::app_name::valid_app_name(app_name.as_bytes()));
+    let name = &app_name.as_bytes()[..app_name.len().min(MAX_APP_NAME_LEN)];
+    put_header(out, FrameType::PeerPresent, PEER_PRESENT_LEN + name.len());
     out.extend_from_slice(key.as_bytes());
     let (ip, port) = match addr {
         None => ([0u8; 16], 0),
@@ -460,6 +473,8 @@ pub fn put_peer_present(out: &mut Vec<u8>, key: &NodePublic, addr: Option<Socket
     out.extend_from_slice(&ip);
     out.extend_from_slice(&port.to_be_bytes());
     out.push(flags);
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
 }
 
 /// Appends `notePreferred`.
@@ -648,6 +663,10 @@ pub enum ServerFrame<'a> {
         addr: Option<SocketAddr>,
         /// `PEER_PRESENT_*` flags; 0 when absent.
         flags: u8,
+        /// The client's application name; `None` when the server sent
+        /// none, an empty one, an invalid one, or fewer bytes than the
+        /// length byte promised.
+        app_name: Option<AppName>,
     },
     /// The server pings; answer with a pong.
     Ping([u8; PING_LEN]),
@@ -671,7 +690,8 @@ pub enum ServerFrame<'a> {
 }
 
 /// Parses a frame a server sent, tolerantly as Go clients do
-/// (`docs/derp-protocol.md` §6.1): `peerPresent` of 32, 50 or 51+ bytes,
+/// (`docs/derp-protocol.md` §6.1): `peerPresent` of 32, 50, 51 or 52+
+/// bytes (a name longer than the rest, or invalid, is no name),
 /// `peerGone` without a reason byte, and short
 /// `recvPacket`/`peerGone`/`ping`/`pong`/`restarting` or a `serverKey` with a
 /// bad magic come back as [`ServerFrame::Other`]. This parser never fails; the
@@ -718,10 +738,15 @@ pub fn parse_server_frame(ty: u8, payload: &[u8]) -> Result<ServerFrame<'_>, Fra
             } else {
                 None
             };
+            let app_name = payload.get(KEY_LEN + 19).and_then(|&n| {
+                let name = payload.get(KEY_LEN + 20..KEY_LEN + 20 + usize::from(n))?;
+                AppName::new(name)
+            });
             ServerFrame::PeerPresent {
                 key: key_at(payload, 0),
                 addr,
                 flags: payload.get(KEY_LEN + 18).copied().unwrap_or(0),
+                app_name,
             }
         }
         FrameType::Ping if len >= PING_LEN => ServerFrame::Ping(eight(payload)),

@@ -185,7 +185,8 @@ fn keys() -> &'static Keys {
 
 /// Decodes `data` as clientInfo JSON and as a raw clientInfo payload, and
 /// checks that sealing `data` in a real box and opening it on the server
-/// agrees with decoding it directly.
+/// agrees with decoding it directly, but for an invalid `AppName`, which
+/// only the server refuses.
 pub fn client_info(data: &[u8]) {
     let direct = ClientInfo::from_json(data);
     if let Ok(info) = &direct {
@@ -210,10 +211,18 @@ pub fn client_info(data: &[u8]) {
         let mut payload = k.client.as_bytes().to_vec();
         k.client_to_server
             .seal_into(&mut payload, &[0x5a; 24], data);
+        let name_ok = |info: &ClientInfo| {
+            crate::app_name::valid_app_name(info.app_name.as_deref().unwrap_or("").as_bytes())
+        };
         match (handshake::open_client_info(&k.server, &payload), direct) {
             (Ok((who, info)), Ok(want)) => {
                 assert_eq!(who, k.client);
+                assert!(name_ok(&info), "opened with an invalid AppName");
                 assert_eq!(info, want);
+            }
+            (Err(HandshakeError::InvalidAppName { shown }), Ok(want)) => {
+                assert!(!name_ok(&want), "refused a valid AppName {shown}");
+                assert!(shown.len() >= 2 && shown.starts_with('"') && shown.ends_with('"'));
             }
             (Err(HandshakeError::Json { .. }), Err(HandshakeError::Json { .. })) => {}
             (sealed, direct) => panic!("sealed {sealed:?} vs direct {direct:?}"),

@@ -128,6 +128,15 @@ pub enum HandshakeError {
     /// The `serverKey` payload does not start with the `DERP🔑` magic.
     #[error("serverKey frame does not start with the DERP magic")]
     BadMagic,
+    /// The clientInfo's `AppName` is not a valid application name
+    /// ([`crate::app_name::valid_app_name`]).
+    #[error("invalid AppName {shown}")]
+    InvalidAppName {
+        /// The name as the message shows it
+        /// ([`crate::app_name::shown_app_name`]: quoted, cut at 40
+        /// characters).
+        shown: String,
+    },
 }
 
 /// The `serverKey` frame: header, magic, the server's public key.
@@ -155,7 +164,8 @@ pub struct ClientInfo {
     pub can_ack_pings: bool,
     /// The client is a monitoring prober.
     pub is_prober: bool,
-    /// Opaque application name; an empty string decodes as `None`.
+    /// Opaque application name; an empty string decodes as `None`. The
+    /// server refuses an invalid one ([`crate::app_name`]).
     pub app_name: Option<String>,
     /// Ferry's relay-session capability (`"ferryRelay": 1`,
     /// `docs/relay-sessions.md` §1): the version the client speaks, 0 when
@@ -368,7 +378,8 @@ impl FieldSink for ServerInfo {
 
 /// Opens a `clientInfo` payload (the frame after its 5-byte header):
 /// checks 56 ..= 262 144 bytes, rejects the all-zero key, opens the box
-/// sealed from the client's key to `server`, and decodes the JSON.
+/// sealed from the client's key to `server`, decodes the JSON, and refuses
+/// an invalid `AppName` (mesh peers included).
 pub fn open_client_info(
     server: &NodePrivate,
     payload: &[u8],
@@ -411,6 +422,13 @@ pub fn open_client_info_keyed(
             source,
         })?;
     let info = ClientInfo::from_json(&json)?;
+    if let Some(name) = info.app_name.as_deref() {
+        if !crate::app_name::valid_app_name(name.as_bytes()) {
+            return Err(HandshakeError::InvalidAppName {
+                shown: crate::app_name::shown_app_name(name),
+            });
+        }
+    }
     Ok((client, info, shared))
 }
 
@@ -677,6 +695,44 @@ mod tests {
                 }
             })
         ));
+    }
+
+    #[test]
+    fn client_info_app_name_edges() {
+        let server = server_private();
+        let open = |name: &str| {
+            let info = ClientInfo {
+                app_name: Some(name.into()),
+                ..tailscaled_info()
+            };
+            let mut f = key_c().as_bytes().to_vec();
+            SharedKey::new(&client_private(), &key_s()).seal_into(
+                &mut f,
+                &[0; 24],
+                &info.to_json(),
+            );
+            open_client_info(&server, &f).map(|(_, i)| i.app_name)
+        };
+        assert_eq!(open(""), Ok(None));
+        for n in [31, 32] {
+            assert_eq!(open(&"a".repeat(n)), Ok(Some("a".repeat(n))));
+        }
+        assert_eq!(open(" ~"), Ok(Some(" ~".into())));
+        let refused = |name: &str| HandshakeError::InvalidAppName {
+            shown: crate::app_name::shown_app_name(name),
+        };
+        assert_eq!(open(&"a".repeat(33)), Err(refused(&"a".repeat(33))));
+        assert_eq!(open("a\x1f"), Err(refused("a\x1f")));
+        assert_eq!(open("a\x7f"), Err(refused("a\x7f")));
+        let long = "z".repeat(50);
+        assert_eq!(
+            open(&long).unwrap_err().to_string(),
+            format!("invalid AppName \"{}\"", "z".repeat(40))
+        );
+        assert_eq!(
+            open("bad\nname").unwrap_err().to_string(),
+            r#"invalid AppName "bad\nname""#
+        );
     }
 
     #[test]

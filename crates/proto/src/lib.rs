@@ -58,6 +58,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod app_name;
 pub mod client;
 pub mod derp_map;
 pub mod disco;

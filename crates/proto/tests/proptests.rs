@@ -2,6 +2,7 @@
 //! trips, and the deframer's independence from how a stream is chunked or
 //! paused.
 
+use ferry_proto::app_name::AppName;
 use ferry_proto::frame::*;
 use ferry_proto::handshake::{ClientInfo, ServerInfo};
 use ferry_proto::key::{MeshKey, NodePublic};
@@ -169,6 +170,7 @@ proptest! {
         flags: u8,
         ping: [u8; 8],
         health in ".{0,40}",
+        app_name in "[ -~]{0,32}",
         reconnect: u32,
         try_for: u32,
     ) {
@@ -187,10 +189,11 @@ proptest! {
         prop_assert_eq!(parse(&f), ServerFrame::PeerGone { key: src, reason: PeerGoneReason::from_u8(reason) });
 
         let mut f = Vec::new();
-        put_peer_present(&mut f, &src, a, flags);
-        prop_assert_eq!(f.len(), HEADER_LEN + PEER_PRESENT_LEN);
+        put_peer_present(&mut f, &src, a, flags, &app_name);
+        prop_assert_eq!(f.len(), HEADER_LEN + PEER_PRESENT_LEN + app_name.len());
         let want_addr = a.map(canonical_addr).filter(|a| !(a.ip().is_unspecified() && a.ip().is_ipv6() && a.port() == 0));
-        prop_assert_eq!(parse(&f), ServerFrame::PeerPresent { key: src, addr: want_addr, flags });
+        let app_name = AppName::new(app_name.as_bytes());
+        prop_assert_eq!(parse(&f), ServerFrame::PeerPresent { key: src, addr: want_addr, flags, app_name });
 
         let mut f = Vec::new();
         put_ping(&mut f, &ping);

@@ -9,6 +9,7 @@
 
 mod mesh_peer;
 
+use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -184,6 +185,10 @@ pub struct DerpConfig {
     /// Relay sessions (`ferry --relay-port`), offered to clients that ask;
     /// `None`: off, and clients see nothing of them.
     pub relay_sessions: Option<Arc<dyn SessionService>>,
+    /// Application names (clientInfo `AppName`) refused at the handshake
+    /// (`--disallow-app-names`); mesh peers are exempt. The empty string
+    /// in the set refuses clients that send no name, as derper does.
+    pub disallowed_app_names: HashSet<String>,
 }
 
 impl DerpConfig {
@@ -227,6 +232,7 @@ impl DerpConfig {
             rate: RateConfig::default(),
             accept_limit: None,
             relay_sessions: None,
+            disallowed_app_names: HashSet::new(),
         }
     }
 }

@@ -16,6 +16,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use ferry_engine::Slot;
+use ferry_proto::app_name::AppName;
 use ferry_proto::frame::ServerFramePolicy;
 use ferry_proto::http::{HeadScan, HttpError, Request};
 use ferry_proto::key::NodePublic;
@@ -157,6 +158,8 @@ pub struct Conn {
     mesh: bool,
     /// Said it is a prober.
     prober: bool,
+    /// Its clientInfo `AppName`; `None` (no allocation) without one.
+    app_name: Option<Box<str>>,
     /// Asked for relay sessions, which this relay offers: then its
     /// relayAllocate rate (tokens per request).
     relay_sessions: Option<Box<Bucket>>,
@@ -237,6 +240,7 @@ impl Conn {
             key: NodePublic::from_bytes([0; 32]),
             mesh: false,
             prober: false,
+            app_name: None,
             relay_sessions: None,
             not_ideal: false,
             preferred: false,
@@ -306,6 +310,18 @@ impl Conn {
         self.key = key;
         self.mesh = mesh;
         self.prober = prober;
+    }
+
+    /// Keeps the clientInfo's `AppName` (valid, checked by the handshake).
+    pub fn set_app_name(&mut self, name: Option<String>) {
+        self.app_name = name.filter(|n| !n.is_empty()).map(String::into_boxed_str);
+    }
+
+    /// The clientInfo's `AppName`, for peerPresent.
+    pub fn app_name(&self) -> Option<AppName> {
+        self.app_name
+            .as_deref()
+            .and_then(|n| AppName::new(n.as_bytes()))
     }
 
     /// Records that the client asked for relay sessions and this relay

@@ -197,6 +197,7 @@ impl Shard {
                 let why = match &e {
                     HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
                     HandshakeError::Json { .. } => HandshakeFailure::BadJson,
+                    HandshakeError::InvalidAppName { .. } => HandshakeFailure::InvalidAppName,
                     HandshakeError::TooShort { .. } | HandshakeError::TooLong { .. } => {
                         HandshakeFailure::BadFirstFrame
                     }
@@ -210,9 +211,16 @@ impl Shard {
             (Some(ours), Some(theirs)) => ours.ct_eq(theirs),
             _ => false,
         };
+        let name = info.app_name.as_deref().unwrap_or("");
+        if !mesh && self.shared.config.disallowed_app_names.contains(name) {
+            let why = format!("disallowed app name {}", app_name::shown_app_name(name));
+            self.fail_handshake(slot, HandshakeFailure::DisallowedAppName, &why);
+            return ControlFlow::Break(());
+        }
         let relay_sessions = self.wants_relay_sessions(&info);
         let conn = &mut self.conns[slot];
         conn.identify(key, mesh, info.is_prober);
+        conn.set_app_name(info.app_name);
         conn.set_relay_sessions(relay_sessions);
         if self.begin_admission(slot) {
             // Frames after clientInfo wait in the deframer for the verdict.

@@ -71,6 +71,7 @@ use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::{ByteRx, ByteTx, Doorbell, MsgRx, MsgTx};
 use ferry_engine::{Completion, Driver, Handler, Slot};
+use ferry_proto::app_name::{self, AppName};
 use ferry_proto::frame::{self, PeerGoneReason};
 use ferry_proto::handshake::{self, HandshakeError, ServerInfo};
 use ferry_proto::key::NodePublic;
@@ -125,6 +126,8 @@ pub enum WatchEvent {
         addr: SocketAddr,
         /// peerPresent flags.
         flags: u8,
+        /// The client's application name.
+        app_name: Option<AppName>,
     },
     /// The last connection of `key` left.
     Gone(NodePublic),

@@ -26,8 +26,14 @@ impl Shard {
         }
         let Some(slot) = self.live(w) else { return };
         self.queue_control(slot, Origin::Presence, |q| match ev {
-            WatchEvent::Present { key, addr, flags } => {
-                frame::put_peer_present(q, &key, Some(addr), flags)
+            WatchEvent::Present {
+                key,
+                addr,
+                flags,
+                app_name,
+            } => {
+                let name = app_name.as_ref().map_or("", AppName::as_str);
+                frame::put_peer_present(q, &key, Some(addr), flags, name)
             }
             WatchEvent::Gone(key) => frame::put_peer_gone(q, &key, PeerGoneReason::Disconnected),
         });
@@ -47,6 +53,7 @@ impl Shard {
                     key: *key,
                     addr: c.peer(),
                     flags: c.presence_flags(),
+                    app_name: c.app_name(),
                 }
             })
             .collect();

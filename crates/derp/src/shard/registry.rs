@@ -101,7 +101,7 @@ impl Shard {
             &nonce,
         );
         conn.derp_mut().control_mut().extend_from_slice(&info);
-        let (addr, flags) = (conn.peer(), conn.presence_flags());
+        let (addr, flags, app_name) = (conn.peer(), conn.presence_flags(), conn.app_name());
 
         let not_ideal = self.conns[slot].is_not_ideal();
         let m = &self.m;
@@ -131,7 +131,12 @@ impl Shard {
             }
         }
         self.mark_dirty(slot);
-        self.broadcast_watch(WatchEvent::Present { key, addr, flags });
+        self.broadcast_watch(WatchEvent::Present {
+            key,
+            addr,
+            flags,
+            app_name,
+        });
     }
 
     pub(super) fn unregister(&mut self, slot: Slot) {

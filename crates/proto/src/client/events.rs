@@ -205,6 +205,8 @@ pub enum Event<P = Vec<u8>> {
         addr: Option<SocketAddr>,
         /// `frame::PEER_PRESENT_*` flags; 0 when absent.
         flags: u8,
+        /// The client's application name, when the server sent a valid one.
+        app_name: Option<crate::app_name::AppName>,
     },
     /// The server pinged; with `can_ack_pings` the pong is already queued.
     Ping([u8; PING_LEN]),
@@ -239,7 +241,17 @@ impl Event<&[u8]> {
                 packet: packet.to_vec(),
             },
             Event::PeerGone { key, reason } => Event::PeerGone { key, reason },
-            Event::PeerPresent { key, addr, flags } => Event::PeerPresent { key, addr, flags },
+            Event::PeerPresent {
+                key,
+                addr,
+                flags,
+                app_name,
+            } => Event::PeerPresent {
+                key,
+                addr,
+                flags,
+                app_name,
+            },
             Event::Ping(d) => Event::Ping(d),
             Event::Pong(d) => Event::Pong(d),
             Event::KeepAlive => Event::KeepAlive,

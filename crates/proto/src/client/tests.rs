@@ -261,8 +261,8 @@ fn every_event_kind() {
     put_peer_gone(&mut s, &key_c(), PeerGoneReason::Disconnected);
     put_peer_gone(&mut s, &key_p(), PeerGoneReason::NotHere);
     put_frame(&mut s, FrameType::PeerGone as u8, key_p().as_bytes()); // old server: no reason
-    put_peer_present(&mut s, &key_c(), Some(v4), PEER_PRESENT_IS_REGULAR);
-    put_peer_present(&mut s, &key_p(), Some(v6), PEER_PRESENT_IS_MESH_PEER);
+    put_peer_present(&mut s, &key_c(), Some(v4), PEER_PRESENT_IS_REGULAR, "ferry");
+    put_peer_present(&mut s, &key_p(), Some(v6), PEER_PRESENT_IS_MESH_PEER, "");
     put_frame(&mut s, FrameType::PeerPresent as u8, key_c().as_bytes()); // key only
     put_ping(&mut s, b"\x01\x02\x03\x04\x05\x06\x07\x08");
     put_pong(&mut s, b"pongpong");
@@ -304,17 +304,20 @@ fn every_event_kind() {
             Event::PeerPresent {
                 key: key_c(),
                 addr: Some(v4),
-                flags: PEER_PRESENT_IS_REGULAR
+                flags: PEER_PRESENT_IS_REGULAR,
+                app_name: crate::app_name::AppName::new(b"ferry"),
             },
             Event::PeerPresent {
                 key: key_p(),
                 addr: Some(v6),
-                flags: PEER_PRESENT_IS_MESH_PEER
+                flags: PEER_PRESENT_IS_MESH_PEER,
+                app_name: None,
             },
             Event::PeerPresent {
                 key: key_c(),
                 addr: None,
-                flags: 0
+                flags: 0,
+                app_name: None,
             },
             Event::Ping(*b"\x01\x02\x03\x04\x05\x06\x07\x08"),
             Event::Pong(*b"pongpong"),

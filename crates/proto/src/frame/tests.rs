@@ -73,12 +73,16 @@ fn vectors_data_and_control_frames() {
             format!("0800000021 | {P_HEX} 01"),
         ),
         (
-            built(|o| put_peer_present(o, &c, Some(v4), PEER_PRESENT_IS_REGULAR)),
-            format!("0900000033 | {C_HEX} 00000000000000000000ffffc6336417 a2a9 01"),
+            built(|o| put_peer_present(o, &c, Some(v4), PEER_PRESENT_IS_REGULAR, "")),
+            format!("0900000034 | {C_HEX} 00000000000000000000ffffc6336417 a2a9 01 00"),
         ),
         (
-            built(|o| put_peer_present(o, &p, Some(v6), PEER_PRESENT_IS_MESH_PEER)),
-            format!("0900000033 | {P_HEX} 20010db8000000000000000000000002 01bb 02"),
+            built(|o| put_peer_present(o, &p, Some(v6), PEER_PRESENT_IS_MESH_PEER, "")),
+            format!("0900000034 | {P_HEX} 20010db8000000000000000000000002 01bb 02 00"),
+        ),
+        (
+            built(|o| put_peer_present(o, &c, Some(v4), PEER_PRESENT_IS_REGULAR, "ferry")),
+            format!("0900000039 | {C_HEX} 00000000000000000000ffffc6336417 a2a9 01 05 6665727279"),
         ),
         (
             built(|o| put_close_peer(o, &p)),
@@ -118,22 +122,40 @@ fn vectors_parse_back() {
         parse_client_frame(0x11, &unhex(P_HEX)),
         Ok(ClientFrame::ClosePeer(p))
     );
-    let present = unhex(&format!("{C_HEX} 00000000000000000000ffffc6336417 a2a9 01"));
+    let present = unhex(&format!(
+        "{C_HEX} 00000000000000000000ffffc6336417 a2a9 01 00"
+    ));
     assert_eq!(
         parse_server_frame(0x09, &present),
         Ok(ServerFrame::PeerPresent {
             key: c,
             addr: Some("198.51.100.23:41641".parse().unwrap()),
-            flags: 1
+            flags: 1,
+            app_name: None,
         })
     );
-    let present6 = unhex(&format!("{P_HEX} 20010db8000000000000000000000002 01bb 02"));
+    let present6 = unhex(&format!(
+        "{P_HEX} 20010db8000000000000000000000002 01bb 02 00"
+    ));
     assert_eq!(
         parse_server_frame(0x09, &present6),
         Ok(ServerFrame::PeerPresent {
             key: p,
             addr: Some("[2001:db8::2]:443".parse().unwrap()),
-            flags: 2
+            flags: 2,
+            app_name: None,
+        })
+    );
+    let named = unhex(&format!(
+        "{C_HEX} 00000000000000000000ffffc6336417 a2a9 01 05 6665727279"
+    ));
+    assert_eq!(
+        parse_server_frame(0x09, &named),
+        Ok(ServerFrame::PeerPresent {
+            key: c,
+            addr: Some("198.51.100.23:41641".parse().unwrap()),
+            flags: 1,
+            app_name: AppName::new(b"ferry"),
         })
     );
     assert_eq!(
@@ -183,7 +205,7 @@ fn constants() {
     assert_eq!(MIN_CLIENT_INFO_LEN, 56);
     assert_eq!(MAX_CLIENT_INFO_LEN, 262144);
     assert_eq!(MAX_CLIENT_READ_FRAME, 1 << 20);
-    assert_eq!(PEER_PRESENT_LEN, 51);
+    assert_eq!(PEER_PRESENT_LEN, 52);
     assert_eq!(
         (
             PEER_PRESENT_IS_REGULAR,
@@ -296,7 +318,8 @@ fn server_frame_tolerance() {
         Ok(ServerFrame::PeerPresent {
             key: c,
             addr: None,
-            flags: 0
+            flags: 0,
+            app_name: None,
         })
     );
     let mut with_addr = key_only.clone();
@@ -307,7 +330,8 @@ fn server_frame_tolerance() {
         Ok(ServerFrame::PeerPresent {
             key: c,
             addr: None,
-            flags: 0
+            flags: 0,
+            app_name: None,
         })
     );
     assert_eq!(
@@ -315,7 +339,8 @@ fn server_frame_tolerance() {
         Ok(ServerFrame::PeerPresent {
             key: c,
             addr: Some("10.1.2.3:80".parse().unwrap()),
-            flags: 0
+            flags: 0,
+            app_name: None,
         })
     );
     let mut longer = with_addr.clone();
@@ -325,7 +350,8 @@ fn server_frame_tolerance() {
         Ok(ServerFrame::PeerPresent {
             key: c,
             addr: Some("10.1.2.3:80".parse().unwrap()),
-            flags: 4
+            flags: 4,
+            app_name: None,
         })
     );
     assert_eq!(
@@ -374,11 +400,76 @@ fn server_frame_tolerance() {
     );
 }
 
+/// peerPresent's application name as Go's client reads it: the name when
+/// the length byte's promise is kept and the name is valid, no name for
+/// an empty, short or invalid one; bytes after the name are ignored.
+#[test]
+fn peer_present_app_name_leniency() {
+    let c = key_c();
+    let mut base = c.as_bytes().to_vec();
+    base.extend_from_slice(&Ipv4Addr::new(10, 1, 2, 3).to_ipv6_mapped().octets());
+    base.extend_from_slice(&80u16.to_be_bytes());
+    base.push(PEER_PRESENT_IS_REGULAR);
+    let name_of = |tail: &[u8]| {
+        let mut f = base.clone();
+        f.extend_from_slice(tail);
+        match parse_server_frame(0x09, &f).unwrap() {
+            ServerFrame::PeerPresent {
+                addr,
+                flags,
+                app_name,
+                ..
+            } => {
+                assert_eq!(addr, Some("10.1.2.3:80".parse().unwrap()));
+                assert_eq!(flags, PEER_PRESENT_IS_REGULAR);
+                app_name.map(|n| n.as_str().to_owned())
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let with_len = |name: &[u8]| {
+        let mut t = vec![name.len() as u8];
+        t.extend_from_slice(name);
+        t
+    };
+    assert_eq!(name_of(&[]), None, "51 bytes: an older server");
+    assert_eq!(name_of(&[0]), None, "empty name");
+    for n in [1, 31, 32] {
+        let name = vec![b'a'; n];
+        assert_eq!(name_of(&with_len(&name)), Some("a".repeat(n)), "{n} bytes");
+    }
+    assert_eq!(name_of(&with_len(&[b'a'; 33])), None, "33 bytes");
+    assert_eq!(name_of(&with_len(b"a\x1f")), None, "0x1f");
+    assert_eq!(name_of(&with_len(b"a\x7f")), None, "0x7f");
+    assert_eq!(
+        name_of(&with_len(b" ~")),
+        Some(" ~".into()),
+        "0x20 and 0x7e"
+    );
+    assert_eq!(
+        name_of(&[5, b'f', b'e', b'r', b'r']),
+        None,
+        "one byte short"
+    );
+    assert_eq!(name_of(&[3, b'a', b'b', b'c', 0xff]), Some("abc".into()));
+    // What the builder writes reads back.
+    for name in ["", "x", "0123456789abcdefghijklmnopqrstuv"] {
+        let f = built(|o| put_peer_present(o, &c, None, 0, name));
+        assert_eq!(f.len(), HEADER_LEN + PEER_PRESENT_LEN + name.len());
+        match parse_server_frame(f[0], &f[HEADER_LEN..]).unwrap() {
+            ServerFrame::PeerPresent { app_name, .. } => {
+                assert_eq!(app_name.as_ref().map_or("", AppName::as_str), name)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 #[test]
 fn peer_present_address_forms() {
     let c = key_c();
     let parse = |addr: Option<SocketAddr>| {
-        let f = built(|o| put_peer_present(o, &c, addr, 0));
+        let f = built(|o| put_peer_present(o, &c, addr, 0, ""));
         assert_eq!(f.len(), HEADER_LEN + PEER_PRESENT_LEN);
         match parse_server_frame(f[0], &f[HEADER_LEN..]).unwrap() {
             ServerFrame::PeerPresent { addr, .. } => addr,

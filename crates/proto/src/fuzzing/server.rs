@@ -74,6 +74,12 @@ const DEFAULT_CAPS: Caps = Caps {
     hard_bytes: (1 << 20) + MAX_PACKET_SIZE,
 };
 
+/// An application name for peerPresent: none, a short one, or the
+/// longest valid one.
+fn name(b: u8) -> &'static str {
+    ["", "ferry", "0123456789abcdefghijklmnopqrstuv"][usize::from(b % 3)]
+}
+
 fn key(b: u8) -> NodePublic {
     NodePublic::from_bytes([b; 32])
 }
@@ -436,11 +442,12 @@ impl Run {
                     let cap = 64 << (arg % 8);
                     let room = self.model.ctrl.len() < cap;
                     let queued = self.conn.queue_control(cap, |q| {
-                        frame::put_peer_present(q, &key(arg), addr, arg >> 4)
+                        frame::put_peer_present(q, &key(arg), addr, arg >> 4, name(arg))
                     });
                     assert_eq!(queued, room, "peerPresent queued over the cap");
                     if room {
-                        frame::put_peer_present(&mut self.model.ctrl, &key(arg), addr, arg >> 4);
+                        let ctrl = &mut self.model.ctrl;
+                        frame::put_peer_present(ctrl, &key(arg), addr, arg >> 4, name(arg));
                     }
                 }
                 _ => {

@@ -178,6 +178,13 @@ pub(crate) struct DerpArgs {
     #[arg(long, default_value = "/var/run/tailscale/tailscaled.sock")]
     pub socket: PathBuf,
 
+    /// Client application names (clientInfo `AppName`) to refuse,
+    /// comma-separated as derper splits them (no trimming; an empty element,
+    /// as in `bad,`, refuses clients that send no name). Mesh peers are
+    /// exempt; checked before admission.
+    #[arg(long = "disallow-app-names", default_value = "")]
+    pub disallow_app_names: String,
+
     /// Admission controller: POSTed {"NodePublic","Source"} for every new
     /// client; only HTTP 200 with {"Allow":true} admits (Headscale serves
     /// one at /verify).

@@ -3,6 +3,7 @@
 //! the server's settings with the files they name read ([`prepare`]).
 //! `ferry check-config` runs the same checks.
 
+use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -271,6 +272,16 @@ impl Plan {
     }
 }
 
+/// `--disallow-app-names` as derper reads it: unset (empty) refuses
+/// nothing; otherwise a comma split that keeps empty elements, so a
+/// trailing comma refuses clients without a name.
+fn disallowed_app_names(flag: &str) -> HashSet<String> {
+    if flag.is_empty() {
+        return HashSet::new();
+    }
+    flag.split(',').map(str::to_owned).collect()
+}
+
 /// With --verify-clients, what every client gets when tailscaled's
 /// LocalAPI socket is not there (yet): refused, since nobody can say it
 /// is a peer. Not an error, as tailscaled may start after the relay.
@@ -433,6 +444,7 @@ pub(crate) fn prepare(args: &DerpArgs) -> Result<Prepared> {
         .parse()
         .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
     config.proxy_protocol = args.proxy_protocol;
+    config.disallowed_app_names = disallowed_app_names(&args.disallow_app_names);
     if config.proxy_protocol && config.trusted_proxies.is_empty() {
         bail!("--proxy-protocol needs --trusted-proxies: the addresses of the proxies that send PROXY headers");
     }
@@ -514,6 +526,20 @@ mod tests {
         assert!(b.dev);
         assert_eq!(b.certmode.as_deref(), Some("manual"));
     }
+    #[test]
+    fn disallow_app_names_splits_as_derper_does() {
+        let set = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
+        let parsed = |flag: &str| {
+            let a = args(&["-disallow-app-names", flag]);
+            disallowed_app_names(&a.disallow_app_names)
+        };
+        assert!(disallowed_app_names(&args(&[]).disallow_app_names).is_empty());
+        assert_eq!(parsed("bad"), set(&["bad"]));
+        assert_eq!(parsed("bad,worse"), set(&["bad", "worse"]));
+        assert_eq!(parsed("bad,"), set(&["bad", ""]));
+        assert_eq!(parsed(" bad"), set(&[" bad"]));
+    }
+
     #[test]
     fn listen_addresses() {
         assert_eq!(
