@@ -42,6 +42,10 @@ class Context:
         report, error = None, None
         tried = []  # (report, disturbed, insane) of every attempt that ran
         for attempts in range(1, self.plan["retries"] + 2):
+            if attempts > 1 and mode in FRESH_SERVER_MODES:
+                # A retry on the same process would start from the memory
+                # the last attempt left behind (freed, not returned).
+                server.restart()
             cmd = self.pin(self.args.client_cpus) + [str(self.bins["ferry-bench"]), mode, "-q", "-o", str(raw)]
             cmd += server.client_args() + extra
             started = time.time()
@@ -86,6 +90,10 @@ class Context:
             raw.write_text(json.dumps(report, indent=1) + "\n")
         self.records.append(rec)
         return report
+
+
+# Modes whose figure is the server's memory growth over the run.
+FRESH_SERVER_MODES = ("idle",)
 
 
 def disturbance(r):

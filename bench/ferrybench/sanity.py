@@ -26,6 +26,11 @@ def insane(report):
     elif m == "idle":
         if res["established"] < res["requested"] * 0.9:
             return f"only {res['established']} of {res['requested']} connections held"
+        per_conn = res.get("server_bytes_per_conn")
+        if per_conn is not None and per_conn < 64:
+            # Every server keeps at least a socket and a key per connection:
+            # less means the "before" sample already held the memory.
+            return f"server memory grew {per_conn:.1f} bytes per held connection"
     elif m == "churn":
         if res["completed"] <= 0:
             return "no handshake completed"

@@ -29,7 +29,7 @@ class Server:
         c = self.ctx
         addr = f"127.0.0.1:{self.port}"
         state = c.tmp / f"{self.name}-{self.port}"
-        state.mkdir()
+        state.mkdir(exist_ok=True)  # a restart keeps its key
         env = dict(os.environ)
         if self.name in ("ferry", "ferry-base"):
             cmd = [str(c.bins[self.name]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
@@ -71,6 +71,12 @@ class Server:
         wait_port(self.port, self.proc)
         time.sleep(0.2)
         return self
+
+    def restart(self):
+        """A fresh process on the same port and settings: what a measurement
+        of the server's own memory needs before each attempt."""
+        self.__exit__(None, None, None)
+        return self.__enter__()
 
     def __exit__(self, *exc):
         if self.proc and self.proc.poll() is None:
