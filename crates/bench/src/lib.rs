@@ -14,7 +14,7 @@
 //! How the pieces fit:
 //!
 //! - [`target`]: where the server is and how to reach it (plain or TLS;
-//!   [`insecure`] for `--insecure`).
+//!   `ferry_client::ChainVerifier::accept_any` for `--insecure`).
 //! - [`conn`]: one DERP client connection as a non-blocking state machine
 //!   (TCP, TLS, HTTP upgrade, serverKey/clientInfo/serverInfo).
 //! - [`traffic`]: the multi-threaded engine behind `throughput` and
@@ -42,7 +42,6 @@ pub mod clock;
 pub mod conn;
 pub mod histogram;
 pub mod idle;
-pub mod insecure;
 pub mod pacing;
 pub mod pairs;
 pub mod pool;

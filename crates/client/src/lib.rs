@@ -146,4 +146,4 @@ pub use ferry_proto::frame::PeerGoneReason;
 /// ([`NodePublic`], also their DERP addresses).
 pub use ferry_proto::key::{KeyError, NodePrivate, NodePublic};
 pub use target::{Target, Verify};
-pub use tls::{https_client_config, TlsRoots};
+pub use tls::{https_client_config, ChainVerifier, TlsRoots};

@@ -99,7 +99,7 @@ pub(crate) fn client_config(
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| setup(e.to_string()))?;
-    let verifier: Arc<dyn ServerCertVerifier> = match verify {
+    let check = match verify {
         Verify::Name(name) => {
             let store = match roots {
                 TlsRoots::Custom(store) => store.clone(),
@@ -110,20 +110,18 @@ pub(crate) fn client_config(
                 .map_err(|e| setup(e.to_string()))?;
             let expected = ServerName::try_from(name.clone())
                 .map_err(|e| setup(format!("CertName {name:?}: {e}")))?;
-            Arc::new(Checked {
-                check: Check::Name { webpki, expected },
-            })
+            Check::Name { webpki, expected }
         }
-        Verify::Pin(pin) => Arc::new(Checked {
-            check: Check::Pin(*pin),
-        }),
-        Verify::Insecure => Arc::new(Checked {
-            check: Check::Nothing,
-        }),
+        Verify::Pin(pin) => Check::Pin(*pin),
+        Verify::Insecure => Check::Nothing,
     };
+    let verifier =
+        ChainVerifier::with_context(provider(), move |end_entity, intermediates, ocsp, now| {
+            check.verify(end_entity, intermediates, ocsp, now)
+        });
     let config = builder
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
+        .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     Ok((Arc::new(config), server_name))
 }
@@ -170,26 +168,19 @@ enum Check {
     Nothing,
 }
 
-/// The certificate check a target asks for; handshake signatures are
-/// always verified with the provider's algorithms.
-#[derive(Debug)]
-struct Checked {
-    check: Check,
-}
-
-impl ServerCertVerifier for Checked {
-    fn verify_server_cert(
+impl Check {
+    /// The chain check of one target.
+    fn verify(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
         ocsp_response: &[u8],
         now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match &self.check {
-            Check::Name { webpki, expected } => {
-                webpki.verify_server_cert(end_entity, intermediates, expected, ocsp_response, now)
-            }
+    ) -> Result<(), rustls::Error> {
+        match self {
+            Check::Name { webpki, expected } => webpki
+                .verify_server_cert(end_entity, intermediates, expected, ocsp_response, now)
+                .map(|_| ()),
             Check::Pin(pin) => {
                 let mut chain = std::iter::once(end_entity)
                     .chain(intermediates)
@@ -213,10 +204,93 @@ impl ServerCertVerifier for Checked {
                         rustls::CertificateError::Expired,
                     ));
                 }
-                Ok(ServerCertVerified::assertion())
+                Ok(())
             }
-            Check::Nothing => Ok(ServerCertVerified::assertion()),
+            Check::Nothing => Ok(()),
         }
+    }
+}
+
+/// The whole check of a chain: end entity, intermediates, OCSP response
+/// and the time of the handshake.
+type FullCheck = dyn Fn(&CertificateDer<'_>, &[CertificateDer<'_>], &[u8], UnixTime) -> Result<(), rustls::Error>
+    + Send
+    + Sync;
+
+/// A certificate verifier whose chain check is the caller's, and whose
+/// handshake signatures are always verified with the provider's
+/// algorithms: whatever the chain check accepts, the server must still
+/// hold the key of the certificate it shows, and the TLS work is the same
+/// as with full verification.
+///
+/// The SDK builds its targets' checks on it (a name, a pin, or nothing
+/// for `InsecureForTests`); load generators and tests use
+/// [`ChainVerifier::accept_any`] against servers with certificates they
+/// cannot trust (self-signed, made by the server itself), or
+/// [`ChainVerifier::new`] with a check of their own.
+pub struct ChainVerifier {
+    provider: Arc<CryptoProvider>,
+    check: Box<FullCheck>,
+}
+
+impl std::fmt::Debug for ChainVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainVerifier").finish_non_exhaustive()
+    }
+}
+
+impl ChainVerifier {
+    /// Checks chains (end entity, intermediates) with `check` and
+    /// signatures with `provider`'s algorithms.
+    pub fn new(
+        provider: Arc<CryptoProvider>,
+        check: impl Fn(&CertificateDer<'_>, &[CertificateDer<'_>]) -> Result<(), rustls::Error>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        Self::with_context(provider, move |end_entity, intermediates, _, _| {
+            check(end_entity, intermediates)
+        })
+    }
+
+    /// Accepts any certificate chain; signatures are still checked.
+    pub fn accept_any(provider: Arc<CryptoProvider>) -> Self {
+        Self::new(provider, |_, _| Ok(()))
+    }
+
+    /// Like [`ChainVerifier::new`], the check also given the OCSP response
+    /// and the time of the handshake.
+    fn with_context(
+        provider: Arc<CryptoProvider>,
+        check: impl Fn(
+                &CertificateDer<'_>,
+                &[CertificateDer<'_>],
+                &[u8],
+                UnixTime,
+            ) -> Result<(), rustls::Error>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        ChainVerifier {
+            provider,
+            check: Box::new(check),
+        }
+    }
+}
+
+impl ServerCertVerifier for ChainVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        (self.check)(end_entity, intermediates, ocsp_response, now)
+            .map(|()| ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -225,12 +299,8 @@ impl ServerCertVerifier for Checked {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &provider().signature_verification_algorithms,
-        )
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -239,16 +309,12 @@ impl ServerCertVerifier for Checked {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &provider().signature_verification_algorithms,
-        )
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        provider()
+        self.provider
             .signature_verification_algorithms
             .supported_schemes()
     }
@@ -286,5 +352,139 @@ mod tests {
             meta_server_key(&[CertificateDer::from(vec![0x30, 0x03])]),
             None
         );
+    }
+
+    #[test]
+    fn the_chain_check_decides() {
+        let der = CertificateDer::from(vec![1, 2, 3]);
+        let name = ServerName::try_from("localhost").unwrap();
+        let any = ChainVerifier::accept_any(provider());
+        assert!(any
+            .verify_server_cert(&der, &[], &name, &[], UnixTime::now())
+            .is_ok());
+        let none = ChainVerifier::new(provider(), |_, _| {
+            Err(rustls::Error::General("refused".into()))
+        });
+        assert!(none
+            .verify_server_cert(&der, &[], &name, &[], UnixTime::now())
+            .is_err());
+    }
+
+    /// Every certificate verifier of the workspace (the SDK's targets,
+    /// the load generators' `--insecure`, the tests' clients) is this
+    /// module's [`ChainVerifier`]: no crate writes its own.
+    #[test]
+    fn the_workspace_has_one_certificate_verifier() {
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let needle = concat!("impl ServerCert", "Verifier for");
+        let mut found = Vec::new();
+        let mut dirs = vec![crates];
+        for _ in 0..100_000 {
+            let Some(dir) = dirs.pop() else { break };
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                let name = entry.file_name();
+                if path.is_dir() && name != "target" && name != "corpus" {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && std::fs::read_to_string(&path).is_ok_and(|t| t.contains(needle))
+                {
+                    found.push(path);
+                }
+            }
+        }
+        assert!(dirs.is_empty(), "the walk of crates/ did not finish");
+        assert_eq!(found.len(), 1, "certificate verifiers: {found:?}");
+        assert!(found[0].ends_with("client/src/tls.rs"), "{found:?}");
+    }
+
+    /// [`ChainVerifier::accept_any`] against a server with a certificate
+    /// nobody vouches for.
+    mod accept_any {
+        use super::super::*;
+        use rustls::crypto::aws_lc_rs;
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::server::{ClientHello, ResolvesServerCert};
+        use rustls::sign::CertifiedKey;
+        use rustls::{ClientConnection, ServerConfig, ServerConnection};
+
+        /// Serves `cert` and signs the handshake with `key` (which need not
+        /// be the certificate's).
+        #[derive(Debug)]
+        struct Serve(Arc<CertifiedKey>);
+
+        impl ResolvesServerCert for Serve {
+            fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+                Some(self.0.clone())
+            }
+        }
+
+        fn server(cert_key: &rcgen::KeyPair, signing_key: &rcgen::KeyPair) -> ServerConfig {
+            let cert = rcgen::CertificateParams::new(vec!["bench.invalid".to_owned()])
+                .unwrap()
+                .self_signed(cert_key)
+                .unwrap();
+            let provider = aws_lc_rs::default_provider();
+            let key = PrivateKeyDer::try_from(signing_key.serialize_der()).unwrap();
+            let signer = provider.key_provider.load_private_key(key).unwrap();
+            let certified = CertifiedKey::new(vec![cert.der().clone()], signer);
+            ServerConfig::builder_with_provider(Arc::new(provider))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_cert_resolver(Arc::new(Serve(Arc::new(certified))))
+        }
+
+        fn client() -> ClientConfig {
+            let provider = Arc::new(aws_lc_rs::default_provider());
+            ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(ChainVerifier::accept_any(provider)))
+                .with_no_client_auth()
+        }
+
+        /// Runs a handshake in memory; the client's error, if any.
+        fn handshake(server: ServerConfig) -> Result<(), rustls::Error> {
+            let name = ServerName::try_from("bench.invalid").unwrap();
+            let mut c = ClientConnection::new(Arc::new(client()), name).unwrap();
+            let mut s = ServerConnection::new(Arc::new(server)).unwrap();
+            for _ in 0..20 {
+                if !c.is_handshaking() && !s.is_handshaking() {
+                    return Ok(());
+                }
+                let mut wire = Vec::new();
+                c.write_tls(&mut wire).unwrap();
+                s.read_tls(&mut wire.as_slice()).unwrap();
+                // The server's own view does not matter here; the client's does.
+                let _ = s.process_new_packets();
+                let mut wire = Vec::new();
+                s.write_tls(&mut wire).unwrap();
+                c.read_tls(&mut wire.as_slice()).unwrap();
+                c.process_new_packets()?;
+            }
+            panic!("no handshake after 20 round trips");
+        }
+
+        #[test]
+        fn accepts_a_self_signed_certificate() {
+            let key = rcgen::KeyPair::generate().unwrap();
+            handshake(server(&key, &key)).expect("any chain is accepted");
+        }
+
+        #[test]
+        fn still_checks_the_handshake_signature() {
+            let (shown, signing) = (
+                rcgen::KeyPair::generate().unwrap(),
+                rcgen::KeyPair::generate().unwrap(),
+            );
+            let err = handshake(server(&shown, &signing))
+                .expect_err("a server without the certificate's key is refused");
+            assert_eq!(
+                err,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature)
+            );
+        }
     }
 }
