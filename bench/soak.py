@@ -13,9 +13,11 @@ it to a fresh process, so the soak's memory starts from nothing. ferry-bench
 samples the server every --sample (RSS, descriptors, CPU, its memory gauges,
 the interval's rates and data latency); after the load stops (every
 connection closed) this script keeps sampling for --idle to see what memory
-comes back. Output in --out: soak.json (the ferry-bench report, the idle
-samples and a summary: RSS drift between minute 2 and the end, RSS after
-idle against the start) and soak.png.
+comes back. Output in --out (default bench/results/<date>-soak-<tag>/,
+--tag defaults to the relay, shape and duration): raw/soak.json (the
+ferry-bench report, the idle samples and a summary: RSS drift between
+minute 2 and the end, RSS after idle against the start), raw/soak.png, and
+the layout's summary.json and results.md (ferrybench.layout).
 
 --relay udp soaks the UDP relay instead, in network namespaces, with the
 same summary and plot: bench/udp/soak_udp.py.
@@ -35,6 +37,7 @@ from ferrybench.build import target_dir  # noqa: E402  (the DERP suite's build, 
 from ferrybench.certs import make_cert  # noqa: E402
 from ferrybench.common import ROOT, log, run  # noqa: E402
 from ferrybench.context import Context  # noqa: E402
+from ferrybench.layout import finish, git_commit, host, run_dir  # noqa: E402
 from ferrybench.servers import Server  # noqa: E402
 import soak_udp  # noqa: E402  (the UDP relay's soak: --relay udp)
 from soak_udp import BOUNCE_IDLE, seconds  # noqa: E402
@@ -199,7 +202,9 @@ def plot(path, a, report, idle):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (default: a temporary one)")
+    ap.add_argument("--out", type=Path, help="output directory (default: bench/results/<date>-soak-<tag>)")
+    ap.add_argument("--tag", help="the last part of the default output directory's name "
+                                  "(default: derp-<duration>, or udp-<shape>-<duration>)")
     ap.add_argument("--duration", default="10m", help="how long the load runs (after the warm-up)")
     ap.add_argument("--warmup", default="10s")
     ap.add_argument("--idle", default="60s", help="how long to watch the server after the load stops")
@@ -236,8 +241,8 @@ def main():
     if not a.no_build:
         flag = ["--release"] if a.profile == "release" else []
         run(["cargo", "build", "--locked", *flag, "-p", "ferry", "-p", "ferry-bench"], cwd=ROOT)
-    out = a.out or Path(tempfile.mkdtemp(prefix="ferry-soak-"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = a.out or run_dir("soak", a.tag or (f"udp-{a.shape}" if udp else "derp") + f"-{a.duration}")
+    (out / "raw").mkdir(parents=True, exist_ok=True)
     a.transports = a.transport
     a.baseline_args = ""
     with tempfile.TemporaryDirectory(prefix="ferry-soak-") as tmpname:
@@ -270,8 +275,11 @@ def main():
         "bench": report,
         "peak": peak_report,
     }
-    (out / "soak.json").write_text(json.dumps(doc, indent=1) + "\n")
-    plot(out / "soak.png", a, report, idle)
+    (out / "raw" / "soak.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(out / "raw" / "soak.png", a, report, idle)
+    nice = ", both at nice -20" if ctx.nice else ""
+    finish(out, "soak", f"relay on CPU {a.server_cpus}, load generator on CPU {a.client_cpus}{nice}",
+           git_commit(), host())
     mib = 2 ** 20
 
     def m(v):
@@ -285,7 +293,7 @@ def main():
            f"after {a.idle} idle {m(summary['rss_after_idle'])} ({pct(summary['after_idle_over_start'])} over start)")
     offered = f"{summary['delivered_pps']:.0f} of {rate:.0f} pps" if udp else f"{summary['delivered_mbps']:.0f} of {rate:.0f} Mbit/s"
     log(f"delivered {offered}, loss {summary['loss'] * 100:.3f} %, descriptors {summary['fds_start']} → "
-           f"{summary['fds_end_of_load']} → {summary['fds_after_idle']}; wrote {out / 'soak.json'} and {out / 'soak.png'}")
+           f"{summary['fds_end_of_load']} → {summary['fds_after_idle']}; wrote {out}/summary.json, results.md, raw/")
 
 
 if __name__ == "__main__":

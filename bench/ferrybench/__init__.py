@@ -14,5 +14,8 @@ bench/ on the path); the soaks (bench/soak.py) use its servers and runs.
 - `sanity`: whether a report's numbers make sense.
 - `outputs`: summary.json and the rest of an output directory, the
   machine, `--rerender`.
+- `layout`: bench/results/<date>-<suite>-<tag>/ for every suite under
+  bench/ (summary.json, results.md, raw/), and `finish` for the suites
+  that write only JSON (the soaks, the shell scripts).
 - `common`: paths, the known servers, the traffic shape, logging.
 """

@@ -5,8 +5,9 @@
 
 Every server under test runs pinned to the same cores (--server-cpus,
 default 0) with the same settings; ferry-bench runs on the others
-(--client-cpus, default 1). Results go to bench/results/<date>/ (full) or a
-temporary directory (quick): one raw JSON per run, summary.json, results.md
+(--client-cpus, default 1). Results go to bench/results/<date>-derp-<tag>/
+(full; the tag is --tag, default "full") or the same name in a temporary
+directory (quick): one raw JSON per run under raw/, summary.json, results.md
 (medians, min-max spread, ratios) and PNG plots. bench/README.md explains the
 method and how to read the output.
 
@@ -15,7 +16,6 @@ Only the Python standard library is needed to run; plots need matplotlib
 """
 
 import argparse
-import datetime
 import json
 import shutil
 import signal
@@ -26,8 +26,9 @@ from pathlib import Path
 
 from .build import binaries
 from .certs import make_cert
-from .common import BENCH, log
+from .common import log
 from .context import Context
+from .layout import RESULTS, run_dir
 from .outputs import load_records, machine_info, rerender, write_outputs
 from .plans import PLANS, plan_for
 from .sanity import sanity
@@ -38,7 +39,9 @@ def parse_args():
     ap = argparse.ArgumentParser(prog="bench/run.sh", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=sorted(PLANS), help="quick (smoke test) or full (measurement)")
-    ap.add_argument("--out", type=Path, help="output directory (full: bench/results/<date>; quick: a temporary directory)")
+    ap.add_argument("--out", type=Path,
+                    help="output directory (full: bench/results/<date>-derp-<tag>; quick: that name in a temporary directory)")
+    ap.add_argument("--tag", help="the last part of the output directory's name (default: the mode, quick or full)")
     ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated subset of " + ",".join(SUITES))
     ap.add_argument("--profile", choices=["release", "dev"], default="release", help="cargo profile to build and measure")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list for the servers")
@@ -108,8 +111,8 @@ def run_suites(args, plan, suites):
         if not Path(v).exists():
             sys.exit(f"bench: {k} not found at {v}")
 
-    out = args.out or (BENCH / "results" / datetime.date.today().isoformat() if args.mode == "full"
-                       else Path(tempfile.mkdtemp(prefix="ferry-bench-quick-")))
+    out = args.out or run_dir("derp", args.tag or args.mode,
+                              root=RESULTS if args.mode == "full" else tempfile.mkdtemp(prefix="ferry-bench-quick-"))
     out.mkdir(parents=True, exist_ok=True)
     earlier = []
     if args.keep:

@@ -2,16 +2,14 @@
 headline.md, plots, raw/), the machine it ran on, and the same outputs
 built again from an earlier run's raw reports."""
 
-import datetime
 import hashlib
 import json
-import os
-import platform
 import subprocess
 from pathlib import Path
 
 from .common import DERPER_VERSION, ROOT, SERVERS, TUNED_QUEUE, log
 from .context import Context
+from .layout import git_commit, header, host, parse_name, today
 from .plots import plots
 from .render import headline_table, markdown
 from .suites import peak_delivered
@@ -24,41 +22,22 @@ def machine_info(ctx):
         except OSError:
             return "?"
 
-    cpu = "?"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = 0
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal"):
-                mem = int(line.split()[1]) / 1024 / 1024
-    except OSError:
-        pass
     digests = {}
     for k, path in (ctx.bins or {}).items():
         try:
             digests[k] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
         except OSError:
             pass
-    rev = sh(["git", "rev-parse", "--short", "HEAD"]) or "uncommitted"
-    dirty = " (with uncommitted changes)" if sh(["git", "status", "--porcelain"]) else ""
+    commit = git_commit()
     backend = "?"
     for r in ctx.records:
         for k in (r["report"] or {}).get("metrics_delta", {}):
             if k.startswith("ferry_io_backend") and r["server"] == "ferry":
                 backend = k.split('backend="', 1)[1].split('"', 1)[0] if 'backend="' in k else backend
     return {
-        "date": datetime.date.today().isoformat(),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "mem_gib": mem,
-        "kernel": platform.release(),
-        "ferry_rev": (rev or "?") + dirty,
+        "date": today(),
+        **host(),
+        "ferry_rev": commit or "?",
         "ferry_backend": backend,
         "go": sh(["go", "version"]).replace("go version ", ""),
         "rustc": sh(["rustc", "--version"]),
@@ -74,10 +53,23 @@ def machine_info(ctx):
     } | ({"hyperderp": sh([str(ctx.bins["hyperderp"]), "--version"])} if "hyperderp" in (ctx.bins or {}) else {})
 
 
+def pinning(machine):
+    """Which CPUs ran what, from a run's machine record."""
+    nice = ", both at nice -20" if machine.get("nice") else ""
+    return f"servers on CPU {machine.get('server_cpus')}, ferry-bench on CPU {machine.get('client_cpus')}{nice}"
+
+
 def write_outputs(ctx, machine):
+    """summary.json (the layout's header, then the medians and spreads per
+    suite, server, transport and point under "summary"), results.md,
+    headline.md and the plots."""
     out = ctx.out
     s = summarize(ctx)
-    (out / "summary.json").write_text(json.dumps({"machine": machine, "plan": ctx.plan, "summary": s,
+    _, _, tag = parse_name(out.name) or (None, None, out.name)
+    commit = machine.get("ferry_rev")
+    head = header("derp", machine.get("date"), tag, None if commit in (None, "?") else commit, machine,
+                  pinning(machine))
+    (out / "summary.json").write_text(json.dumps(head | {"plan": ctx.plan, "summary": s,
                                                   "latency_base_mbps": getattr(ctx, "latency_base", None),
                                                   "runs": [{k: v for k, v in r.items() if k != "report"} for r in ctx.records]},
                                                  indent=1, default=str) + "\n")

@@ -7,12 +7,15 @@
 #   sudo bash bench/link/run.sh local      # no emulation; relay and links CPU per Gbit/s
 #   sudo bash bench/link/run.sh longhaul --rtt 150 --loss 2 --duration 30 --cases "link-derp tailscaled-derper"
 #
-# Writes one JSON document (every case's figures) to --out (default
-# bench/link/results/<mode>-<UTC time>.json) and prints a table.
+# Writes one JSON document (every case's figures) to
+# bench/results/<date>-link-<mode>-<time>/raw/link.json with summary.json
+# and results.md beside it (bench/README.md, "Results"), or only the JSON
+# to --out FILE, and prints a table.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 . "$root/scripts/lib/netns.sh"
 . "$root/scripts/lib/netns-link.sh"
+. "$root/bench/lib/results.sh"
 # This run's namespaces, ${K}a ${K}b ${K}r ${K}d, and the prefix of its
 # interfaces (names outside a namespace are shared: they carry the pid).
 K=fu-$FU_RUN-k W=fu$FU_RUN
@@ -21,7 +24,7 @@ mode=${1:-}
 case $mode in
   longhaul) rtt=150 loss=1 duration=20 cases="wg-direct link-direct link-relay link-derp tailscaled-derper" ;;
   local) rtt=0 loss=0 duration=10 cases="wg-direct link-direct link-relay link-derp" ;;
-  *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 shift
 out="" mtu=1280 build=1
@@ -48,8 +51,11 @@ done
 if [ -n "$build" ]; then (cd "$root" && cargo build --release --locked -q -p ferry); fi
 ferry=${FERRY_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/ferry}
 [ -x "$ferry" ] || { echo "no ferry binary at $ferry" >&2; exit 1; }
-mkdir -p "$root/bench/link/results"
-out=${out:-$root/bench/link/results/$mode-$(date -u +%Y-%m-%dT%H%M%SZ).json}
+dir=""
+if [ -z "$out" ]; then
+  dir=$(bench_results_dir link "$mode-$(date -u +%H%M%SZ)")
+  out="$dir/raw/link.json"
+fi
 
 fu_init
 T=$FU_TMP
@@ -306,5 +312,6 @@ jq -n --arg mode "$mode" --argjson rtt "$rtt" --argjson loss "$loss" --argjson m
   '{mode: $mode, at: $at, emulation: {rtt_ms: $rtt, loss_percent_per_uplink: $loss}, inner_mtu: $mtu,
     iperf3_seconds: $d, kernel: $kernel, cpus: $cpus, ferry: $ferry, results: $r}' >"$out"
 step "results in $out"
+[ -z "$dir" ] || bench_results_finish "$dir" "not pinned: relay, links, wireguard-go and iperf3 share the $(nproc) CPUs"
 jq -r '.results[] | [.case, (.path // "-"), (.mbit_s // "-"), (.retransmits // "-"), (.ping_rtt_ms // "-"), (.relay_cores_per_gbit_s // "-"), (.link_cores_per_gbit_s // "-"), (.error // "")] | @tsv' "$out" |
   (printf 'case\tpath\tMbit/s\tretransmits\tping ms\trelay cores per Gbit/s\tlinks cores per Gbit/s\terror\n'; cat) | column -t -s $'\t'

@@ -9,8 +9,10 @@
 #   bash bench/sdk/run.sh --rate 500 --paths "relay derp"     # paced at 500 Mbit/s
 #   bash bench/sdk/run.sh --batch 64            # send_batch/recv_batch, 64 a call
 #
-# Writes the runs, their medians and spread as JSON to --out (default
-# bench/sdk/results/<UTC time>.json) and a Markdown table beside it (.md).
+# Writes the runs, their medians and spread as JSON and a Markdown table
+# into bench/results/<date>-sdk-<time>/ (raw/sdk.json; results.md: the
+# table, then summary.json's figures; bench/README.md, "Results"), or to
+# --out FILE (and FILE's name with .md) only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=5 repeats=5 size=1200 rate=0 rtt=2000 batch=0 paths="direct relay derp" out="" build=1
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --paths) paths=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-build) build=""; shift ;;
-    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 for tool in taskset python3; do
@@ -38,8 +40,12 @@ fi
 ferry=${FERRY_BIN:-$target/release/ferry}
 bench=$target/release/endpoint_bench
 for b in "$ferry" "$bench"; do [ -x "$b" ] || { echo "bench/sdk: no binary at $b (drop --no-build)" >&2; exit 1; }; done
-mkdir -p "$root/bench/sdk/results"
-out=${out:-$root/bench/sdk/results/$(date -u +%Y-%m-%dT%H%M%SZ).json}
+. "$root/bench/lib/results.sh"
+dir=""
+if [ -z "$out" ]; then
+  dir=$(bench_results_dir sdk "$(date -u +%H%M%SZ)")
+  out="$dir/raw/sdk.json"
+fi
 tmp=$(mktemp -d /tmp/ferry-sdk-bench.XXXXXX)
 relay_pid=""
 cleanup() { [ -z "$relay_pid" ] || kill "$relay_pid" 2>/dev/null || true; rm -rf "$tmp"; }
@@ -124,3 +130,9 @@ open(out[:-5] + ".md" if out.endswith(".json") else out + ".md", "w").write(md)
 print(md)
 print(f"results in {out}")
 PY
+if [ -n "$dir" ]; then
+  bench_results_finish "$dir" "relay (ferry) on CPU 0, both endpoints on CPU 1"
+  { cat "$dir/raw/sdk.md"; echo; cat "$dir/results.md"; } >"$dir/results.md.new"
+  mv "$dir/results.md.new" "$dir/results.md"
+  rm "$dir/raw/sdk.md"
+fi

@@ -5,13 +5,15 @@
 #   bash bench/tunnel/run.sh -repeats 5 -duration 15s
 #   bash bench/tunnel/run.sh -tls=false -relays ferry
 # Results: a Markdown table on standard output, every sample in
-# bench/tunnel/results/<date>.json.
+# bench/results/<date>-tunnel-<time>/raw/tunnel.json with summary.json and
+# results.md beside it (bench/README.md, "Results").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 cargo build --release --locked -p ferry
 target_dir=${CARGO_TARGET_DIR:-$root/target}
-mkdir -p bench/tunnel/results
-out="$root/bench/tunnel/results/$(date -u +%Y-%m-%dT%H%M%SZ).json"
-cd interop
-go run ./e2e/tunnelbench -ferry "$target_dir/release/ferry" -out "$out" "$@"
+. bench/lib/results.sh
+dir=$(bench_results_dir tunnel "$(date -u +%H%M%SZ)")
+out="$dir/raw/tunnel.json"
+(cd interop && go run ./e2e/tunnelbench -ferry "$target_dir/release/ferry" -out "$out" "$@")
+bench_results_finish "$dir" "as tunnelbench's -relay-cpus and -node-cpus (default: relay on CPU 0; tailscaleds, iperf3 and ping on CPU 1), nice -20 with -nice"

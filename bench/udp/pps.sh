@@ -6,7 +6,7 @@
 #
 #   bash bench/udp/pps.sh [-r REPEATS] [-d SECONDS] [-relays "ferry socat nft"]
 #                         [-cases "bounce bounce-gso hub hub-gso session session-gso"] [-flows N]
-#                         [-procs N] [-size BYTES] [-pps RATE] [-out FILE]
+#                         [-procs N] [-size BYTES] [-pps RATE] [-tag TAG | -out FILE]
 #                         [-profile debug]
 #                         [-flood-pps RATE] [-flood-kind answer|bind] [-flood-from PREFIX]
 #
@@ -28,12 +28,15 @@
 # Relay (and all receive processing in its namespace, with RPS) on CPU 0,
 # generator and sink (and their namespaces' receive processing) on CPU 1.
 # Results: a Markdown table on standard output, every sample in
-# bench/udp/results/pps-<date>.json. Needs root, nft, socat, jq, taskset.
+# bench/results/<date>-pps-<tag>/raw/pps.json (-tag, default the time of
+# day), with summary.json and results.md beside it (bench/README.md,
+# "Results"); -out FILE writes only the samples, to FILE. Needs root, nft,
+# socat, jq, taskset.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 repeats=3 secs=5 relays="ferry socat nft" cases="bounce bounce-gso hub hub-gso session session-gso"
-flows=8 procs=1 size=1400 rate=0 out="" profile=release
+flows=8 procs=1 size=1400 rate=0 out="" tag="" profile=release
 flood_pps=290000 flood_kind=answer flood_from=10.77.24.0/24
 while [ $# -gt 0 ]; do
   case $1 in
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     -size) size=$2; shift 2 ;;
     -pps) rate=$2; shift 2 ;;
     -out) out=$2; shift 2 ;;
+    -tag) tag=$2; shift 2 ;;
     -profile) profile=$2; shift 2 ;;
     -flood-pps) flood_pps=$2; shift 2 ;;
     -flood-kind) flood_kind=$2; shift 2 ;;
@@ -56,6 +60,7 @@ done
 [ $((flows % procs)) = 0 ] || { echo "-flows must be a multiple of -procs" >&2; exit 2; }
 
 . scripts/lib/netns.sh
+. bench/lib/results.sh
 . bench/udp/common.sh
 why=$(fu_why_not nft socat jq taskset)
 [ -z "$why" ] || { echo "cannot run the UDP packet-rate benchmark: $why" >&2; exit 1; }
@@ -72,8 +77,11 @@ bin=${CARGO_TARGET_DIR:-$root/target}/$profile
 ferry=$bin/ferry
 gen=$bin/udp_gen
 sessions=$bin/session_pps
-mkdir -p bench/udp/results
-[ -n "$out" ] || out="$root/bench/udp/results/pps-$(date -u +%Y-%m-%dT%H%M%SZ).json"
+dir=""
+if [ -z "$out" ]; then
+  dir=$(bench_results_dir pps "${tag:-$(date -u +%H%M%SZ)}")
+  out="$dir/raw/pps.json"
+fi
 
 fu_init
 T=$FU_TMP
@@ -302,4 +310,9 @@ for case in $cases; do
 done
 echo
 echo "load average during the samples: $(jq -r '[.[] | .loadavg_before, .loadavg_after] | "\(min)–\(max)"' "$out") (other work on the machine shows here)"
-echo "samples: $out"
+if [ -n "$dir" ]; then
+  bench_results_finish "$dir" "relay and its namespace's receive processing (RPS) on CPU 0; generator, sink and their namespaces' receive processing on CPU 1"
+  echo "samples: $out; summary.json and results.md in $dir"
+else
+  echo "samples: $out"
+fi

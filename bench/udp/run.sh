@@ -9,7 +9,8 @@
 # and raw 1400-byte datagrams from a load generator (packets per second at
 # the sink, and the relay's CPU time for packets per second per core).
 # Results: a Markdown table on standard output, every sample in
-# bench/udp/results/<date>.json. Needs root, wg, wireguard-go, iperf3,
+# bench/results/<date>-udp-<time>/raw/udp.json, with summary.json and
+# results.md beside it (bench/README.md, "Results"). Needs root, wg, wireguard-go, iperf3,
 # socat, nft, jq, taskset.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,6 +27,7 @@ done
 
 . scripts/lib/netns.sh
 . bench/udp/common.sh
+. bench/lib/results.sh
 why=$(fu_why_not wg iperf3 socat nft jq taskset)
 if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found"; fi
 [ -z "$why" ] || { echo "cannot run the UDP benchmark: $why" >&2; exit 1; }
@@ -34,8 +36,8 @@ cargo build --release --locked -q -p ferry
 cargo build --release --locked -q -p ferry-bench --bin udp_gen
 ferry=$root/target/release/ferry
 load=$root/target/release/udp_gen
-mkdir -p bench/udp/results
-out="$root/bench/udp/results/$(date -u +%Y-%m-%dT%H%M%SZ).json"
+dir=$(bench_results_dir udp "$(date -u +%H%M%SZ)")
+out="$dir/raw/udp.json"
 
 fu_init
 T=$FU_TMP
@@ -221,4 +223,5 @@ for relay in $relays; do
 done
 echo
 echo "load average during the samples: $(jq -r '[.[] | .loadavg_before, .loadavg_after] | "\(min)–\(max)"' "$out") (other work on the machine shows here)"
-echo "samples: $out"
+bench_results_finish "$dir" "relay process on CPU $relay_cpu, for the pps columns R's receive processing too (RPS); load generator and sink on CPU 0"
+echo "samples: $out; summary.json and results.md in $dir"

@@ -4,11 +4,18 @@
 # tool works and the numbers are sane (packets delivered, loss within
 # [0, 1], percentiles ordered, connections held), never a speed target.
 set -euo pipefail
+# The results layout every suite writes (bench/ferrybench/layout.py): its
+# writers on JSON shaped like each suite's, --rerender of a stored DERP
+# run, the stored results' names (about 2 s, no benchmark).
+python3 -m unittest discover -s bench/tests
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 bash bench/run.sh quick --profile dev --out "$out"
+# The layout every suite writes (bench/ferrybench/layout.py).
 test -s "$out/results.md"
 test -s "$out/summary.json"
+jq -e '.suite == "derp" and has("commit") and (.pinning | type == "string")' "$out/summary.json" >/dev/null
+test -n "$(ls "$out/raw")"
 
 # The soaks (bench/run.sh soak), as smoke checks of about 40 s together:
 # the DERP soak with 20 peers and the UDP relay's (raw datagrams through
@@ -42,10 +49,12 @@ test -s "$out/summary.json"
 # ferry-bench, udp_gen) are built first, outside the time limits, which
 # bound the runs.
 cargo build --locked -q -p ferry -p ferry-bench
-soak_check() { # soak_check DIR JQ-FILTER: the summary passes the filter
-  if ! jq -e "$2" "$1/soak.json" >/dev/null; then
-    echo "soak smoke check: unexpected summary in $1/soak.json" >&2
-    jq '{summary, start_gauges: .start.gauges, idle_last: .idle[-1], load_last_gauges: .bench.samples[-1].gauges}' "$1/soak.json" >&2
+soak_check() { # soak_check DIR JQ-FILTER: the layout is there, the summary passes the filter
+  test -s "$1/results.md"
+  jq -e '.suite == "soak" and (.series | length == 1)' "$1/summary.json" >/dev/null
+  if ! jq -e "$2" "$1/raw/soak.json" >/dev/null; then
+    echo "soak smoke check: unexpected summary in $1/raw/soak.json" >&2
+    jq '{summary, start_gauges: .start.gauges, idle_last: .idle[-1], load_last_gauges: .bench.samples[-1].gauges}' "$1/raw/soak.json" >&2
     exit 1
   fi
 }
@@ -62,7 +71,7 @@ soak_check "$out/soak-derp" "$num 1.25 as \$factor | $common
   and .summary.fds_end_of_load >= .summary.fds_start + 20
   and num(.idle[-1].gauges.ferry_heap_in_use_bytes; \"ferry_heap_in_use_bytes after idle\")
       <= num(.start.gauges.ferry_heap_in_use_bytes; \"ferry_heap_in_use_bytes before the load\") + 2 * 1048576"
-echo "DERP soak: $(jq -r '.summary | "RSS \(.rss_start / 1048576 * 10 | round / 10) -> \(.rss_after_idle / 1048576 * 10 | round / 10) MiB after idle, descriptors \(.fds_start) -> \(.fds_end_of_load) -> \(.fds_after_idle)"' "$out/soak-derp/soak.json")"
+echo "DERP soak: $(jq -r '.summary | "RSS \(.rss_start / 1048576 * 10 | round / 10) -> \(.rss_after_idle / 1048576 * 10 | round / 10) MiB after idle, descriptors \(.fds_start) -> \(.fds_end_of_load) -> \(.fds_after_idle)"' "$out/soak-derp/raw/soak.json")"
 . scripts/lib/netns.sh
 fu_skip_or_fail "UDP relay soak smoke check" "$(fu_why_not jq taskset)"
 timeout 120 bash bench/run.sh soak --no-build --relay udp --profile dev --pps 2000 --warmup 1s --duration 8s \
@@ -75,5 +84,5 @@ soak_check "$out/soak-udp" "$num 1.10 as \$factor | $common
   and num(.idle[-1].gauges.ferry_udp_sessions; \"ferry_udp_sessions after idle\") == 0
   and num(.idle[-1].gauges.ferry_udp_sessions_expired_total; \"ferry_udp_sessions_expired_total\")
       == num(.idle[-1].gauges.ferry_udp_sessions_opened_total; \"ferry_udp_sessions_opened_total\")"
-echo "UDP soak: $(jq -r '.summary | "RSS \(.rss_start / 1048576 * 10 | round / 10) -> \(.rss_after_idle / 1048576 * 10 | round / 10) MiB after idle, descriptors \(.fds_start) -> \(.fds_end_of_load) -> \(.fds_after_idle)"' "$out/soak-udp/soak.json")"
+echo "UDP soak: $(jq -r '.summary | "RSS \(.rss_start / 1048576 * 10 | round / 10) -> \(.rss_after_idle / 1048576 * 10 | round / 10) MiB after idle, descriptors \(.fds_start) -> \(.fds_end_of_load) -> \(.fds_after_idle)"' "$out/soak-udp/raw/soak.json")"
 echo "soak smoke checks: ok"
