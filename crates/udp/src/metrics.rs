@@ -288,34 +288,14 @@ impl Metrics {
             f.sample(&[Drop::label(slot)], self.sum(|s| s.drops[slot].get()));
         }
         w.single(&SESSIONS, self.sum_gauge(|s| s.sessions.get()));
-        // Every shard holds a replica of the hub's tables: show the
-        // largest (they differ only while events are in flight).
-        let replicas: [(&Family, GaugeOf); 4] = [
-            (&HUB_INDICES, |s| s.hub_indices.get()),
-            (&HUB_PENDING, |s| s.hub_pending.get()),
-            (&HUB_KNOWN_PEERS, |s| s.hub_known_peers.get()),
-            (&HUB_COLLISIONS, |s| s.hub_collisions.get()),
-        ];
-        for (family, read) in replicas {
-            w.single(
-                family,
-                self.shards.iter().map(|s| read(s)).max().unwrap_or(0),
-            );
-        }
-        let counters: [(&Family, CounterOf); 10] = [
-            (&SESSIONS_OPENED, |s| s.sessions_opened.get()),
-            (&SESSIONS_EXPIRED, |s| s.sessions_expired.get()),
-            (&SESSIONS_EVICTED, |s| s.sessions_evicted.get()),
-            (&SESSIONS_RETARGETED, |s| s.sessions_retargeted.get()),
-            (&SOCKET_DROPS, |s| s.socket_drops.get()),
-            (&RECVMMSG_CALLS, |s| s.recv_calls.get()),
-            (&SENDMMSG_CALLS, |s| s.send_calls.get()),
-            (&GSO_MESSAGES, |s| s.gso_messages.get()),
-            (&GSO_FALLBACKS, |s| s.gso_fallbacks.get()),
-            (&GRO_DATAGRAMS, |s| s.gro_datagrams.get()),
-        ];
-        for (family, read) in counters {
-            w.single(family, self.sum(read));
+        for (family, read) in &SINGLE {
+            match *read {
+                Single::Replica(read) => w.single(
+                    family,
+                    self.shards.iter().map(|s| read(s)).max().unwrap_or(0),
+                ),
+                Single::Summed(read) => w.single(family, self.sum(read)),
+            }
         }
         let mut f = w.family(&KERNEL_UDP_ERRORS);
         for (name, v) in kernel_udp_errors() {
@@ -367,54 +347,96 @@ const SESSIONS: Family = Family::gauge(
     "ferry_udp_sessions",
     "Bounce sessions (clients with their own upstream socket).",
 );
-const HUB_INDICES: Family = Family::gauge("ferry_udp_hub_indices", "Hub session indices known.");
-const HUB_PENDING: Family = Family::gauge(
-    "ferry_udp_hub_pending",
-    "Hub initiations awaiting a response.",
-);
-const HUB_KNOWN_PEERS: Family = Family::gauge(
-    "ferry_udp_hub_known_peers",
-    "Hub peers with a known endpoint.",
-);
-const HUB_COLLISIONS: Family = Family::gauge(
-    "ferry_udp_hub_index_collisions",
-    "Hub entries evicted by index collisions.",
-);
-const SESSIONS_OPENED: Family =
-    Family::counter("ferry_udp_sessions_opened_total", "Bounce sessions opened.");
-const SESSIONS_EXPIRED: Family = Family::counter(
-    "ferry_udp_sessions_expired_total",
-    "Bounce sessions closed after the idle timeout.",
-);
-const SESSIONS_EVICTED: Family = Family::counter(
-    "ferry_udp_sessions_evicted_total",
-    "Bounce sessions whose target never answered, closed at the session limit for a new client.",
-);
-const SESSIONS_RETARGETED: Family = Family::counter(
-    "ferry_udp_sessions_retargeted_total",
-    "Bounce sessions switched to a re-resolved target address.",
-);
-const SOCKET_DROPS: Family = Family::counter(
-    "ferry_udp_socket_drops_total",
-    "Datagrams the kernel dropped on the relay's sockets for lack of receive buffer (SO_RXQ_OVFL).",
-);
-const RECVMMSG_CALLS: Family = Family::counter(
-    "ferry_udp_recvmmsg_calls_total",
-    "recvmmsg calls that returned datagrams.",
-);
-const SENDMMSG_CALLS: Family = Family::counter("ferry_udp_sendmmsg_calls_total", "sendmmsg calls.");
-const GSO_MESSAGES: Family = Family::counter(
-    "ferry_udp_gso_messages_total",
-    "Messages sent with UDP GSO.",
-);
-const GSO_FALLBACKS: Family = Family::counter(
-    "ferry_udp_gso_fallbacks_total",
-    "UDP GSO trains the kernel refused (a path MTU under 1500, a device without checksum offload), sent again one datagram at a time.",
-);
-const GRO_DATAGRAMS: Family = Family::counter(
-    "ferry_udp_gro_datagrams_total",
-    "Datagrams that arrived coalesced by UDP GRO.",
-);
+/// How an unlabelled family reads the shards.
+#[derive(Clone, Copy)]
+enum Single {
+    /// A table every shard holds a replica of (the hub's): the largest,
+    /// since replicas differ only while events are in flight.
+    Replica(GaugeOf),
+    /// A per-shard counter: the sum over the shards.
+    Summed(CounterOf),
+}
+
+/// The unlabelled families, each beside the field it shows.
+const SINGLE: [(Family, Single); 14] = [
+    (
+        Family::gauge("ferry_udp_hub_indices", "Hub session indices known."),
+        Single::Replica(|s| s.hub_indices.get()),
+    ),
+    (
+        Family::gauge("ferry_udp_hub_pending", "Hub initiations awaiting a response."),
+        Single::Replica(|s| s.hub_pending.get()),
+    ),
+    (
+        Family::gauge("ferry_udp_hub_known_peers", "Hub peers with a known endpoint."),
+        Single::Replica(|s| s.hub_known_peers.get()),
+    ),
+    (
+        Family::gauge("ferry_udp_hub_index_collisions", "Hub entries evicted by index collisions."),
+        Single::Replica(|s| s.hub_collisions.get()),
+    ),
+    (
+        Family::counter("ferry_udp_sessions_opened_total", "Bounce sessions opened."),
+        Single::Summed(|s| s.sessions_opened.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_sessions_expired_total",
+            "Bounce sessions closed after the idle timeout.",
+        ),
+        Single::Summed(|s| s.sessions_expired.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_sessions_evicted_total",
+            "Bounce sessions whose target never answered, closed at the session limit for a new client.",
+        ),
+        Single::Summed(|s| s.sessions_evicted.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_sessions_retargeted_total",
+            "Bounce sessions switched to a re-resolved target address.",
+        ),
+        Single::Summed(|s| s.sessions_retargeted.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_socket_drops_total",
+            "Datagrams the kernel dropped on the relay's sockets for lack of receive buffer (SO_RXQ_OVFL).",
+        ),
+        Single::Summed(|s| s.socket_drops.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_recvmmsg_calls_total",
+            "recvmmsg calls that returned datagrams.",
+        ),
+        Single::Summed(|s| s.recv_calls.get()),
+    ),
+    (
+        Family::counter("ferry_udp_sendmmsg_calls_total", "sendmmsg calls."),
+        Single::Summed(|s| s.send_calls.get()),
+    ),
+    (
+        Family::counter("ferry_udp_gso_messages_total", "Messages sent with UDP GSO."),
+        Single::Summed(|s| s.gso_messages.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_gso_fallbacks_total",
+            "UDP GSO trains the kernel refused (a path MTU under 1500, a device without checksum offload), sent again one datagram at a time.",
+        ),
+        Single::Summed(|s| s.gso_fallbacks.get()),
+    ),
+    (
+        Family::counter(
+            "ferry_udp_gro_datagrams_total",
+            "Datagrams that arrived coalesced by UDP GRO.",
+        ),
+        Single::Summed(|s| s.gro_datagrams.get()),
+    ),
+];
 const KERNEL_UDP_ERRORS: Family = Family::counter(
     "ferry_udp_kernel_udp_errors_total",
     "The network namespace's UDP error counters (/proc/net/snmp and snmp6, IPv4 + IPv6).",
@@ -525,6 +547,9 @@ impl MetricsServer {
 mod tests {
     use super::*;
 
+    type GaugeField = fn(&ShardMetrics) -> &Gauge;
+    type CounterField = fn(&ShardMetrics) -> &Counter;
+
     #[test]
     fn render_sums_shards_and_names_every_reason() {
         let m = Metrics {
@@ -559,6 +584,51 @@ mod tests {
             Vec::<String>::new()
         );
     }
+    /// Each unlabelled family shows the field it is declared beside: the
+    /// hub's table sizes as the largest replica, the counters summed.
+    #[test]
+    fn each_single_family_shows_its_own_field() {
+        let m = Metrics {
+            shards: vec![Arc::default(), Arc::default()],
+            ..Default::default()
+        };
+        let gauges: [(&str, GaugeField); 4] = [
+            ("ferry_udp_hub_indices", |s| &s.hub_indices),
+            ("ferry_udp_hub_pending", |s| &s.hub_pending),
+            ("ferry_udp_hub_known_peers", |s| &s.hub_known_peers),
+            ("ferry_udp_hub_index_collisions", |s| &s.hub_collisions),
+        ];
+        for (i, (_, field)) in gauges.iter().enumerate() {
+            field(&m.shards[0]).set(10 + i as i64);
+            field(&m.shards[1]).set(20 + i as i64);
+        }
+        let counters: [(&str, CounterField); 10] = [
+            ("ferry_udp_sessions_opened_total", |s| &s.sessions_opened),
+            ("ferry_udp_sessions_expired_total", |s| &s.sessions_expired),
+            ("ferry_udp_sessions_evicted_total", |s| &s.sessions_evicted),
+            ("ferry_udp_sessions_retargeted_total", |s| {
+                &s.sessions_retargeted
+            }),
+            ("ferry_udp_socket_drops_total", |s| &s.socket_drops),
+            ("ferry_udp_recvmmsg_calls_total", |s| &s.recv_calls),
+            ("ferry_udp_sendmmsg_calls_total", |s| &s.send_calls),
+            ("ferry_udp_gso_messages_total", |s| &s.gso_messages),
+            ("ferry_udp_gso_fallbacks_total", |s| &s.gso_fallbacks),
+            ("ferry_udp_gro_datagrams_total", |s| &s.gro_datagrams),
+        ];
+        for (i, (_, field)) in counters.iter().enumerate() {
+            field(&m.shards[0]).add(100 + i as u64);
+            field(&m.shards[1]).add(1000);
+        }
+        let text = m.render();
+        for (i, (name, _)) in gauges.iter().enumerate() {
+            assert!(text.contains(&format!("\n{name} {}\n", 20 + i)), "{name}");
+        }
+        for (i, (name, _)) in counters.iter().enumerate() {
+            assert!(text.contains(&format!("\n{name} {}\n", 1100 + i)), "{name}");
+        }
+    }
+
     fn get(addr: SocketAddr, request: &[u8]) -> String {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(addr).unwrap();
