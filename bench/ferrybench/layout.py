@@ -35,7 +35,8 @@ from pathlib import Path
 from .common import BENCH, ROOT
 from .summary import stat
 
-RESULTS = BENCH / "results"
+# Where run directories go: bench/results/, or FERRY_BENCH_RESULTS.
+RESULTS = Path(os.environ.get("FERRY_BENCH_RESULTS") or BENCH / "results")
 
 # Each suite: what it measures, how its raw JSON becomes rows, and which
 # fields of a row name its series. Rows are dicts; every other numeric
@@ -209,7 +210,8 @@ def main(argv=None):
     new = sub.add_parser("new", help="make bench/results/<date>-<suite>-<tag>/raw and print its path")
     new.add_argument("suite", choices=sorted(SUITES))
     new.add_argument("tag")
-    new.add_argument("--root", type=Path, default=RESULTS, help="where the run directories are (bench/results)")
+    new.add_argument("--root", type=Path, default=RESULTS,
+                     help="where the run directories are (bench/results, or FERRY_BENCH_RESULTS)")
     fin = sub.add_parser("finish", help="write DIR/summary.json and DIR/results.md from DIR/raw/*.json")
     fin.add_argument("dir", type=Path)
     fin.add_argument("--suite", help="the suite, when DIR's name does not say")

@@ -10,6 +10,7 @@ stored raw reports.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,31 @@ class Finish(unittest.TestCase):
                            capture_output=True, text=True, cwd=BENCH)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no JSON results", p.stderr)
+
+
+class ShellHelpers(unittest.TestCase):
+    """bench/lib/results.sh, as the shell suites call it."""
+
+    def test_dir_then_finish_from_bash(self):
+        root = Path(tempfile.mkdtemp(prefix="ferry-layout-test-"))
+        self.addCleanup(shutil.rmtree, root)
+        script = """
+            set -euo pipefail
+            root=$1
+            . "$root/bench/lib/results.sh"
+            dir=$(bench_results_dir pps "$2")
+            printf '%s' "$3" >"$dir/raw/pps.json"
+            bench_results_finish "$dir" "relay on CPU 0"
+            echo "$dir"
+        """
+        p = subprocess.run(["bash", "-c", script, "bash", str(BENCH.parent), "shell", json.dumps(RAW["pps"])],
+                           capture_output=True, text=True, env=os.environ | {"FERRY_BENCH_RESULTS": str(root)})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        d = Path(p.stdout.strip().splitlines()[-1])
+        self.assertEqual(d.parent, root)
+        self.assertTrue(d.name.endswith("-pps-shell"), d.name)
+        self.assertTrue((d / "results.md").is_file())
+        self.assertEqual(read(d / "summary.json")["pinning"], "relay on CPU 0")
 
 
 class DerpSuite(unittest.TestCase):
