@@ -186,9 +186,9 @@ class StoredResults(unittest.TestCase):
                 self.assertTrue((d / "summary.json").is_file())
                 self.assertTrue((d / "results.md").is_file())
                 s = read(d / "summary.json")
-                # Runs of the DERP suite from before the layout keep their
-                # own summary.json (machine, plan, summary, runs).
-                self.assertEqual(s.get("suite", "derp"), named[1])
+                for k in ("suite", "date", "tag", "commit", "machine", "pinning"):
+                    self.assertIn(k, s)
+                self.assertEqual((s["date"], s["suite"], s["tag"]), named)
 
     def test_no_suite_keeps_results_of_its_own(self):
         for suite in ("udp", "link", "tunnel", "sdk"):
