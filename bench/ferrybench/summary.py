@@ -148,7 +148,7 @@ def offered_of(point):
 
 
 def headline_rows(ctx, s):
-    """The issue-3 bar, row by row."""
+    """The headline bar (what Ferry must meet against derper), row by row."""
     rows = []
 
     def peak_stat(transport, name):

@@ -245,7 +245,7 @@ fn one_client_cannot_flood_the_server_with_initiations() {
     relay.shutdown();
 }
 
-/// Issue 19: a 148-byte initiation at the end of a GRO train of larger
+/// A 148-byte initiation at the end of a GRO train of larger
 /// datagrams (the segment size is not 148) is rate-limited like any other.
 #[test]
 fn initiations_ending_gro_trains_are_rate_limited() {

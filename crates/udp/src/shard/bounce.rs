@@ -492,7 +492,7 @@ mod tests {
 
     #[test]
     fn an_initiation_ending_a_train_of_larger_datagrams_is_counted() {
-        // Issue 19: three 200-byte transport datagrams, then an initiation,
+        // Three 200-byte transport datagrams, then an initiation,
         // glued by GRO with a segment size of 200.
         let slot = [transport(200), transport(200), transport(200), initiation()].concat();
         let (got, asked) = screen(&slot, 200, false, 0);
