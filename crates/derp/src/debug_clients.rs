@@ -1,0 +1,5 @@
+//! `/debug/clients/`, derper v1.104's page of connected clients: so far
+//! its query language ([`query`]: filter, sort, page size and cursor);
+//! the relay does not serve the page yet.
+
+pub mod query;
