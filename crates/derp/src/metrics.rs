@@ -412,6 +412,15 @@ impl Metrics {
     fn sum_gauge(&self, f: impl Fn(&ShardMetrics) -> i64) -> i64 {
         self.shards.iter().map(f).sum()
     }
+
+    /// Registered connections, and the distinct keys they belong to.
+    pub fn local_counts(&self) -> (i64, i64) {
+        let conns = self.sum_gauge(|s| s.current_connections.get());
+        let keys = conns
+            - self
+                .sum_gauge(|s| s.current_dup_client_conns.get() - s.current_dup_client_keys.get());
+        (conns, keys)
+    }
 }
 
 /// Serves `--metrics-addr` until `stop`: `/metrics` and `/debug/varz`

@@ -188,6 +188,92 @@ impl Query {
     }
 }
 
+impl Query {
+    /// The sort as `sort=` writes it (`-` first when descending).
+    pub fn sort_param(&self) -> String {
+        format!("{}{}", if self.desc { "-" } else { "" }, self.sort.name())
+    }
+
+    /// A short description of the filter, for the page's title.
+    pub fn describe(&self) -> String {
+        let mut s = match &self.filter {
+            Filter::All => "all clients".to_owned(),
+            Filter::Ip(ip) => format!("clients from {ip}"),
+            Filter::Cidr(net, bits) => format!("clients from {net}/{bits}"),
+            Filter::Key(k) => format!("connections for {k}"),
+        };
+        if let Some(apps) = &self.apps {
+            let names: Vec<&str> = apps
+                .iter()
+                .map(|a| if a.is_empty() { "(none)" } else { a })
+                .collect();
+            s.push_str(" with app ");
+            s.push_str(&names.join(" or "));
+        }
+        s
+    }
+
+    /// A relative URL with this query's filters, page size and format, and
+    /// `sort`, `after` and `after_conn` (empty: left out); parameters in
+    /// name order.
+    pub fn link(&self, sort: &str, after: &str, after_conn: &str) -> String {
+        let mut v: Vec<(&str, String)> = Vec::new();
+        match &self.filter {
+            Filter::All => v.push(("all", "1".into())),
+            Filter::Ip(ip) => v.push(("ip", ip.to_string())),
+            Filter::Cidr(net, bits) => v.push(("cidr", format!("{net}/{bits}"))),
+            Filter::Key(k) => v.push(("key", k.to_string())),
+        }
+        for a in self.apps.iter().flatten() {
+            v.push(("app", a.clone()));
+        }
+        v.push(("sort", sort.to_owned()));
+        if !after.is_empty() {
+            v.push(("after", after.to_owned()));
+        }
+        if !after_conn.is_empty() {
+            v.push(("afterconn", after_conn.to_owned()));
+        }
+        if self.limit != DEFAULT_LIMIT {
+            v.push(("limit", self.limit.to_string()));
+        }
+        if self.json {
+            v.push(("format", "json".into()));
+        }
+        // A stable sort keeps repeated app= in their order.
+        v.sort_by_key(|(k, _)| *k);
+        let pairs: Vec<String> = v
+            .iter()
+            .map(|(k, val)| format!("{k}={}", form_encode(val)))
+            .collect();
+        format!("?{}", pairs.join("&"))
+    }
+}
+
+/// `s` as a query-string value: letters, digits and `-_.~` as they are, a
+/// space as `+`, every other byte as `%XX`.
+pub fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(b))
+            }
+            b' ' => out.push('+'),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// Whether the query string `raw` asks for JSON (`format=json`).
+pub fn is_json(raw: &str) -> bool {
+    pairs(raw)
+        .iter()
+        .find(|(k, _)| k == "format")
+        .is_some_and(|(_, v)| v == "json")
+}
+
 /// Parses the query string `raw` (without `?`). `now_ns` (Unix
 /// nanoseconds) turns a duration cursor of the connected sort into a
 /// time. `Ok(None)`: no filter at all, so the page shows counts only.

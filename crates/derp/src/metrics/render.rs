@@ -66,10 +66,7 @@ impl Metrics {
             self.sum(|s| s.total_dup_client_conns.get()),
         );
         w.single(&DERP_WATCHERS, self.sum_gauge(|s| s.watchers.get()));
-        let local = self.sum_gauge(|s| {
-            s.current_connections.get() - s.current_dup_client_conns.get()
-                + s.current_dup_client_keys.get()
-        });
+        let (_, local) = self.local_counts();
         let remote = self.sum_gauge(|s| s.remote_keys.get());
         w.single(&DERP_CLIENTS_LOCAL, local);
         w.single(&DERP_CLIENTS_REMOTE, remote);
