@@ -230,6 +230,10 @@ impl Metrics {
                 self.sum(|s| s.handshake_failures[*r as usize].get()),
             );
         }
+        let mut f = w.family(&FERRY_REFUSED_APP_NAMES_TOTAL);
+        for (reason, name, n) in self.refused_names() {
+            f.sample(&[reason.label(), &name], n);
+        }
         let mut f = w.family(&FERRY_CONNECTIONS_CLOSED_TOTAL);
         for r in CloseReason::ALL {
             f.sample(&[r.label()], self.sum(|s| s.closes[*r as usize].get()));

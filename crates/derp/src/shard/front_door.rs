@@ -204,6 +204,10 @@ impl Shard {
         let (key, info) = match result {
             Ok(v) => v,
             Err(e) => {
+                if let HandshakeError::InvalidAppName { shown } = &e {
+                    let reason = HandshakeFailure::InvalidAppName;
+                    self.shared.metrics.note_refused_name(reason, shown);
+                }
                 let why = match &e {
                     HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
                     HandshakeError::Json { .. } => HandshakeFailure::BadJson,
@@ -223,7 +227,10 @@ impl Shard {
         };
         let name = info.app_name.as_deref().unwrap_or("");
         if !mesh && self.shared.config.disallowed_app_names.contains(name) {
-            let why = format!("disallowed app name {}", app_name::shown_app_name(name));
+            let shown = app_name::shown_app_name(name);
+            let reason = HandshakeFailure::DisallowedAppName;
+            self.shared.metrics.note_refused_name(reason, &shown);
+            let why = format!("disallowed app name {shown}");
             self.fail_handshake(slot, HandshakeFailure::DisallowedAppName, &why);
             return ControlFlow::Break(());
         }
