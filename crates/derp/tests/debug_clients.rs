@@ -1,5 +1,5 @@
-//! `/debug/clients/` (`docs/operating.md`): pages over a few hundred
-//! connections spread over three shards (every sort's cursor walks the
+//! `/debug/clients/` (`docs/operating.md`): pages over 300 connections
+//! spread over three shards (every sort's cursor walks the
 //! whole set exactly once), the filters, the traffic counters, derper's
 //! 400 answers, local access only; and the field names and JSON types
 //! against derper v1.104.7's page. Each case on each back end (the list
@@ -18,8 +18,9 @@ use serde_json::Value;
 use support::{eventually, http, info, start, stop, Client};
 
 const T: Duration = Duration::from_secs(5);
-/// Clients in the paging case.
-const N: usize = 150;
+/// Clients in the paging case (two sockets each, on each back end at
+/// once: the soft file limit is raised to the hard one first).
+const N: usize = 300;
 
 /// The status code and body of `GET path`.
 fn get(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
@@ -69,6 +70,7 @@ fn connect_many(addr: SocketAddr, n: usize) -> Vec<Client> {
 /// once, in the walk order, for each sort and both directions; the
 /// counts and `remaining` agree with what is left.
 fn pages_walk_every_connection_exactly_once() {
+    ferry_sys::raise_nofile_limit().expect("raising the file limit");
     let (server, addr) = start(3, |_| {});
     let _clients = connect_many(addr, N);
     assert!(eventually(T, || page(addr, "?all&format=json&limit=1")
@@ -156,6 +158,18 @@ fn filters_choose_their_connections() {
     let (status, html) = get(addr, "/debug/clients/?app=beta", "");
     assert_eq!(status, 200);
     assert_eq!(html.matches("<tr><td>").count(), 10, "{html}");
+    // Two connections of one key: both dup, the newer one active.
+    let k = NodePrivate::generate();
+    let _first = Client::connect_as(addr, k.clone(), info(None));
+    let _second = Client::connect_as(addr, k.clone(), info(None));
+    let q = format!("?key={}&format=json&sort=conn", k.public());
+    assert!(eventually(T, || clients(&page(addr, &q)).len() == 2));
+    let v = page(addr, &q);
+    let rows = clients(&v);
+    assert_eq!(v["keys"], 1);
+    assert!(rows.iter().all(|r| r["dup"] == true), "{rows:?}");
+    assert_eq!(rows[0]["active"], false, "{rows:?}");
+    assert_eq!(rows[1]["active"], true, "{rows:?}");
     stop(server);
 }
 
