@@ -28,6 +28,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::config::BootstrapAnswers;
+use ferry_proto::http::unescape_query as unescape;
 
 /// How often the names are resolved again (derper's interval).
 pub const REFRESH_EVERY: Duration = Duration::from_secs(10 * 60);
@@ -335,25 +336,6 @@ fn query_q(query: &str) -> Option<String> {
         }
     }
     None
-}
-
-fn unescape(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

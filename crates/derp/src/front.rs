@@ -10,6 +10,8 @@ use ferry_proto::forwarded::{self, TrustedProxies};
 use ferry_proto::http::{self, Request, Upgrade};
 
 use crate::config::{DerpConfig, HomePage, ListenerKind};
+use crate::debug_clients::query::{self, Query};
+use crate::debug_clients::render;
 use crate::metrics::{Metrics, Route};
 
 /// What to do with a request.
@@ -24,6 +26,9 @@ pub enum Answer {
     },
     /// Write this response and close.
     Respond(Route, Vec<u8>),
+    /// A page of `/debug/clients/`: the shards' connections under this
+    /// query (asked of every shard; see `debug_clients`).
+    DebugClients(Box<Query>),
 }
 
 const HOME_PAGE: &str = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Ferry DERP relay</title></head>\n\
@@ -73,15 +78,52 @@ pub fn debug_allowed(peer: &SocketAddr, trusted: &TrustedProxies, req: &Request)
     named.into_iter().flatten().all(|c| c.is_some_and(local))
 }
 
+/// `/debug/clients/` without a filter (the counts), with a bad query
+/// (400, derper's text), or the query for the shards.
+fn debug_clients(metrics: &Metrics, req: &Request, now_ns: i128) -> Answer {
+    let raw = req.query.as_deref().unwrap_or("");
+    match query::parse(raw, now_ns) {
+        Ok(Some(q)) => Answer::DebugClients(Box::new(q)),
+        Ok(None) => {
+            let json = query::is_json(raw);
+            let (conns, keys) = metrics.local_counts();
+            let body = render::counts(json, conns, keys);
+            Answer::Respond(
+                Route::Debug,
+                http::response(
+                    200,
+                    "OK",
+                    &[("Content-Type", body.content_type)],
+                    &body.bytes,
+                ),
+            )
+        }
+        Err(e) => Answer::Respond(
+            Route::Debug,
+            http::response(
+                400,
+                "Bad Request",
+                &[
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("X-Content-Type-Options", "nosniff"),
+                ],
+                format!("{e}\n").as_bytes(),
+            ),
+        ),
+    }
+}
+
 /// Decides the answer to `req` from `peer` (the socket's peer, or the
 /// client a PROXY header named; not the one a forwarding header names) on
-/// a listener of `kind`.
+/// a listener of `kind`. `now_ns` is the wall-clock time (Unix
+/// nanoseconds) on the connection-time scale of `/debug/clients/`.
 pub fn answer(
     cfg: &DerpConfig,
     metrics: &Metrics,
     kind: ListenerKind,
     peer: &SocketAddr,
     req: &Request,
+    now_ns: i128,
 ) -> Answer {
     let text = |status: u16, reason: &str, body: &str| {
         http::response(
@@ -124,6 +166,9 @@ pub fn answer(
                 text(403, "Forbidden", "debug access denied\n"),
             );
         }
+        if path == "/debug/clients/" || path == "/debug/clients" {
+            return debug_clients(metrics, req, now_ns);
+        }
         return Answer::Respond(
             Route::Debug,
             match path {
@@ -137,7 +182,7 @@ pub fn answer(
                     200,
                     "OK",
                     &[("Content-Type", "text/html; charset=utf-8")],
-                    b"<html><body><h1>Ferry debug</h1><ul><li><a href=\"/debug/varz\">/debug/varz</a> (Prometheus metrics)</li></ul></body></html>\n",
+                    b"<html><body><h1>Ferry debug</h1><ul><li><a href=\"/debug/varz\">/debug/varz</a> (Prometheus metrics)</li><li><a href=\"/debug/clients/\">/debug/clients/</a> (connected clients)</li></ul></body></html>\n",
                 ),
                 _ => text(404, "Not Found", "no such debug page\n"),
             },

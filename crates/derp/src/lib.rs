@@ -76,6 +76,7 @@ pub mod bootstrap_dns;
 pub mod certs;
 pub mod config;
 pub mod conn;
+pub mod debug_clients;
 pub mod front;
 pub mod fuzzing;
 pub mod health;

@@ -349,7 +349,15 @@ pub struct Metrics {
     /// Parts that keep their own counters (admission, bootstrap DNS),
     /// rendered after the relay's own.
     sources: Mutex<Vec<Source>>,
+    /// App names of refused clients as the log shows them (quoted), the
+    /// first [`REFUSED_NAMES_PER_REASON`] per reason, with their counts.
+    refused_names: Mutex<Vec<(HandshakeFailure, String, u64)>>,
 }
+
+/// App names kept per refusal reason in
+/// `ferry_refused_app_names_total` (later names are counted only in
+/// `ferry_handshake_failures_total`).
+pub const REFUSED_NAMES_PER_REASON: usize = 4;
 
 /// A part of the server that writes its own metrics into a scrape (with an
 /// [`Exposition`] over the page, or [`write_counter`] and
@@ -380,6 +388,7 @@ impl Metrics {
                 .map_or(0.0, |d| d.as_secs_f64()),
             draining: AtomicBool::new(false),
             sources: Mutex::new(Vec::new()),
+            refused_names: Mutex::new(Vec::new()),
         })
     }
 
@@ -411,6 +420,35 @@ impl Metrics {
 
     fn sum_gauge(&self, f: impl Fn(&ShardMetrics) -> i64) -> i64 {
         self.shards.iter().map(f).sum()
+    }
+
+    /// Counts a client refused for `reason` that gave the app name
+    /// `shown` (quoted, as the log shows it); a reason keeps only its
+    /// first few names.
+    pub fn note_refused_name(&self, reason: HandshakeFailure, shown: &str) {
+        let mut names = self.refused_names.lock().expect("refused names lock");
+        if let Some(e) = names.iter_mut().find(|e| e.0 == reason && e.1 == shown) {
+            e.2 += 1;
+        } else if names.iter().filter(|e| e.0 == reason).count() < REFUSED_NAMES_PER_REASON {
+            names.push((reason, shown.to_owned(), 1));
+        }
+    }
+
+    /// The kept names of refused clients: reason, name, count.
+    pub fn refused_names(&self) -> Vec<(HandshakeFailure, String, u64)> {
+        self.refused_names
+            .lock()
+            .expect("refused names lock")
+            .clone()
+    }
+
+    /// Registered connections, and the distinct keys they belong to.
+    pub fn local_counts(&self) -> (i64, i64) {
+        let conns = self.sum_gauge(|s| s.current_connections.get());
+        let keys = conns
+            - self
+                .sum_gauge(|s| s.current_dup_client_conns.get() - s.current_dup_client_keys.get());
+        (conns, keys)
     }
 }
 

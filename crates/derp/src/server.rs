@@ -316,6 +316,8 @@ impl Server {
                 std::sync::Mutex::new(ferry_engine::limit::Bucket::new(rate, burst))
             }),
             mesh: mesh_shared,
+            conn_nums: std::sync::atomic::AtomicI64::new(0),
+            epoch: (std::time::Instant::now(), std::time::SystemTime::now()),
         });
         if opts.config.admission.enabled() {
             let stats = Arc::new(AdmissionStats::default());

@@ -13,7 +13,7 @@ use ferry_proto::frame;
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{MeshKey, NodePrivate};
 use ferry_proto::nacl;
-use support::{eventually, info, metric, start, stop, Client};
+use support::{eventually, http, info, metric, start, stop, Client};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -21,13 +21,28 @@ const T: Duration = Duration::from_secs(5);
 /// clientInfo; Ferry does the same and counts it by its own reason.
 fn invalid_app_names_are_closed_and_counted() {
     let (server, addr) = start(2, |_| {});
-    for name in ["a".repeat(33), "bad\u{1f}".into(), "bad\u{7f}".into()] {
-        assert!(!handshake(addr, named(&name)), "{name:?} connected");
+    let bad = ["a".repeat(33), "bad\u{1f}".into(), "bad\u{7f}".into()];
+    let more = ["x\u{1}", "y\u{2}", "z\u{3}"].map(String::from);
+    for name in bad.iter().chain(&more).chain(&more) {
+        assert!(!handshake(addr, named(name)), "{name:?} connected");
     }
     assert!(eventually(T, || metric(
         addr,
         "ferry_handshake_failures_total{reason=\"invalid_app_name\"}"
-    ) == 3.0));
+    ) == 9.0));
+    // The first four names are kept (quoted, as the log shows them), the
+    // rest counted only above.
+    let page = http(addr, "GET /debug/varz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let kept: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("ferry_refused_app_names_total{reason=\"invalid_app_name\""))
+        .collect();
+    assert_eq!(kept.len(), 4, "{kept:?}");
+    assert!(
+        kept.iter()
+            .any(|l| l.ends_with("app_name=\"\\\"x\\\\x01\\\"\"} 2")),
+        "{kept:?}"
+    );
     assert_eq!(
         metric(addr, "ferry_handshake_failures_total{reason=\"box_open\"}"),
         0.0
@@ -121,6 +136,12 @@ fn disallowed_app_names_are_refused_but_not_mesh_peers() {
         addr,
         "ferry_handshake_failures_total{reason=\"disallowed_app_name\"}"
     ) == 2.0));
+    for name in ["bad", "worse"] {
+        let series = format!(
+            "ferry_refused_app_names_total{{reason=\"disallowed_app_name\",app_name=\"\\\"{name}\\\"\"}}"
+        );
+        assert_eq!(metric(addr, &series), 1.0, "{series}");
+    }
     stop(server);
 }
 

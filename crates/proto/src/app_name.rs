@@ -60,15 +60,24 @@ impl fmt::Display for AppName {
     }
 }
 
-/// A refused name as the refusal shows it: its first 40 characters in
-/// double quotes, with quotes, backslashes and unprintable characters
-/// escaped the way Go's `%q` escapes them (`\n`, `\x1f`, `\u200b`, ...).
-/// Which non-ASCII characters count as printable follows Rust's
-/// `char::escape_debug`, the nearest table the standard library has.
+/// A refused name as the refusal shows it: its first 40 characters,
+/// [`quote`]d (Go's `%.40q`).
 pub fn shown_app_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len().min(4 * SHOWN_CHARS) + 2);
+    match name.char_indices().nth(SHOWN_CHARS) {
+        Some((cut, _)) => quote(&name[..cut]),
+        None => quote(name),
+    }
+}
+
+/// `s` in double quotes, with quotes, backslashes and unprintable
+/// characters escaped the way Go's `%q` escapes them (`\n`, `\x1f`,
+/// `\u200b`, ...). Which non-ASCII characters count as printable follows
+/// Rust's `char::escape_debug`, the nearest table the standard library
+/// has.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
-    for c in name.chars().take(SHOWN_CHARS) {
+    for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),

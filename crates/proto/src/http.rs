@@ -125,6 +125,28 @@ fn go_lower_eq(value: &str, target: &str) -> bool {
     t.next().is_none()
 }
 
+/// One name or value of a query string, decoded as Go's `url.ParseQuery`
+/// decodes it (`+` is a space, `%XX` a byte); `None` when badly escaped or
+/// not UTF-8.
+pub fn unescape_query(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Splits an origin-form or absolute-form request target into path and query.
 fn split_target(target: &str) -> (String, Option<String>) {
     let mut rest = target;

@@ -60,6 +60,7 @@
 pub mod admission;
 pub mod app_name;
 pub mod client;
+pub mod date;
 pub mod derp_map;
 pub mod disco;
 pub mod forwarded;

@@ -53,6 +53,12 @@ impl Derper {
     /// Returns once the port accepts connections (within 15 s).
     pub fn start(addr: SocketAddr, state: &Path, certdir: Option<&Path>) -> Derper {
         let bin = bin().unwrap_or_else(|why| panic!("derper: {why}"));
+        Derper::start_bin(&bin, addr, state, certdir)
+    }
+
+    /// [`Derper::start`] with the derper binary at `bin` (a test that
+    /// needs one version of it finds that itself).
+    pub fn start_bin(bin: &Path, addr: SocketAddr, state: &Path, certdir: Option<&Path>) -> Derper {
         let mut args: Vec<String> = vec![
             "-a".into(),
             addr.to_string(),
@@ -74,7 +80,7 @@ impl Derper {
         }
         let log = state.join("derper.log");
         let err = std::fs::File::create(&log).expect("derper's log file");
-        let child = Command::new(&bin)
+        let child = Command::new(bin)
             .args(&args)
             .stdout(Stdio::null())
             .stderr(err)

@@ -29,8 +29,10 @@ use ferry_engine::limit::Bucket;
 
 pub use ferry_proto::server::{Action, Caps, Queued, Reader, ServerConn, Timeout};
 pub use input::{Gate, Hold, Input};
+pub use tally::Tally;
 
 mod input;
+mod tally;
 
 /// A reference to a connection on some shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,6 +177,13 @@ pub struct Conn {
     last_active: u64,
     /// When it registered.
     registered_at: Instant,
+    /// The server's number for it, counted at the upgrade to DERP
+    /// (derper's `connNum`); 0 before that.
+    num: i64,
+    /// The protocol version its clientInfo gave.
+    version: u32,
+    /// Data packets and bytes it sent and was sent.
+    tally: Tally,
 
     /// What this connection adds to its shard's queued-bytes gauge now.
     /// The gauge is the sum of these, so it cannot go below zero.
@@ -248,6 +257,9 @@ impl Conn {
             dup: false,
             last_active: 0,
             registered_at: now,
+            num: 0,
+            version: 0,
+            tally: Tally::default(),
             gauged_bytes: 0,
             dirty: false,
             close_after_flush: None,
@@ -292,6 +304,16 @@ impl Conn {
     #[inline]
     pub fn is_mesh(&self) -> bool {
         self.mesh
+    }
+
+    /// Whether it said it is a prober.
+    pub fn is_prober(&self) -> bool {
+        self.prober
+    }
+
+    /// Its clientInfo `AppName`, "" for none.
+    pub fn app(&self) -> &str {
+        self.app_name.as_deref().unwrap_or("")
     }
 
     /// Whether its upgrade request named another node as ideal.
@@ -398,6 +420,37 @@ impl Conn {
     /// When it registered.
     pub fn registered_at(&self) -> Instant {
         self.registered_at
+    }
+
+    /// Its connection number (0 before the upgrade to DERP).
+    pub fn num(&self) -> i64 {
+        self.num
+    }
+
+    /// Numbers it, at the upgrade to DERP.
+    pub fn set_num(&mut self, num: i64) {
+        self.num = num;
+    }
+
+    /// The protocol version its clientInfo gave.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Keeps the clientInfo's protocol version.
+    pub fn set_version(&mut self, version: u32) {
+        self.version = version;
+    }
+
+    /// Its packet and byte counts.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Its packet and byte counts, to count in.
+    #[inline]
+    pub fn tally_mut(&mut self) -> &mut Tally {
+        &mut self.tally
     }
 
     /// The flags byte of peerPresent for this connection.

@@ -197,6 +197,11 @@ pub(super) const FERRY_HANDSHAKE_FAILURES_TOTAL: Family = Family::counter(
     "Connections that failed before registering, by reason.",
 )
 .labels(&["reason"]);
+pub(super) const FERRY_REFUSED_APP_NAMES_TOTAL: Family = Family::counter(
+    "ferry_refused_app_names_total",
+    "Clients refused for their app name, by reason and name (quoted; the first four names per reason).",
+)
+.labels(&["reason", "app_name"]);
 pub(super) const FERRY_CONNECTIONS_CLOSED_TOTAL: Family = Family::counter(
     "ferry_connections_closed_total",
     "Connection ends by reason.",

@@ -66,10 +66,7 @@ impl Metrics {
             self.sum(|s| s.total_dup_client_conns.get()),
         );
         w.single(&DERP_WATCHERS, self.sum_gauge(|s| s.watchers.get()));
-        let local = self.sum_gauge(|s| {
-            s.current_connections.get() - s.current_dup_client_conns.get()
-                + s.current_dup_client_keys.get()
-        });
+        let (_, local) = self.local_counts();
         let remote = self.sum_gauge(|s| s.remote_keys.get());
         w.single(&DERP_CLIENTS_LOCAL, local);
         w.single(&DERP_CLIENTS_REMOTE, remote);
@@ -232,6 +229,10 @@ impl Metrics {
                 &[r.label()],
                 self.sum(|s| s.handshake_failures[*r as usize].get()),
             );
+        }
+        let mut f = w.family(&FERRY_REFUSED_APP_NAMES_TOTAL);
+        for (reason, name, n) in self.refused_names() {
+            f.sample(&[reason.label(), &name], n);
         }
         let mut f = w.family(&FERRY_CONNECTIONS_CLOSED_TOTAL);
         for r in CloseReason::ALL {

@@ -116,10 +116,17 @@ impl Shard {
         self.forwarded_client(slot, &req);
         let conn = &self.conns[slot];
         let kind = conn.listener();
-        match front::answer(&self.shared.config, &self.shared.metrics, kind, &peer, &req) {
+        let now_ns = self.wall_ns(self.now);
+        let cfg = &self.shared.config;
+        match front::answer(cfg, &self.shared.metrics, kind, &peer, &req, now_ns) {
             Answer::Respond(route, bytes) => {
                 self.m.http_requests[route as usize].inc();
                 self.respond(slot, bytes);
+                ControlFlow::Break(())
+            }
+            Answer::DebugClients(q) => {
+                self.m.http_requests[crate::metrics::Route::Debug as usize].inc();
+                self.ask_debug_clients(slot, q);
                 ControlFlow::Break(())
             }
             Answer::Upgrade {
@@ -129,6 +136,9 @@ impl Shard {
                 let m = &self.m;
                 m.http_requests[crate::metrics::Route::Derp as usize].inc();
                 m.accepts.inc();
+                let num = self.shared.conn_nums.fetch_add(1, Ordering::Relaxed) + 1;
+                self.conns[slot].set_num(num);
+                let m = &self.m;
                 if fast_start {
                     m.fast_starts.inc();
                 }
@@ -194,6 +204,10 @@ impl Shard {
         let (key, info) = match result {
             Ok(v) => v,
             Err(e) => {
+                if let HandshakeError::InvalidAppName { shown } = &e {
+                    let reason = HandshakeFailure::InvalidAppName;
+                    self.shared.metrics.note_refused_name(reason, shown);
+                }
                 let why = match &e {
                     HandshakeError::ZeroKey => HandshakeFailure::ZeroKey,
                     HandshakeError::Json { .. } => HandshakeFailure::BadJson,
@@ -213,7 +227,10 @@ impl Shard {
         };
         let name = info.app_name.as_deref().unwrap_or("");
         if !mesh && self.shared.config.disallowed_app_names.contains(name) {
-            let why = format!("disallowed app name {}", app_name::shown_app_name(name));
+            let shown = app_name::shown_app_name(name);
+            let reason = HandshakeFailure::DisallowedAppName;
+            self.shared.metrics.note_refused_name(reason, &shown);
+            let why = format!("disallowed app name {shown}");
             self.fail_handshake(slot, HandshakeFailure::DisallowedAppName, &why);
             return ControlFlow::Break(());
         }
@@ -221,6 +238,7 @@ impl Shard {
         let conn = &mut self.conns[slot];
         conn.identify(key, mesh, info.is_prober);
         conn.set_app_name(info.app_name);
+        conn.set_version(info.version);
         conn.set_relay_sessions(relay_sessions);
         if self.begin_admission(slot) {
             // Frames after clientInfo wait in the deframer for the verdict.

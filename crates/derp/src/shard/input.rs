@@ -219,6 +219,7 @@ impl Shard {
         let src = self.conns[slot].key();
         match action {
             Action::Send { dst, packet } => {
+                self.conns[slot].tally_mut().received(packet.len());
                 let m = &self.m;
                 m.packets_received.inc();
                 m.bytes_received.add(packet.len() as u64);
@@ -226,6 +227,7 @@ impl Shard {
                 self.route(slot, Via::Send, &src, &dst, packet)
             }
             Action::Forward { src, dst, packet } => {
+                self.conns[slot].tally_mut().received(packet.len());
                 self.m.packets_forwarded_in.inc();
                 self.route(slot, Via::Forward, &src, &dst, packet)
             }

@@ -112,6 +112,7 @@ const KTLS_TRY_FOR: Duration = Duration::from_secs(5);
 pub const MSG_RING: usize = 4096;
 
 pub use crate::conn::ConnRef;
+pub use debug_clients::DebugMail;
 pub use forward::{MeshNews, MeshOut, MeshShared};
 pub use sessions::RelayMail;
 
@@ -168,6 +169,8 @@ pub enum Mail {
     Resume(ConnRef),
     /// A relay-session allocation or its answer (see `sessions`).
     Relay(RelayMail),
+    /// A `/debug/clients/` request or a shard's answer to one.
+    DebugClients(Box<DebugMail>),
 }
 
 /// What all shards share, read-only.
@@ -193,6 +196,12 @@ pub struct Shared {
     pub accept_limit: Option<Mutex<Bucket>>,
     /// The mesh links this relay dials (`--mesh-with`), if any.
     pub mesh: Option<MeshShared>,
+    /// Connections upgraded to DERP so far: the last connection number.
+    pub conn_nums: std::sync::atomic::AtomicI64,
+    /// A moment as both clocks read it, taken once: connection times on
+    /// `/debug/clients/` are wall-clock times counted from it, so one
+    /// connection's time never moves between two pages.
+    pub epoch: (Instant, std::time::SystemTime),
 }
 
 /// A message to a shard from outside the shards.
@@ -361,6 +370,8 @@ pub struct Shard {
     /// The client queues' caps (with `hard_cap`).
     caps: Caps,
     log: LogLimiter,
+    /// `/debug/clients/` requests waiting for other shards' pages.
+    debug_asks: Vec<debug_clients::Ask>,
 }
 
 macro_rules! conn_log {
@@ -374,6 +385,7 @@ macro_rules! conn_log {
 mod admit;
 mod buffers;
 mod control_queue;
+mod debug_clients;
 mod forward;
 mod front_door;
 mod gate;
@@ -467,6 +479,7 @@ impl Shard {
             hard_cap,
             caps,
             log: LogLimiter::new(now),
+            debug_asks: Vec::new(),
         }
     }
 

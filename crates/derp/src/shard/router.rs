@@ -148,6 +148,7 @@ impl Shard {
         }
         m.packets_sent.inc();
         m.bytes_sent.add(packet.len() as u64);
+        conn.tally_mut().queued(packet.len());
         conn.gauge_queued(frame_len);
         m.queued_bytes.add(frame_len as i64);
         if conn.note_source(src) {
@@ -252,6 +253,7 @@ impl Shard {
             }
             Mail::Resume(r) => self.resume_sender(r),
             Mail::Relay(m) => self.on_relay_mail(m),
+            Mail::DebugClients(m) => self.on_debug_mail(*m),
             Mail::NotDraining { key, stuck } => {
                 if stuck {
                     self.stuck_remote.insert(key);

@@ -68,6 +68,8 @@ impl Sim {
             admission: OnceLock::new(),
             accept_limit,
             mesh,
+            conn_nums: Default::default(),
+            epoch: (now, std::time::SystemTime::now()),
         });
         let rings = Rings {
             bytes_tx: vec![None],

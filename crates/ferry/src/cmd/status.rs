@@ -94,15 +94,31 @@ impl Scrape {
     }
 }
 
+/// `name="value",…` with the exposition format's escapes (`\\`, `\"`,
+/// `\n`) undone, so a value may hold quotes and commas.
 fn parse_labels(s: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for pair in s.split("\",") {
-        if let Some((k, v)) = pair.split_once('=') {
-            out.insert(
-                k.trim().to_owned(),
-                v.trim().trim_matches('"').replace("\\\"", "\""),
-            );
+    let mut rest = s;
+    while let Some((k, after)) = rest.split_once("=\"") {
+        let mut v = String::new();
+        let mut end = after.len();
+        let mut chars = after.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => v.push('\n'),
+                    Some((_, c)) => v.push(c),
+                    None => {}
+                },
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => v.push(c),
+            }
         }
+        out.insert(k.trim_matches([',', ' ']).to_owned(), v);
+        rest = &after[end..];
     }
     out
 }
@@ -313,6 +329,11 @@ struct View {
     senders_paused: Option<u64>,
     budget_expired: Option<u64>,
     admission: BTreeMap<String, u64>,
+    /// Handshake failures (refused clients) by reason.
+    refused: BTreeMap<String, u64>,
+    /// App names of clients refused for their name, by reason: the few
+    /// the relay keeps per reason (quoted), with their counts.
+    refused_app_names: BTreeMap<String, BTreeMap<String, u64>>,
     /// Per mesh peer (`--mesh-with`): whether its link is up.
     mesh_links: BTreeMap<String, bool>,
     /// Packets forwarded to and from the region's other nodes, per second.
@@ -368,6 +389,24 @@ fn view(a: &Scrape, b: &Scrape) -> View {
             *admission.entry(key).or_insert(0.0) += v;
         }
     }
+    let mut refused_app_names: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for (n, labels, v) in &b.series {
+        if n == "ferry_refused_app_names_total" && *v > 0.0 {
+            if let (Some(why), Some(name)) = (labels.get("reason"), labels.get("app_name")) {
+                *refused_app_names
+                    .entry(why.clone())
+                    .or_default()
+                    .entry(name.clone())
+                    .or_insert(0) += count(*v);
+            }
+        }
+    }
+    let refused = b
+        .by("ferry_handshake_failures_total", "reason")
+        .into_iter()
+        .filter(|(why, v)| *v > 0.0 && !why.is_empty())
+        .map(|(why, v)| (why, count(v)))
+        .collect();
     let (bytes_in, bytes_out, pkts_in, pkts_out) = if udp {
         (
             rate(a, b, "ferry_udp_bytes_total", &[]),
@@ -400,6 +439,8 @@ fn view(a: &Scrape, b: &Scrape) -> View {
             .sum("ferry_backpressure_budget_expired_total", &[])
             .map(count),
         admission: counts(admission),
+        refused,
+        refused_app_names,
         mesh_links: b
             .by("ferry_mesh_link_up", "peer")
             .into_iter()
@@ -410,6 +451,23 @@ fn view(a: &Scrape, b: &Scrape) -> View {
         udp_sessions: b.sum("ferry_udp_sessions", &[]).map(count),
         udp_hub_peers: b.sum("ferry_udp_hub_known_peers", &[]).map(count),
     }
+}
+
+/// Refusals by reason, each with the app names seen for it:
+/// `disallowed_app_name 3 ("bad" 2, "worse" 1), eof 1`.
+fn refused_text(v: &View) -> String {
+    let parts: Vec<String> = v
+        .refused
+        .iter()
+        .map(|(why, n)| match v.refused_app_names.get(why) {
+            Some(names) if !names.is_empty() => {
+                let names: Vec<String> = names.iter().map(|(a, k)| format!("{a} {k}")).collect();
+                format!("{why} {n} ({})", names.join(", "))
+            }
+            _ => format!("{why} {n}"),
+        })
+        .collect();
+    parts.join(", ")
 }
 
 fn human_rate(v: Option<f64>, unit: &str) -> String {
@@ -472,6 +530,9 @@ fn text(target: &str, v: &View) -> String {
                 .map(|(k, n)| format!("{k} {n}"))
                 .collect();
             out.push_str(&format!("admission    {}\n", a.join(", ")));
+        }
+        if !v.refused.is_empty() {
+            out.push_str(&format!("refused      {}\n", refused_text(v)));
         }
         if v.mesh_links.is_empty() {
             out.push_str("mesh links   none (no --mesh-with)\n");
@@ -581,7 +642,9 @@ mod tests {
         assert_eq!(v.backend.as_deref(), Some("uring"));
         assert_eq!(v.version.as_deref(), Some("0.1.0"));
         assert_eq!(v.admission.get("reject:denied"), Some(&2));
+        assert!(v.refused.is_empty());
         let t = text("x", &v);
+        assert!(!t.contains("refused"), "{t}");
         assert!(t.contains("connections  ferry_records 3, plain 1"), "{t}");
         assert!(t.contains("in           8.0 kbit/s  0.0 pkt/s"), "{t}");
         assert!(t.contains("out          0.0 bit/s  10.0 pkt/s"), "{t}");
@@ -607,6 +670,30 @@ mod tests {
         let t = text("x", &view(&a, &b));
         assert!(
             t.contains("mesh links   b.example.com up, c.example.com:8443 DOWN  forwarded out 100.0 pkt/s in 0.0 pkt/s"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn refused_clients_by_reason_with_their_app_names() {
+        let t0 = Instant::now();
+        let page = format!(
+            "{DERP}ferry_handshake_failures_total{{reason=\"disallowed_app_name\"}} 3\n\
+ferry_handshake_failures_total{{reason=\"eof\"}} 1\n\
+ferry_handshake_failures_total{{reason=\"box_open\"}} 0\n\
+ferry_refused_app_names_total{{reason=\"disallowed_app_name\",app_name=\"\\\"bad\\\"\"}} 2\n\
+ferry_refused_app_names_total{{reason=\"disallowed_app_name\",app_name=\"\\\"a\\\",b\\\"\"}} 1\n"
+        );
+        let a = Scrape::parse(&page, t0);
+        let v = view(&a, &a);
+        assert_eq!(v.refused.get("disallowed_app_name"), Some(&3));
+        assert!(!v.refused.contains_key("box_open"));
+        let names = &v.refused_app_names["disallowed_app_name"];
+        assert_eq!(names.get("\"bad\""), Some(&2));
+        assert_eq!(names.get("\"a\",b\""), Some(&1), "{names:?}");
+        let t = text("x", &v);
+        assert!(
+            t.contains("refused      disallowed_app_name 3 (\"a\",b\" 1, \"bad\" 2), eof 1"),
             "{t}"
         );
     }
