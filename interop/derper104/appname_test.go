@@ -24,12 +24,13 @@ import (
 // client is a derphttp client whose received messages a goroutine reads
 // into a channel until the first receive error (no silent reconnect).
 type client struct {
-	name string
-	pub  key.NodePublic
-	c    *derphttp.Client
-	msgs chan derp.ReceivedMessage
-	done chan struct{}
-	logs *syncBuffer
+	name    string
+	appName string
+	pub     key.NodePublic
+	c       *derphttp.Client
+	msgs    chan derp.ReceivedMessage
+	done    chan struct{}
+	logs    *syncBuffer
 
 	mu  sync.Mutex
 	err error
@@ -40,11 +41,14 @@ type client struct {
 func (s *server) dial(t *testing.T, name, appName string, mesh bool) *client {
 	t.Helper()
 	priv := key.NewNode()
-	d := &client{name: name, pub: priv.Public(), msgs: make(chan derp.ReceivedMessage, 1024), done: make(chan struct{}), logs: new(syncBuffer)}
+	d := &client{name: name, appName: appName, pub: priv.Public(), msgs: make(chan derp.ReceivedMessage, 1024), done: make(chan struct{}), logs: new(syncBuffer)}
 	logf := func(format string, args ...any) { fmt.Fprintf(d.logs, format+"\n", args...) }
 	c, err := derphttp.NewClient(priv, s.url, logf, netmon.NewStatic())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if s.ca != nil {
+		c.TLSConfig = s.ca.clientConfig()
 	}
 	c.AppName = appName
 	if mesh {
@@ -206,7 +210,7 @@ func TestAppNames(t *testing.T) {
 		t.Fatalf("test names: %q must be the longest valid name (%d bytes), %q valid", longest, derp.MaxAppNameLen, named)
 	}
 	eachServer(t, func(t *testing.T, kind string) {
-		s := startServer(t, kind, "--disallow-app-names", listFlag)
+		s := startServer(t, kind, serverOpts{extra: []string{"--disallow-app-names", listFlag}})
 
 		a := s.dial(t, "a", named, false)
 		a.accepted(t)

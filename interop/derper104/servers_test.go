@@ -138,11 +138,23 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// server is a running derper or ferry with a mesh key, on plain HTTP.
+// server is a running derper or ferry with a mesh key.
 type server struct {
 	kind    string
+	port    int
 	url     string
 	meshKey key.DERPMesh
+	ca      *testCA // nil: plain HTTP
+}
+
+// serverOpts: how to start a server (the zero value: plain HTTP on a free
+// port with a random mesh key).
+type serverOpts struct {
+	extra   []string // more flags (both servers take derper's)
+	ca      *testCA  // serve TLS for localhost with a certificate ca signs
+	port    int      // 0: a free one
+	meshHex string   // "": a random mesh key
+	env     []string // added to the process's environment
 }
 
 // freePort is a TCP or UDP port on 127.0.0.1 that was free a moment ago.
@@ -164,17 +176,20 @@ func freePort(t *testing.T, network string) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// startServer runs kind on a free loopback port with a mesh key and the
-// extra flags (both servers take derper's), waits until GET /derp/probe
-// answers, and stops it when t ends (its output is logged if t failed).
-func startServer(t *testing.T, kind string, extra ...string) *server {
+// startServer runs kind on a loopback port with a mesh key, waits until
+// GET /derp/probe answers, and stops it when t ends (its output is logged
+// if t failed).
+func startServer(t *testing.T, kind string, opts serverOpts) *server {
 	t.Helper()
 	dir := t.TempDir()
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		t.Fatal(err)
+	meshHex := opts.meshHex
+	if meshHex == "" {
+		var raw [32]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			t.Fatal(err)
+		}
+		meshHex = hex.EncodeToString(raw[:])
 	}
-	meshHex := hex.EncodeToString(raw[:])
 	meshKey, err := key.ParseDERPMesh(meshHex)
 	if err != nil {
 		t.Fatal(err)
@@ -183,24 +198,35 @@ func startServer(t *testing.T, kind string, extra ...string) *server {
 	if err := os.WriteFile(psk, []byte(meshHex+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t, "tcp")
+	port := opts.port
+	if port == 0 {
+		port = freePort(t, "tcp")
+	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	stun := strconv.Itoa(freePort(t, "udp"))
 	var args []string
-	if kind == kindFerry {
+	switch {
+	case opts.ca != nil:
+		opts.ca.writeCert(t, dir)
+		args = []string{"-a", addr, "--certmode", "manual", "--certdir", dir, "--hostname", "localhost",
+			"--http-port", "-1", "--stun-port", stun, "-c", filepath.Join(dir, "derper.key")}
+	case kind == kindFerry:
 		// --dev: plain HTTP and a random key (-a overrides its address).
 		args = []string{"--dev", "-a", addr, "--stun-port", stun}
-		args = append(args, strings.Fields(os.Getenv("FERRY_ARGS"))...)
-	} else {
+	default:
 		args = []string{"-a", addr, "--http-port", "-1", "--stun-port", stun, "-c", filepath.Join(dir, "derper.key")}
 	}
+	if kind == kindFerry {
+		args = append(args, strings.Fields(os.Getenv("FERRY_ARGS"))...)
+	}
 	args = append(args, "--mesh-psk-file", psk)
-	args = append(args, extra...)
+	args = append(args, opts.extra...)
 
 	out := new(syncBuffer)
 	cmd := exec.Command(binaries[kind].path, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Env = append(os.Environ(), opts.env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +245,8 @@ func startServer(t *testing.T, kind string, extra ...string) *server {
 		}
 	})
 
-	s := &server{kind: kind, url: "http://" + addr + "/derp", meshKey: meshKey}
+	s := &server{kind: kind, port: port, meshKey: meshKey, ca: opts.ca}
+	s.url = s.baseURL() + "/derp"
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		select {
@@ -227,7 +254,7 @@ func startServer(t *testing.T, kind string, extra ...string) *server {
 			t.Fatalf("%s exited before it was ready:\n%s", kind, out.String())
 		default:
 		}
-		err := probe("http://" + addr + "/derp/probe")
+		err := probe(s.httpClient(), s.baseURL()+"/derp/probe")
 		if err == nil {
 			return s
 		}
@@ -238,15 +265,39 @@ func startServer(t *testing.T, kind string, extra ...string) *server {
 	}
 }
 
+// baseURL is the server's scheme, host and port: TLS is for "localhost".
+func (s *server) baseURL() string {
+	if s.ca != nil {
+		return "https://localhost:" + strconv.Itoa(s.port)
+	}
+	return "http://127.0.0.1:" + strconv.Itoa(s.port)
+}
+
+// httpClient dials the server's loopback listener, whatever "localhost"
+// resolves to, and trusts its certificate.
+func (s *server) httpClient() *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp4", "127.0.0.1:"+strconv.Itoa(s.port))
+		},
+		DisableKeepAlives: true,
+	}
+	if s.ca != nil {
+		tr.TLSClientConfig = s.ca.clientConfig()
+	}
+	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
+}
+
 // probe asks once, for at most a second, whether the server is ready.
-func probe(url string) error {
+func probe(c *http.Client, url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return err
 	}

@@ -35,10 +35,12 @@ FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry expect_go_test interop-websocket-au
   -tags ts_debug_websockets -run '^TestWebSocket$' . -count=1 -timeout 5m
 # tailscale.com v1.104.7's own client (interop/derper104, built with the
 # Go toolchain its go.mod names) against ferry and derper v1.104.7: app
-# names accepted, refused and announced to a watcher (a few seconds).
+# names accepted, refused and announced to a watcher, and a region of one
+# ferry and one derper node with named clients (about 2 s of tests).
 echo "-- Tailscale v1.104.7 clients (interop/derper104)"
 (
   cd derper104
   export GOTOOLCHAIN=go$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
-  expect_go_test interop-v1.104.7 "TestAppNames/derper TestAppNames/ferry" -run '^TestAppNames$' . -count=1 -timeout 5m
+  expect_go_test interop-v1.104.7 "TestAppNames/derper TestAppNames/ferry TestMixedRegionAppNames" \
+    . -count=1 -timeout 5m
 )
