@@ -13,8 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../interop"
 mod=derper104
-want=$(sed -n 's/^require tailscale\.com \(v[^ ]*\)$/\1/p' "$mod/go.mod")
-[ -n "$want" ] || { echo "$mod/go.mod: no 'require tailscale.com vX' line" >&2; exit 1; }
+# The tailscale.com version the module requires (in a require block or
+# on a require line of its own).
+want=$(awk '$1 == "tailscale.com" { print $2 } $1 == "require" && $2 == "tailscale.com" { print $3 }' "$mod/go.mod")
+[[ "$want" == v* ]] || { echo "$mod/go.mod: no tailscale.com requirement" >&2; exit 1; }
 # The tailscale.com version a derper binary was built from (its build info,
 # read by the machine's own go, whatever toolchain built it).
 built_from() { GOTOOLCHAIN=local go version -m "$1" 2>/dev/null | awk '($1 == "mod" || $1 == "dep") && $2 == "tailscale.com" { print $3 }'; }

@@ -48,7 +48,7 @@ func (s *server) dial(t *testing.T, name, appName string, mesh bool) *client {
 		t.Fatal(err)
 	}
 	if s.ca != nil {
-		c.TLSConfig = s.ca.clientConfig()
+		c.TLSConfig = clientConfig(s.ca)
 	}
 	c.AppName = appName
 	if mesh {

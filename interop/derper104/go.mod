@@ -2,7 +2,10 @@ module ferry.invalid/interop/derper104
 
 go 1.27.4
 
-require tailscale.com v1.104.7
+require (
+	ferry.invalid/interop/testcert v0.0.0
+	tailscale.com v1.104.7
+)
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
@@ -59,3 +62,6 @@ replace (
 )
 
 tool tailscale.com/cmd/derper
+
+// The test suites' certificates, shared with the interop module.
+replace ferry.invalid/interop/testcert => ../testcert

@@ -8,102 +8,22 @@ package derper104
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
+	"ferry.invalid/interop/testcert"
 	"tailscale.com/derp"
 )
 
-// testCA signs the nodes' certificates; the nodes trust it through
-// SSL_CERT_FILE, the clients through their TLS config.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	file string // the certificate, PEM
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "ferry interop v1.104 test CA"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: priv, file: file}
-}
-
-// writeCert writes dir/localhost.crt and dir/localhost.key (--certmode
-// manual's names for --hostname localhost), for localhost and 127.0.0.1.
-func (ca *testCA) writeCert(t *testing.T, dir string) {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &priv.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pk, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "localhost.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "localhost.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pk}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (ca *testCA) clientConfig() *tls.Config {
+// clientConfig trusts ca's certificates for localhost.
+func clientConfig(ca *testcert.CA) *tls.Config {
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	return &tls.Config{RootCAs: pool, ServerName: "localhost"}
 }
 
@@ -160,7 +80,10 @@ func TestMixedRegionAppNames(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ca := newTestCA(t)
+	ca, err := testcert.NewCA(t.TempDir(), "ferry interop v1.104 test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		t.Fatal(err)
@@ -172,7 +95,7 @@ func TestMixedRegionAppNames(t *testing.T) {
 	for i, kind := range []string{kindFerry, kindDerper} {
 		nodes = append(nodes, startServer(t, kind, serverOpts{
 			ca: ca, port: ports[i], meshHex: meshHex,
-			env:   []string{"SSL_CERT_FILE=" + ca.file},
+			env:   []string{"SSL_CERT_FILE=" + ca.File},
 			extra: []string{"--mesh-with", peers},
 		}))
 	}

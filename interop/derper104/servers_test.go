@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"ferry.invalid/interop/testcert"
 	"tailscale.com/types/key"
 )
 
@@ -144,17 +145,17 @@ type server struct {
 	port    int
 	url     string
 	meshKey key.DERPMesh
-	ca      *testCA // nil: plain HTTP
+	ca      *testcert.CA // nil: plain HTTP
 }
 
 // serverOpts: how to start a server (the zero value: plain HTTP on a free
 // port with a random mesh key).
 type serverOpts struct {
-	extra   []string // more flags (both servers take derper's)
-	ca      *testCA  // serve TLS for localhost with a certificate ca signs
-	port    int      // 0: a free one
-	meshHex string   // "": a random mesh key
-	env     []string // added to the process's environment
+	extra   []string     // more flags (both servers take derper's)
+	ca      *testcert.CA // serve TLS for localhost with a certificate ca signs
+	port    int          // 0: a free one
+	meshHex string       // "": a random mesh key
+	env     []string     // added to the process's environment
 }
 
 // freePort is a TCP or UDP port on 127.0.0.1 that was free a moment ago.
@@ -207,7 +208,9 @@ func startServer(t *testing.T, kind string, opts serverOpts) *server {
 	var args []string
 	switch {
 	case opts.ca != nil:
-		opts.ca.writeCert(t, dir)
+		if _, err := testcert.WriteLocalhost(dir, opts.ca); err != nil {
+			t.Fatal(err)
+		}
 		args = []string{"-a", addr, "--certmode", "manual", "--certdir", dir, "--hostname", "localhost",
 			"--http-port", "-1", "--stun-port", stun, "-c", filepath.Join(dir, "derper.key")}
 	case kind == kindFerry:
@@ -284,7 +287,7 @@ func (s *server) httpClient() *http.Client {
 		DisableKeepAlives: true,
 	}
 	if s.ca != nil {
-		tr.TLSClientConfig = s.ca.clientConfig()
+		tr.TLSClientConfig = clientConfig(s.ca)
 	}
 	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
 }

@@ -37,6 +37,8 @@ FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry expect_go_test interop-websocket-au
 # Go toolchain its go.mod names) against ferry and derper v1.104.7: app
 # names accepted, refused and announced to a watcher, and a region of one
 # ferry and one derper node with named clients (about 2 s of tests).
+# The suites' shared test certificates (a module of their own).
+(cd testcert && expect_go_test interop-testcert "TestWriteLocalhost" . -count=1 -timeout 2m)
 echo "-- Tailscale v1.104.7 clients (interop/derper104)"
 (
   cd derper104
