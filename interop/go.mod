@@ -3,6 +3,7 @@ module ferry.invalid/interop
 go 1.26.8
 
 require (
+	ferry.invalid/interop/testcert v0.0.0
 	go4.org/mem v0.0.0-20240501181205-ae6ca9944745
 	golang.org/x/crypto v0.54.0
 	golang.org/x/sys v0.47.0
@@ -136,3 +137,5 @@ tool (
 	tailscale.com/cmd/tailscale
 	tailscale.com/cmd/tailscaled
 )
+
+replace ferry.invalid/interop/testcert => ./testcert

@@ -22,6 +22,8 @@ var absentInFerry = map[string]string{
 	"derp_mesh_update_batch_size_":   "derper's watcher update goroutine",
 	"derp_mesh_update_loop_count_":   "derper's watcher update goroutine",
 	"derp_average_queue_duration_ms": "ferry keeps no per-packet enqueue times; ferry_queued_bytes and ferry_backpressure_* describe its queues",
+	"goamd64_":                       "the x86-64 level Go compiled derper for and the one the CPU has",
+	"stun_no_local_addr":             "derper answers STUN from the address each request came to (packet info from the kernel) and counts requests without it; ferry does not ask for that address",
 }
 
 func absentReason(name string) (string, bool) {

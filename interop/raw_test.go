@@ -241,29 +241,6 @@ func expectConnClosed(t testing.TB, nc net.Conn, rd io.Reader, timeout time.Dura
 	t.Logf("server closed the connection (%v after %d more bytes)", err, n)
 }
 
-// expectOpenAndQuiet fails if the server sends anything other than
-// keepAlives, or closes the connection, within d.
-func (r *rawConn) expectOpenAndQuiet(d time.Duration) {
-	r.t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return
-		}
-		typ, payload, err := r.readFrame(left)
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return
-			}
-			r.t.Fatalf("connection ended within %v: %v; want it open", d, err)
-		}
-		if typ != frameKeepAlive {
-			r.t.Fatalf("got frame type %#x (%d bytes); want nothing", typ, len(payload))
-		}
-	}
-}
-
 // pingPong sends a raw ping and expects the matching pong.
 func (r *rawConn) pingPong() {
 	r.t.Helper()

@@ -7,72 +7,37 @@ package interop
 // of every mix.
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"ferry.invalid/interop/testcert"
 	"tailscale.com/derp"
 	"tailscale.com/types/key"
 )
 
-// testCA is a throw-away certificate authority: the region's nodes get
+// newTestCA is a throw-away certificate authority: the region's nodes get
 // certificates it signs, and find it through SSL_CERT_FILE (derper through
 // Go's crypto/x509, ferry through rustls-native-certs), the way a real
 // region's nodes trust each other's certificates through the system roots.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	file string // PEM of cert
-}
-
-func newTestCA(t *testing.T) *testCA {
+func newTestCA(t *testing.T) *testcert.CA {
 	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testcert.NewCA(t.TempDir(), "ferry interop test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "ferry interop test CA"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: priv, file: file}
+	return ca
 }
 
 // meshSetup is what a region's nodes share: a CA that signs their
 // certificates (and that they trust through SSL_CERT_FILE) and a mesh key.
 type meshSetup struct {
-	ca      *testCA
+	ca      *testcert.CA
 	meshHex string
 }
 
@@ -87,7 +52,7 @@ func newMeshSetup(t *testing.T) meshSetup {
 func (m meshSetup) opts(port int, peers string) serverOpts {
 	return serverOpts{
 		tls: true, mesh: true, meshHex: m.meshHex, port: port, ca: m.ca,
-		env:  []string{"SSL_CERT_FILE=" + m.ca.file},
+		env:  []string{"SSL_CERT_FILE=" + m.ca.File},
 		args: []string{"--mesh-with", peers},
 	}
 }

@@ -3,17 +3,12 @@ package interop
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +22,7 @@ import (
 	"time"
 
 	"ferry.invalid/interop/derpserver"
+	"ferry.invalid/interop/testcert"
 	"tailscale.com/types/key"
 )
 
@@ -42,7 +38,7 @@ type serverOpts struct {
 	// nodes can name each other before they start, and a restart keeps it.
 	port int
 	// ca signs the server's certificate (nil: self-signed).
-	ca *testCA
+	ca *testcert.CA
 	// meshHex is the mesh key to use with mesh (empty: a random one).
 	meshHex string
 	// env is added to the process's environment.
@@ -411,59 +407,16 @@ func (s *server) dial(t testing.TB) net.Conn {
 	return tc
 }
 
-// writeCert creates an ECDSA certificate for "localhost" and 127.0.0.1,
+// writeCert writes the server's certificate for "localhost" and 127.0.0.1,
 // signed by ca (self-signed when ca is nil), as DIR/localhost.crt and
-// DIR/localhost.key (PKCS#8).
-func (s *server) writeCert(ca *testCA) error {
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// DIR/localhost.key, and the pool a client trusts it with.
+func (s *server) writeCert(ca *testcert.CA) error {
+	trust, err := testcert.WriteLocalhost(s.dir, ca)
 	if err != nil {
 		return err
 	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: "localhost", Organization: []string{"ferry interop test"}},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		DNSNames:              []string{"localhost"},
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	parent, signer := tmpl, any(priv)
-	if ca != nil {
-		parent, signer = ca.cert, ca.key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &priv.PublicKey, signer)
-	if err != nil {
-		return err
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return err
-	}
-	if ca != nil {
-		cert = ca.cert // clients trust the CA
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		return err
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 	s.certFile = filepath.Join(s.dir, "localhost.crt")
-	if err := os.WriteFile(s.certFile, certPEM, 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(s.dir, "localhost.key"), keyPEM, 0o600); err != nil {
-		return err
-	}
 	s.certPool = x509.NewCertPool()
-	s.certPool.AddCert(cert)
+	s.certPool.AddCert(trust)
 	return nil
 }

@@ -10,7 +10,7 @@ from pathlib import Path
 # The repository: this package is bench/ferrybench/.
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-DERPER_VERSION = "v1.102.5"
+DERPER_VERSION = "v1.104.7"
 TUNED_QUEUE = 4096  # TS_DEBUG_DERP_PER_CLIENT_SEND_QUEUE_DEPTH of the tuned baseline
 
 # Servers. "plain_only" servers take no part in TLS suites; "no_varz" ones

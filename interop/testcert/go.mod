@@ -1,0 +1,3 @@
+module ferry.invalid/interop/testcert
+
+go 1.26.8
