@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for the Ferry-vs-derper suite: builds Ferry (release) and
-# derper (tailscale.com v1.102.5), runs the suites, writes raw JSON, a
+# derper (tailscale.com v1.104.7), runs the suites, writes raw JSON, a
 # markdown table and PNG plots. See bench/README.md.
 #
 #   bench/run.sh quick     # smoke test, a couple of minutes

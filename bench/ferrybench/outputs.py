@@ -39,7 +39,8 @@ def machine_info(ctx):
         **host(),
         "ferry_rev": commit or "?",
         "ferry_backend": backend,
-        "go": sh(["go", "version"]).replace("go version ", ""),
+        # The Go that built the derper under test (not the machine's go).
+        "go": sh(["go", "version", str((ctx.bins or {}).get("derper", ""))]).rsplit(" ", 1)[-1],
         "rustc": sh(["rustc", "--version"]),
         "server_cpus": ctx.args.server_cpus,
         "client_cpus": ctx.args.client_cpus,

@@ -56,7 +56,7 @@ fn exact_disposition(ty: FrameType, len: u32, expected: usize) -> Disposition {
 /// read). derper since v1.104 also closes a connection that announces an
 /// unknown frame longer than [`MAX_SKIPPED_FRAME`]: no client can send one
 /// legitimately, and skipping nearly 4 GiB byte by byte only serves the
-/// sender. (derper v1.102, the interop suite's reference, still skips it.)
+/// sender. (derper v1.102 still skips it.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ServerFramePolicy {
     /// Whether the connection authenticated with the mesh key.

@@ -38,8 +38,10 @@ struct Unsupported {
     what: &'static str,
 }
 
-/// derper v1.102.5's flags that ferry does not implement. Each is refused
-/// at start (unless given derper's own default, which does nothing): a
+/// derper v1.104.7's flags that ferry does not implement (v1.102.5 has
+/// the same set; v1.104 added `-disallow-app-names`, which ferry has).
+/// Each is refused at start (unless given derper's own default, which
+/// does nothing): a
 /// flag accepted and ignored would leave an operator believing in a
 /// behaviour the relay does not have.
 const UNSUPPORTED_DERPER_FLAGS: &[Unsupported] = &[
