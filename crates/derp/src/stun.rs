@@ -3,25 +3,32 @@
 //!
 //! It runs on a thread of its own with a blocking socket: one datagram in,
 //! at most one out, no state. The short read timeout only serves to notice
-//! a shutdown.
+//! a shutdown. Each answer leaves from the address its request was sent to
+//! (as derper does since v1.104): on a host with several addresses, an
+//! answer from another one would be dropped by the asker's NAT.
 
 use std::io;
 use std::net::UdpSocket;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferry_proto::stun;
+use ferry_sys::pktinfo;
 
 use crate::metrics::StunMetrics;
 
 /// Serves STUN on `sock` until `stop` is set.
 pub fn serve(sock: UdpSocket, metrics: &StunMetrics, stop: &AtomicBool) {
     let _ = sock.set_read_timeout(Some(Duration::from_millis(250)));
+    // Without it answers still go out, from the kernel's choice of address.
+    let ipv6 = sock.local_addr().is_ok_and(|a| a.is_ipv6());
+    let _ = pktinfo::enable(sock.as_fd(), ipv6);
     let mut buf = [0u8; 1500];
     let mut out = [0u8; 44];
     while !stop.load(Ordering::Relaxed) {
-        let (n, from) = match sock.recv_from(&mut buf) {
-            Ok(v) => v,
+        let (n, from, local) = match pktinfo::recv(sock.as_fd(), &mut buf) {
+            Ok(got) => (got.len, got.from, got.local),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -51,7 +58,7 @@ pub fn serve(sock: UdpSocket, metrics: &StunMetrics, stop: &AtomicBool) {
             metrics.ipv6.inc();
         }
         let len = stun::write_binding_response(&txid, from, &mut out);
-        match sock.send_to(&out[..len], from) {
+        match pktinfo::send(sock.as_fd(), &out[..len], from, local) {
             Ok(_) => metrics.success.inc(),
             Err(_) => metrics.write_error.inc(),
         }

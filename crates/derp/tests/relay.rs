@@ -617,6 +617,34 @@ fn stun_answers_tailscale_requests_only() {
     stop(server);
 }
 
+fn stun_answers_from_the_address_asked() {
+    // STUN on every address; a request to 127.0.0.2 from 127.0.0.1 must be
+    // answered from 127.0.0.2 (the kernel alone would pick 127.0.0.1). The
+    // asker's socket is connected, so an answer from elsewhere never
+    // arrives.
+    let (server, _addr) = support::start_with_stun(
+        "127.0.0.1:0".parse().unwrap(),
+        "0.0.0.0:0".parse().unwrap(),
+        1,
+        |_| {},
+    );
+    let port = server.stun_addr.unwrap().port();
+    let asked: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(asked).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let txid = [9u8; 12];
+    sock.send(&ferry_proto::stun::binding_request(&txid))
+        .unwrap();
+    let mut buf = [0u8; 128];
+    let n = sock
+        .recv(&mut buf)
+        .expect("an answer from the address the request went to");
+    let (got_tx, mapped) = ferry_proto::stun::parse_binding_response(&buf[..n]).unwrap();
+    assert_eq!((got_tx, mapped), (txid, sock.local_addr().unwrap()));
+    stop(server);
+}
+
 fn ipv6_listener_relays() {
     if let Err(e) = std::net::TcpListener::bind("[::1]:0") {
         return ferry_testkit::skip!("this machine has no IPv6 loopback ({e})");
@@ -906,6 +934,7 @@ ferry_testkit::per_backend!(
     recv_buffer_metrics_follow_the_backend,
     http_endpoints,
     stun_answers_tailscale_requests_only,
+    stun_answers_from_the_address_asked,
     ipv6_listener_relays,
     frames_in_the_same_write_as_client_info,
     slow_reader_gets_backpressure_not_loss,

@@ -62,6 +62,7 @@ pub mod limits;
 pub mod mmsg;
 mod msghdr;
 pub mod netns;
+pub mod pktinfo;
 pub mod port;
 pub mod process;
 pub mod signal;

@@ -28,7 +28,7 @@ use crate::{cmsg, msghdr};
 pub const MAX_BATCH: usize = 64;
 
 /// Room for a `sockaddr_in6`, the largest address we use.
-const NAME_LEN: usize = 28;
+pub(crate) const NAME_LEN: usize = 28;
 /// Room for the control messages we ask for: UDP_GRO (int) and SO_RXQ_OVFL
 /// (u32), each a 16-byte header plus data padded to 8.
 const CTRL_LEN: usize = 2 * cmsg::space(4) + 16;
@@ -327,7 +327,7 @@ fn invalid(what: &'static str) -> io::Error {
 
 /// Encodes `addr` as a `sockaddr_in` or `sockaddr_in6` into `out`; returns
 /// its length.
-fn encode_addr(addr: SocketAddr, out: &mut [u8]) -> usize {
+pub(crate) fn encode_addr(addr: SocketAddr, out: &mut [u8]) -> usize {
     out.fill(0);
     match addr {
         SocketAddr::V4(a) => {
@@ -349,7 +349,7 @@ fn encode_addr(addr: SocketAddr, out: &mut [u8]) -> usize {
 
 /// Decodes a `sockaddr_in` or `sockaddr_in6`; IPv4-mapped IPv6 addresses
 /// stay IPv6 (the socket's own family).
-fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
+pub(crate) fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
     if b.len() < 2 {
         return None;
     }

@@ -33,6 +33,16 @@ pub(crate) fn start_on(
     workers: usize,
     tweak: impl FnOnce(&mut DerpConfig),
 ) -> (Server, SocketAddr) {
+    start_with_stun(addr, SocketAddr::new(addr.ip(), 0), workers, tweak)
+}
+
+/// A relay listening on `addr` with STUN on `stun`.
+pub(crate) fn start_with_stun(
+    addr: SocketAddr,
+    stun: SocketAddr,
+    workers: usize,
+    tweak: impl FnOnce(&mut DerpConfig),
+) -> (Server, SocketAddr) {
     let mut cfg = DerpConfig::new(NodePrivate::generate());
     tweak(&mut cfg);
     let server = Server::start(ServerOptions {
@@ -43,7 +53,7 @@ pub(crate) fn start_on(
         }],
         workers,
         pin: false,
-        stun: Some(SocketAddr::new(addr.ip(), 0)),
+        stun: Some(stun),
         metrics_addr: None,
         io: io_mode(),
         inherited: Vec::new(),
