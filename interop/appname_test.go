@@ -4,7 +4,7 @@ package interop
 // module's v1.102.5 client sends no name, and v1.104.7's refuses to send
 // an invalid one): derper v1.104.7 and ferry in the same run accept at
 // most 32 bytes of printable ASCII and close the connection, before
-// serverInfo, on anything else. (interop/derper104 checks the names a
+// serverInfo, on anything else. (interop/reference checks the names a
 // real v1.104.7 client sends, and --disallow-app-names.)
 
 import (

@@ -126,7 +126,7 @@ func buildTool(moduleDir, pkg, out string) error {
 
 // buildDerper brings bin/derper up to date: the reference derper is not
 // this module's tailscale.com (which stays at the older release for its
-// clients) but derper104's, built by the set-up script that every other
+// clients) but interop/reference's, built by the set-up script that every other
 // user of bin/derper runs too (it does nothing when derper is current).
 func buildDerper(moduleDir string) error {
 	cmd := exec.Command("bash", filepath.Join(moduleDir, "..", ".ci", "setup.d", "10-derper.sh"))

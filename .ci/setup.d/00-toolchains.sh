@@ -1,7 +1,7 @@
 # serves: all
 # Rust (stable, with clippy and rustfmt) and Go 1.26 come with the machine;
 # fail early and clearly if they do not. Go 1.27 (the version the go line
-# of interop/derper104/go.mod names: derper and Tailscale's clients at
+# of interop/reference/go.mod names: derper and Tailscale's clients at
 # v1.104.7 need it) comes from the Go module proxy through GOTOOLCHAIN,
 # fetched here once per machine (about 76 MB) into the module cache; the
 # scripts that build that module set GOTOOLCHAIN to it, and everything
@@ -15,5 +15,5 @@ rustup component add clippy rustfmt >/dev/null 2>&1 || true
 apt_need "the steps that read JSON" jq:jq
 cargo --version
 go version
-go127=go$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$(dirname "$0")/../../interop/derper104/go.mod")
+go127=go$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$(dirname "$0")/../../interop/reference/go.mod")
 GOTOOLCHAIN=$go127 go version

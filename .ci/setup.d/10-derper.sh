@@ -1,6 +1,6 @@
 # serves: 10 20 31 40 55
 # Tailscale's derper (tailscale.com v1.104.7, pinned by
-# interop/derper104/go.mod, built with the Go toolchain that module's go
+# interop/reference/go.mod, built with the Go toolchain that module's go
 # line names: Go 1.27 from the module proxy, 00-toolchains.sh fetches it):
 # the reference server of the client SDK's, `ferry link`'s and the relay
 # sessions' tests in step 10, of the interop suite (20) and of the ferry
@@ -12,7 +12,7 @@
 # themselves; it does nothing when derper is up to date.
 set -euo pipefail
 cd "$(dirname "$0")/../../interop"
-mod=derper104
+mod=reference
 # The tailscale.com version the module requires (in a require block or
 # on a require line of its own).
 want=$(awk '$1 == "tailscale.com" { print $2 } $1 == "require" && $2 == "tailscale.com" { print $3 }' "$mod/go.mod")

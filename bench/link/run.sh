@@ -43,7 +43,7 @@ done
 bin=$root/interop/bin
 why=$(fu_why_not wg nft iperf3 ping timeout jq python3)
 if [ -z "$why" ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found"; fi
-for b in derper tailscaled-v1.102.5 tailscale-v1.102.5 headscale-v0.29.3; do
+for b in derper tailscaled-v1.104.7 tailscale-v1.104.7 headscale-v0.29.3; do
   case " $cases " in *" tailscaled-derper "*) ;; *) [ "$b" = derper ] || continue ;; esac
   [ -n "$why" ] || [ -x "$bin/$b" ] || why="$bin/$b missing (.ci/setup.d builds them; or copy a checkout's interop/bin)"
 done
@@ -268,23 +268,23 @@ YAML
   local n pids=()
   for n in a b; do
     mkdir -p "$T/ts-$n"
-    fu_bg "$K$n" "$T/tailscaled-$n.log" env TS_DEBUG_USE_DERP_HTTP=1 "$bin/tailscaled-v1.102.5" \
+    fu_bg "$K$n" "$T/tailscaled-$n.log" env TS_DEBUG_USE_DERP_HTTP=1 "$bin/tailscaled-v1.104.7" \
       --tun "${W}ts$n" --socket "$T/ts-$n/sock" --statedir "$T/ts-$n/state" --port 41641 --no-logs-no-support
     pids+=("$FU_LAST_PID")
   done
   for n in a b; do
     local end=$((SECONDS + 10))
     until [ -S "$T/ts-$n/sock" ]; do [ $SECONDS -lt $end ] || { record_error "$c" "tailscaled $n did not start"; return; }; sleep 0.1; done
-    ip netns exec "$K$n" "$bin/tailscale-v1.102.5" --socket "$T/ts-$n/sock" up --login-server "http://$RELAY:8080" \
+    ip netns exec "$K$n" "$bin/tailscale-v1.104.7" --socket "$T/ts-$n/sock" up --login-server "http://$RELAY:8080" \
       --authkey "$key" --hostname "bench-$n" --accept-dns=false --netfilter-mode=off --timeout 90s >"$T/ts-up-$n.log" 2>&1
   done
   local bip
-  bip=$(ip netns exec "${K}b" "$bin/tailscale-v1.102.5" --socket "$T/ts-b/sock" ip -4)
+  bip=$(ip netns exec "${K}b" "$bin/tailscale-v1.104.7" --socket "$T/ts-b/sock" ip -4)
   # tailscale ping answers once the peers see each other; it must say DERP.
   # (It exits non-zero when no direct connection came of it, as here.)
   local pinged="" i
   for i in $(seq 1 30); do
-    ip netns exec "${K}a" "$bin/tailscale-v1.102.5" --socket "$T/ts-a/sock" ping --c 1 --timeout 3s "$bip" >"$T/ts-ping.log" 2>&1 || true
+    ip netns exec "${K}a" "$bin/tailscale-v1.104.7" --socket "$T/ts-a/sock" ping --c 1 --timeout 3s "$bip" >"$T/ts-ping.log" 2>&1 || true
     if grep -q '^pong from' "$T/ts-ping.log"; then pinged=1; break; fi
   done
   if [ -z "$pinged" ]; then record_error "$c" "tailscale ping to B never answered: $(tail -n 1 "$T/ts-ping.log")";

@@ -1,5 +1,5 @@
 // Package testcert makes the throw-away certificates of the Go test
-// suites (the interop module and derper104): a certificate authority, and
+// suites (the interop module and interop/reference): a certificate authority, and
 // a server certificate for localhost and 127.0.0.1 in the files that
 // derper's and ferry's --certmode manual read for --hostname localhost.
 // A module of its own, with nothing but the standard library, so that

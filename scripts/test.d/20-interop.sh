@@ -7,7 +7,7 @@
 # reason (the kernel-TLS test runs only in the VM, step 55; the e2e tests
 # only in step 50; the derper-only halves skip in the ferry-only pass).
 # The interop module's clients are tailscale.com v1.102.5 (older clients
-# stay covered); derper, and the clients of interop/derper104 (Go 1.27),
+# stay covered); derper, and the clients of interop/reference (Go 1.27),
 # are v1.104.7.
 set -euo pipefail
 . scripts/lib/expect.sh
@@ -33,15 +33,15 @@ export FERRY_EXPECT_BACKEND=$expect
 FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry expect_go_test interop-auto "" ./... -count=1 -timeout 10m
 FERRY_ARGS="--io auto" INTEROP_SERVERS=ferry expect_go_test interop-websocket-auto "TestWebSocket/ferry" \
   -tags ts_debug_websockets -run '^TestWebSocket$' . -count=1 -timeout 5m
-# tailscale.com v1.104.7's own client (interop/derper104, built with the
+# tailscale.com v1.104.7's own client (interop/reference, built with the
 # Go toolchain its go.mod names) against ferry and derper v1.104.7: app
 # names accepted, refused and announced to a watcher, and a region of one
 # ferry and one derper node with named clients (about 2 s of tests).
 # The suites' shared test certificates (a module of their own).
 (cd testcert && expect_go_test interop-testcert "TestWriteLocalhost" . -count=1 -timeout 2m)
-echo "-- Tailscale v1.104.7 clients (interop/derper104)"
+echo "-- Tailscale v1.104.7 clients (interop/reference)"
 (
-  cd derper104
+  cd reference
   export GOTOOLCHAIN=go$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
   expect_go_test interop-v1.104.7 "TestAppNames/derper TestAppNames/ferry TestMixedRegionAppNames" \
     . -count=1 -timeout 5m

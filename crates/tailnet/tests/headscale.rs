@@ -22,8 +22,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const HEADSCALE: &str = "headscale-v0.29.3";
-const TAILSCALED: &str = "tailscaled-v1.102.5";
-const TAILSCALE: &str = "tailscale-v1.102.5";
+const TAILSCALED: &str = "tailscaled-v1.104.7";
+const TAILSCALE: &str = "tailscale-v1.104.7";
 
 struct Headscale {
     child: Child,

@@ -34,33 +34,44 @@ type Binaries struct {
 
 // EnsureBinaries returns the Tailscale and Headscale binaries, building the
 // missing ones into binDir. Names carry their version
-// (tailscaled-v1.102.5, headscale-v0.29.3), so a version change in go.mod
-// or HeadscaleVersion builds afresh and an existing file is reused as is.
-// moduleDir is the interop module, whose go.mod pins tailscale.com and
-// lists the Tailscale commands as tools.
+// (tailscaled-v1.104.7, headscale-v0.29.3), so a version change in the
+// reference module or HeadscaleVersion builds afresh and an existing file
+// is reused as is. moduleDir is the interop module; the Tailscale
+// programs come from its reference/ module (the release Ferry is checked
+// against, with the Go toolchain its go line names), which lists them as
+// tools.
 func EnsureBinaries(ctx context.Context, moduleDir, binDir string, logf Logf) (Binaries, error) {
 	var b Binaries
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return b, err
 	}
-	tsVersion, err := goOutput(ctx, moduleDir, nil, "list", "-m", "-f", "{{.Version}}", "tailscale.com")
+	refDir := filepath.Join(moduleDir, "reference")
+	toolchain, err := goLine(filepath.Join(refDir, "go.mod"))
 	if err != nil {
-		return b, fmt.Errorf("reading the tailscale.com version from %s/go.mod: %w", moduleDir, err)
+		return b, err
+	}
+	env := []string{"GOTOOLCHAIN=go" + toolchain}
+	tsVersion, err := goOutput(ctx, refDir, env, "list", "-m", "-f", "{{.Version}}", "tailscale.com")
+	if err != nil {
+		return b, fmt.Errorf("reading the tailscale.com version from %s/go.mod: %w", refDir, err)
 	}
 	tsVersion = strings.TrimSpace(tsVersion)
 	for _, tool := range []struct {
 		dst *string
 		pkg string
 	}{
-		{&b.Tailscaled, "tailscale.com/cmd/tailscaled"},
 		{&b.Tailscale, "tailscale.com/cmd/tailscale"},
 		{&b.Derper, "tailscale.com/cmd/derper"},
 	} {
 		out := filepath.Join(binDir, filepath.Base(tool.pkg)+"-"+tsVersion)
-		if err := buildOnce(ctx, moduleDir, tool.pkg, out, logf); err != nil {
+		if err := buildOnce(ctx, refDir, env, tool.pkg, out, logf); err != nil {
 			return b, err
 		}
 		*tool.dst = out
+	}
+	b.Tailscaled = filepath.Join(binDir, "tailscaled-"+tsVersion)
+	if err := buildTailscaled(ctx, refDir, env, tsVersion, b.Tailscaled, logf); err != nil {
+		return b, err
 	}
 	b.Headscale = filepath.Join(binDir, "headscale-"+HeadscaleVersion)
 	if err := buildHeadscale(ctx, binDir, b.Headscale, logf); err != nil {
@@ -69,9 +80,23 @@ func EnsureBinaries(ctx context.Context, moduleDir, binDir string, logf Logf) (B
 	return b, nil
 }
 
-// buildOnce builds the main package pkg of the module in dir into out,
-// unless out already exists.
-func buildOnce(ctx context.Context, dir, pkg, out string, logf Logf) error {
+// goLine reads the Go version a go.mod file's go line names.
+func goLine(goMod string) (string, error) {
+	data, err := os.ReadFile(goMod)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "go "); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("%s has no go line", goMod)
+}
+
+// buildOnce builds the main package pkg of the module in dir into out
+// (with env added to the go command's), unless out already exists.
+func buildOnce(ctx context.Context, dir string, env []string, pkg, out string, logf Logf) error {
 	if _, err := os.Stat(out); err == nil {
 		return nil
 	}
@@ -81,7 +106,7 @@ func buildOnce(ctx context.Context, dir, pkg, out string, logf Logf) error {
 	// No VCS stamping: the build directories sit inside Ferry's git work
 	// tree, which says nothing about these programs (and may have no
 	// commit yet, which makes stamping fail).
-	if _, err := goOutput(ctx, dir, nil, "build", "-buildvcs=false", "-o", tmp, pkg); err != nil {
+	if _, err := goOutput(ctx, dir, env, "build", "-buildvcs=false", "-o", tmp, pkg); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("building %s: %w", pkg, err)
 	}
@@ -89,9 +114,65 @@ func buildOnce(ctx context.Context, dir, pkg, out string, logf Logf) error {
 	return os.Rename(tmp, out)
 }
 
-// buildHeadscale downloads Headscale's module at HeadscaleVersion, copies
-// it out of the (read-only) module cache and builds cmd/headscale there.
+// buildHeadscale builds cmd/headscale of Headscale's module at
+// HeadscaleVersion from its source.
 func buildHeadscale(ctx context.Context, binDir, out string, logf Logf) error {
+	return buildFromSource(ctx, headscaleModule, HeadscaleVersion, nil, "./cmd/headscale", out, logf, nil)
+}
+
+// buildTailscaled builds cmd/tailscaled of tailscale.com at version from
+// its source, with the module replacements refDir's go.mod makes (the
+// versions the module proxy serves) and one line of its userspace
+// network stack removed: it sets a field, only on Windows, that the
+// served gvisor release does not have. The Rust tailnet test runs
+// tailscaled with that stack (--tun=userspace-networking), so it cannot
+// be left out.
+func buildTailscaled(ctx context.Context, refDir string, env []string, version, out string, logf Logf) error {
+	edits, err := goOutput(ctx, refDir, env, "mod", "edit", "-json")
+	if err != nil {
+		return err
+	}
+	var mod struct {
+		Replace []struct {
+			Old struct{ Path string }
+			New struct{ Path, Version string }
+		}
+	}
+	if err := json.Unmarshal([]byte(edits), &mod); err != nil {
+		return fmt.Errorf("go mod edit -json: %w", err)
+	}
+	prepare := func(src string) error {
+		for _, r := range mod.Replace {
+			if r.New.Version == "" {
+				continue // a local directory of ours, not a dependency of tailscaled
+			}
+			arg := "-replace=" + r.Old.Path + "=" + r.New.Path + "@" + r.New.Version
+			if _, err := goOutput(ctx, src, env, "mod", "edit", arg); err != nil {
+				return err
+			}
+		}
+		const line = "opts.ClockResolution = 500 * time.Microsecond"
+		file := filepath.Join(src, "wgengine", "netstack", "netstack.go")
+		text, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		var kept []string
+		for _, l := range strings.Split(string(text), "\n") {
+			if strings.TrimSpace(l) != line {
+				kept = append(kept, l)
+			}
+		}
+		return os.WriteFile(file, []byte(strings.Join(kept, "\n")), 0o644)
+	}
+	env = append(env[:len(env):len(env)], "GOFLAGS=-mod=mod")
+	return buildFromSource(ctx, "tailscale.com", version, env, "./cmd/tailscaled", out, logf, prepare)
+}
+
+// buildFromSource downloads module@version, copies it out of the
+// (read-only) module cache, lets prepare change the copy, and builds pkg
+// there into out, unless out already exists.
+func buildFromSource(ctx context.Context, module, version string, env []string, pkg, out string, logf Logf, prepare func(src string) error) error {
 	if _, err := os.Stat(out); err == nil {
 		return nil
 	}
@@ -101,32 +182,37 @@ func buildHeadscale(ctx context.Context, binDir, out string, logf Logf) error {
 		return err
 	}
 	defer os.RemoveAll(outside)
-	js, err := goOutput(ctx, outside, []string{"GOFLAGS=-mod=mod", "GOWORK=off"},
-		"mod", "download", "-json", headscaleModule+"@"+HeadscaleVersion)
+	dlEnv := append(env[:len(env):len(env)], "GOFLAGS=-mod=mod", "GOWORK=off")
+	js, err := goOutput(ctx, outside, dlEnv, "mod", "download", "-json", module+"@"+version)
 	if err != nil {
-		return fmt.Errorf("downloading %s@%s: %w", headscaleModule, HeadscaleVersion, err)
+		return fmt.Errorf("downloading %s@%s: %w", module, version, err)
 	}
-	var mod struct{ Dir, Error string }
-	if err := json.Unmarshal([]byte(js), &mod); err != nil {
+	var dl struct{ Dir, Error string }
+	if err := json.Unmarshal([]byte(js), &dl); err != nil {
 		return fmt.Errorf("go mod download output: %w", err)
 	}
-	if mod.Error != "" || mod.Dir == "" {
-		return fmt.Errorf("go mod download %s@%s: %s", headscaleModule, HeadscaleVersion, mod.Error)
+	if dl.Error != "" || dl.Dir == "" {
+		return fmt.Errorf("go mod download %s@%s: %s", module, version, dl.Error)
 	}
-	src := filepath.Join(binDir, "src", "headscale-"+HeadscaleVersion)
+	src := filepath.Join(filepath.Dir(out), "src", filepath.Base(out))
 	if err := os.RemoveAll(src); err != nil {
 		return err
 	}
 	// CopyFS makes the copies writable (mode 0666 plus execute bits), which
 	// the build needs; the module cache is read-only.
-	if err := os.CopyFS(src, os.DirFS(mod.Dir)); err != nil {
-		return fmt.Errorf("copying the headscale source: %w", err)
+	if err := os.CopyFS(src, os.DirFS(dl.Dir)); err != nil {
+		return fmt.Errorf("copying the %s source: %w", module, err)
 	}
 	defer func() {
 		os.RemoveAll(src)
 		os.Remove(filepath.Dir(src)) // bin/src, if nothing else is in it
 	}()
-	return buildOnce(ctx, src, "./cmd/headscale", out, logf)
+	if prepare != nil {
+		if err := prepare(src); err != nil {
+			return fmt.Errorf("preparing the %s source: %w", module, err)
+		}
+	}
+	return buildOnce(ctx, src, env, pkg, out, logf)
 }
 
 // goOutput runs the go command in dir and returns its standard output; on

@@ -1,7 +1,7 @@
 //go:build linux
 
 // Command e2e-binaries builds what the end-to-end test runs (tailscaled,
-// tailscale and derper at the interop module's tailscale.com version,
+// tailscale and derper at the tailscale.com version interop/reference pins,
 // Headscale at testbed.HeadscaleVersion) into interop/bin, with the test
 // bed's own EnsureBinaries, so that set-up (.ci/setup.d/50-e2e.sh) builds
 // exactly what the test would otherwise build on its first run. Run it

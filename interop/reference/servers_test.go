@@ -1,4 +1,4 @@
-package derper104
+package reference
 
 // Starting the two servers under test on loopback: derper (../bin/derper,
 // which must be built from this module's tailscale.com) and ferry

@@ -1,4 +1,4 @@
-package derper104
+package reference
 
 // Application names (clientInfo AppName) as tailscale.com v1.104.7's own
 // derphttp client sends them, against ferry and derper v1.104.7 in the

@@ -1,4 +1,4 @@
-package derper104
+package reference
 
 // A region of two nodes, ferry and derper v1.104.7, meshed over TLS
 // (--mesh-with naming both, one mesh key), with v1.104.7's clients
