@@ -8,6 +8,7 @@ pub(crate) mod args;
 mod banner;
 pub(crate) mod derper;
 pub(crate) mod plan;
+pub(crate) mod tailnet;
 
 use std::time::Duration;
 
@@ -137,6 +138,15 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         session_relay = Some((relay, sessions));
     }
 
+    // The peer relay's port, then the tailnet node that hands it out.
+    let peer_relay = match &plan.peer_relay {
+        Some(p) => Some(
+            tailnet::start(p, args.key_path().as_deref(), plan.workers)
+                .context("starting the peer relay")?,
+        ),
+        None => None,
+    };
+
     let mut listeners = vec![ListenerSpec {
         addr: plan.addr,
         kind: ListenerKind::Derp,
@@ -171,6 +181,17 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         server.metrics().add_source(Box::new(move |w| {
             w.push_str(&udp.render());
             sessions.render(w);
+        }));
+    }
+    if let Some(node) = &peer_relay {
+        // The port's own series (its shards' generic UDP counters would
+        // repeat the relay sessions' names).
+        let (relays, stats) = (node.relays.clone(), node.tailnet.relay_stats());
+        server.metrics().add_source(Box::new(move |w| {
+            relays.render(w);
+            if let Some(s) = &stats {
+                s.render(w);
+            }
         }));
     }
     if let Some(setup) = cert_setup {
@@ -286,6 +307,10 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
     server.wait().context("stopping the relay")?;
     if let Some((relay, _)) = session_relay {
         relay.shutdown();
+    }
+    if let Some(node) = peer_relay {
+        drop(node.tailnet);
+        node.udp.shutdown();
     }
     tracing::info!("stopped");
     Ok(())
