@@ -1,0 +1,124 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"ferry.invalid/interop/e2e/testbed"
+)
+
+// TestPeerRelay: Ferry, started with the tailnet flags, is a node of the
+// Headscale tailnet (tagged, with the cap/relay grant for the user's
+// nodes) and the two tailscaled nodes, which cannot reach each other by
+// UDP, use it as their peer relay: `tailscale ping` says `via
+// peer-relay(...)` both ways, `tailscale status --json` names the peer
+// relay for the peer, and bytes cross the peer relay's port (counted by
+// nftables in the relay's namespace).
+func TestPeerRelay(t *testing.T) {
+	setup(t)
+	if ferryErr != nil {
+		t.Fatal(ferryErr)
+	}
+	start := time.Now()
+	bed := upBed(t, testbed.Config{
+		Bins:   bins,
+		Relay:  testbed.DerpServerOptions{Kind: testbed.Ferry},
+		Policy: testbed.PeerRelayPolicy,
+		Logf:   t.Logf,
+	}, 80)
+	const relayName = "fe-relay"
+	if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
+		t.Fatalf("starting Ferry's peer relay: %v", err)
+	}
+	a, b := bed.A, bed.B
+
+	// Both nodes see the relay node with its tag.
+	for _, n := range []*testbed.Node{a, b} {
+		if err := waitFor(45*time.Second, func() (bool, string) {
+			st, err := n.Status()
+			if err != nil {
+				return false, err.Error()
+			}
+			p := st.PeerNamed(relayName)
+			if p == nil {
+				return false, fmt.Sprintf("%s has no peer %s", n.Name, relayName)
+			}
+			for _, tag := range p.Tags {
+				if tag == testbed.PeerRelayTag {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%s sees %s with tags %v", n.Name, relayName, p.Tags)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// tailscale ping both ways until the path is the peer relay (the
+	// clients look for one in their path discovery, driven by traffic).
+	want := fmt.Sprintf("via peer-relay(%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		from, to := pair[0], pair[1]
+		var out string
+		if err := waitFor(90*time.Second, func() (bool, string) {
+			out, _ = from.TailscalePing(to.IP, 3)
+			if strings.Contains(out, "via 10.78.") {
+				t.Fatalf("tailscale ping %s→%s went direct, the UDP block failed:\n%s", from.Name, to.Name, out)
+			}
+			return strings.Contains(out, want), out
+		}); err != nil {
+			t.Fatalf("tailscale ping %s→%s never went %s...): %v", from.Name, to.Name, want, err)
+		}
+		t.Logf("tailscale ping %s→%s: %s", from.Name, to.Name, firstLineWith(out, "via peer-relay"))
+	}
+
+	// status --json agrees, both ways.
+	prefix := fmt.Sprintf("%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		st, err := pair[0].Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := st.PeerNamed(pair[1].Name)
+		if p == nil || !strings.HasPrefix(p.PeerRelay, prefix) {
+			t.Fatalf("%s's status of %s: PeerRelay %q, want %s…", pair[0].Name, pair[1].Name, peerRelayOf(p), prefix)
+		}
+	}
+
+	// The pings crossed the port both ways.
+	in, out, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in == 0 || out == 0 {
+		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
+	}
+	t.Logf("peer relay: %d bytes in, %d out; whole test %.1f s", in, out, time.Since(start).Seconds())
+}
+
+func peerRelayOf(p *testbed.PeerStatus) string {
+	if p == nil {
+		return "(no such peer)"
+	}
+	return p.PeerRelay
+}
+
+// waitFor calls check until it reports done or timeout passes (at least
+// once; at most one call a second); the error carries check's last word.
+func waitFor(timeout time.Duration, check func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		done, why := check()
+		if done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %v: %s", timeout, why)
+		}
+		time.Sleep(time.Second)
+	}
+}

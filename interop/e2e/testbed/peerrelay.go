@@ -1,0 +1,125 @@
+//go:build linux
+
+package testbed
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PeerRelayPort is the UDP port of the peer relay in the relay's
+// namespace (on RelayIP).
+const PeerRelayPort = 40000
+
+// peerRelayHTTPPort is the listener of the Ferry process that serves the
+// peer relay (beside the bed's relay, which keeps its own ports).
+const peerRelayHTTPPort = 3341
+
+// PeerRelayTag is the tag the peer relay's node registers with.
+const PeerRelayTag = "tag:relay"
+
+// PeerRelayPolicy is Headscale's policy for a peer-relay bed: every node
+// may reach every other, and the user fe's nodes hold
+// tailscale.com/cap/relay on the nodes tagged PeerRelayTag (Headscale
+// compiles the reversed relay-target rule for the clients itself).
+const PeerRelayPolicy = `{
+  "tagOwners": {"tag:relay": ["fe@"]},
+  "grants": [
+    {"src": ["*"], "dst": ["*"], "ip": ["*"]},
+    {"src": ["fe@"], "dst": ["tag:relay"], "app": {"tailscale.com/cap/relay": [{}]}}
+  ]
+}
+`
+
+// StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
+// the tailnet as a node tagged PeerRelayTag (pre-auth key of the user fe)
+// and serves the peer relay on PeerRelayPort; its DERP client reaches the
+// bed's relay as the nodes do. The relay namespace's nftables table
+// fe_pr counts the port's bytes (PeerRelayBytes). Returns once Ferry is
+// connected to its home DERP region.
+func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
+	dir := filepath.Join(b.Dir, "peer-relay")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	key, err := b.Headscale.PreAuthKey("fe", PeerRelayTag)
+	if err != nil {
+		return nil, err
+	}
+	keyFile := filepath.Join(dir, "tailnet.key")
+	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	rules := fmt.Sprintf(`table inet fe_pr {
+	chain input {
+		type filter hook input priority 0; policy accept;
+		udp dport %[1]d counter
+	}
+	chain output {
+		type filter hook output priority 0; policy accept;
+		udp sport %[1]d counter
+	}
+}
+`, PeerRelayPort)
+	if _, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
+		return nil, err
+	}
+	env := []string{"RUST_BACKTRACE=1"}
+	if b.Cfg.Relay.TLS {
+		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
+	} else {
+		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
+	}
+	argv := []string{b.Cfg.Bins.Ferry,
+		"-a", fmt.Sprintf("%s:%d", RelayIP, peerRelayHTTPPort),
+		"-c", filepath.Join(dir, "ferry.key"),
+		"--stun=false",
+		"--workers", "1",
+		"--pin=false",
+		"--tailnet-login-server", b.Headscale.LoginServer(),
+		"--tailnet-auth-key-file", keyFile,
+		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
+		"--tailnet-hostname", hostname,
+	}
+	p, err := startProc("ferry peer relay", b.Netns.Relay, env, argv...)
+	if p != nil {
+		b.procs = append(b.procs, p)
+	}
+	if err != nil {
+		return p, err
+	}
+	if err := p.WaitLine("peer relay: connected to the home DERP region", 60*time.Second); err != nil {
+		return p, fmt.Errorf("ferry peer relay: %w", err)
+	}
+	return p, nil
+}
+
+// PeerRelayBytes reads the fe_pr counters: bytes that reached the peer
+// relay's port and bytes it sent.
+func (b *Bed) PeerRelayBytes() (in, out int64, err error) {
+	text, err := run(b.Netns.Relay, 10*time.Second, nil, "nft", "list", "table", "inet", "fe_pr")
+	if err != nil {
+		return 0, 0, err
+	}
+	var seen []int64
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "bytes" {
+				n, err := strconv.ParseInt(f[i+1], 10, 64)
+				if err != nil {
+					return 0, 0, fmt.Errorf("fe_pr: %q: %v", line, err)
+				}
+				seen = append(seen, n)
+			}
+		}
+	}
+	if len(seen) != 2 {
+		return 0, 0, fmt.Errorf("fe_pr: %d byte counters, want 2:\n%s", len(seen), text)
+	}
+	return seen[0], seen[1], nil
+}
