@@ -36,7 +36,8 @@ func TestPeerRelay(t *testing.T) {
 	}
 	a, b := bed.A, bed.B
 
-	// Both nodes see the relay node with its tag.
+	// Both nodes see the relay node with its tag and its home DERP region
+	// (PreferredDERP, reported once Ferry's DERP client is connected).
 	for _, n := range []*testbed.Node{a, b} {
 		if err := waitFor(45*time.Second, func() (bool, string) {
 			st, err := n.Status()
@@ -47,12 +48,11 @@ func TestPeerRelay(t *testing.T) {
 			if p == nil {
 				return false, fmt.Sprintf("%s has no peer %s", n.Name, relayName)
 			}
+			tagged := false
 			for _, tag := range p.Tags {
-				if tag == testbed.PeerRelayTag {
-					return true, ""
-				}
+				tagged = tagged || tag == testbed.PeerRelayTag
 			}
-			return false, fmt.Sprintf("%s sees %s with tags %v", n.Name, relayName, p.Tags)
+			return tagged && p.Relay == "fe", fmt.Sprintf("%s sees %s with tags %v, home region %q", n.Name, relayName, p.Tags, p.Relay)
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,21 @@ func TestPeerRelay(t *testing.T) {
 	if in == 0 || out == 0 {
 		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
 	}
-	t.Logf("peer relay: %d bytes in, %d out; whole test %.1f s", in, out, time.Since(start).Seconds())
+	// Ferry's own counters: allocations answered, packets forwarded.
+	m, err := bed.PeerRelayMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, series := range []string{
+		`ferry_peer_relay_allocations_total{result="new"}`,
+		"ferry_udp_peer_relay_forwarded_total",
+	} {
+		if v, ok := m[series]; !ok || v == 0 {
+			t.Errorf("peer relay metrics: %s = %v (present: %v)", series, v, ok)
+		}
+	}
+	t.Logf("peer relay: %d bytes in, %d out; %v allocations, %v packets forwarded; whole test %.1f s",
+		in, out, m.Sum("ferry_peer_relay_allocations_total"), m["ferry_udp_peer_relay_forwarded_total"], time.Since(start).Seconds())
 }
 
 func peerRelayOf(p *testbed.PeerStatus) string {

@@ -3,7 +3,10 @@
 package testbed
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +21,10 @@ const PeerRelayPort = 40000
 // peerRelayHTTPPort is the listener of the Ferry process that serves the
 // peer relay (beside the bed's relay, which keeps its own ports).
 const peerRelayHTTPPort = 3341
+
+// peerRelayMetricsAddr is that Ferry's --metrics-addr (in the relay's
+// namespace).
+const peerRelayMetricsAddr = "127.0.0.1:9101"
 
 // PeerRelayTag is the tag the peer relay's node registers with.
 const PeerRelayTag = "tag:relay"
@@ -80,6 +87,7 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 		"--stun=false",
 		"--workers", "1",
 		"--pin=false",
+		"--metrics-addr", peerRelayMetricsAddr,
 		"--tailnet-login-server", b.Headscale.LoginServer(),
 		"--tailnet-auth-key-file", keyFile,
 		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
@@ -122,4 +130,27 @@ func (b *Bed) PeerRelayBytes() (in, out int64, err error) {
 		return 0, 0, fmt.Errorf("fe_pr: %d byte counters, want 2:\n%s", len(seen), text)
 	}
 	return seen[0], seen[1], nil
+}
+
+// PeerRelayMetrics reads the peer-relay Ferry's /metrics (from inside the
+// relay's namespace).
+func (b *Bed) PeerRelayMetrics() (Metrics, error) {
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return dialInNamespace(ctx, b.Netns.Relay, peerRelayMetricsAddr)
+			},
+			DisableKeepAlives: true,
+		},
+	}
+	resp, err := client.Get("http://" + peerRelayMetricsAddr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return parseMetrics(resp.Body)
 }

@@ -59,40 +59,6 @@ impl Stats {
     pub fn home_region(&self) -> u32 {
         self.home_region.load(Ordering::Relaxed)
     }
-
-    /// Appends the counters in Prometheus text form.
-    pub fn render(&self, o: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(
-            o,
-            "# HELP ferry_peer_relay_allocations_total Allocation requests from tailnet peers, by result.\n\
-             # TYPE ferry_peer_relay_allocations_total counter\n\
-             ferry_peer_relay_allocations_total{{result=\"new\"}} {}\n\
-             ferry_peer_relay_allocations_total{{result=\"existing\"}} {}",
-            self.allocated(),
-            self.existing()
-        );
-        let _ = writeln!(
-            o,
-            "# HELP ferry_peer_relay_disco_dropped_total Disco packets over DERP that got no answer, by reason.\n\
-             # TYPE ferry_peer_relay_disco_dropped_total counter"
-        );
-        for d in Drop::ALL {
-            let _ = writeln!(
-                o,
-                "ferry_peer_relay_disco_dropped_total{{reason=\"{}\"}} {}",
-                d.label(),
-                self.dropped(d)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "# HELP ferry_tailnet_home_region The DERP region the tailnet node is connected to (0: none).\n\
-             # TYPE ferry_tailnet_home_region gauge\n\
-             ferry_tailnet_home_region {}",
-            self.home_region()
-        );
-    }
 }
 
 /// The task's inputs.

@@ -190,7 +190,7 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         server.metrics().add_source(Box::new(move |w| {
             relays.render(w);
             if let Some(s) = &stats {
-                s.render(w);
+                tailnet::render_stats(s, w);
             }
         }));
     }

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use ferry_engine::stat::exposition::{Exposition, Family};
 use ferry_proto::key::DiscoPrivate;
+use ferry_tailnet::relay::answer::Drop;
+use ferry_tailnet::relay::Stats;
 use ferry_udp::peer_relay::{Limits, PeerRelays};
 
 use super::args::DerpArgs;
@@ -131,6 +134,34 @@ pub(crate) fn offered_addrs(bound: SocketAddr) -> Vec<SocketAddr> {
         .collect();
     out.dedup();
     out
+}
+
+const ALLOCATIONS: Family<'static> = Family::counter(
+    "ferry_peer_relay_allocations_total",
+    "Allocation requests from tailnet peers answered, by result (new endpoint, or the pair's existing one).",
+)
+.labels(&["result"]);
+const DISCO_DROPPED: Family<'static> = Family::counter(
+    "ferry_peer_relay_disco_dropped_total",
+    "Disco packets over DERP to the tailnet node that got no answer, by reason.",
+)
+.labels(&["reason"]);
+const HOME_REGION: Family<'static> = Family::gauge(
+    "ferry_tailnet_home_region",
+    "The DERP region the tailnet node is connected to and reports as its home (0: none yet).",
+);
+
+/// The tailnet node's peer-relay counters, for /metrics.
+pub(crate) fn render_stats(stats: &Stats, o: &mut String) {
+    let mut w = Exposition::new(o);
+    w.family(&ALLOCATIONS)
+        .sample(&["new"], stats.allocated())
+        .sample(&["existing"], stats.existing());
+    let mut f = w.family(&DISCO_DROPPED);
+    for why in Drop::ALL {
+        f.sample(&[why.label()], stats.dropped(why));
+    }
+    w.single(&HOME_REGION, u64::from(stats.home_region()));
 }
 
 /// The running peer relay: its port's sockets, its table and the tailnet
@@ -268,6 +299,19 @@ mod tests {
             Path::new(".").join(STATE_FILE)
         );
         assert!(state_path(None).is_err());
+    }
+
+    #[test]
+    fn the_counters_render_as_a_valid_page() {
+        let mut page = String::new();
+        render_stats(&Stats::default(), &mut page);
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&page),
+            Vec::<String>::new()
+        );
+        assert!(page.contains("ferry_peer_relay_allocations_total{result=\"new\"} 0"));
+        assert!(page.contains("ferry_peer_relay_disco_dropped_total{reason=\"no_grant\"} 0"));
+        assert!(page.contains("ferry_tailnet_home_region 0"));
     }
 
     #[test]
