@@ -9,7 +9,13 @@
 //! and this node must not carry the `disable-relay-server` attribute.
 //! Anything else is dropped silently (Tailscale has no refusal message);
 //! the caller counts the reason.
+//!
+//! After a netmap change, [`revoke_ungranted`] frees the endpoints of
+//! requesters that no longer hold the grant (or are no longer peers, or
+//! the relay was turned off): a withdrawn grant takes effect at once
+//! rather than when the endpoints expire.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Instant;
 
@@ -131,6 +137,26 @@ pub fn granted(netmap: &Netmap, me: &Node, peer: &Node) -> bool {
             filter::has_cap(netmap.filter_rules(), src, &me.addresses, RELAY_CAP)
         })
     })
+}
+
+/// Frees the endpoints in `relays` whose requester may no longer have
+/// them under `netmap`; how many. A netmap without this node (none yet)
+/// frees nothing.
+pub fn revoke_ungranted(netmap: &Netmap, relays: &PeerRelays) -> usize {
+    let Some(me) = netmap.self_node.as_ref() else {
+        return 0;
+    };
+    let keep: HashSet<NodePublic> = if me.cap_map.iter().any(|c| c == DISABLE_RELAY) {
+        HashSet::new()
+    } else {
+        netmap
+            .peers
+            .values()
+            .filter(|p| granted(netmap, me, p))
+            .map(|p| p.key)
+            .collect()
+    };
+    relays.revoke(|requester| keep.contains(requester))
 }
 
 /// Answers `packet`, which DERP delivered from `src`: an allocation in

@@ -226,6 +226,34 @@ fn a_relay_without_an_address_or_turned_off_answers_nothing() {
 }
 
 #[test]
+fn a_withdrawn_grant_frees_the_requesters_endpoints() {
+    let mut bed = bed();
+    let pair = [bed.a.1.public(), bed.b.1.public()];
+    ask(&bed, &bed.a.0, &request(&bed, &bed.a.1, pair, 1)).expect("answered");
+    assert_eq!(
+        revoke_ungranted(&bed.netmap, &bed.relays),
+        0,
+        "still granted"
+    );
+    assert_eq!(bed.relays.lock().len(), 1);
+    // A netmap without this node yet frees nothing.
+    assert_eq!(revoke_ungranted(&Netmap::default(), &bed.relays), 0);
+    bed.netmap.filters.clear();
+    assert_eq!(revoke_ungranted(&bed.netmap, &bed.relays), 1);
+    assert!(bed.relays.lock().is_empty());
+}
+
+#[test]
+fn turning_the_relay_off_frees_every_endpoint() {
+    let mut bed = bed();
+    let pair = [bed.a.1.public(), bed.b.1.public()];
+    ask(&bed, &bed.a.0, &request(&bed, &bed.a.1, pair, 1)).expect("answered");
+    let me = bed.netmap.self_node.as_mut().unwrap();
+    me.cap_map.push(DISABLE_RELAY.into());
+    assert_eq!(revoke_ungranted(&bed.netmap, &bed.relays), 1);
+}
+
+#[test]
 fn every_reason_has_its_own_label() {
     let labels: std::collections::BTreeSet<_> = Drop::ALL.iter().map(|d| d.label()).collect();
     assert_eq!(labels.len(), Drop::ALL.len());

@@ -172,6 +172,10 @@ impl Node {
                             return;
                         }
                         let netmap = self.shared.netmap();
+                        let freed = answer::revoke_ungranted(&netmap, &self.relays);
+                        if freed > 0 {
+                            tracing::info!(freed, "peer relay: endpoints of requesters without the grant freed");
+                        }
                         let still = netmap
                             .derp_map
                             .as_ref()
