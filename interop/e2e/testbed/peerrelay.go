@@ -144,13 +144,5 @@ func (b *Bed) PeerRelayMetrics() (Metrics, error) {
 			DisableKeepAlives: true,
 		},
 	}
-	resp, err := client.Get("http://" + peerRelayMetricsAddr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	return parseMetrics(resp.Body)
+	return getMetrics(client, "http://"+peerRelayMetricsAddr+"/metrics")
 }
