@@ -4,7 +4,9 @@
 //! A packet counts only when it comes from a netmap peer (by the node key
 //! DERP names), sealed by that peer's current disco key to this node's
 //! disco key, and holds an allocation request naming the sender in its
-//! pair. The peer must hold `tailscale.com/cap/relay` on this node in the
+//! pair. Each peer (by its tailnet IPv4 address, else its IPv6 one) may
+//! send [`REQUEST_BURST`] packets at once and [`REQUEST_RATE`] a second
+//! after that; the limit is taken before any crypto. The peer must hold `tailscale.com/cap/relay` on this node in the
 //! packet filter (source = the peer's address, destination = this node's),
 //! and this node must not carry the `disable-relay-server` attribute.
 //! Anything else is dropped silently (Tailscale has no refusal message);
@@ -25,6 +27,7 @@ use ferry_proto::nacl::NONCE_LEN;
 use ferry_proto::tailnet::filter;
 use ferry_proto::tailnet::tailcfg::{Node, Prefix};
 use ferry_udp::peer_relay::{PeerRelays, Refusal};
+use ferry_udp::ratelimit::SourceLimiter;
 
 use crate::Netmap;
 
@@ -35,6 +38,18 @@ pub const DISABLE_RELAY: &str = "disable-relay-server";
 /// Largest disco packet read from DERP (an allocation request is 148
 /// bytes).
 pub const MAX_DISCO: usize = 1024;
+
+/// Disco packets one peer may send at once ...
+pub const REQUEST_BURST: f64 = 32.0;
+/// ... and per second after that (a client asks once per peer it cannot
+/// reach directly, and again every 30 s or so while it cannot).
+pub const REQUEST_RATE: f64 = 4.0;
+
+/// The per-peer limiter [`answer`] takes: [`REQUEST_RATE`] and
+/// [`REQUEST_BURST`] in a fixed-size table.
+pub fn limiter() -> SourceLimiter {
+    SourceLimiter::new(4096, REQUEST_RATE, REQUEST_BURST)
+}
 
 /// Why a packet got no answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +62,8 @@ pub enum Drop {
     UnknownPeer,
     /// The sender's disco key is not the peer's current one.
     StaleDisco,
+    /// The peer sent more than its rate.
+    RateLimited,
     /// The box did not open, or its message did not parse.
     BadBox,
     /// A message other than an allocation request.
@@ -63,11 +80,12 @@ pub enum Drop {
 
 impl Drop {
     /// Every reason, for counters.
-    pub const ALL: [Drop; 15] = [
+    pub const ALL: [Drop; 16] = [
         Drop::NotDisco,
         Drop::Oversize,
         Drop::UnknownPeer,
         Drop::StaleDisco,
+        Drop::RateLimited,
         Drop::BadBox,
         Drop::UnexpectedType,
         Drop::NotInPair,
@@ -88,6 +106,7 @@ impl Drop {
             Drop::Oversize => "oversize",
             Drop::UnknownPeer => "unknown_peer",
             Drop::StaleDisco => "stale_disco",
+            Drop::RateLimited => "rate_limited",
             Drop::BadBox => "bad_box",
             Drop::UnexpectedType => "unexpected_type",
             Drop::NotInPair => "not_in_pair",
@@ -161,8 +180,10 @@ pub fn revoke_ungranted(netmap: &Netmap, relays: &PeerRelays) -> usize {
 
 /// Answers `packet`, which DERP delivered from `src`: an allocation in
 /// `relays` and the sealed response, or why not.
+#[allow(clippy::too_many_arguments)]
 pub fn answer(
     netmap: &Netmap,
+    limiter: &mut SourceLimiter,
     disco_key: &DiscoPrivate,
     relays: &PeerRelays,
     src: &NodePublic,
@@ -177,6 +198,12 @@ pub fn answer(
     let peer = netmap.peer_by_node_key(src).ok_or(Drop::UnknownPeer)?;
     if peer.disco_key != Some(sender) {
         return Err(Drop::StaleDisco);
+    }
+    let ip = single_addr(&peer.addresses, true)
+        .or_else(|| single_addr(&peer.addresses, false))
+        .ok_or(Drop::NoGrant)?;
+    if !limiter.allow(ip, now) {
+        return Err(Drop::RateLimited);
     }
     let shared = disco_key.shared(&sender);
     let Message::AllocateRequest(request) =

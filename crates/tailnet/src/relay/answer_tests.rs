@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 /// compiles a `cap/relay` grant.
 struct Bed {
     netmap: Netmap,
+    limiter: std::cell::RefCell<SourceLimiter>,
     ferry: DiscoPrivate,
     relays: PeerRelays,
     a: (NodePublic, DiscoPrivate),
@@ -50,6 +51,7 @@ fn bed_with(self_cap_map: &str) -> Bed {
     let mut keys = keys.into_iter();
     Bed {
         netmap,
+        limiter: std::cell::RefCell::new(limiter()),
         ferry,
         relays,
         a: keys.next().unwrap(),
@@ -92,6 +94,7 @@ fn request(bed: &Bed, from: &DiscoPrivate, pair: [DiscoPublic; 2], generation: u
 fn ask(bed: &Bed, src: &NodePublic, packet: &[u8]) -> Result<Answer, Drop> {
     answer(
         &bed.netmap,
+        &mut bed.limiter.borrow_mut(),
         &bed.ferry,
         &bed.relays,
         src,
@@ -251,6 +254,34 @@ fn turning_the_relay_off_frees_every_endpoint() {
     let me = bed.netmap.self_node.as_mut().unwrap();
     me.cap_map.push(DISABLE_RELAY.into());
     assert_eq!(revoke_ungranted(&bed.netmap, &bed.relays), 1);
+}
+
+#[test]
+fn a_peer_past_its_rate_is_dropped_before_any_crypto() {
+    let bed = bed();
+    let pair = [bed.a.1.public(), bed.b.1.public()];
+    let packet = request(&bed, &bed.a.1, pair, 1);
+    let burst = REQUEST_BURST as usize;
+    for i in 0..burst {
+        assert!(ask(&bed, &bed.a.0, &packet).is_ok(), "request {i}");
+    }
+    assert_eq!(ask(&bed, &bed.a.0, &packet).unwrap_err(), Drop::RateLimited);
+    // Garbage counts too: it costs a box open.
+    let mut flipped = request(&bed, &bed.b.1, pair, 1);
+    *flipped.last_mut().unwrap() ^= 1;
+    for _ in 0..burst {
+        assert_eq!(ask(&bed, &bed.b.0, &flipped).unwrap_err(), Drop::BadBox);
+    }
+    assert_eq!(
+        ask(&bed, &bed.b.0, &flipped).unwrap_err(),
+        Drop::RateLimited
+    );
+    // Another peer is not held back.
+    let c_pair = [bed.c.1.public(), bed.a.1.public()];
+    assert_eq!(
+        ask(&bed, &bed.c.0, &request(&bed, &bed.c.1, c_pair, 1)).unwrap_err(),
+        Drop::NoGrant
+    );
 }
 
 #[test]

@@ -87,6 +87,7 @@ impl Node {
         let mut versions = self.shared.versions.subscribe();
         let mut logged: [Option<Instant>; Drop::ALL.len()] = [None; Drop::ALL.len()];
         let mut suppressed = [0u64; Drop::ALL.len()];
+        let mut limiter = answer::limiter();
         loop {
             // A region of the current DERP map.
             let region = loop {
@@ -135,6 +136,7 @@ impl Node {
                             let netmap = self.shared.netmap();
                             let result = answer::answer(
                                 &netmap,
+                                &mut limiter,
                                 &self.disco,
                                 &self.relays,
                                 &src,
