@@ -97,6 +97,38 @@ func TestPeerRelay(t *testing.T) {
 	if in == 0 || out == 0 {
 		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
 	}
+
+	// iperf3 TCP A→B through the tunnel: its bytes cross the peer relay's
+	// port (in from A, out to B), WireGuard and header overhead on top.
+	srv, err := testbed.StartIperfServer(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bed.AddProc(srv)
+	ir, err := testbed.Iperf(a, b, testbed.IperfOptions{Duration: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("iperf3: %v", err)
+	}
+	if ir.ReceivedBytes < 1<<20 {
+		t.Fatalf("iperf3 moved only %d bytes in 3 s", ir.ReceivedBytes)
+	}
+	in2, out2, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if min(in2-in, out2-out) < ir.ReceivedBytes {
+		t.Fatalf("iperf3 moved %d bytes but the peer relay port saw only %d in, %d out", ir.ReceivedBytes, in2-in, out2-out)
+	}
+	st, err := a.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.PeerNamed(b.Name); p == nil || !strings.HasPrefix(p.PeerRelay, prefix) || p.CurAddr != "" {
+		t.Fatalf("after iperf3, %s's status of %s: %+v, want the peer relay and no direct address", a.Name, b.Name, p)
+	}
+	t.Logf("iperf3 A→B through the peer relay: %.0f Mbit/s (%d bytes; port %d bytes in, %d out)",
+		ir.ReceivedBps/1e6, ir.ReceivedBytes, in2-in, out2-out)
+	in, out = in2, out2
 	// Ferry's own counters: allocations answered, packets forwarded.
 	m, err := bed.PeerRelayMetrics()
 	if err != nil {
