@@ -23,6 +23,14 @@ func TestPeerRelay(t *testing.T) {
 	if ferryErr != nil {
 		t.Fatal(ferryErr)
 	}
+	// A Ferry of its own beside the DERP relay (with iperf3); then the
+	// DERP relay itself restarted with the flags, its disco traffic
+	// reaching it through itself.
+	t.Run("second-ferry", func(t *testing.T) { checkPeerRelay(t, false) })
+	t.Run("derp-ferry", func(t *testing.T) { checkPeerRelay(t, true) })
+}
+
+func checkPeerRelay(t *testing.T, ownDERP bool) {
 	start := time.Now()
 	bed := upBed(t, testbed.Config{
 		Bins:   bins,
@@ -30,8 +38,15 @@ func TestPeerRelay(t *testing.T) {
 		Policy: testbed.PeerRelayPolicy,
 		Logf:   t.Logf,
 	}, 80)
-	const relayName = "fe-relay"
-	if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
+	relayName := "fe-relay"
+	metrics := bed.PeerRelayMetrics
+	if ownDERP {
+		relayName = "fe-derp"
+		if err := bed.RestartRelayAsPeerRelay(relayName); err != nil {
+			t.Fatalf("restarting the DERP relay as the peer relay: %v", err)
+		}
+		metrics = bed.Relay.Metrics
+	} else if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
 		t.Fatalf("starting Ferry's peer relay: %v", err)
 	}
 	a, b := bed.A, bed.B
@@ -98,8 +113,33 @@ func TestPeerRelay(t *testing.T) {
 		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
 	}
 
-	// iperf3 TCP A→B through the tunnel: its bytes cross the peer relay's
-	// port (in from A, out to B), WireGuard and header overhead on top.
+	if !ownDERP {
+		in, out = checkIperf(t, bed, in, out, prefix)
+	}
+
+	// Ferry's own counters: allocations answered, packets forwarded.
+	m, err := metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, series := range []string{
+		`ferry_peer_relay_allocations_total{result="new"}`,
+		"ferry_udp_peer_relay_forwarded_total",
+	} {
+		if v, ok := m[series]; !ok || v == 0 {
+			t.Errorf("peer relay metrics: %s = %v (present: %v)", series, v, ok)
+		}
+	}
+	t.Logf("peer relay: %d bytes in, %d out; %v allocations, %v packets forwarded; whole test %.1f s",
+		in, out, m.Sum("ferry_peer_relay_allocations_total"), m["ferry_udp_peer_relay_forwarded_total"], time.Since(start).Seconds())
+}
+
+// checkIperf runs iperf3 TCP A→B through the tunnel: its bytes cross the
+// peer relay's port (in from A, out to B), WireGuard and header overhead
+// on top. in and out are the port's counters before; it returns them
+// after.
+func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (int64, int64) {
+	a, b := bed.A, bed.B
 	srv, err := testbed.StartIperfServer(b)
 	if err != nil {
 		t.Fatal(err)
@@ -128,22 +168,7 @@ func TestPeerRelay(t *testing.T) {
 	}
 	t.Logf("iperf3 A→B through the peer relay: %.0f Mbit/s (%d bytes; port %d bytes in, %d out)",
 		ir.ReceivedBps/1e6, ir.ReceivedBytes, in2-in, out2-out)
-	in, out = in2, out2
-	// Ferry's own counters: allocations answered, packets forwarded.
-	m, err := bed.PeerRelayMetrics()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, series := range []string{
-		`ferry_peer_relay_allocations_total{result="new"}`,
-		"ferry_udp_peer_relay_forwarded_total",
-	} {
-		if v, ok := m[series]; !ok || v == 0 {
-			t.Errorf("peer relay metrics: %s = %v (present: %v)", series, v, ok)
-		}
-	}
-	t.Logf("peer relay: %d bytes in, %d out; %v allocations, %v packets forwarded; whole test %.1f s",
-		in, out, m.Sum("ferry_peer_relay_allocations_total"), m["ferry_udp_peer_relay_forwarded_total"], time.Since(start).Seconds())
+	return in2, out2
 }
 
 func peerRelayOf(p *testbed.PeerStatus) string {

@@ -42,14 +42,11 @@ const PeerRelayPolicy = `{
 }
 `
 
-// StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
-// the tailnet as a node tagged PeerRelayTag (pre-auth key of the user fe)
-// and serves the peer relay on PeerRelayPort; its DERP client reaches the
-// bed's relay as the nodes do. The relay namespace's nftables table
-// fe_pr counts the port's bytes (PeerRelayBytes). Returns once Ferry is
-// connected to its home DERP region.
-func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
-	dir := filepath.Join(b.Dir, "peer-relay")
+// peerRelayFlags writes a pre-auth key of the user fe tagged PeerRelayTag
+// into dir, sets up the relay namespace's nftables table fe_pr counting
+// the peer relay's bytes (PeerRelayBytes), and returns the tailnet flags
+// that make a Ferry the peer relay.
+func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -75,24 +72,39 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 	if _, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
 		return nil, err
 	}
+	return []string{
+		"--tailnet-login-server", b.Headscale.LoginServer(),
+		"--tailnet-auth-key-file", keyFile,
+		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
+		"--tailnet-hostname", hostname,
+	}, nil
+}
+
+// StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
+// the tailnet as a node tagged PeerRelayTag (pre-auth key of the user fe)
+// and serves the peer relay on PeerRelayPort; its DERP client reaches the
+// bed's relay as the nodes do. Returns once Ferry is connected to its
+// home DERP region.
+func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
+	dir := filepath.Join(b.Dir, "peer-relay")
+	flags, err := b.peerRelayFlags(dir, hostname)
+	if err != nil {
+		return nil, err
+	}
 	env := []string{"RUST_BACKTRACE=1"}
 	if b.Cfg.Relay.TLS {
 		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
 	} else {
 		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
 	}
-	argv := []string{b.Cfg.Bins.Ferry,
+	argv := append([]string{b.Cfg.Bins.Ferry,
 		"-a", fmt.Sprintf("%s:%d", RelayIP, peerRelayHTTPPort),
 		"-c", filepath.Join(dir, "ferry.key"),
 		"--stun=false",
 		"--workers", "1",
 		"--pin=false",
 		"--metrics-addr", peerRelayMetricsAddr,
-		"--tailnet-login-server", b.Headscale.LoginServer(),
-		"--tailnet-auth-key-file", keyFile,
-		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
-		"--tailnet-hostname", hostname,
-	}
+	}, flags...)
 	p, err := startProc("ferry peer relay", b.Netns.Relay, env, argv...)
 	if p != nil {
 		b.procs = append(b.procs, p)
@@ -104,6 +116,35 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 		return p, fmt.Errorf("ferry peer relay: %w", err)
 	}
 	return p, nil
+}
+
+// RestartRelayAsPeerRelay restarts the bed's Ferry relay (plain HTTP;
+// same key, same ports) with the tailnet flags: it is then both the
+// tailnet's DERP server and its peer relay, and its own DERP client
+// connects to itself. The nodes reconnect to it by themselves;
+// Relay.Metrics then includes the peer relay's series.
+func (b *Bed) RestartRelayAsPeerRelay(hostname string) error {
+	opts := b.Relay.Opts
+	if opts.Kind != Ferry || opts.TLS {
+		return fmt.Errorf("RestartRelayAsPeerRelay: needs Ferry over plain HTTP, not %s", opts.Name())
+	}
+	dir := filepath.Join(b.Dir, "relay")
+	flags, err := b.peerRelayFlags(dir, hostname)
+	if err != nil {
+		return err
+	}
+	b.Relay.Proc.Stop(5 * time.Second)
+	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), flags...)
+	opts.env = append(append([]string(nil), opts.env...), "TS_DEBUG_USE_DERP_HTTP=1")
+	r, err := startRelay(b.Cfg.Bins.Ferry, b.Netns.Relay, dir, opts)
+	if r != nil && r.Proc != nil {
+		b.procs = append(b.procs, r.Proc)
+	}
+	if err != nil {
+		return err
+	}
+	b.Relay = r
+	return nil
 }
 
 // PeerRelayBytes reads the fe_pr counters: bytes that reached the peer
