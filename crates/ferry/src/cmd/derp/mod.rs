@@ -138,12 +138,10 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         session_relay = Some((relay, sessions));
     }
 
-    // The peer relay's port, then the tailnet node that hands it out.
-    let peer_relay = match &plan.peer_relay {
-        Some(p) => Some(
-            tailnet::start(p, args.key_path().as_deref(), plan.workers)
-                .context("starting the peer relay")?,
-        ),
+    // The peer relay's port (its tailnet node starts once the key file,
+    // beside which its state lives, is written).
+    let peer_port = match &plan.peer_relay {
+        Some(p) => Some(tailnet::start_port(p, plan.workers)?),
         None => None,
     };
 
@@ -181,17 +179,6 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         server.metrics().add_source(Box::new(move |w| {
             w.push_str(&udp.render());
             sessions.render(w);
-        }));
-    }
-    if let Some(node) = &peer_relay {
-        // The port's own series (its shards' generic UDP counters would
-        // repeat the relay sessions' names).
-        let (relays, stats) = (node.relays.clone(), node.tailnet.relay_stats());
-        server.metrics().add_source(Box::new(move |w| {
-            relays.render(w);
-            if let Some(s) = &stats {
-                tailnet::render_stats(s, w);
-            }
         }));
     }
     if let Some(setup) = cert_setup {
@@ -240,6 +227,27 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
             let _ = server.wait();
             return Err(e);
         }
+    }
+    let mut tailnet_node = None;
+    if let (Some(p), Some(port)) = (&plan.peer_relay, &peer_port) {
+        let node = match tailnet::start_node(p, port) {
+            Ok(n) => n,
+            Err(e) => {
+                server.shutdown();
+                let _ = server.wait();
+                return Err(e);
+            }
+        };
+        // The port's own series (its shards' generic UDP counters would
+        // repeat the relay sessions' names) and the node's.
+        let (relays, stats) = (port.relays.clone(), node.relay_stats());
+        server.metrics().add_source(Box::new(move |w| {
+            relays.render(w);
+            if let Some(s) = &stats {
+                tailnet::render_stats(s, w);
+            }
+        }));
+        tailnet_node = Some(node);
     }
 
     let addr = server.listen_addrs[0];
@@ -308,9 +316,9 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
     if let Some((relay, _)) = session_relay {
         relay.shutdown();
     }
-    if let Some(node) = peer_relay {
-        drop(node.tailnet);
-        node.udp.shutdown();
+    drop(tailnet_node);
+    if let Some(port) = peer_port {
+        port.udp.shutdown();
     }
     tracing::info!("stopped");
     Ok(())

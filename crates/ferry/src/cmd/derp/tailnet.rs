@@ -29,6 +29,8 @@ pub(crate) struct PeerRelayPlan {
     pub addr: SocketAddr,
     /// The node's host name.
     pub hostname: String,
+    /// The state file (beside the key file).
+    pub state_path: PathBuf,
 }
 
 /// The flags that must be given together, as the operator writes them.
@@ -72,6 +74,7 @@ impl PeerRelayPlan {
             auth_key_file: key.clone(),
             addr: SocketAddr::new(ip, port),
             hostname,
+            state_path: state_path(args.key_path().as_deref())?,
         }))
     }
 }
@@ -164,25 +167,17 @@ pub(crate) fn render_stats(stats: &Stats, o: &mut String) {
     w.single(&HOME_REGION, u64::from(stats.home_region()));
 }
 
-/// The running peer relay: its port's sockets, its table and the tailnet
-/// control client.
-pub(crate) struct PeerRelayNode {
+/// The peer relay's port and its endpoint table.
+pub(crate) struct PeerRelayPort {
     /// The UDP port.
     pub udp: ferry_udp::Relay,
     /// The endpoints.
     pub relays: Arc<PeerRelays>,
-    /// The control client (stops when dropped).
-    pub tailnet: ferry_tailnet::Handle,
 }
 
-/// Starts the peer-relay port, then the control client.
-pub(crate) fn start(
-    plan: &PeerRelayPlan,
-    key_path: Option<&Path>,
-    workers: usize,
-) -> Result<PeerRelayNode> {
-    let state_path = state_path(key_path)?;
-    let auth_key = read_auth_key(&plan.auth_key_file)?;
+/// Starts the peer-relay port (before the DERP server, like the relay
+/// sessions' port), offering its addresses.
+pub(crate) fn start_port(plan: &PeerRelayPlan, workers: usize) -> Result<PeerRelayPort> {
     // ServerDisco is fresh per process, as Tailscale's relay server's.
     let relays = Arc::new(PeerRelays::new(DiscoPrivate::generate(), Limits::default()));
     let tuning = ferry_udp::config::Tuning {
@@ -198,15 +193,29 @@ pub(crate) fn start(
     if addrs.is_empty() {
         tracing::warn!(%bound, "peer relay: no address to offer: allocations are refused");
     }
-    relays.set_addrs(addrs.clone());
+    relays.set_addrs(addrs);
+    Ok(PeerRelayPort { udp, relays })
+}
+
+/// Starts the tailnet node that hands out the port's endpoints (once the
+/// key file, beside which its state file lives, exists).
+pub(crate) fn start_node(
+    plan: &PeerRelayPlan,
+    port: &PeerRelayPort,
+) -> Result<ferry_tailnet::Handle> {
+    let auth_key = read_auth_key(&plan.auth_key_file)?;
+    if let Some(dir) = plan.state_path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating {} for the tailnet state", dir.display()))?;
+    }
     let tailnet = ferry_tailnet::start(ferry_tailnet::Config {
         login_server: plan.login_server.clone(),
         auth_key,
-        state_path: state_path.clone(),
+        state_path: plan.state_path.clone(),
         hostname: plan.hostname.clone(),
         preferred_derp: 0,
         peer_relay: Some(ferry_tailnet::PeerRelay {
-            relays: relays.clone(),
+            relays: port.relays.clone(),
             // tailscaled's switch for plain-HTTP DERP servers (test beds).
             derp_plain_http: std::env::var_os("TS_DEBUG_USE_DERP_HTTP")
                 .is_some_and(|v| !v.is_empty() && v != "0" && v != "false"),
@@ -217,16 +226,12 @@ pub(crate) fn start(
         login_server = %plan.login_server,
         hostname = %plan.hostname,
         node_key = %tailnet.node_key(),
-        state = %state_path.display(),
-        port = %bound,
-        offered = ?addrs,
+        state = %plan.state_path.display(),
+        port = %port.relays.bound().unwrap_or(plan.addr),
+        offered = ?port.relays.addrs(),
         "peer relay on: tailnet node starting"
     );
-    Ok(PeerRelayNode {
-        udp,
-        relays,
-        tailnet,
-    })
+    Ok(tailnet)
 }
 
 #[cfg(test)]
@@ -261,9 +266,9 @@ mod tests {
             "--peer-relay-port",
             "40000",
         ];
-        let p = plan(&[&all[..], &["--tailnet-hostname", "relay"]].concat())
-            .unwrap()
-            .unwrap();
+        let with_key = [&all[..], &["--tailnet-hostname", "relay", "-c", "/s/k"]].concat();
+        let p = plan(&with_key).unwrap().unwrap();
+        assert_eq!(p.state_path, Path::new("/s").join(STATE_FILE));
         assert_eq!(p.addr, "10.0.0.1:40000".parse().unwrap());
         assert_eq!(p.hostname, "relay");
         assert_eq!(p.login_server, "http://10.0.0.1:8080");
