@@ -51,45 +51,8 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 	}
 	a, b := bed.A, bed.B
 
-	// Both nodes see the relay node with its tag and its home DERP region
-	// (PreferredDERP, reported once Ferry's DERP client is connected).
-	for _, n := range []*testbed.Node{a, b} {
-		if err := waitFor(45*time.Second, func() (bool, string) {
-			st, err := n.Status()
-			if err != nil {
-				return false, err.Error()
-			}
-			p := st.PeerNamed(relayName)
-			if p == nil {
-				return false, fmt.Sprintf("%s has no peer %s", n.Name, relayName)
-			}
-			tagged := false
-			for _, tag := range p.Tags {
-				tagged = tagged || tag == testbed.PeerRelayTag
-			}
-			return tagged && p.Relay == "fe", fmt.Sprintf("%s sees %s with tags %v, home region %q", n.Name, relayName, p.Tags, p.Relay)
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// tailscale ping both ways until the path is the peer relay (the
-	// clients look for one in their path discovery, driven by traffic).
-	want := fmt.Sprintf("via peer-relay(%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
-	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
-		from, to := pair[0], pair[1]
-		var out string
-		if err := waitFor(90*time.Second, func() (bool, string) {
-			out, _ = from.TailscalePing(to.IP, 3)
-			if strings.Contains(out, "via 10.78.") {
-				t.Fatalf("tailscale ping %s→%s went direct, the UDP block failed:\n%s", from.Name, to.Name, out)
-			}
-			return strings.Contains(out, want), out
-		}); err != nil {
-			t.Fatalf("tailscale ping %s→%s never went %s...): %v", from.Name, to.Name, want, err)
-		}
-		t.Logf("tailscale ping %s→%s: %s", from.Name, to.Name, firstLineWith(out, "via peer-relay"))
-	}
+	waitRelayNode(t, bed, relayName)
+	pingViaPeerRelay(t, bed)
 
 	// status --json agrees, both ways.
 	prefix := fmt.Sprintf("%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
@@ -130,8 +93,25 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 			t.Errorf("peer relay metrics: %s = %v (present: %v)", series, v, ok)
 		}
 	}
-	t.Logf("peer relay: %d bytes in, %d out; %v allocations, %v packets forwarded; whole test %.1f s",
-		in, out, m.Sum("ferry_peer_relay_allocations_total"), m["ferry_udp_peer_relay_forwarded_total"], time.Since(start).Seconds())
+	t.Logf("peer relay: %d bytes in, %d out; %v allocations, %v packets forwarded",
+		in, out, m.Sum("ferry_peer_relay_allocations_total"), m["ferry_udp_peer_relay_forwarded_total"])
+
+	if ownDERP {
+		// Restarted with its saved state it is the same node (it polls
+		// without registering again), and the nodes find the peer relay
+		// again.
+		restart := time.Now()
+		if err := bed.RestartRelay(); err != nil {
+			t.Fatalf("restarting the relay: %v", err)
+		}
+		waitRelayNode(t, bed, relayName)
+		pingViaPeerRelay(t, bed)
+		if strings.Contains(bed.Relay.Proc.Logs(), "tailnet: registered") {
+			t.Fatalf("after the restart Ferry registered a new node instead of polling with its saved state")
+		}
+		t.Logf("after a restart, the peer relay path is back in %.1f s", time.Since(restart).Seconds())
+	}
+	t.Logf("whole test %.1f s", time.Since(start).Seconds())
 }
 
 // checkIperf runs iperf3 TCP A→B through the tunnel: its bytes cross the
@@ -169,6 +149,65 @@ func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (i
 	t.Logf("iperf3 A→B through the peer relay: %.0f Mbit/s (%d bytes; port %d bytes in, %d out)",
 		ir.ReceivedBps/1e6, ir.ReceivedBytes, in2-in, out2-out)
 	return in2, out2
+}
+
+// waitRelayNode waits until both nodes see the relay node (one node of
+// that name) with its tag and its home DERP region (PreferredDERP, reported once Ferry's DERP
+// client is connected).
+func waitRelayNode(t *testing.T, bed *testbed.Bed, relayName string) {
+	t.Helper()
+	for _, n := range []*testbed.Node{bed.A, bed.B} {
+		if err := waitFor(45*time.Second, func() (bool, string) {
+			st, err := n.Status()
+			if err != nil {
+				return false, err.Error()
+			}
+			same := 0
+			for _, p := range st.Peer {
+				if strings.EqualFold(p.HostName, relayName) {
+					same++
+				}
+			}
+			if same > 1 {
+				return false, fmt.Sprintf("%s sees %d nodes named %s", n.Name, same, relayName)
+			}
+			p := st.PeerNamed(relayName)
+			if p == nil {
+				return false, fmt.Sprintf("%s has no peer %s", n.Name, relayName)
+			}
+			tagged := false
+			for _, tag := range p.Tags {
+				tagged = tagged || tag == testbed.PeerRelayTag
+			}
+			return tagged && p.Relay == "fe" && p.Online, fmt.Sprintf("%s sees %s with tags %v, home region %q, online %v", n.Name, relayName, p.Tags, p.Relay, p.Online)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// pingViaPeerRelay runs tailscale ping both ways until the path is the
+// peer relay (the clients look for one in their path discovery, driven
+// by traffic), never direct.
+func pingViaPeerRelay(t *testing.T, bed *testbed.Bed) {
+	t.Helper()
+	a, b := bed.A, bed.B
+	want := fmt.Sprintf("via peer-relay(%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		from, to := pair[0], pair[1]
+		var out string
+		if err := waitFor(90*time.Second, func() (bool, string) {
+			out, _ = from.TailscalePing(to.IP, 3)
+			if strings.Contains(out, "via 10.78.") {
+				t.Fatalf("tailscale ping %s→%s went direct, the UDP block failed:\n%s", from.Name, to.Name, out)
+			}
+			return strings.Contains(out, want), out
+		}); err != nil {
+			t.Fatalf("tailscale ping %s→%s never went %s...): %v", from.Name, to.Name, want, err)
+		}
+		t.Logf("tailscale ping %s→%s: %s", from.Name, to.Name, firstLineWith(out, "via peer-relay"))
+	}
+
 }
 
 func peerRelayOf(p *testbed.PeerStatus) string {

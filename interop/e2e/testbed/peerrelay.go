@@ -133,10 +133,24 @@ func (b *Bed) RestartRelayAsPeerRelay(hostname string) error {
 	if err != nil {
 		return err
 	}
-	b.Relay.Proc.Stop(5 * time.Second)
 	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), flags...)
 	opts.env = append(append([]string(nil), opts.env...), "TS_DEBUG_USE_DERP_HTTP=1")
-	r, err := startRelay(b.Cfg.Bins.Ferry, b.Netns.Relay, dir, opts)
+	return b.restartRelay(opts)
+}
+
+// RestartRelay restarts the bed's relay as it runs (same key, ports and
+// flags; a Ferry peer relay keeps its tailnet state file).
+func (b *Bed) RestartRelay() error {
+	return b.restartRelay(b.Relay.Opts)
+}
+
+func (b *Bed) restartRelay(opts DerpServerOptions) error {
+	bin := b.Cfg.Bins.Derper
+	if opts.Kind == Ferry {
+		bin = b.Cfg.Bins.Ferry
+	}
+	b.Relay.Proc.Stop(5 * time.Second)
+	r, err := startRelay(bin, b.Netns.Relay, filepath.Join(b.Dir, "relay"), opts)
 	if r != nil && r.Proc != nil {
 		b.procs = append(b.procs, r.Proc)
 	}
