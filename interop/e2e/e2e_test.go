@@ -122,6 +122,22 @@ func TestTailscaleThroughRelay(t *testing.T) {
 	}
 }
 
+// upBed brings a bed up, closed when the test ends; on failure (or with
+// FERRY_E2E_LOGS) the last logLines lines of every process are logged.
+func upBed(t *testing.T, cfg testbed.Config, logLines int) *testbed.Bed {
+	bed := testbed.New(cfg)
+	t.Cleanup(bed.Close)
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("FERRY_E2E_LOGS") != "" {
+			t.Logf("process output:\n%s", bed.Logs(logLines))
+		}
+	})
+	if err := bed.Up(); err != nil {
+		t.Fatalf("bringing the network up: %v", err)
+	}
+	return bed
+}
+
 // tunnelMTU bounds the inner packet size: each relayed packet carries at
 // most this many bytes of iperf payload, so a transfer of N bytes needs at
 // least N/tunnelMTU packets through the relay.
@@ -129,16 +145,7 @@ const tunnelMTU = 1280
 
 func checkRelay(t *testing.T, opts testbed.DerpServerOptions) string {
 	start := time.Now()
-	bed := testbed.New(testbed.Config{Bins: bins, Relay: opts, Logf: t.Logf})
-	t.Cleanup(bed.Close)
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("FERRY_E2E_LOGS") != "" {
-			t.Logf("process output:\n%s", bed.Logs(60))
-		}
-	})
-	if err := bed.Up(); err != nil {
-		t.Fatalf("bringing the network up: %v", err)
-	}
+	bed := upBed(t, testbed.Config{Bins: bins, Relay: opts, Logf: t.Logf}, 60)
 	a, b := bed.A, bed.B
 	before, err := bed.Relay.Metrics()
 	if err != nil {

@@ -50,16 +50,7 @@ func checkMeshRegion(t *testing.T, kinds [2]string) string {
 		return o
 	}
 	peer := opts(kinds[1])
-	bed := testbed.New(testbed.Config{Bins: bins, Relay: opts(kinds[0]), Peer: &peer, Logf: t.Logf})
-	t.Cleanup(bed.Close)
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("FERRY_E2E_LOGS") != "" {
-			t.Logf("process output:\n%s", bed.Logs(80))
-		}
-	})
-	if err := bed.Up(); err != nil {
-		t.Fatalf("bringing the network up: %v", err)
-	}
+	bed := upBed(t, testbed.Config{Bins: bins, Relay: opts(kinds[0]), Peer: &peer, Logf: t.Logf}, 80)
 	a, b := bed.A, bed.B
 	first, second := bed.Relay, bed.Peer
 	before := map[*testbed.Relay]testbed.Metrics{}

@@ -28,10 +28,10 @@ reap() {
   done
 }
 trap reap EXIT
-# The three tests by name: each must pass (a renamed one would otherwise
+# The four tests by name: each must pass (a renamed one would otherwise
 # leave "no tests to run"), their output streamed as it comes; a skip
 # (not root, a tool missing: the test says which) passes only without CI.
-tests="TestTailscaleThroughRelay TestAdmission TestMeshRegion"
+tests="TestTailscaleThroughRelay TestAdmission TestMeshRegion TestPeerRelay"
 FERRY_E2E=1 FERRY_BIN="$target_dir/debug/ferry" \
   expect_go_test -v -k e2e "$tests" ./e2e -run "^(${tests// /|})\$" -count=1 -timeout 15m
 # CI's machine has root, namespaces and the tools (.ci/setup.d): a skip

@@ -17,12 +17,19 @@
 //!    driver reconnects after a backoff with jitter.
 //!
 //! The keys live in the state file (see [`Config::state_path`]).
+//!
+//! With [`Config::peer_relay`] the node also serves the tailnet as a
+//! Tailscale peer relay ([`relay`]): it connects to a DERP region of the
+//! map with its node key, reports it as its home, and answers the
+//! allocation requests of peers the packet filter grants
+//! `tailscale.com/cap/relay` with endpoints of the peer-relay table.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod channel;
 mod netmap;
+pub mod relay;
 mod session;
 mod state;
 
@@ -51,6 +58,27 @@ pub struct Config {
     pub hostname: String,
     /// The home DERP region reported at first (0: none yet).
     pub preferred_derp: u32,
+    /// Serve the tailnet as a peer relay with this table.
+    pub peer_relay: Option<PeerRelay>,
+}
+
+/// The peer relay a node serves.
+#[derive(Clone)]
+pub struct PeerRelay {
+    /// The endpoint table the UDP port serves.
+    pub relays: Arc<ferry_udp::peer_relay::PeerRelays>,
+    /// Dial the DERP map's nodes in plain HTTP (tailscaled's
+    /// `TS_DEBUG_USE_DERP_HTTP`, for test beds).
+    pub derp_plain_http: bool,
+}
+
+impl std::fmt::Debug for PeerRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerRelay")
+            .field("server_disco", &self.relays.server_disco())
+            .field("derp_plain_http", &self.derp_plain_http)
+            .finish()
+    }
 }
 
 /// Why the control client failed (each is logged, then retried).
@@ -117,6 +145,8 @@ struct Published {
 pub(crate) struct Shared {
     published: Mutex<Published>,
     changed: Condvar,
+    /// The netmap's version, for async waiters.
+    versions: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -131,7 +161,17 @@ impl Shared {
     }
 
     pub(crate) fn set_netmap(&self, n: Netmap) {
+        let version = n.version;
         self.update(|p| p.netmap = Arc::new(n));
+        self.versions.send_replace(version);
+    }
+
+    pub(crate) fn netmap(&self) -> Arc<Netmap> {
+        self.published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .netmap
+            .clone()
     }
 
     pub(crate) fn count_registration(&self) {
@@ -145,7 +185,8 @@ pub struct Handle {
     node_key: NodePublic,
     node_private: NodePrivate,
     disco_private: DiscoPrivate,
-    derp: tokio::sync::watch::Sender<u32>,
+    derp: Arc<tokio::sync::watch::Sender<u32>>,
+    relay_stats: Option<Arc<relay::Stats>>,
     stop: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -173,10 +214,23 @@ pub fn start(config: Config) -> Result<Handle, Error> {
             registrations: 0,
         }),
         changed: Condvar::new(),
+        versions: tokio::sync::watch::channel(0).0,
     });
     let (derp, derp_rx) = tokio::sync::watch::channel(config.preferred_derp);
+    let derp = Arc::new(derp);
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let relay = config.peer_relay.clone().map(|p| relay::Node {
+        relays: p.relays,
+        derp_plain_http: p.derp_plain_http,
+        shared: shared.clone(),
+        node: node_private.clone(),
+        disco: disco_private.clone(),
+        preferred_derp: derp.clone(),
+        stats: Arc::new(relay::Stats::default()),
+    });
+    let relay_stats = relay.as_ref().map(|r| r.stats.clone());
     let driver = session::Driver {
+        relay,
         config,
         server,
         state,
@@ -193,6 +247,7 @@ pub fn start(config: Config) -> Result<Handle, Error> {
         node_private,
         disco_private,
         derp,
+        relay_stats,
         stop,
         thread: Some(thread),
     })
@@ -262,6 +317,16 @@ impl Handle {
     /// the server at once while the poll runs, and on every new poll.
     pub fn set_preferred_derp(&self, region: u32) {
         self.derp.send_replace(region);
+    }
+
+    /// The peer relay's counters (with [`Config::peer_relay`]).
+    pub fn relay_stats(&self) -> Option<Arc<relay::Stats>> {
+        self.relay_stats.clone()
+    }
+
+    /// The home DERP region reported now (0: none yet).
+    pub fn preferred_derp(&self) -> u32 {
+        *self.derp.borrow()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Published> {

@@ -4,7 +4,7 @@ use ferry_proto::derp_map::DerpMap;
 use ferry_proto::key::DiscoPublic;
 use ferry_proto::key::NodePublic;
 use ferry_proto::tailnet::tailcfg::{FilterRule, MapResponse, Node};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A snapshot of the netmap.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -13,12 +13,16 @@ pub struct Netmap {
     pub version: u64,
     /// This node as the control server sees it (addresses, tags, keys).
     pub self_node: Option<Node>,
-    /// Peers by node ID.
+    /// Peers by node ID (changed by [`Netmap::apply`]; by hand, call
+    /// [`Netmap::reindex`] after).
     pub peers: BTreeMap<u64, Node>,
     /// The DERP map, once sent.
     pub derp_map: Option<DerpMap>,
     /// Packet filter chunks by name (the legacy whole filter is `base`).
     pub filters: BTreeMap<String, Vec<FilterRule>>,
+    /// Peer IDs by node key, rebuilt by [`Netmap::apply`] (every packet
+    /// that arrives over DERP is looked up by its sender).
+    pub(crate) by_key: HashMap<NodePublic, u64>,
 }
 
 impl Netmap {
@@ -27,9 +31,23 @@ impl Netmap {
         self.filters.values().flatten()
     }
 
-    /// The peer with node key `key`.
+    /// The peer with node key `key` (one hash lookup: the index follows
+    /// [`Netmap::apply`]; after changing `peers` by hand, call
+    /// [`Netmap::reindex`]).
     pub fn peer_by_node_key(&self, key: &NodePublic) -> Option<&Node> {
-        self.peers.values().find(|p| p.key == *key)
+        self.by_key
+            .get(key)
+            .and_then(|id| self.peers.get(id))
+            .filter(|p| p.key == *key)
+    }
+
+    /// Rebuilds the node-key index from `peers`. Two peers with one key
+    /// (a key not sent yet): the lowest ID.
+    pub fn reindex(&mut self) {
+        self.by_key.clear();
+        for (id, p) in &self.peers {
+            self.by_key.entry(p.key).or_insert(*id);
+        }
     }
 
     /// The peer whose disco key is `key`.
@@ -90,6 +108,7 @@ impl Netmap {
                 }
             }
         }
+        self.reindex();
         let changed = *self != before;
         if changed {
             self.version = before.version + 1;
@@ -135,10 +154,26 @@ mod tests {
             Some(3)
         );
         assert!(n.peer_by_disco_key(&DiscoPublic([2; 32])).is_none());
+        let one = NodePublic::from_bytes([1; 32]);
+        assert!(n.peer_by_node_key(&one).is_none());
+        assert!(apply(
+            &mut n,
+            r#"{"PeersChangedPatch":[{"NodeID":3,"Key":"nodekey:0101010101010101010101010101010101010101010101010101010101010101"}]}"#
+        ));
+        assert_eq!(n.peer_by_node_key(&one).map(|p| p.id), Some(3));
+        assert_eq!(n.peer_by_node_key(&key).map(|p| p.id), Some(2));
+        // Peers changed by hand are found once reindexed.
+        n.peers.remove(&3);
+        let mut moved = n.peers[&2].clone();
+        moved.id = 4;
+        moved.key = one;
+        n.peers.insert(4, moved);
+        n.reindex();
+        assert_eq!(n.peer_by_node_key(&one).map(|p| p.id), Some(4));
         assert_eq!(n.filter_rules().count(), 1);
         assert!(apply(&mut n, r#"{"PacketFilters":{"*":null}}"#));
         assert_eq!(n.filter_rules().count(), 0);
         assert!(!apply(&mut n, r#"{"PacketFilters":{"*":null}}"#));
-        assert_eq!(n.version, 3);
+        assert_eq!(n.version, 4);
     }
 }

@@ -27,6 +27,8 @@ const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 pub(crate) struct Driver {
+    /// The peer relay's task, started with the runtime.
+    pub(crate) relay: Option<crate::relay::Node>,
     pub(crate) config: Config,
     pub(crate) server: LoginServer,
     pub(crate) state: State,
@@ -53,6 +55,9 @@ impl Driver {
             }
         };
         rt.block_on(async {
+            if let Some(relay) = self.relay.take() {
+                tokio::spawn(relay.run());
+            }
             let mut attempt = 0u32;
             loop {
                 let mut mapped = false;

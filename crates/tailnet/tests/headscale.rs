@@ -456,6 +456,7 @@ fn registers_with_tagged_key_and_restarts_without_registering() {
         state_path: state_path.clone(),
         hostname: "ferry-test".into(),
         preferred_derp: 900,
+        peer_relay: None,
     };
 
     let client = start(config.clone()).unwrap();

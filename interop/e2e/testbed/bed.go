@@ -36,7 +36,10 @@ type Config struct {
 	// the peer, and their traffic crosses the mesh; Bed.AllowAToPeer
 	// lifts A's rule.
 	Peer *DerpServerOptions
-	Logf Logf
+	// Policy, when set, is Headscale's policy file (HuJSON); without it
+	// every node may reach every other.
+	Policy string
+	Logf   Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.
@@ -138,7 +141,7 @@ func (b *Bed) Up() error {
 			return err
 		}
 	}
-	b.Headscale, err = startHeadscale(b.Cfg.Bins.Headscale, b.Netns.Relay, filepath.Join(dir, "headscale"), nodes)
+	b.Headscale, err = startHeadscale(b.Cfg.Bins.Headscale, b.Netns.Relay, filepath.Join(dir, "headscale"), nodes, b.Cfg.Policy)
 	if b.Headscale != nil && b.Headscale.Proc != nil {
 		b.procs = append(b.procs, b.Headscale.Proc)
 	}

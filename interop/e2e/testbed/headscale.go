@@ -21,10 +21,11 @@ const HeadscalePort = 8080
 
 // Headscale is the running control server.
 type Headscale struct {
-	Proc *Proc
-	bin  string
-	cfg  string
-	ns   string
+	Proc  *Proc
+	bin   string
+	cfg   string
+	ns    string
+	users map[string]string // user name to ID, once created
 }
 
 // LoginServer is the URL nodes log in to.
@@ -34,7 +35,8 @@ func (h *Headscale) LoginServer() string {
 
 // headscaleConfig is Headscale's configuration: no DERP map but ours (its
 // default would fetch Tailscale's from the Internet), no update check, no
-// DNS pushed to nodes, no policy file (everyone may reach everyone).
+// DNS pushed to nodes, and the policy file {{POLICY}} ("": none, so
+// everyone may reach everyone).
 const headscaleConfig = `server_url: http://{{IP}}:{{PORT}}
 listen_addr: {{IP}}:{{PORT}}
 metrics_listen_addr: 127.0.0.1:9090
@@ -65,7 +67,7 @@ log:
   format: text
 policy:
   mode: file
-  path: ""
+  path: "{{POLICY}}"
 dns:
   magic_dns: false
   override_local_dns: false
@@ -100,12 +102,20 @@ func derpMapYAML(nodes []mapNode) string {
 
 // startHeadscale writes the configuration and DERP map into dir, starts
 // Headscale in namespace ns and waits until it answers /health.
-func startHeadscale(bin, ns, dir string, nodes []mapNode) (*Headscale, error) {
-	h := &Headscale{bin: bin, ns: ns, cfg: filepath.Join(dir, "config.yaml")}
+func startHeadscale(bin, ns, dir string, nodes []mapNode, policy string) (*Headscale, error) {
+	h := &Headscale{bin: bin, ns: ns, cfg: filepath.Join(dir, "config.yaml"), users: map[string]string{}}
+	policyPath := ""
+	if policy != "" {
+		policyPath = filepath.Join(dir, "policy.json")
+		if err := os.WriteFile(policyPath, []byte(policy), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	repl := strings.NewReplacer(
 		"{{IP}}", RelayIP,
 		"{{PORT}}", strconv.Itoa(HeadscalePort),
 		"{{DIR}}", dir,
+		"{{POLICY}}", policyPath,
 	)
 	if err := os.WriteFile(h.cfg, []byte(repl.Replace(headscaleConfig)), 0o600); err != nil {
 		return nil, err
@@ -166,21 +176,31 @@ func (h *Headscale) cli(v any, args ...string) error {
 	return nil
 }
 
-// PreAuthKey creates a user and a reusable pre-auth key for it.
-func (h *Headscale) PreAuthKey(user string) (string, error) {
-	var u struct {
-		ID json.Number `json:"id"`
-	}
-	if err := h.cli(&u, "users", "create", user); err != nil {
-		return "", err
-	}
-	if u.ID == "" {
-		return "", fmt.Errorf("headscale users create %s: no id in the answer", user)
+// PreAuthKey creates the user (the first time) and a reusable pre-auth
+// key for it; nodes registered with a key made with tags carry them.
+func (h *Headscale) PreAuthKey(user string, tags ...string) (string, error) {
+	id, ok := h.users[user]
+	if !ok {
+		var u struct {
+			ID json.Number `json:"id"`
+		}
+		if err := h.cli(&u, "users", "create", user); err != nil {
+			return "", err
+		}
+		if u.ID == "" {
+			return "", fmt.Errorf("headscale users create %s: no id in the answer", user)
+		}
+		id = u.ID.String()
+		h.users[user] = id
 	}
 	var k struct {
 		Key string `json:"key"`
 	}
-	if err := h.cli(&k, "preauthkeys", "create", "--user", u.ID.String(), "--reusable", "--expiration", "1h"); err != nil {
+	args := []string{"preauthkeys", "create", "--user", id, "--reusable", "--expiration", "1h"}
+	if len(tags) > 0 {
+		args = append(args, "--tags", strings.Join(tags, ","))
+	}
+	if err := h.cli(&k, args...); err != nil {
 		return "", err
 	}
 	if k.Key == "" {

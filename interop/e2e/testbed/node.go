@@ -124,6 +124,8 @@ type PeerStatus struct {
 	Online       bool
 	Relay        string // DERP region code of the peer's home
 	CurAddr      string // direct UDP address in use; empty when relayed
+	PeerRelay    string // peer relay in use ("ip:port:vni:N"); empty when none
+	Tags         []string
 	RxBytes      int64
 	TxBytes      int64
 }

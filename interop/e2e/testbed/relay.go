@@ -159,13 +159,18 @@ type Metrics map[string]float64
 
 // Metrics reads /debug/varz from inside the relay's namespace.
 func (r *Relay) Metrics() (Metrics, error) {
-	resp, err := r.httpc.Get(r.url("/debug/varz"))
+	return getMetrics(r.httpc, r.url("/debug/varz"))
+}
+
+// getMetrics GETs a Prometheus text page and parses it.
+func getMetrics(c *http.Client, url string) (Metrics, error) {
+	resp, err := c.Get(url)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /debug/varz: %s", resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return parseMetrics(resp.Body)
 }

@@ -117,6 +117,28 @@ pub(crate) struct DerpArgs {
     #[arg(long = "relay-idle-timeout", default_value = "60s")]
     pub relay_idle_timeout: String,
 
+    /// Join a tailnet at this control server (Headscale; `http://host[:port]`)
+    /// as a node, and serve its nodes as a Tailscale peer relay on
+    /// --peer-relay-port. Goes with --tailnet-auth-key-file and
+    /// --peer-relay-port; the node's keys are kept in ferry-tailnet.json
+    /// beside the -c key file.
+    #[arg(long = "tailnet-login-server", value_name = "URL")]
+    pub tailnet_login_server: Option<String>,
+
+    /// File holding the tailnet pre-auth key (a reusable key made with the
+    /// relay's tag), used when the node registers.
+    #[arg(long = "tailnet-auth-key-file", value_name = "FILE")]
+    pub tailnet_auth_key_file: Option<PathBuf>,
+
+    /// UDP port of the peer relay (Tailscale's peer-relay protocol), bound
+    /// on the -a address (0: a port the system picks).
+    #[arg(long = "peer-relay-port")]
+    pub peer_relay_port: Option<u16>,
+
+    /// The node's host name in the tailnet (default: this host's name).
+    #[arg(long = "tailnet-hostname")]
+    pub tailnet_hostname: Option<String>,
+
     /// Serve DERP (false keeps only STUN and the HTTP endpoints).
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub derp: bool,

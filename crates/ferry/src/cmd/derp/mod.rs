@@ -8,6 +8,7 @@ pub(crate) mod args;
 mod banner;
 pub(crate) mod derper;
 pub(crate) mod plan;
+pub(crate) mod tailnet;
 
 use std::time::Duration;
 
@@ -137,6 +138,13 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         session_relay = Some((relay, sessions));
     }
 
+    // The peer relay's port (its tailnet node starts once the key file,
+    // beside which its state lives, is written).
+    let peer_port = match &plan.peer_relay {
+        Some(p) => Some(tailnet::start_port(p, plan.workers)?),
+        None => None,
+    };
+
     let mut listeners = vec![ListenerSpec {
         addr: plan.addr,
         kind: ListenerKind::Derp,
@@ -220,6 +228,27 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
             return Err(e);
         }
     }
+    let mut tailnet_node = None;
+    if let (Some(p), Some(port)) = (&plan.peer_relay, &peer_port) {
+        let node = match tailnet::start_node(p, port) {
+            Ok(n) => n,
+            Err(e) => {
+                server.shutdown();
+                let _ = server.wait();
+                return Err(e);
+            }
+        };
+        // The port's own series (its shards' generic UDP counters would
+        // repeat the relay sessions' names) and the node's.
+        let (relays, stats) = (port.relays.clone(), node.relay_stats());
+        server.metrics().add_source(Box::new(move |w| {
+            relays.render(w);
+            if let Some(s) = &stats {
+                tailnet::render_stats(s, w);
+            }
+        }));
+        tailnet_node = Some(node);
+    }
 
     let addr = server.listen_addrs[0];
     let scheme = if config.tls.is_some() {
@@ -286,6 +315,10 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
     server.wait().context("stopping the relay")?;
     if let Some((relay, _)) = session_relay {
         relay.shutdown();
+    }
+    drop(tailnet_node);
+    if let Some(port) = peer_port {
+        port.udp.shutdown();
     }
     tracing::info!("stopped");
     Ok(())

@@ -108,6 +108,8 @@ pub(crate) struct Plan {
     pub busy_poll: Duration,
     /// Relay sessions' socket address and table limits, if on.
     pub relay_sessions: Option<(SocketAddr, ferry_udp::session::Limits)>,
+    /// The tailnet node and its peer relay, if on.
+    pub peer_relay: Option<super::tailnet::PeerRelayPlan>,
 }
 
 impl Plan {
@@ -191,7 +193,9 @@ impl Plan {
         let us = Duration::from_micros;
         let ms = Duration::from_millis;
         let secs = Duration::from_secs;
+        let peer_relay = super::tailnet::PeerRelayPlan::from_args(args, addr.ip())?;
         Ok(Plan {
+            peer_relay,
             addr,
             acme,
             cert_mode,

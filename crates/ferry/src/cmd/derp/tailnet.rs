@@ -1,0 +1,334 @@
+//! Ferry as a tailnet node serving a Tailscale peer relay: the flags that
+//! turn it on (they go together), and starting the peer-relay port and
+//! the control client.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use ferry_engine::stat::exposition::{Exposition, Family};
+use ferry_proto::key::DiscoPrivate;
+use ferry_tailnet::relay::answer::Drop;
+use ferry_tailnet::relay::Stats;
+use ferry_udp::peer_relay::{Limits, PeerRelays};
+
+use super::args::DerpArgs;
+
+/// The state file's name, in the directory of the `-c` key file.
+pub(crate) const STATE_FILE: &str = "ferry-tailnet.json";
+
+/// What the tailnet flags resolve to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PeerRelayPlan {
+    /// The control server.
+    pub login_server: String,
+    /// The pre-auth key's file.
+    pub auth_key_file: PathBuf,
+    /// The peer-relay socket's address.
+    pub addr: SocketAddr,
+    /// The node's host name.
+    pub hostname: String,
+    /// The state file (beside the key file).
+    pub state_path: PathBuf,
+}
+
+/// The flags that must be given together, as the operator writes them.
+const TOGETHER: &str = "--tailnet-login-server, --tailnet-auth-key-file and --peer-relay-port";
+
+impl PeerRelayPlan {
+    /// `None` without any of the tailnet flags; an error naming the
+    /// missing one when only some are given. `ip` is the `-a` address.
+    pub(crate) fn from_args(args: &DerpArgs, ip: IpAddr) -> Result<Option<PeerRelayPlan>> {
+        let (server, key, port) = (
+            &args.tailnet_login_server,
+            &args.tailnet_auth_key_file,
+            args.peer_relay_port,
+        );
+        if server.is_none() && key.is_none() && port.is_none() {
+            if args.tailnet_hostname.is_some() {
+                bail!("--tailnet-hostname: needs {TOGETHER}");
+            }
+            return Ok(None);
+        }
+        let missing = [
+            (server.is_none(), "--tailnet-login-server"),
+            (key.is_none(), "--tailnet-auth-key-file"),
+            (port.is_none(), "--peer-relay-port"),
+        ];
+        if let Some((_, name)) = missing.iter().find(|(m, _)| *m) {
+            bail!("{name} is missing: {TOGETHER} go together");
+        }
+        let (Some(server), Some(key), Some(port)) = (server, key, port) else {
+            unreachable!("each was checked above");
+        };
+        ferry_tailnet::LoginServer::parse(server)
+            .map_err(|e| anyhow::anyhow!("--tailnet-login-server: {e}"))?;
+        let hostname = match &args.tailnet_hostname {
+            Some(h) if h.trim().is_empty() => bail!("--tailnet-hostname: empty"),
+            Some(h) => h.clone(),
+            None => host_name(),
+        };
+        Ok(Some(PeerRelayPlan {
+            login_server: server.clone(),
+            auth_key_file: key.clone(),
+            addr: SocketAddr::new(ip, port),
+            hostname,
+            state_path: state_path(args.key_path().as_deref())?,
+        }))
+    }
+}
+
+/// This host's name (the kernel's), or `ferry` when it cannot be read.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "ferry".to_owned())
+}
+
+/// Reads the pre-auth key (trimmed; an empty file is an error).
+pub(crate) fn read_auth_key(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--tailnet-auth-key-file: reading {}", path.display()))?;
+    let key = text.trim();
+    if key.is_empty() {
+        bail!("--tailnet-auth-key-file {}: empty", path.display());
+    }
+    Ok(key.to_owned())
+}
+
+/// The state file beside the key file `key_path` (`None` in dev mode
+/// without `-c`: the node would get a fresh identity each run).
+pub(crate) fn state_path(key_path: Option<&Path>) -> Result<PathBuf> {
+    let Some(key) = key_path else {
+        bail!("--tailnet-login-server needs a key file (-c): the tailnet node's keys are kept beside it in {STATE_FILE}");
+    };
+    let dir = key.parent().filter(|d| !d.as_os_str().is_empty());
+    Ok(dir.unwrap_or(Path::new(".")).join(STATE_FILE))
+}
+
+/// The addresses offered to clients: the socket's own address when it is
+/// bound to one, else every non-loopback address of the host's
+/// interfaces (point-to-point ones included: a tunnel address is a
+/// reachable address for some clients), with the bound port.
+pub(crate) fn offered_addrs(bound: SocketAddr) -> Vec<SocketAddr> {
+    if !bound.ip().is_unspecified() {
+        return vec![bound];
+    }
+    let all = match ferry_sys::ifaddrs::interface_addrs() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "peer relay: cannot list the interface addresses");
+            return Vec::new();
+        }
+    };
+    let mut out: Vec<SocketAddr> = all
+        .into_iter()
+        .filter(|a| !a.loopback && !a.addr.is_loopback() && !a.addr.is_unspecified())
+        .filter(|a| match a.addr {
+            IpAddr::V4(_) => true,
+            // Link-local IPv6 needs a scope no answer can carry.
+            IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+        })
+        .filter(|a| bound.is_ipv6() || a.addr.is_ipv4())
+        .map(|a| SocketAddr::new(a.addr, bound.port()))
+        .collect();
+    out.dedup();
+    out
+}
+
+const ALLOCATIONS: Family<'static> = Family::counter(
+    "ferry_peer_relay_allocations_total",
+    "Allocation requests from tailnet peers answered, by result (new endpoint, or the pair's existing one).",
+)
+.labels(&["result"]);
+const DISCO_DROPPED: Family<'static> = Family::counter(
+    "ferry_peer_relay_disco_dropped_total",
+    "Disco packets over DERP to the tailnet node that got no answer, by reason.",
+)
+.labels(&["reason"]);
+const HOME_REGION: Family<'static> = Family::gauge(
+    "ferry_tailnet_home_region",
+    "The DERP region the tailnet node is connected to and reports as its home (0: none yet).",
+);
+
+/// The tailnet node's peer-relay counters, for /metrics.
+pub(crate) fn render_stats(stats: &Stats, o: &mut String) {
+    let mut w = Exposition::new(o);
+    w.family(&ALLOCATIONS)
+        .sample(&["new"], stats.allocated())
+        .sample(&["existing"], stats.existing());
+    let mut f = w.family(&DISCO_DROPPED);
+    for why in Drop::ALL {
+        f.sample(&[why.label()], stats.dropped(why));
+    }
+    w.single(&HOME_REGION, u64::from(stats.home_region()));
+}
+
+/// The peer relay's port and its endpoint table.
+pub(crate) struct PeerRelayPort {
+    /// The UDP port.
+    pub udp: ferry_udp::Relay,
+    /// The endpoints.
+    pub relays: Arc<PeerRelays>,
+}
+
+/// Starts the peer-relay port (before the DERP server, like the relay
+/// sessions' port), offering its addresses.
+pub(crate) fn start_port(plan: &PeerRelayPlan, workers: usize) -> Result<PeerRelayPort> {
+    // ServerDisco is fresh per process, as Tailscale's relay server's.
+    let relays = Arc::new(PeerRelays::new(DiscoPrivate::generate(), Limits::default()));
+    let tuning = ferry_udp::config::Tuning {
+        workers,
+        pin: false,
+        ..Default::default()
+    };
+    let udp =
+        ferry_udp::Relay::start_peer_relay("--peer-relay-port", plan.addr, relays.clone(), tuning)
+            .context("starting the peer relay")?;
+    let bound = relays.bound().unwrap_or(plan.addr);
+    let addrs = offered_addrs(bound);
+    if addrs.is_empty() {
+        tracing::warn!(%bound, "peer relay: no address to offer: allocations are refused");
+    }
+    relays.set_addrs(addrs);
+    Ok(PeerRelayPort { udp, relays })
+}
+
+/// Starts the tailnet node that hands out the port's endpoints (once the
+/// key file, beside which its state file lives, exists).
+pub(crate) fn start_node(
+    plan: &PeerRelayPlan,
+    port: &PeerRelayPort,
+) -> Result<ferry_tailnet::Handle> {
+    let auth_key = read_auth_key(&plan.auth_key_file)?;
+    if let Some(dir) = plan.state_path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating {} for the tailnet state", dir.display()))?;
+    }
+    let tailnet = ferry_tailnet::start(ferry_tailnet::Config {
+        login_server: plan.login_server.clone(),
+        auth_key,
+        state_path: plan.state_path.clone(),
+        hostname: plan.hostname.clone(),
+        preferred_derp: 0,
+        peer_relay: Some(ferry_tailnet::PeerRelay {
+            relays: port.relays.clone(),
+            // tailscaled's switch for plain-HTTP DERP servers (test beds).
+            derp_plain_http: std::env::var_os("TS_DEBUG_USE_DERP_HTTP")
+                .is_some_and(|v| !v.is_empty() && v != "0" && v != "false"),
+        }),
+    })
+    .context("starting the tailnet node")?;
+    tracing::info!(
+        login_server = %plan.login_server,
+        hostname = %plan.hostname,
+        node_key = %tailnet.node_key(),
+        state = %plan.state_path.display(),
+        port = %port.relays.bound().unwrap_or(plan.addr),
+        offered = ?port.relays.addrs(),
+        "peer relay on: tailnet node starting"
+    );
+    Ok(tailnet)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn args(list: &[&str]) -> DerpArgs {
+        let argv: Vec<OsString> = std::iter::once("ferry")
+            .chain(list.iter().copied())
+            .map(OsString::from)
+            .collect();
+        super::super::args::parse(argv).unwrap()
+    }
+
+    fn plan(list: &[&str]) -> Result<Option<PeerRelayPlan>> {
+        PeerRelayPlan::from_args(&args(list), "10.0.0.1".parse().unwrap())
+    }
+
+    #[test]
+    fn without_the_flags_nothing_changes() {
+        assert_eq!(plan(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn the_three_flags_go_together_and_an_error_names_the_missing_one() {
+        let all = [
+            "--tailnet-login-server",
+            "http://10.0.0.1:8080",
+            "--tailnet-auth-key-file",
+            "/k",
+            "--peer-relay-port",
+            "40000",
+        ];
+        let with_key = [&all[..], &["--tailnet-hostname", "relay", "-c", "/s/k"]].concat();
+        let p = plan(&with_key).unwrap().unwrap();
+        assert_eq!(p.state_path, Path::new("/s").join(STATE_FILE));
+        assert_eq!(p.addr, "10.0.0.1:40000".parse().unwrap());
+        assert_eq!(p.hostname, "relay");
+        assert_eq!(p.login_server, "http://10.0.0.1:8080");
+        for (i, name) in [
+            (0, "--tailnet-login-server"),
+            (2, "--tailnet-auth-key-file"),
+            (4, "--peer-relay-port"),
+        ] {
+            let mut some = all.to_vec();
+            some.drain(i..i + 2);
+            let e = plan(&some).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{name} is missing")), "{e}");
+        }
+        let e = plan(&["--tailnet-hostname", "x"]).unwrap_err().to_string();
+        assert!(e.starts_with("--tailnet-hostname: needs"), "{e}");
+        let mut bad = all.to_vec();
+        bad[1] = "ftp://x";
+        let e = plan(&bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--tailnet-login-server: login server \"ftp://x\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_state_file_lives_beside_the_key_file() {
+        assert_eq!(
+            state_path(Some(Path::new("/var/lib/ferry/ferry.key"))).unwrap(),
+            Path::new("/var/lib/ferry").join(STATE_FILE)
+        );
+        assert_eq!(
+            state_path(Some(Path::new("ferry.key"))).unwrap(),
+            Path::new(".").join(STATE_FILE)
+        );
+        assert!(state_path(None).is_err());
+    }
+
+    #[test]
+    fn the_counters_render_as_a_valid_page() {
+        let mut page = String::new();
+        render_stats(&Stats::default(), &mut page);
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&page),
+            Vec::<String>::new()
+        );
+        assert!(page.contains("ferry_peer_relay_allocations_total{result=\"new\"} 0"));
+        assert!(page.contains("ferry_peer_relay_disco_dropped_total{reason=\"no_grant\"} 0"));
+        assert!(page.contains("ferry_tailnet_home_region 0"));
+    }
+
+    #[test]
+    fn a_bound_address_is_offered_as_it_is() {
+        let a: SocketAddr = "10.78.0.1:40000".parse().unwrap();
+        assert_eq!(offered_addrs(a), [a]);
+        let any: SocketAddr = "0.0.0.0:40000".parse().unwrap();
+        for o in offered_addrs(any) {
+            assert!(
+                o.is_ipv4() && !o.ip().is_loopback() && o.port() == 40000,
+                "{o}"
+            );
+        }
+    }
+}

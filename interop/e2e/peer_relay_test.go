@@ -1,0 +1,234 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"ferry.invalid/interop/e2e/testbed"
+)
+
+// TestPeerRelay: Ferry, started with the tailnet flags, is a node of the
+// Headscale tailnet (tagged, with the cap/relay grant for the user's
+// nodes) and the two tailscaled nodes, which cannot reach each other by
+// UDP, use it as their peer relay: `tailscale ping` says `via
+// peer-relay(...)` both ways, `tailscale status --json` names the peer
+// relay for the peer, and bytes cross the peer relay's port (counted by
+// nftables in the relay's namespace).
+func TestPeerRelay(t *testing.T) {
+	setup(t)
+	if ferryErr != nil {
+		t.Fatal(ferryErr)
+	}
+	// A Ferry of its own beside the DERP relay (with iperf3); then the
+	// DERP relay itself restarted with the flags, its disco traffic
+	// reaching it through itself.
+	t.Run("second-ferry", func(t *testing.T) { checkPeerRelay(t, false) })
+	t.Run("derp-ferry", func(t *testing.T) { checkPeerRelay(t, true) })
+}
+
+func checkPeerRelay(t *testing.T, ownDERP bool) {
+	start := time.Now()
+	bed := upBed(t, testbed.Config{
+		Bins:   bins,
+		Relay:  testbed.DerpServerOptions{Kind: testbed.Ferry},
+		Policy: testbed.PeerRelayPolicy,
+		Logf:   t.Logf,
+	}, 80)
+	relayName := "fe-relay"
+	metrics := bed.PeerRelayMetrics
+	if ownDERP {
+		relayName = "fe-derp"
+		if err := bed.RestartRelayAsPeerRelay(relayName); err != nil {
+			t.Fatalf("restarting the DERP relay as the peer relay: %v", err)
+		}
+		metrics = bed.Relay.Metrics
+	} else if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
+		t.Fatalf("starting Ferry's peer relay: %v", err)
+	}
+	a, b := bed.A, bed.B
+
+	waitRelayNode(t, bed, relayName)
+	pingViaPeerRelay(t, bed)
+
+	// status --json agrees, both ways.
+	prefix := fmt.Sprintf("%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		st, err := pair[0].Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := st.PeerNamed(pair[1].Name)
+		if p == nil || !strings.HasPrefix(p.PeerRelay, prefix) {
+			t.Fatalf("%s's status of %s: PeerRelay %q, want %s…", pair[0].Name, pair[1].Name, peerRelayOf(p), prefix)
+		}
+	}
+
+	// The pings crossed the port both ways.
+	in, out, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in == 0 || out == 0 {
+		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
+	}
+
+	if !ownDERP {
+		in, out = checkIperf(t, bed, in, out, prefix)
+	}
+
+	// Ferry's own counters: allocations answered, packets forwarded.
+	m, err := metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, series := range []string{
+		`ferry_peer_relay_allocations_total{result="new"}`,
+		"ferry_udp_peer_relay_forwarded_total",
+	} {
+		if v, ok := m[series]; !ok || v == 0 {
+			t.Errorf("peer relay metrics: %s = %v (present: %v)", series, v, ok)
+		}
+	}
+	t.Logf("peer relay: %d bytes in, %d out; %v allocations, %v packets forwarded",
+		in, out, m.Sum("ferry_peer_relay_allocations_total"), m["ferry_udp_peer_relay_forwarded_total"])
+
+	if ownDERP {
+		// Restarted with its saved state it is the same node (it polls
+		// without registering again), and the nodes find the peer relay
+		// again.
+		restart := time.Now()
+		if err := bed.RestartRelay(); err != nil {
+			t.Fatalf("restarting the relay: %v", err)
+		}
+		waitRelayNode(t, bed, relayName)
+		pingViaPeerRelay(t, bed)
+		if strings.Contains(bed.Relay.Proc.Logs(), "tailnet: registered") {
+			t.Fatalf("after the restart Ferry registered a new node instead of polling with its saved state")
+		}
+		t.Logf("after a restart, the peer relay path is back in %.1f s", time.Since(restart).Seconds())
+	}
+	t.Logf("whole test %.1f s", time.Since(start).Seconds())
+}
+
+// checkIperf runs iperf3 TCP A→B through the tunnel: its bytes cross the
+// peer relay's port (in from A, out to B), WireGuard and header overhead
+// on top. in and out are the port's counters before; it returns them
+// after.
+func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (int64, int64) {
+	a, b := bed.A, bed.B
+	srv, err := testbed.StartIperfServer(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bed.AddProc(srv)
+	ir, err := testbed.Iperf(a, b, testbed.IperfOptions{Duration: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("iperf3: %v", err)
+	}
+	if ir.ReceivedBytes < 1<<20 {
+		t.Fatalf("iperf3 moved only %d bytes in 3 s", ir.ReceivedBytes)
+	}
+	in2, out2, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if min(in2-in, out2-out) < ir.ReceivedBytes {
+		t.Fatalf("iperf3 moved %d bytes but the peer relay port saw only %d in, %d out", ir.ReceivedBytes, in2-in, out2-out)
+	}
+	st, err := a.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.PeerNamed(b.Name); p == nil || !strings.HasPrefix(p.PeerRelay, prefix) || p.CurAddr != "" {
+		t.Fatalf("after iperf3, %s's status of %s: %+v, want the peer relay and no direct address", a.Name, b.Name, p)
+	}
+	t.Logf("iperf3 A→B through the peer relay: %.0f Mbit/s (%d bytes; port %d bytes in, %d out)",
+		ir.ReceivedBps/1e6, ir.ReceivedBytes, in2-in, out2-out)
+	return in2, out2
+}
+
+// waitRelayNode waits until both nodes see the relay node (one node of
+// that name) with its tag and its home DERP region (PreferredDERP, reported once Ferry's DERP
+// client is connected).
+func waitRelayNode(t *testing.T, bed *testbed.Bed, relayName string) {
+	t.Helper()
+	for _, n := range []*testbed.Node{bed.A, bed.B} {
+		if err := waitFor(45*time.Second, func() (bool, string) {
+			st, err := n.Status()
+			if err != nil {
+				return false, err.Error()
+			}
+			same := 0
+			for _, p := range st.Peer {
+				if strings.EqualFold(p.HostName, relayName) {
+					same++
+				}
+			}
+			if same > 1 {
+				return false, fmt.Sprintf("%s sees %d nodes named %s", n.Name, same, relayName)
+			}
+			p := st.PeerNamed(relayName)
+			if p == nil {
+				return false, fmt.Sprintf("%s has no peer %s", n.Name, relayName)
+			}
+			tagged := false
+			for _, tag := range p.Tags {
+				tagged = tagged || tag == testbed.PeerRelayTag
+			}
+			return tagged && p.Relay == "fe" && p.Online, fmt.Sprintf("%s sees %s with tags %v, home region %q, online %v", n.Name, relayName, p.Tags, p.Relay, p.Online)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// pingViaPeerRelay runs tailscale ping both ways until the path is the
+// peer relay (the clients look for one in their path discovery, driven
+// by traffic), never direct.
+func pingViaPeerRelay(t *testing.T, bed *testbed.Bed) {
+	t.Helper()
+	a, b := bed.A, bed.B
+	want := fmt.Sprintf("via peer-relay(%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		from, to := pair[0], pair[1]
+		var out string
+		if err := waitFor(90*time.Second, func() (bool, string) {
+			out, _ = from.TailscalePing(to.IP, 3)
+			if strings.Contains(out, "via 10.78.") {
+				t.Fatalf("tailscale ping %s→%s went direct, the UDP block failed:\n%s", from.Name, to.Name, out)
+			}
+			return strings.Contains(out, want), out
+		}); err != nil {
+			t.Fatalf("tailscale ping %s→%s never went %s...): %v", from.Name, to.Name, want, err)
+		}
+		t.Logf("tailscale ping %s→%s: %s", from.Name, to.Name, firstLineWith(out, "via peer-relay"))
+	}
+
+}
+
+func peerRelayOf(p *testbed.PeerStatus) string {
+	if p == nil {
+		return "(no such peer)"
+	}
+	return p.PeerRelay
+}
+
+// waitFor calls check until it reports done or timeout passes (at least
+// once; at most one call a second); the error carries check's last word.
+func waitFor(timeout time.Duration, check func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		done, why := check()
+		if done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %v: %s", timeout, why)
+		}
+		time.Sleep(time.Second)
+	}
+}

@@ -1,0 +1,203 @@
+//go:build linux
+
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PeerRelayPort is the UDP port of the peer relay in the relay's
+// namespace (on RelayIP).
+const PeerRelayPort = 40000
+
+// peerRelayHTTPPort is the listener of the Ferry process that serves the
+// peer relay (beside the bed's relay, which keeps its own ports).
+const peerRelayHTTPPort = 3341
+
+// peerRelayMetricsAddr is that Ferry's --metrics-addr (in the relay's
+// namespace).
+const peerRelayMetricsAddr = "127.0.0.1:9101"
+
+// PeerRelayTag is the tag the peer relay's node registers with.
+const PeerRelayTag = "tag:relay"
+
+// PeerRelayPolicy is Headscale's policy for a peer-relay bed: every node
+// may reach every other, and the user fe's nodes hold
+// tailscale.com/cap/relay on the nodes tagged PeerRelayTag (Headscale
+// compiles the reversed relay-target rule for the clients itself).
+const PeerRelayPolicy = `{
+  "tagOwners": {"tag:relay": ["fe@"]},
+  "grants": [
+    {"src": ["*"], "dst": ["*"], "ip": ["*"]},
+    {"src": ["fe@"], "dst": ["tag:relay"], "app": {"tailscale.com/cap/relay": [{}]}}
+  ]
+}
+`
+
+// peerRelayFlags writes a pre-auth key of the user fe tagged PeerRelayTag
+// into dir, sets up the relay namespace's nftables table fe_pr counting
+// the peer relay's bytes (PeerRelayBytes), and returns the tailnet flags
+// that make a Ferry the peer relay.
+func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	key, err := b.Headscale.PreAuthKey("fe", PeerRelayTag)
+	if err != nil {
+		return nil, err
+	}
+	keyFile := filepath.Join(dir, "tailnet.key")
+	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	rules := fmt.Sprintf(`table inet fe_pr {
+	chain input {
+		type filter hook input priority 0; policy accept;
+		udp dport %[1]d counter
+	}
+	chain output {
+		type filter hook output priority 0; policy accept;
+		udp sport %[1]d counter
+	}
+}
+`, PeerRelayPort)
+	if _, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
+		return nil, err
+	}
+	return []string{
+		"--tailnet-login-server", b.Headscale.LoginServer(),
+		"--tailnet-auth-key-file", keyFile,
+		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
+		"--tailnet-hostname", hostname,
+	}, nil
+}
+
+// StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
+// the tailnet as a node tagged PeerRelayTag (pre-auth key of the user fe)
+// and serves the peer relay on PeerRelayPort; its DERP client reaches the
+// bed's relay as the nodes do. Returns once Ferry is connected to its
+// home DERP region.
+func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
+	dir := filepath.Join(b.Dir, "peer-relay")
+	flags, err := b.peerRelayFlags(dir, hostname)
+	if err != nil {
+		return nil, err
+	}
+	env := []string{"RUST_BACKTRACE=1"}
+	if b.Cfg.Relay.TLS {
+		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
+	} else {
+		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
+	}
+	argv := append([]string{b.Cfg.Bins.Ferry,
+		"-a", fmt.Sprintf("%s:%d", RelayIP, peerRelayHTTPPort),
+		"-c", filepath.Join(dir, "ferry.key"),
+		"--stun=false",
+		"--workers", "1",
+		"--pin=false",
+		"--metrics-addr", peerRelayMetricsAddr,
+	}, flags...)
+	p, err := startProc("ferry peer relay", b.Netns.Relay, env, argv...)
+	if p != nil {
+		b.procs = append(b.procs, p)
+	}
+	if err != nil {
+		return p, err
+	}
+	if err := p.WaitLine("peer relay: connected to the home DERP region", 60*time.Second); err != nil {
+		return p, fmt.Errorf("ferry peer relay: %w", err)
+	}
+	return p, nil
+}
+
+// RestartRelayAsPeerRelay restarts the bed's Ferry relay (plain HTTP;
+// same key, same ports) with the tailnet flags: it is then both the
+// tailnet's DERP server and its peer relay, and its own DERP client
+// connects to itself. The nodes reconnect to it by themselves;
+// Relay.Metrics then includes the peer relay's series.
+func (b *Bed) RestartRelayAsPeerRelay(hostname string) error {
+	opts := b.Relay.Opts
+	if opts.Kind != Ferry || opts.TLS {
+		return fmt.Errorf("RestartRelayAsPeerRelay: needs Ferry over plain HTTP, not %s", opts.Name())
+	}
+	dir := filepath.Join(b.Dir, "relay")
+	flags, err := b.peerRelayFlags(dir, hostname)
+	if err != nil {
+		return err
+	}
+	opts.ExtraArgs = append(append([]string(nil), opts.ExtraArgs...), flags...)
+	opts.env = append(append([]string(nil), opts.env...), "TS_DEBUG_USE_DERP_HTTP=1")
+	return b.restartRelay(opts)
+}
+
+// RestartRelay restarts the bed's relay as it runs (same key, ports and
+// flags; a Ferry peer relay keeps its tailnet state file).
+func (b *Bed) RestartRelay() error {
+	return b.restartRelay(b.Relay.Opts)
+}
+
+func (b *Bed) restartRelay(opts DerpServerOptions) error {
+	bin := b.Cfg.Bins.Derper
+	if opts.Kind == Ferry {
+		bin = b.Cfg.Bins.Ferry
+	}
+	b.Relay.Proc.Stop(5 * time.Second)
+	r, err := startRelay(bin, b.Netns.Relay, filepath.Join(b.Dir, "relay"), opts)
+	if r != nil && r.Proc != nil {
+		b.procs = append(b.procs, r.Proc)
+	}
+	if err != nil {
+		return err
+	}
+	b.Relay = r
+	return nil
+}
+
+// PeerRelayBytes reads the fe_pr counters: bytes that reached the peer
+// relay's port and bytes it sent.
+func (b *Bed) PeerRelayBytes() (in, out int64, err error) {
+	text, err := run(b.Netns.Relay, 10*time.Second, nil, "nft", "list", "table", "inet", "fe_pr")
+	if err != nil {
+		return 0, 0, err
+	}
+	var seen []int64
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "bytes" {
+				n, err := strconv.ParseInt(f[i+1], 10, 64)
+				if err != nil {
+					return 0, 0, fmt.Errorf("fe_pr: %q: %v", line, err)
+				}
+				seen = append(seen, n)
+			}
+		}
+	}
+	if len(seen) != 2 {
+		return 0, 0, fmt.Errorf("fe_pr: %d byte counters, want 2:\n%s", len(seen), text)
+	}
+	return seen[0], seen[1], nil
+}
+
+// PeerRelayMetrics reads the peer-relay Ferry's /metrics (from inside the
+// relay's namespace).
+func (b *Bed) PeerRelayMetrics() (Metrics, error) {
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return dialInNamespace(ctx, b.Netns.Relay, peerRelayMetricsAddr)
+			},
+			DisableKeepAlives: true,
+		},
+	}
+	return getMetrics(client, "http://"+peerRelayMetricsAddr+"/metrics")
+}
