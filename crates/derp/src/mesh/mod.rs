@@ -32,10 +32,13 @@
 //! The module's parts: `thread` (the poll loop, dialing, the links'
 //! events and their rings), `peer` (one configured peer: its dial state
 //! and the keys it announced), `conn` (one connection: socket, TLS, the
-//! DERP client) and `stats` (the `ferry_mesh_*` metrics).
+//! DERP client), `stats` (the `ferry_mesh_*` metrics) and [`route`] (which
+//! node of the region hosts a relay session whose keys are on different
+//! nodes; version 2 of relay sessions, not yet wired to the shards).
 
 mod conn;
 mod peer;
+pub mod route;
 mod stats;
 mod thread;
 
