@@ -329,14 +329,17 @@ proptest! {
         can_ack_pings: bool,
         is_prober: bool,
         app_name in proptest::option::of("\\PC{1,20}"),
+        ferry_derp: u32,
+        ferry_mesh: u32,
     ) {
-        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_derp: 0 };
+        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_derp, ferry_mesh };
         prop_assert_eq!(ClientInfo::from_json(&info.to_json()).unwrap(), info);
     }
 
     #[test]
-    fn server_info_json_round_trip(version: u32, rate: u64, burst: u64) {
-        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_derp: None };
+    fn server_info_json_round_trip(version: u32, rate: u64, burst: u64, mesh: Option<u32>) {
+        let ferry_mesh = mesh.map(|version| ferry_proto::handshake::MeshCapability { version });
+        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_derp: None, ferry_mesh };
         prop_assert_eq!(ServerInfo::from_json(&info.to_json()).unwrap(), info);
     }
 }

@@ -61,6 +61,7 @@ pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
         is_prober: false,
         app_name: None,
         ferry_derp: 0,
+        ferry_mesh: 0,
     }
 }
 

@@ -169,3 +169,38 @@ fn an_ipv6_asker_round_trips() {
     put_mesh_session(&mut out, &m);
     assert_eq!(parse_mesh_session(&out[frame::HEADER_LEN..]), Ok(m));
 }
+
+#[test]
+fn the_capability_in_client_and_server_info() {
+    // docs/relay-sessions.md §9.1.
+    use crate::handshake::{ClientInfo, MeshCapability, ServerInfo};
+    use crate::key::MeshKey;
+    let ask = ClientInfo {
+        mesh_key: Some(MeshKey([7; 32])),
+        version: 2,
+        ferry_mesh: VERSION,
+        ..ClientInfo::default()
+    };
+    let json = String::from_utf8(ask.to_json()).unwrap();
+    assert!(
+        json.ends_with(r#","CanAckPings":false,"ferryMesh":1}"#),
+        "{json}"
+    );
+    assert_eq!(ClientInfo::from_json(json.as_bytes()).unwrap(), ask);
+    let answer = ServerInfo {
+        ferry_mesh: Some(MeshCapability { version: VERSION }),
+        ..ServerInfo::current()
+    };
+    assert_eq!(
+        answer.to_json(),
+        br#"{"version":2,"ferryMesh":{"version":1}}"#
+    );
+    assert_eq!(ServerInfo::from_json(&answer.to_json()).unwrap(), answer);
+    // What this version cannot read means "not spoken".
+    let odd = ClientInfo::from_json(br#"{"ferryMesh":{"v":2}}"#).unwrap();
+    assert_eq!(odd.ferry_mesh, 0);
+    let odd = ServerInfo::from_json(br#"{"version":2,"ferryMesh":1}"#).unwrap();
+    assert_eq!(odd.ferry_mesh, None);
+    // Without the key, the JSON is as before (derper, older Ferry).
+    assert_eq!(ServerInfo::current().to_json(), br#"{"version":2}"#);
+}
