@@ -193,6 +193,31 @@ fn version_2_clients_get_offers_naming_this_node() {
     stop(server);
 }
 
+/// The Ferry mesh extension is answered in serverInfo only to a mesh peer
+/// (the mesh key) that asked for it.
+fn the_mesh_extension_is_answered_to_mesh_peers_that_asked() {
+    let mesh_key = ferry_proto::key::MeshKey([5; 32]);
+    let key = mesh_key.clone();
+    let (server, addr) = start(1, move |cfg| cfg.mesh_key = Some(key));
+    let with = |mesh: Option<ferry_proto::key::MeshKey>, asked: u32| ClientInfo {
+        ferry_mesh: asked,
+        ..support::info(mesh)
+    };
+    let answered = |info: ClientInfo| {
+        let c = Client::connect_as(addr, NodePrivate::generate(), info);
+        c.server_info.ferry_mesh.map(|m| m.version)
+    };
+    assert_eq!(answered(with(Some(mesh_key.clone()), 1)), Some(1));
+    assert_eq!(answered(with(Some(mesh_key.clone()), 0)), None);
+    assert_eq!(answered(with(None, 1)), None, "not a mesh peer");
+    assert_eq!(
+        answered(with(Some(ferry_proto::key::MeshKey([6; 32])), 1)),
+        None,
+        "a wrong mesh key is no mesh peer"
+    );
+    stop(server);
+}
+
 fn without_a_service_nobody_gets_the_frame_read() {
     let (server, addr) = start(1, |_| {});
     let ka = NodePrivate::generate();
@@ -209,5 +234,6 @@ fn without_a_service_nobody_gets_the_frame_read() {
 ferry_testkit::per_backend!(
     offers_cross_shards_to_both_peers_and_refusals_name_the_reason,
     version_2_clients_get_offers_naming_this_node,
+    the_mesh_extension_is_answered_to_mesh_peers_that_asked,
     without_a_service_nobody_gets_the_frame_read,
 );

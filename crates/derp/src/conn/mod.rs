@@ -165,6 +165,8 @@ pub struct Conn {
     relay_sessions: Option<Box<Bucket>>,
     /// The relay-session version agreed with the client (0: none).
     relay_version: u8,
+    /// A mesh peer that asked for the Ferry mesh extension.
+    ferry_mesh: bool,
     /// The upgrade request carried an `Ideal-Node` header.
     not_ideal: bool,
     /// The client calls this server home.
@@ -245,6 +247,7 @@ impl Conn {
             app_name: None,
             relay_sessions: None,
             relay_version: 0,
+            ferry_mesh: false,
             not_ideal: false,
             preferred: false,
             watcher: false,
@@ -339,6 +342,18 @@ impl Conn {
     /// The relay-session version agreed with the client (0: none).
     pub fn relay_version(&self) -> u8 {
         self.relay_version
+    }
+
+    /// Records whether the client, a mesh peer, asked for the Ferry mesh
+    /// extension (`docs/relay-sessions.md` §9.1).
+    pub fn set_ferry_mesh(&mut self, on: bool) {
+        self.ferry_mesh = on;
+    }
+
+    /// Whether the client is a mesh peer that asked for the Ferry mesh
+    /// extension.
+    pub fn speaks_ferry_mesh(&self) -> bool {
+        self.ferry_mesh
     }
 
     /// Charges one relayAllocate to its rate at `now`: `false` if it asked

@@ -12,6 +12,8 @@ use crate::metrics::{write_counter, write_gauge};
 #[derive(Default)]
 pub struct MeshPeerStats {
     pub(super) up: AtomicBool,
+    /// The peer answered the Ferry mesh extension on this connection.
+    pub(super) ferry: AtomicBool,
     pub(super) keys: AtomicI64,
     pub(super) connects: AtomicU64,
     pub(super) failures: AtomicU64,
@@ -44,6 +46,13 @@ impl MeshStats {
             "Whether the mesh link to the peer is connected (1) or not (0).",
             Kind::Gauge,
             &|s| s.up.load(Ordering::Relaxed).into(),
+        );
+        series(
+            w,
+            "ferry_mesh_link_ferry",
+            "Whether the mesh peer speaks the Ferry mesh extension on the connection now (1; 0 for derper, an older Ferry or no connection).",
+            Kind::Gauge,
+            &|s| s.ferry.load(Ordering::Relaxed).into(),
         );
         series(
             w,

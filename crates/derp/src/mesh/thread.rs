@@ -282,6 +282,7 @@ impl MeshThread {
         let mut config = Config::new(self.key.clone(), peer.host_header());
         config.info = ClientInfo {
             mesh_key: Some(self.mesh_key.clone()),
+            ferry_mesh: ferry_proto::mesh_session::VERSION,
             ..config.info
         };
         config.keepalive_timeout = SILENCE;
@@ -400,7 +401,7 @@ impl MeshThread {
         let shards = self.rx[i].len();
         let state = &mut self.peers[i];
         match ev {
-            Event::Connected { server_key, .. } => {
+            Event::Connected { server_key, info } => {
                 if server_key == own {
                     tracing::info!(peer = %state.peer, "mesh: the peer is this relay (same server key); not meshing with it");
                     state.is_self = true;
@@ -409,6 +410,12 @@ impl MeshThread {
                     }
                     return;
                 }
+                // A Ferry peer answers the mesh extension it was asked
+                // for; derper (or an older Ferry) says nothing of it.
+                let ferry = info
+                    .ferry_mesh
+                    .is_some_and(|m| m.version >= ferry_proto::mesh_session::VERSION);
+                state.stats.ferry.store(ferry, Ordering::Relaxed);
                 let c = state.conn.as_mut().expect("a connection");
                 if let Err(e) = c.client.watch_conns(&mut c.out) {
                     let why = describe(&e);
@@ -504,6 +511,7 @@ impl MeshThread {
         state.backoff = (state.backoff * 2).min(BACKOFF_MAX);
         state.stats.failures.fetch_add(1, Ordering::Relaxed);
         state.stats.up.store(false, Ordering::Relaxed);
+        state.stats.ferry.store(false, Ordering::Relaxed);
         state.stats.keys.store(0, Ordering::Relaxed);
         let forgot = state.announced.keys.len();
         state.announced.keys.clear();
