@@ -92,6 +92,7 @@ impl Model {
 const MESH: ServerFramePolicy = ServerFramePolicy {
     mesh: true,
     relay_sessions: false,
+    ferry_mesh: false,
 };
 
 fn stream_of(frames: &[Model]) -> Vec<u8> {
@@ -279,7 +280,7 @@ proptest! {
         chunks in proptest::collection::vec(1usize..5000, 1..30),
         mesh: bool,
     ) {
-        let policy = ServerFramePolicy { mesh, relay_sessions: false };
+        let policy = ServerFramePolicy { mesh, relay_sessions: false, ferry_mesh: false };
         let header = encode_header(ty, len);
         let junk = vec![0x5au8; 5000];
         let mut d = Deframer::new();
@@ -309,7 +310,7 @@ proptest! {
         split in 1usize..5,
         mesh: bool,
     ) {
-        let policy = ServerFramePolicy { mesh, relay_sessions: false };
+        let policy = ServerFramePolicy { mesh, relay_sessions: false, ferry_mesh: false };
         let header = encode_header(ty, len);
         let mut d = Deframer::new();
         d.feed(&header[..split], &policy, |_, _| ControlFlow::Continue(())).unwrap();

@@ -370,6 +370,7 @@ impl Conn {
         ServerFramePolicy {
             mesh: self.mesh,
             relay_sessions: self.relay_sessions.is_some(),
+            ferry_mesh: self.ferry_mesh,
         }
     }
 

@@ -31,7 +31,8 @@ use ferry_proto::relay_session::{
 
 use super::control_queue::Origin;
 use super::*;
-use crate::metrics::{AllocateRefusal, Notice};
+use crate::metrics::{AllocateRefusal, MeshSessionDrop, Notice};
+use ferry_proto::mesh_session;
 
 /// An allocation on its way to the peer's owner shard, or an answer on its
 /// way back to the asker's.
@@ -218,6 +219,23 @@ impl Shard {
                 Some(refusal(ask, reason))
             }
         }
+    }
+
+    /// A meshSession from a mesh peer that asked for the Ferry mesh
+    /// extension (`docs/relay-sessions.md` §9.3): parsed and counted.
+    /// Nothing acts on it yet, so every one is dropped; a bad one is also
+    /// logged (rate-limited). The mesh connection is never closed for it:
+    /// that would cut the region's DERP forwarding.
+    pub(super) fn on_mesh_session(&mut self, slot: Slot, payload: &[u8]) {
+        let why = match mesh_session::parse_mesh_session(payload) {
+            Ok(_) => MeshSessionDrop::Unhandled,
+            Err(e) => {
+                let peer = self.conns[slot].peer();
+                conn_log!(self, info, %peer, error = %e, "meshSession dropped");
+                MeshSessionDrop::of(&e)
+            }
+        };
+        self.m.mesh_session_dropped[why as usize].inc();
     }
 
     fn count_refusal(&self, reason: RefuseReason) {

@@ -204,3 +204,31 @@ fn the_capability_in_client_and_server_info() {
     // Without the key, the JSON is as before (derper, older Ferry).
     assert_eq!(ServerInfo::current().to_json(), br#"{"version":2}"#);
 }
+
+#[test]
+fn a_server_reads_mesh_sessions_only_from_peers_that_asked() {
+    use crate::frame::{Deframer, ServerFramePolicy};
+    use std::ops::ControlFlow;
+    let mut f = Vec::new();
+    put_mesh_session(&mut f, &vectors()[5].1);
+    // Past the body limit, still read (and then refused by the parser).
+    let mut big = Vec::new();
+    frame::put_frame(&mut big, MESH_SESSION, &[0; MAX_BODY_LEN + 1]);
+    f.extend_from_slice(&big);
+    for (ferry_mesh, want) in [(false, 0), (true, 2)] {
+        let policy = ServerFramePolicy {
+            mesh: true,
+            relay_sessions: false,
+            ferry_mesh,
+        };
+        let mut d = Deframer::new();
+        let mut got = 0;
+        d.feed(&f, &policy, |ty, _| {
+            assert_eq!(ty, MESH_SESSION);
+            got += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(got, want, "ferry_mesh {ferry_mesh}");
+    }
+}
