@@ -143,6 +143,12 @@ func TestHostileInput(t *testing.T) {
 			// Also unknown types in the unassigned gap and a zero-length one.
 			r.writeFrame(0x0b, randBytes(3))
 			r.writeFrame(0xff, nil)
+			// Ferry's version-2 relay-session frames and its mesh
+			// extension's meshSession: a derper node of a mixed region
+			// skips them like any unknown frame.
+			r.writeFrame(0xf3, randBytes(150))
+			r.writeFrame(0xf4, randBytes(73))
+			r.writeFrame(0xf8, randBytes(98))
 			r.pingPong()
 			// The raw client still relays.
 			pkt := nonDisco(77)

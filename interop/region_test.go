@@ -192,6 +192,12 @@ func TestMeshRegion(t *testing.T) {
 			if v, ok := n.metric(t, "ferry_mesh_link_up", fmt.Sprintf("peer=localhost:%d", peer.port)); !ok || v != 1 {
 				t.Errorf("node %d: ferry_mesh_link_up for node %d = %v (present %v), want 1", i, 1-i, v, ok)
 			}
+			// A Ferry peer answers the mesh extension the link asked
+			// for; derper ignores the key.
+			wantFerry := map[bool]float64{true: 1, false: 0}[peer.kind == kindFerry]
+			if v, ok := n.metric(t, "ferry_mesh_link_ferry", fmt.Sprintf("peer=localhost:%d", peer.port)); !ok || v != wantFerry {
+				t.Errorf("node %d: ferry_mesh_link_ferry for node %d (%s) = %v (present %v), want %v", i, 1-i, peer.kind, v, ok, wantFerry)
+			}
 			if v, _ := n.metric(t, "derp_packets_forwarded_out"); v < 4 {
 				t.Errorf("node %d: derp_packets_forwarded_out = %v, want >= 4", i, v)
 			}

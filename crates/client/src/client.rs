@@ -65,7 +65,7 @@ pub struct Options {
     /// set) instead of TLS, as Go's `TS_DEBUG_USE_DERP_HTTP` does. For
     /// development servers only.
     pub plain_http: bool,
-    /// Ask for relay sessions (`"ferryRelay": 1` in clientInfo,
+    /// Ask for relay sessions (`"ferryRelay": 2` in clientInfo,
     /// `docs/relay-sessions.md`); a Ferry relay that offers them says so in
     /// serverInfo ([`DerpClient::relay_port`]). On by default; an
     /// [`crate::Endpoint`] asks a DERP server for relay sessions exactly
@@ -794,6 +794,18 @@ impl Driver {
                 }
             }
             derp::Event::RelaySession(offer) => Event::RelaySession(offer),
+            // The host is not used yet; an offer of a session on another
+            // node whose address this client cannot know is dropped.
+            derp::Event::RelaySession2(offer) if offer.endpoints_usable() => {
+                Event::RelaySession(offer.offer)
+            }
+            derp::Event::RelaySession2(offer) => {
+                tracing::debug!(vni = offer.offer.vni, host = %offer.host, "cross-node session offer without a usable endpoint: dropped");
+                return true;
+            }
+            // A session that ends goes silent; the endpoint notices that
+            // on its path and asks again.
+            derp::Event::RelaySessionEnd(_) => return true,
             derp::Event::RelayRefused(r) => Event::RelayRefused {
                 request_id: r.request_id,
                 peer: r.peer,

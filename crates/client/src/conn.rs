@@ -215,7 +215,9 @@ pub(crate) async fn dial(
         config.keepalive_timeout = options.keepalive_timeout;
         config.box_key = box_key;
         if options.relay_sessions {
-            config.info.ferry_derp = ferry_proto::relay_session::VERSION;
+            // Version 2 (offers that name their host); a server of
+            // version 1 answers 1 and sends version 1's frames.
+            config.info.ferry_derp = ferry_proto::relay_session::v2::VERSION;
         }
         let client = match leftover {
             None => derp::Client::new(config, now(), nacl::random_nonce()),

@@ -63,10 +63,13 @@ pub mod relay_sessions {
     //!
     //! A Ferry DERP server started with a UDP relay port offers relay
     //! sessions: a slot on its UDP socket, shared by two keys, that
-    //! forwards datagrams between them. An endpoint asks the DERP server
-    //! of a peer for one when the server offers them and
-    //! [`Options::relay_sessions`] is on for that server (the one switch,
-    //! on by default, in [`DerpServerOptions::options`]); both sides then
+    //! forwards datagrams between them. An endpoint asks for one when the
+    //! server offers them and [`Options::relay_sessions`] is on for that
+    //! server (the one switch, on by default, in
+    //! [`DerpServerOptions::options`]). Both sides ask the same server,
+    //! the home of the lower key ([`EndpointOptions::home`]: this side's
+    //! own home when its key is the lower, else the peer's server), so a
+    //! pair whose homes differ still makes one session; both sides then
     //! bind their end from their UDP socket, and the session becomes the
     //! peer's relay-session path, confirmed by the same pings as a direct
     //! path. The side that binds first is answered one round trip after
@@ -80,6 +83,7 @@ pub mod relay_sessions {
     //!
     //! [`Options::relay_sessions`]: crate::Options::relay_sessions
     //! [`DerpServerOptions::options`]: crate::DerpServerOptions::options
+    //! [`EndpointOptions::home`]: crate::EndpointOptions::home
     //! [`SessionTiming::retry`]: crate::SessionTiming::retry
     //! [`SessionTiming::retry_max`]: crate::SessionTiming::retry_max
 }

@@ -4,7 +4,9 @@
 //! within [`down_bound`]) and up again when it returns; STUN against Ferry's STUN
 //! server; `only` and `prefer`; the relay-session path through a Ferry
 //! with relay sessions (in this process): allocated, bound and used under
-//! `only` relay, and taken when direct UDP dies while it works. A third
+//! `only` relay, and taken when direct UDP dies while it works; with two
+//! relays and the peers at home on different ones, one session for the
+//! pair, on the lower key's home. A third
 //! party against them: forged relay bind replies from its own address while
 //! the endpoints bind a session whose id it knows, and a peer's sealed pong
 //! sent again from its own address; neither stops a path or gives the
@@ -615,6 +617,70 @@ async fn direct_dies_down_to_the_relay_session_not_derp() {
     assert!(took <= bound, "down after {took:?} (bound {bound:?})");
     a.try_send(&kb, b"via relay").unwrap();
     assert_eq!(recv_from(&b, &ka).await, b"via relay");
+}
+
+/// Two relays with sessions, each peer at home on its own (first in its
+/// list) and connected to both, each reaching the other through the
+/// other's home: the pair gets one session, on the home of the lower
+/// key, and both sides use it. (Asking on the peer's relay made two, one
+/// per relay, and each side bound whichever offer came last.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_homes_make_one_session_for_the_pair() {
+    let (r0, r1) = (SessionRelay::start(), SessionRelay::start());
+    let mut oa = options(&r0.url);
+    oa.relays.push(relay(r1.url.clone()));
+    let mut ob = options(&r1.url);
+    ob.relays.push(relay(r0.url.clone()));
+    let a = Endpoint::bind(oa).await.expect("bind a");
+    let b = Endpoint::bind(ob).await.expect("bind b");
+    // Both on both relays before either asks, so that neither ask is
+    // refused for a peer not there yet (which would hide a second one
+    // behind the retry wait).
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while ![&a, &b].iter().all(|e| {
+        e.relay_status()
+            .iter()
+            .all(|r| r.connected && r.relay_port.is_some())
+    }) {
+        assert!(tokio::time::Instant::now() < deadline, "relays not up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let only = PeerOptions::new().only(PathKind::RelaySession).relay(1);
+    let (ka, kb) = (a.public_key(), b.public_key());
+    a.add_peer(kb, only).unwrap();
+    b.add_peer(ka, only).unwrap();
+    let active = |e: &Endpoint, peer: &NodePublic| e.peer_status(peer).and_then(|s| s.active);
+    let deadline = tokio::time::Instant::now() + QUICK;
+    let mut last = (None, None);
+    while tokio::time::Instant::now() < deadline {
+        last = (active(&a, &kb), active(&b, &ka));
+        if let (Some(PathAddr::RelaySession { .. }), Some(PathAddr::RelaySession { .. })) = last {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let made = (r0.sessions.lock().len(), r1.sessions.lock().len());
+    assert_eq!(
+        made.0 + made.1,
+        1,
+        "sessions on the two relays {made:?}; paths {last:?}"
+    );
+    let home = if ka < kb { &r0 } else { &r1 };
+    assert_eq!(home.sessions.lock().len(), 1, "not on the lower key's home");
+    let (
+        Some(PathAddr::RelaySession { vni: va, .. }),
+        Some(PathAddr::RelaySession { vni: vb, .. }),
+    ) = last
+    else {
+        panic!("not both on the relay session within {QUICK:?}: {last:?}")
+    };
+    assert_eq!(va, vb, "the two sides on different sessions");
+    for i in 0..20u32 {
+        a.try_send(&kb, &i.to_be_bytes()).unwrap();
+        assert_eq!(recv_from(&b, &ka).await, i.to_be_bytes());
+        b.try_send(&ka, &i.to_be_bytes()).unwrap();
+        assert_eq!(recv_from(&a, &kb).await, i.to_be_bytes());
+    }
 }
 
 /// Sends forged challenges (a cookie of its own) and bounds for session

@@ -25,7 +25,7 @@ pub use ferry_engine::stat::exposition::{Exposition, Family};
 use ferry_engine::stat::scrape::Pages;
 pub use ferry_engine::stat::{Counter, Gauge};
 pub use ferry_proto::frame::PacketKind;
-pub use limits::{AllocateRefusal, Notice};
+pub use limits::{AllocateRefusal, MeshSessionDrop, Notice};
 
 macro_rules! labelled {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $label:literal),+ $(,)? }) => {
@@ -278,6 +278,8 @@ pub struct ShardMetrics {
     pub notices_dropped: [Counter; Notice::COUNT],
     /// relayAllocate refusals by reason.
     pub allocate_refused: [Counter; AllocateRefusal::COUNT],
+    /// meshSession frames dropped by reason.
+    pub mesh_session_dropped: [Counter; MeshSessionDrop::COUNT],
     /// HTTP requests by route.
     pub http_requests: [Counter; Route::COUNT],
     /// Packets this shard handed to another shard.

@@ -440,3 +440,83 @@ fn refusals_are_counted_by_reason_and_the_rate_refuses_at_once() {
     assert_eq!(r, [rs::RefuseReason::PeerNotCapable]);
     assert!(s.d.is_open(a));
 }
+
+/// A mesh peer that asked for the Ferry mesh extension floods meshSession
+/// frames of every sort: each is dropped and counted by reason (a
+/// well-formed one as `unhandled`: nothing acts on them yet), and the
+/// mesh connection stays open and keeps forwarding. From a mesh peer that
+/// did not ask, the frame is an unknown one, as derper sees it.
+#[test]
+fn a_mesh_peer_flooding_mesh_sessions_is_counted_and_kept() {
+    use ferry_proto::mesh_session::{self as ms, MeshMsg, MeshSession};
+    let mesh_key = MeshKey([7; 32]);
+    let key = mesh_key.clone();
+    let mut s = Sim::new(move |cfg| cfg.mesh_key = Some(key));
+    let vk = NodePrivate::generate();
+    let v = s.client(&vk);
+    let asked = ClientInfo {
+        ferry_mesh: ms::VERSION,
+        ..support::info(Some(mesh_key.clone()))
+    };
+    let peer = s.connect();
+    s.greet_with(peer, &NodePrivate::generate(), &asked, &[]);
+    let _ = s.frames(peer);
+    let mut valid = Vec::new();
+    ms::put_mesh_session(
+        &mut valid,
+        &MeshSession {
+            dst: vk.public(),
+            msg: MeshMsg::State {
+                flags: ms::STATE_SESSIONS_ON,
+                hosted: 1,
+            },
+        },
+    );
+    let mut unknown = valid.clone();
+    unknown[frame::HEADER_LEN + 32] = 9;
+    let mut malformed = Vec::new();
+    frame::put_frame(
+        &mut malformed,
+        ms::MESH_SESSION,
+        &valid[frame::HEADER_LEN..valid.len() - 1],
+    );
+    let mut oversize = Vec::new();
+    frame::put_frame(&mut oversize, ms::MESH_SESSION, &[0; ms::MAX_BODY_LEN + 1]);
+    const ROUNDS: usize = 50;
+    for _ in 0..ROUNDS {
+        for f in [&valid, &unknown, &malformed, &oversize] {
+            s.d.receive(peer, f);
+        }
+        s.settle();
+    }
+    for (reason, n) in [
+        ("unhandled", ROUNDS),
+        ("unknown_kind", ROUNDS),
+        ("malformed", ROUNDS),
+        ("oversize", ROUNDS),
+    ] {
+        let series = format!("ferry_mesh_session_dropped_total{{reason=\"{reason}\"}}");
+        assert_eq!(s.metric(&series), n as f64, "{series}");
+    }
+    assert!(s.d.is_open(peer), "the mesh connection was closed");
+    let src = NodePublic::from_bytes([0xab; 32]);
+    let mut fwd = Vec::new();
+    frame::put_forward_packet(&mut fwd, &src, &vk.public(), b"still forwards");
+    s.d.receive(peer, &fwd);
+    s.settle();
+    assert_eq!(s.packets(v), [(src, b"still forwards".to_vec())]);
+
+    // A mesh peer that did not ask: an unknown frame, skipped unread.
+    let plain = s.mesh_client(&NodePrivate::generate(), &mesh_key);
+    let mut ping = Vec::new();
+    frame::put_frame(&mut ping, FrameType::Ping as u8, b"12345678");
+    s.d.receive(plain, &[valid.as_slice(), &ping].concat());
+    s.settle();
+    assert!(s.d.is_open(plain));
+    let types: Vec<u8> = s.frames(plain).iter().map(|f| f.0).collect();
+    assert_eq!(types, [FrameType::Pong as u8]);
+    assert_eq!(
+        s.metric("ferry_mesh_session_dropped_total{reason=\"unhandled\"}"),
+        ROUNDS as f64
+    );
+}

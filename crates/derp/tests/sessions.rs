@@ -1,7 +1,8 @@
 //! relayAllocate on the DERP side (`shard/sessions.rs`) with a stand-in
 //! session service: keys placed on chosen shards, so the request crosses
 //! to the peer's shard and the offer comes back across, the refusals, and
-//! a client that did not ask having the frame skipped.
+//! a client that did not ask having the frame skipped; version 2's
+//! relaySession2 to a client that asked for it.
 
 mod support;
 
@@ -73,7 +74,10 @@ fn allocate(c: &mut Client, peer: &NodePublic, request_id: u32) {
 fn next_relay(c: &mut Client) -> Event {
     loop {
         let e = c.next_meaningful(T).expect("an event");
-        if matches!(e, Event::RelaySession(_) | Event::RelayRefused(_)) {
+        if matches!(
+            e,
+            Event::RelaySession(_) | Event::RelaySession2(_) | Event::RelayRefused(_)
+        ) {
             return e;
         }
     }
@@ -143,6 +147,77 @@ fn offers_cross_shards_to_both_peers_and_refusals_name_the_reason() {
     stop(server);
 }
 
+/// A client that asks for version 2 is answered version 2 and gets
+/// relaySession2 naming this node as the host (no cross-node flag); a
+/// version-1 client beside it keeps version 1's answer and frame, whoever
+/// asks.
+fn version_2_clients_get_offers_naming_this_node() {
+    let stand = Arc::new(Stand::default());
+    let service = stand.clone();
+    let (server, addr) = start(2, move |cfg| {
+        cfg.placement = Placement::FirstByte;
+        cfg.relay_sessions = Some(service);
+    });
+    let (ka, kb) = (Placement::key_for(0, 2), Placement::key_for(1, 2));
+    let (pa, pb) = (ka.public(), kb.public());
+    let mut a = Client::connect_as(addr, ka, info(2));
+    let mut b = Client::connect_as(addr, kb, info(1));
+    let mut later = Client::connect_as(addr, NodePrivate::generate(), info(7));
+    let versions = [&a, &b, &later].map(|c| c.server_info.ferry_derp.map(|r| r.version));
+    assert_eq!(versions, [Some(2), Some(1), Some(2)]);
+    let server_key = a.server_key;
+    for (asker, id) in [(0, 51), (1, 52)] {
+        if asker == 0 {
+            allocate(&mut a, &pb, id);
+        } else {
+            allocate(&mut b, &pa, id);
+        }
+        let Event::RelaySession2(oa) = next_relay(&mut a) else {
+            panic!("A got no relaySession2")
+        };
+        assert_eq!((oa.host, oa.flags, oa.cross_node()), (server_key, 0, false));
+        assert_eq!(oa.offer.peer, pb);
+        let Event::RelaySession(ob) = next_relay(&mut b) else {
+            panic!("B got no relaySession")
+        };
+        assert_eq!(ob.peer, pa);
+        let mine = if asker == 0 {
+            oa.offer.request_id
+        } else {
+            ob.request_id
+        };
+        assert_eq!(mine, id);
+    }
+    later.ping(*b"later up");
+    assert_eq!(later.next_meaningful(T).unwrap(), Event::Pong(*b"later up"));
+    stop(server);
+}
+
+/// The Ferry mesh extension is answered in serverInfo only to a mesh peer
+/// (the mesh key) that asked for it.
+fn the_mesh_extension_is_answered_to_mesh_peers_that_asked() {
+    let mesh_key = ferry_proto::key::MeshKey([5; 32]);
+    let key = mesh_key.clone();
+    let (server, addr) = start(1, move |cfg| cfg.mesh_key = Some(key));
+    let with = |mesh: Option<ferry_proto::key::MeshKey>, asked: u32| ClientInfo {
+        ferry_mesh: asked,
+        ..support::info(mesh)
+    };
+    let answered = |info: ClientInfo| {
+        let c = Client::connect_as(addr, NodePrivate::generate(), info);
+        c.server_info.ferry_mesh.map(|m| m.version)
+    };
+    assert_eq!(answered(with(Some(mesh_key.clone()), 1)), Some(1));
+    assert_eq!(answered(with(Some(mesh_key.clone()), 0)), None);
+    assert_eq!(answered(with(None, 1)), None, "not a mesh peer");
+    assert_eq!(
+        answered(with(Some(ferry_proto::key::MeshKey([6; 32])), 1)),
+        None,
+        "a wrong mesh key is no mesh peer"
+    );
+    stop(server);
+}
+
 fn without_a_service_nobody_gets_the_frame_read() {
     let (server, addr) = start(1, |_| {});
     let ka = NodePrivate::generate();
@@ -158,5 +233,7 @@ fn without_a_service_nobody_gets_the_frame_read() {
 
 ferry_testkit::per_backend!(
     offers_cross_shards_to_both_peers_and_refusals_name_the_reason,
+    version_2_clients_get_offers_naming_this_node,
+    the_mesh_extension_is_answered_to_mesh_peers_that_asked,
     without_a_service_nobody_gets_the_frame_read,
 );

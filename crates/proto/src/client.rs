@@ -896,6 +896,18 @@ impl Session {
                 None => {}
             }
         }
+        if self.info.ferry_derp >= crate::relay_session::v2::VERSION {
+            use crate::relay_session::v2::{parse_frame2, Frame2};
+            match parse_frame2(ty, payload) {
+                Some(Ok(Frame2::Session(offer))) => return on_event(Event::RelaySession2(offer)),
+                Some(Ok(Frame2::End(end))) => return on_event(Event::RelaySessionEnd(end)),
+                Some(Err(_)) => {
+                    self.ignored_frames += 1;
+                    return;
+                }
+                None => {}
+            }
+        }
         let Ok(parsed) = parse_server_frame(ty, payload) else {
             self.ignored_frames += 1;
             return;

@@ -32,7 +32,7 @@ mod server;
 mod tailnet;
 pub use deframer::deframer;
 pub use disco::{disco, peer_relay_bind};
-pub use relay_session::{bind_message, relay_frames};
+pub use relay_session::{bind_message, mesh_session, relay_frames};
 pub use server::server;
 pub use tailnet::{
     early_payload, filter_caps, map_frames, map_response, noise_client, register_response,
@@ -908,6 +908,7 @@ mod tests {
             server_info,
             derp_map,
             relay_frames,
+            mesh_session,
             bind_message,
             peer_msg,
             noise_client,

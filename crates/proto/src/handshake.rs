@@ -171,6 +171,9 @@ pub struct ClientInfo {
     /// `docs/relay-sessions.md` §1): the version the client speaks, 0 when
     /// it did not ask (omitted from the JSON).
     pub ferry_derp: u32,
+    /// Ferry's mesh extension (`"ferryMesh": 1`, a mesh peer only,
+    /// `docs/relay-sessions.md` §9.1): its version, 0 when not asked.
+    pub ferry_mesh: u32,
 }
 
 impl ClientInfo {
@@ -202,6 +205,9 @@ impl ClientInfo {
         }
         if self.ferry_derp != 0 {
             out.extend_from_slice(format!(",\"ferryRelay\":{}", self.ferry_derp).as_bytes());
+        }
+        if self.ferry_mesh != 0 {
+            out.extend_from_slice(format!(",\"ferryMesh\":{}", self.ferry_mesh).as_bytes());
         }
         out.push(b'}');
         out
@@ -264,6 +270,10 @@ impl FieldSink for ClientInfo {
                 let v = map.next_value::<serde_json::Value>()?;
                 self.ferry_derp = v.as_u64().map_or(0, |n| saturate_u32(n.into()));
             }
+            "ferrymesh" => {
+                let v = map.next_value::<serde_json::Value>()?;
+                self.ferry_mesh = v.as_u64().map_or(0, |n| saturate_u32(n.into()));
+            }
             _ => {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -286,6 +296,17 @@ pub struct ServerInfo {
     /// Ferry's relay sessions (`"ferryRelay": {"version": 1, "port": P}`),
     /// only for clients that asked; `None` when absent or malformed.
     pub ferry_derp: Option<RelayCapability>,
+    /// Ferry's mesh extension (`"ferryMesh": {"version": 1}`), only for
+    /// mesh peers that asked; `None` when absent or malformed.
+    pub ferry_mesh: Option<MeshCapability>,
+}
+
+/// The mesh extension a Ferry node puts in serverInfo for a mesh peer
+/// that asked (`docs/relay-sessions.md` §9.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct MeshCapability {
+    /// Version of the extension the node speaks (1).
+    pub version: u32,
 }
 
 /// The relay-session capability a Ferry relay puts in serverInfo
@@ -306,6 +327,7 @@ impl ServerInfo {
             token_bucket_bytes_per_second: 0,
             token_bucket_bytes_burst: 0,
             ferry_derp: None,
+            ferry_mesh: None,
         }
     }
 
@@ -333,6 +355,9 @@ impl ServerInfo {
                 r.version, r.port
             ));
         }
+        if let Some(m) = self.ferry_mesh {
+            fields.push(format!("\"ferryMesh\":{{\"version\":{}}}", m.version));
+        }
         format!("{{{}}}", fields.join(",")).into_bytes()
     }
 
@@ -359,6 +384,11 @@ impl FieldSink for ServerInfo {
             "ferryrelay" => {
                 let v = map.next_value::<serde_json::Value>()?;
                 self.ferry_derp = serde_json::from_value(v).ok();
+                return Ok(());
+            }
+            "ferrymesh" => {
+                let v = map.next_value::<serde_json::Value>()?;
+                self.ferry_mesh = serde_json::from_value(v).ok();
                 return Ok(());
             }
             _ => {
@@ -789,6 +819,7 @@ mod tests {
                 app_name: Some("x".into()),
                 mesh_key: None,
                 ferry_derp: 0,
+                ferry_mesh: 0,
             }
         );
         // Later duplicates win; null leaves a field alone.
@@ -835,6 +866,7 @@ mod tests {
             token_bucket_bytes_per_second: 1000,
             token_bucket_bytes_burst: 70000,
             ferry_derp: None,
+            ferry_mesh: None,
         };
         assert_eq!(
             limited.to_json(),
@@ -937,6 +969,7 @@ mod tests {
             is_prober: true,
             app_name: Some("ferry-test".into()),
             ferry_derp: 1,
+            ferry_mesh: 0,
         };
         let sk = server_key_frame(&server.public());
         let learned = parse_server_key(&sk[HEADER_LEN..]).unwrap();

@@ -41,7 +41,9 @@
 //!
 //! [`udp_header`] is the 8-byte header of relay sessions and direct UDP
 //! between SDK peers, and [`relay_session`] the frames, bind messages and
-//! client binder of relay sessions (`docs/relay-sessions.md`); [`peer_msg`]
+//! client binder of relay sessions (`docs/relay-sessions.md`; version 2's
+//! frames in [`relay_session::v2`], and [`mesh_session`] the meshSession
+//! frame between Ferry nodes of a region); [`peer_msg`]
 //! the payloads and sealed probes two SDK peers exchange behind it.
 //!
 //! [`tailnet`] is a tailnet node's control channel to its coordination
@@ -71,6 +73,7 @@ pub mod handshake;
 pub mod health;
 pub mod http;
 pub mod key;
+pub mod mesh_session;
 pub mod nacl;
 pub mod peer_msg;
 pub mod peer_relay;

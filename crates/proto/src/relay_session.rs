@@ -139,17 +139,17 @@ pub enum RelayFrame {
     Refused(Refused),
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-fn key_at(b: &[u8], at: usize) -> NodePublic {
+pub(crate) fn key_at(b: &[u8], at: usize) -> NodePublic {
     let mut k = [0u8; KEY_LEN];
     k.copy_from_slice(&b[at..at + KEY_LEN]);
     NodePublic(k)
 }
 
-fn millis(d: Duration) -> u32 {
+pub(crate) fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
@@ -169,7 +169,7 @@ pub fn endpoint_at(b: &[u8]) -> SocketAddr {
     )
 }
 
-fn bad_length(frame: u8, len: usize, expected: usize) -> FrameError {
+pub(crate) fn bad_length(frame: u8, len: usize, expected: usize) -> FrameError {
     FrameError::BadLength {
         frame,
         len,
@@ -201,14 +201,22 @@ pub fn parse_allocate(body: &[u8]) -> Result<Allocate, FrameError> {
 /// Appends a relaySession frame. Panics on an offer a relay must never
 /// send (no endpoint, more than [`MAX_ENDPOINTS`], a VNI over 24 bits).
 pub fn put_session(out: &mut Vec<u8>, s: &SessionOffer) {
+    let len = SESSION_FIXED_LEN + s.endpoints.len() * ENDPOINT_LEN;
+    out.reserve(frame::HEADER_LEN + len);
+    out.extend_from_slice(&frame::encode_header(frame::RELAY_SESSION, len as u32));
+    put_offer(out, s, &[]);
+}
+
+/// Appends an offer's body: its fixed fields, `tail` (version 2's host
+/// and flags; empty in version 1), its endpoints. Panics on an offer a
+/// relay must never send (no endpoint, more than [`MAX_ENDPOINTS`], a VNI
+/// over 24 bits).
+pub(crate) fn put_offer(out: &mut Vec<u8>, s: &SessionOffer, tail: &[u8]) {
     assert!(
         !s.endpoints.is_empty() && s.endpoints.len() <= MAX_ENDPOINTS,
         "a session offer carries 1..={MAX_ENDPOINTS} endpoints"
     );
     assert!(s.vni <= udp_header::MAX_VNI, "VNI over 24 bits");
-    let len = SESSION_FIXED_LEN + s.endpoints.len() * ENDPOINT_LEN;
-    out.reserve(frame::HEADER_LEN + len);
-    out.extend_from_slice(&frame::encode_header(frame::RELAY_SESSION, len as u32));
     out.extend_from_slice(&s.request_id.to_be_bytes());
     out.extend_from_slice(&s.vni.to_be_bytes());
     out.extend_from_slice(s.peer.as_bytes());
@@ -216,6 +224,7 @@ pub fn put_session(out: &mut Vec<u8>, s: &SessionOffer) {
     out.extend_from_slice(&s.token);
     out.extend_from_slice(&millis(s.bind_lifetime).to_be_bytes());
     out.extend_from_slice(&millis(s.idle_lifetime).to_be_bytes());
+    out.extend_from_slice(tail);
     for &e in &s.endpoints {
         put_endpoint(out, e);
     }
@@ -225,9 +234,18 @@ pub fn put_session(out: &mut Vec<u8>, s: &SessionOffer) {
 /// whole endpoints; a VNI of 0 or over 24 bits and a slot other than 0 or 1
 /// are refused.
 pub fn parse_session(body: &[u8]) -> Result<SessionOffer, FrameError> {
-    let ty = frame::RELAY_SESSION;
+    parse_offer::<0>(frame::RELAY_SESSION, body).map(|(offer, _)| offer)
+}
+
+/// Parses an offer's body of frame type `ty` as [`put_offer`] writes it,
+/// with a `TAIL`-byte tail after the fixed fields (returned as is).
+pub(crate) fn parse_offer<const TAIL: usize>(
+    ty: u8,
+    body: &[u8],
+) -> Result<(SessionOffer, [u8; TAIL]), FrameError> {
     let len = body.len();
-    let min = SESSION_FIXED_LEN + ENDPOINT_LEN;
+    let fixed = SESSION_FIXED_LEN + TAIL;
+    let min = fixed + ENDPOINT_LEN;
     if len < min {
         return Err(FrameError::TooShort {
             frame: ty,
@@ -235,14 +253,15 @@ pub fn parse_session(body: &[u8]) -> Result<SessionOffer, FrameError> {
             min,
         });
     }
-    if len > MAX_SESSION_LEN {
+    let max = fixed + MAX_ENDPOINTS * ENDPOINT_LEN;
+    if len > max {
         return Err(FrameError::TooLong {
             frame: ty,
             len,
-            max: MAX_SESSION_LEN,
+            max,
         });
     }
-    let extra = (len - SESSION_FIXED_LEN) % ENDPOINT_LEN;
+    let extra = (len - fixed) % ENDPOINT_LEN;
     if extra != 0 {
         return Err(bad_length(ty, len, len - extra));
     }
@@ -256,7 +275,9 @@ pub fn parse_session(body: &[u8]) -> Result<SessionOffer, FrameError> {
     let mut token = [0u8; 32];
     let t = 9 + KEY_LEN;
     token.copy_from_slice(&body[t..t + 32]);
-    Ok(SessionOffer {
+    let mut tail = [0u8; TAIL];
+    tail.copy_from_slice(&body[SESSION_FIXED_LEN..fixed]);
+    let offer = SessionOffer {
         request_id: u32_at(body, 0),
         vni,
         peer: key_at(body, 8),
@@ -264,11 +285,12 @@ pub fn parse_session(body: &[u8]) -> Result<SessionOffer, FrameError> {
         token,
         bind_lifetime: Duration::from_millis(u32_at(body, t + 32).into()),
         idle_lifetime: Duration::from_millis(u32_at(body, t + 36).into()),
-        endpoints: body[SESSION_FIXED_LEN..]
+        endpoints: body[fixed..]
             .chunks_exact(ENDPOINT_LEN)
             .map(endpoint_at)
             .collect(),
-    })
+    };
+    Ok((offer, tail))
 }
 
 /// Appends a relayRefused frame.
@@ -277,6 +299,11 @@ pub fn put_refused(out: &mut Vec<u8>, r: &Refused) {
         frame::RELAY_REFUSED,
         REFUSED_LEN as u32,
     ));
+    put_refused_body(out, r);
+}
+
+/// Appends a relayRefused body (the frame's, and a mesh refusal's).
+pub(crate) fn put_refused_body(out: &mut Vec<u8>, r: &Refused) {
     out.extend_from_slice(&r.request_id.to_be_bytes());
     out.extend_from_slice(r.peer.as_bytes());
     out.push(r.reason.to_u8());
@@ -737,6 +764,8 @@ impl Binder {
         self.interval = RETRANSMIT_FIRST;
     }
 }
+
+pub mod v2;
 
 #[cfg(test)]
 mod tests;

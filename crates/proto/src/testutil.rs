@@ -16,6 +16,17 @@ pub(crate) fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
+/// The bytes of the vector line `name: <hex>` of
+/// `docs/relay-sessions.md` (spaces within the hex ignored).
+pub(crate) fn relay_sessions_vector(name: &str) -> Vec<u8> {
+    let doc = include_str!("../../../docs/relay-sessions.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("no `{name}:` vector in docs/relay-sessions.md"));
+    unhex(line.split_once(": ").expect("checked").1)
+}
+
 fn private(hex: &str) -> NodePrivate {
     format!("privkey:{hex}").parse().unwrap()
 }

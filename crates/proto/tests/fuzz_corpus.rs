@@ -27,6 +27,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("websocket", fuzzing::websocket),
     ("derp_map", fuzzing::derp_map),
     ("relay_frames", fuzzing::relay_frames),
+    ("mesh_session", fuzzing::mesh_session),
     ("bind_message", fuzzing::bind_message),
     ("peer_msg", fuzzing::peer_msg),
     ("tls13", fuzzing::tls13),

@@ -92,6 +92,7 @@ impl Model {
 const MESH: ServerFramePolicy = ServerFramePolicy {
     mesh: true,
     relay_sessions: false,
+    ferry_mesh: false,
 };
 
 fn stream_of(frames: &[Model]) -> Vec<u8> {
@@ -279,7 +280,7 @@ proptest! {
         chunks in proptest::collection::vec(1usize..5000, 1..30),
         mesh: bool,
     ) {
-        let policy = ServerFramePolicy { mesh, relay_sessions: false };
+        let policy = ServerFramePolicy { mesh, relay_sessions: false, ferry_mesh: false };
         let header = encode_header(ty, len);
         let junk = vec![0x5au8; 5000];
         let mut d = Deframer::new();
@@ -309,7 +310,7 @@ proptest! {
         split in 1usize..5,
         mesh: bool,
     ) {
-        let policy = ServerFramePolicy { mesh, relay_sessions: false };
+        let policy = ServerFramePolicy { mesh, relay_sessions: false, ferry_mesh: false };
         let header = encode_header(ty, len);
         let mut d = Deframer::new();
         d.feed(&header[..split], &policy, |_, _| ControlFlow::Continue(())).unwrap();
@@ -329,14 +330,17 @@ proptest! {
         can_ack_pings: bool,
         is_prober: bool,
         app_name in proptest::option::of("\\PC{1,20}"),
+        ferry_derp: u32,
+        ferry_mesh: u32,
     ) {
-        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_derp: 0 };
+        let info = ClientInfo { mesh_key: mesh.map(MeshKey), version, can_ack_pings, is_prober, app_name, ferry_derp, ferry_mesh };
         prop_assert_eq!(ClientInfo::from_json(&info.to_json()).unwrap(), info);
     }
 
     #[test]
-    fn server_info_json_round_trip(version: u32, rate: u64, burst: u64) {
-        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_derp: None };
+    fn server_info_json_round_trip(version: u32, rate: u64, burst: u64, mesh: Option<u32>) {
+        let ferry_mesh = mesh.map(|version| ferry_proto::handshake::MeshCapability { version });
+        let info = ServerInfo { version, token_bucket_bytes_per_second: rate, token_bucket_bytes_burst: burst, ferry_derp: None, ferry_mesh };
         prop_assert_eq!(ServerInfo::from_json(&info.to_json()).unwrap(), info);
     }
 }

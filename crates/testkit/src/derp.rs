@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::client::{self as derp, Event};
 use ferry_proto::frame;
-use ferry_proto::handshake::ClientInfo;
+use ferry_proto::handshake::{ClientInfo, ServerInfo};
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
 use ferry_proto::nacl;
 
@@ -45,6 +45,8 @@ pub struct Client<S: Transport = TcpStream> {
     pub public: NodePublic,
     /// The relay's key, from the handshake.
     pub server_key: NodePublic,
+    /// The relay's serverInfo, from the handshake.
+    pub server_info: ServerInfo,
     derp: derp::Client,
     events: VecDeque<Event>,
     out: Vec<u8>,
@@ -59,6 +61,7 @@ pub fn info(mesh_key: Option<MeshKey>) -> ClientInfo {
         is_prober: false,
         app_name: None,
         ferry_derp: 0,
+        ferry_mesh: 0,
     }
 }
 
@@ -95,13 +98,17 @@ impl<S: Transport> Client<S> {
             stream,
             public,
             server_key: NodePublic::from_bytes([0; 32]),
+            server_info: ServerInfo::default(),
             derp,
             events: VecDeque::new(),
             out: Vec::new(),
         };
         c.flush().expect("upgrade request");
         match c.next_event(Duration::from_secs(5)) {
-            Ok(Event::Connected { server_key, .. }) => c.server_key = server_key,
+            Ok(Event::Connected { server_key, info }) => {
+                c.server_key = server_key;
+                c.server_info = info;
+            }
             other => panic!("expected serverInfo first, got {other:?}"),
         }
         c

@@ -263,7 +263,7 @@ impl Driver {
             if let Some(peer) = allocate {
                 let sent = self
                     .inner
-                    .relay_of(&peer)
+                    .session_relay_of(&peer)
                     .map(|r| r.out.try_send(ToRelay::Allocate(peer)).is_ok());
                 if sent != Some(true) {
                     self.inner.lock_sessions().lost(now, &peer);
@@ -372,14 +372,15 @@ impl Driver {
         let relay_port = r.sender.relay_port();
         tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, ?relay_port, "relay connected");
         self.inner.publish(EventKind::RelayUp { relay, relay_port });
-        // Its sessions offer may have changed (or come for the first time).
+        // Its sessions offer may have changed (or come for the first time):
+        // the peers whose sessions are asked of it.
         let peers: Vec<NodePublic> = self
             .inner
             .peers
             .read()
             .expect("not poisoned")
             .iter()
-            .filter(|(_, p)| p.relay == relay)
+            .filter(|(k, p)| self.inner.session_relay(k, p.relay) == relay)
             .map(|(k, _)| *k)
             .collect();
         for peer in &peers {

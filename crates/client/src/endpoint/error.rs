@@ -33,6 +33,14 @@ pub enum EndpointError {
     /// received before was taken.
     #[error("endpoint closed")]
     Closed,
+    /// [`super::EndpointOptions::home`] names no DERP server.
+    #[error("home DERP server {home} does not exist: the endpoint has {relays}")]
+    UnknownHome {
+        /// The index asked for.
+        home: usize,
+        /// How many servers the endpoint has.
+        relays: usize,
+    },
 }
 
 /// Why [`Endpoint::add_peer`] refused a peer.

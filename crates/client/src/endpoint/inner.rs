@@ -94,6 +94,8 @@ pub(super) struct Inner {
     pub(super) sessions: Mutex<RelaySessions>,
     pub(super) peers: RwLock<HashMap<NodePublic, PeerEntry>>,
     pub(super) relays: Vec<DerpServer>,
+    /// [`super::EndpointOptions::home`].
+    pub(super) home: usize,
     pub(super) events: Publisher,
     pub(super) wake: Notify,
     pub(super) discover: bool,
@@ -162,6 +164,23 @@ impl Inner {
 
     pub(super) fn relay_index_of(&self, peer: &NodePublic) -> Option<usize> {
         Some(self.peers.read().expect("not poisoned").get(peer)?.relay)
+    }
+
+    /// The DERP server asked for a session with `peer`, reached through
+    /// server `relay`: the home of the lower key of the pair
+    /// ([`super::EndpointOptions::home`]), so both sides ask the same one.
+    pub(super) fn session_relay(&self, peer: &NodePublic, relay: usize) -> usize {
+        if self.public < *peer {
+            self.home
+        } else {
+            relay
+        }
+    }
+
+    /// The DERP server asked for a session with `peer`.
+    pub(super) fn session_relay_of(&self, peer: &NodePublic) -> Option<&DerpServer> {
+        let relay = self.relay_index_of(peer)?;
+        self.relays.get(self.session_relay(peer, relay))
     }
 
     pub(super) fn is_closed(&self) -> bool {
@@ -315,9 +334,10 @@ impl Inner {
     }
 
     /// Seeks a relay session with `peer` while its policy allows one and
-    /// its DERP server offers them; stops when the server (connected)
-    /// offers none or the policy rules it out. While the server is down,
-    /// nothing changes: its next connection decides.
+    /// the pair's session server ([`Inner::session_relay`]) offers them;
+    /// stops when that server (connected) offers none or the policy rules
+    /// it out. While the server is down, nothing changes: its next
+    /// connection decides.
     pub(super) fn update_sessions(&self, peer: &NodePublic) {
         let Some((relay, allowed)) = self
             .peers
@@ -328,7 +348,10 @@ impl Inner {
         else {
             return;
         };
-        let sender = self.relays.get(relay).map(|r| &r.sender);
+        let sender = self
+            .relays
+            .get(self.session_relay(peer, relay))
+            .map(|r| &r.sender);
         let offered = sender.and_then(|s| s.relay_port()).is_some();
         let connected = sender.is_some_and(|s| s.is_connected());
         let mut sessions = self.lock_sessions();

@@ -21,8 +21,10 @@
 //! - One DERP client per configured DERP server; a peer is reached over
 //!   DERP through the server its [`PeerOptions::relay`] names. Every DERP
 //!   payload is a peer message too (header with VNI 0 ‖ bytes).
-//! - When that server offers relay sessions (`docs/relay-sessions.md` §1),
-//!   the endpoint asks for one with the peer over DERP and binds its slot
+//! - When the pair's session server offers relay sessions
+//!   (`docs/relay-sessions.md` §1; the home of the lower key,
+//!   [`EndpointOptions::home`], so both sides ask one server), the
+//!   endpoint asks for one with the peer over DERP and binds its slot
 //!   from the UDP socket ([`relay_sessions::RelaySessions`]); once bound,
 //!   the session is the peer's relay-session path, confirmed and kept
 //!   alive by the same probes.
@@ -127,6 +129,12 @@ impl Endpoint {
     /// [`Endpoint::relay_status`]). Direct paths need no DERP server once
     /// confirmed, but the first exchange of addresses goes over DERP.
     pub async fn bind(opts: EndpointOptions) -> Result<Endpoint, EndpointError> {
+        if opts.home > 0 && opts.home >= opts.relays.len() {
+            return Err(EndpointError::UnknownHome {
+                home: opts.home,
+                relays: opts.relays.len(),
+            });
+        }
         let (socket, dual_stack) =
             bind_socket(opts.bind, opts.socket_buffer).map_err(|source| EndpointError::Bind {
                 addr: opts.bind,
@@ -195,6 +203,7 @@ impl Endpoint {
             sessions: Mutex::new(RelaySessions::new(opts.session_timing)),
             peers: RwLock::new(HashMap::new()),
             relays,
+            home: opts.home,
             events: Publisher::new(opts.event_queue),
             wake: Notify::new(),
             discover: opts.discover,

@@ -65,6 +65,13 @@ pub struct EndpointOptions {
     /// The DERP servers, connected to at [`Endpoint::bind`]; peers name
     /// theirs by index.
     pub relays: Vec<DerpServerOptions>,
+    /// Index into [`EndpointOptions::relays`]: this endpoint's home, the
+    /// DERP server its peers reach it through (their
+    /// [`PeerOptions::relay`] for it). A pair's relay session lives on the
+    /// home of the lower key (bytewise): this side asks its own home when
+    /// its key is the lower, else the peer's server, so both sides ask
+    /// one server and bind one session. Default 0, the first.
+    pub home: usize,
     /// The UDP socket for direct paths, relay sessions and STUN.
     pub bind: SocketAddr,
     /// Received datagrams held for [`Endpoint::recv`] (before more are
@@ -108,6 +115,7 @@ impl EndpointOptions {
         EndpointOptions {
             key,
             relays,
+            home: 0,
             bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             queue: 1024,
             queue_bytes: 8 << 20,

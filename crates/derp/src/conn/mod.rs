@@ -165,6 +165,10 @@ pub struct Conn {
     /// Asked for relay sessions, which this relay offers: then its
     /// relayAllocate rate (tokens per request).
     relay_sessions: Option<Box<Bucket>>,
+    /// The relay-session version agreed with the client (0: none).
+    relay_version: u8,
+    /// A mesh peer that asked for the Ferry mesh extension.
+    ferry_mesh: bool,
     /// The upgrade request carried an `Ideal-Node` header.
     not_ideal: bool,
     /// The client calls this server home.
@@ -251,6 +255,8 @@ impl Conn {
             prober: false,
             app_name: None,
             relay_sessions: None,
+            relay_version: 0,
+            ferry_mesh: false,
             not_ideal: false,
             preferred: false,
             watcher: false,
@@ -346,10 +352,30 @@ impl Conn {
             .and_then(|n| AppName::new(n.as_bytes()))
     }
 
-    /// Records that the client asked for relay sessions and this relay
-    /// offers them (`docs/relay-sessions.md`, §1).
-    pub fn set_relay_sessions(&mut self, on: bool) {
-        self.relay_sessions = on.then(|| Box::new(Bucket::new(ALLOCATE_RATE, ALLOCATE_BURST)));
+    /// Records the relay-session version agreed with the client (0: it
+    /// did not ask, or this relay offers none; `docs/relay-sessions.md`,
+    /// §1 and §9.1).
+    pub fn set_relay_sessions(&mut self, version: u8) {
+        self.relay_version = version;
+        self.relay_sessions =
+            (version > 0).then(|| Box::new(Bucket::new(ALLOCATE_RATE, ALLOCATE_BURST)));
+    }
+
+    /// The relay-session version agreed with the client (0: none).
+    pub fn relay_version(&self) -> u8 {
+        self.relay_version
+    }
+
+    /// Records whether the client, a mesh peer, asked for the Ferry mesh
+    /// extension (`docs/relay-sessions.md` §9.1).
+    pub fn set_ferry_mesh(&mut self, on: bool) {
+        self.ferry_mesh = on;
+    }
+
+    /// Whether the client is a mesh peer that asked for the Ferry mesh
+    /// extension.
+    pub fn speaks_ferry_mesh(&self) -> bool {
+        self.ferry_mesh
     }
 
     /// Charges one relayAllocate to its rate at `now`: `false` if it asked
@@ -366,6 +392,7 @@ impl Conn {
         ServerFramePolicy {
             mesh: self.mesh,
             relay_sessions: self.relay_sessions.is_some(),
+            ferry_mesh: self.ferry_mesh,
         }
     }
 

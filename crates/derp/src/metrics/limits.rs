@@ -40,6 +40,33 @@ labelled!(
     }
 );
 
+labelled!(
+    /// Why a meshSession frame from a mesh peer was dropped
+    /// (`docs/relay-sessions.md` §9.3).
+    MeshSessionDrop {
+        /// Its body does not parse as its kind's.
+        Malformed => "malformed",
+        /// Longer than a meshSession may be.
+        Oversize => "oversize",
+        /// A kind this build does not know.
+        UnknownKind => "unknown_kind",
+        /// Well formed, but this build does not act on meshSession yet.
+        Unhandled => "unhandled",
+    }
+);
+
+impl MeshSessionDrop {
+    /// The counter for a frame that did not parse.
+    pub fn of(e: &ferry_proto::mesh_session::MeshSessionError) -> Self {
+        use ferry_proto::mesh_session::MeshSessionError as E;
+        match e {
+            E::Malformed(_) => MeshSessionDrop::Malformed,
+            E::Oversize(_) => MeshSessionDrop::Oversize,
+            E::UnknownKind(_) => MeshSessionDrop::UnknownKind,
+        }
+    }
+}
+
 impl AllocateRefusal {
     /// The counter for a refusal sent with `reason`.
     pub fn of(reason: RefuseReason) -> Self {
@@ -67,6 +94,12 @@ const ALLOCATE_REFUSED: Family = Family::counter(
 )
 .labels(&["reason"]);
 
+const MESH_SESSION_DROPPED: Family = Family::counter(
+    "ferry_mesh_session_dropped_total",
+    "meshSession frames from mesh peers that asked for the Ferry mesh extension, dropped, by reason (the mesh connection stays open).",
+)
+.labels(&["reason"]);
+
 impl Metrics {
     /// Writes the families of this module.
     pub(super) fn render_limits(&self, w: &mut Exposition<'_>) {
@@ -82,6 +115,13 @@ impl Metrics {
             f.sample(
                 &[r.label()],
                 self.sum(|s| s.allocate_refused[*r as usize].get()),
+            );
+        }
+        let mut f = w.family(&MESH_SESSION_DROPPED);
+        for r in MeshSessionDrop::ALL {
+            f.sample(
+                &[r.label()],
+                self.sum(|s| s.mesh_session_dropped[*r as usize].get()),
             );
         }
     }

@@ -240,6 +240,7 @@ impl Shard {
         conn.set_app_name(info.app_name);
         conn.set_version(info.version);
         conn.set_relay_sessions(relay_sessions);
+        conn.set_ferry_mesh(mesh && info.ferry_mesh >= ferry_proto::mesh_session::VERSION);
         if self.begin_admission(slot) {
             // Frames after clientInfo wait in the deframer for the verdict.
             return ControlFlow::Break(());

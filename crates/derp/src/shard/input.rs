@@ -287,6 +287,13 @@ impl Shard {
             {
                 self.on_relay_allocate(slot, payload)
             }
+            Action::Unknown { ty, payload }
+                if ty == ferry_proto::mesh_session::MESH_SESSION
+                    && self.conns[slot].speaks_ferry_mesh() =>
+            {
+                self.on_mesh_session(slot, payload);
+                ControlFlow::Continue(())
+            }
             Action::Unknown { .. } => {
                 self.m.unknown_frames.inc();
                 ControlFlow::Continue(())

@@ -73,6 +73,12 @@ impl Shard {
         let activity = self.activity;
         let jitter = Duration::from_millis(self.jitter.gen_range(0..KEEPALIVE_JITTER_MS));
         let ferry_derp = self.relay_capability(slot);
+        let ferry_mesh =
+            self.conns[slot]
+                .speaks_ferry_mesh()
+                .then_some(handshake::MeshCapability {
+                    version: ferry_proto::mesh_session::VERSION,
+                });
         let conn = &mut self.conns[slot];
         let write_timeout = if conn.is_mesh() {
             Some(cfg.mesh_write_timeout)
@@ -96,6 +102,7 @@ impl Shard {
             &ServerInfo {
                 version: 2,
                 ferry_derp,
+                ferry_mesh,
                 ..Default::default()
             },
             &nonce,

@@ -1,6 +1,8 @@
 //! Relay sessions on the DERP side (`docs/relay-sessions.md` §1, §2): the
 //! capability in serverInfo, relayAllocate from a client that asked, and
-//! the relaySession offers (or a relayRefused to the asker).
+//! the relaySession offers (or a relayRefused to the asker). A client that
+//! asked for version 2 (§9) is answered version 2 and gets its offers as
+//! relaySession2, naming this node as the host.
 //!
 //! The session table and its UDP socket live outside this crate (in
 //! `ferry-udp`, glued by the `ferry` binary) behind [`SessionService`],
@@ -22,13 +24,15 @@
 
 use std::net::IpAddr;
 
+use ferry_proto::relay_session::v2::{self, SessionOffer2};
 use ferry_proto::relay_session::{
-    self as rs, Allocate, AllocateRequest, RefuseReason, Refused, SessionService,
+    self as rs, Allocate, AllocateRequest, RefuseReason, Refused, SessionOffer, SessionService,
 };
 
 use super::control_queue::Origin;
 use super::*;
-use crate::metrics::{AllocateRefusal, Notice};
+use crate::metrics::{AllocateRefusal, MeshSessionDrop, Notice};
+use ferry_proto::mesh_session;
 
 /// An allocation on its way to the peer's owner shard, or an answer on its
 /// way back to the asker's.
@@ -41,6 +45,8 @@ pub enum RelayMail {
         asker: NodePublic,
         /// Its DERP source address.
         ip: IpAddr,
+        /// The relay-session version agreed with it.
+        version: u8,
         /// What it asked.
         ask: Allocate,
     },
@@ -62,20 +68,42 @@ impl Shard {
         self.shared.config.relay_sessions.as_ref()
     }
 
-    /// Whether a client's clientInfo asks for sessions this relay offers.
-    pub(super) fn wants_relay_sessions(&self, info: &handshake::ClientInfo) -> bool {
-        info.ferry_derp >= rs::VERSION && self.session_service().is_some()
+    /// The relay-session version a client's clientInfo asks for and this
+    /// relay offers: the lower of the asked and [`v2::VERSION`], 0 for
+    /// none.
+    pub(super) fn wants_relay_sessions(&self, info: &handshake::ClientInfo) -> u8 {
+        if info.ferry_derp >= rs::VERSION && self.session_service().is_some() {
+            info.ferry_derp.min(v2::VERSION) as u8
+        } else {
+            0
+        }
     }
 
-    /// The capability for a client's serverInfo.
+    /// The capability for a client's serverInfo (the version agreed).
     pub(super) fn relay_capability(&self, slot: Slot) -> Option<handshake::RelayCapability> {
         let service = self.session_service()?;
-        self.conns[slot]
-            .has_relay_sessions()
+        let conn = &self.conns[slot];
+        conn.has_relay_sessions()
             .then(|| handshake::RelayCapability {
-                version: rs::VERSION,
+                version: conn.relay_version().into(),
                 port: service.port(),
             })
+    }
+
+    /// An offer as the frame a client of relay-session `version` reads:
+    /// relaySession2 naming this node as the host for version 2,
+    /// relaySession for version 1.
+    fn offer_frame(&self, out: &mut Vec<u8>, version: u8, offer: &SessionOffer) {
+        if u32::from(version) >= v2::VERSION {
+            let offer = SessionOffer2 {
+                offer: offer.clone(),
+                host: self.shared.config.public_key,
+                flags: 0,
+            };
+            v2::put_session2(out, &offer);
+        } else {
+            rs::put_session(out, offer);
+        }
     }
 
     /// A relayAllocate from the client in `slot` (admitted by the frame
@@ -103,13 +131,14 @@ impl Shard {
             };
         }
         let conn = &self.conns[slot];
-        let (asker, ip) = (conn.key(), conn.peer().ip());
+        let (asker, ip, version) = (conn.key(), conn.peer().ip(), conn.relay_version());
         let from = self.conn_ref(slot);
         let owner = self.shared.owner_of(&ask.peer, self.shards);
         let mail = RelayMail::Ask {
             from,
             asker,
             ip,
+            version,
             ask,
         };
         if owner == self.id {
@@ -129,9 +158,10 @@ impl Shard {
                 from,
                 asker,
                 ip,
+                version,
                 ask,
             } => {
-                if let Some(frame) = self.allocate_here(from, &asker, ip, &ask) {
+                if let Some(frame) = self.allocate_here(from, (&asker, version), ip, &ask) {
                     self.relay_frame_to(from, frame);
                 }
             }
@@ -140,11 +170,12 @@ impl Shard {
     }
 
     /// On the peer's owner shard: the asker's answer, if it is to have one,
-    /// after queueing the peer's offer if it is to be told.
+    /// after queueing the peer's offer if it is to be told. `asker` is
+    /// its key and its relay-session version.
     fn allocate_here(
         &mut self,
         from: ConnRef,
-        asker: &NodePublic,
+        (asker, asker_version): (&NodePublic, u8),
         ip: IpAddr,
         ask: &Allocate,
     ) -> Option<Vec<u8>> {
@@ -173,11 +204,13 @@ impl Shard {
             Ok((p, offers)) => {
                 if let Some(theirs) = offers.peer {
                     let notice = Origin::Other(Notice::RelaySession);
-                    self.queue_control(p, notice, |q| rs::put_session(q, &theirs));
+                    let mut frame = Vec::new();
+                    self.offer_frame(&mut frame, self.conns[p].relay_version(), &theirs);
+                    self.queue_control(p, notice, |q| q.extend_from_slice(&frame));
                 }
                 offers.asker.map(|mine| {
                     let mut out = Vec::new();
-                    rs::put_session(&mut out, &mine);
+                    self.offer_frame(&mut out, asker_version, &mine);
                     out
                 })
             }
@@ -186,6 +219,23 @@ impl Shard {
                 Some(refusal(ask, reason))
             }
         }
+    }
+
+    /// A meshSession from a mesh peer that asked for the Ferry mesh
+    /// extension (`docs/relay-sessions.md` §9.3): parsed and counted.
+    /// Nothing acts on it yet, so every one is dropped; a bad one is also
+    /// logged (rate-limited). The mesh connection is never closed for it:
+    /// that would cut the region's DERP forwarding.
+    pub(super) fn on_mesh_session(&mut self, slot: Slot, payload: &[u8]) {
+        let why = match mesh_session::parse_mesh_session(payload) {
+            Ok(_) => MeshSessionDrop::Unhandled,
+            Err(e) => {
+                let peer = self.conns[slot].peer();
+                conn_log!(self, info, %peer, error = %e, "meshSession dropped");
+                MeshSessionDrop::of(&e)
+            }
+        };
+        self.m.mesh_session_dropped[why as usize].inc();
     }
 
     fn count_refusal(&self, reason: RefuseReason) {

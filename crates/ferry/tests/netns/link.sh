@@ -298,6 +298,16 @@ case_ferry_upgrade() {
   all_stop
 }
 
+# A case defined twice runs the second body under both names (a rename
+# once turned the relay-session case into a second ferry-derp, and the
+# DERP case with the relay restart ran nowhere): refuse that, and a case
+# with no body.
+twice=$(grep -o '^case_[a-z_]*()' "$0" | sort | uniq -d | tr '\n' ' ')
+if [ -n "$twice" ]; then echo "link.sh: case defined more than once: $twice" >&2; exit 2; fi
+for c in $cases; do
+  declare -F "case_${c//-/_}" >/dev/null || { echo "link.sh: case $c has no case_${c//-/_}()" >&2; exit 2; }
+done
+
 for CASE in $cases; do
   step "case $CASE"
   "case_${CASE//-/_}"

@@ -229,6 +229,12 @@ pub enum Event<P = Vec<u8>> {
     RelaySession(crate::relay_session::SessionOffer),
     /// A relay session refused (relayRefused; only to clients that asked).
     RelayRefused(crate::relay_session::Refused),
+    /// A relay session offer naming its host (relaySession2; only to
+    /// clients that asked for version 2).
+    RelaySession2(crate::relay_session::v2::SessionOffer2),
+    /// A relay session ended (relaySessionEnd; only to clients that asked
+    /// for version 2).
+    RelaySessionEnd(crate::relay_session::v2::SessionEnd),
 }
 
 impl Event<&[u8]> {
@@ -266,6 +272,8 @@ impl Event<&[u8]> {
             Event::ServerClosed => Event::ServerClosed,
             Event::RelaySession(o) => Event::RelaySession(o),
             Event::RelayRefused(r) => Event::RelayRefused(r),
+            Event::RelaySession2(o) => Event::RelaySession2(o),
+            Event::RelaySessionEnd(e) => Event::RelaySessionEnd(e),
         }
     }
 }

@@ -427,6 +427,63 @@ fn relay_session_frames_reach_only_a_client_that_asked() {
     assert!(out.ends_with(&built(|o| put_allocate(o, &a))));
 }
 
+#[test]
+fn version_2_frames_reach_only_a_client_that_asked_for_version_2() {
+    use crate::relay_session::v2::{
+        put_end, put_session2, EndReason, SessionEnd, SessionOffer2, RELAY_SESSION2,
+    };
+    use crate::relay_session::SessionOffer;
+    let offer = SessionOffer2 {
+        offer: SessionOffer {
+            request_id: 3,
+            vni: 0x42,
+            peer: NodePublic::from_bytes([9; 32]),
+            slot: 1,
+            token: [1; 32],
+            endpoints: vec!["192.0.2.1:3479".parse().unwrap()],
+            bind_lifetime: Duration::from_secs(30),
+            idle_lifetime: Duration::from_secs(60),
+        },
+        host: NodePublic::from_bytes([7; 32]),
+        flags: 1,
+    };
+    let end = SessionEnd {
+        vni: 0x42,
+        peer: NodePublic::from_bytes([9; 32]),
+        host: NodePublic::from_bytes([7; 32]),
+        reason: EndReason::Draining,
+        grace: Duration::from_secs(10),
+    };
+    let mut frames = built(|o| put_session2(o, &offer));
+    frames.extend(built(|o| put_end(o, &end)));
+    // A malformed one (no endpoint) is ignored, not fatal.
+    frames.extend(built(|o| frame::put_frame(o, RELAY_SESSION2, &[0; 114])));
+    frames.extend(built(|o| put_ping(o, b"12345678")));
+    for asked in [0, 1] {
+        let mut cfg = config();
+        cfg.info.ferry_derp = asked;
+        let mut c = connected_client(cfg);
+        assert_eq!(
+            feed_ok(&mut c, &frames),
+            vec![Event::Ping(*b"12345678")],
+            "ferryRelay {asked}"
+        );
+        assert_eq!(c.ignored_frames(), 3, "ferryRelay {asked}");
+    }
+    let mut cfg = config();
+    cfg.info.ferry_derp = 2;
+    let mut v2 = connected_client(cfg);
+    assert_eq!(
+        feed_ok(&mut v2, &frames),
+        vec![
+            Event::RelaySession2(offer),
+            Event::RelaySessionEnd(end),
+            Event::Ping(*b"12345678")
+        ]
+    );
+    assert_eq!(v2.ignored_frames(), 1);
+}
+
 // ---------------------------------------------------------------------------
 // Commands
 

@@ -65,6 +65,10 @@ pub struct ServerFramePolicy {
     /// clientInfo) and the server offers them; without it relayAllocate is
     /// an unknown frame, skipped.
     pub relay_sessions: bool,
+    /// Whether the connection is a mesh peer that asked for the Ferry
+    /// mesh extension (`"ferryMesh"`); without it meshSession is an
+    /// unknown frame, skipped.
+    pub ferry_mesh: bool,
 }
 
 impl FramePolicy for ServerFramePolicy {
@@ -78,6 +82,10 @@ impl FramePolicy for ServerFramePolicy {
                     expected: crate::relay_session::ALLOCATE_LEN,
                 }),
             };
+        }
+        if ty == crate::mesh_session::MESH_SESSION && self.ferry_mesh {
+            // Read, so that one past its limit is counted, not skipped.
+            return up_to(ty, len, MAX_SKIPPED_FRAME, Disposition::Buffer);
         }
         let Some(t) = FrameType::from_u8(ty) else {
             return skip_disposition(ty, len);

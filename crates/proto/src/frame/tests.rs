@@ -501,11 +501,13 @@ fn relay_allocate_is_read_only_from_clients_that_asked() {
     let ask = |mesh| ServerFramePolicy {
         mesh,
         relay_sessions: true,
+        ferry_mesh: false,
     };
     for mesh in [false, true] {
         let plain = ServerFramePolicy {
             mesh,
             relay_sessions: false,
+            ferry_mesh: false,
         };
         // Without the capability: an unknown frame, skipped like derper.
         assert_eq!(plain.check(RELAY_ALLOCATE, 36), Skip);
@@ -535,10 +537,12 @@ fn server_policy_table() {
     let ordinary = ServerFramePolicy {
         mesh: false,
         relay_sessions: false,
+        ferry_mesh: false,
     };
     let mesh = ServerFramePolicy {
         mesh: true,
         relay_sessions: false,
+        ferry_mesh: false,
     };
     use Disposition::*;
     let max = MAX_PACKET_SIZE as u32;
@@ -673,10 +677,12 @@ fn sample_stream() -> Vec<u8> {
 const MESH: ServerFramePolicy = ServerFramePolicy {
     mesh: true,
     relay_sessions: false,
+    ferry_mesh: false,
 };
 const ORDINARY: ServerFramePolicy = ServerFramePolicy {
     mesh: false,
     relay_sessions: false,
+    ferry_mesh: false,
 };
 
 #[test]

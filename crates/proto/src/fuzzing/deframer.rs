@@ -58,7 +58,8 @@ fn reference(stream: &[u8], policy: &ServerFramePolicy) -> (Frames, Option<Frame
 /// Splits the stream (`data[1..]`) into frames under [`ServerFramePolicy`].
 ///
 /// `data[0]` chooses: bit 0 mesh on/off; bit 5 relay sessions on/off
-/// (relayAllocate buffered or skipped); bits 1–2 the chunking (single
+/// (relayAllocate buffered or skipped); bit 6 the Ferry mesh extension
+/// on/off (meshSession buffered or skipped); bits 1–2 the chunking (single
 /// bytes, up to 16, up to 4 096, up to the whole stream); bits 3–4 how often
 /// the callback breaks (never, 1 in 8, 1 in 2, always); it also seeds the
 /// generator. The frames delivered, and the error if any, must equal a
@@ -70,6 +71,7 @@ pub fn deframer(data: &[u8]) {
     let policy = ServerFramePolicy {
         mesh: ctl & 1 != 0,
         relay_sessions: ctl & 0x20 != 0,
+        ferry_mesh: ctl & 0x40 != 0,
     };
     let (want_frames, want_err) = reference(stream, &policy);
 

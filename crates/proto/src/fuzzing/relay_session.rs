@@ -38,6 +38,45 @@ pub fn relay_frames(data: &[u8]) {
     assert_eq!(&again[HEADER_LEN..], body);
 }
 
+/// Version 2's session frames and the meshSession frame between Ferry
+/// nodes (`relay_session::v2`, `mesh_session`): the whole input as a
+/// meshSession body, and the input after its first byte as a
+/// relaySession2 (first byte even) or relaySessionEnd (odd) body. What
+/// parses re-encodes to exactly the input; what does not is refused with
+/// a reason, never a panic.
+pub fn mesh_session(data: &[u8]) {
+    use crate::mesh_session as ms;
+    use crate::relay_session::v2::{self, Frame2};
+    match ms::parse_mesh_session(data) {
+        Ok(m) => {
+            let mut again = Vec::new();
+            ms::put_mesh_session(&mut again, &m);
+            assert_eq!(again[0], ms::MESH_SESSION);
+            assert!(again.len() <= ms::MAX_FRAME_LEN);
+            assert_eq!(&again[HEADER_LEN..], data);
+        }
+        Err(e) => assert!(!e.label().is_empty()),
+    }
+    let Some((&ctl, body)) = data.split_first() else {
+        return;
+    };
+    let ty = if ctl & 1 == 0 {
+        v2::RELAY_SESSION2
+    } else {
+        v2::RELAY_SESSION_END
+    };
+    let Some(Ok(parsed)) = v2::parse_frame2(ty, body) else {
+        return;
+    };
+    let mut again = Vec::new();
+    match &parsed {
+        Frame2::Session(s) => v2::put_session2(&mut again, s),
+        Frame2::End(e) => v2::put_end(&mut again, e),
+    }
+    assert_eq!(again[0], ty);
+    assert_eq!(&again[HEADER_LEN..], body);
+}
+
 /// Bind messages (`relay_session::BindMsg`) and the client's
 /// [`Binder`](crate::relay_session::Binder) fed them: what parses is 78
 /// bytes and re-encodes to exactly the input; a binder handed any datagram

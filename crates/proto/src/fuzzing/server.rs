@@ -217,6 +217,9 @@ impl Run {
             policy: ServerFramePolicy {
                 mesh: ctl & 1 != 0,
                 relay_sessions: ctl & 2 != 0,
+                // A mesh peer with relay sessions also speaks the mesh
+                // extension (meshSession buffered).
+                ferry_mesh: ctl & 3 == 3,
             },
             caps: if ctl & 0x80 != 0 {
                 TIGHT_CAPS

@@ -1,10 +1,10 @@
 use super::*;
 
-fn key(b: u8) -> NodePublic {
+pub(super) fn key(b: u8) -> NodePublic {
     NodePublic([b; 32])
 }
 
-fn offer() -> SessionOffer {
+pub(super) fn offer() -> SessionOffer {
     SessionOffer {
         request_id: 7,
         vni: 0x12_3456,

@@ -7,6 +7,7 @@ fn policy(mesh: bool) -> ServerFramePolicy {
     ServerFramePolicy {
         mesh,
         relay_sessions: false,
+        ferry_mesh: false,
     }
 }
 

@@ -8,6 +8,7 @@
 //! metrics_addr = "127.0.0.1:9102"        # optional: Prometheus text at /metrics; `ferry link status` reads it
 //! queue = 512                            # optional: datagrams waiting per relay connection
 //! bind = "0.0.0.0:0"                     # optional: the UDP socket for direct paths and relay sessions
+//! home = "home"                          # optional: the relay this side's peers reach it through (default: the first)
 //!
 //! [[relay]]
 //! name = "home"                          # optional (default relay0, relay1, ...)
@@ -51,6 +52,10 @@ pub(crate) struct Config {
     pub bind: SocketAddr,
     /// DERP servers, in the file's order.
     pub relays: Vec<Relay>,
+    /// Index into [`Config::relays`]: the relay this side's peers reach
+    /// it through (where a pair's relay session is asked for when this
+    /// side's key is the lower).
+    pub home: usize,
     /// The remote `ferry link`s.
     pub peers: Vec<Peer>,
 }
@@ -124,6 +129,7 @@ struct FileConfig {
     metrics_addr: Option<Spanned<String>>,
     queue: Option<Spanned<usize>>,
     bind: Option<Spanned<String>>,
+    home: Option<Spanned<String>>,
     #[serde(default)]
     relay: Vec<FileRelay>,
     #[serde(default)]
@@ -331,6 +337,17 @@ impl Config {
             });
         }
 
+        let home = match &file.home {
+            None => 0,
+            Some(h) => *relay_names.get(h.get_ref()).ok_or_else(|| {
+                e.at(
+                    h,
+                    "home",
+                    format!("no [[relay]] is named {:?}", h.get_ref()),
+                )
+            })?,
+        };
+
         if file.peer.is_empty() {
             return Err(e.file("peer", "at least one [[peer]] is needed"));
         }
@@ -426,6 +443,7 @@ impl Config {
             queue,
             bind,
             relays,
+            home,
             peers,
         })
     }
@@ -495,6 +513,28 @@ relay = "relay1"
         )
     }
 
+    #[test]
+    fn home_names_a_relay() {
+        let f = full();
+        let with =
+            |home: &str| f.replace("queue = 64\n", &format!("queue = 64\nhome = {home:?}\n"));
+        assert_eq!(
+            Config::from_toml("link.toml", &with("relay1"))
+                .unwrap()
+                .home,
+            1
+        );
+        assert_eq!(
+            Config::from_toml("link.toml", &with("home")).unwrap().home,
+            0
+        );
+        let e = err(&with("away"));
+        assert!(
+            e.starts_with("link.toml:5: home: no [[relay]] is named \"away\""),
+            "{e}"
+        );
+    }
+
     fn err(text: &str) -> String {
         Config::from_toml("link.toml", text)
             .unwrap_err()
@@ -510,6 +550,7 @@ relay = "relay1"
         assert_eq!(c.relays[0].name, "home");
         assert_eq!(c.relays[1].name, "relay1");
         assert_eq!(c.relays[1].ca_file, Some(PathBuf::from("/tmp/ca.pem")));
+        assert_eq!(c.home, 0);
         assert_eq!(c.peers[0].link_key.to_string(), KEY_A);
         assert_eq!(c.peers[0].wireguard, "127.0.0.1:51820".parse().unwrap());
         assert_eq!(c.peers[0].relay, 0);

@@ -162,6 +162,7 @@ pub(crate) async fn run(
     let mut opts = EndpointOptions::new(key, relays);
     opts.bind = cfg.bind;
     opts.queue = cfg.queue;
+    opts.home = cfg.home;
     // Probing of the active UDP path faster than the SDK's default, for
     // the TCP inside the tunnel (see `Timing::for_tunnels`).
     opts.timing = ferry_client::endpoint::Timing::for_tunnels();

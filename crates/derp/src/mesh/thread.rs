@@ -1,45 +1,17 @@
-//! Regional mesh, the dialing half (`--mesh-with`): this relay connects
-//! to every other node of its region as a DERP client with its own key
-//! and the mesh key, subscribes to their connection lists (`watchConns`),
-//! and carries its clients' packets for keys connected there
-//! (`forwardPacket`). The serving half (answering other nodes' links) is
-//! the shard's ordinary handling of mesh clients.
-//!
-//! One thread drives every link: a `mio` poll over the links' sockets,
-//! rustls for TLS, and the sans-IO DERP client ([`ferry_proto::client`])
-//! for the protocol. It never blocks a shard and is never blocked by one:
-//!
-//! - what a link learns (peerPresent, peerGone, the link breaking) goes to
-//!   the shards as [`Control::Mesh`] messages, to each key's owner shard,
-//!   which keeps the forwarding table (see `shard/forward.rs`);
-//! - packets come the other way through one bounded byte ring per (link,
-//!   shard), already framed as forwardPacket; the thread takes from a ring
-//!   only while the link's socket keeps up, so a slow link fills its rings
-//!   and the shards pause the senders feeding it.
-//!
-//! A link that fails (refused, TLS error, wrong mesh key, silence past the
-//! keepalive limit, the peer restarting) is logged with its reason, its
-//! keys leave the table at once, and it is dialed again after a backoff
-//! (1 s doubling to 10 s, ±20 % jitter from a seeded source). A link whose
-//! server key is this relay's own is this node listed in its own
-//! `--mesh-with`: it is dropped for good, as derper does.
-//!
-//! TLS to mesh peers is always verified, against the system's roots
-//! (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured), with the TLS name
-//! and `Host` header from the entry's name, as derper does.
+//! The mesh thread: one `mio` poll over every link's socket, dialing
+//! with backoff, pinging, handing what the links learn to the owner
+//! shards, and moving the shards' forwardPacket rings into the links.
 
-use std::collections::HashSet;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::io;
+use std::net::ToSocketAddrs;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_engine::mailbox::ByteRx;
-use ferry_engine::stat::exposition::{Exposition, Family, Kind};
-use ferry_proto::client::{Client, ClientError, Config, Event};
+use ferry_proto::client::{Client, Config, Event};
 use ferry_proto::handshake::ClientInfo;
-use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
+use ferry_proto::key::{MeshKey, NodePrivate};
 use ferry_proto::nacl;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -48,8 +20,11 @@ use rand::{Rng, SeedableRng};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection};
 
+use super::conn::{describe, MeshConn};
+use super::peer::{Announced, MeshPeerState, Presence};
+use super::stats::{MeshPeerStats, MeshStats};
+use super::MESH_LINK_MAX_KEYS;
 use crate::config::MeshPeer;
-use crate::metrics::{write_counter, write_gauge};
 use crate::shard::{Control, MeshNews, Shared};
 
 /// First wait before dialing a failed link again.
@@ -75,149 +50,6 @@ const PUMP_BUDGET: usize = 4 * 1024 * 1024;
 /// The poll's longest sleep (the stop flag is also checked then).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 const WAKER: Token = Token(usize::MAX);
-/// Most keys one link's peer may have announced at once. A peer past it
-/// (a bug, or a compromised node that holds the mesh key) would otherwise
-/// grow this thread's set, the shards' inboxes and their forwarding tables
-/// without bound; its further new keys are dropped and counted
-/// (`ferry_mesh_link_refused_keys_total`), and logged once per link. A
-/// million clients is far beyond one relay node: derper's busiest nodes
-/// hold tens of thousands.
-pub const MESH_LINK_MAX_KEYS: usize = 1 << 20;
-
-/// Counters of one mesh peer and the connection to it, for the metrics
-/// page.
-#[derive(Default)]
-pub struct MeshPeerStats {
-    up: AtomicBool,
-    keys: AtomicI64,
-    connects: AtomicU64,
-    failures: AtomicU64,
-    discarded: AtomicU64,
-    refused_keys: AtomicU64,
-}
-
-/// The keys one link's peer announced, at most `cap` of them.
-struct Announced {
-    keys: HashSet<NodePublic>,
-    cap: usize,
-    /// The cap was logged (once per link, across its connections).
-    warned: bool,
-}
-
-/// What a peerPresent means for the link's set.
-#[derive(Debug, PartialEq, Eq)]
-enum Presence {
-    /// A new key: the owner shard hears of it.
-    New,
-    /// Announced already: nothing changes.
-    Known,
-    /// New, but the set is full: dropped. `first` on the link's first.
-    OverCap { first: bool },
-}
-
-impl Announced {
-    fn new(cap: usize) -> Announced {
-        Announced {
-            keys: HashSet::new(),
-            cap,
-            warned: false,
-        }
-    }
-
-    fn present(&mut self, key: NodePublic) -> Presence {
-        if self.keys.contains(&key) {
-            Presence::Known
-        } else if self.keys.len() >= self.cap {
-            Presence::OverCap {
-                first: !std::mem::replace(&mut self.warned, true),
-            }
-        } else {
-            self.keys.insert(key);
-            Presence::New
-        }
-    }
-}
-
-/// The links' counters, rendered as `ferry_mesh_*` metrics.
-pub struct MeshStats {
-    peers: Vec<(String, Arc<MeshPeerStats>)>,
-}
-
-impl MeshStats {
-    /// Writes the per-link metrics.
-    pub fn render(&self, w: &mut String) {
-        let series = |w: &mut String,
-                      name: &str,
-                      help: &str,
-                      kind: Kind,
-                      f: &dyn Fn(&MeshPeerStats) -> i64| {
-            let mut w = Exposition::new(w);
-            let mut samples = w.family(&Family::new(name, help, kind).labels(&["peer"]));
-            for (peer, s) in &self.peers {
-                samples.sample(&[peer], f(s));
-            }
-        };
-        series(
-            w,
-            "ferry_mesh_link_up",
-            "Whether the mesh link to the peer is connected (1) or not (0).",
-            Kind::Gauge,
-            &|s| s.up.load(Ordering::Relaxed).into(),
-        );
-        series(
-            w,
-            "ferry_mesh_link_keys",
-            "Keys the mesh peer announced on the link now.",
-            Kind::Gauge,
-            &|s| s.keys.load(Ordering::Relaxed),
-        );
-        series(
-            w,
-            "ferry_mesh_link_connects_total",
-            "Mesh link handshakes completed.",
-            Kind::Counter,
-            &|s| s.connects.load(Ordering::Relaxed) as i64,
-        );
-        series(
-            w,
-            "ferry_mesh_link_failures_total",
-            "Mesh link dials that failed or links that broke.",
-            Kind::Counter,
-            &|s| s.failures.load(Ordering::Relaxed) as i64,
-        );
-        series(
-            w,
-            "ferry_mesh_link_discarded_packets_total",
-            "forwardPacket frames discarded because the link was down.",
-            Kind::Counter,
-            &|s| s.discarded.load(Ordering::Relaxed) as i64,
-        );
-        series(
-            w,
-            "ferry_mesh_link_refused_keys_total",
-            "peerPresent announcements dropped because the link's peer had announced the most keys a link may hold.",
-            Kind::Counter,
-            &|s| s.refused_keys.load(Ordering::Relaxed) as i64,
-        );
-        let up = self
-            .peers
-            .iter()
-            .filter(|(_, s)| s.up.load(Ordering::Relaxed))
-            .count();
-        write_gauge(
-            w,
-            "ferry_mesh_links_up",
-            "Mesh links connected now.",
-            up as i64,
-        );
-        write_counter(
-            w,
-            "ferry_mesh_links_configured",
-            "Mesh peers configured with --mesh-with.",
-            self.peers.len() as u64,
-        );
-    }
-}
 
 /// Everything the mesh thread needs, made before it starts.
 pub struct MeshThread {
@@ -450,6 +282,7 @@ impl MeshThread {
         let mut config = Config::new(self.key.clone(), peer.host_header());
         config.info = ClientInfo {
             mesh_key: Some(self.mesh_key.clone()),
+            ferry_mesh: ferry_proto::mesh_session::VERSION,
             ..config.info
         };
         config.keepalive_timeout = SILENCE;
@@ -568,7 +401,7 @@ impl MeshThread {
         let shards = self.rx[i].len();
         let state = &mut self.peers[i];
         match ev {
-            Event::Connected { server_key, .. } => {
+            Event::Connected { server_key, info } => {
                 if server_key == own {
                     tracing::info!(peer = %state.peer, "mesh: the peer is this relay (same server key); not meshing with it");
                     state.is_self = true;
@@ -577,6 +410,12 @@ impl MeshThread {
                     }
                     return;
                 }
+                // A Ferry peer answers the mesh extension it was asked
+                // for; derper (or an older Ferry) says nothing of it.
+                let ferry = info
+                    .ferry_mesh
+                    .is_some_and(|m| m.version >= ferry_proto::mesh_session::VERSION);
+                state.stats.ferry.store(ferry, Ordering::Relaxed);
                 let c = state.conn.as_mut().expect("a connection");
                 if let Err(e) = c.client.watch_conns(&mut c.out) {
                     let why = describe(&e);
@@ -672,6 +511,7 @@ impl MeshThread {
         state.backoff = (state.backoff * 2).min(BACKOFF_MAX);
         state.stats.failures.fetch_add(1, Ordering::Relaxed);
         state.stats.up.store(false, Ordering::Relaxed);
+        state.stats.ferry.store(false, Ordering::Relaxed);
         state.stats.keys.store(0, Ordering::Relaxed);
         let forgot = state.announced.keys.len();
         state.announced.keys.clear();
@@ -709,162 +549,5 @@ impl MeshThread {
                 .discarded
                 .fetch_add(n, Ordering::Relaxed);
         }
-    }
-}
-
-/// One configured mesh peer: its counters, the connection to it (if
-/// any) and when to dial again.
-struct MeshPeerState {
-    peer: MeshPeer,
-    stats: Arc<MeshPeerStats>,
-    conn: Option<MeshConn>,
-    /// When to dial again (while there is no connection).
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    /// The peer is this relay: never dialed again.
-    is_self: bool,
-    /// Keys the peer announced on this connection.
-    announced: Announced,
-    /// Dials since the last successful handshake.
-    attempts: u32,
-}
-
-/// The connection to one mesh peer: the socket, TLS and the DERP client
-/// watching its keys.
-struct MeshConn {
-    sock: TcpStream,
-    addr: SocketAddr,
-    tls: ClientConnection,
-    client: Client,
-    /// The TCP connect has not completed.
-    connecting: bool,
-    /// The DERP handshake is done and watchConns sent.
-    up: bool,
-    /// When the peer's first peerPresent arrived (it accepted the mesh
-    /// key): the link counts as up from then.
-    accepted: Option<Instant>,
-    /// When to ping the peer next (once connected).
-    next_ping: Option<Instant>,
-    /// Plaintext waiting for TLS, from `sent` on.
-    out: Vec<u8>,
-    sent: usize,
-}
-
-impl MeshConn {
-    /// Reads what the socket has, collecting the client's events.
-    fn read(
-        &mut self,
-        now: Instant,
-        buf: &mut [u8],
-        events: &mut Vec<Event>,
-    ) -> Result<(), String> {
-        loop {
-            match self.tls.read_tls(&mut self.sock) {
-                Ok(0) => {
-                    return match self.client.handle_eof(|ev| events.push(ev.into_owned())) {
-                        Ok(()) => Err("the peer closed the connection".into()),
-                        Err(e) => Err(describe(&e)),
-                    }
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("read: {e}")),
-            }
-            if let Err(e) = self.tls.process_new_packets() {
-                // Send the alert, if any, before giving up.
-                let _ = self.tls.write_tls(&mut self.sock);
-                return Err(format!("TLS: {e}"));
-            }
-            loop {
-                match self.tls.reader().read(buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        self.client
-                            .handle_bytes(now, &buf[..n], |ev| events.push(ev.into_owned()))
-                            .map_err(|e| describe(&e))?;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(format!("TLS read: {e}")),
-                }
-            }
-        }
-    }
-
-    /// Plaintext bytes waiting for TLS.
-    fn pending(&self) -> usize {
-        self.out.len() - self.sent
-    }
-
-    /// Moves queued plaintext into TLS and TLS records into the socket,
-    /// as far as the socket takes them. `Ok(true)` when the socket pushed
-    /// back (a writable edge follows), `Ok(false)` when everything queued
-    /// went out or TLS waits for something else (its handshake).
-    fn write(&mut self) -> io::Result<bool> {
-        self.client.poll_transmit(&mut self.out);
-        loop {
-            let mut progress = false;
-            if self.sent < self.out.len() {
-                let n = self.tls.writer().write(&self.out[self.sent..])?;
-                self.sent += n;
-                progress |= n > 0;
-            }
-            if self.sent == self.out.len() {
-                self.out.clear();
-                self.sent = 0;
-            }
-            while self.tls.wants_write() {
-                match self.tls.write_tls(&mut self.sock) {
-                    Ok(n) => progress |= n > 0,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            if self.out.is_empty() || !progress {
-                return Ok(false);
-            }
-        }
-    }
-}
-
-/// A client error as a log reason, with a hint where one helps.
-fn describe(e: &ClientError) -> String {
-    match e {
-        ClientError::ClosedDuringHandshake { .. } => {
-            format!("{e} (a wrong mesh key, or the peer refused this relay)")
-        }
-        other => other.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_link_holds_at_most_its_cap_of_announced_keys() {
-        let mut a = Announced::new(3);
-        let keys: Vec<NodePublic> = (0..6u8).map(|i| NodePublic::from_bytes([i; 32])).collect();
-        let got: Vec<Presence> = keys.iter().map(|&k| a.present(k)).collect();
-        assert_eq!(
-            got,
-            [
-                Presence::New,
-                Presence::New,
-                Presence::New,
-                Presence::OverCap { first: true },
-                Presence::OverCap { first: false },
-                Presence::OverCap { first: false },
-            ]
-        );
-        assert_eq!(a.keys.len(), 3);
-        // Announced again: known, not refused, nothing to post.
-        assert_eq!(a.present(keys[1]), Presence::Known);
-        // Room again after a peerGone; the warning stays said.
-        assert!(a.keys.remove(&keys[0]));
-        assert_eq!(a.present(keys[4]), Presence::New);
-        assert_eq!(a.present(keys[5]), Presence::OverCap { first: false });
-        assert_eq!(a.keys.len(), 3);
     }
 }
