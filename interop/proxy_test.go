@@ -53,7 +53,10 @@ func startHaproxy(t *testing.T, target int, frontends []haFrontend) *haproxy {
 	}
 	h := &haproxy{ports: map[string]int{}}
 	var cfg strings.Builder
-	cfg.WriteString("global\n  maxconn 1000\ndefaults\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n")
+	// One log line per connection on stderr (shown when a test fails): its
+	// termination state says which side ended it and when.
+	cfg.WriteString("global\n  maxconn 1000\n  log stderr format raw local0 info\n" +
+		"defaults\n  log global\n  option tcplog\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n")
 	for _, f := range frontends {
 		port := freePort(t, "tcp")
 		h.ports[f.name] = port
