@@ -208,3 +208,40 @@ fn every_name_on_the_page_exists() {
         "only {checked} names checked: the page's format changed?"
     );
 }
+
+/// No source file over 1,000 lines: a file that long holds more than one
+/// concern, and the next change to it should split it.
+#[test]
+fn no_source_file_is_over_1000_lines() {
+    const SKIP: &[&str] = &[".git", "target", "corpus", "artifacts"];
+    // Downloaded programs and sources, and stored benchmark output.
+    const NOT_OURS: &[&str] = &["interop/bin", "bench/bin", "bench/results"];
+    const CODE: &[&str] = &["rs", "go", "py", "sh"];
+    let mut long = Vec::new();
+    let mut seen = 0;
+    let mut dirs = vec![root()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                let not_ours = NOT_OURS.iter().any(|d| path.ends_with(d));
+                if !not_ours && !SKIP.iter().any(|s| entry.file_name() == *s) {
+                    dirs.push(path);
+                }
+            } else if path
+                .extension()
+                .is_some_and(|e| CODE.iter().any(|c| e == *c))
+            {
+                seen += 1;
+                let lines = read(&path).lines().count();
+                if lines > 1000 {
+                    let rel = path.strip_prefix(root()).unwrap().display().to_string();
+                    long.push(format!("{rel}: {lines} lines"));
+                }
+            }
+        }
+    }
+    assert!(seen > 100, "the walk found only {seen} source files");
+    assert!(long.is_empty(), "split these by concern: {long:?}");
+}

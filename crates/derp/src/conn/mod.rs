@@ -29,9 +29,11 @@ use ferry_engine::limit::Bucket;
 
 pub use ferry_proto::server::{Action, Caps, Queued, Reader, ServerConn, Timeout};
 pub use input::{Gate, Hold, Input};
+pub use states::{AckedMark, Phase, ProxyPrelude};
 pub use tally::Tally;
 
 mod input;
+mod states;
 mod tally;
 
 /// A reference to a connection on some shard.
@@ -43,53 +45,6 @@ pub struct ConnRef {
     pub slot: Slot,
     /// Generation of the connection in that slot.
     pub gen: u32,
-}
-
-/// Where a connection is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Reading the HTTP request head (after TLS, if any).
-    Http,
-    /// Upgraded; waiting for the clientInfo frame.
-    ClientInfo,
-    /// clientInfo read; waiting for the admission verdict.
-    Admitting,
-    /// Handshake done; waiting to move to the shard that owns its key.
-    Migrating,
-    /// Registered and relaying.
-    Active,
-    /// A plain HTTP response is being written; the connection then closes.
-    Responding,
-}
-
-/// What the first bytes of a connection must (not) hold on a listener that
-/// speaks the PROXY protocol (`--proxy-protocol`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProxyPrelude {
-    /// Nothing to check: no PROXY protocol, or checked already.
-    Done,
-    /// From a trusted proxy: a PROXY header must come first.
-    Expect,
-    /// From anyone else: the first bytes must not be a PROXY header.
-    Refuse,
-}
-
-/// A connection's acknowledged-bytes reading in a hold of its senders
-/// (see the shard's backpressure).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AckedMark {
-    /// Not read yet in this hold.
-    NotRead,
-    /// Read, but the back end cannot tell how far the peer has read.
-    Unknown,
-    /// Read: the socket's acknowledged bytes then.
-    Bytes(u64),
-}
-
-impl From<Option<u64>> for AckedMark {
-    fn from(acked: Option<u64>) -> AckedMark {
-        acked.map_or(AckedMark::Unknown, AckedMark::Bytes)
-    }
 }
 
 /// A client connection.
