@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"ferry.invalid/interop/derpserver"
+	"ferry.invalid/interop/testcert"
 )
 
 // Relay kinds.
@@ -262,40 +263,11 @@ func procCPUSeconds(pid int) (float64, error) {
 // CA is a throw-away certificate authority for a region's relays: each
 // relay's certificate is signed by it and everyone (relays dialing each
 // other, tailscaled) trusts it through SSL_CERT_FILE.
-type CA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	File string // PEM of the CA certificate
-}
+type CA = testcert.CA
 
-// newCA writes the CA certificate as dir/ca.pem.
+// newCA writes the region's CA certificate as dir/ca.pem.
 func newCA(dir string) (*CA, error) {
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "ferry e2e region CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	file := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		return nil, err
-	}
-	return &CA{cert: cert, key: priv, File: file}, nil
+	return testcert.NewCA(dir, "ferry e2e region CA")
 }
 
 // writeCert writes an ECDSA certificate for host (and ip) as dir/host.crt
@@ -327,7 +299,7 @@ func writeCert(dir, host, ip string, ca *CA) (string, error) {
 	if ca != nil {
 		tmpl.IsCA = false
 		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		parent, signer = ca.cert, ca.key
+		parent, signer = ca.Cert, ca.Key
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &priv.PublicKey, signer)
 	if err != nil {
