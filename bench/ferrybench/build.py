@@ -28,8 +28,22 @@ def binaries(args):
             run(["bash", ".ci/setup.d/10-derper.sh"], cwd=ROOT)
     if DERPER.exists() and not derper_is_current(DERPER):
         raise SystemExit(f"bench: {DERPER} is not derper {DERPER_VERSION}")
+    if not args.no_build or not DERPLOAD.exists():
+        build_derpload()
     out = target_dir(args.profile)
-    return {"ferry": out / "ferry", "ferry-bench": out / "ferry-bench", "derper": DERPER}
+    return {"ferry": out / "ferry", "ferry-bench": out / "ferry-bench", "derper": DERPER, "derpload": DERPLOAD}
+
+
+# The independent load generator (the clients suite): Tailscale's derphttp
+# client, from the same pinned module as derper.
+DERPLOAD = ROOT / "interop" / "bin" / "derpload"
+
+
+def build_derpload():
+    mod = ROOT / "interop" / "reference"
+    go_line = next(l.split()[1] for l in (mod / "go.mod").read_text().splitlines() if l.startswith("go "))
+    env = dict(os.environ, GOTOOLCHAIN=f"go{go_line}")
+    run(["go", "build", "-o", str(DERPLOAD), "./cmd/derpload"], cwd=mod, env=env)
 
 
 def derper_is_current(path):

@@ -91,6 +91,40 @@ class Context:
         self.records.append(rec)
         return report
 
+    def derpload(self, server, suite, point, repeat, extra):
+        """Runs the independent generator (derpload: Tailscale's DERP client
+        over Go's crypto/tls) once against `server` and records it; a failed
+        run is retried once."""
+        name = f"{suite}/{server.name}-{'tls' if server.tls else 'plain'}-{point}-r{repeat}"
+        raw = self.out / "raw" / f"{name}.json"
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        dial = f"127.0.0.1:{server.port}"
+        cmd = self.pin(self.args.client_cpus) + [str(self.bins["derpload"]), "-dial", dial,
+                                                 "-server-pid", str(server.proc.pid)]
+        cmd += ["-url", f"https://localhost:{server.port}/derp", "-ca", str(server.ca)] if server.tls else \
+            ["-url", f"http://{dial}/derp"]
+        report, error, attempts = None, None, 0
+        for attempts in (1, 2):
+            p = subprocess.run(cmd + extra, capture_output=True, text=True)
+            if p.returncode == 0:
+                result = json.loads(p.stdout)
+                result["mode"] = "clients"
+                report = {"result": result, "server": {"cpu_util": result.get("server_cores")}}
+                error = None
+                log(f"{name}: {result['delivered_mbps']:.0f} Mbit/s, server {result.get('server_cores', 0):.2f} cores, "
+                    f"{result.get('server_core_s_per_gbit', 0):.3f} core-s/Gbit{', ' + result['cipher'] if result.get('cipher') else ''}")
+                break
+            error = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+            log(f"{name}: FAILED: {error}")
+        rec = {"suite": suite, "server": server.name, "transport": "tls" if server.tls else "plain", "point": point,
+               "repeat": repeat, "attempts": attempts, "error": error,
+               "raw": str(raw.relative_to(self.out)) if report else None, "report": report}
+        if report:
+            report["bench"] = {k: rec[k] for k in ("suite", "server", "transport", "point", "repeat", "attempts")}
+            raw.write_text(json.dumps(report, indent=1) + "\n")
+        self.records.append(rec)
+        return report
+
 
 # Modes whose figure is the server's memory growth over the run.
 FRESH_SERVER_MODES = ("idle",)

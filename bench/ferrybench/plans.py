@@ -38,6 +38,7 @@ PLANS = {
         "churn": {"servers": ["ferry", "derper"], "duration": "1s", "transports": ["plain", "tls"], "keys": 256},
         "stuck": STUCK_PLAN | {"counts": [3]},
         "mesh": {"servers": ["ferry", "derper"], "rates": [None], "ping_loads": [0]},
+        "clients": {"servers": ["ferry", "derper"]},
     },
     "full": {
         "repeats": 3,
@@ -60,6 +61,7 @@ PLANS = {
         "churn": {"servers": ["ferry", "derper"], "duration": "4s", "transports": ["plain", "tls"], "keys": 4096},
         "stuck": STUCK_PLAN | {"counts": [0, 3]},
         "mesh": {"servers": ["ferry", "derper"], "rates": [MESH_PACED, None], "ping_loads": [0]},
+        "clients": {"servers": ["ferry", "derper"]},
     },
 }
 

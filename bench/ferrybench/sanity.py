@@ -19,6 +19,11 @@ def insane(report):
             return f"{asked} stuck receivers asked for, none reported"
         if stuck and not (stuck["peers"] == asked and stuck["cut_off"] + stuck["held"] == asked):
             return f"stuck receivers miscounted ({stuck})"
+    elif m == "clients":
+        if not (res["delivered_mbps"] > 0 and res["packets"] > 0 and res.get("server_cores", 0) > 0):
+            return "nothing delivered, or the server's CPU not measured"
+        if res["send_errors"]:
+            return f"{res['send_errors']} senders failed"
     elif m == "latency":
         q = res["rtt_us"]
         if not (res["pongs_received"] > 0 and q["min"] <= q["p50"] <= q["p99"] <= q["p999"] <= q["max"]):

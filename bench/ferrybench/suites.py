@@ -133,6 +133,20 @@ def mesh_ping_point(load):
     return "rtt" if not load else f"rtt+{load}M"
 
 
+def suite_clients(ctx):
+    """Tailscale's own DERP client as the load (derpload: derphttp over Go's
+    crypto/tls, each packet flushed on its own as tailscaled does), beside
+    ferry-bench's: delivered rate and the server's CPU per gigabit, plain
+    and TLS, Ferry and derper."""
+    p = ctx.plan["clients"]
+    for rep in range(ctx.plan["repeats"]):
+        for transport in ctx.transports:
+            for name in p["servers"]:
+                with Server(ctx, name, transport == "tls") as srv:
+                    ctx.derpload(srv, "clients", "max", rep, ["-n", str(PEERS), "-size", str(SIZE),
+                                                             "-warmup", ctx.plan["warmup"], "-d", ctx.plan["window"]])
+
+
 SUITES = {
     "rate": suite_rate,
     "latency": suite_latency,
@@ -141,4 +155,5 @@ SUITES = {
     "churn": suite_churn,
     "stuck": suite_stuck,
     "mesh": suite_mesh,
+    "clients": suite_clients,
 }

@@ -31,7 +31,7 @@ def points_of(records, suite):
 
 def summarize(ctx):
     rec = ctx.records
-    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}, "mesh": {}}
+    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}, "mesh": {}, "clients": {}}
     tp = lambda r: r["result"]["delivered_mbps"]  # noqa: E731
     for transport in ("plain", "tls"):
         for name in SERVERS:
@@ -107,6 +107,14 @@ def summarize(ctx):
                         "connect_rate": stat(values(rec, "idle", name, transport, point, lambda r: r["result"]["connect_rate"])),
                         "conns": int(point),
                     }
+            d = stat(values(rec, "clients", name, transport, "max", tp))
+            if d:
+                s["clients"].setdefault(transport, {})[name] = {
+                    "delivered_mbps": d,
+                    "server_cores": stat(values(rec, "clients", name, transport, "max", lambda r: r["result"]["server_cores"])),
+                    "core_s_per_gbit": stat(values(rec, "clients", name, transport, "max",
+                                                   lambda r: r["result"]["server_core_s_per_gbit"])),
+                }
             h = stat(values(rec, "churn", name, transport, "max", lambda r: r["result"]["handshakes_per_s"]))
             if h:
                 s["churn"].setdefault(transport, {})[name] = {
