@@ -213,15 +213,13 @@ def markdown(ctx, s, machine):
         w(f"## Tailscale's own client as the load — {PEERS} peers / {PEERS // 2} pairs, {SIZE} B, unpaced\n")
         w(f"derpload: tailscale.com {DERPER_VERSION}'s derphttp client over Go's crypto/tls, one flush (one TLS "
           "record) per packet, as tailscaled sends. On these cores the generator, not the server, is the limit: "
-          "the server's CPU per gigabit is the figure to compare, and plain/TLS of it is what TLS costs.\n")
-        w("| Transport | Server | Delivered Mbit/s | Server cores | Server core-s per Gbit | TLS cost (plain/TLS per Gbit) |")
-        w("|---|---|---|---|---|---|")
+          "the server's CPU per gigabit is the figure to compare.\n")
+        w("| Transport | Server | Delivered Mbit/s | Server cores | Server core-s per Gbit |")
+        w("|---|---|---|---|---|")
         for transport, by in cl.items():
             for n, v in by.items():
-                plain = (cl.get("plain", {}).get(n) or {}).get("core_s_per_gbit")
-                share = ratio(plain, v["core_s_per_gbit"]) if transport == "tls" else "–"
                 w(f"| {transport} | {SERVERS[n]['label']} | {fmt(v['delivered_mbps'])} | {fmt(v['server_cores'], 2)} | "
-                  f"{fmt(v['core_s_per_gbit'], 3)} | {share} |")
+                  f"{fmt(v['core_s_per_gbit'], 3)} |")
         w("")
     return "\n".join(out)
 
