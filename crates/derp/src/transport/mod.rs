@@ -283,7 +283,8 @@ impl Transport {
     /// whatever the transport has to write of its own: as they are (plain
     /// TCP and kernel TLS; with only data queued and `out` empty, the
     /// queue itself becomes the send buffer, no copy), sealed into records
-    /// in `out` (Ferry's record layer: one copy), or through rustls.
+    /// in `out` (Ferry's record layer: encrypted from the queue in one
+    /// pass), or through rustls.
     /// `Err`: the transmit key is worn and cannot be renewed; what was
     /// sealed ends with a close_notify, and nothing more is sent.
     pub fn write(&mut self, derp: &mut ServerConn, out: &mut Vec<u8>) -> Result<(), LimitReached> {
