@@ -36,6 +36,10 @@
 //! In manual mode with a DNS hostname, a ClientHello naming another host is
 //! refused (the handshake fails before any certificate is sent); a ClientHello
 //! without SNI is served, since clients dialling an IP literal send none.
+//!
+//! Among the cipher suites a client offers, the server picks the one its
+//! CPU encrypts cheapest, not the client's first
+//! ([`crate::transport::suites`]).
 
 mod acme;
 mod manual;
@@ -62,6 +66,7 @@ pub use acme::{AcmeState, ACME_TLS_ALPN};
 pub use meta::{META_CN_PREFIX, META_SERIAL};
 pub use reload::CertReloader;
 
+use crate::transport::suites;
 use resolver::{ChainResolver, SniPolicy};
 
 /// Where the DERP listener's certificate comes from.
@@ -246,7 +251,9 @@ pub enum CertError {
 /// `server_public` is the server's DERP node public key; it goes into the
 /// meta-certificate, so it must be the real key or fast-start clients fail.
 pub fn server_config(mode: &CertMode, server_public: [u8; 32]) -> Result<CertSetup, CertError> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(suites::cheapest_first(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ));
     let meta = meta::meta_certificate(&server_public, time::OffsetDateTime::now_utc())?;
 
     if let CertMode::Acme { hostname } = mode {
@@ -363,6 +370,8 @@ fn build_config(
     // Empty already; kept explicit because offering `h2` would let clients
     // negotiate HTTP/2, on which `/derp` cannot be upgraded.
     config.alpn_protocols.clear();
+    // The server, not the client, picks what its CPU encrypts cheapest.
+    suites::prefer_cheapest(&mut config);
     Ok(config)
 }
 

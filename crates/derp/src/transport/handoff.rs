@@ -281,24 +281,32 @@ pub(crate) fn negotiated(common: &CommonState) -> Result<(Version, Cipher, u64),
         _ => return Err(unsupported()),
     };
     let suite = common.negotiated_cipher_suite().ok_or_else(unsupported)?;
-    let cipher = match suite.suite() {
-        CipherSuite::TLS13_AES_128_GCM_SHA256
-        | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
-        | CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => Cipher::Aes128Gcm,
-        CipherSuite::TLS13_AES_256_GCM_SHA384
-        | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
-        | CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => Cipher::Aes256Gcm,
-        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
-        | CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
-        | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => Cipher::Chacha20Poly1305,
-        _ => return Err(unsupported()),
-    };
+    let cipher = cipher_of(suite.suite()).ok_or_else(unsupported)?;
     let common = match suite {
         SupportedCipherSuite::Tls12(s) => &s.common,
         SupportedCipherSuite::Tls13(s) => &s.common,
     };
     let limit = common.confidentiality_limit / 2;
     Ok((version, cipher, limit))
+}
+
+/// The AEAD of a TLS 1.3 or TLS 1.2 cipher suite (`None`: one neither
+/// record layer after a hand-off carries).
+pub(crate) fn cipher_of(suite: CipherSuite) -> Option<Cipher> {
+    match suite {
+        CipherSuite::TLS13_AES_128_GCM_SHA256
+        | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        | CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => Some(Cipher::Aes128Gcm),
+        CipherSuite::TLS13_AES_256_GCM_SHA384
+        | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+        | CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => Some(Cipher::Aes256Gcm),
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+        | CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+        | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => {
+            Some(Cipher::Chacha20Poly1305)
+        }
+        _ => None,
+    }
 }
 
 /// Reads a TLS 1.3 post-handshake record that must hold exactly one

@@ -2,7 +2,9 @@
 //! userspace ([`rustls`]), TLS 1.3 whose record layer moved
 //! to Ferry's own after the handshake ([`records`]), or TLS whose record
 //! layer moved into the kernel ([`kernel`]). Both moves leave rustls at a
-//! record boundary the same way ([`handoff`]).
+//! record boundary the same way ([`handoff`]). Which cipher suite a
+//! session gets, where the client leaves it free, is the server's choice
+//! ([`suites`]).
 //!
 //! One enum instead of a set of `Option`s, so that a connection is always
 //! exactly one of them: a TLS connection starts in [`Transport::Rustls`]
@@ -28,6 +30,7 @@ pub mod handoff;
 pub mod kernel;
 pub mod records;
 pub mod rustls;
+pub mod suites;
 pub mod websocket;
 
 use std::io;
@@ -283,7 +286,8 @@ impl Transport {
     /// whatever the transport has to write of its own: as they are (plain
     /// TCP and kernel TLS; with only data queued and `out` empty, the
     /// queue itself becomes the send buffer, no copy), sealed into records
-    /// in `out` (Ferry's record layer: one copy), or through rustls.
+    /// in `out` (Ferry's record layer: encrypted from the queue in one
+    /// pass), or through rustls.
     /// `Err`: the transmit key is worn and cannot be renewed; what was
     /// sealed ends with a close_notify, and nothing more is sent.
     pub fn write(&mut self, derp: &mut ServerConn, out: &mut Vec<u8>) -> Result<(), LimitReached> {

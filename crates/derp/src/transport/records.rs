@@ -16,9 +16,12 @@
 //!   are handled as RFC 8446 §5 and §6 ask ([`RecordFailure::alert`]);
 //!   as in rustls, more than 32 records without content in a row end the
 //!   connection.
-//! - **Send**: the queued frames are copied once into the send buffer
-//!   behind a header, in full 16 KiB records where the queue has that much,
-//!   sealed in place, and the tag appended.
+//! - **Send**: the queued frames are encrypted straight from the queue into
+//!   the send buffer (one pass, no copy of the plaintext first), in full
+//!   16 KiB records where the queue has that much; the content type byte
+//!   and the tag follow. Only a record that spans two of the queue's parts
+//!   (control, disco, data) is gathered into the send buffer first and
+//!   sealed in place.
 //! - **KeyUpdate and the record limit**: as for a kernel session started
 //!   from rustls's buffered connection, which keeps no key schedule
 //!   ([`super::kernel`], "Buffered or unbuffered rustls"): a peer's KeyUpdate
@@ -345,28 +348,48 @@ impl RecordLayer {
         }
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let records = total.div_ceil(MAX_PLAINTEXT);
-        buf.reserve(total + records * (HEADER_LEN + 1 + TAG_LEN));
+        let mut at = buf.len();
+        // The records' room, zeroed once: the cipher writes into it
+        // straight from the queue.
+        buf.resize(at + total + records * RECORD_OVERHEAD, 0);
+        let mut queue = Queue::new(parts);
         let mut left = total;
-        let mut parts = parts.iter().copied().filter(|p| !p.is_empty());
-        let mut part: &[u8] = &[];
         while left > 0 {
             let len = left.min(MAX_PLAINTEXT);
-            let start = buf.len();
-            buf.extend_from_slice(&tls13::header_for(len));
-            let mut need = len;
-            while need > 0 {
-                if part.is_empty() {
-                    part = parts.next().expect("parts hold `total` bytes");
+            let record = &mut buf[at..at + len + RECORD_OVERHEAD];
+            at += record.len();
+            let (header, rest) = record.split_at_mut(HEADER_LEN);
+            header.copy_from_slice(&tls13::header_for(len));
+            let (body, type_and_tag) = rest.split_at_mut(len);
+            let nonce = self.tx.next_nonce();
+            let aad = Aad::from(&*header);
+            let sealed = match queue.whole(len) {
+                // The common case: the record's plaintext lies in one
+                // part; it is encrypted where it lies, in one pass.
+                Some(plain) => self.tx.key.seal_out_of_place_scatter(
+                    nonce,
+                    aad,
+                    plain,
+                    body,
+                    &[content_type::APPLICATION_DATA],
+                    type_and_tag,
+                ),
+                // A record that spans parts is gathered first.
+                None => {
+                    queue.gather(body);
+                    self.tx.key.seal_in_place_scatter(
+                        nonce,
+                        aad,
+                        body,
+                        &[content_type::APPLICATION_DATA],
+                        type_and_tag,
+                    )
                 }
-                let n = need.min(part.len());
-                buf.extend_from_slice(&part[..n]);
-                part = &part[n..];
-                need -= n;
-            }
-            buf.push(content_type::APPLICATION_DATA);
-            self.seal_record(buf, start);
+            };
+            sealed.expect("a record within the AEAD's size limit");
             left -= len;
         }
+        debug_assert_eq!(at, buf.len());
         match handoff::past_record_limit(self.tx.seq, self.tx_limit, false) {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -433,6 +456,51 @@ impl RecordLayer {
         buf.push(ty);
         buf.extend(std::iter::repeat_n(0, padding));
         self.seal_record(buf, start);
+    }
+}
+
+/// Bytes a record adds to its content: header, content type, tag.
+const RECORD_OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
+
+/// The queued frames as one stream, taken a record at a time.
+struct Queue<'a> {
+    parts: [&'a [u8]; 3],
+    /// The part being taken from (the ones before it are used up).
+    at: usize,
+}
+
+impl<'a> Queue<'a> {
+    fn new(parts: [&'a [u8]; 3]) -> Self {
+        Queue { parts, at: 0 }
+    }
+
+    /// The next `len` bytes where they lie in one part, taken; `None`
+    /// (nothing taken) when they span parts.
+    fn whole(&mut self, len: usize) -> Option<&'a [u8]> {
+        while self.at < self.parts.len() && self.parts[self.at].is_empty() {
+            self.at += 1;
+        }
+        let part: &'a [u8] = self.parts.get(self.at)?;
+        let (head, rest) = part.split_at_checked(len)?;
+        self.parts[self.at] = rest;
+        Some(head)
+    }
+
+    /// Fills `out` with the next bytes, across parts. The queue must hold
+    /// that many.
+    fn gather(&mut self, mut out: &mut [u8]) {
+        while !out.is_empty() {
+            let part: &'a [u8] = self.parts[self.at];
+            let n = out.len().min(part.len());
+            let (head, rest) = part.split_at(n);
+            let (dst, more) = out.split_at_mut(n);
+            dst.copy_from_slice(head);
+            self.parts[self.at] = rest;
+            out = more;
+            if rest.is_empty() {
+                self.at += 1;
+            }
+        }
     }
 }
 
@@ -641,6 +709,61 @@ mod tests {
                 let got = client_reads(&mut c, &buf).unwrap();
                 assert_eq!(got, parts.concat(), "{s:?} round {round}");
             }
+        }
+    }
+
+    /// A record's plaintext that lies in one part is handed out where it
+    /// lies (the cipher reads it there: no copy); one that spans parts is
+    /// not, and is gathered in order.
+    #[test]
+    fn the_queue_lends_records_within_a_part_and_gathers_the_rest() {
+        let (ctrl, data) = (b"ctrl".to_vec(), vec![9u8; 100]);
+        let mut queue = Queue::new([&ctrl, &[], &data]);
+        let head = queue.whole(3).unwrap();
+        assert_eq!(head.as_ptr(), ctrl.as_ptr());
+        assert!(queue.whole(2).is_none(), "spans ctrl and data");
+        let mut out = [0; 2];
+        queue.gather(&mut out);
+        assert_eq!(out, [b'l', 9]);
+        let rest = queue.whole(99).unwrap();
+        assert_eq!(rest.as_ptr(), data[1..].as_ptr());
+        assert!(queue.whole(1).is_none(), "used up");
+    }
+
+    /// Records sealed from where the frames lie and records gathered
+    /// across the queue's parts, in any mix (parts empty, shorter than a
+    /// record, ending on a record boundary or one byte either side), are
+    /// the same stream to a rustls client, and take exactly their room.
+    #[test]
+    fn records_within_a_part_and_across_parts_open_in_rustls() {
+        let stream: Vec<u8> = (0..3 * MAX_PLAINTEXT as u32 + 7)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        let sizes = [0, 1, 5, MAX_PLAINTEXT - 1, MAX_PLAINTEXT, MAX_PLAINTEXT + 1];
+        for s in SUITES {
+            let (mut c, mut layer) = pair(s);
+            let mut buf = Vec::new();
+            let mut sent = Vec::new();
+            for a in sizes {
+                for b in sizes {
+                    let c_len = (a + b) % 3 * MAX_PLAINTEXT / 2 + 3;
+                    let parts: [&[u8]; 3] = [
+                        &stream[..a],
+                        &stream[a..a + b],
+                        &stream[a + b..a + b + c_len],
+                    ];
+                    let total = a + b + c_len;
+                    let before = buf.len();
+                    layer.seal(&mut buf, parts).unwrap();
+                    assert_eq!(
+                        buf.len() - before,
+                        total + total.div_ceil(MAX_PLAINTEXT) * RECORD_OVERHEAD,
+                        "{s:?} {a}+{b}+{c_len}"
+                    );
+                    sent.extend_from_slice(&stream[..total]);
+                }
+            }
+            assert_eq!(client_reads(&mut c, &buf).unwrap(), sent, "{s:?}");
         }
     }
 
