@@ -443,7 +443,7 @@ fn refusals_are_counted_by_reason_and_the_rate_refuses_at_once() {
 
 /// A mesh peer that asked for the Ferry mesh extension floods meshSession
 /// frames of every sort: each is dropped and counted by reason (a
-/// well-formed one as `unhandled`: nothing acts on them yet), and the
+/// well-formed one as `no_connection`: this relay has no link to it), and the
 /// mesh connection stays open and keeps forwarding. From a mesh peer that
 /// did not ask, the frame is an unknown one, as derper sees it.
 #[test]
@@ -490,7 +490,7 @@ fn a_mesh_peer_flooding_mesh_sessions_is_counted_and_kept() {
         s.settle();
     }
     for (reason, n) in [
-        ("unhandled", ROUNDS),
+        ("no_connection", ROUNDS),
         ("unknown_kind", ROUNDS),
         ("malformed", ROUNDS),
         ("oversize", ROUNDS),
@@ -516,7 +516,7 @@ fn a_mesh_peer_flooding_mesh_sessions_is_counted_and_kept() {
     let types: Vec<u8> = s.frames(plain).iter().map(|f| f.0).collect();
     assert_eq!(types, [FrameType::Pong as u8]);
     assert_eq!(
-        s.metric("ferry_mesh_session_dropped_total{reason=\"unhandled\"}"),
+        s.metric("ferry_mesh_session_dropped_total{reason=\"no_connection\"}"),
         ROUNDS as f64
     );
 }

@@ -50,8 +50,12 @@ labelled!(
         Oversize => "oversize",
         /// A kind this build does not know.
         UnknownKind => "unknown_kind",
-        /// Well formed, but this build does not act on meshSession yet.
+        /// Well formed, but this build does not act on its kind yet.
         Unhandled => "unhandled",
+        /// From a mesh peer to which this relay has no link up that
+        /// speaks the Ferry mesh extension: nowhere to answer it, and no
+        /// word from that node on which keys it holds.
+        NoConnection => "no_connection",
     }
 );
 

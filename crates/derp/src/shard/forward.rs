@@ -49,6 +49,8 @@ pub struct MeshOut {
     overflow: Vec<Vec<u8>>,
     /// Per link: senders paused by its overflow.
     waiters: Vec<Vec<ConnRef>>,
+    /// Per link: what this shard knows of it while it is up.
+    links: Vec<Option<MeshLink>>,
     /// Whether anything was pushed this turn (the mesh thread is woken once).
     pushed: bool,
 }
@@ -61,6 +63,7 @@ impl MeshOut {
             tx,
             overflow: (0..n).map(|_| Vec::new()).collect(),
             waiters: (0..n).map(|_| Vec::new()).collect(),
+            links: vec![None; n],
             pushed: false,
         }
     }
@@ -96,18 +99,50 @@ impl MeshShared {
     }
 }
 
-/// A presence change a mesh link learned, for the key's owner shard.
+/// A mesh link that is up, as each shard knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshLink {
+    /// The server key of the node at its other end (also the key that
+    /// node's own link to this relay presents as a client).
+    pub server_key: NodePublic,
+    /// Whether that node answered the Ferry mesh extension: only then may
+    /// meshSession frames go to it, and only then are the ones it sends
+    /// this relay acted on.
+    pub ferry_mesh: bool,
+}
+
+/// What a mesh link learned: a presence change (for the key's owner
+/// shard) or the link coming up or breaking (for every shard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MeshNews {
     /// The link's node announced a client (peerPresent).
     Present(NodePublic),
     /// The link's node says the client left (peerGone).
     Gone(NodePublic),
+    /// The link finished its handshake (to every shard): the node's server
+    /// key and whether it speaks the Ferry mesh extension.
+    Up {
+        /// The node's server key.
+        server_key: NodePublic,
+        /// It answered the Ferry mesh extension.
+        ferry_mesh: bool,
+    },
     /// The link broke: forget everything it announced (to every shard).
     Down,
 }
 
 impl Shard {
+    /// The link to the node whose server key is `server`, if it is up and
+    /// speaks the Ferry mesh extension: the link a meshSession from that
+    /// node (arriving on its own link to this relay, as a client with
+    /// that key) belongs to, and the one answers to it go out on.
+    pub(super) fn ferry_link_to(&self, server: &NodePublic) -> Option<usize> {
+        self.mesh
+            .links
+            .iter()
+            .position(|l| l.is_some_and(|l| l.ferry_mesh && l.server_key == *server))
+    }
+
     /// The link that carries packets for `dst`, if any announced it.
     pub(super) fn forwarder(&self, dst: &NodePublic) -> Option<usize> {
         self.forward
@@ -218,7 +253,17 @@ impl Shard {
                 }
             }
             MeshNews::Gone(key) => self.withdraw(key, peer),
+            MeshNews::Up {
+                server_key,
+                ferry_mesh,
+            } => {
+                self.mesh.links[peer] = Some(MeshLink {
+                    server_key,
+                    ferry_mesh,
+                });
+            }
             MeshNews::Down => {
+                self.mesh.links[peer] = None;
                 let keys: Vec<NodePublic> = self
                     .forward
                     .iter()

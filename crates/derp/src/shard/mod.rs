@@ -113,7 +113,7 @@ pub const MSG_RING: usize = 4096;
 
 pub use crate::conn::ConnRef;
 pub use debug_clients::DebugMail;
-pub use forward::{MeshNews, MeshOut, MeshShared};
+pub use forward::{MeshLink, MeshNews, MeshOut, MeshShared};
 pub use sessions::RelayMail;
 
 /// A presence change for a watcher.
