@@ -59,6 +59,22 @@ labelled!(
     }
 );
 
+labelled!(
+    /// What became of a meshSession frame this relay meant to send to a
+    /// node of its region.
+    MeshSessionSent {
+        /// Queued for the node's link.
+        Queued => "queued",
+        /// Dropped: the link's queue was past its cap.
+        Full => "full",
+        /// Dropped: queued, but the link went down before it was sent.
+        LinkDown => "link_down",
+        /// Not sent: no link to the node up that speaks the Ferry mesh
+        /// extension.
+        NoLink => "no_link",
+    }
+);
+
 impl MeshSessionDrop {
     /// The counter for a frame that did not parse.
     pub fn of(e: &ferry_proto::mesh_session::MeshSessionError) -> Self {
@@ -104,6 +120,12 @@ const MESH_SESSION_DROPPED: Family = Family::counter(
 )
 .labels(&["reason"]);
 
+const MESH_SESSION_SENT: Family = Family::counter(
+    "ferry_mesh_session_sent_total",
+    "meshSession frames this relay meant to send to the region's other Ferry nodes, by result (queued, or dropped and why).",
+)
+.labels(&["result"]);
+
 impl Metrics {
     /// Writes the families of this module.
     pub(super) fn render_limits(&self, w: &mut Exposition<'_>) {
@@ -126,6 +148,13 @@ impl Metrics {
             f.sample(
                 &[r.label()],
                 self.sum(|s| s.mesh_session_dropped[*r as usize].get()),
+            );
+        }
+        let mut f = w.family(&MESH_SESSION_SENT);
+        for r in MeshSessionSent::ALL {
+            f.sample(
+                &[r.label()],
+                self.sum(|s| s.mesh_session_sent[*r as usize].get()),
             );
         }
     }

@@ -31,13 +31,14 @@
 //! a shard's inbox, and sends no news for a key the link announced already.
 
 use super::*;
+use crate::metrics::MeshSessionSent;
 
 /// A forwardPacket frame's header and its two keys.
 const FORWARD_HEAD: usize = frame::HEADER_LEN + 64;
 
 /// The length of the whole frame that `queued` starts with (an overflow
-/// queue holds whole forwardPacket frames only).
-fn framed_len(queued: &[u8]) -> usize {
+/// queue holds whole frames only).
+pub(super) fn framed_len(queued: &[u8]) -> usize {
     frame::HEADER_LEN + u32::from_be_bytes(queued[1..5].try_into().expect("4 bytes")) as usize
 }
 
@@ -45,14 +46,15 @@ fn framed_len(queued: &[u8]) -> usize {
 pub struct MeshOut {
     /// Per link: forwardPacket frames to the mesh thread.
     pub tx: Vec<ByteTx>,
-    /// Per link: frames waiting for room in `tx`.
-    overflow: Vec<Vec<u8>>,
+    /// Per link: frames waiting for room in `tx` (forwardPacket, and the
+    /// meshSession frames of `mesh_session.rs`).
+    pub(super) overflow: Vec<Vec<u8>>,
     /// Per link: senders paused by its overflow.
     waiters: Vec<Vec<ConnRef>>,
     /// Per link: what this shard knows of it while it is up.
-    links: Vec<Option<MeshLink>>,
+    pub(super) links: Vec<Option<MeshLink>>,
     /// Whether anything was pushed this turn (the mesh thread is woken once).
-    pushed: bool,
+    pub(super) pushed: bool,
 }
 
 impl MeshOut {
@@ -84,7 +86,16 @@ pub struct MeshShared {
     /// Per `peer * shards + shard`: the shard has overflow for the link
     /// and wants its doorbell rung when the ring has room.
     pub waiting: Vec<AtomicBool>,
+    /// Per link: the state flags its node last sent in a meshSession
+    /// (`docs/relay-sessions.md` §9.3, kind 6), with [`STATE_HEARD`] set
+    /// once one came; cleared by the mesh thread when the link comes up.
+    /// Any shard that reads a state frame writes it; every shard reads it.
+    pub link_state: Vec<AtomicU8>,
 }
+
+/// In [`MeshShared::link_state`]: the link's node has sent its state
+/// since the link came up.
+pub const STATE_HEARD: u8 = 0x80;
 
 impl MeshShared {
     /// Shared state for `peers` mesh peers and `shards` shards.
@@ -95,6 +106,7 @@ impl MeshShared {
             waiting: (0..peers * shards)
                 .map(|_| AtomicBool::new(false))
                 .collect(),
+            link_state: (0..peers).map(|_| AtomicU8::new(0)).collect(),
         }
     }
 }
@@ -261,6 +273,9 @@ impl Shard {
                     server_key,
                     ferry_mesh,
                 });
+                if ferry_mesh && self.id == 0 {
+                    self.send_state(peer);
+                }
             }
             MeshNews::Down => {
                 self.mesh.links[peer] = None;
@@ -309,14 +324,18 @@ impl Shard {
         let queue = std::mem::take(&mut self.mesh.overflow[peer]);
         let m = &self.m;
         let mut at = 0;
-        while at + FORWARD_HEAD <= queue.len() {
+        while at + frame::HEADER_LEN <= queue.len() {
             let len = framed_len(&queue[at..]);
-            let packet = &queue[at + FORWARD_HEAD..at + len];
-            m.dropped(
-                DropReason::GoneDisconnected,
-                PacketKind::of(packet),
-                packet.len(),
-            );
+            if queue[at] == frame::FrameType::ForwardPacket as u8 {
+                let packet = &queue[at + FORWARD_HEAD..at + len];
+                m.dropped(
+                    DropReason::GoneDisconnected,
+                    PacketKind::of(packet),
+                    packet.len(),
+                );
+            } else {
+                m.mesh_session_sent[MeshSessionSent::LinkDown as usize].inc();
+            }
             at += len;
         }
         self.release_mesh_waiters(peer);

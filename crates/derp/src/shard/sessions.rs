@@ -31,8 +31,7 @@ use ferry_proto::relay_session::{
 
 use super::control_queue::Origin;
 use super::*;
-use crate::metrics::{AllocateRefusal, MeshSessionDrop, Notice};
-use ferry_proto::mesh_session;
+use crate::metrics::{AllocateRefusal, Notice};
 
 /// An allocation on its way to the peer's owner shard, or an answer on its
 /// way back to the asker's.
@@ -219,33 +218,6 @@ impl Shard {
                 Some(refusal(ask, reason))
             }
         }
-    }
-
-    /// A meshSession from a mesh peer that asked for the Ferry mesh
-    /// extension (`docs/relay-sessions.md` §9.3): parsed, then matched to
-    /// this relay's own link to the sending node (the connection's key is
-    /// that node's server key). One from a node with no such link up is
-    /// dropped as `no_connection`; a matched one is not acted on yet
-    /// (`unhandled`). A bad one is also logged (rate-limited). The mesh
-    /// connection is never closed for it: that would cut the region's
-    /// DERP forwarding.
-    pub(super) fn on_mesh_session(&mut self, slot: Slot, payload: &[u8]) {
-        let why = match mesh_session::parse_mesh_session(payload) {
-            Ok(_) => match self.ferry_link_to(&self.conns[slot].key()) {
-                Some(_) => MeshSessionDrop::Unhandled,
-                None => {
-                    let peer = self.conns[slot].peer();
-                    conn_log!(self, info, %peer, "meshSession from a node this relay has no Ferry mesh link to; dropped");
-                    MeshSessionDrop::NoConnection
-                }
-            },
-            Err(e) => {
-                let peer = self.conns[slot].peer();
-                conn_log!(self, info, %peer, error = %e, "meshSession dropped");
-                MeshSessionDrop::of(&e)
-            }
-        };
-        self.m.mesh_session_dropped[why as usize].inc();
     }
 
     fn count_refusal(&self, reason: RefuseReason) {
