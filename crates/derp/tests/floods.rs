@@ -15,10 +15,10 @@ use ferry_engine::Slot;
 use ferry_proto::frame::{self, FrameType};
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
-use ferry_proto::relay_session::{self as rs, Allocate, SessionOffer};
+use ferry_proto::relay_session::{self as rs, SessionOffer};
 use ferry_proto::websocket;
 use ferry_udp::session::{Limits, Sessions};
-use support::sim::{meshed, ws_client, ws_frames, Sim, MS};
+use support::sim::{allocate, meshed, ws_client, ws_frames, Sim, MS};
 use support::Scrape;
 
 /// One test at a time: some measure the heap.
@@ -58,18 +58,6 @@ fn relay_client(s: &mut Sim, key: &NodePrivate) -> Slot {
         [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
     );
     slot
-}
-
-fn allocate(peer: &NodePublic, request_id: u32) -> Vec<u8> {
-    let mut f = Vec::new();
-    rs::put_allocate(
-        &mut f,
-        &Allocate {
-            peer: *peer,
-            request_id,
-        },
-    );
-    f
 }
 
 /// The relaySession frames among `frames`.

@@ -35,6 +35,9 @@ labelled!(
         SelfPeer => "self",
         /// The asker's connection asked faster than its rate.
         Rate => "rate",
+        /// The peer is on another node of the region and no node of the
+        /// two can host the session now.
+        NoHost => "no_host",
         /// A reason this build does not name.
         Other => "other",
     }
@@ -52,6 +55,12 @@ labelled!(
         UnknownKind => "unknown_kind",
         /// Well formed, but this build does not act on its kind yet.
         Unhandled => "unhandled",
+        /// For a client with no active connection here.
+        NotHere => "not_here",
+        /// For a client here that does not speak relay sessions version 2.
+        NotCapable => "not_capable",
+        /// An offer whose host is not the node that sent it.
+        WrongHost => "wrong_host",
         /// From a mesh peer to which this relay has no link up that
         /// speaks the Ferry mesh extension: nowhere to answer it, and no
         /// word from that node on which keys it holds.
@@ -97,6 +106,7 @@ impl AllocateRefusal {
             RefuseReason::Off => AllocateRefusal::Off,
             RefuseReason::SelfPeer => AllocateRefusal::SelfPeer,
             RefuseReason::RateLimited => AllocateRefusal::Rate,
+            ferry_proto::relay_session::v2::REFUSED_NO_HOST => AllocateRefusal::NoHost,
             RefuseReason::Other(_) => AllocateRefusal::Other,
         }
     }

@@ -53,6 +53,8 @@ pub struct MeshOut {
     waiters: Vec<Vec<ConnRef>>,
     /// Per link: what this shard knows of it while it is up.
     pub(super) links: Vec<Option<MeshLink>>,
+    /// Per link: how many times it came up (its generation).
+    pub(super) ups: Vec<u32>,
     /// Whether anything was pushed this turn (the mesh thread is woken once).
     pub(super) pushed: bool,
 }
@@ -66,6 +68,7 @@ impl MeshOut {
             overflow: (0..n).map(|_| Vec::new()).collect(),
             waiters: (0..n).map(|_| Vec::new()).collect(),
             links: vec![None; n],
+            ups: vec![0; n],
             pushed: false,
         }
     }
@@ -273,6 +276,7 @@ impl Shard {
                     server_key,
                     ferry_mesh,
                 });
+                self.mesh.ups[peer] = self.mesh.ups[peer].wrapping_add(1);
                 if ferry_mesh && self.id == 0 {
                     self.send_state(peer);
                 }

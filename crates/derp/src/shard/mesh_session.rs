@@ -29,6 +29,7 @@
 use ferry_proto::mesh_session::{self as ms, MeshMsg, MeshSession};
 
 use super::forward::{framed_len, STATE_HEARD};
+use super::sessions::RelayMail;
 use super::*;
 use crate::metrics::{MeshSessionDrop, MeshSessionSent};
 
@@ -58,11 +59,7 @@ impl Shard {
     /// Queues `msg` for the node at the other end of link `link`; whether
     /// it was (see the module doc).
     pub(super) fn send_mesh_session(&mut self, link: usize, msg: &MeshSession) -> bool {
-        let speaks = self
-            .mesh
-            .links
-            .get(link)
-            .is_some_and(|l| l.is_some_and(|l| l.ferry_mesh));
+        let speaks = self.speaks_ferry_mesh(link);
         let m = &self.m;
         if !speaks {
             m.mesh_session_sent[MeshSessionSent::NoLink as usize].inc();
@@ -103,6 +100,19 @@ impl Shard {
             Ok(msg) => match self.ferry_link_to(&self.conns[slot].key()) {
                 Some(link) => match msg.msg {
                     MeshMsg::State { flags, .. } => return self.on_state(link, flags),
+                    MeshMsg::Offer(ref o) if Some(o.host) != self.link_key(link) => {
+                        MeshSessionDrop::WrongHost
+                    }
+                    MeshMsg::Allocate { .. } | MeshMsg::Offer(_) | MeshMsg::Refused(_) => {
+                        let owner = self.shared.owner_of(&msg.dst, self.shards);
+                        let mail = RelayMail::Mesh { link, msg };
+                        if owner == self.id {
+                            self.on_relay_mail(mail);
+                        } else {
+                            self.mail(owner, Mail::Relay(mail));
+                        }
+                        return;
+                    }
                     _ => MeshSessionDrop::Unhandled,
                 },
                 None => {
@@ -118,6 +128,16 @@ impl Shard {
             }
         };
         self.m.mesh_session_dropped[why as usize].inc();
+    }
+
+    /// The server key of the node at the other end of `link`, while up.
+    fn link_key(&self, link: usize) -> Option<NodePublic> {
+        self.mesh
+            .links
+            .get(link)
+            .copied()
+            .flatten()
+            .map(|l| l.server_key)
     }
 
     /// The node at the other end of `link` says what it can do; the first

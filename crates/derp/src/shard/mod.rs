@@ -385,6 +385,7 @@ macro_rules! conn_log {
 mod admit;
 mod buffers;
 mod control_queue;
+mod cross_node;
 mod debug_clients;
 mod forward;
 mod front_door;
