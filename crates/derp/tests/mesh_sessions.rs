@@ -278,7 +278,10 @@ fn take(rx: &mut ByteRx) -> Vec<u8> {
 
 impl Region {
     fn new(link_a_to_b_speaks: bool) -> Region {
-        let (mut a, mut b) = (node("192.0.2.1"), node("192.0.2.2"));
+        Region::of(node("192.0.2.1"), node("192.0.2.2"), link_a_to_b_speaks)
+    }
+
+    fn of(mut a: Node, mut b: Node, link_a_to_b_speaks: bool) -> Region {
         let b_on_a = ferry_mesh_peer(&mut a.s, &b.key);
         let a_on_b = ferry_mesh_peer(&mut b.s, &a.key);
         a.s.news(
@@ -377,7 +380,10 @@ struct Split {
 }
 
 fn split(link_a_to_b_speaks: bool) -> Split {
-    let mut r = Region::new(link_a_to_b_speaks);
+    split_in(Region::new(link_a_to_b_speaks))
+}
+
+fn split_in(mut r: Region) -> Split {
     let (x, y) = (NodePrivate::generate(), NodePrivate::generate());
     let (x, y) = if x.public() < y.public() {
         (x, y)
@@ -524,4 +530,36 @@ fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
     let (xo, yo) = p.offers();
     one_session_on_a(&p, (&xo, &yo));
     assert_eq!(xo[0].offer.vni, first[0].offer.vni, "the same session");
+}
+
+/// A node whose session socket is bound to an unspecified address offers
+/// "where you reached DERP", which a client of another node cannot use:
+/// it does not host for a split pair, and says so in its state, so the
+/// other node of the pair hosts even when the anchor is here. With
+/// advertised endpoints (`--relay-advertise`) it hosts, and its offers
+/// name them.
+#[test]
+fn a_node_hosts_split_pairs_only_with_endpoints_other_nodes_clients_reach() {
+    let mut p = split_in(Region::of(node("0.0.0.0"), node("192.0.2.2"), true));
+    p.r.ask(true, p.xs, &p.y, 7);
+    let (xo, yo) = p.offers();
+    assert!(!xo.is_empty() && !yo.is_empty(), "offers {xo:?} {yo:?}");
+    for o in xo.iter().chain(&yo) {
+        assert_eq!(o.host, p.r.b.key.public(), "B hosts");
+        assert_eq!(o.offer.endpoints, ["192.0.2.2:3479".parse().unwrap()]);
+    }
+    assert_eq!(p.r.hosted(), (0, 1));
+
+    let a = node("0.0.0.0");
+    a.sessions
+        .set_advertised(vec!["198.51.100.1:3479".parse().unwrap()]);
+    let mut p = split_in(Region::of(a, node("192.0.2.2"), true));
+    p.r.ask(true, p.xs, &p.y, 8);
+    let (xo, yo) = p.offers();
+    assert!(!xo.is_empty() && !yo.is_empty(), "offers {xo:?} {yo:?}");
+    for o in xo.iter().chain(&yo) {
+        assert_eq!(o.host, p.r.a.key.public(), "A hosts");
+        assert_eq!(o.offer.endpoints, ["198.51.100.1:3479".parse().unwrap()]);
+    }
+    assert_eq!(p.r.hosted(), (1, 0));
 }

@@ -47,9 +47,14 @@ use ferry_proto::mesh_session as ms;
 const REMOTE_ID_MASK: u64 = (1 << 48) - 1;
 
 impl Shard {
-    /// Whether this node can host a session whose other key is elsewhere.
-    fn here_can_host(&self) -> bool {
-        self.shared.config.relay_sessions.is_some()
+    /// Whether this node can host a session whose other key is elsewhere:
+    /// sessions on, with endpoints a client of another node can reach.
+    pub(super) fn here_can_host(&self) -> bool {
+        self.shared
+            .config
+            .relay_sessions
+            .as_ref()
+            .is_some_and(|s| s.hosts_cross_node())
     }
 
     /// Whether the node at the other end of `link` can host: its link

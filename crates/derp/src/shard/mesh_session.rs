@@ -34,9 +34,11 @@ use super::*;
 use crate::metrics::{MeshSessionDrop, MeshSessionSent};
 
 impl Shard {
-    /// The state flags this relay tells the region's other nodes.
+    /// The state flags this relay tells the region's other nodes: it
+    /// hosts sessions for pairs split across nodes only with endpoints
+    /// their clients can reach.
     fn own_state(&self) -> u8 {
-        if self.shared.config.relay_sessions.is_some() {
+        if self.here_can_host() {
             ms::STATE_SESSIONS_ON
         } else {
             0
