@@ -39,6 +39,15 @@ impl RegionNode {
     pub fn metrics(&self) -> String {
         self.server.as_ref().expect("running").metrics().render()
     }
+
+    /// Shuts the node down; panics unless it stops cleanly.
+    pub fn stop(mut self) {
+        let s = self.server.take().expect("running");
+        s.shutdown();
+        if let Err(e) = s.wait() {
+            panic!("node {} did not stop cleanly: {e}", self.url);
+        }
+    }
 }
 
 impl Drop for RegionNode {
