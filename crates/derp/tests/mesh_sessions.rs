@@ -563,3 +563,42 @@ fn a_node_hosts_split_pairs_only_with_endpoints_other_nodes_clients_reach() {
     }
     assert_eq!(p.r.hosted(), (1, 0));
 }
+
+/// A node asked to host (kind 1) when it cannot (its endpoints are "where
+/// you reached DERP", useless to the asker on the other node) refuses
+/// "no host" over the mesh and makes no session, whatever the asking
+/// node believed.
+#[test]
+fn a_node_that_cannot_host_refuses_an_allocate_from_the_mesh() {
+    let mut p = split_in(Region::of(node("0.0.0.0"), node("192.0.2.2"), true));
+    let mut ask = Vec::new();
+    ms::put_mesh_session(
+        &mut ask,
+        &MeshSession {
+            dst: p.x.public(),
+            msg: MeshMsg::Allocate {
+                asker: p.y.public(),
+                request_id: 9,
+                asker_ip: "192.0.2.77".parse().unwrap(),
+                conn_id: 1,
+            },
+        },
+    );
+    p.r.a.s.d.receive(p.r.b_on_a, &ask);
+    p.r.a.s.settle();
+    let answer = mesh_sessions(&mut p.r.a.rx[0]);
+    let [MeshSession {
+        dst,
+        msg: MeshMsg::Refused(r),
+    }] = answer.as_slice()
+    else {
+        panic!("not one refusal: {answer:?}")
+    };
+    assert_eq!(
+        (*dst, r.request_id, r.peer),
+        (p.y.public(), 9, p.x.public())
+    );
+    assert_eq!(r.reason, v2::REFUSED_NO_HOST);
+    assert_eq!(p.r.hosted(), (0, 0));
+    assert_eq!(p.offers(), (vec![], vec![]), "X was told nothing");
+}

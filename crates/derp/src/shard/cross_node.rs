@@ -17,8 +17,9 @@
 //! (the asker's own timeout covers a loss). No node can host: refused
 //! `no_host` (7).
 //!
-//! On the host (kind 1 from the asker's node): the peer must have an
-//! active local connection that speaks version 2; the session is made as
+//! On the host (kind 1 from the asker's node): the host must be able to
+//! host (endpoints the asker can reach, else `no_host`), and the peer
+//! must have an active local connection that speaks version 2; the session is made as
 //! version 1 makes it (limits, per-key and per-source, with the asker's
 //! source address as its node saw it), the peer gets its offer here and
 //! the asker's goes back over the link; a refusal goes back as kind 3.
@@ -191,6 +192,7 @@ impl Shard {
                 let peer = msg.dst;
                 let verdict = match (self.shared.config.relay_sessions.clone(), slot) {
                     (None, _) => Err(RefuseReason::Off),
+                    _ if !self.here_can_host() => Err(v2::REFUSED_NO_HOST),
                     _ if asker == peer => Err(RefuseReason::SelfPeer),
                     (_, None) => Err(RefuseReason::PeerNotHere),
                     (_, Some(p)) if u32::from(self.conns[p].relay_version()) < v2::VERSION => {
