@@ -25,7 +25,7 @@ pub use ferry_engine::stat::exposition::{Exposition, Family};
 use ferry_engine::stat::scrape::Pages;
 pub use ferry_engine::stat::{Counter, Gauge};
 pub use ferry_proto::frame::PacketKind;
-pub use limits::{AllocateRefusal, MeshSessionDrop, Notice};
+pub use limits::{AllocateRefusal, MeshSessionDrop, MeshSessionSent, Notice};
 
 macro_rules! labelled {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $label:literal),+ $(,)? }) => {
@@ -280,6 +280,8 @@ pub struct ShardMetrics {
     pub allocate_refused: [Counter; AllocateRefusal::COUNT],
     /// meshSession frames dropped by reason.
     pub mesh_session_dropped: [Counter; MeshSessionDrop::COUNT],
+    /// meshSession frames this shard sent (or could not), by result.
+    pub mesh_session_sent: [Counter; MeshSessionSent::COUNT],
     /// HTTP requests by route.
     pub http_requests: [Counter; Route::COUNT],
     /// Packets this shard handed to another shard.

@@ -15,10 +15,10 @@ use ferry_engine::Slot;
 use ferry_proto::frame::{self, FrameType};
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
-use ferry_proto::relay_session::{self as rs, Allocate, SessionOffer};
+use ferry_proto::relay_session::{self as rs, SessionOffer};
 use ferry_proto::websocket;
 use ferry_udp::session::{Limits, Sessions};
-use support::sim::{meshed, ws_client, ws_frames, Sim, MS};
+use support::sim::{allocate, meshed, ws_client, ws_frames, Sim, MS};
 use support::Scrape;
 
 /// One test at a time: some measure the heap.
@@ -58,18 +58,6 @@ fn relay_client(s: &mut Sim, key: &NodePrivate) -> Slot {
         [FrameType::ServerKey as u8, FrameType::ServerInfo as u8]
     );
     slot
-}
-
-fn allocate(peer: &NodePublic, request_id: u32) -> Vec<u8> {
-    let mut f = Vec::new();
-    rs::put_allocate(
-        &mut f,
-        &Allocate {
-            peer: *peer,
-            request_id,
-        },
-    );
-    f
 }
 
 /// The relaySession frames among `frames`.
@@ -443,7 +431,7 @@ fn refusals_are_counted_by_reason_and_the_rate_refuses_at_once() {
 
 /// A mesh peer that asked for the Ferry mesh extension floods meshSession
 /// frames of every sort: each is dropped and counted by reason (a
-/// well-formed one as `unhandled`: nothing acts on them yet), and the
+/// well-formed one as `no_connection`: this relay has no link to it), and the
 /// mesh connection stays open and keeps forwarding. From a mesh peer that
 /// did not ask, the frame is an unknown one, as derper sees it.
 #[test]
@@ -490,7 +478,7 @@ fn a_mesh_peer_flooding_mesh_sessions_is_counted_and_kept() {
         s.settle();
     }
     for (reason, n) in [
-        ("unhandled", ROUNDS),
+        ("no_connection", ROUNDS),
         ("unknown_kind", ROUNDS),
         ("malformed", ROUNDS),
         ("oversize", ROUNDS),
@@ -516,7 +504,7 @@ fn a_mesh_peer_flooding_mesh_sessions_is_counted_and_kept() {
     let types: Vec<u8> = s.frames(plain).iter().map(|f| f.0).collect();
     assert_eq!(types, [FrameType::Pong as u8]);
     assert_eq!(
-        s.metric("ferry_mesh_session_dropped_total{reason=\"unhandled\"}"),
+        s.metric("ferry_mesh_session_dropped_total{reason=\"no_connection\"}"),
         ROUNDS as f64
     );
 }

@@ -592,6 +592,16 @@ pub trait SessionService: Send + Sync {
     /// Finds or makes the session of the request's asker and peer at
     /// `now` and returns the offers to send, or why not.
     fn allocate(&self, request: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason>;
+
+    /// Whether every endpoint an offer names is a specific address, so
+    /// that a client on another node of the region can reach it
+    /// (`docs/relay-sessions.md` §9): an unspecified one means "the
+    /// address you reached DERP at", right only for a client of this node.
+    /// A service whose offers are not usable across nodes (the default)
+    /// never hosts a session for a pair split across nodes.
+    fn hosts_cross_node(&self) -> bool {
+        false
+    }
 }
 
 /// Binds one slot of a relay session from a client's UDP socket

@@ -11,6 +11,8 @@
 //! - [`start`]: Ferry with a configuration of the test's own (STUN, limits).
 //! - [`SessionRelay`]: Ferry with relay sessions, the relay-session socket
 //!   of `ferry-udp` wired to the DERP shards as the binary wires it.
+//! - [`region::SessionRegion`]: two such nodes meshed both ways over TLS
+//!   as one region.
 //!
 //! Ferry runs on the back end `FERRY_TEST_IO` names, else the default, and
 //! must report that it does ([`ferry_testkit::backend`]).
@@ -34,6 +36,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::panic::Location;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub mod region;
 
 pub use ferry_testkit::certs::TestCa;
 pub use ferry_testkit::TempDir;
@@ -281,23 +285,11 @@ impl SessionRelay {
     #[track_caller]
     pub fn start() -> SessionRelay {
         let at = Location::caller();
-        let sessions = Arc::new(ferry_udp::session::Sessions::new(Default::default()));
-        let udp = ferry_udp::Relay::start_sessions(
-            "--relay-port",
-            "127.0.0.1:0".parse().expect("literal"),
-            sessions.clone(),
-            Default::default(),
-        )
-        .expect("session socket");
-        let mut config = DerpConfig::new(NodePrivate::generate());
-        config.relay_sessions = Some(sessions.clone());
         let derp = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
-        let options = server_options(config, derp, None);
-        let io = options.io;
-        let server = Server::start(options).expect("ferry starts");
-        check_backend(at, &server, io);
+        let (server, udp, sessions) =
+            start_with_sessions(at, DerpConfig::new(NodePrivate::generate()), derp);
         SessionRelay {
             server: Some(server),
             udp,
@@ -305,6 +297,29 @@ impl SessionRelay {
             sessions,
         }
     }
+}
+
+/// Ferry with `config` on `derp` and relay sessions (a session socket on
+/// loopback wired to it): the server, the socket group, the table.
+pub(crate) fn start_with_sessions(
+    at: &Location<'_>,
+    mut config: DerpConfig,
+    derp: SocketAddr,
+) -> (Server, ferry_udp::Relay, Arc<ferry_udp::session::Sessions>) {
+    let sessions = Arc::new(ferry_udp::session::Sessions::new(Default::default()));
+    let udp = ferry_udp::Relay::start_sessions(
+        "--relay-port",
+        "127.0.0.1:0".parse().expect("literal"),
+        sessions.clone(),
+        Default::default(),
+    )
+    .expect("session socket");
+    config.relay_sessions = Some(sessions.clone());
+    let options = server_options(config, derp, None);
+    let io = options.io;
+    let server = Server::start(options).expect("ferry starts");
+    check_backend(at, &server, io);
+    (server, udp, sessions)
 }
 
 impl Drop for SessionRelay {

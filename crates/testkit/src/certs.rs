@@ -15,6 +15,8 @@ pub struct TestCa {
     pub root: CertificateDer<'static>,
     /// The leaf certificate servers present.
     pub leaf: CertificateDer<'static>,
+    /// The root certificate in PEM (for `SSL_CERT_FILE`).
+    pub root_pem: String,
 }
 
 impl TestCa {
@@ -40,6 +42,7 @@ impl TestCa {
             dir,
             root: ca.der().clone(),
             leaf: leaf.der().clone(),
+            root_pem: ca.pem(),
         })
     }
 

@@ -34,7 +34,7 @@
 //! and the keys it announced), `conn` (one connection: socket, TLS, the
 //! DERP client), `stats` (the `ferry_mesh_*` metrics) and [`route`] (which
 //! node of the region hosts a relay session whose keys are on different
-//! nodes; version 2 of relay sessions, not yet wired to the shards).
+//! nodes; version 2 of relay sessions, used by `shard/cross_node.rs`).
 
 mod conn;
 mod peer;

@@ -18,9 +18,9 @@
 //!    peer: its connection speaks the Ferry mesh extension, is up, and
 //!    last said "sessions on, not draining"); none can: refused, no host.
 //!
-//! Not wired to the shards yet: the allocation over the mesh
-//! (meshSession, `ferry_proto::mesh_session`) that uses it is the next
-//! step.
+//! The shards call it (`shard/cross_node.rs`) when a version-2 client
+//! asks for a peer that a mesh link announced; the allocation then goes
+//! over the mesh as meshSession frames (`ferry_proto::mesh_session`).
 
 use ferry_proto::key::NodePublic;
 

@@ -416,6 +416,22 @@ impl MeshThread {
                     .ferry_mesh
                     .is_some_and(|m| m.version >= ferry_proto::mesh_session::VERSION);
                 state.stats.ferry.store(ferry, Ordering::Relaxed);
+                if let Some(mesh) = self.shared().mesh.as_ref() {
+                    mesh.link_state[i].store(0, Ordering::Release);
+                }
+                for shard in 0..shards {
+                    self.shared().post(
+                        shard,
+                        Control::Mesh {
+                            peer: i,
+                            news: MeshNews::Up {
+                                server_key,
+                                ferry_mesh: ferry,
+                            },
+                        },
+                    );
+                }
+                let state = &mut self.peers[i];
                 let c = state.conn.as_mut().expect("a connection");
                 if let Err(e) = c.client.watch_conns(&mut c.out) {
                     let why = describe(&e);

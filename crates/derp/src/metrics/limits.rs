@@ -35,6 +35,9 @@ labelled!(
         SelfPeer => "self",
         /// The asker's connection asked faster than its rate.
         Rate => "rate",
+        /// The peer is on another node of the region and no node of the
+        /// two can host the session now.
+        NoHost => "no_host",
         /// A reason this build does not name.
         Other => "other",
     }
@@ -50,8 +53,34 @@ labelled!(
         Oversize => "oversize",
         /// A kind this build does not know.
         UnknownKind => "unknown_kind",
-        /// Well formed, but this build does not act on meshSession yet.
+        /// Well formed, but this build does not act on its kind yet.
         Unhandled => "unhandled",
+        /// For a client with no active connection here.
+        NotHere => "not_here",
+        /// For a client here that does not speak relay sessions version 2.
+        NotCapable => "not_capable",
+        /// An offer whose host is not the node that sent it.
+        WrongHost => "wrong_host",
+        /// From a mesh peer to which this relay has no link up that
+        /// speaks the Ferry mesh extension: nowhere to answer it, and no
+        /// word from that node on which keys it holds.
+        NoConnection => "no_connection",
+    }
+);
+
+labelled!(
+    /// What became of a meshSession frame this relay meant to send to a
+    /// node of its region.
+    MeshSessionSent {
+        /// Queued for the node's link.
+        Queued => "queued",
+        /// Dropped: the link's queue was past its cap.
+        Full => "full",
+        /// Dropped: queued, but the link went down before it was sent.
+        LinkDown => "link_down",
+        /// Not sent: no link to the node up that speaks the Ferry mesh
+        /// extension.
+        NoLink => "no_link",
     }
 );
 
@@ -77,6 +106,7 @@ impl AllocateRefusal {
             RefuseReason::Off => AllocateRefusal::Off,
             RefuseReason::SelfPeer => AllocateRefusal::SelfPeer,
             RefuseReason::RateLimited => AllocateRefusal::Rate,
+            ferry_proto::relay_session::v2::REFUSED_NO_HOST => AllocateRefusal::NoHost,
             RefuseReason::Other(_) => AllocateRefusal::Other,
         }
     }
@@ -100,6 +130,12 @@ const MESH_SESSION_DROPPED: Family = Family::counter(
 )
 .labels(&["reason"]);
 
+const MESH_SESSION_SENT: Family = Family::counter(
+    "ferry_mesh_session_sent_total",
+    "meshSession frames this relay meant to send to the region's other Ferry nodes, by result (queued, or dropped and why).",
+)
+.labels(&["result"]);
+
 impl Metrics {
     /// Writes the families of this module.
     pub(super) fn render_limits(&self, w: &mut Exposition<'_>) {
@@ -122,6 +158,13 @@ impl Metrics {
             f.sample(
                 &[r.label()],
                 self.sum(|s| s.mesh_session_dropped[*r as usize].get()),
+            );
+        }
+        let mut f = w.family(&MESH_SESSION_SENT);
+        for r in MeshSessionSent::ALL {
+            f.sample(
+                &[r.label()],
+                self.sum(|s| s.mesh_session_sent[*r as usize].get()),
             );
         }
     }

@@ -31,13 +31,14 @@
 //! a shard's inbox, and sends no news for a key the link announced already.
 
 use super::*;
+use crate::metrics::MeshSessionSent;
 
 /// A forwardPacket frame's header and its two keys.
 const FORWARD_HEAD: usize = frame::HEADER_LEN + 64;
 
 /// The length of the whole frame that `queued` starts with (an overflow
-/// queue holds whole forwardPacket frames only).
-fn framed_len(queued: &[u8]) -> usize {
+/// queue holds whole frames only).
+pub(super) fn framed_len(queued: &[u8]) -> usize {
     frame::HEADER_LEN + u32::from_be_bytes(queued[1..5].try_into().expect("4 bytes")) as usize
 }
 
@@ -45,12 +46,17 @@ fn framed_len(queued: &[u8]) -> usize {
 pub struct MeshOut {
     /// Per link: forwardPacket frames to the mesh thread.
     pub tx: Vec<ByteTx>,
-    /// Per link: frames waiting for room in `tx`.
-    overflow: Vec<Vec<u8>>,
+    /// Per link: frames waiting for room in `tx` (forwardPacket, and the
+    /// meshSession frames of `mesh_session.rs`).
+    pub(super) overflow: Vec<Vec<u8>>,
     /// Per link: senders paused by its overflow.
     waiters: Vec<Vec<ConnRef>>,
+    /// Per link: what this shard knows of it while it is up.
+    pub(super) links: Vec<Option<MeshLink>>,
+    /// Per link: how many times it came up (its generation).
+    pub(super) ups: Vec<u32>,
     /// Whether anything was pushed this turn (the mesh thread is woken once).
-    pushed: bool,
+    pub(super) pushed: bool,
 }
 
 impl MeshOut {
@@ -61,6 +67,8 @@ impl MeshOut {
             tx,
             overflow: (0..n).map(|_| Vec::new()).collect(),
             waiters: (0..n).map(|_| Vec::new()).collect(),
+            links: vec![None; n],
+            ups: vec![0; n],
             pushed: false,
         }
     }
@@ -81,7 +89,16 @@ pub struct MeshShared {
     /// Per `peer * shards + shard`: the shard has overflow for the link
     /// and wants its doorbell rung when the ring has room.
     pub waiting: Vec<AtomicBool>,
+    /// Per link: the state flags its node last sent in a meshSession
+    /// (`docs/relay-sessions.md` §9.3, kind 6), with [`STATE_HEARD`] set
+    /// once one came; cleared by the mesh thread when the link comes up.
+    /// Any shard that reads a state frame writes it; every shard reads it.
+    pub link_state: Vec<AtomicU8>,
 }
+
+/// In [`MeshShared::link_state`]: the link's node has sent its state
+/// since the link came up.
+pub const STATE_HEARD: u8 = 0x80;
 
 impl MeshShared {
     /// Shared state for `peers` mesh peers and `shards` shards.
@@ -92,22 +109,55 @@ impl MeshShared {
             waiting: (0..peers * shards)
                 .map(|_| AtomicBool::new(false))
                 .collect(),
+            link_state: (0..peers).map(|_| AtomicU8::new(0)).collect(),
         }
     }
 }
 
-/// A presence change a mesh link learned, for the key's owner shard.
+/// A mesh link that is up, as each shard knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshLink {
+    /// The server key of the node at its other end (also the key that
+    /// node's own link to this relay presents as a client).
+    pub server_key: NodePublic,
+    /// Whether that node answered the Ferry mesh extension: only then may
+    /// meshSession frames go to it, and only then are the ones it sends
+    /// this relay acted on.
+    pub ferry_mesh: bool,
+}
+
+/// What a mesh link learned: a presence change (for the key's owner
+/// shard) or the link coming up or breaking (for every shard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MeshNews {
     /// The link's node announced a client (peerPresent).
     Present(NodePublic),
     /// The link's node says the client left (peerGone).
     Gone(NodePublic),
+    /// The link finished its handshake (to every shard): the node's server
+    /// key and whether it speaks the Ferry mesh extension.
+    Up {
+        /// The node's server key.
+        server_key: NodePublic,
+        /// It answered the Ferry mesh extension.
+        ferry_mesh: bool,
+    },
     /// The link broke: forget everything it announced (to every shard).
     Down,
 }
 
 impl Shard {
+    /// The link to the node whose server key is `server`, if it is up and
+    /// speaks the Ferry mesh extension: the link a meshSession from that
+    /// node (arriving on its own link to this relay, as a client with
+    /// that key) belongs to, and the one answers to it go out on.
+    pub(super) fn ferry_link_to(&self, server: &NodePublic) -> Option<usize> {
+        self.mesh
+            .links
+            .iter()
+            .position(|l| l.is_some_and(|l| l.ferry_mesh && l.server_key == *server))
+    }
+
     /// The link that carries packets for `dst`, if any announced it.
     pub(super) fn forwarder(&self, dst: &NodePublic) -> Option<usize> {
         self.forward
@@ -218,7 +268,21 @@ impl Shard {
                 }
             }
             MeshNews::Gone(key) => self.withdraw(key, peer),
+            MeshNews::Up {
+                server_key,
+                ferry_mesh,
+            } => {
+                self.mesh.links[peer] = Some(MeshLink {
+                    server_key,
+                    ferry_mesh,
+                });
+                self.mesh.ups[peer] = self.mesh.ups[peer].wrapping_add(1);
+                if ferry_mesh && self.id == 0 {
+                    self.send_state(peer);
+                }
+            }
             MeshNews::Down => {
+                self.mesh.links[peer] = None;
                 let keys: Vec<NodePublic> = self
                     .forward
                     .iter()
@@ -264,14 +328,18 @@ impl Shard {
         let queue = std::mem::take(&mut self.mesh.overflow[peer]);
         let m = &self.m;
         let mut at = 0;
-        while at + FORWARD_HEAD <= queue.len() {
+        while at + frame::HEADER_LEN <= queue.len() {
             let len = framed_len(&queue[at..]);
-            let packet = &queue[at + FORWARD_HEAD..at + len];
-            m.dropped(
-                DropReason::GoneDisconnected,
-                PacketKind::of(packet),
-                packet.len(),
-            );
+            if queue[at] == frame::FrameType::ForwardPacket as u8 {
+                let packet = &queue[at + FORWARD_HEAD..at + len];
+                m.dropped(
+                    DropReason::GoneDisconnected,
+                    PacketKind::of(packet),
+                    packet.len(),
+                );
+            } else {
+                m.mesh_session_sent[MeshSessionSent::LinkDown as usize].inc();
+            }
             at += len;
         }
         self.release_mesh_waiters(peer);

@@ -65,7 +65,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,7 @@ pub const MSG_RING: usize = 4096;
 
 pub use crate::conn::ConnRef;
 pub use debug_clients::DebugMail;
-pub use forward::{MeshNews, MeshOut, MeshShared};
+pub use forward::{MeshLink, MeshNews, MeshOut, MeshShared, STATE_HEARD};
 pub use sessions::RelayMail;
 
 /// A presence change for a watcher.
@@ -385,6 +385,7 @@ macro_rules! conn_log {
 mod admit;
 mod buffers;
 mod control_queue;
+mod cross_node;
 mod debug_clients;
 mod forward;
 mod front_door;
@@ -393,6 +394,7 @@ mod handoff;
 mod input;
 mod limits;
 mod log_limit;
+mod mesh_session;
 mod migrate;
 mod output;
 mod presence;

@@ -31,8 +31,7 @@ use ferry_proto::relay_session::{
 
 use super::control_queue::Origin;
 use super::*;
-use crate::metrics::{AllocateRefusal, MeshSessionDrop, Notice};
-use ferry_proto::mesh_session;
+use crate::metrics::{AllocateRefusal, Notice};
 
 /// An allocation on its way to the peer's owner shard, or an answer on its
 /// way back to the asker's.
@@ -52,6 +51,14 @@ pub enum RelayMail {
     },
     /// Queue this relaySession or relayRefused frame to a connection here.
     Frame(ConnRef, Vec<u8>),
+    /// A meshSession for a key of this shard that came over mesh link
+    /// `link` (`cross_node.rs`).
+    Mesh {
+        /// The link to the node that sent it.
+        link: usize,
+        /// The frame.
+        msg: ferry_proto::mesh_session::MeshSession,
+    },
 }
 
 impl ConnRef {
@@ -166,6 +173,11 @@ impl Shard {
                 }
             }
             RelayMail::Frame(to, frame) => self.relay_frame_to(to, frame),
+            RelayMail::Mesh { link, msg } => {
+                if let Err(why) = self.on_mesh_mail(link, msg) {
+                    self.m.mesh_session_dropped[why as usize].inc();
+                }
+            }
         }
     }
 
@@ -180,6 +192,15 @@ impl Shard {
         ask: &Allocate,
     ) -> Option<Vec<u8>> {
         let peer_slot = self.keys.get(&ask.peer).and_then(|e| e.active);
+        if peer_slot.is_none()
+            && u32::from(asker_version) >= v2::VERSION
+            && self.session_service().is_some()
+            && *asker != ask.peer
+        {
+            if let Some(link) = self.forwarder(&ask.peer) {
+                return self.allocate_across(from, *asker, ip, ask, link);
+            }
+        }
         let verdict = match (self.session_service(), peer_slot) {
             (None, _) => Err(RefuseReason::Off),
             _ if *asker == ask.peer => Err(RefuseReason::SelfPeer),
@@ -221,24 +242,7 @@ impl Shard {
         }
     }
 
-    /// A meshSession from a mesh peer that asked for the Ferry mesh
-    /// extension (`docs/relay-sessions.md` §9.3): parsed and counted.
-    /// Nothing acts on it yet, so every one is dropped; a bad one is also
-    /// logged (rate-limited). The mesh connection is never closed for it:
-    /// that would cut the region's DERP forwarding.
-    pub(super) fn on_mesh_session(&mut self, slot: Slot, payload: &[u8]) {
-        let why = match mesh_session::parse_mesh_session(payload) {
-            Ok(_) => MeshSessionDrop::Unhandled,
-            Err(e) => {
-                let peer = self.conns[slot].peer();
-                conn_log!(self, info, %peer, error = %e, "meshSession dropped");
-                MeshSessionDrop::of(&e)
-            }
-        };
-        self.m.mesh_session_dropped[why as usize].inc();
-    }
-
-    fn count_refusal(&self, reason: RefuseReason) {
+    pub(super) fn count_refusal(&self, reason: RefuseReason) {
         self.m.allocate_refused[AllocateRefusal::of(reason) as usize].inc();
     }
 
@@ -257,7 +261,7 @@ impl Shard {
 }
 
 /// The relayRefused frame answering `ask`.
-fn refusal(ask: &Allocate, reason: RefuseReason) -> Vec<u8> {
+pub(super) fn refusal(ask: &Allocate, reason: RefuseReason) -> Vec<u8> {
     let mut out = Vec::new();
     rs::put_refused(
         &mut out,

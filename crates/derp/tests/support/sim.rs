@@ -351,3 +351,16 @@ impl Sim {
         self.settle();
     }
 }
+
+/// A relayAllocate frame asking for `peer`.
+pub(crate) fn allocate(peer: &NodePublic, request_id: u32) -> Vec<u8> {
+    let mut f = Vec::new();
+    ferry_proto::relay_session::put_allocate(
+        &mut f,
+        &ferry_proto::relay_session::Allocate {
+            peer: *peer,
+            request_id,
+        },
+    );
+    f
+}

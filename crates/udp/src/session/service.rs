@@ -30,6 +30,9 @@ pub struct Sessions {
     table: Mutex<SessionTable>,
     limits: Limits,
     bound: OnceLock<SocketAddr>,
+    /// The endpoints offers name instead of the bound address, if set
+    /// (`ferry derp --relay-advertise`).
+    advertised: OnceLock<Vec<SocketAddr>>,
     /// The table's cookie secrets, republished when they rotate.
     secrets: Published<Secrets>,
     /// Drops the shards decided without the table, by [`Drop`] index.
@@ -45,6 +48,7 @@ impl Sessions {
             table: Mutex::new(table),
             limits,
             bound: OnceLock::new(),
+            advertised: OnceLock::new(),
             late_drops: Default::default(),
         }
     }
@@ -92,6 +96,25 @@ impl Sessions {
     /// Records the address the session socket is bound to (once, at start).
     pub fn set_bound(&self, addr: SocketAddr) {
         let _ = self.bound.set(addr);
+    }
+
+    /// Sets the endpoints every offer names from now on, instead of the
+    /// bound address (once, at start; an empty list is ignored): the
+    /// addresses, as clients of every node of the region reach this one,
+    /// at which the session socket receives (`--relay-advertise`).
+    pub fn set_advertised(&self, endpoints: Vec<SocketAddr>) {
+        if !endpoints.is_empty() {
+            let _ = self.advertised.set(endpoints);
+        }
+    }
+
+    /// The endpoints offers name: the advertised ones, else the bound
+    /// address (`None` before start).
+    pub fn endpoints(&self) -> Option<Vec<SocketAddr>> {
+        match self.advertised.get() {
+            Some(a) => Some(a.clone()),
+            None => self.bound().map(|b| vec![b]),
+        }
     }
 
     /// The address the session socket is bound to (`None` before start).
@@ -220,12 +243,12 @@ impl SessionService for Sessions {
     /// Finds or makes the session of the request's asker and peer and
     /// returns the offers to send: the asker's (with its request id) and
     /// the peer's (request id 0), each only if it is to be told (see
-    /// [`SessionTable::allocate_on`]). The endpoint is the session
-    /// socket's address; an unspecified one (`0.0.0.0`, `::`) means the
-    /// address the client reached the DERP server at
-    /// (`docs/relay-sessions.md` §2).
+    /// [`SessionTable::allocate_on`]). The endpoints are the advertised
+    /// ones, else the session socket's address; an unspecified one
+    /// (`0.0.0.0`, `::`) means the address the client reached the DERP
+    /// server at (`docs/relay-sessions.md` §2).
     fn allocate(&self, r: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason> {
-        let Some(endpoint) = self.bound() else {
+        let Some(endpoints) = self.endpoints() else {
             return Err(RefuseReason::Off);
         };
         let a = self
@@ -237,7 +260,7 @@ impl SessionService for Sessions {
             peer,
             slot,
             token: a.tokens[usize::from(slot)],
-            endpoints: vec![endpoint],
+            endpoints: endpoints.clone(),
             bind_lifetime: self.limits.bind_lifetime,
             idle_lifetime: self.limits.idle_lifetime,
         };
@@ -245,6 +268,12 @@ impl SessionService for Sessions {
             asker: a.tell_asker.then(|| offer(r.request_id, a.slot, r.peer)),
             peer: a.tell_peer.then(|| offer(0, 1 - a.slot, r.asker)),
         })
+    }
+
+    /// Whether the endpoints are all specific addresses.
+    fn hosts_cross_node(&self) -> bool {
+        self.endpoints()
+            .is_some_and(|e| !e.is_empty() && e.iter().all(|a| !a.ip().is_unspecified()))
     }
 }
 
@@ -290,5 +319,43 @@ mod tests {
         ));
         // Before start there is nothing to offer.
         assert_eq!(SessionService::port(&Sessions::new(Limits::default())), 0);
+    }
+
+    /// Offers name the advertised endpoints when set, else the bound
+    /// address; only specific ones make sessions usable across nodes.
+    #[test]
+    fn offers_name_the_advertised_endpoints_and_only_specific_ones_cross_nodes() {
+        let key = |b| ferry_proto::key::NodePublic::from_bytes([b; 32]);
+        let ask = |s: &Sessions, b| {
+            let r = AllocateRequest {
+                asker: key(b),
+                peer: key(b + 1),
+                ip: "192.0.2.9".parse().unwrap(),
+                request_id: 1,
+                conns: [1, 2],
+            };
+            s.allocate(&r, Instant::now())
+                .unwrap()
+                .asker
+                .unwrap()
+                .endpoints
+        };
+        let s = Sessions::new(Limits::default());
+        assert!(!s.hosts_cross_node(), "not started");
+        s.set_bound("0.0.0.0:3479".parse().unwrap());
+        assert_eq!(ask(&s, 1), ["0.0.0.0:3479".parse().unwrap()]);
+        assert!(!s.hosts_cross_node(), "unspecified");
+        s.set_advertised(Vec::new());
+        assert!(!s.hosts_cross_node(), "an empty list is ignored");
+        let advertised: Vec<SocketAddr> = vec![
+            "198.51.100.1:3479".parse().unwrap(),
+            "[2001:db8::1]:3479".parse().unwrap(),
+        ];
+        s.set_advertised(advertised.clone());
+        assert_eq!(ask(&s, 3), advertised);
+        assert!(s.hosts_cross_node());
+        let s = Sessions::new(Limits::default());
+        s.set_bound("192.0.2.1:3479".parse().unwrap());
+        assert!(s.hosts_cross_node(), "bound to a specific address");
     }
 }

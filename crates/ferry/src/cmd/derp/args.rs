@@ -117,6 +117,19 @@ pub(crate) struct DerpArgs {
     #[arg(long = "relay-idle-timeout", default_value = "60s")]
     pub relay_idle_timeout: String,
 
+    /// Relay sessions across the nodes of a region: where clients of every
+    /// node reach this node's session socket (`IP` or `IP:PORT`, comma
+    /// separated, at most 16; the port defaults to --relay-port's). Offers
+    /// name these instead of the bound address. Without it, a node whose
+    /// session socket is bound to an unspecified address (`-a :443`)
+    /// hosts no session for a pair split across the region's nodes.
+    #[arg(
+        long = "relay-advertise",
+        value_delimiter = ',',
+        value_name = "IP[:PORT]"
+    )]
+    pub relay_advertise: Vec<String>,
+
     /// Join a tailnet at this control server (Headscale; `http://host[:port]`)
     /// as a node, and serve its nodes as a Tailscale peer relay on
     /// --peer-relay-port. Goes with --tailnet-auth-key-file and

@@ -133,7 +133,18 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         let relay =
             ferry_udp::Relay::start_sessions("--relay-port", addr, sessions.clone(), tuning)
                 .context("starting relay sessions")?;
-        tracing::info!(addr = %sessions.bound().unwrap_or(addr), per_key = limits.per_key, idle = ?limits.idle_lifetime, "relay sessions on");
+        let bound = sessions.bound().unwrap_or(addr);
+        sessions.set_advertised(
+            plan.relay_advertise
+                .iter()
+                .map(|&(ip, port)| std::net::SocketAddr::new(ip, port.unwrap_or(bound.port())))
+                .collect(),
+        );
+        let endpoints = sessions.endpoints().unwrap_or_default();
+        tracing::info!(addr = %bound, ?endpoints, per_key = limits.per_key, idle = ?limits.idle_lifetime, "relay sessions on");
+        if !ferry_proto::relay_session::SessionService::hosts_cross_node(&*sessions) {
+            tracing::info!("relay sessions: the session socket is bound to an unspecified address and --relay-advertise is not set; this node hosts no session for a pair split across the region's nodes");
+        }
         config.relay_sessions = Some(sessions.clone());
         session_relay = Some((relay, sessions));
     }

@@ -108,6 +108,8 @@ pub(crate) struct Plan {
     pub busy_poll: Duration,
     /// Relay sessions' socket address and table limits, if on.
     pub relay_sessions: Option<(SocketAddr, ferry_udp::session::Limits)>,
+    /// `--relay-advertise`: addresses, each with its port if given.
+    pub relay_advertise: Vec<(IpAddr, Option<u16>)>,
     /// The tailnet node and its peer relay, if on.
     pub peer_relay: Option<super::tailnet::PeerRelayPlan>,
 }
@@ -194,7 +196,12 @@ impl Plan {
         let ms = Duration::from_millis;
         let secs = Duration::from_secs;
         let peer_relay = super::tailnet::PeerRelayPlan::from_args(args, addr.ip())?;
+        let relay_advertise = relay_advertise(&args.relay_advertise)?;
+        if !relay_advertise.is_empty() && args.relay_port.is_none() {
+            bail!("--relay-advertise: goes with --relay-port");
+        }
         Ok(Plan {
+            relay_advertise,
             peer_relay,
             addr,
             acme,
@@ -493,6 +500,30 @@ pub(crate) fn admission_summary(a: &AdmissionConfig) -> String {
     }
 }
 
+/// `--relay-advertise`'s list: specific addresses, a port each if given.
+fn relay_advertise(list: &[String]) -> Result<Vec<(IpAddr, Option<u16>)>> {
+    let max = ferry_proto::relay_session::MAX_ENDPOINTS;
+    if list.len() > max {
+        bail!("--relay-advertise: at most {max} addresses");
+    }
+    list.iter()
+        .map(|s| {
+            let (ip, port) = match s.parse::<SocketAddr>() {
+                Ok(a) => (a.ip(), Some(a.port())),
+                Err(_) => (
+                    s.parse::<IpAddr>()
+                        .with_context(|| format!("--relay-advertise {s}: not IP or IP:PORT"))?,
+                    None,
+                ),
+            };
+            if ip.is_unspecified() || port == Some(0) {
+                bail!("--relay-advertise {s}: must be a specific address and port");
+            }
+            Ok((ip, port))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,6 +658,32 @@ mod tests {
         let p = Plan::from_args(&args(&["-dev", "-tcp-write-timeout", "0"])).unwrap();
         assert!(p.write_timeout.is_none());
     }
+    #[test]
+    fn relay_advertise_takes_specific_addresses_with_relay_port() {
+        let plan = |extra: &[&str]| {
+            let mut list = vec!["--dev", "--relay-port", "3479"];
+            list.extend_from_slice(extra);
+            Plan::from_args(&args(&list))
+        };
+        assert!(plan(&[]).unwrap().relay_advertise.is_empty());
+        let p = plan(&["--relay-advertise", "192.0.2.1,[2001:db8::1]:4000"]).unwrap();
+        assert_eq!(
+            p.relay_advertise,
+            [
+                ("192.0.2.1".parse().unwrap(), None),
+                ("2001:db8::1".parse().unwrap(), Some(4000))
+            ]
+        );
+        for bad in ["0.0.0.0", "[::]:3479", "192.0.2.1:0", "relay.example"] {
+            let e = plan(&["--relay-advertise", bad]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--relay-advertise {bad}")), "{e}");
+        }
+        let e = Plan::from_args(&args(&["--dev", "--relay-advertise", "192.0.2.1"]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "--relay-advertise: goes with --relay-port");
+    }
+
     #[test]
     fn busy_poll_is_off_by_default_and_bounded() {
         let p = Plan::from_args(&args(&["--dev"])).unwrap();
