@@ -78,6 +78,8 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 
 	if !ownDERP {
 		in, out = checkIperf(t, bed, in, out, prefix)
+		checkFallback(t, bed)
+		checkClientRestart(t, bed, metrics)
 	}
 
 	// Ferry's own counters: allocations answered, packets forwarded.
@@ -149,6 +151,115 @@ func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (i
 	t.Logf("iperf3 A→B through the peer relay: %.0f Mbit/s (%d bytes; port %d bytes in, %d out)",
 		ir.ReceivedBps/1e6, ir.ReceivedBytes, in2-in, out2-out)
 	return in2, out2
+}
+
+// checkFallback blocks the nodes' UDP to the peer relay's port: the path
+// falls back to DERP (tailscale ping answers via DERP, ICMP still
+// crosses the tunnel, the port's counters stand still); unblocked, the
+// peer relay path comes back and the counters move again.
+func checkFallback(t *testing.T, bed *testbed.Bed) {
+	a, b := bed.A, bed.B
+	start := time.Now()
+	if err := bed.BlockPeerRelay(true); err != nil {
+		t.Fatalf("blocking the peer relay's port: %v", err)
+	}
+	in0, out0, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		from, to := pair[0], pair[1]
+		var out string
+		if err := waitFor(30*time.Second, func() (bool, string) {
+			// One ping, answered within a second: a ping lost on the
+			// blocked path costs a second, not five.
+			out, _ = from.CLI(10*time.Second, "ping", "--c", "1", "--timeout", "1s", to.IP)
+			return strings.Contains(out, "via DERP(") && !strings.Contains(out, "via peer-relay"), out
+		}); err != nil {
+			t.Fatalf("with the peer relay's port blocked, tailscale ping %s→%s never went via DERP alone: %v", from.Name, to.Name, err)
+		}
+	}
+	fellBack := time.Since(start)
+	pr, err := testbed.Ping(a, b.IP, 10, 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("ping %s: %v", b.IP, err)
+	}
+	if pr.Received < 8 {
+		t.Fatalf("with the peer relay's port blocked, ping %s: %d of %d replies", b.IP, pr.Received, pr.Sent)
+	}
+	in1, out1, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in1 != in0 || out1 != out0 {
+		t.Fatalf("the peer relay's port counted bytes while blocked: %d in, %d out", in1-in0, out1-out0)
+	}
+
+	unblocked := time.Now()
+	if err := bed.BlockPeerRelay(false); err != nil {
+		t.Fatalf("unblocking the peer relay's port: %v", err)
+	}
+	pingViaPeerRelay(t, bed)
+	in2, out2, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in2 == in1 || out2 == out1 {
+		t.Fatalf("peer relay path back, but the port counted %d bytes in, %d out", in2-in1, out2-out1)
+	}
+	t.Logf("blocked: via DERP after %.1f s (%d of %d ICMP replies); unblocked: via the peer relay after %.1f s (port %d bytes in, %d out)",
+		fellBack.Seconds(), pr.Received, pr.Sent, time.Since(unblocked).Seconds(), in2-in1, out2-out1)
+}
+
+// checkClientRestart restarts node A's tailscaled (same node key, a new
+// disco key): Ferry allocates for the new pair of disco keys and the
+// path through the peer relay comes back, its bytes on the port.
+func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error)) {
+	before, err := metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in0, out0, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldDisco, err := bed.B.PeerDiscoKey(bed.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := bed.RestartNode(bed.A); err != nil {
+		t.Fatal(err)
+	}
+	pingViaPeerRelay(t, bed)
+	newDisco, err := bed.B.PeerDiscoKey(bed.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newDisco == oldDisco {
+		t.Fatalf("%s kept its disco key %s over the restart", bed.A.Name, oldDisco)
+	}
+	after, err := metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const allocs = `ferry_peer_relay_allocations_total{result="new"}`
+	if _, ok := after[allocs]; !ok {
+		t.Fatalf("peer relay metrics: no %s", allocs)
+	}
+	if after[allocs] <= before[allocs] {
+		t.Fatalf("after %s's restart (new disco key) the path is back but Ferry made no new allocation: %s %v → %v",
+			bed.A.Name, allocs, before[allocs], after[allocs])
+	}
+	in1, out1, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in1 == in0 || out1 == out0 {
+		t.Fatalf("after %s's restart the port counted %d bytes in, %d out", bed.A.Name, in1-in0, out1-out0)
+	}
+	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations",
+		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs])
 }
 
 // waitRelayNode waits until both nodes see the relay node (one node of

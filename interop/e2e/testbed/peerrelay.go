@@ -201,3 +201,28 @@ func (b *Bed) PeerRelayMetrics() (Metrics, error) {
 	}
 	return getMetrics(client, "http://"+peerRelayMetricsAddr+"/metrics")
 }
+
+// BlockPeerRelay drops (block) or lets through again (!block) the nodes'
+// UDP to the peer relay's port: an nftables table fe_prblock in each
+// node's namespace. DERP (TCP) is untouched.
+func (b *Bed) BlockPeerRelay(block bool) error {
+	rules := fmt.Sprintf(`table inet fe_prblock {
+	chain output {
+		type filter hook output priority 0; policy accept;
+		ip daddr %s udp dport %d drop
+	}
+}
+`, RelayIP, PeerRelayPort)
+	for _, ns := range []string{b.Netns.A, b.Netns.B} {
+		var err error
+		if block {
+			_, err = runInput(ns, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
+		} else {
+			_, err = run(ns, 10*time.Second, nil, "nft", "delete", "table", "inet", "fe_prblock")
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
