@@ -80,6 +80,7 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 		in, out = checkIperf(t, bed, in, out, prefix)
 		checkFallback(t, bed)
 		checkClientRestart(t, bed, metrics)
+		checkFerryStatus(t, bed, relayName)
 	}
 
 	// Ferry's own counters: allocations answered, packets forwarded.
@@ -260,6 +261,28 @@ func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.
 	}
 	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations",
 		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs])
+}
+
+// checkFerryStatus: `ferry status` shows the tailnet node registered,
+// its home region and the peer relay's open endpoints.
+func checkFerryStatus(t *testing.T, bed *testbed.Bed, relayName string) {
+	out, err := bed.PeerRelayStatus()
+	if err != nil {
+		t.Fatalf("ferry status: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("tailnet      registered  %s (nodekey:", relayName),
+		"home region 900",
+		"peer relay   endpoints connecting ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("ferry status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "open 0") || !strings.Contains(out, "allocations existing ") {
+		t.Fatalf("ferry status: no open endpoint or no allocations:\n%s", out)
+	}
+	t.Logf("ferry status:\n%s", out)
 }
 
 // waitRelayNode waits until both nodes see the relay node (one node of

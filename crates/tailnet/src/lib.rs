@@ -319,6 +319,14 @@ impl Handle {
         self.derp.send_replace(region);
     }
 
+    /// A view of the driver's status and netmap that outlives no one and
+    /// stops nothing: for a metrics page.
+    pub fn observer(&self) -> Observer {
+        Observer {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// The peer relay's counters (with [`Config::peer_relay`]).
     pub fn relay_stats(&self) -> Option<Arc<relay::Stats>> {
         self.relay_stats.clone()
@@ -334,6 +342,30 @@ impl Handle {
             .published
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the driver is doing and the netmap it holds, readable from
+/// anywhere ([`Handle::observer`]); dropping it does not stop the node.
+#[derive(Clone)]
+pub struct Observer {
+    shared: Arc<Shared>,
+}
+
+impl Observer {
+    /// What the driver is doing.
+    pub fn status(&self) -> Status {
+        self.shared
+            .published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .status
+            .clone()
+    }
+
+    /// The current netmap snapshot.
+    pub fn netmap(&self) -> Arc<Netmap> {
+        self.shared.netmap()
     }
 }
 

@@ -226,3 +226,9 @@ func (b *Bed) BlockPeerRelay(block bool) error {
 	}
 	return nil
 }
+
+// PeerRelayStatus runs `ferry status` against the peer-relay Ferry's
+// metrics (from inside the relay's namespace) and returns its text.
+func (b *Bed) PeerRelayStatus() (string, error) {
+	return run(b.Netns.Relay, 20*time.Second, nil, b.Cfg.Bins.Ferry, "status", peerRelayMetricsAddr)
+}

@@ -154,6 +154,63 @@ const HOME_REGION: Family<'static> = Family::gauge(
     "The DERP region the tailnet node is connected to and reports as its home (0: none yet).",
 );
 
+const NODE: Family<'static> = Family::gauge(
+    "ferry_tailnet_node",
+    "The tailnet node (always 1): its login server, host name, node key (short), state (registered, connecting, retrying, stopped) and, when retrying, the error that ended the last attempt.",
+)
+.labels(&["login_server", "hostname", "node_key", "state", "error"]);
+
+/// The longest error text put in a label.
+const ERROR_LABEL_MAX: usize = 200;
+
+/// A node key's short form: `nodekey:` and its first 8 hex digits.
+pub(crate) fn short_key(key: &ferry_proto::key::NodePublic) -> String {
+    let full = key.to_string();
+    full.get(..16).unwrap_or(&full).to_owned()
+}
+
+/// The state label and the error text for a driver status.
+fn state_label(status: &ferry_tailnet::Status) -> (&'static str, String) {
+    use ferry_tailnet::Status;
+    match status {
+        Status::Connecting => ("connecting", String::new()),
+        Status::Polling => ("registered", String::new()),
+        Status::Backoff { error } => {
+            let mut e = error.replace(['\n', '\r'], " ");
+            if e.len() > ERROR_LABEL_MAX {
+                let mut end = ERROR_LABEL_MAX;
+                while !e.is_char_boundary(end) {
+                    end -= 1;
+                }
+                e.truncate(end);
+            }
+            ("retrying", e)
+        }
+        Status::Stopped => ("stopped", String::new()),
+    }
+}
+
+/// The tailnet node's registration, for /metrics (what `ferry status`
+/// shows).
+pub(crate) fn render_node(
+    plan: &PeerRelayPlan,
+    key: &ferry_proto::key::NodePublic,
+    status: &ferry_tailnet::Status,
+    o: &mut String,
+) {
+    let (state, error) = state_label(status);
+    Exposition::new(o).family(&NODE).sample(
+        &[
+            &plan.login_server,
+            &plan.hostname,
+            &short_key(key),
+            state,
+            &error,
+        ],
+        1,
+    );
+}
+
 /// The tailnet node's peer-relay counters, for /metrics.
 pub(crate) fn render_stats(stats: &Stats, o: &mut String) {
     let mut w = Exposition::new(o);
@@ -251,6 +308,22 @@ mod tests {
         PeerRelayPlan::from_args(&args(list), "10.0.0.1".parse().unwrap())
     }
 
+    /// The three flags that go together.
+    const ALL: [&str; 6] = [
+        "--tailnet-login-server",
+        "http://10.0.0.1:8080",
+        "--tailnet-auth-key-file",
+        "/k",
+        "--peer-relay-port",
+        "40000",
+    ];
+
+    /// The three flags with a host name and a key file.
+    fn full_plan() -> PeerRelayPlan {
+        let with_key = [&ALL[..], &["--tailnet-hostname", "relay", "-c", "/s/k"]].concat();
+        plan(&with_key).unwrap().unwrap()
+    }
+
     #[test]
     fn without_the_flags_nothing_changes() {
         assert_eq!(plan(&[]).unwrap(), None);
@@ -258,16 +331,8 @@ mod tests {
 
     #[test]
     fn the_three_flags_go_together_and_an_error_names_the_missing_one() {
-        let all = [
-            "--tailnet-login-server",
-            "http://10.0.0.1:8080",
-            "--tailnet-auth-key-file",
-            "/k",
-            "--peer-relay-port",
-            "40000",
-        ];
-        let with_key = [&all[..], &["--tailnet-hostname", "relay", "-c", "/s/k"]].concat();
-        let p = plan(&with_key).unwrap().unwrap();
+        let all = ALL;
+        let p = full_plan();
         assert_eq!(p.state_path, Path::new("/s").join(STATE_FILE));
         assert_eq!(p.addr, "10.0.0.1:40000".parse().unwrap());
         assert_eq!(p.hostname, "relay");
@@ -317,6 +382,44 @@ mod tests {
         assert!(page.contains("ferry_peer_relay_allocations_total{result=\"new\"} 0"));
         assert!(page.contains("ferry_peer_relay_disco_dropped_total{reason=\"no_grant\"} 0"));
         assert!(page.contains("ferry_tailnet_home_region 0"));
+    }
+
+    #[test]
+    fn the_node_renders_its_registration() {
+        let p = full_plan();
+        let key = ferry_proto::key::NodePublic([0xab; 32]);
+        let mut page = String::new();
+        render_node(&p, &key, &ferry_tailnet::Status::Polling, &mut page);
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&page),
+            Vec::<String>::new()
+        );
+        assert!(
+            page.contains("ferry_tailnet_node{login_server=\"http://10.0.0.1:8080\",hostname=\"relay\",node_key=\"nodekey:abababab\",state=\"registered\",error=\"\"} 1"),
+            "{page}"
+        );
+        let mut page = String::new();
+        let error = format!(
+            "/machine/register answered 401: \"bad key\"\n{}",
+            "x".repeat(500)
+        );
+        render_node(
+            &p,
+            &key,
+            &ferry_tailnet::Status::Backoff { error },
+            &mut page,
+        );
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&page),
+            Vec::<String>::new()
+        );
+        assert!(
+            page.contains(
+                "state=\"retrying\",error=\"/machine/register answered 401: \\\"bad key\\\" xxx"
+            ),
+            "{page}"
+        );
+        assert!(page.len() < 600, "the error is cut: {page}");
     }
 
     #[test]
