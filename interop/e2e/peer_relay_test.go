@@ -55,7 +55,9 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 	pingViaPeerRelay(t, bed)
 
 	// status --json agrees, both ways.
-	prefix := fmt.Sprintf("%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	// derp-ferry offers a forwarded port (--peer-relay-endpoints): the
+	// clients' path names it.
+	prefix := bed.PeerRelayAddr + ":vni:"
 	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
 		st, err := pair[0].Status()
 		if err != nil {
@@ -326,7 +328,7 @@ func waitRelayNode(t *testing.T, bed *testbed.Bed, relayName string) {
 func pingViaPeerRelay(t *testing.T, bed *testbed.Bed) {
 	t.Helper()
 	a, b := bed.A, bed.B
-	want := fmt.Sprintf("via peer-relay(%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	want := "via peer-relay(" + bed.PeerRelayAddr + ":vni:"
 	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
 		from, to := pair[0], pair[1]
 		var out string

@@ -42,11 +42,17 @@ const PeerRelayPolicy = `{
 }
 `
 
+// PeerRelayPublicPort is the port the bed's own relay, restarted as the
+// peer relay (RestartRelayAsPeerRelay), offers with
+// --peer-relay-endpoints: nftables in the relay's namespace redirects it
+// to PeerRelayPort, as a port forward in front of a relay would.
+const PeerRelayPublicPort = 40001
+
 // peerRelayFlags writes a pre-auth key of the user fe tagged PeerRelayTag
 // into dir, sets up the relay namespace's nftables table fe_pr counting
 // the peer relay's bytes (PeerRelayBytes), and returns the tailnet flags
 // that make a Ferry the peer relay.
-func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
+func (b *Bed) peerRelayFlags(dir, hostname string, publicPort int) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -58,7 +64,15 @@ func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	rules := fmt.Sprintf(`table inet fe_pr {
+	forward := ""
+	if publicPort != PeerRelayPort {
+		forward = fmt.Sprintf(`
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		udp dport %d redirect to :%d
+	}`, publicPort, PeerRelayPort)
+	}
+	rules := fmt.Sprintf(`table inet fe_pr {%[2]s
 	chain input {
 		type filter hook input priority 0; policy accept;
 		udp dport %[1]d counter
@@ -68,16 +82,21 @@ func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 		udp sport %[1]d counter
 	}
 }
-`, PeerRelayPort)
+`, PeerRelayPort, forward)
 	if _, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
 		return nil, err
 	}
-	return []string{
+	b.PeerRelayAddr = fmt.Sprintf("%s:%d", RelayIP, publicPort)
+	flags := []string{
 		"--tailnet-login-server", b.Headscale.LoginServer(),
 		"--tailnet-auth-key-file", keyFile,
 		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
 		"--tailnet-hostname", hostname,
-	}, nil
+	}
+	if publicPort != PeerRelayPort {
+		flags = append(flags, "--peer-relay-endpoints", b.PeerRelayAddr)
+	}
+	return flags, nil
 }
 
 // StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
@@ -87,7 +106,7 @@ func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 // home DERP region.
 func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 	dir := filepath.Join(b.Dir, "peer-relay")
-	flags, err := b.peerRelayFlags(dir, hostname)
+	flags, err := b.peerRelayFlags(dir, hostname, PeerRelayPort)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +138,8 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 }
 
 // RestartRelayAsPeerRelay restarts the bed's Ferry relay (plain HTTP;
-// same key, same ports) with the tailnet flags: it is then both the
+// same key, same ports) with the tailnet flags and
+// --peer-relay-endpoints RelayIP:PeerRelayPublicPort: it is then both the
 // tailnet's DERP server and its peer relay, and its own DERP client
 // connects to itself. The nodes reconnect to it by themselves;
 // Relay.Metrics then includes the peer relay's series.
@@ -129,7 +149,7 @@ func (b *Bed) RestartRelayAsPeerRelay(hostname string) error {
 		return fmt.Errorf("RestartRelayAsPeerRelay: needs Ferry over plain HTTP, not %s", opts.Name())
 	}
 	dir := filepath.Join(b.Dir, "relay")
-	flags, err := b.peerRelayFlags(dir, hostname)
+	flags, err := b.peerRelayFlags(dir, hostname, PeerRelayPublicPort)
 	if err != nil {
 		return err
 	}

@@ -135,6 +135,12 @@ pub(crate) struct DerpArgs {
     #[arg(long = "peer-relay-port")]
     pub peer_relay_port: Option<u16>,
 
+    /// The peer relay's public addresses (`ADDR:PORT,...`) to offer
+    /// clients instead of the -a address (or the interfaces' addresses):
+    /// for a relay behind NAT or a port forward. Needs the tailnet flags.
+    #[arg(long = "peer-relay-endpoints", value_name = "ADDR:PORT,...")]
+    pub peer_relay_endpoints: Option<String>,
+
     /// The node's host name in the tailnet (default: this host's name).
     #[arg(long = "tailnet-hostname")]
     pub tailnet_hostname: Option<String>,

@@ -31,6 +31,9 @@ pub(crate) struct PeerRelayPlan {
     pub hostname: String,
     /// The state file (beside the key file).
     pub state_path: PathBuf,
+    /// `--peer-relay-endpoints`: the addresses to offer (empty: the
+    /// socket's own, see [`offered_addrs`]).
+    pub endpoints: Vec<SocketAddr>,
 }
 
 /// The flags that must be given together, as the operator writes them.
@@ -48,6 +51,9 @@ impl PeerRelayPlan {
         if server.is_none() && key.is_none() && port.is_none() {
             if args.tailnet_hostname.is_some() {
                 bail!("--tailnet-hostname: needs {TOGETHER}");
+            }
+            if args.peer_relay_endpoints.is_some() {
+                bail!("--peer-relay-endpoints: needs {TOGETHER}");
             }
             return Ok(None);
         }
@@ -75,7 +81,41 @@ impl PeerRelayPlan {
             addr: SocketAddr::new(ip, port),
             hostname,
             state_path: state_path(args.key_path().as_deref())?,
+            endpoints: match &args.peer_relay_endpoints {
+                Some(list) => parse_endpoints(list)?,
+                None => Vec::new(),
+            },
         }))
+    }
+}
+
+/// `--peer-relay-endpoints`: comma-separated `ADDR:PORT` (IPv6 in
+/// brackets), at least one, each a unicast address with a port, no
+/// repeats.
+fn parse_endpoints(list: &str) -> Result<Vec<SocketAddr>> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let a: SocketAddr = item
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--peer-relay-endpoints: {item:?} is not ADDR:PORT"))?;
+        if a.port() == 0 || a.ip().is_unspecified() || a.ip().is_multicast() {
+            bail!("--peer-relay-endpoints: {item}: needs a unicast address and a port");
+        }
+        if out.contains(&a) {
+            bail!("--peer-relay-endpoints: {item} twice");
+        }
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// The addresses the peer relay offers clients: the configured ones, or
+/// else the bound socket's ([`offered_addrs`]).
+pub(crate) fn addrs_to_offer(plan: &PeerRelayPlan, bound: SocketAddr) -> Vec<SocketAddr> {
+    if plan.endpoints.is_empty() {
+        offered_addrs(bound)
+    } else {
+        plan.endpoints.clone()
     }
 }
 
@@ -246,7 +286,7 @@ pub(crate) fn start_port(plan: &PeerRelayPlan, workers: usize) -> Result<PeerRel
         ferry_udp::Relay::start_peer_relay("--peer-relay-port", plan.addr, relays.clone(), tuning)
             .context("starting the peer relay")?;
     let bound = relays.bound().unwrap_or(plan.addr);
-    let addrs = offered_addrs(bound);
+    let addrs = addrs_to_offer(plan, bound);
     if addrs.is_empty() {
         tracing::warn!(%bound, "peer relay: no address to offer: allocations are refused");
     }
@@ -420,6 +460,58 @@ mod tests {
             "{page}"
         );
         assert!(page.len() < 600, "the error is cut: {page}");
+    }
+
+    #[test]
+    fn configured_endpoints_are_offered_instead_of_the_socket() {
+        let with = |list: &str| {
+            let argv = [&ALL[..], &["-c", "/s/k", "--peer-relay-endpoints", list]].concat();
+            plan(&argv)
+        };
+        let p = with("203.0.113.7:41000, [2001:db8::1]:40000")
+            .unwrap()
+            .unwrap();
+        let want: Vec<SocketAddr> = vec![
+            "203.0.113.7:41000".parse().unwrap(),
+            "[2001:db8::1]:40000".parse().unwrap(),
+        ];
+        assert_eq!(p.endpoints, want);
+        let bound: SocketAddr = "10.0.0.1:40000".parse().unwrap();
+        assert_eq!(addrs_to_offer(&p, bound), want);
+        // What a client's allocation answer carries.
+        let relays = PeerRelays::new(DiscoPrivate::generate(), Limits::default());
+        relays.set_addrs(addrs_to_offer(&p, bound));
+        let req = ferry_proto::disco::AllocateRequest {
+            client_disco: [
+                DiscoPrivate::generate().public(),
+                DiscoPrivate::generate().public(),
+            ],
+            generation: 1,
+        };
+        let a = relays
+            .allocate(
+                &ferry_proto::key::NodePublic([1; 32]),
+                &req,
+                std::time::Instant::now(),
+            )
+            .unwrap();
+        assert_eq!(a.response.endpoint.endpoints, want);
+        // Without the flag: the socket's address.
+        assert_eq!(addrs_to_offer(&full_plan(), bound), [bound]);
+        for bad in [
+            "",
+            "203.0.113.7",
+            "203.0.113.7:0",
+            "0.0.0.0:1",
+            "a:1",
+            "1.2.3.4:1,1.2.3.4:1",
+        ] {
+            assert!(with(bad).is_err(), "{bad:?} accepted");
+        }
+        let e = plan(&["--peer-relay-endpoints", "1.2.3.4:5"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--peer-relay-endpoints: needs"), "{e}");
     }
 
     #[test]
