@@ -4,7 +4,8 @@
 //! keeps the node registered with its control server (Headscale or
 //! Tailscale's) and holds a streaming map poll:
 //!
-//! 1. `GET /key?v=<capver>` names the server's machine key;
+//! 1. `GET /key?v=<capver>` names the server's machine key (over TLS for
+//!    an `https://` login server, as every step below);
 //! 2. `POST /ts2021` upgrades to the Noise channel
 //!    ([`ferry_proto::tailnet`]), inside which HTTP/2 runs with prior
 //!    knowledge;
@@ -48,8 +49,11 @@ use std::time::{Duration, Instant};
 /// What the control client needs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The login server, `http://host[:port]`.
+    /// The login server, `http://host[:port]` or `https://host[:port]`.
     pub login_server: String,
+    /// The CA certificates an `https://` login server's certificate is
+    /// checked against (default: the system's).
+    pub tls_roots: ferry_client::TlsRoots,
     /// The pre-authentication key (used only when registering).
     pub auth_key: String,
     /// The state file (keys; created 0600 if missing).

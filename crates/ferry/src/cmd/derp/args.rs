@@ -117,7 +117,9 @@ pub(crate) struct DerpArgs {
     #[arg(long = "relay-idle-timeout", default_value = "60s")]
     pub relay_idle_timeout: String,
 
-    /// Join a tailnet at this control server (Headscale; `http://host[:port]`)
+    /// Join a tailnet at this control server (Headscale;
+    /// `http://host[:port]` or `https://host[:port]`, its certificate
+    /// checked against the system's CAs, SSL_CERT_FILE honoured)
     /// as a node, and serve its nodes as a Tailscale peer relay on
     /// --peer-relay-port. Goes with --tailnet-auth-key-file and
     /// --peer-relay-port; the node's keys are kept in ferry-tailnet.json

@@ -307,6 +307,7 @@ pub(crate) fn start_node(
     }
     let tailnet = ferry_tailnet::start(ferry_tailnet::Config {
         login_server: plan.login_server.clone(),
+        tls_roots: ferry_client::TlsRoots::System,
         auth_key,
         state_path: plan.state_path.clone(),
         hostname: plan.hostname.clone(),
