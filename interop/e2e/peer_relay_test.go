@@ -26,11 +26,26 @@ func TestPeerRelay(t *testing.T) {
 	// A Ferry of its own beside the DERP relay (with iperf3); then the
 	// DERP relay itself restarted with the flags, its disco traffic
 	// reaching it through itself.
-	t.Run("second-ferry", func(t *testing.T) { checkPeerRelay(t, false) })
-	t.Run("derp-ferry", func(t *testing.T) { checkPeerRelay(t, true) })
+	t.Run("second-ferry", func(t *testing.T) { checkPeerRelay(t, secondFerry) })
+	t.Run("derp-ferry", func(t *testing.T) { checkPeerRelay(t, derpFerry) })
+	// The reference: tailscaled's own peer relay in the same place,
+	// checked the same way (but for Ferry's metrics and status, and the
+	// fallback and restart steps, which test the clients as much as the
+	// relay).
+	t.Run("reference-tailscaled", func(t *testing.T) { checkPeerRelay(t, referenceTailscaled) })
 }
 
-func checkPeerRelay(t *testing.T, ownDERP bool) {
+// What serves the peer relay in a subtest.
+type peerRelayKind int
+
+const (
+	secondFerry         peerRelayKind = iota // a Ferry of its own
+	derpFerry                                // the bed's DERP relay, restarted as the peer relay too
+	referenceTailscaled                      // tailscaled's own peer relay
+)
+
+func checkPeerRelay(t *testing.T, kind peerRelayKind) {
+	ownDERP := kind == derpFerry
 	start := time.Now()
 	bed := upBed(t, testbed.Config{
 		Bins:   bins,
@@ -40,14 +55,22 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 	}, 80)
 	relayName := "fe-relay"
 	metrics := bed.PeerRelayMetrics
-	if ownDERP {
+	switch kind {
+	case derpFerry:
 		relayName = "fe-derp"
 		if err := bed.RestartRelayAsPeerRelay(relayName); err != nil {
 			t.Fatalf("restarting the DERP relay as the peer relay: %v", err)
 		}
 		metrics = bed.Relay.Metrics
-	} else if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
-		t.Fatalf("starting Ferry's peer relay: %v", err)
+	case referenceTailscaled:
+		relayName = "fe-ref"
+		if _, err := bed.StartTailscaledPeerRelay(relayName); err != nil {
+			t.Fatalf("starting tailscaled's peer relay: %v", err)
+		}
+	default:
+		if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
+			t.Fatalf("starting Ferry's peer relay: %v", err)
+		}
 	}
 	a, b := bed.A, bed.B
 
@@ -78,6 +101,11 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
 	}
 
+	if kind == referenceTailscaled {
+		checkIperf(t, bed, in, out, prefix)
+		t.Logf("whole test %.1f s", time.Since(start).Seconds())
+		return
+	}
 	if !ownDERP {
 		in, out = checkIperf(t, bed, in, out, prefix)
 		checkFallback(t, bed)

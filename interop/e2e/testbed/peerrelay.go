@@ -64,6 +64,26 @@ func (b *Bed) peerRelayFlags(dir, hostname string, publicPort int) ([]string, er
 	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
 		return nil, err
 	}
+	if err := b.countPeerRelayPort(publicPort); err != nil {
+		return nil, err
+	}
+	b.PeerRelayAddr = fmt.Sprintf("%s:%d", RelayIP, publicPort)
+	flags := []string{
+		"--tailnet-login-server", b.Headscale.LoginServer(),
+		"--tailnet-auth-key-file", keyFile,
+		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
+		"--tailnet-hostname", hostname,
+	}
+	if publicPort != PeerRelayPort {
+		flags = append(flags, "--peer-relay-endpoints", b.PeerRelayAddr)
+	}
+	return flags, nil
+}
+
+// countPeerRelayPort sets up the relay namespace's nftables table fe_pr:
+// counters of the bytes into and out of PeerRelayPort (PeerRelayBytes),
+// and publicPort redirected to it when it differs.
+func (b *Bed) countPeerRelayPort(publicPort int) error {
 	forward := ""
 	if publicPort != PeerRelayPort {
 		forward = fmt.Sprintf(`
@@ -83,20 +103,45 @@ func (b *Bed) peerRelayFlags(dir, hostname string, publicPort int) ([]string, er
 	}
 }
 `, PeerRelayPort, forward)
-	if _, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
+	_, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
+	return err
+}
+
+// StartTailscaledPeerRelay starts the reference: a tailscaled in the
+// relay's namespace, logged in with a key of the user fe tagged
+// PeerRelayTag, serving Tailscale's own peer relay on PeerRelayPort
+// (`tailscale set --relay-server-port`), its bytes counted in fe_pr.
+func (b *Bed) StartTailscaledPeerRelay(hostname string) (*Node, error) {
+	key, err := b.Headscale.PreAuthKey("fe", PeerRelayTag)
+	if err != nil {
 		return nil, err
 	}
-	b.PeerRelayAddr = fmt.Sprintf("%s:%d", RelayIP, publicPort)
-	flags := []string{
-		"--tailnet-login-server", b.Headscale.LoginServer(),
-		"--tailnet-auth-key-file", keyFile,
-		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
-		"--tailnet-hostname", hostname,
+	if err := b.countPeerRelayPort(PeerRelayPort); err != nil {
+		return nil, err
 	}
-	if publicPort != PeerRelayPort {
-		flags = append(flags, "--peer-relay-endpoints", b.PeerRelayAddr)
+	b.PeerRelayAddr = fmt.Sprintf("%s:%d", RelayIP, PeerRelayPort)
+	dir := filepath.Join(b.Dir, "peer-relay")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
 	}
-	return flags, nil
+	env := []string{"TS_DEBUG_USE_DERP_HTTP=1"}
+	if b.Cfg.Relay.TLS {
+		env = []string{"SSL_CERT_FILE=" + b.Relay.CertFile}
+	}
+	n, err := startNode(b.Cfg.Bins, hostname, b.Netns.Relay, dir, "fe-ts-pr", env, Placement{})
+	if n != nil {
+		b.procs = append(b.procs, n.Proc)
+	}
+	if err != nil {
+		return n, err
+	}
+	if err := n.Up(b.Headscale.LoginServer(), key); err != nil {
+		return n, err
+	}
+	if out, err := n.CLI(30*time.Second, "set", "--relay-server-port", strconv.Itoa(PeerRelayPort)); err != nil {
+		return n, fmt.Errorf("tailscale set --relay-server-port: %v %s", err, out)
+	}
+	return n, nil
 }
 
 // StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
