@@ -68,8 +68,18 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 			t.Fatalf("starting tailscaled's peer relay: %v", err)
 		}
 	default:
-		if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
+		p, err := bed.StartFerryPeerRelay(relayName)
+		if err != nil {
 			t.Fatalf("starting Ferry's peer relay: %v", err)
+		}
+		// No --peer-relay-endpoints: Ferry asks the home region's STUN
+		// server (the bed's relay) from the peer-relay port.
+		const learned = "STUN names the port's public address"
+		if err := waitFor(10*time.Second, func() (bool, string) {
+			line := firstLineWith(p.Logs(), learned)
+			return strings.Contains(line, testbed.RelayIP+":"+fmt.Sprint(testbed.PeerRelayPort)), "Ferry's log: " + line
+		}); err != nil {
+			t.Fatalf("no STUN answer for the peer-relay port: %v", err)
 		}
 	}
 	a, b := bed.A, bed.B

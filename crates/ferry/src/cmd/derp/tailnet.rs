@@ -291,6 +291,11 @@ pub(crate) fn start_port(plan: &PeerRelayPlan, workers: usize) -> Result<PeerRel
         tracing::warn!(%bound, "peer relay: no address to offer: allocations are refused");
     }
     relays.set_addrs(addrs);
+    if plan.endpoints.is_empty() {
+        // No public address configured: ask the home region's STUN
+        // server too (the tailnet node does, from this port).
+        relays.stun().enable();
+    }
     Ok(PeerRelayPort { udp, relays })
 }
 
