@@ -26,11 +26,26 @@ func TestPeerRelay(t *testing.T) {
 	// A Ferry of its own beside the DERP relay (with iperf3); then the
 	// DERP relay itself restarted with the flags, its disco traffic
 	// reaching it through itself.
-	t.Run("second-ferry", func(t *testing.T) { checkPeerRelay(t, false) })
-	t.Run("derp-ferry", func(t *testing.T) { checkPeerRelay(t, true) })
+	t.Run("second-ferry", func(t *testing.T) { checkPeerRelay(t, secondFerry) })
+	t.Run("derp-ferry", func(t *testing.T) { checkPeerRelay(t, derpFerry) })
+	// The reference: tailscaled's own peer relay in the same place,
+	// checked the same way (but for Ferry's metrics and status, and the
+	// fallback and restart steps, which test the clients as much as the
+	// relay).
+	t.Run("reference-tailscaled", func(t *testing.T) { checkPeerRelay(t, referenceTailscaled) })
 }
 
-func checkPeerRelay(t *testing.T, ownDERP bool) {
+// What serves the peer relay in a subtest.
+type peerRelayKind int
+
+const (
+	secondFerry         peerRelayKind = iota // a Ferry of its own
+	derpFerry                                // the bed's DERP relay, restarted as the peer relay too
+	referenceTailscaled                      // tailscaled's own peer relay
+)
+
+func checkPeerRelay(t *testing.T, kind peerRelayKind) {
+	ownDERP := kind == derpFerry
 	start := time.Now()
 	bed := upBed(t, testbed.Config{
 		Bins:   bins,
@@ -40,14 +55,32 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 	}, 80)
 	relayName := "fe-relay"
 	metrics := bed.PeerRelayMetrics
-	if ownDERP {
+	switch kind {
+	case derpFerry:
 		relayName = "fe-derp"
 		if err := bed.RestartRelayAsPeerRelay(relayName); err != nil {
 			t.Fatalf("restarting the DERP relay as the peer relay: %v", err)
 		}
 		metrics = bed.Relay.Metrics
-	} else if _, err := bed.StartFerryPeerRelay(relayName); err != nil {
-		t.Fatalf("starting Ferry's peer relay: %v", err)
+	case referenceTailscaled:
+		relayName = "fe-ref"
+		if _, err := bed.StartTailscaledPeerRelay(relayName); err != nil {
+			t.Fatalf("starting tailscaled's peer relay: %v", err)
+		}
+	default:
+		p, err := bed.StartFerryPeerRelay(relayName)
+		if err != nil {
+			t.Fatalf("starting Ferry's peer relay: %v", err)
+		}
+		// No --peer-relay-endpoints: Ferry asks the home region's STUN
+		// server (the bed's relay) from the peer-relay port.
+		const learned = "STUN names the port's public address"
+		if err := waitFor(10*time.Second, func() (bool, string) {
+			line := firstLineWith(p.Logs(), learned)
+			return strings.Contains(line, testbed.RelayIP+":"+fmt.Sprint(testbed.PeerRelayPort)), "Ferry's log: " + line
+		}); err != nil {
+			t.Fatalf("no STUN answer for the peer-relay port: %v", err)
+		}
 	}
 	a, b := bed.A, bed.B
 
@@ -55,7 +88,9 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 	pingViaPeerRelay(t, bed)
 
 	// status --json agrees, both ways.
-	prefix := fmt.Sprintf("%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	// derp-ferry offers a forwarded port (--peer-relay-endpoints): the
+	// clients' path names it.
+	prefix := bed.PeerRelayAddr + ":vni:"
 	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
 		st, err := pair[0].Status()
 		if err != nil {
@@ -76,8 +111,16 @@ func checkPeerRelay(t *testing.T, ownDERP bool) {
 		t.Fatalf("peer relay port: %d bytes in, %d out", in, out)
 	}
 
+	if kind == referenceTailscaled {
+		checkIperf(t, bed, in, out, prefix)
+		t.Logf("whole test %.1f s", time.Since(start).Seconds())
+		return
+	}
 	if !ownDERP {
 		in, out = checkIperf(t, bed, in, out, prefix)
+		checkFallback(t, bed)
+		checkClientRestart(t, bed, metrics)
+		checkFerryStatus(t, bed, relayName)
 	}
 
 	// Ferry's own counters: allocations answered, packets forwarded.
@@ -151,6 +194,137 @@ func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (i
 	return in2, out2
 }
 
+// checkFallback blocks the nodes' UDP to the peer relay's port: the path
+// falls back to DERP (tailscale ping answers via DERP, ICMP still
+// crosses the tunnel, the port's counters stand still); unblocked, the
+// peer relay path comes back and the counters move again.
+func checkFallback(t *testing.T, bed *testbed.Bed) {
+	a, b := bed.A, bed.B
+	start := time.Now()
+	if err := bed.BlockPeerRelay(true); err != nil {
+		t.Fatalf("blocking the peer relay's port: %v", err)
+	}
+	in0, out0, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
+		from, to := pair[0], pair[1]
+		var out string
+		if err := waitFor(30*time.Second, func() (bool, string) {
+			// One ping, answered within a second: a ping lost on the
+			// blocked path costs a second, not five.
+			out, _ = from.CLI(10*time.Second, "ping", "--c", "1", "--timeout", "1s", to.IP)
+			return strings.Contains(out, "via DERP(") && !strings.Contains(out, "via peer-relay"), out
+		}); err != nil {
+			t.Fatalf("with the peer relay's port blocked, tailscale ping %s→%s never went via DERP alone: %v", from.Name, to.Name, err)
+		}
+	}
+	fellBack := time.Since(start)
+	pr, err := testbed.Ping(a, b.IP, 10, 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("ping %s: %v", b.IP, err)
+	}
+	if pr.Received < 8 {
+		t.Fatalf("with the peer relay's port blocked, ping %s: %d of %d replies", b.IP, pr.Received, pr.Sent)
+	}
+	in1, out1, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in1 != in0 || out1 != out0 {
+		t.Fatalf("the peer relay's port counted bytes while blocked: %d in, %d out", in1-in0, out1-out0)
+	}
+
+	unblocked := time.Now()
+	if err := bed.BlockPeerRelay(false); err != nil {
+		t.Fatalf("unblocking the peer relay's port: %v", err)
+	}
+	pingViaPeerRelay(t, bed)
+	in2, out2, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in2 == in1 || out2 == out1 {
+		t.Fatalf("peer relay path back, but the port counted %d bytes in, %d out", in2-in1, out2-out1)
+	}
+	t.Logf("blocked: via DERP after %.1f s (%d of %d ICMP replies); unblocked: via the peer relay after %.1f s (port %d bytes in, %d out)",
+		fellBack.Seconds(), pr.Received, pr.Sent, time.Since(unblocked).Seconds(), in2-in1, out2-out1)
+}
+
+// checkClientRestart restarts node A's tailscaled (same node key, a new
+// disco key): Ferry allocates for the new pair of disco keys and the
+// path through the peer relay comes back, its bytes on the port.
+func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error)) {
+	before, err := metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in0, out0, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldDisco, err := bed.B.PeerDiscoKey(bed.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := bed.RestartNode(bed.A); err != nil {
+		t.Fatal(err)
+	}
+	pingViaPeerRelay(t, bed)
+	newDisco, err := bed.B.PeerDiscoKey(bed.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newDisco == oldDisco {
+		t.Fatalf("%s kept its disco key %s over the restart", bed.A.Name, oldDisco)
+	}
+	after, err := metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const allocs = `ferry_peer_relay_allocations_total{result="new"}`
+	if _, ok := after[allocs]; !ok {
+		t.Fatalf("peer relay metrics: no %s", allocs)
+	}
+	if after[allocs] <= before[allocs] {
+		t.Fatalf("after %s's restart (new disco key) the path is back but Ferry made no new allocation: %s %v → %v",
+			bed.A.Name, allocs, before[allocs], after[allocs])
+	}
+	in1, out1, err := bed.PeerRelayBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in1 == in0 || out1 == out0 {
+		t.Fatalf("after %s's restart the port counted %d bytes in, %d out", bed.A.Name, in1-in0, out1-out0)
+	}
+	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations",
+		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs])
+}
+
+// checkFerryStatus: `ferry status` shows the tailnet node registered,
+// its home region and the peer relay's open endpoints.
+func checkFerryStatus(t *testing.T, bed *testbed.Bed, relayName string) {
+	out, err := bed.PeerRelayStatus()
+	if err != nil {
+		t.Fatalf("ferry status: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("tailnet      registered  %s (nodekey:", relayName),
+		"home region 900",
+		"peer relay   endpoints connecting ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("ferry status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "open 0") || !strings.Contains(out, "allocations existing ") {
+		t.Fatalf("ferry status: no open endpoint or no allocations:\n%s", out)
+	}
+	t.Logf("ferry status:\n%s", out)
+}
+
 // waitRelayNode waits until both nodes see the relay node (one node of
 // that name) with its tag and its home DERP region (PreferredDERP, reported once Ferry's DERP
 // client is connected).
@@ -192,7 +366,7 @@ func waitRelayNode(t *testing.T, bed *testbed.Bed, relayName string) {
 func pingViaPeerRelay(t *testing.T, bed *testbed.Bed) {
 	t.Helper()
 	a, b := bed.A, bed.B
-	want := fmt.Sprintf("via peer-relay(%s:%d:vni:", testbed.RelayIP, testbed.PeerRelayPort)
+	want := "via peer-relay(" + bed.PeerRelayAddr + ":vni:"
 	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
 		from, to := pair[0], pair[1]
 		var out string

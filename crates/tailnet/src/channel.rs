@@ -1,15 +1,16 @@
-//! Opening the control channel: the server's key (`GET /key`), TCP, the
-//! `/ts2021` upgrade, the Noise handshake, the early payload, and a pump
+//! Opening the control channel: the server's key (`GET /key`), TCP (and
+//! TLS for an `https://` login server), the `/ts2021` upgrade, the Noise handshake, the early payload, and a pump
 //! that moves plaintext between the Noise records on the socket and an
 //! in-memory pipe HTTP/2 reads and writes.
 
 use crate::Error;
+use ferry_client::TlsRoots;
 use ferry_proto::key::{MachinePrivate, MachinePublic};
 use ferry_proto::tailnet::early::{self, Early};
 use ferry_proto::tailnet::noise::{Initiator, Transport, MAX_PLAINTEXT};
 use ferry_proto::tailnet::{upgrade, CAPABILITY_VERSION};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpStream;
 
 /// Longest answer to `GET /key` read.
@@ -19,22 +20,34 @@ pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Capacity of the in-memory pipe between the pump and HTTP/2.
 const PIPE: usize = 64 * 1024;
 
-/// A login server URL, `http://host[:port]` (a path is ignored).
+/// A byte stream to the login server: TCP, or TLS over TCP.
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// A login server URL, `http://host[:port]` or `https://host[:port]` (a
+/// path is ignored).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoginServer {
     /// Host name or address (IPv6 without brackets).
     pub host: String,
     /// TCP port.
     pub port: u16,
+    /// `https://`: TLS, the certificate checked for `host` against the
+    /// system's CA certificates (`SSL_CERT_FILE` and `SSL_CERT_DIR`
+    /// honoured).
+    pub tls: bool,
 }
 
 impl LoginServer {
-    /// Parses `http://host[:port][/…]`. Only plain HTTP for now.
+    /// Parses `http://host[:port][/…]` (port 80 by default) or
+    /// `https://host[:port][/…]` (443).
     pub fn parse(url: &str) -> Result<LoginServer, Error> {
         let bad = |why: &str| Error::Config(format!("login server {url:?}: {why}"));
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| bad("only http:// URLs are supported"))?;
+        let (rest, tls) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(rest), _) => (rest, false),
+            (_, Some(rest)) => (rest, true),
+            _ => return Err(bad("only http:// and https:// URLs are supported")),
+        };
         let authority = rest.split('/').next().unwrap_or_default();
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let (h, tail) = v6.split_once(']').ok_or_else(|| bad("unclosed ["))?;
@@ -50,11 +63,13 @@ impl LoginServer {
         }
         let port = match port {
             Some(p) => p.parse().map_err(|_| bad("bad port"))?,
+            None if tls => 443,
             None => 80,
         };
         Ok(LoginServer {
             host: host.to_owned(),
             port,
+            tls,
         })
     }
 
@@ -67,7 +82,9 @@ impl LoginServer {
         }
     }
 
-    async fn connect(&self) -> Result<TcpStream, Error> {
+    /// TCP to the server, and TLS over it for `https://` (the
+    /// certificate checked for the host against `roots`).
+    async fn connect(&self, roots: &TlsRoots) -> Result<Box<dyn Stream>, Error> {
         let s = tokio::time::timeout(
             STEP_TIMEOUT,
             TcpStream::connect((self.host.as_str(), self.port)),
@@ -75,13 +92,28 @@ impl LoginServer {
         .await
         .map_err(|_| Error::Timeout("connecting to the login server"))??;
         s.set_nodelay(true)?;
-        Ok(s)
+        if !self.tls {
+            return Ok(Box::new(s));
+        }
+        let (config, name) = ferry_client::https_client_config(roots, &self.host)
+            .map_err(|e| Error::Config(format!("TLS to the login server: {e}")))?;
+        let tls = tokio::time::timeout(
+            STEP_TIMEOUT,
+            tokio_rustls::TlsConnector::from(config).connect(name, s),
+        )
+        .await
+        .map_err(|_| Error::Timeout("the login server's TLS handshake"))?
+        .map_err(|e| Error::Protocol(format!("TLS to {}: {e}", self.authority())))?;
+        Ok(Box::new(tls))
     }
 }
 
 /// `GET /key?v=<capver>`: the control server's machine public key.
-pub(crate) async fn fetch_server_key(server: &LoginServer) -> Result<MachinePublic, Error> {
-    let mut s = server.connect().await?;
+pub(crate) async fn fetch_server_key(
+    server: &LoginServer,
+    roots: &TlsRoots,
+) -> Result<MachinePublic, Error> {
+    let mut s = server.connect(roots).await?;
     let req = format!(
         "GET /key?v={CAPABILITY_VERSION} HTTP/1.1\r\nHost: {}\r\nUser-Agent: ferry\r\nConnection: close\r\n\r\n",
         server.authority()
@@ -155,8 +187,9 @@ pub(crate) async fn open(
     server: &LoginServer,
     server_key: &MachinePublic,
     machine: &MachinePrivate,
+    roots: &TlsRoots,
 ) -> Result<DuplexStream, Error> {
-    let mut s = server.connect().await?;
+    let mut s = server.connect(roots).await?;
     let mut ephemeral = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut ephemeral);
     let init = Initiator::new(machine, server_key, CAPABILITY_VERSION, ephemeral)?;
@@ -206,8 +239,8 @@ async fn read_more<R: tokio::io::AsyncRead + Unpin>(
 /// Moves bytes between the socket (records) and the pipe (plaintext)
 /// until either side closes or fails; the early payload is dropped before
 /// HTTP/2 sees the stream.
-async fn pump(s: TcpStream, t: Transport, wire: Vec<u8>, pipe: DuplexStream) {
-    let (sock_r, sock_w) = s.into_split();
+async fn pump(s: Box<dyn Stream>, t: Transport, wire: Vec<u8>, pipe: DuplexStream) {
+    let (sock_r, sock_w) = tokio::io::split(s);
     let (pipe_r, pipe_w) = tokio::io::split(pipe);
     let (tx_records, rx_records) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let result = tokio::select! {
@@ -237,8 +270,8 @@ async fn plaintext_out(
 /// Opens the server's records into the pipe (dropping the early payload
 /// first) and seals the pieces from [`plaintext_out`] onto the socket.
 async fn records(
-    mut sock_r: tokio::net::tcp::OwnedReadHalf,
-    mut sock_w: tokio::net::tcp::OwnedWriteHalf,
+    mut sock_r: tokio::io::ReadHalf<Box<dyn Stream>>,
+    mut sock_w: tokio::io::WriteHalf<Box<dyn Stream>>,
     mut t: Transport,
     mut wire: Vec<u8>,
     mut pipe_w: tokio::io::WriteHalf<DuplexStream>,
@@ -288,7 +321,10 @@ mod tests {
         assert_eq!((s.host.as_str(), s.port), ("::1", 9));
         assert_eq!(s.authority(), "[::1]:9");
         assert_eq!(LoginServer::parse("http://hs.example").unwrap().port, 80);
-        assert!(LoginServer::parse("https://hs.example").is_err());
+        let s = LoginServer::parse("https://hs.example").unwrap();
+        assert_eq!((s.port, s.tls), (443, true));
+        assert!(!LoginServer::parse("http://hs.example").unwrap().tls);
+        assert!(LoginServer::parse("ftp://hs.example").is_err());
         assert!(LoginServer::parse("http://:80").is_err());
         assert!(LoginServer::parse("http://h:x").is_err());
     }
@@ -300,5 +336,76 @@ mod tests {
             b"abcd"
         );
         assert!(dechunk(b"5\r\nab").is_err());
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+    use ferry_testkit::certs::TestCa;
+    use std::sync::Arc;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::PrivateKeyDer;
+    use tokio_rustls::rustls::{self, ServerConfig};
+
+    /// A loopback TLS server with the test CA's `localhost` certificate
+    /// that answers each `GET /key` with `key`; its port.
+    async fn key_server(ca: &TestCa, key: MachinePublic) -> u16 {
+        let pem = std::fs::read(ca.dir.path().join("localhost.key")).unwrap();
+        let private = PrivateKeyDer::from_pem_slice(&pem).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![ca.leaf.clone()], private)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let mut req = Vec::new();
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    if read_more(&mut tls, &mut req).await.is_err() {
+                        break;
+                    }
+                }
+                let body = format!("{{\"publicKey\":\"{key}\"}}");
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(resp.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn an_https_login_server_is_reached_over_tls_and_its_certificate_checked() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ca = TestCa::new();
+            let key = MachinePublic([7; 32]);
+            let port = key_server(&ca, key).await;
+            let server = LoginServer::parse(&format!("https://localhost:{port}")).unwrap();
+            let trusted = TlsRoots::Custom(Arc::new(ca.root_store()));
+            assert_eq!(fetch_server_key(&server, &trusted).await.unwrap(), key);
+            // A certificate from a CA the client does not trust: refused.
+            let other = TlsRoots::Custom(Arc::new(TestCa::new().root_store()));
+            let e = fetch_server_key(&server, &other).await.unwrap_err();
+            assert!(e.to_string().contains("TLS to localhost"), "{e}");
+            // Plain HTTP to the TLS port gets no key.
+            let plain = LoginServer::parse(&format!("http://localhost:{port}")).unwrap();
+            assert!(fetch_server_key(&plain, &trusted).await.is_err());
+        });
     }
 }

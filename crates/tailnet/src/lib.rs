@@ -4,7 +4,8 @@
 //! keeps the node registered with its control server (Headscale or
 //! Tailscale's) and holds a streaming map poll:
 //!
-//! 1. `GET /key?v=<capver>` names the server's machine key;
+//! 1. `GET /key?v=<capver>` names the server's machine key (over TLS for
+//!    an `https://` login server, as every step below);
 //! 2. `POST /ts2021` upgrades to the Noise channel
 //!    ([`ferry_proto::tailnet`]), inside which HTTP/2 runs with prior
 //!    knowledge;
@@ -48,8 +49,11 @@ use std::time::{Duration, Instant};
 /// What the control client needs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The login server, `http://host[:port]`.
+    /// The login server, `http://host[:port]` or `https://host[:port]`.
     pub login_server: String,
+    /// The CA certificates an `https://` login server's certificate is
+    /// checked against (default: the system's).
+    pub tls_roots: ferry_client::TlsRoots,
     /// The pre-authentication key (used only when registering).
     pub auth_key: String,
     /// The state file (keys; created 0600 if missing).
@@ -319,6 +323,14 @@ impl Handle {
         self.derp.send_replace(region);
     }
 
+    /// A view of the driver's status and netmap that outlives no one and
+    /// stops nothing: for a metrics page.
+    pub fn observer(&self) -> Observer {
+        Observer {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// The peer relay's counters (with [`Config::peer_relay`]).
     pub fn relay_stats(&self) -> Option<Arc<relay::Stats>> {
         self.relay_stats.clone()
@@ -334,6 +346,30 @@ impl Handle {
             .published
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the driver is doing and the netmap it holds, readable from
+/// anywhere ([`Handle::observer`]); dropping it does not stop the node.
+#[derive(Clone)]
+pub struct Observer {
+    shared: Arc<Shared>,
+}
+
+impl Observer {
+    /// What the driver is doing.
+    pub fn status(&self) -> Status {
+        self.shared
+            .published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .status
+            .clone()
+    }
+
+    /// The current netmap snapshot.
+    pub fn netmap(&self) -> Arc<Netmap> {
+        self.shared.netmap()
     }
 }
 

@@ -105,8 +105,9 @@ impl Driver {
 
     async fn session(&mut self, mapped: &mut bool) -> Result<(), Error> {
         self.shared.set_status(Status::Connecting);
-        let key = channel::fetch_server_key(&self.server).await?;
-        let pipe = channel::open(&self.server, &key, &self.state.machine).await?;
+        let roots = &self.config.tls_roots;
+        let key = channel::fetch_server_key(&self.server, roots).await?;
+        let pipe = channel::open(&self.server, &key, &self.state.machine, roots).await?;
         let mut h2 = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
         h2.max_header_list_size(16 * 1024)
             .max_frame_size(16 * 1024)

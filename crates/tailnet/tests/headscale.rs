@@ -7,18 +7,23 @@
 //! tailscaled (userspace networking, no root) logged in to the same
 //! tailnet sees it online with its tag and its home DERP region, and
 //! then the new home region set while the poll runs; when Headscale
-//! restarts, the client reconnects as the same node.
+//! restarts, the client reconnects as the same node. Over `https://`
+//! (Headscale serving TLS with a test CA's `localhost` certificate) the
+//! node registers when it trusts that CA and never when it does not.
 //!
 //! Needs the Headscale binary, so it is ignored in the plain workspace
 //! run and run by scripts/test.d/50-e2e.sh, after the set-up that builds
 //! it (`--ignored`); without the binary it skips, which fails under
 //! `CI=true`.
 
-use ferry_tailnet::{start, Config, Netmap};
+use ferry_client::TlsRoots;
+use ferry_tailnet::{start, Config, Netmap, Status};
+use ferry_testkit::certs::TestCa;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HEADSCALE: &str = "headscale-v0.29.3";
@@ -31,6 +36,8 @@ struct Headscale {
     config: PathBuf,
     dir: PathBuf,
     port: u16,
+    /// Serving TLS (with the test CA's `localhost` certificate).
+    tls: bool,
 }
 
 impl Drop for Headscale {
@@ -94,14 +101,35 @@ const DERP_MAP: &str = "regions:
 
 impl Headscale {
     fn start(bin: PathBuf) -> Headscale {
-        let dir = std::env::temp_dir().join(format!("ferry-tailnet-hs-{}", std::process::id()));
+        Headscale::start_with(bin, None)
+    }
+
+    /// Headscale serving TLS with `ca`'s `localhost` certificate when
+    /// given.
+    fn start_with(bin: PathBuf, ca: Option<&TestCa>) -> Headscale {
+        let dir = std::env::temp_dir().join(format!(
+            "ferry-tailnet-hs-{}{}",
+            std::process::id(),
+            if ca.is_some() { "-tls" } else { "" }
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let d = dir.display();
+        let tls = match ca {
+            Some(ca) => {
+                let c = ca.dir.path().display();
+                format!("tls_cert_path: {c}/localhost.crt\ntls_key_path: {c}/localhost.key\n")
+            }
+            None => String::new(),
+        };
+        let server_url = match ca {
+            Some(_) => format!("https://localhost:{port}"),
+            None => format!("http://127.0.0.1:{port}"),
+        };
         let config = format!(
-            "server_url: http://127.0.0.1:{port}
-listen_addr: 127.0.0.1:{port}
+            "server_url: {server_url}
+{tls}listen_addr: 127.0.0.1:{port}
 metrics_listen_addr: 127.0.0.1:{metrics}
 grpc_listen_addr: 127.0.0.1:{grpc}
 grpc_allow_insecure: false
@@ -165,6 +193,7 @@ taildrop:
             config: config_path,
             dir,
             port,
+            tls: ca.is_some(),
         };
         h.wait_healthy();
         h
@@ -190,7 +219,11 @@ taildrop:
     }
 
     fn login_server(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        if self.tls {
+            format!("https://localhost:{}", self.port)
+        } else {
+            format!("http://127.0.0.1:{}", self.port)
+        }
     }
 
     fn wait_healthy(&mut self) {
@@ -199,7 +232,7 @@ taildrop:
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("headscale exited during start-up: {status}; {}", self.log());
             }
-            if health(self.port) {
+            if health(self.port, self.tls) {
                 return;
             }
             assert!(
@@ -273,10 +306,14 @@ taildrop:
     }
 }
 
-fn health(port: u16) -> bool {
+/// Headscale answers /health (over TLS: accepts TCP connections).
+fn health(port: u16, tls: bool) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
+    if tls {
+        return true;
+    }
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     if s.write_all(req.as_bytes()).is_err() {
@@ -422,19 +459,9 @@ fn node_json_has_tag(node: &serde_json::Value) -> bool {
         .is_some_and(|t| t.iter().any(|t| t == "tag:relay"))
 }
 
-#[test]
-#[ignore = "needs interop/bin/headscale-v0.29.3: run by scripts/test.d/50-e2e.sh with --ignored"]
-fn registers_with_tagged_key_and_restarts_without_registering() {
-    let (Some(bin), Some(daemon), Some(cli)) = (
-        interop_bin(HEADSCALE),
-        interop_bin(TAILSCALED),
-        interop_bin(TAILSCALE),
-    ) else {
-        return ferry_testkit::skip!(
-            "interop/bin lacks {HEADSCALE}, {TAILSCALED} or {TAILSCALE} (built by .ci/setup.d/50-e2e.sh)"
-        );
-    };
-    let mut hs = Headscale::start(bin);
+/// Creates the user fe and a reusable pre-auth key of it tagged
+/// tag:relay: the user's ID and the key.
+fn tagged_key(hs: &Headscale) -> (String, String) {
     let user = hs.cli(&["users", "create", "fe"]);
     let user_id = user["id"].to_string().trim_matches('"').to_owned();
     let key = hs.cli(&[
@@ -449,9 +476,86 @@ fn registers_with_tagged_key_and_restarts_without_registering() {
         "tag:relay",
     ]);
     let auth_key = key["key"].as_str().expect("key in the answer").to_owned();
+    (user_id, auth_key)
+}
+
+#[test]
+#[ignore = "needs interop/bin/headscale-v0.29.3: run by scripts/test.d/50-e2e.sh with --ignored"]
+fn registers_over_https_only_when_the_certificate_is_trusted() {
+    let Some(bin) = interop_bin(HEADSCALE) else {
+        return ferry_testkit::skip!(
+            "interop/bin lacks {HEADSCALE} (built by .ci/setup.d/50-e2e.sh)"
+        );
+    };
+    let ca = TestCa::new();
+    let hs = Headscale::start_with(bin, Some(&ca));
+    let (_, auth_key) = tagged_key(&hs);
+    assert!(hs.login_server().starts_with("https://"));
+    // A CA the client does not trust: the TLS handshake fails, the node
+    // never registers and says why.
+    let stranger = start(Config {
+        login_server: hs.login_server(),
+        tls_roots: TlsRoots::Custom(Arc::new(TestCa::new().root_store())),
+        auth_key: auth_key.clone(),
+        state_path: hs.dir.join("stranger.json"),
+        hostname: "ferry-stranger".into(),
+        preferred_derp: 900,
+        peer_relay: None,
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match stranger.status() {
+            Status::Backoff { error } if error.contains("TLS") => break,
+            other => assert!(Instant::now() < deadline, "untrusted CA: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stranger.registrations(), 0);
+    drop(stranger);
+
+    let client = start(Config {
+        login_server: hs.login_server(),
+        tls_roots: TlsRoots::Custom(Arc::new(ca.root_store())),
+        auth_key,
+        state_path: hs.dir.join("ferry-tailnet.json"),
+        hostname: "ferry-test".into(),
+        preferred_derp: 900,
+        peer_relay: None,
+    })
+    .unwrap();
+    client
+        .wait_for(Duration::from_secs(60), has_tag_and_address)
+        .unwrap_or_else(|| {
+            panic!(
+                "over https: no netmap with tag:relay and an address: status {:?}; {}",
+                client.status(),
+                hs.log()
+            )
+        });
+    assert_eq!(client.registrations(), 1);
+    let listed = hs.wait_one_online();
+    assert!(node_json_has_tag(&listed), "{listed}");
+}
+
+#[test]
+#[ignore = "needs interop/bin/headscale-v0.29.3: run by scripts/test.d/50-e2e.sh with --ignored"]
+fn registers_with_tagged_key_and_restarts_without_registering() {
+    let (Some(bin), Some(daemon), Some(cli)) = (
+        interop_bin(HEADSCALE),
+        interop_bin(TAILSCALED),
+        interop_bin(TAILSCALE),
+    ) else {
+        return ferry_testkit::skip!(
+            "interop/bin lacks {HEADSCALE}, {TAILSCALED} or {TAILSCALE} (built by .ci/setup.d/50-e2e.sh)"
+        );
+    };
+    let mut hs = Headscale::start(bin);
+    let (user_id, auth_key) = tagged_key(&hs);
     let state_path = hs.dir.join("ferry-tailnet.json");
     let config = Config {
         login_server: hs.login_server(),
+        tls_roots: Default::default(),
         auth_key,
         state_path: state_path.clone(),
         hostname: "ferry-test".into(),

@@ -52,6 +52,9 @@ type Bed struct {
 	Headscale *Headscale
 	A, B      *Node
 	Local     *Node // with Config.LocalNodeDir
+	// PeerRelayAddr is the address a Ferry peer relay offers
+	// ("10.78.0.1:40000"), once started.
+	PeerRelayAddr string
 
 	procs     []*Proc
 	closeOnce sync.Once

@@ -24,6 +24,7 @@ type Node struct {
 	sock  string
 	env   []string
 	place Placement
+	argv  []string // tailscaled's command line, for Restart
 }
 
 // startNode starts tailscaled in namespace ns with its own TUN, socket and
@@ -37,23 +38,59 @@ func startNode(bins Binaries, name, ns, dir, tun string, env []string, place Pla
 		"--port", "41641",
 		"--no-logs-no-support",
 	}
-	argv = place.wrap(argv)
-	var err error
-	n.Proc, err = startProc("tailscaled "+name, ns, env, argv...)
-	if err != nil {
+	n.argv = place.wrap(argv)
+	if err := n.start(); err != nil {
 		return nil, err
 	}
-	// Ready once the LocalAPI socket exists.
+	return n, nil
+}
+
+// start runs tailscaled and waits until its LocalAPI socket exists.
+func (n *Node) start() error {
+	os.Remove(n.sock)
+	var err error
+	n.Proc, err = startProc("tailscaled "+n.Name, n.NS, n.env, n.argv...)
+	if err != nil {
+		return err
+	}
 	for range 100 {
 		if _, err := os.Stat(n.sock); err == nil {
-			return n, nil
+			return nil
 		}
 		if done, err := n.Proc.Exited(); done {
-			return nil, fmt.Errorf("tailscaled %s exited during start-up: %v", name, err)
+			return fmt.Errorf("tailscaled %s exited during start-up: %v", n.Name, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return nil, fmt.Errorf("tailscaled %s: no socket %s after 10 s", name, n.sock)
+	return fmt.Errorf("tailscaled %s: no socket %s after 10 s", n.Name, n.sock)
+}
+
+// RestartNode stops n's tailscaled and starts it again with its state
+// (same node key; tailscaled makes a new disco key every start) and
+// waits until it runs again (logged in from its state, no `up`).
+func (b *Bed) RestartNode(n *Node) error {
+	n.Proc.Stop(5 * time.Second)
+	err := n.start()
+	if n.Proc != nil {
+		b.procs = append(b.procs, n.Proc)
+	}
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := n.Status()
+		if err == nil && st.BackendState == "Running" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("backend state %q", st.BackendState)
+			}
+			return fmt.Errorf("%s after a restart: %w", n.Name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Placement says where and how urgently a program runs.
@@ -172,4 +209,28 @@ func (n *Node) ClientMetrics() (Metrics, error) {
 func (n *Node) TailscalePing(ip string, count int) (string, error) {
 	return n.CLI(time.Duration(count)*6*time.Second+10*time.Second,
 		"ping", "--c", fmt.Sprint(count), "--timeout", "5s", ip)
+}
+
+// PeerDiscoKey returns the disco key n's netmap holds for the peer with
+// host name host (`tailscale debug netmap`).
+func (n *Node) PeerDiscoKey(host string) (string, error) {
+	out, _, err := runSplit(n.NS, 15*time.Second, n.env, n.cli, "--socket", n.sock, "debug", "netmap")
+	if err != nil {
+		return "", err
+	}
+	var nm struct {
+		Peers []struct {
+			DiscoKey string
+			Hostinfo struct{ Hostname string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &nm); err != nil {
+		return "", fmt.Errorf("tailscale debug netmap: %w", err)
+	}
+	for _, p := range nm.Peers {
+		if strings.EqualFold(p.Hostinfo.Hostname, host) {
+			return p.DiscoKey, nil
+		}
+	}
+	return "", fmt.Errorf("%s's netmap has no peer %s", n.Name, host)
 }

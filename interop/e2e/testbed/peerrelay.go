@@ -42,11 +42,17 @@ const PeerRelayPolicy = `{
 }
 `
 
+// PeerRelayPublicPort is the port the bed's own relay, restarted as the
+// peer relay (RestartRelayAsPeerRelay), offers with
+// --peer-relay-endpoints: nftables in the relay's namespace redirects it
+// to PeerRelayPort, as a port forward in front of a relay would.
+const PeerRelayPublicPort = 40001
+
 // peerRelayFlags writes a pre-auth key of the user fe tagged PeerRelayTag
 // into dir, sets up the relay namespace's nftables table fe_pr counting
 // the peer relay's bytes (PeerRelayBytes), and returns the tailnet flags
 // that make a Ferry the peer relay.
-func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
+func (b *Bed) peerRelayFlags(dir, hostname string, publicPort int) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -58,7 +64,35 @@ func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	rules := fmt.Sprintf(`table inet fe_pr {
+	if err := b.countPeerRelayPort(publicPort); err != nil {
+		return nil, err
+	}
+	b.PeerRelayAddr = fmt.Sprintf("%s:%d", RelayIP, publicPort)
+	flags := []string{
+		"--tailnet-login-server", b.Headscale.LoginServer(),
+		"--tailnet-auth-key-file", keyFile,
+		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
+		"--tailnet-hostname", hostname,
+	}
+	if publicPort != PeerRelayPort {
+		flags = append(flags, "--peer-relay-endpoints", b.PeerRelayAddr)
+	}
+	return flags, nil
+}
+
+// countPeerRelayPort sets up the relay namespace's nftables table fe_pr:
+// counters of the bytes into and out of PeerRelayPort (PeerRelayBytes),
+// and publicPort redirected to it when it differs.
+func (b *Bed) countPeerRelayPort(publicPort int) error {
+	forward := ""
+	if publicPort != PeerRelayPort {
+		forward = fmt.Sprintf(`
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		udp dport %d redirect to :%d
+	}`, publicPort, PeerRelayPort)
+	}
+	rules := fmt.Sprintf(`table inet fe_pr {%[2]s
 	chain input {
 		type filter hook input priority 0; policy accept;
 		udp dport %[1]d counter
@@ -68,16 +102,46 @@ func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 		udp sport %[1]d counter
 	}
 }
-`, PeerRelayPort)
-	if _, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-"); err != nil {
+`, PeerRelayPort, forward)
+	_, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
+	return err
+}
+
+// StartTailscaledPeerRelay starts the reference: a tailscaled in the
+// relay's namespace, logged in with a key of the user fe tagged
+// PeerRelayTag, serving Tailscale's own peer relay on PeerRelayPort
+// (`tailscale set --relay-server-port`), its bytes counted in fe_pr.
+func (b *Bed) StartTailscaledPeerRelay(hostname string) (*Node, error) {
+	key, err := b.Headscale.PreAuthKey("fe", PeerRelayTag)
+	if err != nil {
 		return nil, err
 	}
-	return []string{
-		"--tailnet-login-server", b.Headscale.LoginServer(),
-		"--tailnet-auth-key-file", keyFile,
-		"--peer-relay-port", strconv.Itoa(PeerRelayPort),
-		"--tailnet-hostname", hostname,
-	}, nil
+	if err := b.countPeerRelayPort(PeerRelayPort); err != nil {
+		return nil, err
+	}
+	b.PeerRelayAddr = fmt.Sprintf("%s:%d", RelayIP, PeerRelayPort)
+	dir := filepath.Join(b.Dir, "peer-relay")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	env := []string{"TS_DEBUG_USE_DERP_HTTP=1"}
+	if b.Cfg.Relay.TLS {
+		env = []string{"SSL_CERT_FILE=" + b.Relay.CertFile}
+	}
+	n, err := startNode(b.Cfg.Bins, hostname, b.Netns.Relay, dir, "fe-ts-pr", env, Placement{})
+	if n != nil {
+		b.procs = append(b.procs, n.Proc)
+	}
+	if err != nil {
+		return n, err
+	}
+	if err := n.Up(b.Headscale.LoginServer(), key); err != nil {
+		return n, err
+	}
+	if out, err := n.CLI(30*time.Second, "set", "--relay-server-port", strconv.Itoa(PeerRelayPort)); err != nil {
+		return n, fmt.Errorf("tailscale set --relay-server-port: %v %s", err, out)
+	}
+	return n, nil
 }
 
 // StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
@@ -87,7 +151,7 @@ func (b *Bed) peerRelayFlags(dir, hostname string) ([]string, error) {
 // home DERP region.
 func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 	dir := filepath.Join(b.Dir, "peer-relay")
-	flags, err := b.peerRelayFlags(dir, hostname)
+	flags, err := b.peerRelayFlags(dir, hostname, PeerRelayPort)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +183,8 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 }
 
 // RestartRelayAsPeerRelay restarts the bed's Ferry relay (plain HTTP;
-// same key, same ports) with the tailnet flags: it is then both the
+// same key, same ports) with the tailnet flags and
+// --peer-relay-endpoints RelayIP:PeerRelayPublicPort: it is then both the
 // tailnet's DERP server and its peer relay, and its own DERP client
 // connects to itself. The nodes reconnect to it by themselves;
 // Relay.Metrics then includes the peer relay's series.
@@ -129,7 +194,7 @@ func (b *Bed) RestartRelayAsPeerRelay(hostname string) error {
 		return fmt.Errorf("RestartRelayAsPeerRelay: needs Ferry over plain HTTP, not %s", opts.Name())
 	}
 	dir := filepath.Join(b.Dir, "relay")
-	flags, err := b.peerRelayFlags(dir, hostname)
+	flags, err := b.peerRelayFlags(dir, hostname, PeerRelayPublicPort)
 	if err != nil {
 		return err
 	}
@@ -200,4 +265,35 @@ func (b *Bed) PeerRelayMetrics() (Metrics, error) {
 		},
 	}
 	return getMetrics(client, "http://"+peerRelayMetricsAddr+"/metrics")
+}
+
+// BlockPeerRelay drops (block) or lets through again (!block) the nodes'
+// UDP to the peer relay's port: an nftables table fe_prblock in each
+// node's namespace. DERP (TCP) is untouched.
+func (b *Bed) BlockPeerRelay(block bool) error {
+	rules := fmt.Sprintf(`table inet fe_prblock {
+	chain output {
+		type filter hook output priority 0; policy accept;
+		ip daddr %s udp dport %d drop
+	}
+}
+`, RelayIP, PeerRelayPort)
+	for _, ns := range []string{b.Netns.A, b.Netns.B} {
+		var err error
+		if block {
+			_, err = runInput(ns, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
+		} else {
+			_, err = run(ns, 10*time.Second, nil, "nft", "delete", "table", "inet", "fe_prblock")
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PeerRelayStatus runs `ferry status` against the peer-relay Ferry's
+// metrics (from inside the relay's namespace) and returns its text.
+func (b *Bed) PeerRelayStatus() (string, error) {
+	return run(b.Netns.Relay, 20*time.Second, nil, b.Cfg.Bins.Ferry, "status", peerRelayMetricsAddr)
 }

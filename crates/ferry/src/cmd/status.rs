@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+mod tailnet;
+
 /// `ferry status` flags.
 #[derive(clap::Args, Debug)]
 pub(crate) struct StatusArgs {
@@ -341,6 +343,8 @@ struct View {
     forwarded_in_per_second: Option<f64>,
     udp_sessions: Option<u64>,
     udp_hub_peers: Option<u64>,
+    /// The tailnet node and its peer relay, when the relay is one.
+    tailnet: Option<tailnet::Tailnet>,
 }
 
 /// A counter or gauge's value as the count it is.
@@ -450,6 +454,7 @@ fn view(a: &Scrape, b: &Scrape) -> View {
         forwarded_in_per_second: rate(a, b, "derp_packets_forwarded_in", &[]),
         udp_sessions: b.sum("ferry_udp_sessions", &[]).map(count),
         udp_hub_peers: b.sum("ferry_udp_hub_known_peers", &[]).map(count),
+        tailnet: tailnet::view(a, b),
     }
 }
 
@@ -557,6 +562,9 @@ fn text(target: &str, v: &View) -> String {
             opt(v.udp_sessions),
             opt(v.udp_hub_peers),
         ));
+    }
+    if let Some(t) = &v.tailnet {
+        tailnet::text(t, &mut out);
     }
     let drops: Vec<String> = v.drops.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out.push_str(&format!(

@@ -28,6 +28,22 @@ use answer::Drop;
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Wait before trying a region again after a failed first connection.
 const RETRY: Duration = Duration::from_secs(5);
+/// How often the peer-relay port asks the home region's STUN server for
+/// its public address (when discovery is on).
+const STUN_EVERY: Duration = Duration::from_secs(60);
+/// The STUN port probed (the DERP map's default).
+const STUN_PORT: u16 = 3478;
+
+/// The STUN server of a region: its first node with a literal IPv4
+/// address, at the default STUN port.
+fn stun_server(region: &Region) -> Option<std::net::SocketAddr> {
+    region.nodes.iter().find_map(|n| match n.ipv4 {
+        ferry_proto::derp_map::AddrField::Literal(ip) => {
+            Some(std::net::SocketAddr::from((ip, STUN_PORT)))
+        }
+        _ => None,
+    })
+}
 
 /// The peer relay's counters.
 #[derive(Debug, Default)]
@@ -129,8 +145,17 @@ impl Node {
                 code = %region.region_code,
                 "peer relay: connected to the home DERP region"
             );
+            let stun = stun_server(&region).filter(|_| self.relays.stun().enabled());
+            let mut stun_timer = tokio::time::interval(STUN_EVERY);
             loop {
                 tokio::select! {
+                    _ = stun_timer.tick(), if stun.is_some() => {
+                        if let Some(server) = stun {
+                            let mut txid = [0u8; 12];
+                            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut txid);
+                            self.relays.stun().probe(server, txid, Instant::now());
+                        }
+                    }
                     ev = client.recv() => match ev {
                         Ok(Event::Packet { src, data }) => {
                             let netmap = self.shared.netmap();
@@ -212,5 +237,15 @@ mod tests {
         assert_eq!(pick_region(&map, 901).unwrap().region_id, 901);
         assert_eq!(pick_region(&map, 902).unwrap().region_id, 900);
         assert_eq!(pick_region(&map, 7).unwrap().region_id, 900);
+        // No literal IPv4 address: no STUN server.
+        assert_eq!(stun_server(pick_region(&map, 900).unwrap()), None);
+        let map = DerpMap::from_json(
+            br#"{"Regions":{"900":{"RegionID":900,"RegionCode":"a","Nodes":[{"Name":"1a","RegionID":900,"HostName":"a","IPv4":"192.0.2.1"}]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            stun_server(pick_region(&map, 900).unwrap()),
+            Some("192.0.2.1:3478".parse().unwrap())
+        );
     }
 }

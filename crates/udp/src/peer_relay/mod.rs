@@ -15,9 +15,11 @@
 //! [`RelayEndpoint`]: ferry_proto::disco::RelayEndpoint
 
 mod service;
+mod stun;
 mod table;
 
 pub use service::PeerRelays;
+pub use stun::StunProbe;
 pub use table::{
     Allocated, Counters, Drop, Freed, Limits, PeerRelayTable, Refusal, States, Verdict,
 };

@@ -10,7 +10,7 @@ use std::time::Instant;
 use ferry_proto::disco::AllocateRequest;
 use ferry_proto::key::{DiscoPrivate, DiscoPublic, NodePublic};
 
-use super::{Allocated, Drop, Limits, PeerRelayTable, Refusal};
+use super::{Allocated, Drop, Limits, PeerRelayTable, Refusal, StunProbe};
 use crate::session::service::family;
 use ferry_engine::stat::exposition::Kind;
 
@@ -21,6 +21,7 @@ pub struct PeerRelays {
     /// Where clients reach the relay's port (configured, discovered).
     addrs: Mutex<Vec<SocketAddr>>,
     bound: OnceLock<SocketAddr>,
+    stun: StunProbe,
 }
 
 impl PeerRelays {
@@ -33,6 +34,7 @@ impl PeerRelays {
             table: Mutex::new(PeerRelayTable::new(server, limits, Instant::now())),
             addrs: Mutex::new(Vec::new()),
             bound: OnceLock::new(),
+            stun: StunProbe::default(),
         }
     }
 
@@ -56,9 +58,21 @@ impl PeerRelays {
         *self.addrs.lock().unwrap_or_else(|e| e.into_inner()) = addrs;
     }
 
-    /// The addresses offered now.
+    /// The addresses offered now: those set, and the one STUN
+    /// discovered (when on, see [`PeerRelays::stun`]) first if new.
     pub fn addrs(&self) -> Vec<SocketAddr> {
-        self.addrs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let mut addrs = self.addrs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(a) = self.stun.learned() {
+            if !addrs.contains(&a) {
+                addrs.insert(0, a);
+            }
+        }
+        addrs
+    }
+
+    /// Address discovery for the port (off unless enabled).
+    pub fn stun(&self) -> &StunProbe {
+        &self.stun
     }
 
     /// The table, locked.
@@ -191,6 +205,19 @@ mod tests {
         assert_eq!(a.response.generation, 3);
         assert_eq!(a.response.endpoint.server_disco, relays.server_disco());
         assert_eq!(a.response.endpoint.endpoints, vec![addr]);
+        // An address STUN discovered is offered too, first.
+        let public: SocketAddr = "203.0.113.9:61000".parse().unwrap();
+        relays.stun().enable();
+        relays
+            .stun()
+            .probe("192.0.2.1:3478".parse().unwrap(), [5; 12], now);
+        let mut answer = [0u8; ferry_proto::stun::MAX_RESPONSE_LEN];
+        let n = ferry_proto::stun::write_binding_response(&[5; 12], public, &mut answer);
+        let learned = relays
+            .stun()
+            .answer("192.0.2.1:3478".parse().unwrap(), &answer[..n], now);
+        assert_eq!(learned, Some(public));
+        assert_eq!(relays.addrs(), vec![public, addr]);
         relays.tick(now + Duration::from_secs(30));
         assert!(relays.lock().is_empty(), "unbound for 30 s: freed");
         let mut text = String::new();

@@ -333,6 +333,16 @@ impl Shard {
             }
             if let Some(p) = &self.peer_relays {
                 p.tick(self.now);
+                // The port's address probe leaves from the port itself.
+                if let Some((to, req)) = p.stun().take_request() {
+                    let port = self
+                        .listeners
+                        .iter()
+                        .find(|l| matches!(l.role, Role::PeerRelay));
+                    if let Some(Err(e)) = port.map(|l| l.sock.send_to(&req, to)) {
+                        tracing::debug!(%to, error = %e, "peer relay: STUN request not sent");
+                    }
+                }
             }
         }
         for r in 0..self.routes.len() {

@@ -5,7 +5,8 @@
 //!
 //! Control datagrams (binds, answers) are limited per source (an IPv4
 //! address or an IPv6 /64) before they reach the table: over the rate,
-//! they are dropped and counted without any crypto. What relay sessions
+//! they are dropped and counted without any crypto. A STUN answer to the
+//! port's own address probe goes to [`StunProbe`] instead. What relay sessions
 //! do and this does not yet: binds are opened under the lock here (one
 //! box open each), and every datagram is looked up (no train fast path).
 
@@ -14,7 +15,7 @@ use std::os::fd::AsFd;
 use super::recv::{each_datagram, each_train};
 use super::send::{Out, Run};
 use super::{Shard, ROUNDS};
-use crate::peer_relay::{Drop, Verdict};
+use crate::peer_relay::{Drop, StunProbe, Verdict};
 use crate::session::allocate::source_key;
 
 impl Shard {
@@ -43,6 +44,12 @@ impl Shard {
                     let mut run = None;
                     each_datagram(start, len, seg, |at, n| {
                         let datagram = &mut buf[at..at + n];
+                        if StunProbe::is_answer(datagram) {
+                            if let Some(a) = relays.stun().answer(src, datagram, now) {
+                                tracing::info!(addr = %a, "peer relay: STUN names the port's public address");
+                            }
+                            return;
+                        }
                         let control = datagram.get(1).is_some_and(|b| b & 0x80 != 0);
                         if control && !limiter.allow(source_key(src.ip()), now) {
                             table.count_drop(Drop::RateLimited);

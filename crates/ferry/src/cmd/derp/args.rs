@@ -130,7 +130,9 @@ pub(crate) struct DerpArgs {
     )]
     pub relay_advertise: Vec<String>,
 
-    /// Join a tailnet at this control server (Headscale; `http://host[:port]`)
+    /// Join a tailnet at this control server (Headscale;
+    /// `http://host[:port]` or `https://host[:port]`, its certificate
+    /// checked against the system's CAs, SSL_CERT_FILE honoured)
     /// as a node, and serve its nodes as a Tailscale peer relay on
     /// --peer-relay-port. Goes with --tailnet-auth-key-file and
     /// --peer-relay-port; the node's keys are kept in ferry-tailnet.json
@@ -147,6 +149,12 @@ pub(crate) struct DerpArgs {
     /// on the -a address (0: a port the system picks).
     #[arg(long = "peer-relay-port")]
     pub peer_relay_port: Option<u16>,
+
+    /// The peer relay's public addresses (`ADDR:PORT,...`) to offer
+    /// clients instead of the -a address (or the interfaces' addresses):
+    /// for a relay behind NAT or a port forward. Needs the tailnet flags.
+    #[arg(long = "peer-relay-endpoints", value_name = "ADDR:PORT,...")]
+    pub peer_relay_endpoints: Option<String>,
 
     /// The node's host name in the tailnet (default: this host's name).
     #[arg(long = "tailnet-hostname")]

@@ -252,7 +252,9 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
         // The port's own series (its shards' generic UDP counters would
         // repeat the relay sessions' names) and the node's.
         let (relays, stats) = (port.relays.clone(), node.relay_stats());
+        let (observer, key, p) = (node.observer(), node.node_key(), p.clone());
         server.metrics().add_source(Box::new(move |w| {
+            tailnet::render_node(&p, &key, &observer.status(), w);
             relays.render(w);
             if let Some(s) = &stats {
                 tailnet::render_stats(s, w);

@@ -31,6 +31,9 @@ pub(crate) struct PeerRelayPlan {
     pub hostname: String,
     /// The state file (beside the key file).
     pub state_path: PathBuf,
+    /// `--peer-relay-endpoints`: the addresses to offer (empty: the
+    /// socket's own, see [`offered_addrs`]).
+    pub endpoints: Vec<SocketAddr>,
 }
 
 /// The flags that must be given together, as the operator writes them.
@@ -48,6 +51,9 @@ impl PeerRelayPlan {
         if server.is_none() && key.is_none() && port.is_none() {
             if args.tailnet_hostname.is_some() {
                 bail!("--tailnet-hostname: needs {TOGETHER}");
+            }
+            if args.peer_relay_endpoints.is_some() {
+                bail!("--peer-relay-endpoints: needs {TOGETHER}");
             }
             return Ok(None);
         }
@@ -75,7 +81,41 @@ impl PeerRelayPlan {
             addr: SocketAddr::new(ip, port),
             hostname,
             state_path: state_path(args.key_path().as_deref())?,
+            endpoints: match &args.peer_relay_endpoints {
+                Some(list) => parse_endpoints(list)?,
+                None => Vec::new(),
+            },
         }))
+    }
+}
+
+/// `--peer-relay-endpoints`: comma-separated `ADDR:PORT` (IPv6 in
+/// brackets), at least one, each a unicast address with a port, no
+/// repeats.
+fn parse_endpoints(list: &str) -> Result<Vec<SocketAddr>> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let a: SocketAddr = item
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--peer-relay-endpoints: {item:?} is not ADDR:PORT"))?;
+        if a.port() == 0 || a.ip().is_unspecified() || a.ip().is_multicast() {
+            bail!("--peer-relay-endpoints: {item}: needs a unicast address and a port");
+        }
+        if out.contains(&a) {
+            bail!("--peer-relay-endpoints: {item} twice");
+        }
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// The addresses the peer relay offers clients: the configured ones, or
+/// else the bound socket's ([`offered_addrs`]).
+pub(crate) fn addrs_to_offer(plan: &PeerRelayPlan, bound: SocketAddr) -> Vec<SocketAddr> {
+    if plan.endpoints.is_empty() {
+        offered_addrs(bound)
+    } else {
+        plan.endpoints.clone()
     }
 }
 
@@ -154,6 +194,63 @@ const HOME_REGION: Family<'static> = Family::gauge(
     "The DERP region the tailnet node is connected to and reports as its home (0: none yet).",
 );
 
+const NODE: Family<'static> = Family::gauge(
+    "ferry_tailnet_node",
+    "The tailnet node (always 1): its login server, host name, node key (short), state (registered, connecting, retrying, stopped) and, when retrying, the error that ended the last attempt.",
+)
+.labels(&["login_server", "hostname", "node_key", "state", "error"]);
+
+/// The longest error text put in a label.
+const ERROR_LABEL_MAX: usize = 200;
+
+/// A node key's short form: `nodekey:` and its first 8 hex digits.
+pub(crate) fn short_key(key: &ferry_proto::key::NodePublic) -> String {
+    let full = key.to_string();
+    full.get(..16).unwrap_or(&full).to_owned()
+}
+
+/// The state label and the error text for a driver status.
+fn state_label(status: &ferry_tailnet::Status) -> (&'static str, String) {
+    use ferry_tailnet::Status;
+    match status {
+        Status::Connecting => ("connecting", String::new()),
+        Status::Polling => ("registered", String::new()),
+        Status::Backoff { error } => {
+            let mut e = error.replace(['\n', '\r'], " ");
+            if e.len() > ERROR_LABEL_MAX {
+                let mut end = ERROR_LABEL_MAX;
+                while !e.is_char_boundary(end) {
+                    end -= 1;
+                }
+                e.truncate(end);
+            }
+            ("retrying", e)
+        }
+        Status::Stopped => ("stopped", String::new()),
+    }
+}
+
+/// The tailnet node's registration, for /metrics (what `ferry status`
+/// shows).
+pub(crate) fn render_node(
+    plan: &PeerRelayPlan,
+    key: &ferry_proto::key::NodePublic,
+    status: &ferry_tailnet::Status,
+    o: &mut String,
+) {
+    let (state, error) = state_label(status);
+    Exposition::new(o).family(&NODE).sample(
+        &[
+            &plan.login_server,
+            &plan.hostname,
+            &short_key(key),
+            state,
+            &error,
+        ],
+        1,
+    );
+}
+
 /// The tailnet node's peer-relay counters, for /metrics.
 pub(crate) fn render_stats(stats: &Stats, o: &mut String) {
     let mut w = Exposition::new(o);
@@ -189,11 +286,16 @@ pub(crate) fn start_port(plan: &PeerRelayPlan, workers: usize) -> Result<PeerRel
         ferry_udp::Relay::start_peer_relay("--peer-relay-port", plan.addr, relays.clone(), tuning)
             .context("starting the peer relay")?;
     let bound = relays.bound().unwrap_or(plan.addr);
-    let addrs = offered_addrs(bound);
+    let addrs = addrs_to_offer(plan, bound);
     if addrs.is_empty() {
         tracing::warn!(%bound, "peer relay: no address to offer: allocations are refused");
     }
     relays.set_addrs(addrs);
+    if plan.endpoints.is_empty() {
+        // No public address configured: ask the home region's STUN
+        // server too (the tailnet node does, from this port).
+        relays.stun().enable();
+    }
     Ok(PeerRelayPort { udp, relays })
 }
 
@@ -210,6 +312,7 @@ pub(crate) fn start_node(
     }
     let tailnet = ferry_tailnet::start(ferry_tailnet::Config {
         login_server: plan.login_server.clone(),
+        tls_roots: ferry_client::TlsRoots::System,
         auth_key,
         state_path: plan.state_path.clone(),
         hostname: plan.hostname.clone(),
@@ -251,6 +354,22 @@ mod tests {
         PeerRelayPlan::from_args(&args(list), "10.0.0.1".parse().unwrap())
     }
 
+    /// The three flags that go together.
+    const ALL: [&str; 6] = [
+        "--tailnet-login-server",
+        "http://10.0.0.1:8080",
+        "--tailnet-auth-key-file",
+        "/k",
+        "--peer-relay-port",
+        "40000",
+    ];
+
+    /// The three flags with a host name and a key file.
+    fn full_plan() -> PeerRelayPlan {
+        let with_key = [&ALL[..], &["--tailnet-hostname", "relay", "-c", "/s/k"]].concat();
+        plan(&with_key).unwrap().unwrap()
+    }
+
     #[test]
     fn without_the_flags_nothing_changes() {
         assert_eq!(plan(&[]).unwrap(), None);
@@ -258,16 +377,8 @@ mod tests {
 
     #[test]
     fn the_three_flags_go_together_and_an_error_names_the_missing_one() {
-        let all = [
-            "--tailnet-login-server",
-            "http://10.0.0.1:8080",
-            "--tailnet-auth-key-file",
-            "/k",
-            "--peer-relay-port",
-            "40000",
-        ];
-        let with_key = [&all[..], &["--tailnet-hostname", "relay", "-c", "/s/k"]].concat();
-        let p = plan(&with_key).unwrap().unwrap();
+        let all = ALL;
+        let p = full_plan();
         assert_eq!(p.state_path, Path::new("/s").join(STATE_FILE));
         assert_eq!(p.addr, "10.0.0.1:40000".parse().unwrap());
         assert_eq!(p.hostname, "relay");
@@ -317,6 +428,96 @@ mod tests {
         assert!(page.contains("ferry_peer_relay_allocations_total{result=\"new\"} 0"));
         assert!(page.contains("ferry_peer_relay_disco_dropped_total{reason=\"no_grant\"} 0"));
         assert!(page.contains("ferry_tailnet_home_region 0"));
+    }
+
+    #[test]
+    fn the_node_renders_its_registration() {
+        let p = full_plan();
+        let key = ferry_proto::key::NodePublic([0xab; 32]);
+        let mut page = String::new();
+        render_node(&p, &key, &ferry_tailnet::Status::Polling, &mut page);
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&page),
+            Vec::<String>::new()
+        );
+        assert!(
+            page.contains("ferry_tailnet_node{login_server=\"http://10.0.0.1:8080\",hostname=\"relay\",node_key=\"nodekey:abababab\",state=\"registered\",error=\"\"} 1"),
+            "{page}"
+        );
+        let mut page = String::new();
+        let error = format!(
+            "/machine/register answered 401: \"bad key\"\n{}",
+            "x".repeat(500)
+        );
+        render_node(
+            &p,
+            &key,
+            &ferry_tailnet::Status::Backoff { error },
+            &mut page,
+        );
+        assert_eq!(
+            ferry_engine::stat::exposition::check(&page),
+            Vec::<String>::new()
+        );
+        assert!(
+            page.contains(
+                "state=\"retrying\",error=\"/machine/register answered 401: \\\"bad key\\\" xxx"
+            ),
+            "{page}"
+        );
+        assert!(page.len() < 600, "the error is cut: {page}");
+    }
+
+    #[test]
+    fn configured_endpoints_are_offered_instead_of_the_socket() {
+        let with = |list: &str| {
+            let argv = [&ALL[..], &["-c", "/s/k", "--peer-relay-endpoints", list]].concat();
+            plan(&argv)
+        };
+        let p = with("203.0.113.7:41000, [2001:db8::1]:40000")
+            .unwrap()
+            .unwrap();
+        let want: Vec<SocketAddr> = vec![
+            "203.0.113.7:41000".parse().unwrap(),
+            "[2001:db8::1]:40000".parse().unwrap(),
+        ];
+        assert_eq!(p.endpoints, want);
+        let bound: SocketAddr = "10.0.0.1:40000".parse().unwrap();
+        assert_eq!(addrs_to_offer(&p, bound), want);
+        // What a client's allocation answer carries.
+        let relays = PeerRelays::new(DiscoPrivate::generate(), Limits::default());
+        relays.set_addrs(addrs_to_offer(&p, bound));
+        let req = ferry_proto::disco::AllocateRequest {
+            client_disco: [
+                DiscoPrivate::generate().public(),
+                DiscoPrivate::generate().public(),
+            ],
+            generation: 1,
+        };
+        let a = relays
+            .allocate(
+                &ferry_proto::key::NodePublic([1; 32]),
+                &req,
+                std::time::Instant::now(),
+            )
+            .unwrap();
+        assert_eq!(a.response.endpoint.endpoints, want);
+        // Without the flag: the socket's address.
+        assert_eq!(addrs_to_offer(&full_plan(), bound), [bound]);
+        for bad in [
+            "",
+            "203.0.113.7",
+            "203.0.113.7:0",
+            "0.0.0.0:1",
+            "a:1",
+            "1.2.3.4:1,1.2.3.4:1",
+        ] {
+            assert!(with(bad).is_err(), "{bad:?} accepted");
+        }
+        let e = plan(&["--peer-relay-endpoints", "1.2.3.4:5"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--peer-relay-endpoints: needs"), "{e}");
     }
 
     #[test]
