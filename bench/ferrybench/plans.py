@@ -18,6 +18,12 @@ STUCK_PLAN = {"servers": ["ferry", "derper", "derper-q"], "rate": 500, "stuck_ra
 # 1000/s) run with each of `ping_loads` Mbit/s of background load (0: alone).
 MESH_PACED = 500
 
+# A client held by --rate-config (the limited suite): one pair whose sender
+# offers `offered` Mbit/s against a limit of `rate` bytes/s (burst `burst`),
+# both servers given the same rate file. The sender's backlog fills its own
+# socket buffer first, so the window starts once that is full.
+LIMITED_PLAN = {"servers": ["ferry", "derper"], "rate": 2_000_000, "burst": 131072, "offered": 40}
+
 # The two modes. Rates are total offered Mbit/s over all flows (None = unpaced).
 PLANS = {
     "quick": {
@@ -39,6 +45,9 @@ PLANS = {
         "stuck": STUCK_PLAN | {"counts": [3]},
         "mesh": {"servers": ["ferry", "derper"], "rates": [None], "ping_loads": [0]},
         "clients": {"servers": ["ferry", "derper"]},
+        # A higher limit: the sender's backlog (its socket buffer) drains in
+        # well under a second after the window.
+        "limited": LIMITED_PLAN | {"rate": 8_000_000, "offered": 160, "warmup": "500ms", "window": "1s"},
     },
     "full": {
         "repeats": 3,
@@ -62,6 +71,7 @@ PLANS = {
         "stuck": STUCK_PLAN | {"counts": [0, 3]},
         "mesh": {"servers": ["ferry", "derper"], "rates": [MESH_PACED, None], "ping_loads": [0]},
         "clients": {"servers": ["ferry", "derper"]},
+        "limited": LIMITED_PLAN | {"warmup": "3s", "window": "4s"},
     },
 }
 

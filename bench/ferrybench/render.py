@@ -1,7 +1,7 @@
 """results.md and headline.md from a summary."""
 
 from .common import DERPER_VERSION, PEERS, SERVERS, SIZE, TUNED_QUEUE
-from .plans import STUCK_PLAN
+from .plans import LIMITED_PLAN, STUCK_PLAN
 from .summary import offered_of, points_of
 
 def fmt(s, digits=0, scale=1.0):
@@ -221,7 +221,30 @@ def markdown(ctx, s, machine):
                 w(f"| {transport} | {SERVERS[n]['label']} | {fmt(v['delivered_mbps'])} | {fmt(v['server_cores'], 2)} | "
                   f"{fmt(v['core_s_per_gbit'], 3)} |")
         w("")
+    out += limited_section(ctx, s.get("limited") or {})
     return "\n".join(out)
+
+
+def limited_section(ctx, lim):
+    """The limited suite's lines (none when it did not run)."""
+    if not lim:
+        return []
+    p = ctx.plan.get("limited") or LIMITED_PLAN
+    lines = [f"## A client held by --rate-config — 1 pair, {SIZE} B, {p['offered']} Mbit/s offered against "
+             f"{p['rate'] / 1e6:g} MB/s (burst {p['burst']} B)\n",
+             "One-way latency of the limited sender's packets: the time they wait in buffers on the way, its own "
+             "socket's included (the same for both servers). Receive queue: the bytes the kernel holds unread on the "
+             "server's side of its connection, sampled every 100 ms over the window (what the server read and did "
+             "not handle yet is not in it).\n",
+             "| Server | Point | Delivered Mbit/s | Latency p50 ms | p90 ms | p99 ms | "
+             "Server receive queue, mean KiB | max KiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    ms = lambda v, k: fmt(v[k], 0, 1e-3)  # noqa: E731
+    lines += [f"| {SERVERS[n]['label']} | {point} | {fmt(v['delivered_mbps'], 1)} | {ms(v, 'latency_p50_us')} | "
+              f"{ms(v, 'latency_p90_us')} | {ms(v, 'latency_p99_us')} | {cell(v['recv_queue_mean'], 'KiB')} | "
+              f"{cell(v['recv_queue_max'], 'KiB')} |"
+              for n, by in lim.items() for point, v in by.items()]
+    return lines + [""]
 
 
 def extra_flags(machine):

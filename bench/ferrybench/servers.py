@@ -3,6 +3,7 @@ every other, and a two-node region of one server (the mesh suite)."""
 
 import contextlib
 import http.client
+import json
 import os
 import shlex
 import signal
@@ -17,8 +18,9 @@ class Server:
     region (the mesh suite) has its CA-signed certificate in `certdir`, the
     CA in `ca` and `mesh` = (mesh key file, --mesh-with list)."""
 
-    def __init__(self, ctx, name, tls, certdir=None):
-        self.ctx, self.name, self.tls = ctx, name, tls
+    def __init__(self, ctx, name, tls, certdir=None, rate=None):
+        """`rate`: (bytes per second, burst bytes) for --rate-config."""
+        self.ctx, self.name, self.tls, self.rate = ctx, name, tls, rate
         self.port = free_port()
         self.proc = None
         self.certdir = certdir or ctx.certdir
@@ -57,6 +59,12 @@ class Server:
                    "--log-level", "warn"]
         else:
             raise ValueError(self.name)
+        if self.rate:
+            assert self.name in ("ferry", "ferry-base", "derper", "derper-q"), "a server that takes --rate-config"
+            f = state / "rate.json"
+            f.write_text(json.dumps({"PerClientRateLimitBytesPerSec": self.rate[0],
+                                     "PerClientRateBurstBytes": self.rate[1]}))
+            cmd += ["--rate-config", str(f)]
         if self.mesh:
             psk, peers = self.mesh
             # The same flags for both servers (derper takes either dash).

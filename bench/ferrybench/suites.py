@@ -1,7 +1,12 @@
 """The suites: what each runs against which server, as ferry-bench
 command lines."""
 
+import json
+import shutil
 import statistics
+import subprocess
+import threading
+import time
 
 from .common import PEERS, SERVERS, SIZE, log
 from .servers import Region, Server
@@ -9,6 +14,11 @@ from .summary import values
 
 def engine_args(plan, window=None):
     return ["--warmup", plan["warmup"], "-d", window or plan["window"], "--drain", plan["drain"]]
+
+
+def seconds(duration):
+    """A ferry-bench duration ("300ms", "2s") in seconds."""
+    return float(duration[:-2]) / 1000 if duration.endswith("ms") else float(duration.rstrip("s"))
 
 
 def rate_arg(total_mbps):
@@ -147,6 +157,74 @@ def suite_clients(ctx):
                                                              "-warmup", ctx.plan["warmup"], "-d", ctx.plan["window"]])
 
 
+class RecvQueue:
+    """Samples, every 100 ms while inside, the largest receive queue (bytes
+    the kernel holds unread) of the server's established sockets on its
+    port: for the limited suite, the limited sender's share of what waits
+    on the server's side (bytes the server read but has not handled are not
+    seen). The summary keeps the samples from `skip` to `skip` + `span`
+    seconds after entering (ferry-bench's measured window)."""
+
+    def __init__(self, port, skip, span):
+        self.port, self.skip, self.span, self.samples = port, skip, span, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.monotonic()
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            t = time.monotonic() - self._t0
+            if t < self.skip:
+                continue
+            if t > self.skip + self.span:
+                return
+            try:
+                out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{self.port} )"],
+                                     capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            queues = [int(line.split()[0]) for line in out.splitlines() if line.split()]
+            if queues:
+                self.samples.append(max(queues))
+
+    def __enter__(self):
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self):
+        if not self.samples:
+            return None
+        s = sorted(self.samples)
+        return {"samples": len(s), "mean_bytes": sum(s) / len(s), "p50_bytes": s[len(s) // 2], "max_bytes": s[-1]}
+
+
+def suite_limited(ctx):
+    """One pair through a server with --rate-config, the sender offering
+    more than its limit: the one-way latency of its packets (how long they
+    wait in buffers on the way, the sender's own included) and the kernel
+    receive queue of the server's side of the sender's connection."""
+    p = ctx.plan["limited"]
+    if not shutil.which("ss"):
+        log("limited: skipped: no `ss` (iproute2) to read the server's receive queue")
+        return
+    for rep in range(ctx.plan["repeats"]):
+        for name in p["servers"]:
+            with Server(ctx, name, False, rate=(p["rate"], p["burst"])) as srv:
+                with RecvQueue(srv.port, seconds(p["warmup"]), seconds(p["window"])) as q:
+                    report = ctx.bench(srv, "limited", f"{p['offered']}M", rep, "throughput",
+                                       ["-n", "2", "--size", str(SIZE), "--rate", f"{p['offered']}M",
+                                        "--warmup", p["warmup"], "-d", p["window"], "--drain", ctx.plan["drain"]])
+                if report:
+                    report["server_recv_queue"] = q.summary()
+                    raw = ctx.out / ctx.records[-1]["raw"]
+                    raw.write_text(json.dumps(report, indent=1) + "\n")
+
+
 SUITES = {
     "rate": suite_rate,
     "latency": suite_latency,
@@ -156,4 +234,5 @@ SUITES = {
     "stuck": suite_stuck,
     "mesh": suite_mesh,
     "clients": suite_clients,
+    "limited": suite_limited,
 }

@@ -31,7 +31,8 @@ def points_of(records, suite):
 
 def summarize(ctx):
     rec = ctx.records
-    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}, "mesh": {}, "clients": {}}
+    s = {"rate": {}, "latency": {}, "peers": {}, "idle": {}, "churn": {}, "stuck": {}, "mesh": {}, "clients": {},
+         "limited": {}}
     tp = lambda r: r["result"]["delivered_mbps"]  # noqa: E731
     for transport in ("plain", "tls"):
         for name in SERVERS:
@@ -121,6 +122,20 @@ def summarize(ctx):
                     "handshakes_per_s": h,
                     "p99_ms": stat(values(rec, "churn", name, transport, "max", lambda r: r["result"]["handshake_ms"]["p99"])),
                     "failed": stat(values(rec, "churn", name, transport, "max", lambda r: r["result"]["failed"])),
+                }
+    for name in SERVERS:
+        for point in points_of(rec, "limited"):
+            lat = lambda r, pct: r["result"]["latency_us"][pct]  # noqa: E731
+            p50 = stat(values(rec, "limited", name, "plain", point, lambda r: lat(r, "p50")))
+            if p50:
+                rq = lambda r, k: (r.get("server_recv_queue") or {}).get(k)  # noqa: E731
+                s["limited"].setdefault(name, {})[point] = {
+                    "latency_p50_us": p50,
+                    "latency_p90_us": stat(values(rec, "limited", name, "plain", point, lambda r: lat(r, "p90"))),
+                    "latency_p99_us": stat(values(rec, "limited", name, "plain", point, lambda r: lat(r, "p99"))),
+                    "delivered_mbps": stat(values(rec, "limited", name, "plain", point, tp)),
+                    "recv_queue_mean": stat(values(rec, "limited", name, "plain", point, lambda r: rq(r, "mean_bytes"))),
+                    "recv_queue_max": stat(values(rec, "limited", name, "plain", point, lambda r: rq(r, "max_bytes"))),
                 }
     s["headline"] = headline_rows(ctx, s)
     return s
