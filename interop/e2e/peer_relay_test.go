@@ -196,8 +196,10 @@ func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (i
 
 // checkFallback blocks the nodes' UDP to the peer relay's port: the path
 // falls back to DERP (tailscale ping answers via DERP, ICMP still
-// crosses the tunnel, the port's counters stand still); unblocked, the
-// peer relay path comes back and the counters move again.
+// crosses the tunnel, the port's counters stand still). It unblocks the
+// port before returning; the path's return is checked by
+// checkClientRestart, which follows (waiting here for tailscaled to find
+// the unblocked port on its own takes about 22 s of CI time).
 func checkFallback(t *testing.T, bed *testbed.Bed) {
 	a, b := bed.A, bed.B
 	start := time.Now()
@@ -236,25 +238,16 @@ func checkFallback(t *testing.T, bed *testbed.Bed) {
 		t.Fatalf("the peer relay's port counted bytes while blocked: %d in, %d out", in1-in0, out1-out0)
 	}
 
-	unblocked := time.Now()
 	if err := bed.BlockPeerRelay(false); err != nil {
 		t.Fatalf("unblocking the peer relay's port: %v", err)
 	}
-	pingViaPeerRelay(t, bed)
-	in2, out2, err := bed.PeerRelayBytes()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in2 == in1 || out2 == out1 {
-		t.Fatalf("peer relay path back, but the port counted %d bytes in, %d out", in2-in1, out2-out1)
-	}
-	t.Logf("blocked: via DERP after %.1f s (%d of %d ICMP replies); unblocked: via the peer relay after %.1f s (port %d bytes in, %d out)",
-		fellBack.Seconds(), pr.Received, pr.Sent, time.Since(unblocked).Seconds(), in2-in1, out2-out1)
+	t.Logf("blocked: via DERP after %.1f s (%d of %d ICMP replies)", fellBack.Seconds(), pr.Received, pr.Sent)
 }
 
 // checkClientRestart restarts node A's tailscaled (same node key, a new
-// disco key): Ferry allocates for the new pair of disco keys and the
-// path through the peer relay comes back, its bytes on the port.
+// disco key) right after checkFallback unblocked the port: Ferry
+// allocates for the new pair of disco keys and the path through the peer
+// relay comes back, its bytes on the port.
 func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error)) {
 	before, err := metrics()
 	if err != nil {
