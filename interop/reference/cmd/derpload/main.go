@@ -46,9 +46,9 @@ type report struct {
 	Cipher        string  `json:"cipher,omitempty"`
 	SendErrors    uint64  `json:"send_errors"`
 	// The server's CPU over the window (-server-pid): cores busy, and
-	// core-seconds per gigabit delivered.
-	ServerCores        float64 `json:"server_cores,omitempty"`
-	ServerCoreSPerGbit float64 `json:"server_core_s_per_gbit,omitempty"`
+	// core-seconds per gigabit delivered; absent without -server-pid.
+	ServerCores        *float64 `json:"server_cores,omitempty"`
+	ServerCoreSPerGbit *float64 `json:"server_core_s_per_gbit,omitempty"`
 }
 
 // cpuTicks is a process's user+system time in clock ticks, all threads
@@ -213,9 +213,11 @@ func main() {
 	}
 	if *serverPid != 0 {
 		cpu := float64(c1-c0) / ticksPerSecond
-		r.ServerCores = cpu / secs
+		cores := cpu / secs
+		r.ServerCores = &cores
 		if gbit := float64(d1-d0) * 8 / 1e9; gbit > 0 {
-			r.ServerCoreSPerGbit = cpu / gbit
+			perGbit := cpu / gbit
+			r.ServerCoreSPerGbit = &perGbit
 		}
 	}
 	out, _ := json.Marshal(r)
