@@ -32,14 +32,23 @@ pub struct Offloads {
 }
 
 /// Asks the kernel, on a UDP socket, which offloads it understands. Leaves
-/// GRO off and the socket's default segment size at zero.
+/// GRO as it found it where the kernel can say (getting `UDP_GRO` needs
+/// Linux 5.12; before that it leaves GRO off), and the socket's default
+/// segment size at zero. Turning GRO off behind a caller's back would make
+/// the kernel cut every train arriving at the socket into datagrams again.
 pub fn probe(fd: BorrowedFd<'_>) -> Offloads {
+    let was = gro(fd).unwrap_or(false);
     let gro = set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok()
-        && set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 0).is_ok();
+        && set_int(fd, libc::SOL_UDP, libc::UDP_GRO, i32::from(was)).is_ok();
     let gso = set_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT, 1200).is_ok()
         && get_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT).is_ok_and(|v| v == 1200)
         && set_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok();
     Offloads { gro, gso }
+}
+
+/// Whether GRO is on for a UDP socket (Linux 5.12 and later can say).
+pub fn gro(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    get_int(fd, libc::SOL_UDP, libc::UDP_GRO).map(|v| v != 0)
 }
 
 /// Turns GRO on or off for a UDP socket.
@@ -53,6 +62,24 @@ mod tests {
     use crate::mmsg::{OutMsg, RecvBatch, RecvMeta, SendBatch, Span};
     use std::net::UdpSocket;
     use std::os::fd::AsFd;
+
+    /// Probing a socket whose GRO is on leaves it on (and one whose GRO is
+    /// off, off): callers probe sockets they have already set up.
+    #[test]
+    fn probing_leaves_gro_as_it_was() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        if !probe(sock.as_fd()).gro {
+            return ferry_testkit::skip!("no UDP GRO on this kernel");
+        }
+        let on = || gro(sock.as_fd());
+        if on().is_err() {
+            return ferry_testkit::skip!("this kernel cannot say whether GRO is on (before 5.12)");
+        }
+        assert!(!on().unwrap(), "off after probing a fresh socket");
+        set_gro(sock.as_fd(), true).unwrap();
+        assert!(probe(sock.as_fd()).gro);
+        assert!(on().unwrap(), "GRO turned on before probing stays on");
+    }
 
     /// On a kernel with both offloads, ten datagrams sent as one GSO
     /// message arrive intact, either one by one or coalesced by GRO.
