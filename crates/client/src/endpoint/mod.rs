@@ -144,9 +144,12 @@ impl Endpoint {
             addr: opts.bind,
             source,
         })?;
-        // Best effort: without GRO every datagram is its own slot.
-        let _ = ferry_sys::gso::set_gro(socket.as_fd(), true);
+        // Asks whether the socket takes GSO trains: before GRO goes on,
+        // so that the asking cannot turn it off.
         let sender = Mutex::new(UdpBatchSender::new(&socket));
+        // Best effort: without GRO every datagram is its own slot, and
+        // the kernel cuts each train a peer sends back into datagrams.
+        let _ = ferry_sys::gso::set_gro(socket.as_fd(), true);
         let queue = opts.queue.max(1);
         let (derp_tx, derp_rx) = mpsc::channel::<(usize, FromRelay)>(queue);
         let mut tasks = Vec::new();
@@ -473,4 +476,30 @@ async fn default_stun(url: &str) -> Option<SocketAddr> {
         .await
         .ok()?;
     addrs.next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::key::NodePrivate;
+
+    /// The endpoint's socket has UDP GRO on once bound (where the kernel
+    /// has it and can say so): a peer's GSO trains arrive whole.
+    #[tokio::test]
+    async fn the_socket_keeps_gro_on() {
+        let probe = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        if !ferry_sys::gso::probe(probe.as_fd()).gro {
+            return ferry_testkit::skip!("no UDP GRO on this kernel");
+        }
+        let gro = ferry_sys::gso::gro;
+        if gro(probe.as_fd()).is_err() {
+            return ferry_testkit::skip!("this kernel cannot say whether GRO is on (before 5.12)");
+        }
+        // Nothing listens there; the bind does not wait for the relay.
+        let relay = DerpServerOptions::new("none", "http://127.0.0.1:9");
+        let mut opts = EndpointOptions::new(NodePrivate::generate(), vec![relay]);
+        opts.bind = "127.0.0.1:0".parse().unwrap();
+        let ep = Endpoint::bind(opts).await.unwrap();
+        assert!(gro(ep.inner.socket.as_fd()).unwrap(), "GRO on");
+    }
 }

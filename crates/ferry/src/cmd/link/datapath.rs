@@ -74,7 +74,26 @@ struct PeerCtx {
     relay: usize,
     wireguard: SocketAddr,
     socket: Arc<UdpSocket>,
+    /// Whether the socket takes UDP GSO trains (asked once, at the bind).
+    gso: bool,
     stats: Arc<PeerStats>,
+}
+
+/// Binds one peer's socket, sized for WireGuard's bursts, with UDP GRO on
+/// (best effort: without it each datagram takes a slot of its own, and
+/// the kernel cuts every train WireGuard sends back into datagrams before
+/// the socket gets them). Returns it with whether it takes GSO trains,
+/// asked before GRO is turned on so that the asking cannot turn it off.
+async fn peer_socket(addr: SocketAddr, name: &str) -> std::io::Result<(UdpSocket, bool)> {
+    let socket = UdpSocket::bind(addr).await?;
+    for which in [Buffer::Receive, Buffer::Send] {
+        if let Err(e) = set_buffer(socket.as_fd(), which, SOCKET_BUFFER) {
+            tracing::warn!(peer = %name, error = %e, "could not size the peer socket's buffer");
+        }
+    }
+    let gso = ferry_sys::gso::probe(socket.as_fd()).gso;
+    let _ = ferry_sys::gso::set_gro(socket.as_fd(), true);
+    Ok((socket, gso))
 }
 
 /// Binds every socket (errors name the configuration key), starts the
@@ -88,22 +107,16 @@ pub(crate) async fn run(
 ) -> Result<()> {
     let mut peers = Vec::with_capacity(cfg.peers.len());
     for (i, p) in cfg.peers.iter().enumerate() {
-        let socket = UdpSocket::bind(p.endpoint)
+        let (socket, gso) = peer_socket(p.endpoint, &p.name)
             .await
             .with_context(|| format!("{}.endpoint: binding {}", p.field, p.endpoint))?;
-        for which in [Buffer::Receive, Buffer::Send] {
-            if let Err(e) = set_buffer(socket.as_fd(), which, SOCKET_BUFFER) {
-                tracing::warn!(peer = %p.name, error = %e, "could not size the peer socket's buffer");
-            }
-        }
-        // Best effort: without GRO each datagram takes its own slot.
-        let _ = ferry_sys::gso::set_gro(socket.as_fd(), true);
         peers.push(PeerCtx {
             name: p.name.clone(),
             key: p.link_key,
             relay: p.relay,
             wireguard: p.wireguard,
             socket: Arc::new(socket),
+            gso,
             stats: metrics.peer(i),
         });
     }
@@ -345,14 +358,19 @@ async fn inbound(
     by_key: Arc<HashMap<NodePublic, usize>>,
 ) {
     let mut batch = Datagrams::new();
-    let mut senders: Vec<UdpBatchSender> = peers
-        .iter()
-        .map(|p| UdpBatchSender::new(&p.socket))
-        .collect();
+    let mut senders = senders(&peers);
     let mut run: Vec<(SocketAddr, Range<usize>)> = Vec::new();
     while ep.recv_batch(&mut batch).await.is_ok() {
         deliver_batch(&peers, &mut senders, &by_key, &batch, &mut run);
     }
+}
+
+/// One sender per peer socket, towards the local WireGuard.
+fn senders(peers: &[PeerCtx]) -> Vec<UdpBatchSender> {
+    peers
+        .iter()
+        .map(|p| UdpBatchSender::with_gso(p.gso))
+        .collect()
 }
 
 /// Hands one batch from the endpoint to the local WireGuard: each run of
@@ -574,9 +592,80 @@ mod tests {
             key: NodePrivate::generate().public(),
             relay: 0,
             wireguard,
+            gso: ferry_sys::gso::probe(socket.as_fd()).gso,
             socket: Arc::new(socket),
             stats: Arc::default(),
         }
+    }
+
+    /// WireGuard's burst, sent as one GSO train to a peer socket set up
+    /// as the link sets it up (bound, then its sender made), is read by
+    /// one `recvmmsg` as one GRO message cut at the segment size: the
+    /// kernel did not cut it into datagrams on the way in.
+    #[tokio::test]
+    async fn a_peer_socket_reads_a_wireguard_train_whole() {
+        use ferry_sys::mmsg::{OutMsg, SendBatch, Span};
+        let wireguard = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let offloads = ferry_sys::gso::probe(wireguard.as_fd());
+        if !(offloads.gso && offloads.gro) {
+            return ferry_testkit::skip!("this kernel lacks UDP GSO or GRO ({offloads:?})");
+        }
+        let (socket, gso) = peer_socket("127.0.0.1:0".parse().unwrap(), "p")
+            .await
+            .unwrap();
+        assert!(gso, "GSO as on the socket WireGuard sends from");
+        let peers = [PeerCtx {
+            name: "p".into(),
+            key: NodePrivate::generate().public(),
+            relay: 0,
+            wireguard: wireguard.local_addr().unwrap(),
+            socket: Arc::new(socket),
+            gso,
+            stats: Arc::default(),
+        }];
+        let _senders = senders(&peers);
+        const SIZE: usize = 1000;
+        let bytes: Vec<u8> = (0..10 * SIZE).map(|i| (i % 251) as u8).collect();
+        let spans: Vec<Span> = (0..10)
+            .map(|i| Span {
+                start: i * SIZE,
+                len: SIZE,
+            })
+            .collect();
+        let msgs = [OutMsg {
+            dst: Some(peers[0].socket.local_addr().unwrap()),
+            first: 0,
+            count: spans.len(),
+            segment: SIZE as u16,
+        }];
+        let sent = SendBatch::new()
+            .send(wireguard.as_fd(), &bytes, &spans, &msgs)
+            .unwrap();
+        assert_eq!(sent, 1, "one GSO message");
+        let socket = &peers[0].socket;
+        let mut rx = RecvBatch::new();
+        let mut buf = vec![0u8; RECV_SLOTS * RECV_SLOT];
+        let mut meta = vec![RecvMeta::default(); RECV_SLOTS];
+        let n = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                socket.readable().await.unwrap();
+                match socket.try_io(Interest::READABLE, || {
+                    rx.recv(socket.as_fd(), &mut buf, RECV_SLOT, &mut meta)
+                }) {
+                    Ok(n) => return n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .await
+        .expect("the train arrives");
+        assert_eq!(
+            (n, meta[0].len, meta[0].segment),
+            (1, bytes.len(), SIZE),
+            "one message holding the whole train, cut at {SIZE} bytes"
+        );
+        assert_eq!(&buf[..bytes.len()], &bytes[..]);
     }
 
     /// Peer "stuck"'s local WireGuard sits behind a neighbour that never
