@@ -22,6 +22,13 @@
 #                  links connecting; an iperf3 run's bytes cross the
 #                  hosting node's relay port (nftables counter), not the
 #                  other node's
+#   fleet-kill-host SIGKILL to the hosting node during a ping every 50 ms
+#                  and an iperf3 TCP transfer: the link that was on it
+#                  reconnects to the other node (its [[relay]] lists both
+#                  in urls), the tunnel carries on over DERP and then a new
+#                  relay session on the survivor; the longest gap between
+#                  ping answers and the transfer's longest stall under 2 s,
+#                  no reset
 #
 # Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq and openssl;
 # without them it says why and exits 0, except under CI=true, where it
@@ -37,7 +44,7 @@ if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; 
 fu_skip_or_fail "ferry link fleet namespace tests" "$why"
 ferry=$(fu_ferry_bin "$root")
 
-all_cases="fleet-session"
+all_cases="fleet-session fleet-kill-host"
 cases=${FLEET_CASES:-$all_cases}
 for c in $cases; do
   case " $all_cases " in *" $c "*) ;; *) echo "unknown case $c in FLEET_CASES" >&2; exit 2 ;; esac
@@ -137,7 +144,8 @@ done
 # write_link_config SIDE OTHER OWN_IP NODE...: the link's relay is the
 # region; its URLs are those of NODE... in that order.
 write_link_config() {
-  local side=$1 other=$2 own=$3; shift 3
+  local side=$1 other=$2 own=$3 n urls=""; shift 3
+  for n in "$@"; do urls+="${urls:+, }\"https://$n.fleet.test:3340/derp\""; done
   cat >"$T/link-$side.toml" <<TOML
 key_file = "$T/link-$side.key"
 wireguard = "127.0.0.1:51820"
@@ -146,7 +154,7 @@ bind = "$own:0"
 
 [[relay]]
 name = "region"
-url = "https://$1.fleet.test:3340/derp"
+urls = [$urls]
 ca_file = "$T/ca.pem"
 
 [[peer]]
@@ -226,6 +234,50 @@ case_fleet_session() {
   check "$CASE: both links still on the relay session" test "$(link_path $FA "$T/link-a.toml" b) $(link_path $FB "$T/link-b.toml" a)" = "relay relay"
   check "$CASE: $host holds one bound session, $other none" test "$(node_metric $host 'ferry_udp_relay_sessions{state="bound"}') $(node_metric $other 'ferry_udp_relay_sessions{state="bound"}')" = "1 0"
   results+=("$CASE: relay session $took s after connecting, hosted by $host; iperf3 $mbits Mbit/s ($sent bytes; $hd at $host's relay port, $od at $other's)")
+  all_stop
+}
+
+# ping_gap FILE: the longest time between two answers of a `ping -D` run,
+# in seconds, and the time of the last answer ("GAP LAST").
+ping_gap() {
+  awk '/bytes from/ { t = substr($1, 2, length($1) - 2) + 0; if (p && t - p > g) g = t - p; p = t }
+    END { printf "%.2f %.2f\n", g, p }' "$1"
+}
+case_fleet_kill_host() {
+  node_start n1; node_start n2
+  check "$CASE: the nodes' mesh links are up" wait_until 20 mesh_up
+  links_start
+  check "$CASE: A on the relay session within 5 s" on_path $FA "$T/link-a.toml" b relay 5
+  check "$CASE: B too" on_path $FB "$T/link-b.toml" a relay 5
+  check "$CASE: first ping through the tunnel within 20 s" ping_until $FA 10.77.121.2 20
+  local host other
+  if [ "$(node_metric n1 'ferry_udp_relay_sessions{state="bound"}')" = 1 ]; then host=n1 other=n2; else host=n2 other=n1; fi
+  check "$CASE: $other hosts no session" test "$(node_metric $other 'ferry_udp_relay_sessions{state="bound"}')" = 0
+  ip netns exec $FA ping -D -n -i 0.05 -W 1 -w 9 10.77.121.2 >"$T/ping-$CASE.txt" 2>&1 &
+  local ping_pid=$!
+  iperf_json $FA 10.77.121.2 8 "$T/iperf-$CASE.json" -b 50M &
+  local iperf_pid=$!
+  sleep 2
+  step "$CASE: SIGKILL to $host, which hosts the session"
+  local killed_at=$EPOCHREALTIME
+  { kill -9 "${node_pid[$host]}"; wait "${node_pid[$host]}"; } 2>/dev/null || true
+  wait "$iperf_pid" || { cat "$T/iperf-$CASE.json" >&2; false; }
+  wait "$ping_pid" || true
+  local gap err pgap plast
+  read -r gap err < <(iperf_gap "$T/iperf-$CASE.json")
+  read -r pgap plast < <(ping_gap "$T/ping-$CASE.txt")
+  check "$CASE: the TCP transfer inside the tunnel was never reset ($err)" test "$err" = ok
+  check "$CASE: its longest stall was $gap s (< 2 s)" awk -v g="$gap" 'BEGIN { exit !(g < 2) }'
+  check "$CASE: the longest gap between ping answers (every 50 ms) was $pgap s (< 2 s)" awk -v g="$pgap" 'BEGIN { exit !(g < 2) }'
+  check "$CASE: pings answered until the end (last $(awk -v a="$killed_at" -v b="$plast" 'BEGIN { printf "%.1f", b - a }') s after the kill)" awk -v a="$killed_at" -v b="$plast" 'BEGIN { exit !(b - a > 5) }'
+  # A session lost after working is asked for again at once: the pair is
+  # on a new one well before the 10 s retry wait would have ended.
+  local back
+  back=$(awk -v a="$killed_at" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  check "$CASE: $back s after the kill, A and B are on a relay session again" test "$(link_path $FA "$T/link-a.toml" b) $(link_path $FB "$T/link-b.toml" a)" = "relay relay"
+  check "$CASE: the new session is on $other" test "$(node_metric $other 'ferry_udp_relay_sessions{state="bound"}')" = 1
+  check "$CASE: both links reconnected to $other" test "$(grep -c 'relay connected' "$T/link-a-$CASE.log")$(grep -c 'relay connected' "$T/link-b-$CASE.log")" = "$([ $host = n1 ] && echo 21 || echo 12)"
+  results+=("$CASE: $host killed: longest ping gap $pgap s, TCP stall $gap s, no reset; relay session on $other again (checked $back s after the kill)")
   all_stop
 }
 
