@@ -177,3 +177,74 @@ async fn when_the_hosting_node_stops_the_pair_moves_to_the_other_node() {
         (&b"after"[..], PathKind::RelaySession)
     );
 }
+
+/// A link asks for its peer's session before the peer has connected
+/// anywhere (both sides of a pair often start at once): refused, peer not
+/// here. When the peer then speaks to it over DERP, from the region's
+/// other node, it asks again at once, not after the 10 s retry wait: its
+/// node, the anchor's, makes the session (the peer, which takes no
+/// sessions, never binds it). Only once: however much the peer sends
+/// after, no other session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_refused_as_absent_is_asked_for_again_when_it_speaks() {
+    let ca = ca();
+    let region = SessionRegion::start(ca);
+    // a is the anchor: its node hosts, and counts what a asks there.
+    let (ka, kb) = loop {
+        let (ka, kb) = (NodePrivate::generate(), NodePrivate::generate());
+        if ka.public() < kb.public() {
+            break (ka, kb);
+        }
+    };
+    let (pa, pb) = (ka.public(), kb.public());
+    let node = &region.nodes[0];
+    let refused = || {
+        ferry_testkit::metrics::Scrape::parse(node.metrics())
+            .family("ferry_relay_allocate_refused_total")
+    };
+    let a = Endpoint::bind(region_options(&[&node.url], ka, ca))
+        .await
+        .expect("bind a");
+    a.add_peer(pb, PeerOptions::new()).unwrap();
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while refused() < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a's first ask not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ob = region_options(&[&region.nodes[1].url], kb, ca);
+    ob.relays[0].options.relay_sessions = false;
+    let b = Endpoint::bind(ob).await.expect("bind b");
+    b.add_peer(pa, PeerOptions::new()).unwrap();
+    let deadline = tokio::time::Instant::now() + QUICK;
+    loop {
+        b.try_send(&pa, b"here").unwrap();
+        if tokio::time::timeout(Duration::from_millis(100), a.recv())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "nothing from b");
+    }
+    let heard = tokio::time::Instant::now();
+    let soon = heard + Duration::from_secs(3);
+    while node.sessions.lock().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < soon,
+            "no second ask within 3 s of hearing from b"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..20 {
+        b.try_send(&pa, b"still here").unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        node.sessions.lock().len(),
+        1,
+        "asked again once, not on every datagram"
+    );
+}
