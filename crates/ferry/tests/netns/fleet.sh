@@ -22,6 +22,10 @@
 #                  links connecting; an iperf3 run's bytes cross the
 #                  hosting node's relay port (nftables counter), not the
 #                  other node's
+#   fleet-mixed    n2 is Tailscale's derper: DERP still crosses the
+#                  region (ping, iperf3), the path stays DERP, n1 refuses
+#                  the sessions (no_host) without making one or filling
+#                  its log
 #   fleet-kill-host SIGKILL to the hosting node during a ping every 50 ms
 #                  and an iperf3 TCP transfer: the link that was on it
 #                  reconnects to the other node (its [[relay]] lists both
@@ -30,7 +34,8 @@
 #                  ping answers and the transfer's longest stall under 2 s,
 #                  no reset
 #
-# Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq and openssl;
+# Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq, openssl and
+# derper (FERRY_DERPER_BIN, interop/bin/derper or ~/go/bin/derper);
 # without them it says why and exits 0, except under CI=true, where it
 # fails. FERRY_BIN names the ferry binary.
 set -euo pipefail
@@ -39,12 +44,17 @@ root=$(cd "$here/../../../.." && pwd)
 . "$root/scripts/lib/netns.sh"
 . "$root/scripts/lib/netns-link.sh"
 
+derper=""
+for c in "${FERRY_DERPER_BIN:-}" "$root/interop/bin/derper" "$HOME/go/bin/derper"; do
+  [ -n "$c" ] && [ -x "$c" ] && { derper=$c; break; }
+done
 why=$(fu_why_not wg nft iperf3 ping timeout jq openssl)
 if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
+if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/10-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
 fu_skip_or_fail "ferry link fleet namespace tests" "$why"
 ferry=$(fu_ferry_bin "$root")
 
-all_cases="fleet-session fleet-kill-host"
+all_cases="fleet-session fleet-kill-host fleet-mixed"
 cases=${FLEET_CASES:-$all_cases}
 for c in $cases; do
   case " $all_cases " in *" $c "*) ;; *) echo "unknown case $c in FLEET_CASES" >&2; exit 2 ;; esac
@@ -180,6 +190,14 @@ node_start() { # node_start NAME: Ferry node NAME (n1, n2) in $FR, meshed with b
   node_pid[$1]=$FU_LAST_PID
   wait_tcp $FR "$ip" 3340 20
 }
+derper_start() { # derper_start NAME: Tailscale's derper as node NAME, meshed with both (no STUN)
+  local ip; ip=$(node_ip "$1")
+  fu_bg $FR "$T/node-$1-$CASE.log" env SSL_CERT_FILE="$T/ca.pem" "$derper" -a "$ip:3340" -http-port -1 \
+    -certmode manual -certdir "$T/certs" -hostname "$1.fleet.test" -c "$T/node-$1.derper.json" -stun=false \
+    -mesh-psk-file "$T/mesh.key" -mesh-with "n1.fleet.test:3340/10.77.120.1,n2.fleet.test:3340/10.77.120.2"
+  node_pid[$1]=$FU_LAST_PID
+  wait_tcp $FR "$ip" 3340 20
+}
 node_metric() { # node_metric NODE 'NAME{labels}' -> value (fails when absent)
   metrics $FR "92${1#n}0" | fu_series "$2"
 }
@@ -234,6 +252,37 @@ case_fleet_session() {
   check "$CASE: both links still on the relay session" test "$(link_path $FA "$T/link-a.toml" b) $(link_path $FB "$T/link-b.toml" a)" = "relay relay"
   check "$CASE: $host holds one bound session, $other none" test "$(node_metric $host 'ferry_udp_relay_sessions{state="bound"}') $(node_metric $other 'ferry_udp_relay_sessions{state="bound"}')" = "1 0"
   results+=("$CASE: relay session $took s after connecting, hosted by $host; iperf3 $mbits Mbit/s ($sent bytes; $hd at $host's relay port, $od at $other's)")
+  all_stop
+}
+
+case_fleet_mixed() {
+  node_start n1; derper_start n2
+  local up=0 i
+  for i in $(seq 1 200); do
+    up=$(metrics $FR 9210 | awk '$1 ~ /^ferry_mesh_link_up\{/ { s += $2 } END { print s + 0 }')
+    [ "$up" -ge 1 ] && break
+    sleep 0.1
+  done
+  check "$CASE: n1's mesh link to derper is up" test "$up" -ge 1
+  check "$CASE: and does not speak the Ferry extension" test "$(metrics $FR 9210 | awk '$1 ~ /^ferry_mesh_link_ferry\{/ { s += $2 } END { print s + 0 }')" = 0
+  links_start
+  check "$CASE: first ping through the tunnel within 20 s (DERP across the mesh)" ping_until $FA 10.77.121.2 20
+  check "$CASE: A on DERP" on_path $FA "$T/link-a.toml" b derp 5
+  check "$CASE: B on DERP" on_path $FB "$T/link-b.toml" a derp 5
+  local n1a mbits retr
+  n1a=$(relay_bytes n1)
+  iperf_json $FA 10.77.121.2 2 "$T/iperf-$CASE.json"
+  read -r mbits retr < <(iperf_summary "$T/iperf-$CASE.json")
+  check "$CASE: iperf3 TCP A -> B across Ferry and derper over DERP: $mbits Mbit/s, $retr retransmits" awk -v m="${mbits:-0}" -v min=1 'BEGIN { exit !(m > min) }'
+  check "$CASE: still DERP afterwards (A, B)" test "$(link_path $FA "$T/link-a.toml" b) $(link_path $FB "$T/link-b.toml" a)" = "derp derp"
+  check "$CASE: nothing reached n1's relay port" test "$(relay_bytes n1)" = "$n1a"
+  local refused
+  refused=$(node_metric n1 'ferry_relay_allocate_refused_total{reason="no_host"}')
+  check "$CASE: n1 refused A's asks with no_host ($refused), no session made" test "$refused" -ge 1 -a "$(node_metric n1 'ferry_udp_relay_sessions{state="allocated"}')" = 0
+  local lines
+  lines=$(grep -ciE 'error|warn' "$T/node-n1-$CASE.log" || true)
+  check "$CASE: n1 logged $lines warnings or errors (at most 5)" test "$lines" -le 5
+  results+=("$CASE: Ferry n1 + derper n2: DERP across the mesh, iperf3 $mbits Mbit/s, $refused no_host refusals, $lines warning lines at n1")
   all_stop
 }
 
