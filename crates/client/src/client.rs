@@ -273,7 +273,7 @@ impl DerpClient {
         options: Options,
     ) -> Result<Self, Error> {
         let (sender, events, mut driver) = DerpClient::prepare(targets, key, options)?;
-        let conn = driver.dial_any().await?;
+        let conn = driver.dial_any(0).await?;
         driver.connected(&conn).await;
         Ok(DerpClient {
             sender,
@@ -288,9 +288,21 @@ impl DerpClient {
     /// connection. Returns once the first attempt has succeeded or failed.
     /// `Err` only for what no retry can mend: the URL, the TLS setup.
     pub async fn start(url: &str, key: NodePrivate, options: Options) -> Result<Self, Error> {
-        let (sender, events, mut driver) =
-            DerpClient::prepare(vec![Target::from_url(url)?], key, options)?;
-        let first = match driver.dial_any().await {
+        DerpClient::start_to(vec![Target::from_url(url)?], key, options).await
+    }
+
+    /// Like [`DerpClient::start`], with several targets: the nodes of one
+    /// region. The first attempt tries them in order; after a connection
+    /// is lost, each round of attempts starts with the target after the
+    /// one that was lost (its node may be gone), wrapping around.
+    pub async fn start_to(
+        targets: Vec<Target>,
+        key: NodePrivate,
+        options: Options,
+    ) -> Result<Self, Error> {
+        let (sender, events, mut driver) = DerpClient::prepare(targets, key, options)?;
+        driver.rotate = true;
+        let first = match driver.dial_any(0).await {
             Ok(conn) => {
                 driver.connected(&conn).await;
                 Ok(conn)
@@ -343,6 +355,8 @@ impl DerpClient {
         let driver = Driver {
             backoff: Backoff::new(&options.backoff),
             targets: dial,
+            last: 0,
+            rotate: false,
             key,
             options,
             cmds: cmd_rx,
@@ -547,6 +561,11 @@ enum Ended {
 
 struct Driver {
     targets: Vec<(Target, Option<TlsParams>)>,
+    /// Index into `targets` of the connection up now, or of the last one.
+    last: usize,
+    /// Reconnects start after `last` (the nodes of one region: the one
+    /// lost may be gone), not from the first target.
+    rotate: bool,
     key: NodePrivate,
     options: Options,
     cmds: mpsc::Receiver<Command>,
@@ -578,10 +597,13 @@ impl Driver {
         }
     }
 
-    /// Tries every target in order; the last error if none connects.
-    async fn dial_any(&mut self) -> Result<Conn, Error> {
+    /// Tries every target in order, from `targets[first]` on, wrapping
+    /// around; the last error if none connects.
+    async fn dial_any(&mut self, first: usize) -> Result<Conn, Error> {
         let mut last = None;
-        for (target, tls) in &self.targets {
+        let n = self.targets.len();
+        for i in (0..n).map(|k| (first + k) % n) {
+            let (target, tls) = &self.targets[i];
             match conn::dial(
                 target,
                 tls.as_ref(),
@@ -593,6 +615,7 @@ impl Driver {
             {
                 Ok(c) => {
                     self.box_key = c.derp.box_key().cloned();
+                    self.last = i;
                     return Ok(c);
                 }
                 Err(e) => last = Some(e),
@@ -655,7 +678,8 @@ impl Driver {
                     },
                 }
             }
-            match self.dial_any().await {
+            let first = if self.rotate { self.last + 1 } else { 0 };
+            match self.dial_any(first).await {
                 Ok(conn) => {
                     if !self.connected(&conn).await {
                         return None;

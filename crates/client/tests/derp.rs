@@ -494,3 +494,36 @@ async fn over_websocket() {
         }
     }
 }
+
+/// A client given the nodes of one region ([`DerpClient::start_to`])
+/// that loses its node tries the next node first: a node whose port still
+/// accepts connections but never answers (hung, or a load balancer in
+/// front of a dead process) does not hold the reconnect for the connect
+/// timeout.
+#[tokio::test]
+async fn a_lost_connection_tries_the_next_node_of_the_region_first() {
+    let mut first = TestServer::start(Kind::Ferry, None);
+    let second = TestServer::start(Kind::Ferry, None);
+    let mut o = options(None);
+    o.connect_timeout = Duration::from_secs(60);
+    let targets = [&first, &second].map(|s| ferry_client::Target::from_url(&s.url()).unwrap());
+    let mut c = DerpClient::start_to(targets.to_vec(), NodePrivate::generate(), o)
+        .await
+        .expect("start");
+    let (e, _) = wait_for(&mut c, QUICK, "Connected", |_| true).await;
+    let Event::Connected { server, .. } = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(server, first.addr.to_string(), "the first node first");
+    first.stop();
+    // The first node's port accepts but never answers from now on.
+    let _silent = std::net::TcpListener::bind(first.addr).expect("the first node's port");
+    let (e, seen) = wait_for(&mut c, QUICK, "Connected again", |e| {
+        matches!(e, Event::Connected { .. })
+    })
+    .await;
+    let Event::Connected { server, .. } = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(server, second.addr.to_string(), "after {seen:?}");
+}

@@ -21,6 +21,7 @@ use super::{Datagrams, PathAddr};
 use crate::{DerpClient, DerpSender};
 use ferry_proto::key::NodePublic;
 use ferry_proto::peer_msg::{self, PeerMessage};
+use ferry_proto::relay_session::RefuseReason;
 use ferry_proto::stun;
 use ferry_proto::udp_header::Header;
 use std::collections::{HashMap, HashSet};
@@ -71,6 +72,11 @@ pub(super) struct Driver {
     stun_interval: Duration,
     /// Peers their DERP server reported gone, until heard from again.
     gone: HashSet<NodePublic>,
+    /// Peers whose session the relay refused because it did not have
+    /// them: `true` until heard from (then their session is asked for at
+    /// once), `false` once that was done, until the next offer for them.
+    /// Only peers are asked for: bounded by their number.
+    not_there: HashMap<NodePublic, bool>,
     /// Keys not among the peers that sent over DERP, each reported once
     /// (at most [`UNKNOWN_SENDERS_REPORTED`]).
     unknown_senders: HashSet<NodePublic>,
@@ -94,6 +100,7 @@ impl Driver {
             stun_pending: HashMap::new(),
             stun_interval,
             gone: HashSet::new(),
+            not_there: HashMap::new(),
             unknown_senders: HashSet::new(),
         }
     }
@@ -341,12 +348,23 @@ impl Driver {
                 _ => self.inner.reject(Reject::Malformed),
             },
             FromRelay::Offer(offer) => {
+                self.not_there.remove(&offer.peer);
                 let Some(addr) = self.inner.relays[relay].sender.relay_endpoint(&offer) else {
                     return;
                 };
                 self.inner.lock_sessions().handle_offer(now(), &offer, addr);
             }
-            FromRelay::Refused(peer) => self.inner.lock_sessions().handle_refused(now(), &peer),
+            FromRelay::Refused(peer, reason) => {
+                self.inner.lock_sessions().handle_refused(now(), &peer);
+                // Both links of a pair often start together: each may ask
+                // before its relay (or its region's other node) knows the
+                // other. The peer's first word says it is there now: ask
+                // again then, once (until an offer comes), not after the
+                // retry wait.
+                if reason == RefuseReason::PeerNotHere {
+                    self.not_there.entry(peer).or_insert(true);
+                }
+            }
             FromRelay::Up => self.on_relay_up(relay),
             FromRelay::Down { error, retry_in } => self.on_relay_down(relay, error, retry_in),
             FromRelay::Gone(peer, reason) => {
@@ -416,6 +434,12 @@ impl Driver {
     /// from it arrived): if it was gone, it is back, and its session is
     /// sought again without waiting.
     fn heard_from(&mut self, peer: &NodePublic) {
+        let waiting = self.not_there.get_mut(peer);
+        if let Some(w @ true) = waiting {
+            *w = false;
+            tracing::debug!(peer = %peer.short(), "heard from a peer its relay did not have: asking for its session again");
+            self.inner.lock_sessions().reset(now(), peer);
+        }
         if self.gone.remove(peer) {
             tracing::info!(peer = %peer.short(), "peer back");
             self.inner.lock_sessions().reset(now(), peer);
@@ -589,7 +613,7 @@ pub(super) async fn derp_reader(
         let input = match event {
             crate::Event::Packet { src, data } => FromRelay::Packet(src, data),
             crate::Event::RelaySession(offer) => FromRelay::Offer(offer),
-            crate::Event::RelayRefused { peer, .. } => FromRelay::Refused(peer),
+            crate::Event::RelayRefused { peer, reason, .. } => FromRelay::Refused(peer, reason),
             crate::Event::Connected { .. } => FromRelay::Up,
             crate::Event::Disconnected { error, retry_in } => FromRelay::Down {
                 error: error.to_string(),

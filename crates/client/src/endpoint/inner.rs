@@ -15,7 +15,7 @@ use ferry_proto::frame::PeerGoneReason;
 use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::nacl::{self, SharedKey};
 use ferry_proto::peer_msg;
-use ferry_proto::relay_session::SessionOffer;
+use ferry_proto::relay_session::{RefuseReason, SessionOffer};
 use ferry_proto::udp_header::{Header, Protocol};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -36,7 +36,7 @@ pub(super) enum ToRelay {
 pub(super) enum FromRelay {
     Packet(NodePublic, Vec<u8>),
     Offer(SessionOffer),
-    Refused(NodePublic),
+    Refused(NodePublic, RefuseReason),
     Up,
     Down { error: String, retry_in: Duration },
     Gone(NodePublic, PeerGoneReason),

@@ -62,7 +62,7 @@ pub mod relay_sessions;
 mod send;
 mod status;
 
-use crate::DerpClient;
+use crate::{DerpClient, Target};
 pub use batch::{gro_segments, BatchSent, Datagram, Datagrams, UdpBatchSender};
 use driver::{derp_reader, derp_writer, Driver};
 pub use error::{AddPeerError, EndpointError, SendError, SendReport};
@@ -161,8 +161,18 @@ impl Endpoint {
             .relays
             .iter()
             .map(|r| {
-                let (url, key, options) = (r.url.clone(), opts.key.clone(), r.options.clone());
-                tokio::spawn(async move { DerpClient::start(&url, key, options).await })
+                let urls: Vec<String> = std::iter::once(&r.url)
+                    .chain(&r.fallback_urls)
+                    .cloned()
+                    .collect();
+                let (key, options) = (opts.key.clone(), r.options.clone());
+                tokio::spawn(async move {
+                    let targets = urls
+                        .iter()
+                        .map(|u| Target::from_url(u))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    DerpClient::start_to(targets, key, options).await
+                })
             })
             .collect();
         for (i, (r, start)) in opts.relays.iter().zip(starts).enumerate() {

@@ -22,6 +22,12 @@ pub struct DerpServerOptions {
     pub name: String,
     /// `http://host:port/derp` or `https://host/derp`.
     pub url: String,
+    /// The URLs of the region's other nodes (meshed with `url`'s), same
+    /// form. The first connection tries `url`, then these in order; after
+    /// a connection is lost, the next node in that list is tried first,
+    /// so a node that dies is left at once for another one. Empty by
+    /// default.
+    pub fallback_urls: Vec<String>,
     /// How the DERP client connects; [`Options::relay_sessions`] (on by
     /// default) says whether the endpoint asks this server for relay
     /// sessions.
@@ -37,9 +43,17 @@ impl DerpServerOptions {
         DerpServerOptions {
             name: name.into(),
             url: url.into(),
+            fallback_urls: Vec::new(),
             options: Options::default(),
             stun: None,
         }
+    }
+
+    /// With these URLs of the region's other nodes
+    /// ([`DerpServerOptions::fallback_urls`]).
+    pub fn with_fallback_urls(mut self, urls: Vec<String>) -> DerpServerOptions {
+        self.fallback_urls = urls;
+        self
     }
 
     /// With these DERP client options.

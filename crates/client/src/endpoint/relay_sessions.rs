@@ -69,10 +69,16 @@ pub type RelayPath = (u32, SocketAddr);
 
 #[derive(Debug)]
 enum State {
-    Idle { at: Instant },
-    Asked { until: Instant },
+    Idle {
+        at: Instant,
+    },
+    Asked {
+        until: Instant,
+    },
     Binding(Binder),
-    Bound(Binder, Instant),
+    /// Bound at the instant; `true` once its relay path has been seen
+    /// working.
+    Bound(Binder, Instant, bool),
 }
 
 /// The relay sessions of one endpoint.
@@ -140,7 +146,7 @@ impl RelaySessions {
     pub fn remove(&mut self, peer: &NodePublic) {
         self.failures.remove(peer);
         let gone = self.peers.remove(peer);
-        if let Some(State::Binding(b) | State::Bound(b, _)) = &gone {
+        if let Some(State::Binding(b) | State::Bound(b, ..)) = &gone {
             unindex(&mut self.by_vni, b.vni(), peer);
         }
         if let Some(State::Bound(..)) = gone {
@@ -168,7 +174,7 @@ impl RelaySessions {
         let Some(state) = self.peers.get_mut(&offer.peer) else {
             return;
         };
-        if let State::Binding(b) | State::Bound(b, _) = state {
+        if let State::Binding(b) | State::Bound(b, ..) = state {
             if b.vni() == offer.vni && b.slot() == offer.slot {
                 // The same session offered again (both peers asked).
                 tracing::debug!(
@@ -189,7 +195,7 @@ impl RelaySessions {
             was_bound,
             "session offered: binding"
         );
-        if let State::Binding(b) | State::Bound(b, _) = state {
+        if let State::Binding(b) | State::Bound(b, ..) = state {
             unindex(&mut self.by_vni, b.vni(), &offer.peer);
         }
         self.generation = self.generation.wrapping_add(1).max(1);
@@ -239,7 +245,7 @@ impl RelaySessions {
             let Some(state) = self.peers.get_mut(peer) else {
                 continue;
             };
-            let (State::Binding(b) | State::Bound(b, _)) = state else {
+            let (State::Binding(b) | State::Bound(b, ..)) = state else {
                 continue;
             };
             if b.vni() != header.vni {
@@ -257,7 +263,7 @@ impl RelaySessions {
                     let path = (b.vni(), b.relay());
                     let bound = b.clone();
                     tracing::debug!(%peer, vni = b.vni(), "session bound");
-                    *state = State::Bound(bound, now);
+                    *state = State::Bound(bound, now, false);
                     self.changes.push_back((*peer, Some(path)));
                 }
             }
@@ -277,33 +283,41 @@ impl RelaySessions {
     }
 
     /// The peer's session stopped working (its relay path went silent, or
-    /// the allocation could not be sent): start over after the retry wait.
+    /// the allocation could not be sent): start over after the retry wait,
+    /// or at once when the session had been seen working (its host may
+    /// have gone: a node of the region died or restarted, and another one
+    /// can host the pair now); the wait applies from the next failure.
     pub fn lost(&mut self, now: Instant, peer: &NodePublic) {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
         };
-        tracing::debug!(%peer, "session lost");
-        if let State::Binding(b) | State::Bound(b, _) = state {
+        let confirmed = matches!(state, State::Bound(_, _, true));
+        tracing::debug!(%peer, confirmed, "session lost");
+        if let State::Binding(b) | State::Bound(b, ..) = state {
             unindex(&mut self.by_vni, b.vni(), peer);
         }
         if matches!(state, State::Bound(..)) {
             self.changes.push_back((*peer, None));
         }
-        *state = State::Idle {
-            at: self.timing.next_try(&mut self.failures, peer, now),
+        let at = if confirmed {
+            now
+        } else {
+            self.timing.next_try(&mut self.failures, peer, now)
         };
+        *state = State::Idle { at };
     }
 
     /// How the path manager sees the peer's relay path: a bound session
     /// whose path died, or that no pong confirmed within
     /// [`SessionTiming::confirm_within`] of binding, is lost.
     pub fn check_path(&mut self, now: Instant, peer: &NodePublic, state: Option<PathState>) {
-        let Some(State::Bound(_, at)) = self.peers.get(peer) else {
+        let Some(State::Bound(_, at, seen)) = self.peers.get_mut(peer) else {
             return;
         };
         let unconfirmed = now.saturating_duration_since(*at) >= self.timing.confirm_within;
         match state {
             Some(PathState::Working) => {
+                *seen = true;
                 self.failures.remove(peer);
             }
             Some(PathState::Unconfirmed) if !unconfirmed => {}
@@ -814,13 +828,15 @@ mod tests {
             "first wait again"
         );
 
-        // A confirmed session forgets the failures: lost later, the first
-        // wait again.
+        // A confirmed session forgets the failures: lost later, it is
+        // asked again at once, and a refusal then waits the first wait.
         s.handle_offer(at + t.retry, &offer(peer, 99), RELAY.parse().unwrap());
         assert!(relay_answers(&mut s, at + t.retry).is_some());
         let later = at + t.retry + Duration::from_secs(1);
         s.check_path(later, &peer, Some(PathState::Working));
         s.lost(later, &peer);
+        assert_eq!(s.poll_allocate(later), Some(peer));
+        s.handle_refused(later, &peer);
         assert_eq!(
             s.poll_allocate(later + t.retry - Duration::from_millis(1)),
             None
@@ -858,5 +874,40 @@ mod tests {
         bind(&mut s, now, 9);
         s.check_path(now, &peer, None);
         assert!(!s.is_bound(&peer), "no relay path at all");
+    }
+
+    #[test]
+    fn a_session_seen_working_is_asked_again_at_once_when_lost() {
+        let t = SessionTiming::default();
+        let now = Instant::now();
+        let peer = NodePrivate::generate().public();
+        let mut s = RelaySessions::new(t.clone());
+        s.want(now, peer);
+        s.poll_allocate(now).unwrap();
+        s.handle_offer(now, &offer(peer, 9), RELAY.parse().unwrap());
+        assert!(relay_answers(&mut s, now).is_some());
+        s.check_path(now, &peer, Some(PathState::Working));
+        // Its host goes: the path dies; the peer is asked for at once.
+        let later = now + Duration::from_secs(60);
+        s.check_path(later, &peer, Some(PathState::Dead));
+        assert_eq!(s.poll_change(), Some((peer, None)));
+        assert_eq!(
+            s.poll_allocate(later),
+            Some(peer),
+            "not asked again at once"
+        );
+        // The new ask is refused: from now on, the wait.
+        s.handle_refused(later, &peer);
+        assert_eq!(
+            s.poll_allocate(later + t.retry - Duration::from_millis(1)),
+            None
+        );
+        assert_eq!(s.poll_allocate(later + t.retry), Some(peer));
+        // A session never seen working that is lost waits too.
+        s.handle_offer(later + t.retry, &offer(peer, 10), RELAY.parse().unwrap());
+        let bound_at = later + t.retry;
+        assert!(relay_answers(&mut s, bound_at).is_some());
+        s.check_path(bound_at, &peer, Some(PathState::Dead));
+        assert_eq!(s.poll_allocate(bound_at + Duration::from_secs(1)), None);
     }
 }

@@ -13,6 +13,8 @@
 //! [[relay]]
 //! name = "home"                          # optional (default relay0, relay1, ...)
 //! url = "https://derp.example.com/derp"
+//! # or, for a region of several meshed nodes, all their URLs (instead of url):
+//! # urls = ["https://derp1.example.com/derp", "https://derp2.example.com/derp"]
 //! ca_file = "/etc/ferry/test-ca.pem"     # optional: trust only this CA (default: the system's roots)
 //! stun = "192.0.2.1:3478"                # optional: the STUN server (default: the URL's host, port 3478)
 //!
@@ -35,6 +37,9 @@ use ferry_client::PathKind;
 use ferry_proto::key::NodePublic;
 use serde::Deserialize;
 use toml::Spanned;
+
+/// The most URLs one `[[relay]]` (one region) may list.
+const MAX_URLS: usize = 16;
 
 /// Default number of datagrams waiting for one relay connection.
 pub(crate) const DEFAULT_QUEUE: usize = 512;
@@ -65,8 +70,11 @@ pub(crate) struct Config {
 pub(crate) struct Relay {
     /// Name used in logs and metrics.
     pub name: String,
-    /// `http(s)://host[:port]/derp`.
+    /// `http(s)://host[:port]/derp`: `url`, or the first of `urls`.
     pub url: String,
+    /// The rest of `urls`: the region's other nodes, tried when `url`'s
+    /// cannot be reached or its connection is lost.
+    pub fallback_urls: Vec<String>,
     /// A PEM file of CA certificates to trust instead of the system's.
     pub ca_file: Option<PathBuf>,
     /// The STUN server; `None`: the URL's host, port 3478.
@@ -140,7 +148,8 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct FileRelay {
     name: Option<Spanned<String>>,
-    url: Spanned<String>,
+    url: Option<Spanned<String>>,
+    urls: Option<Spanned<Vec<Spanned<String>>>>,
     ca_file: Option<String>,
     stun: Option<Spanned<String>>,
 }
@@ -308,15 +317,50 @@ impl Config {
         let mut relay_names: HashMap<String, usize> = HashMap::new();
         for (i, r) in file.relay.iter().enumerate() {
             let field = format!("relay[{i}]");
-            if let Err(err) = ferry_client::Target::from_url(r.url.get_ref()) {
-                return Err(e.at(&r.url, format!("{field}.url"), err.to_string()));
+            let urls: Vec<(&Spanned<String>, String)> = match (&r.url, &r.urls) {
+                (Some(u), None) => vec![(u, format!("{field}.url"))],
+                (None, Some(list))
+                    if !list.get_ref().is_empty() && list.get_ref().len() <= MAX_URLS =>
+                {
+                    list.get_ref()
+                        .iter()
+                        .enumerate()
+                        .map(|(j, u)| (u, format!("{field}.urls[{j}]")))
+                        .collect()
+                }
+                (None, Some(list)) => {
+                    return Err(e.at(
+                        list,
+                        format!("{field}.urls"),
+                        format!("from 1 to {MAX_URLS} URLs (the nodes of one region)"),
+                    ))
+                }
+                (Some(u), Some(_)) => {
+                    return Err(e.at(
+                        u,
+                        format!("{field}.url"),
+                        "url and urls together: give one (urls lists every node of the region)",
+                    ))
+                }
+                (None, None) => {
+                    return Err(e.file(
+                        field,
+                        "a DERP url is needed (url, or urls for the nodes of a region)",
+                    ))
+                }
+            };
+            for (u, f) in &urls {
+                if let Err(err) = ferry_client::Target::from_url(u.get_ref()) {
+                    return Err(e.at(u, f.clone(), err.to_string()));
+                }
             }
+            let url_span = urls[0].0;
             let name = match &r.name {
                 Some(n) => e.name(n, &format!("{field}.name"))?,
                 None => format!("relay{i}"),
             };
             if let Some(&j) = relay_names.get(&name) {
-                let at = r.name.as_ref().unwrap_or(&r.url);
+                let at = r.name.as_ref().unwrap_or(url_span);
                 return Err(e.at(
                     at,
                     format!("{field}.name"),
@@ -326,7 +370,8 @@ impl Config {
             relay_names.insert(name.clone(), i);
             relays.push(Relay {
                 name,
-                url: r.url.get_ref().clone(),
+                url: url_span.get_ref().clone(),
+                fallback_urls: urls[1..].iter().map(|(u, _)| u.get_ref().clone()).collect(),
                 ca_file: r.ca_file.as_ref().map(PathBuf::from),
                 stun: r
                     .stun
@@ -531,6 +576,42 @@ relay = "relay1"
         let e = err(&with("away"));
         assert!(
             e.starts_with("link.toml:5: home: no [[relay]] is named \"away\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_relay_lists_the_nodes_of_its_region_in_urls() {
+        let f = full();
+        let one = "url = \"http://10.0.0.1:3340/derp\"";
+        let with = |v: &str| f.replace(one, v);
+        let c = Config::from_toml(
+            "link.toml",
+            &with("urls = [\"http://10.0.0.1:3340/derp\", \"http://10.0.0.2:3340/derp\"]"),
+        )
+        .unwrap();
+        assert_eq!(c.relays[1].url, "http://10.0.0.1:3340/derp");
+        assert_eq!(c.relays[1].fallback_urls, ["http://10.0.0.2:3340/derp"]);
+        assert!(Config::from_toml("link.toml", &f).unwrap().relays[1]
+            .fallback_urls
+            .is_empty());
+        let e = err(&with(&format!(
+            "{one}\nurls = [\"http://10.0.0.2:3340/derp\"]"
+        )));
+        assert!(
+            e.starts_with("link.toml:11: relay[1].url: url and urls together"),
+            "{e}"
+        );
+        let e = err(&with("urls = []"));
+        assert!(
+            e.starts_with("link.toml:11: relay[1].urls: from 1 to 16 URLs"),
+            "{e}"
+        );
+        let e = err(&with("urls = [\"http://10.0.0.1:3340/derp\", \"ftp://x\"]"));
+        assert!(e.starts_with("link.toml:11: relay[1].urls[1]: "), "{e}");
+        let e = err(&with("name = \"region\""));
+        assert!(
+            e.starts_with("link.toml: relay[1]: a DERP url is needed"),
             "{e}"
         );
     }

@@ -165,7 +165,9 @@ pub(crate) async fn run(
         .iter()
         .zip(options)
         .map(|(r, options)| {
-            let d = DerpServerOptions::new(r.name.clone(), r.url.clone()).with_options(options);
+            let d = DerpServerOptions::new(r.name.clone(), r.url.clone())
+                .with_fallback_urls(r.fallback_urls.clone())
+                .with_options(options);
             match r.stun {
                 Some(stun) => d.with_stun(stun),
                 None => d,
