@@ -602,3 +602,51 @@ fn a_node_that_cannot_host_refuses_an_allocate_from_the_mesh() {
     assert_eq!(p.r.hosted(), (0, 0));
     assert_eq!(p.offers(), (vec![], vec![]), "X was told nothing");
 }
+
+/// A kind-1 allocate from node B's link to A for `asker` and A's client
+/// `dst`, as B's mesh client would send it.
+fn mesh_allocate(dst: NodePublic, asker: NodePublic, request_id: u32, ip: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    ms::put_mesh_session(
+        &mut out,
+        &MeshSession {
+            dst,
+            msg: MeshMsg::Allocate {
+                asker,
+                request_id,
+                asker_ip: ip.parse().unwrap(),
+                conn_id: u64::from(request_id),
+            },
+        },
+    );
+    out
+}
+
+/// A node asks the host only for its own clients: an allocate for an
+/// asker the sending node's link never announced makes no session, gets
+/// no answer, and is counted as `not_announced`; the same allocate for a
+/// key the link announced is honoured.
+#[test]
+fn a_mesh_allocate_for_a_key_its_link_never_announced_is_dropped() {
+    let mut p = split(true);
+    let stranger = NodePrivate::generate().public();
+    let a = &mut p.r.a.s;
+    a.d.receive(
+        p.r.b_on_a,
+        &mesh_allocate(p.x.public(), stranger, 1, "192.0.2.77"),
+    );
+    a.settle();
+    assert_eq!(p.r.hosted(), (0, 0), "nothing hosted for the stranger");
+    assert_eq!(mesh_sessions(&mut p.r.a.rx[0]), [], "no answer");
+    assert_eq!(dropped(&p.r.a.s, "not_announced"), 1.0);
+    assert_eq!(p.offers(), (vec![], vec![]), "X was told nothing");
+
+    let a = &mut p.r.a.s;
+    a.d.receive(
+        p.r.b_on_a,
+        &mesh_allocate(p.x.public(), p.y.public(), 2, "192.0.2.77"),
+    );
+    a.settle();
+    assert_eq!(p.r.hosted(), (1, 0), "Y was announced by B's link");
+    assert_eq!(dropped(&p.r.a.s, "not_announced"), 1.0);
+}

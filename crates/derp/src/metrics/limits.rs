@@ -65,6 +65,9 @@ labelled!(
         /// speaks the Ferry mesh extension: nowhere to answer it, and no
         /// word from that node on which keys it holds.
         NoConnection => "no_connection",
+        /// An allocate for an asker the sending node's link has not
+        /// announced (the node may only ask for its own clients).
+        NotAnnounced => "not_announced",
     }
 );
 

@@ -37,7 +37,7 @@ use ferry_proto::relay_session::{
 };
 
 use super::control_queue::Origin;
-use super::sessions::refusal;
+use super::sessions::{refusal, RelayMail};
 use super::STATE_HEARD;
 use super::*;
 use crate::mesh::route::{self, Host, Location, PairView};
@@ -172,6 +172,23 @@ impl Shard {
         };
         self.count_refusal(reason);
         Some(refusal(ask, reason))
+    }
+
+    /// On the asker's owner shard: an allocate (kind 1) that came over
+    /// `link` goes on to the peer's owner shard only if `link` announced
+    /// the asker (a node asks only for its own clients, so a host never
+    /// makes a session for a key on no node of the region); otherwise it
+    /// is dropped as `not_announced` and logged (rate-limited).
+    pub(super) fn on_mesh_ask(&mut self, link: usize, msg: MeshSession) {
+        let MeshMsg::Allocate { asker, .. } = msg.msg else {
+            return;
+        };
+        if self.forward.get(&asker).is_some_and(|l| l.contains(&link)) {
+            let owner = self.shared.owner_of(&msg.dst, self.shards);
+            return self.relay_mail_to(owner, RelayMail::Mesh { link, msg });
+        }
+        conn_log!(self, info, link, %asker, "mesh allocate for a key its node never announced; dropped");
+        self.m.mesh_session_dropped[MeshSessionDrop::NotAnnounced as usize].inc();
     }
 
     /// On `msg.dst`'s owner shard: an allocation, offer or refusal that

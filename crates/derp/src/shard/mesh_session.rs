@@ -105,15 +105,15 @@ impl Shard {
                     MeshMsg::Offer(ref o) if Some(o.host) != self.link_key(link) => {
                         MeshSessionDrop::WrongHost
                     }
-                    MeshMsg::Allocate { .. } | MeshMsg::Offer(_) | MeshMsg::Refused(_) => {
+                    MeshMsg::Allocate { asker, .. } => {
+                        // First to the asker's owner shard, which knows
+                        // whether this link announced it.
+                        let owner = self.shared.owner_of(&asker, self.shards);
+                        return self.relay_mail_to(owner, RelayMail::MeshAsk { link, msg });
+                    }
+                    MeshMsg::Offer(_) | MeshMsg::Refused(_) => {
                         let owner = self.shared.owner_of(&msg.dst, self.shards);
-                        let mail = RelayMail::Mesh { link, msg };
-                        if owner == self.id {
-                            self.on_relay_mail(mail);
-                        } else {
-                            self.mail(owner, Mail::Relay(mail));
-                        }
-                        return;
+                        return self.relay_mail_to(owner, RelayMail::Mesh { link, msg });
                     }
                     _ => MeshSessionDrop::Unhandled,
                 },
