@@ -236,10 +236,15 @@ struct Node {
 }
 
 fn node(ip: &str) -> Node {
-    let sessions = Arc::new(Sessions::new(Limits::default()));
+    node_with(ip, 1, Limits::default())
+}
+
+/// A node with `links` mesh links and a session table with `limits`.
+fn node_with(ip: &str, links: usize, limits: Limits) -> Node {
+    let sessions = Arc::new(Sessions::new(limits));
     sessions.set_bound(format!("{ip}:3479").parse().unwrap());
     let service = sessions.clone();
-    let (s, rx, _) = meshed(1, 64 * 1024, move |cfg| {
+    let (s, rx, _) = meshed(links, 64 * 1024, move |cfg| {
         cfg.mesh_key = Some(MESH_KEY);
         cfg.relay_sessions = Some(service);
     });
@@ -649,4 +654,93 @@ fn a_mesh_allocate_for_a_key_its_link_never_announced_is_dropped() {
     a.settle();
     assert_eq!(p.r.hosted(), (1, 0), "Y was announced by B's link");
     assert_eq!(dropped(&p.r.a.s, "not_announced"), 1.0);
+}
+
+/// A node of the region floods this one with 10,000 allocates for keys
+/// it announced: past its link's burst they are dropped and counted
+/// (`rate`: exactly the excess), the sessions its link holds here stay at
+/// the cap per link (the rest refused `limit`, over the mesh), and
+/// another node's link still gets its session.
+#[test]
+fn a_mesh_peer_flooding_allocates_is_held_to_its_rate_and_its_share() {
+    const FLOOD: usize = 10_000;
+    const CAP: usize = 100;
+    let limits = Limits {
+        per_link: CAP,
+        ..Limits::default()
+    };
+    let mut a = node_with("192.0.2.1", 2, limits);
+    let (bk, ck) = (NodePrivate::generate(), NodePrivate::generate());
+    let b = ferry_mesh_peer(&mut a.s, &bk);
+    let c = ferry_mesh_peer(&mut a.s, &ck);
+    for (link, key) in [(0, &bk), (1, &ck)] {
+        a.s.news(
+            link,
+            MeshNews::Up {
+                server_key: key.public(),
+                ferry_mesh: true,
+            },
+        );
+    }
+    // Eight clients here: room for 8 × 32 sessions by the per-key limit.
+    let locals: Vec<NodePublic> = (0..8)
+        .map(|_| {
+            let k = NodePrivate::generate();
+            relay_client(&mut a.s, &k, 2);
+            k.public()
+        })
+        .collect();
+    // B announced its askers (one per allocate the burst lets through).
+    let askers: Vec<NodePublic> = (0..1100)
+        .map(|_| NodePrivate::generate().public())
+        .collect();
+    for k in &askers {
+        a.s.news(0, MeshNews::Present(*k));
+    }
+    let _ = mesh_sessions(&mut a.rx[0]);
+    let _ = mesh_sessions(&mut a.rx[1]);
+
+    for chunk in (0..FLOOD).collect::<Vec<_>>().chunks(100) {
+        let mut bytes = Vec::new();
+        for &i in chunk {
+            let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 0xff, i & 0xff);
+            bytes.extend(mesh_allocate(
+                locals[i % locals.len()],
+                askers[i % askers.len()],
+                i as u32,
+                &ip,
+            ));
+        }
+        a.s.d.receive(b, &bytes);
+        a.s.settle();
+    }
+    let burst = ferry_derp::mesh::MESH_SESSION_BURST as usize;
+    assert_eq!(dropped(&a.s, "rate"), (FLOOD - burst) as f64, "the excess");
+    assert_eq!(a.sessions.lock().len(), CAP, "held to the cap per link");
+    assert_eq!(a.sessions.lock().via_link(0), CAP);
+    assert_eq!(
+        a.s.metric("ferry_relay_allocate_refused_total{reason=\"limit\"}"),
+        (burst - CAP) as f64
+    );
+    assert!(a.s.d.is_open(b), "the mesh connection stays open");
+
+    // C's link: its own rate and share.
+    let z = NodePrivate::generate().public();
+    a.s.news(1, MeshNews::Present(z));
+    a.s.d
+        .receive(c, &mesh_allocate(locals[0], z, 1, "192.0.2.9"));
+    a.s.settle();
+    let answers = mesh_sessions(&mut a.rx[1]);
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [MeshSession {
+                msg: MeshMsg::Offer(_),
+                ..
+            }]
+        ),
+        "C's asker got its offer: {answers:?}"
+    );
+    assert_eq!(a.sessions.lock().via_link(1), 1);
+    assert_eq!(a.sessions.lock().len(), CAP + 1);
 }

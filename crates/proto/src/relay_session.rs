@@ -593,6 +593,20 @@ pub trait SessionService: Send + Sync {
     /// `now` and returns the offers to send, or why not.
     fn allocate(&self, request: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason>;
 
+    /// [`allocate`](Self::allocate) for a pair split across the nodes of
+    /// a region, whose other key is behind this relay's mesh link `link`
+    /// (`docs/relay-sessions.md` §9): a service that keeps a cap per link
+    /// counts the session against `link`'s (the default keeps none).
+    fn allocate_via(
+        &self,
+        request: &AllocateRequest,
+        link: u16,
+        now: Instant,
+    ) -> Result<Offers, RefuseReason> {
+        let _ = link;
+        self.allocate(request, now)
+    }
+
     /// Whether every endpoint an offer names is a specific address, so
     /// that a client on another node of the region can reach it
     /// (`docs/relay-sessions.md` §9): an unspecified one means "the

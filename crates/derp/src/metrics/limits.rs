@@ -68,6 +68,9 @@ labelled!(
         /// An allocate for an asker the sending node's link has not
         /// announced (the node may only ask for its own clients).
         NotAnnounced => "not_announced",
+        /// Past the rate one node may send them at
+        /// ([`crate::mesh::MESH_SESSION_RATE`]).
+        Rate => "rate",
     }
 );
 

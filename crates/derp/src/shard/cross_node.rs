@@ -223,7 +223,10 @@ impl Shard {
                             request_id,
                             conns: [self.remote_conn(link, conn_id), self.conn_ref(p).id()],
                         };
-                        service.allocate(&request, self.now).map(|o| (p, o))
+                        let via = link as u16;
+                        service
+                            .allocate_via(&request, via, self.now)
+                            .map(|o| (p, o))
                     }
                 };
                 match verdict {

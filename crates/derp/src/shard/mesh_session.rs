@@ -102,6 +102,11 @@ impl Shard {
             Ok(msg) => match self.ferry_link_to(&self.conns[slot].key()) {
                 Some(link) => match msg.msg {
                     MeshMsg::State { flags, .. } => return self.on_state(link, flags),
+                    _ if !self.mesh.session_rate[link].try_take_one(self.now) => {
+                        let peer = self.conns[slot].peer();
+                        conn_log!(self, info, %peer, link, "meshSession past its node's rate; dropped");
+                        MeshSessionDrop::Rate
+                    }
                     MeshMsg::Offer(ref o) if Some(o.host) != self.link_key(link) => {
                         MeshSessionDrop::WrongHost
                     }

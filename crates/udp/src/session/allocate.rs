@@ -73,6 +73,23 @@ impl SessionTable {
         conns: [u64; 2],
         now: Instant,
     ) -> Result<Allocation, RefuseReason> {
+        self.allocate_via(asker, peer, ip, conns, None, now)
+    }
+
+    /// [`SessionTable::allocate_on`] for a pair one of whose keys is
+    /// behind the DERP server's mesh link `via` (a pair split across the
+    /// nodes of a region): a new session also counts against that link,
+    /// which holds at most [`Limits::per_link`](super::Limits::per_link)
+    /// (beyond, [`RefuseReason::Limit`]).
+    pub fn allocate_via(
+        &mut self,
+        asker: &NodePublic,
+        peer: &NodePublic,
+        ip: IpAddr,
+        conns: [u64; 2],
+        via: Option<u16>,
+        now: Instant,
+    ) -> Result<Allocation, RefuseReason> {
         if asker == peer {
             return Err(RefuseReason::SelfPeer);
         }
@@ -80,6 +97,10 @@ impl SessionTable {
             return Ok(self.again(vni, asker, conns, now));
         }
         let ip = source_key(ip);
+        if via.is_some_and(|l| self.via_link(l) >= self.limits.per_link) {
+            self.counters.refused_link += 1;
+            return self.refuse();
+        }
         if self.taken_part(asker) >= self.limits.per_key
             || self.per_ip.get(&ip).copied().unwrap_or(0) >= self.limits.per_ip
         {
@@ -117,6 +138,7 @@ impl SessionTable {
                     },
                 ],
                 ip,
+                via,
                 created: now,
                 last_active: now,
             },
@@ -126,6 +148,9 @@ impl SessionTable {
             self.by_key.entry(*k).or_default().push(vni);
         }
         *self.per_ip.entry(ip).or_default() += 1;
+        if let Some(link) = via {
+            *self.per_link.entry(link).or_default() += 1;
+        }
         self.counters.allocated += 1;
         Ok(Allocation {
             vni,

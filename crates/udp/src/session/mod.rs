@@ -61,6 +61,10 @@ pub struct Limits {
     /// Sessions asked for from one source (of the asker's DERP
     /// connection): an IPv4 address, or an IPv6 /64.
     pub per_ip: usize,
+    /// Sessions whose other key is behind one mesh link of the DERP
+    /// server (a pair split across the nodes of a region): a node of the
+    /// region, however it behaves, holds at most this many here.
+    pub per_link: usize,
     /// How long a session waits for both slots to bind.
     pub bind_lifetime: Duration,
     /// How long a bound session lives without a forwarded datagram.
@@ -81,6 +85,7 @@ impl Default for Limits {
         Limits {
             per_key: 32,
             per_ip: 256,
+            per_link: 65_536,
             bind_lifetime: Duration::from_secs(30),
             idle_lifetime: Duration::from_secs(60),
             answer_interval: Duration::from_secs(1),
@@ -219,6 +224,8 @@ pub struct Counters {
     pub reused: u64,
     /// Allocations refused for a limit.
     pub refused_limit: u64,
+    /// Of those, refused for the cap of sessions behind one mesh link.
+    pub refused_link: u64,
     /// Allocations of a session the asker's connection had been answered
     /// for within the answer interval: not answered again.
     pub repeats_unanswered: u64,
@@ -275,6 +282,9 @@ struct Session {
     told: [Told; 2],
     /// The asker's source, as counted against the per-IP limit.
     ip: IpAddr,
+    /// The mesh link the other key is behind, for a pair split across
+    /// nodes (counted against [`Limits::per_link`]).
+    via: Option<u16>,
     created: Instant,
     last_active: Instant,
 }
@@ -308,6 +318,8 @@ pub struct SessionTable {
     /// The sessions each key is in (at most `per_key`), oldest first.
     by_key: HashMap<NodePublic, Vec<u32>>,
     per_ip: HashMap<IpAddr, usize>,
+    /// Sessions per mesh link ([`Limits::per_link`]).
+    per_link: HashMap<u16, usize>,
     counters: Counters,
 }
 
@@ -332,6 +344,7 @@ impl SessionTable {
             by_pair: HashMap::new(),
             by_key: HashMap::new(),
             per_ip: HashMap::new(),
+            per_link: HashMap::new(),
             counters: Counters::default(),
         }
     }
@@ -367,6 +380,11 @@ impl SessionTable {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
+    }
+
+    /// Sessions whose other key is behind mesh link `link`.
+    pub fn via_link(&self, link: u16) -> usize {
+        self.per_link.get(&link).copied().unwrap_or(0)
     }
 
     /// Sessions `key` is in (whether or not it took part).
@@ -425,6 +443,14 @@ impl SessionTable {
             *n -= 1;
             if *n == 0 {
                 self.per_ip.remove(&s.ip);
+            }
+        }
+        if let Some(link) = s.via {
+            if let Some(n) = self.per_link.get_mut(&link) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_link.remove(&link);
+                }
             }
         }
         match why {

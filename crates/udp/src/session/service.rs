@@ -160,13 +160,14 @@ impl Sessions {
             o,
             "ferry_udp_relay_session_events_total",
             Kind::Counter,
-            "Relay session allocations (and repeats left unanswered), refusals, evictions, binds and frees.",
+            "Relay session allocations (and repeats left unanswered), refusals (refused_link: of those for the cap per mesh link), evictions, binds and frees.",
             "event",
             &[
                 ("allocated", c.allocated),
                 ("reused", c.reused),
                 ("repeat_unanswered", c.repeats_unanswered),
                 ("refused_limit", c.refused_limit),
+                ("refused_link", c.refused_link),
                 ("evicted", c.evicted),
                 ("challenged", c.challenges),
                 ("bound", c.binds),
@@ -248,12 +249,42 @@ impl SessionService for Sessions {
     /// (`0.0.0.0`, `::`) means the address the client reached the DERP
     /// server at (`docs/relay-sessions.md` §2).
     fn allocate(&self, r: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason> {
+        self.allocate_at(r, None, now)
+    }
+
+    /// [`SessionService::allocate`] counted against mesh link `link`
+    /// ([`SessionTable::allocate_via`]).
+    fn allocate_via(
+        &self,
+        r: &AllocateRequest,
+        link: u16,
+        now: Instant,
+    ) -> Result<Offers, RefuseReason> {
+        self.allocate_at(r, Some(link), now)
+    }
+
+    /// Whether the endpoints are all specific addresses.
+    fn hosts_cross_node(&self) -> bool {
+        self.endpoints()
+            .is_some_and(|e| !e.is_empty() && e.iter().all(|a| !a.ip().is_unspecified()))
+    }
+}
+
+impl Sessions {
+    /// An allocation, behind mesh link `via` if any (see
+    /// [`SessionService::allocate`]).
+    fn allocate_at(
+        &self,
+        r: &AllocateRequest,
+        via: Option<u16>,
+        now: Instant,
+    ) -> Result<Offers, RefuseReason> {
         let Some(endpoints) = self.endpoints() else {
             return Err(RefuseReason::Off);
         };
         let a = self
             .lock()
-            .allocate_on(&r.asker, &r.peer, r.ip, r.conns, now)?;
+            .allocate_via(&r.asker, &r.peer, r.ip, r.conns, via, now)?;
         let offer = |request_id, slot: u8, peer| SessionOffer {
             request_id,
             vni: a.vni,
@@ -268,12 +299,6 @@ impl SessionService for Sessions {
             asker: a.tell_asker.then(|| offer(r.request_id, a.slot, r.peer)),
             peer: a.tell_peer.then(|| offer(0, 1 - a.slot, r.asker)),
         })
-    }
-
-    /// Whether the endpoints are all specific addresses.
-    fn hosts_cross_node(&self) -> bool {
-        self.endpoints()
-            .is_some_and(|e| !e.is_empty() && e.iter().all(|a| !a.ip().is_unspecified()))
     }
 }
 
@@ -296,6 +321,7 @@ mod tests {
                 "ferry_udp_relay_session_events_total{event=\"reused\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"repeat_unanswered\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"refused_limit\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"refused_link\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"evicted\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"challenged\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"bound\"} 0",

@@ -619,3 +619,32 @@ fn an_answer_proven_for_a_session_freed_meanwhile_binds_nothing() {
     assert_eq!(t.bind_proven(t0, &c, &token), Err(Drop::UnknownVni));
     assert_eq!(t.counters().binds, 0);
 }
+
+/// Sessions with a key behind one mesh link are capped per link: past
+/// the cap that link's are refused (and counted), another link's and
+/// local pairs' are not, and a freed session makes room again.
+#[test]
+fn sessions_behind_one_mesh_link_are_capped_per_link() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_link: 2,
+        ..Limits::default()
+    };
+    let mut t = SessionTable::with_seed(limits, 4, t0);
+    let ip = |b: u8| IpAddr::from([192, 0, 2, b]);
+    let ask = |t: &mut SessionTable, a: u8, via| {
+        t.allocate_via(&key(a), &key(a + 100), ip(a), [0, 0], via, t0)
+    };
+    assert!(ask(&mut t, 1, Some(3)).is_ok());
+    assert!(ask(&mut t, 2, Some(3)).is_ok());
+    assert_eq!(ask(&mut t, 3, Some(3)), Err(RefuseReason::Limit));
+    assert_eq!(t.counters().refused_link, 1);
+    assert!(ask(&mut t, 1, Some(3)).unwrap().existing, "its own again");
+    assert!(ask(&mut t, 4, Some(4)).is_ok(), "another link");
+    assert!(ask(&mut t, 5, None).is_ok(), "a local pair");
+    assert_eq!((t.via_link(3), t.via_link(4), t.len()), (2, 1, 4));
+    // Unbound past the bind lifetime: freed, and the link has room.
+    t.expire(t0 + limits.bind_lifetime);
+    assert_eq!((t.via_link(3), t.len()), (0, 0));
+    assert!(ask(&mut t, 3, Some(3)).is_ok());
+}
