@@ -744,3 +744,53 @@ fn a_mesh_peer_flooding_allocates_is_held_to_its_rate_and_its_share() {
     assert_eq!(a.sessions.lock().via_link(1), 1);
     assert_eq!(a.sessions.lock().len(), CAP + 1);
 }
+
+/// A client asks for sessions with many keys on another node to fill
+/// this one: as an anchor it makes this node host them, and its own
+/// per-key limit, then the cap on sessions with keys behind one mesh
+/// link hold it (every refusal counted); the other node hosts nothing.
+#[test]
+fn a_client_asking_for_keys_on_another_node_is_held_to_its_limits() {
+    const CAP: usize = 50;
+    const PEERS: usize = 40;
+    let limits = Limits {
+        per_link: CAP,
+        ..Limits::default()
+    };
+    let mut r = Region::of(node_with("192.0.2.1", 1, limits), node("192.0.2.2"), true);
+    // The two lowest keys ask from A (anchors of every pair: A hosts).
+    let mut keys: Vec<NodePrivate> = (0..2 + PEERS).map(|_| NodePrivate::generate()).collect();
+    keys.sort_by_key(|k| k.public());
+    let askers: Vec<Slot> = keys[..2]
+        .iter()
+        .map(|k| relay_client(&mut r.a.s, k, 2))
+        .collect();
+    let peers: Vec<Slot> = keys[2..]
+        .iter()
+        .map(|k| {
+            r.a.s.news(0, MeshNews::Present(k.public()));
+            relay_client(&mut r.b.s, k, 2)
+        })
+        .collect();
+    for (n, &slot) in askers.iter().enumerate() {
+        for (i, k) in keys[2..].iter().enumerate() {
+            if i >= 32 {
+                // Past the connection's burst: its rate does not hold it.
+                r.a.s.advance(std::time::Duration::from_millis(250));
+            }
+            r.ask(true, slot, k, (n * 100 + i) as u32);
+        }
+    }
+    let limit = "ferry_relay_allocate_refused_total{reason=\"limit\"}";
+    let rate = "ferry_relay_allocate_refused_total{reason=\"rate\"}";
+    assert_eq!(r.a.s.metric(rate), 0.0);
+    assert_eq!(r.hosted(), (CAP, 0), "held to the cap per link");
+    assert_eq!(r.a.sessions.lock().via_link(0), CAP);
+    let refused = (2 * PEERS - CAP) as f64;
+    assert_eq!(r.a.s.metric(limit), refused);
+    let (per_key, per_link) = (PEERS - 32, PEERS + 32 - CAP);
+    assert_eq!(r.a.sessions.lock().counters().refused_link, per_link as u64);
+    assert_eq!(per_key + per_link, 2 * PEERS - CAP);
+    let told: usize = peers.iter().map(|&p| answers(&mut r.b.s, p).0.len()).sum();
+    assert_eq!(told, CAP, "B's clients told of each session once");
+}

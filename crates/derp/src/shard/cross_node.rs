@@ -134,7 +134,10 @@ impl Shard {
                     request_id: ask.request_id,
                     conns: [from.id(), self.remote_conn(link, gen)],
                 };
-                match service.allocate(&request, self.now) {
+                // Counted against the peer's link, like the sessions its
+                // node asks for: a client here asking for sessions with
+                // keys on that node fills no more of the table.
+                match service.allocate_via(&request, link as u16, self.now) {
                     Ok(offers) => {
                         if let Some(theirs) = offers.peer {
                             let msg = MeshSession {
