@@ -360,11 +360,35 @@ fn relay_client(s: &mut Sim, key: &NodePrivate, version: u32) -> Slot {
     slot
 }
 
+/// The relaySessionEnd frames a client read (freed ones): session, peer,
+/// host.
+fn ends(s: &mut Sim, slot: Slot) -> Vec<(u32, NodePublic, NodePublic)> {
+    ends_in(s.frames(slot))
+}
+
+/// The relaySessionEnd frames among `frames`.
+fn ends_in(frames: Vec<(u8, Vec<u8>)>) -> Vec<(u32, NodePublic, NodePublic)> {
+    frames
+        .into_iter()
+        .filter(|(ty, _)| *ty == v2::RELAY_SESSION_END)
+        .map(|(_, body)| {
+            let e = v2::parse_end(&body).unwrap();
+            assert_eq!(e.reason, v2::EndReason::Freed);
+            (e.vni, e.peer, e.host)
+        })
+        .collect()
+}
+
 /// The relaySession2 offers and the refusal reasons a client read.
 fn answers(s: &mut Sim, slot: Slot) -> (Vec<SessionOffer2>, Vec<rs::RefuseReason>) {
+    answers_in(s.frames(slot))
+}
+
+/// The relaySession2 offers and the refusal reasons among `frames`.
+fn answers_in(frames: Vec<(u8, Vec<u8>)>) -> (Vec<SessionOffer2>, Vec<rs::RefuseReason>) {
     let mut offers = Vec::new();
     let mut refusals = Vec::new();
-    for (ty, body) in s.frames(slot) {
+    for (ty, body) in frames {
         match ty {
             v2::RELAY_SESSION2 => offers.push(v2::parse_session2(&body).unwrap()),
             frame::RELAY_REFUSED => refusals.push(rs::parse_refused(&body).unwrap().reason),
@@ -388,15 +412,21 @@ fn split(link_a_to_b_speaks: bool) -> Split {
     split_in(Region::new(link_a_to_b_speaks))
 }
 
-fn split_in(mut r: Region) -> Split {
+fn split_in(r: Region) -> Split {
     let (x, y) = (NodePrivate::generate(), NodePrivate::generate());
+    split_of(r, (x, y), 2)
+}
+
+/// [`split_in`] with these two keys (the lower is X, on A) and Y asking
+/// for relay sessions version `y_version`.
+fn split_of(mut r: Region, (x, y): (NodePrivate, NodePrivate), y_version: u32) -> Split {
     let (x, y) = if x.public() < y.public() {
         (x, y)
     } else {
         (y, x)
     };
     let xs = relay_client(&mut r.a.s, &x, 2);
-    let ys = relay_client(&mut r.b.s, &y, 2);
+    let ys = relay_client(&mut r.b.s, &y, y_version);
     r.a.s.news(0, MeshNews::Present(y.public()));
     r.b.s.news(0, MeshNews::Present(x.public()));
     Split { r, x, y, xs, ys }
@@ -501,10 +531,11 @@ fn version_1_askers_and_plain_links_get_no_cross_node_session() {
 
 /// The mesh link drops mid-allocation: A hosts and its offer for Y waits
 /// in the link's ring when the link breaks (the mesh thread discards it).
-/// Y hears nothing; once the link is up again (a new generation), X's
-/// next ask tells Y of the same session through B.
+/// The half-made session is freed at once (Y never bound) and X is told
+/// (relaySessionEnd, freed); once the link is up again, X's next ask
+/// makes a new session and Y is told of it through B.
 #[test]
-fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
+fn a_half_made_session_is_freed_when_its_link_drops() {
     let mut p = split(true);
     p.r.a.s.d.receive(p.xs, &allocate(&p.y.public(), 5));
     p.r.a.s.settle();
@@ -515,6 +546,12 @@ fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
     assert!(
         !take(&mut p.r.a.rx[0]).is_empty(),
         "the offer for Y was queued"
+    );
+    assert_eq!(p.r.hosted(), (0, 0), "freed with its link");
+    assert_eq!(
+        ends(&mut p.r.a.s, p.xs),
+        [(first[0].offer.vni, p.y.public(), p.r.a.key.public())],
+        "X told"
     );
     p.r.a.s.shared.mesh.as_ref().unwrap().link_state[0].store(0, Ordering::Release);
     let b = p.r.b.key.public();
@@ -529,12 +566,12 @@ fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
     p.r.pump();
     assert_eq!(p.offers(), (vec![], vec![]), "Y heard nothing");
 
-    // X asks again (its answer interval has passed): Y is told this time.
-    p.r.a.s.advance(std::time::Duration::from_secs(10));
+    // X asks again: a new session, and Y is told this time.
     p.r.ask(true, p.xs, &p.y, 6);
     let (xo, yo) = p.offers();
     one_session_on_a(&p, (&xo, &yo));
-    assert_eq!(xo[0].offer.vni, first[0].offer.vni, "the same session");
+    assert_ne!(xo[0].offer.vni, first[0].offer.vni, "a new session");
+    assert_eq!(p.r.a.sessions.lock().counters().freed_mesh, 1);
 }
 
 /// A node whose session socket is bound to an unspecified address offers
@@ -793,4 +830,127 @@ fn a_client_asking_for_keys_on_another_node_is_held_to_its_limits() {
     assert_eq!(per_key + per_link, 2 * PEERS - CAP);
     let told: usize = peers.iter().map(|&p| answers(&mut r.b.s, p).0.len()).sum();
     assert_eq!(told, CAP, "B's clients told of each session once");
+}
+
+/// Y's node cannot tell Y of the session A hosts (Y did not ask for
+/// version 2): it declines (kind 5), and A frees the half-made session
+/// and tells X (relaySessionEnd, freed).
+#[test]
+fn a_declined_offer_frees_the_half_made_session() {
+    let (x, y) = (NodePrivate::generate(), NodePrivate::generate());
+    let keys = if x.public() < y.public() {
+        (x, y)
+    } else {
+        (y, x)
+    };
+    let mut p = split_of(Region::new(true), keys, 1);
+    p.r.ask(true, p.xs, &p.y, 1);
+    assert_eq!(
+        p.r.b
+            .s
+            .metric("ferry_mesh_session_dropped_total{reason=\"not_capable\"}"),
+        1.0
+    );
+    let frames = p.r.a.s.frames(p.xs);
+    let (xo, _) = answers_in(frames.clone());
+    assert_eq!(xo.len(), 1, "X was answered first");
+    assert_eq!(
+        ends_in(frames),
+        [(xo[0].offer.vni, p.y.public(), p.r.a.key.public())]
+    );
+    assert_eq!(p.r.hosted(), (0, 0), "freed");
+    assert_eq!(p.r.a.sessions.lock().counters().freed_mesh, 1);
+}
+
+/// A relaySessionEnd body as a meshSession (kind 4) to `dst`.
+fn mesh_end(dst: NodePublic, vni: u32, peer: NodePublic, host: NodePublic) -> Vec<u8> {
+    let mut out = Vec::new();
+    ms::put_mesh_session(
+        &mut out,
+        &MeshSession {
+            dst,
+            msg: MeshMsg::End(v2::SessionEnd {
+                vni,
+                peer,
+                host,
+                reason: v2::EndReason::Freed,
+                grace: std::time::Duration::ZERO,
+            }),
+        },
+    );
+    out
+}
+
+/// An end (kind 4) both ways: from the node of a session's other key,
+/// for a session this node hosts, it frees the session and tells the
+/// local key (only for the key behind the sender's link: any other is
+/// `no_session`); from the host, it reaches its client as
+/// relaySessionEnd; naming a third node as host, it is `wrong_host`.
+#[test]
+fn an_end_from_the_peers_node_frees_the_session_and_one_from_the_host_is_passed_on() {
+    let mut p = split(true);
+    p.r.ask(true, p.xs, &p.y, 1);
+    let (xo, _) = p.offers();
+    let vni = xo[0].offer.vni;
+    let (a, b) = (p.r.a.key.public(), p.r.b.key.public());
+    let stranger = NodePrivate::generate().public();
+    let (x, y) = (p.x.public(), p.y.public());
+    let send = |p: &mut Split, frame: Vec<u8>| {
+        p.r.a.s.d.receive(p.r.b_on_a, &frame);
+        p.r.a.s.settle();
+    };
+
+    send(&mut p, mesh_end(x, vni, stranger, a));
+    assert_eq!(dropped(&p.r.a.s, "no_session"), 1.0);
+    assert_eq!(p.r.hosted(), (1, 0), "not B's key: kept");
+    send(&mut p, mesh_end(x, vni, y, a));
+    assert_eq!(p.r.hosted(), (0, 0), "B ended it");
+    assert_eq!(ends(&mut p.r.a.s, p.xs), [(vni, y, a)]);
+
+    send(&mut p, mesh_end(x, 77, y, b));
+    assert_eq!(ends(&mut p.r.a.s, p.xs), [(77, y, b)], "passed on");
+    send(&mut p, mesh_end(x, 78, y, stranger));
+    assert_eq!(dropped(&p.r.a.s, "wrong_host"), 1.0);
+    assert_eq!(ends(&mut p.r.a.s, p.xs), []);
+    assert_eq!(dropped(&p.r.a.s, "unhandled"), 0.0);
+}
+
+/// Y's node restarts while A's offer for Y is on its way: A's link to it
+/// drops (the offer with it) and A frees the half-made session, telling
+/// X. The restarted node links up anew (a new state exchange), Y
+/// reconnects to it, and X's next ask makes one new session that both
+/// are told of; no stale session is left on either node.
+#[test]
+fn one_node_restarting_mid_allocation_leaves_no_stale_session() {
+    let p = split(true);
+    let Split { r, x, y, xs, .. } = p;
+    let Region { mut a, .. } = r;
+    a.s.d.receive(xs, &allocate(&y.public(), 1));
+    a.s.settle();
+    let (first, _) = answers(&mut a.s, xs);
+    assert_eq!(first.len(), 1);
+    // B is gone: A's link breaks with the offer for Y in its ring.
+    a.s.news(0, MeshNews::Down);
+    let _ = take(&mut a.rx[0]);
+    assert_eq!(a.sessions.lock().len(), 0, "freed with the link");
+    assert_eq!(
+        ends(&mut a.s, xs),
+        [(first[0].offer.vni, y.public(), a.key.public())]
+    );
+
+    // B again (a new process), linked anew; Y reconnects to it.
+    a.s.shared.mesh.as_ref().unwrap().link_state[0].store(0, Ordering::Release);
+    let mut r = Region::of(a, node("192.0.2.2"), true);
+    assert!(
+        r.a.s.d.is_open(xs),
+        "X stayed connected to A through B's restart"
+    );
+    let ys = relay_client(&mut r.b.s, &y, 2);
+    r.a.s.news(0, MeshNews::Present(y.public()));
+    r.b.s.news(0, MeshNews::Present(x.public()));
+    let mut p = Split { r, x, y, xs, ys };
+    p.r.ask(true, p.xs, &p.y, 2);
+    let (xo, yo) = p.offers();
+    one_session_on_a(&p, (&xo, &yo));
+    assert_ne!(xo[0].offer.vni, first[0].offer.vni, "a new session");
 }

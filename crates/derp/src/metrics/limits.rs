@@ -71,6 +71,9 @@ labelled!(
         /// Past the rate one node may send them at
         /// ([`crate::mesh::MESH_SESSION_RATE`]).
         Rate => "rate",
+        /// An end or a decline naming no session hosted here with the
+        /// sending node's key in it.
+        NoSession => "no_session",
     }
 );
 

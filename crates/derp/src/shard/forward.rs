@@ -302,6 +302,9 @@ impl Shard {
                     self.withdraw(key, peer);
                 }
                 self.drop_overflow(peer);
+                if self.id == 0 {
+                    self.free_link_sessions(peer);
+                }
             }
         }
     }

@@ -116,11 +116,13 @@ impl Shard {
                         let owner = self.shared.owner_of(&asker, self.shards);
                         return self.relay_mail_to(owner, RelayMail::MeshAsk { link, msg });
                     }
-                    MeshMsg::Offer(_) | MeshMsg::Refused(_) => {
+                    MeshMsg::Offer(_)
+                    | MeshMsg::Refused(_)
+                    | MeshMsg::End(_)
+                    | MeshMsg::Declined { .. } => {
                         let owner = self.shared.owner_of(&msg.dst, self.shards);
                         return self.relay_mail_to(owner, RelayMail::Mesh { link, msg });
                     }
-                    _ => MeshSessionDrop::Unhandled,
                 },
                 None => {
                     let peer = self.conns[slot].peer();
@@ -138,7 +140,7 @@ impl Shard {
     }
 
     /// The server key of the node at the other end of `link`, while up.
-    fn link_key(&self, link: usize) -> Option<NodePublic> {
+    pub(super) fn link_key(&self, link: usize) -> Option<NodePublic> {
         self.mesh
             .links
             .get(link)

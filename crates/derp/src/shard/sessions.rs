@@ -51,6 +51,9 @@ pub enum RelayMail {
     },
     /// Queue this relaySession or relayRefused frame to a connection here.
     Frame(ConnRef, Vec<u8>),
+    /// Tell this shard's key that a session hosted here was freed
+    /// (relaySessionEnd; `cross_node.rs`).
+    End(NodePublic, ferry_proto::relay_session::v2::SessionEnd),
     /// A meshSession allocate (kind 1) that came over mesh link `link`,
     /// on its way through the asker's owner shard, which checks that the
     /// link announced the asker (`cross_node.rs`).
@@ -188,6 +191,7 @@ impl Shard {
             }
             RelayMail::Frame(to, frame) => self.relay_frame_to(to, frame),
             RelayMail::MeshAsk { link, msg } => self.on_mesh_ask(link, msg),
+            RelayMail::End(key, end) => self.end_to(key, end),
             RelayMail::Mesh { link, msg } => {
                 if let Err(why) = self.on_mesh_mail(link, msg) {
                     self.m.mesh_session_dropped[why as usize].inc();

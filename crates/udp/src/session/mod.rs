@@ -163,6 +163,9 @@ pub enum Freed {
     /// Made room for a session of one of its keys, which never took part
     /// in this one ([`SessionTable::allocate_on`]).
     Evicted,
+    /// Its key behind a mesh link is gone: the link went down before
+    /// that key bound, or that key's node declined or ended it.
+    Mesh,
 }
 
 /// What to do with a datagram.
@@ -236,6 +239,8 @@ pub struct Counters {
     pub freed_bind_timeout: u64,
     /// Bound sessions freed for silence.
     pub freed_idle: u64,
+    /// Sessions freed for their key behind a mesh link ([`Freed::Mesh`]).
+    pub freed_mesh: u64,
     /// Slots bound (first binds and rebinds).
     pub binds: u64,
     /// Challenges sent.
@@ -282,9 +287,9 @@ struct Session {
     told: [Told; 2],
     /// The asker's source, as counted against the per-IP limit.
     ip: IpAddr,
-    /// The mesh link the other key is behind, for a pair split across
-    /// nodes (counted against [`Limits::per_link`]).
-    via: Option<u16>,
+    /// The mesh link a key is behind, for a pair split across nodes
+    /// (counted against [`Limits::per_link`]), and that key's slot.
+    via: Option<(u16, usize)>,
     created: Instant,
     last_active: Instant,
 }
@@ -387,6 +392,50 @@ impl SessionTable {
         self.per_link.get(&link).copied().unwrap_or(0)
     }
 
+    /// Frees the sessions with a key behind mesh link `link` whose slot
+    /// that key has not bound, and returns them.
+    pub fn link_down(&mut self, link: u16) -> Vec<ferry_proto::relay_session::Ended> {
+        let gone: Vec<u32> = self
+            .sessions
+            .iter()
+            .filter(
+                |(_, s)| matches!(s.via, Some((l, slot)) if l == link && s.bound[slot].is_none()),
+            )
+            .map(|(&vni, _)| vni)
+            .collect();
+        gone.into_iter()
+            .filter_map(|vni| self.free_mesh(vni))
+            .collect()
+    }
+
+    /// Frees session `vni` if `via.key` is its key behind mesh link
+    /// `via.link`, and (unless `bound_too`) has not bound its slot.
+    pub fn end_remote(
+        &mut self,
+        vni: u32,
+        via: ferry_proto::relay_session::Via,
+        bound_too: bool,
+    ) -> Option<ferry_proto::relay_session::Ended> {
+        let s = self.sessions.get(&vni)?;
+        let (link, slot) = s.via?;
+        if link != via.link || s.keys[slot] != via.key || !(bound_too || s.bound[slot].is_none()) {
+            return None;
+        }
+        self.free_mesh(vni)
+    }
+
+    fn free_mesh(&mut self, vni: u32) -> Option<ferry_proto::relay_session::Ended> {
+        let s = self.sessions.get(&vni)?;
+        let (_, slot) = s.via?;
+        let ended = ferry_proto::relay_session::Ended {
+            vni,
+            local: s.keys[1 - slot],
+            remote: s.keys[slot],
+        };
+        self.free(vni, Freed::Mesh);
+        Some(ended)
+    }
+
     /// Sessions `key` is in (whether or not it took part).
     pub fn sessions_of(&self, key: &NodePublic) -> usize {
         self.by_key.get(key).map_or(0, Vec::len)
@@ -445,7 +494,7 @@ impl SessionTable {
                 self.per_ip.remove(&s.ip);
             }
         }
-        if let Some(link) = s.via {
+        if let Some((link, _)) = s.via {
             if let Some(n) = self.per_link.get_mut(&link) {
                 *n -= 1;
                 if *n == 0 {
@@ -457,6 +506,7 @@ impl SessionTable {
             Freed::BindTimeout => self.counters.freed_bind_timeout += 1,
             Freed::Idle => self.counters.freed_idle += 1,
             Freed::Evicted => self.counters.evicted += 1,
+            Freed::Mesh => self.counters.freed_mesh += 1,
         }
     }
 

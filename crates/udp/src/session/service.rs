@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use ferry_engine::stat::exposition::{Exposition, Family, Kind};
 use ferry_proto::relay_session::{
-    AllocateRequest, Offers, RefuseReason, SessionOffer, SessionService,
+    AllocateRequest, Ended, Offers, RefuseReason, SessionOffer, SessionService, Via,
 };
 
 use super::{Drop, Limits, Secrets, SessionTable};
@@ -173,6 +173,7 @@ impl Sessions {
                 ("bound", c.binds),
                 ("freed_bind_timeout", c.freed_bind_timeout),
                 ("freed_idle", c.freed_idle),
+                ("freed_mesh", c.freed_mesh),
             ],
         );
         family(
@@ -252,15 +253,25 @@ impl SessionService for Sessions {
         self.allocate_at(r, None, now)
     }
 
-    /// [`SessionService::allocate`] counted against mesh link `link`
+    /// [`SessionService::allocate`] counted against mesh link `via.link`
     /// ([`SessionTable::allocate_via`]).
     fn allocate_via(
         &self,
         r: &AllocateRequest,
-        link: u16,
+        via: Via,
         now: Instant,
     ) -> Result<Offers, RefuseReason> {
-        self.allocate_at(r, Some(link), now)
+        self.allocate_at(r, Some(via), now)
+    }
+
+    /// [`SessionTable::link_down`].
+    fn link_down(&self, link: u16) -> Vec<Ended> {
+        self.lock().link_down(link)
+    }
+
+    /// [`SessionTable::end_remote`].
+    fn end_remote(&self, vni: u32, via: Via, bound_too: bool) -> Option<Ended> {
+        self.lock().end_remote(vni, via, bound_too)
     }
 
     /// Whether the endpoints are all specific addresses.
@@ -276,7 +287,7 @@ impl Sessions {
     fn allocate_at(
         &self,
         r: &AllocateRequest,
-        via: Option<u16>,
+        via: Option<Via>,
         now: Instant,
     ) -> Result<Offers, RefuseReason> {
         let Some(endpoints) = self.endpoints() else {
@@ -327,6 +338,7 @@ mod tests {
                 "ferry_udp_relay_session_events_total{event=\"bound\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"freed_bind_timeout\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"freed_idle\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"freed_mesh\"} 0",
                 "ferry_udp_relay_session_forwarded_total 0",
                 "ferry_udp_relay_session_forwarded_bytes_total 0",
                 "ferry_udp_relay_session_drops_total{reason=\"bad_header\"} 0",
