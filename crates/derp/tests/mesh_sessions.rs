@@ -9,30 +9,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferry_derp::shard::MeshNews;
-use ferry_engine::mailbox::ByteRx;
 use ferry_engine::Slot;
-use ferry_proto::frame;
-use ferry_proto::handshake::ClientInfo;
-use ferry_proto::key::{MeshKey, NodePrivate, NodePublic};
+use ferry_proto::key::{NodePrivate, NodePublic};
 use ferry_proto::mesh_session::{self as ms, MeshMsg, MeshSession};
 use ferry_proto::relay_session as rs;
-use ferry_proto::relay_session::v2::{self, SessionOffer2};
+use ferry_proto::relay_session::v2;
 use ferry_udp::session::{Limits, Sessions};
+use support::region::*;
 use support::sim::{allocate, meshed, Sim};
-
-const MESH_KEY: MeshKey = MeshKey([7; 32]);
-
-/// A mesh peer with `key` that asked for the Ferry mesh extension.
-fn ferry_mesh_peer(s: &mut Sim, key: &NodePrivate) -> Slot {
-    let asked = ClientInfo {
-        ferry_mesh: ms::VERSION,
-        ..support::info(Some(MESH_KEY))
-    };
-    let slot = s.connect();
-    s.greet_with(slot, key, &asked, &[]);
-    let _ = s.frames(slot);
-    slot
-}
 
 /// A well-formed meshSession (a node's state) addressed to the node.
 fn state_frame() -> Vec<u8> {
@@ -48,12 +32,6 @@ fn state_frame() -> Vec<u8> {
         },
     );
     out
-}
-
-fn dropped(s: &Sim, reason: &str) -> f64 {
-    s.metric(&format!(
-        "ferry_mesh_session_dropped_total{{reason=\"{reason}\"}}"
-    ))
 }
 
 /// A meshSession belongs to this relay's own link to the node that sent
@@ -114,28 +92,6 @@ fn a_mesh_session_is_matched_to_this_nodes_link_to_its_sender() {
         .sum();
     assert_eq!(others, 0.0);
     assert!(s.d.is_open(b) && s.d.is_open(c));
-}
-
-/// The meshSession frames a shard put into one link's ring.
-fn mesh_sessions(rx: &mut ByteRx) -> Vec<MeshSession> {
-    let mut bytes = Vec::new();
-    while rx
-        .pop_with(|a, b| {
-            bytes.extend_from_slice(a);
-            bytes.extend_from_slice(b);
-        })
-        .is_some()
-    {}
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        let len = u32::from_be_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
-        assert_eq!(bytes[at], ms::MESH_SESSION, "only meshSession frames");
-        let body = &bytes[at + frame::HEADER_LEN..at + frame::HEADER_LEN + len];
-        out.push(ms::parse_mesh_session(body).unwrap());
-        at += frame::HEADER_LEN + len;
-    }
-    out
 }
 
 fn state_flags(msgs: &[MeshSession]) -> Vec<u8> {
@@ -226,204 +182,6 @@ fn nodes_tell_each_other_their_state_once_per_link() {
     );
 }
 
-/// One node of a simulated two-node region: a shard with one mesh link
-/// (to the other node) and a real session table bound at `ip`.
-struct Node {
-    s: Sim,
-    rx: Vec<ByteRx>,
-    sessions: Arc<Sessions>,
-    key: NodePrivate,
-}
-
-fn node(ip: &str) -> Node {
-    let sessions = Arc::new(Sessions::new(Limits::default()));
-    sessions.set_bound(format!("{ip}:3479").parse().unwrap());
-    let service = sessions.clone();
-    let (s, rx, _) = meshed(1, 64 * 1024, move |cfg| {
-        cfg.mesh_key = Some(MESH_KEY);
-        cfg.relay_sessions = Some(service);
-    });
-    let key = s.shared.config.private_key.clone();
-    Node {
-        s,
-        rx,
-        sessions,
-        key,
-    }
-}
-
-/// Two nodes, A (192.0.2.1) and B (192.0.2.2), meshed both ways: each
-/// one's link to the other is up and speaks the Ferry mesh extension, and
-/// the other's link is connected to it as a mesh client.
-struct Region {
-    a: Node,
-    b: Node,
-    /// B's link, as A sees it.
-    b_on_a: Slot,
-    /// A's link, as B sees it.
-    a_on_b: Slot,
-}
-
-fn take(rx: &mut ByteRx) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    while rx
-        .pop_with(|a, b| {
-            bytes.extend_from_slice(a);
-            bytes.extend_from_slice(b);
-        })
-        .is_some()
-    {}
-    bytes
-}
-
-impl Region {
-    fn new(link_a_to_b_speaks: bool) -> Region {
-        Region::of(node("192.0.2.1"), node("192.0.2.2"), link_a_to_b_speaks)
-    }
-
-    fn of(mut a: Node, mut b: Node, link_a_to_b_speaks: bool) -> Region {
-        let b_on_a = ferry_mesh_peer(&mut a.s, &b.key);
-        let a_on_b = ferry_mesh_peer(&mut b.s, &a.key);
-        a.s.news(
-            0,
-            MeshNews::Up {
-                server_key: b.key.public(),
-                ferry_mesh: link_a_to_b_speaks,
-            },
-        );
-        b.s.news(
-            0,
-            MeshNews::Up {
-                server_key: a.key.public(),
-                ferry_mesh: true,
-            },
-        );
-        let mut r = Region {
-            a,
-            b,
-            b_on_a,
-            a_on_b,
-        };
-        r.pump();
-        r
-    }
-
-    /// Client `slot` of A (`on_a`) or B asks for `peer`; the nodes then
-    /// talk until they are done.
-    fn ask(&mut self, on_a: bool, slot: Slot, peer: &NodePrivate, request_id: u32) {
-        let n = if on_a { &mut self.a } else { &mut self.b };
-        n.s.d.receive(slot, &allocate(&peer.public(), request_id));
-        n.s.settle();
-        self.pump();
-    }
-
-    /// Sessions in A's table and in B's.
-    fn hosted(&self) -> (usize, usize) {
-        (self.a.sessions.lock().len(), self.b.sessions.lock().len())
-    }
-
-    /// Carries what each node put into its link's ring to the other node
-    /// (as the mesh thread and TLS would), until neither has more.
-    fn pump(&mut self) {
-        for _ in 0..16 {
-            let (ab, ba) = (take(&mut self.a.rx[0]), take(&mut self.b.rx[0]));
-            if ab.is_empty() && ba.is_empty() {
-                return;
-            }
-            if !ab.is_empty() {
-                self.b.s.d.receive(self.a_on_b, &ab);
-                self.b.s.settle();
-            }
-            if !ba.is_empty() {
-                self.a.s.d.receive(self.b_on_a, &ba);
-                self.a.s.settle();
-            }
-        }
-        panic!("the nodes kept sending meshSession frames");
-    }
-}
-
-/// A client that asks for relay sessions version `version`.
-fn relay_client(s: &mut Sim, key: &NodePrivate, version: u32) -> Slot {
-    let info = ClientInfo {
-        ferry_derp: version,
-        ..support::info(None)
-    };
-    let slot = s.connect();
-    s.greet_with(slot, key, &info, &[]);
-    let _ = s.frames(slot);
-    slot
-}
-
-/// The relaySession2 offers and the refusal reasons a client read.
-fn answers(s: &mut Sim, slot: Slot) -> (Vec<SessionOffer2>, Vec<rs::RefuseReason>) {
-    let mut offers = Vec::new();
-    let mut refusals = Vec::new();
-    for (ty, body) in s.frames(slot) {
-        match ty {
-            v2::RELAY_SESSION2 => offers.push(v2::parse_session2(&body).unwrap()),
-            frame::RELAY_REFUSED => refusals.push(rs::parse_refused(&body).unwrap().reason),
-            _ => {}
-        }
-    }
-    (offers, refusals)
-}
-
-/// A region with a pair split across it: the anchor (the lower key) X
-/// on A, Y on B, each node told of the other's client.
-struct Split {
-    r: Region,
-    x: NodePrivate,
-    y: NodePrivate,
-    xs: Slot,
-    ys: Slot,
-}
-
-fn split(link_a_to_b_speaks: bool) -> Split {
-    split_in(Region::new(link_a_to_b_speaks))
-}
-
-fn split_in(mut r: Region) -> Split {
-    let (x, y) = (NodePrivate::generate(), NodePrivate::generate());
-    let (x, y) = if x.public() < y.public() {
-        (x, y)
-    } else {
-        (y, x)
-    };
-    let xs = relay_client(&mut r.a.s, &x, 2);
-    let ys = relay_client(&mut r.b.s, &y, 2);
-    r.a.s.news(0, MeshNews::Present(y.public()));
-    r.b.s.news(0, MeshNews::Present(x.public()));
-    Split { r, x, y, xs, ys }
-}
-
-impl Split {
-    /// What X and Y read: their offers, and that neither was refused.
-    fn offers(&mut self) -> (Vec<SessionOffer2>, Vec<SessionOffer2>) {
-        let (xo, xr) = answers(&mut self.r.a.s, self.xs);
-        let (yo, yr) = answers(&mut self.r.b.s, self.ys);
-        assert_eq!((xr, yr), (vec![], vec![]), "refusals");
-        (xo, yo)
-    }
-}
-
-/// Checks the two clients' offers: one session, hosted by A (the
-/// anchor's node) at its address, cross-node, a slot each.
-fn one_session_on_a(p: &Split, (xo, yo): (&[SessionOffer2], &[SessionOffer2])) {
-    assert!(!xo.is_empty() && !yo.is_empty(), "offers {xo:?} {yo:?}");
-    let vni = xo[0].offer.vni;
-    for o in xo.iter().chain(yo) {
-        assert_eq!(o.offer.vni, vni, "one session");
-        assert_eq!(o.host, p.r.a.key.public(), "hosted by the anchor's node");
-        assert!(o.cross_node(), "marked cross-node");
-        assert_eq!(o.offer.endpoints, ["192.0.2.1:3479".parse().unwrap()]);
-    }
-    assert_eq!(xo[0].offer.peer, p.y.public());
-    assert_eq!(yo[0].offer.peer, p.x.public());
-    assert_ne!(xo[0].offer.slot, yo[0].offer.slot, "a slot each");
-    assert_eq!(p.r.hosted(), (1, 0), "sessions on A and on B");
-}
-
 /// The anchor X on A asks for Y on B: A hosts, answers X at once, and
 /// tells Y through B; B's table stays empty.
 #[test]
@@ -496,10 +254,11 @@ fn version_1_askers_and_plain_links_get_no_cross_node_session() {
 
 /// The mesh link drops mid-allocation: A hosts and its offer for Y waits
 /// in the link's ring when the link breaks (the mesh thread discards it).
-/// Y hears nothing; once the link is up again (a new generation), X's
-/// next ask tells Y of the same session through B.
+/// The half-made session is freed at once (Y never bound) and X is told
+/// (relaySessionEnd, freed); once the link is up again, X's next ask
+/// makes a new session and Y is told of it through B.
 #[test]
-fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
+fn a_half_made_session_is_freed_when_its_link_drops() {
     let mut p = split(true);
     p.r.a.s.d.receive(p.xs, &allocate(&p.y.public(), 5));
     p.r.a.s.settle();
@@ -510,6 +269,12 @@ fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
     assert!(
         !take(&mut p.r.a.rx[0]).is_empty(),
         "the offer for Y was queued"
+    );
+    assert_eq!(p.r.hosted(), (0, 0), "freed with its link");
+    assert_eq!(
+        ends(&mut p.r.a.s, p.xs),
+        [(first[0].offer.vni, p.y.public(), p.r.a.key.public())],
+        "X told"
     );
     p.r.a.s.shared.mesh.as_ref().unwrap().link_state[0].store(0, Ordering::Release);
     let b = p.r.b.key.public();
@@ -524,12 +289,12 @@ fn a_peer_not_told_before_the_link_broke_is_told_on_the_next_ask() {
     p.r.pump();
     assert_eq!(p.offers(), (vec![], vec![]), "Y heard nothing");
 
-    // X asks again (its answer interval has passed): Y is told this time.
-    p.r.a.s.advance(std::time::Duration::from_secs(10));
+    // X asks again: a new session, and Y is told this time.
     p.r.ask(true, p.xs, &p.y, 6);
     let (xo, yo) = p.offers();
     one_session_on_a(&p, (&xo, &yo));
-    assert_eq!(xo[0].offer.vni, first[0].offer.vni, "the same session");
+    assert_ne!(xo[0].offer.vni, first[0].offer.vni, "a new session");
+    assert_eq!(p.r.a.sessions.lock().counters().freed_mesh, 1);
 }
 
 /// A node whose session socket is bound to an unspecified address offers
@@ -601,4 +366,108 @@ fn a_node_that_cannot_host_refuses_an_allocate_from_the_mesh() {
     assert_eq!(r.reason, v2::REFUSED_NO_HOST);
     assert_eq!(p.r.hosted(), (0, 0));
     assert_eq!(p.offers(), (vec![], vec![]), "X was told nothing");
+}
+
+/// Y's node cannot tell Y of the session A hosts (Y did not ask for
+/// version 2): it declines (kind 5), and A frees the half-made session
+/// and tells X (relaySessionEnd, freed).
+#[test]
+fn a_declined_offer_frees_the_half_made_session() {
+    let (x, y) = (NodePrivate::generate(), NodePrivate::generate());
+    let keys = if x.public() < y.public() {
+        (x, y)
+    } else {
+        (y, x)
+    };
+    let mut p = split_of(Region::new(true), keys, 1);
+    p.r.ask(true, p.xs, &p.y, 1);
+    assert_eq!(
+        p.r.b
+            .s
+            .metric("ferry_mesh_session_dropped_total{reason=\"not_capable\"}"),
+        1.0
+    );
+    let frames = p.r.a.s.frames(p.xs);
+    let (xo, _) = answers_in(frames.clone());
+    assert_eq!(xo.len(), 1, "X was answered first");
+    assert_eq!(
+        ends_in(frames),
+        [(xo[0].offer.vni, p.y.public(), p.r.a.key.public())]
+    );
+    assert_eq!(p.r.hosted(), (0, 0), "freed");
+    assert_eq!(p.r.a.sessions.lock().counters().freed_mesh, 1);
+}
+
+/// An end (kind 4) both ways: from the node of a session's other key,
+/// for a session this node hosts, it frees the session and tells the
+/// local key (only for the key behind the sender's link: any other is
+/// `no_session`); from the host, it reaches its client as
+/// relaySessionEnd; naming a third node as host, it is `wrong_host`.
+#[test]
+fn an_end_from_the_peers_node_frees_the_session_and_one_from_the_host_is_passed_on() {
+    let mut p = split(true);
+    p.r.ask(true, p.xs, &p.y, 1);
+    let (xo, _) = p.offers();
+    let vni = xo[0].offer.vni;
+    let (a, b) = (p.r.a.key.public(), p.r.b.key.public());
+    let stranger = NodePrivate::generate().public();
+    let (x, y) = (p.x.public(), p.y.public());
+    let send = |p: &mut Split, frame: Vec<u8>| {
+        p.r.a.s.d.receive(p.r.b_on_a, &frame);
+        p.r.a.s.settle();
+    };
+
+    send(&mut p, mesh_end(x, vni, stranger, a));
+    assert_eq!(dropped(&p.r.a.s, "no_session"), 1.0);
+    assert_eq!(p.r.hosted(), (1, 0), "not B's key: kept");
+    send(&mut p, mesh_end(x, vni, y, a));
+    assert_eq!(p.r.hosted(), (0, 0), "B ended it");
+    assert_eq!(ends(&mut p.r.a.s, p.xs), [(vni, y, a)]);
+
+    send(&mut p, mesh_end(x, 77, y, b));
+    assert_eq!(ends(&mut p.r.a.s, p.xs), [(77, y, b)], "passed on");
+    send(&mut p, mesh_end(x, 78, y, stranger));
+    assert_eq!(dropped(&p.r.a.s, "wrong_host"), 1.0);
+    assert_eq!(ends(&mut p.r.a.s, p.xs), []);
+    assert_eq!(dropped(&p.r.a.s, "unhandled"), 0.0);
+}
+
+/// Y's node restarts while A's offer for Y is on its way: A's link to it
+/// drops (the offer with it) and A frees the half-made session, telling
+/// X. The restarted node links up anew (a new state exchange), Y
+/// reconnects to it, and X's next ask makes one new session that both
+/// are told of; no stale session is left on either node.
+#[test]
+fn one_node_restarting_mid_allocation_leaves_no_stale_session() {
+    let p = split(true);
+    let Split { r, x, y, xs, .. } = p;
+    let Region { mut a, .. } = r;
+    a.s.d.receive(xs, &allocate(&y.public(), 1));
+    a.s.settle();
+    let (first, _) = answers(&mut a.s, xs);
+    assert_eq!(first.len(), 1);
+    // B is gone: A's link breaks with the offer for Y in its ring.
+    a.s.news(0, MeshNews::Down);
+    let _ = take(&mut a.rx[0]);
+    assert_eq!(a.sessions.lock().len(), 0, "freed with the link");
+    assert_eq!(
+        ends(&mut a.s, xs),
+        [(first[0].offer.vni, y.public(), a.key.public())]
+    );
+
+    // B again (a new process), linked anew; Y reconnects to it.
+    a.s.shared.mesh.as_ref().unwrap().link_state[0].store(0, Ordering::Release);
+    let mut r = Region::of(a, node("192.0.2.2"), true);
+    assert!(
+        r.a.s.d.is_open(xs),
+        "X stayed connected to A through B's restart"
+    );
+    let ys = relay_client(&mut r.b.s, &y, 2);
+    r.a.s.news(0, MeshNews::Present(y.public()));
+    r.b.s.news(0, MeshNews::Present(x.public()));
+    let mut p = Split { r, x, y, xs, ys };
+    p.r.ask(true, p.xs, &p.y, 2);
+    let (xo, yo) = p.offers();
+    one_session_on_a(&p, (&xo, &yo));
+    assert_ne!(xo[0].offer.vni, first[0].offer.vni, "a new session");
 }

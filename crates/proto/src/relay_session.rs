@@ -570,6 +570,29 @@ pub struct AllocateRequest {
     pub conns: [u64; 2],
 }
 
+/// A key of a session that is behind one of the DERP server's mesh links
+/// (connected to another node of the region, `docs/relay-sessions.md`
+/// §9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Via {
+    /// The mesh link (this relay's numbering).
+    pub link: u16,
+    /// The key behind it.
+    pub key: NodePublic,
+}
+
+/// A session with a key behind a mesh link, freed for what happened on
+/// that link: its local key is to hear of it (relaySessionEnd).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// The session.
+    pub vni: u32,
+    /// Its key connected here.
+    pub local: NodePublic,
+    /// Its key behind the link.
+    pub remote: NodePublic,
+}
+
 /// Who hears of a session after a relayAllocate (`docs/relay-sessions.md` §2):
 /// the asker at most once per answer interval, the peer once per connection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -592,6 +615,40 @@ pub trait SessionService: Send + Sync {
     /// Finds or makes the session of the request's asker and peer at
     /// `now` and returns the offers to send, or why not.
     fn allocate(&self, request: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason>;
+
+    /// [`allocate`](Self::allocate) for a pair split across the nodes of
+    /// a region, one of whose keys is behind this relay's mesh link
+    /// (`docs/relay-sessions.md` §9): a service that keeps a cap per link
+    /// counts the session against that link's, and remembers where the
+    /// key is for [`link_down`](Self::link_down) and
+    /// [`end_remote`](Self::end_remote) (the default does neither).
+    fn allocate_via(
+        &self,
+        request: &AllocateRequest,
+        via: Via,
+        now: Instant,
+    ) -> Result<Offers, RefuseReason> {
+        let _ = via;
+        self.allocate(request, now)
+    }
+
+    /// Mesh link `link` went down: frees the sessions with a key behind
+    /// it whose slot that key has not bound (bound ones live on their
+    /// UDP traffic) and returns them.
+    fn link_down(&self, link: u16) -> Vec<Ended> {
+        let _ = link;
+        Vec::new()
+    }
+
+    /// The node behind `via.link` says session `vni` ended for its key
+    /// `via.key`: declined (it could not tell the key; `bound_too`
+    /// false: freed only while that slot is unbound) or ended
+    /// (`bound_too`). The session, if it was one with that key behind
+    /// that link and was freed.
+    fn end_remote(&self, vni: u32, via: Via, bound_too: bool) -> Option<Ended> {
+        let _ = (vni, via, bound_too);
+        None
+    }
 
     /// Whether every endpoint an offer names is a specific address, so
     /// that a client on another node of the region can reach it

@@ -351,7 +351,8 @@ pub fn hub(data: &[u8]) {
 /// state machine: the input is a sequence of 4-byte operations (op, a, b,
 /// c) over four keys, eight source addresses (six IPv4, one of them also
 /// written IPv4-mapped, and one IPv6) and three DERP source IPs:
-/// allocations, honest clients binding with a [`Binder`] (each holding its
+/// allocations (some with the peer behind one of two mesh links), one of
+/// those links going down, honest clients binding with a [`Binder`] (each holding its
 /// slot's token), data with known or unknown VNIs from any source, alone
 /// or as a received train of up to eight datagrams, forged bind messages,
 /// answers replayed from other addresses, and time passing (expiry and
@@ -363,7 +364,8 @@ pub fn hub(data: &[u8]) {
 /// - data is forwarded only between two addresses honest clients bound in
 ///   that session, never back to its source, in a train as alone;
 /// - no key is in more sessions than its limit, no source IP asked for
-///   more than its limit, and the per-state counts add up to the table's
+///   more than its limit, no mesh link holds more than its cap, and the
+///   per-state counts add up to the table's
 ///   size; every session counted as allocated is in the table or counted
 ///   as freed;
 /// - memory is bounded in time: after an expiry, the table holds no more
@@ -376,7 +378,7 @@ pub fn hub(data: &[u8]) {
 pub fn sessions(data: &[u8]) {
     use crate::session::{Limits, SessionTable, Verdict as V};
     use ferry_proto::key::NodePublic;
-    use ferry_proto::relay_session::{BindKind, BindMsg, Binder, SessionOffer};
+    use ferry_proto::relay_session::{BindKind, BindMsg, Binder, SessionOffer, Via};
     use ferry_proto::udp_header::{Header, Protocol};
     use std::net::IpAddr;
 
@@ -394,6 +396,7 @@ pub fn sessions(data: &[u8]) {
     let limits = Limits {
         per_key: 2,
         per_ip: 3,
+        per_link: 2,
         ..Limits::default()
     };
     let t0 = Instant::now();
@@ -414,9 +417,25 @@ pub fn sessions(data: &[u8]) {
     for op in data.chunks_exact(4).take(MAX_OPS) {
         let (a, b, c) = (op[1], op[2], op[3]);
         match op[0] % 7 {
+            0 if c & 0xc0 == 0xc0 => {
+                // Mesh link c & 1 goes down: its unbound remote slots'
+                // sessions are freed.
+                for gone in table.link_down(u16::from(c & 1)) {
+                    made.remove(&gone.vni);
+                    for slot in 0..2 {
+                        binders.remove(&(gone.vni, slot));
+                        bound.remove(&(gone.vni, slot));
+                    }
+                }
+            }
             0 => {
                 let (ka, kb) = (keys[usize::from(a % 4)], keys[usize::from(b % 4)]);
-                if let Ok(al) = table.allocate(&ka, &kb, ip(c), now) {
+                // With c's top bit, kb is behind mesh link (c >> 4) & 1.
+                let via = (c & 0x80 != 0).then(|| Via {
+                    link: u16::from((c >> 4) & 1),
+                    key: kb,
+                });
+                if let Ok(al) = table.allocate_via(&ka, &kb, ip(c), [0, 0], via, now) {
                     if !vnis.contains(&al.vni) {
                         vnis.push(al.vni);
                     }
@@ -600,9 +619,12 @@ pub fn sessions(data: &[u8]) {
         let s = table.states();
         assert_eq!(s.allocated + s.half_bound + s.bound, table.len());
         assert!(table.len() <= limits.per_ip * 3, "per-IP limit");
+        for link in 0..2 {
+            assert!(table.via_link(link) <= limits.per_link, "per-link cap");
+        }
         let n = table.counters();
         assert!(
-            n.allocated >= table.len() as u64 + n.freed_bind_timeout + n.freed_idle,
+            n.allocated >= table.len() as u64 + n.freed_bind_timeout + n.freed_idle + n.freed_mesh,
             "sessions neither in the table nor freed"
         );
     }

@@ -53,3 +53,15 @@ pub use thread::{MeshError, MeshThread};
 /// million clients is far beyond one relay node: derper's busiest nodes
 /// hold tens of thousands.
 pub const MESH_LINK_MAX_KEYS: usize = 1 << 20;
+
+/// meshSession frames other than state (allocations, offers, refusals,
+/// ends, declines) that one node may send this relay on its link, per
+/// second on each shard ...
+///
+/// A node's frames are its clients' asks and the answers to them, each
+/// already held to its client's own rate on that node (32 at once, then
+/// 4 a second); a node past this is flooding, and its excess is dropped
+/// and counted (`ferry_mesh_session_dropped_total{reason="rate"}`).
+pub const MESH_SESSION_RATE: f64 = 256.0;
+/// ... and at once.
+pub const MESH_SESSION_BURST: f64 = 1024.0;

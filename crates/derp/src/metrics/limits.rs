@@ -65,6 +65,15 @@ labelled!(
         /// speaks the Ferry mesh extension: nowhere to answer it, and no
         /// word from that node on which keys it holds.
         NoConnection => "no_connection",
+        /// An allocate for an asker the sending node's link has not
+        /// announced (the node may only ask for its own clients).
+        NotAnnounced => "not_announced",
+        /// Past the rate one node may send them at
+        /// ([`crate::mesh::MESH_SESSION_RATE`]).
+        Rate => "rate",
+        /// An end or a decline naming no session hosted here with the
+        /// sending node's key in it.
+        NoSession => "no_session",
     }
 );
 

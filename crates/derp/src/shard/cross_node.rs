@@ -31,13 +31,15 @@
 use std::net::IpAddr;
 
 use ferry_proto::mesh_session::{MeshMsg, MeshSession};
-use ferry_proto::relay_session::v2::{self, SessionOffer2, FLAG_CROSS_NODE};
+use std::time::Duration;
+
+use ferry_proto::relay_session::v2::{self, EndReason, SessionEnd, SessionOffer2, FLAG_CROSS_NODE};
 use ferry_proto::relay_session::{
-    self as rs, Allocate, AllocateRequest, RefuseReason, Refused, SessionOffer,
+    self as rs, Allocate, AllocateRequest, Ended, RefuseReason, Refused, SessionOffer, Via,
 };
 
 use super::control_queue::Origin;
-use super::sessions::refusal;
+use super::sessions::{refusal, RelayMail};
 use super::STATE_HEARD;
 use super::*;
 use crate::mesh::route::{self, Host, Location, PairView};
@@ -134,7 +136,14 @@ impl Shard {
                     request_id: ask.request_id,
                     conns: [from.id(), self.remote_conn(link, gen)],
                 };
-                match service.allocate(&request, self.now) {
+                // Counted against the peer's link, like the sessions its
+                // node asks for: a client here asking for sessions with
+                // keys on that node fills no more of the table.
+                let via = Via {
+                    link: link as u16,
+                    key: ask.peer,
+                };
+                match service.allocate_via(&request, via, self.now) {
                     Ok(offers) => {
                         if let Some(theirs) = offers.peer {
                             let msg = MeshSession {
@@ -174,6 +183,23 @@ impl Shard {
         Some(refusal(ask, reason))
     }
 
+    /// On the asker's owner shard: an allocate (kind 1) that came over
+    /// `link` goes on to the peer's owner shard only if `link` announced
+    /// the asker (a node asks only for its own clients, so a host never
+    /// makes a session for a key on no node of the region); otherwise it
+    /// is dropped as `not_announced` and logged (rate-limited).
+    pub(super) fn on_mesh_ask(&mut self, link: usize, msg: MeshSession) {
+        let MeshMsg::Allocate { asker, .. } = msg.msg else {
+            return;
+        };
+        if self.forward.get(&asker).is_some_and(|l| l.contains(&link)) {
+            let owner = self.shared.owner_of(&msg.dst, self.shards);
+            return self.relay_mail_to(owner, RelayMail::Mesh { link, msg });
+        }
+        conn_log!(self, info, link, %asker, "mesh allocate for a key its node never announced; dropped");
+        self.m.mesh_session_dropped[MeshSessionDrop::NotAnnounced as usize].inc();
+    }
+
     /// On `msg.dst`'s owner shard: an allocation, offer or refusal that
     /// came over `link`; `Err` says why it was dropped.
     pub(super) fn on_mesh_mail(
@@ -206,7 +232,13 @@ impl Shard {
                             request_id,
                             conns: [self.remote_conn(link, conn_id), self.conn_ref(p).id()],
                         };
-                        service.allocate(&request, self.now).map(|o| (p, o))
+                        let via = Via {
+                            link: link as u16,
+                            key: asker,
+                        };
+                        service
+                            .allocate_via(&request, via, self.now)
+                            .map(|o| (p, o))
                     }
                 };
                 match verdict {
@@ -241,10 +273,27 @@ impl Shard {
                 Ok(())
             }
             MeshMsg::Offer(offer) => {
-                let slot = slot.ok_or(MeshSessionDrop::NotHere)?;
-                if u32::from(self.conns[slot].relay_version()) < v2::VERSION {
-                    return Err(MeshSessionDrop::NotCapable);
-                }
+                let why = match slot {
+                    None => Some((MeshSessionDrop::NotHere, RefuseReason::PeerNotHere)),
+                    Some(s) if u32::from(self.conns[s].relay_version()) < v2::VERSION => {
+                        Some((MeshSessionDrop::NotCapable, RefuseReason::PeerNotCapable))
+                    }
+                    Some(_) => None,
+                };
+                let (Some(slot), None) = (slot, why) else {
+                    // The host frees the half-made session.
+                    let (drop, reason) = why.expect("no slot, or one that cannot take it");
+                    let msg = MeshSession {
+                        dst: offer.offer.peer,
+                        msg: MeshMsg::Declined {
+                            vni: offer.offer.vni,
+                            key: msg.dst,
+                            reason: reason.to_u8(),
+                        },
+                    };
+                    self.send_mesh_session(link, &msg);
+                    return Err(drop);
+                };
                 let mut frame = Vec::new();
                 v2::put_session2(&mut frame, &offer);
                 let notice = Origin::Other(Notice::RelaySession);
@@ -259,7 +308,94 @@ impl Shard {
                 self.queue_control(slot, notice, |q| q.extend_from_slice(&frame));
                 Ok(())
             }
-            _ => Err(MeshSessionDrop::Unhandled),
+            MeshMsg::Declined { vni, key, .. } => {
+                let via = Via {
+                    link: link as u16,
+                    key,
+                };
+                self.end_remote(vni, via, false)
+            }
+            MeshMsg::End(end) if end.host == self.shared.config.public_key => {
+                // The node of the session's other key ended it.
+                let via = Via {
+                    link: link as u16,
+                    key: end.peer,
+                };
+                self.end_remote(end.vni, via, true)
+            }
+            MeshMsg::End(end) if Some(end.host) == self.link_key(link) => {
+                let slot = slot.ok_or(MeshSessionDrop::NotHere)?;
+                if u32::from(self.conns[slot].relay_version()) < v2::VERSION {
+                    return Err(MeshSessionDrop::NotCapable);
+                }
+                let mut frame = Vec::new();
+                v2::put_end(&mut frame, &end);
+                let notice = Origin::Other(Notice::RelaySession);
+                self.queue_control(slot, notice, |q| q.extend_from_slice(&frame));
+                Ok(())
+            }
+            MeshMsg::End(_) => Err(MeshSessionDrop::WrongHost),
+            MeshMsg::State { .. } => Err(MeshSessionDrop::Unhandled),
         }
+    }
+
+    /// Frees session `vni` hosted here for its key behind a mesh link
+    /// (`via`; see [`SessionService::end_remote`]) and tells its local
+    /// key; a session that is not one is dropped as `no_session`.
+    ///
+    /// [`SessionService::end_remote`]: ferry_proto::relay_session::SessionService::end_remote
+    fn end_remote(&mut self, vni: u32, via: Via, bound_too: bool) -> Result<(), MeshSessionDrop> {
+        let service = self
+            .shared
+            .config
+            .relay_sessions
+            .clone()
+            .ok_or(MeshSessionDrop::NoSession)?;
+        let ended = service
+            .end_remote(vni, via, bound_too)
+            .ok_or(MeshSessionDrop::NoSession)?;
+        self.send_end(ended);
+        Ok(())
+    }
+
+    /// Mesh link `link` went down (on shard 0 only): the sessions hosted
+    /// here whose key behind it had not bound are freed and their local
+    /// keys told.
+    pub(super) fn free_link_sessions(&mut self, link: usize) {
+        let Some(service) = self.shared.config.relay_sessions.clone() else {
+            return;
+        };
+        for ended in service.link_down(link as u16) {
+            self.send_end(ended);
+        }
+    }
+
+    /// Tells the local key of a session this node freed
+    /// (relaySessionEnd, freed), on its owner shard.
+    fn send_end(&mut self, ended: Ended) {
+        let end = SessionEnd {
+            vni: ended.vni,
+            peer: ended.remote,
+            host: self.shared.config.public_key,
+            reason: EndReason::Freed,
+            grace: Duration::ZERO,
+        };
+        let owner = self.shared.owner_of(&ended.local, self.shards);
+        self.relay_mail_to(owner, RelayMail::End(ended.local, end));
+    }
+
+    /// On `key`'s owner shard: relaySessionEnd to its active connection,
+    /// if it speaks version 2.
+    pub(super) fn end_to(&mut self, key: NodePublic, end: SessionEnd) {
+        let Some(slot) = self.keys.get(&key).and_then(|e| e.active) else {
+            return;
+        };
+        if u32::from(self.conns[slot].relay_version()) < v2::VERSION {
+            return;
+        }
+        let mut frame = Vec::new();
+        v2::put_end(&mut frame, &end);
+        let notice = Origin::Other(Notice::RelaySession);
+        self.queue_control(slot, notice, |q| q.extend_from_slice(&frame));
     }
 }

@@ -30,7 +30,10 @@
 //! drops (and counts) a peer's announcements past that before they reach
 //! a shard's inbox, and sends no news for a key the link announced already.
 
+use ferry_engine::limit::Bucket;
+
 use super::*;
+use crate::mesh::{MESH_SESSION_BURST, MESH_SESSION_RATE};
 use crate::metrics::MeshSessionSent;
 
 /// A forwardPacket frame's header and its two keys.
@@ -55,6 +58,9 @@ pub struct MeshOut {
     pub(super) links: Vec<Option<MeshLink>>,
     /// Per link: how many times it came up (its generation).
     pub(super) ups: Vec<u32>,
+    /// Per link: the rate of the meshSession frames its node sends
+    /// (`mesh_session.rs`).
+    pub(super) session_rate: Vec<Bucket>,
     /// Whether anything was pushed this turn (the mesh thread is woken once).
     pub(super) pushed: bool,
 }
@@ -69,6 +75,9 @@ impl MeshOut {
             waiters: (0..n).map(|_| Vec::new()).collect(),
             links: vec![None; n],
             ups: vec![0; n],
+            session_rate: (0..n)
+                .map(|_| Bucket::new(MESH_SESSION_RATE, MESH_SESSION_BURST))
+                .collect(),
             pushed: false,
         }
     }
@@ -293,6 +302,9 @@ impl Shard {
                     self.withdraw(key, peer);
                 }
                 self.drop_overflow(peer);
+                if self.id == 0 {
+                    self.free_link_sessions(peer);
+                }
             }
         }
     }

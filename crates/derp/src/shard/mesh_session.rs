@@ -102,20 +102,27 @@ impl Shard {
             Ok(msg) => match self.ferry_link_to(&self.conns[slot].key()) {
                 Some(link) => match msg.msg {
                     MeshMsg::State { flags, .. } => return self.on_state(link, flags),
+                    _ if !self.mesh.session_rate[link].try_take_one(self.now) => {
+                        let peer = self.conns[slot].peer();
+                        conn_log!(self, info, %peer, link, "meshSession past its node's rate; dropped");
+                        MeshSessionDrop::Rate
+                    }
                     MeshMsg::Offer(ref o) if Some(o.host) != self.link_key(link) => {
                         MeshSessionDrop::WrongHost
                     }
-                    MeshMsg::Allocate { .. } | MeshMsg::Offer(_) | MeshMsg::Refused(_) => {
-                        let owner = self.shared.owner_of(&msg.dst, self.shards);
-                        let mail = RelayMail::Mesh { link, msg };
-                        if owner == self.id {
-                            self.on_relay_mail(mail);
-                        } else {
-                            self.mail(owner, Mail::Relay(mail));
-                        }
-                        return;
+                    MeshMsg::Allocate { asker, .. } => {
+                        // First to the asker's owner shard, which knows
+                        // whether this link announced it.
+                        let owner = self.shared.owner_of(&asker, self.shards);
+                        return self.relay_mail_to(owner, RelayMail::MeshAsk { link, msg });
                     }
-                    _ => MeshSessionDrop::Unhandled,
+                    MeshMsg::Offer(_)
+                    | MeshMsg::Refused(_)
+                    | MeshMsg::End(_)
+                    | MeshMsg::Declined { .. } => {
+                        let owner = self.shared.owner_of(&msg.dst, self.shards);
+                        return self.relay_mail_to(owner, RelayMail::Mesh { link, msg });
+                    }
                 },
                 None => {
                     let peer = self.conns[slot].peer();
@@ -133,7 +140,7 @@ impl Shard {
     }
 
     /// The server key of the node at the other end of `link`, while up.
-    fn link_key(&self, link: usize) -> Option<NodePublic> {
+    pub(super) fn link_key(&self, link: usize) -> Option<NodePublic> {
         self.mesh
             .links
             .get(link)

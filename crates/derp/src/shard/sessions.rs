@@ -51,6 +51,18 @@ pub enum RelayMail {
     },
     /// Queue this relaySession or relayRefused frame to a connection here.
     Frame(ConnRef, Vec<u8>),
+    /// Tell this shard's key that a session hosted here was freed
+    /// (relaySessionEnd; `cross_node.rs`).
+    End(NodePublic, ferry_proto::relay_session::v2::SessionEnd),
+    /// A meshSession allocate (kind 1) that came over mesh link `link`,
+    /// on its way through the asker's owner shard, which checks that the
+    /// link announced the asker (`cross_node.rs`).
+    MeshAsk {
+        /// The link to the node that sent it.
+        link: usize,
+        /// The frame.
+        msg: ferry_proto::mesh_session::MeshSession,
+    },
     /// A meshSession for a key of this shard that came over mesh link
     /// `link` (`cross_node.rs`).
     Mesh {
@@ -148,15 +160,20 @@ impl Shard {
             version,
             ask,
         };
+        self.relay_mail_to(owner, mail);
+        if self.ended(slot) {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Handles `mail` here if `owner` is this shard, else mails it there.
+    pub(super) fn relay_mail_to(&mut self, owner: usize, mail: RelayMail) {
         if owner == self.id {
             self.on_relay_mail(mail);
         } else {
             self.mail(owner, Mail::Relay(mail));
         }
-        if self.ended(slot) {
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
     }
 
     pub(super) fn on_relay_mail(&mut self, mail: RelayMail) {
@@ -173,6 +190,8 @@ impl Shard {
                 }
             }
             RelayMail::Frame(to, frame) => self.relay_frame_to(to, frame),
+            RelayMail::MeshAsk { link, msg } => self.on_mesh_ask(link, msg),
+            RelayMail::End(key, end) => self.end_to(key, end),
             RelayMail::Mesh { link, msg } => {
                 if let Err(why) = self.on_mesh_mail(link, msg) {
                     self.m.mesh_session_dropped[why as usize].inc();

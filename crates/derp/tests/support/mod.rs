@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 
+pub(crate) mod region;
 pub(crate) mod sim;
 
 use ferry_derp::{DerpConfig, ListenerKind, ListenerSpec, Server, ServerOptions};

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use ferry_proto::key::NodePublic;
-use ferry_proto::relay_session::RefuseReason;
+use ferry_proto::relay_session::{RefuseReason, Via};
 use ferry_proto::udp_header;
 use rand::Rng;
 
@@ -73,6 +73,25 @@ impl SessionTable {
         conns: [u64; 2],
         now: Instant,
     ) -> Result<Allocation, RefuseReason> {
+        self.allocate_via(asker, peer, ip, conns, None, now)
+    }
+
+    /// [`SessionTable::allocate_on`] for a pair one of whose keys
+    /// (`via.key`) is behind the DERP server's mesh link `via.link` (a
+    /// pair split across the nodes of a region): a new session also
+    /// counts against that link, and remembers the key's slot
+    /// ([`SessionTable::link_down`], [`SessionTable::end_remote`]); a link
+    /// holds at most [`Limits::per_link`](super::Limits::per_link)
+    /// (beyond, [`RefuseReason::Limit`]).
+    pub fn allocate_via(
+        &mut self,
+        asker: &NodePublic,
+        peer: &NodePublic,
+        ip: IpAddr,
+        conns: [u64; 2],
+        via: Option<Via>,
+        now: Instant,
+    ) -> Result<Allocation, RefuseReason> {
         if asker == peer {
             return Err(RefuseReason::SelfPeer);
         }
@@ -80,6 +99,10 @@ impl SessionTable {
             return Ok(self.again(vni, asker, conns, now));
         }
         let ip = source_key(ip);
+        if via.is_some_and(|v| self.via_link(v.link) >= self.limits.per_link) {
+            self.counters.refused_link += 1;
+            return self.refuse();
+        }
         if self.taken_part(asker) >= self.limits.per_key
             || self.per_ip.get(&ip).copied().unwrap_or(0) >= self.limits.per_ip
         {
@@ -117,6 +140,7 @@ impl SessionTable {
                     },
                 ],
                 ip,
+                via: via.map(|v| (v.link, usize::from(v.key == *peer))),
                 created: now,
                 last_active: now,
             },
@@ -126,6 +150,9 @@ impl SessionTable {
             self.by_key.entry(*k).or_default().push(vni);
         }
         *self.per_ip.entry(ip).or_default() += 1;
+        if let Some(v) = via {
+            *self.per_link.entry(v.link).or_default() += 1;
+        }
         self.counters.allocated += 1;
         Ok(Allocation {
             vni,

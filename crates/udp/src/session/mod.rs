@@ -61,6 +61,10 @@ pub struct Limits {
     /// Sessions asked for from one source (of the asker's DERP
     /// connection): an IPv4 address, or an IPv6 /64.
     pub per_ip: usize,
+    /// Sessions whose other key is behind one mesh link of the DERP
+    /// server (a pair split across the nodes of a region): a node of the
+    /// region, however it behaves, holds at most this many here.
+    pub per_link: usize,
     /// How long a session waits for both slots to bind.
     pub bind_lifetime: Duration,
     /// How long a bound session lives without a forwarded datagram.
@@ -81,6 +85,7 @@ impl Default for Limits {
         Limits {
             per_key: 32,
             per_ip: 256,
+            per_link: 65_536,
             bind_lifetime: Duration::from_secs(30),
             idle_lifetime: Duration::from_secs(60),
             answer_interval: Duration::from_secs(1),
@@ -158,6 +163,9 @@ pub enum Freed {
     /// Made room for a session of one of its keys, which never took part
     /// in this one ([`SessionTable::allocate_on`]).
     Evicted,
+    /// Its key behind a mesh link is gone: the link went down before
+    /// that key bound, or that key's node declined or ended it.
+    Mesh,
 }
 
 /// What to do with a datagram.
@@ -219,6 +227,8 @@ pub struct Counters {
     pub reused: u64,
     /// Allocations refused for a limit.
     pub refused_limit: u64,
+    /// Of those, refused for the cap of sessions behind one mesh link.
+    pub refused_link: u64,
     /// Allocations of a session the asker's connection had been answered
     /// for within the answer interval: not answered again.
     pub repeats_unanswered: u64,
@@ -229,6 +239,8 @@ pub struct Counters {
     pub freed_bind_timeout: u64,
     /// Bound sessions freed for silence.
     pub freed_idle: u64,
+    /// Sessions freed for their key behind a mesh link ([`Freed::Mesh`]).
+    pub freed_mesh: u64,
     /// Slots bound (first binds and rebinds).
     pub binds: u64,
     /// Challenges sent.
@@ -275,6 +287,9 @@ struct Session {
     told: [Told; 2],
     /// The asker's source, as counted against the per-IP limit.
     ip: IpAddr,
+    /// The mesh link a key is behind, for a pair split across nodes
+    /// (counted against [`Limits::per_link`]), and that key's slot.
+    via: Option<(u16, usize)>,
     created: Instant,
     last_active: Instant,
 }
@@ -308,6 +323,8 @@ pub struct SessionTable {
     /// The sessions each key is in (at most `per_key`), oldest first.
     by_key: HashMap<NodePublic, Vec<u32>>,
     per_ip: HashMap<IpAddr, usize>,
+    /// Sessions per mesh link ([`Limits::per_link`]).
+    per_link: HashMap<u16, usize>,
     counters: Counters,
 }
 
@@ -332,6 +349,7 @@ impl SessionTable {
             by_pair: HashMap::new(),
             by_key: HashMap::new(),
             per_ip: HashMap::new(),
+            per_link: HashMap::new(),
             counters: Counters::default(),
         }
     }
@@ -367,6 +385,55 @@ impl SessionTable {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
+    }
+
+    /// Sessions whose other key is behind mesh link `link`.
+    pub fn via_link(&self, link: u16) -> usize {
+        self.per_link.get(&link).copied().unwrap_or(0)
+    }
+
+    /// Frees the sessions with a key behind mesh link `link` whose slot
+    /// that key has not bound, and returns them.
+    pub fn link_down(&mut self, link: u16) -> Vec<ferry_proto::relay_session::Ended> {
+        let gone: Vec<u32> = self
+            .sessions
+            .iter()
+            .filter(
+                |(_, s)| matches!(s.via, Some((l, slot)) if l == link && s.bound[slot].is_none()),
+            )
+            .map(|(&vni, _)| vni)
+            .collect();
+        gone.into_iter()
+            .filter_map(|vni| self.free_mesh(vni))
+            .collect()
+    }
+
+    /// Frees session `vni` if `via.key` is its key behind mesh link
+    /// `via.link`, and (unless `bound_too`) has not bound its slot.
+    pub fn end_remote(
+        &mut self,
+        vni: u32,
+        via: ferry_proto::relay_session::Via,
+        bound_too: bool,
+    ) -> Option<ferry_proto::relay_session::Ended> {
+        let s = self.sessions.get(&vni)?;
+        let (link, slot) = s.via?;
+        if link != via.link || s.keys[slot] != via.key || !(bound_too || s.bound[slot].is_none()) {
+            return None;
+        }
+        self.free_mesh(vni)
+    }
+
+    fn free_mesh(&mut self, vni: u32) -> Option<ferry_proto::relay_session::Ended> {
+        let s = self.sessions.get(&vni)?;
+        let (_, slot) = s.via?;
+        let ended = ferry_proto::relay_session::Ended {
+            vni,
+            local: s.keys[1 - slot],
+            remote: s.keys[slot],
+        };
+        self.free(vni, Freed::Mesh);
+        Some(ended)
     }
 
     /// Sessions `key` is in (whether or not it took part).
@@ -427,10 +494,19 @@ impl SessionTable {
                 self.per_ip.remove(&s.ip);
             }
         }
+        if let Some((link, _)) = s.via {
+            if let Some(n) = self.per_link.get_mut(&link) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_link.remove(&link);
+                }
+            }
+        }
         match why {
             Freed::BindTimeout => self.counters.freed_bind_timeout += 1,
             Freed::Idle => self.counters.freed_idle += 1,
             Freed::Evicted => self.counters.evicted += 1,
+            Freed::Mesh => self.counters.freed_mesh += 1,
         }
     }
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use ferry_engine::stat::exposition::{Exposition, Family, Kind};
 use ferry_proto::relay_session::{
-    AllocateRequest, Offers, RefuseReason, SessionOffer, SessionService,
+    AllocateRequest, Ended, Offers, RefuseReason, SessionOffer, SessionService, Via,
 };
 
 use super::{Drop, Limits, Secrets, SessionTable};
@@ -33,6 +33,10 @@ pub struct Sessions {
     /// The endpoints offers name instead of the bound address, if set
     /// (`ferry derp --relay-advertise`).
     advertised: OnceLock<Vec<SocketAddr>>,
+    /// The endpoints offers of a pair split across nodes name when
+    /// nothing is advertised and the socket is bound to an unspecified
+    /// address (the host's interface addresses, set at start).
+    cross_node_default: OnceLock<Vec<SocketAddr>>,
     /// The table's cookie secrets, republished when they rotate.
     secrets: Published<Secrets>,
     /// Drops the shards decided without the table, by [`Drop`] index.
@@ -49,6 +53,7 @@ impl Sessions {
             limits,
             bound: OnceLock::new(),
             advertised: OnceLock::new(),
+            cross_node_default: OnceLock::new(),
             late_drops: Default::default(),
         }
     }
@@ -117,6 +122,33 @@ impl Sessions {
         }
     }
 
+    /// Sets the endpoints that offers of a pair split across nodes name
+    /// while nothing is advertised and the socket is bound to an
+    /// unspecified address (once, at start; an empty list is ignored):
+    /// the host's own addresses, where clients of the region's other
+    /// nodes may reach it. Offers to pairs on this node keep the bound
+    /// address ("where you reached DERP").
+    pub fn set_cross_node_default(&self, endpoints: Vec<SocketAddr>) {
+        if !endpoints.is_empty() {
+            let _ = self.cross_node_default.set(endpoints);
+        }
+    }
+
+    /// The endpoints offers of a pair split across nodes name: the
+    /// advertised ones, else a specific bound address, else the default
+    /// set at start, else the bound address (`None` before start).
+    pub fn cross_node_endpoints(&self) -> Option<Vec<SocketAddr>> {
+        match (
+            self.advertised.get(),
+            self.bound(),
+            self.cross_node_default.get(),
+        ) {
+            (Some(a), _, _) => Some(a.clone()),
+            (None, Some(b), Some(d)) if b.ip().is_unspecified() => Some(d.clone()),
+            (None, b, _) => b.map(|b| vec![b]),
+        }
+    }
+
     /// The address the session socket is bound to (`None` before start).
     pub fn bound(&self) -> Option<SocketAddr> {
         self.bound.get().copied()
@@ -160,18 +192,20 @@ impl Sessions {
             o,
             "ferry_udp_relay_session_events_total",
             Kind::Counter,
-            "Relay session allocations (and repeats left unanswered), refusals, evictions, binds and frees.",
+            "Relay session allocations (and repeats left unanswered), refusals (refused_link: of those for the cap per mesh link), evictions, binds and frees.",
             "event",
             &[
                 ("allocated", c.allocated),
                 ("reused", c.reused),
                 ("repeat_unanswered", c.repeats_unanswered),
                 ("refused_limit", c.refused_limit),
+                ("refused_link", c.refused_link),
                 ("evicted", c.evicted),
                 ("challenged", c.challenges),
                 ("bound", c.binds),
                 ("freed_bind_timeout", c.freed_bind_timeout),
                 ("freed_idle", c.freed_idle),
+                ("freed_mesh", c.freed_mesh),
             ],
         );
         family(
@@ -248,12 +282,58 @@ impl SessionService for Sessions {
     /// (`0.0.0.0`, `::`) means the address the client reached the DERP
     /// server at (`docs/relay-sessions.md` §2).
     fn allocate(&self, r: &AllocateRequest, now: Instant) -> Result<Offers, RefuseReason> {
-        let Some(endpoints) = self.endpoints() else {
+        self.allocate_at(r, None, now)
+    }
+
+    /// [`SessionService::allocate`] counted against mesh link `via.link`
+    /// ([`SessionTable::allocate_via`]).
+    fn allocate_via(
+        &self,
+        r: &AllocateRequest,
+        via: Via,
+        now: Instant,
+    ) -> Result<Offers, RefuseReason> {
+        self.allocate_at(r, Some(via), now)
+    }
+
+    /// [`SessionTable::link_down`].
+    fn link_down(&self, link: u16) -> Vec<Ended> {
+        self.lock().link_down(link)
+    }
+
+    /// [`SessionTable::end_remote`].
+    fn end_remote(&self, vni: u32, via: Via, bound_too: bool) -> Option<Ended> {
+        self.lock().end_remote(vni, via, bound_too)
+    }
+
+    /// Whether the endpoints of cross-node offers are all specific
+    /// addresses.
+    fn hosts_cross_node(&self) -> bool {
+        self.cross_node_endpoints()
+            .is_some_and(|e| !e.is_empty() && e.iter().all(|a| !a.ip().is_unspecified()))
+    }
+}
+
+impl Sessions {
+    /// An allocation, behind mesh link `via` if any (see
+    /// [`SessionService::allocate`]).
+    fn allocate_at(
+        &self,
+        r: &AllocateRequest,
+        via: Option<Via>,
+        now: Instant,
+    ) -> Result<Offers, RefuseReason> {
+        let endpoints = if via.is_some() {
+            self.cross_node_endpoints()
+        } else {
+            self.endpoints()
+        };
+        let Some(endpoints) = endpoints else {
             return Err(RefuseReason::Off);
         };
         let a = self
             .lock()
-            .allocate_on(&r.asker, &r.peer, r.ip, r.conns, now)?;
+            .allocate_via(&r.asker, &r.peer, r.ip, r.conns, via, now)?;
         let offer = |request_id, slot: u8, peer| SessionOffer {
             request_id,
             vni: a.vni,
@@ -268,12 +348,6 @@ impl SessionService for Sessions {
             asker: a.tell_asker.then(|| offer(r.request_id, a.slot, r.peer)),
             peer: a.tell_peer.then(|| offer(0, 1 - a.slot, r.asker)),
         })
-    }
-
-    /// Whether the endpoints are all specific addresses.
-    fn hosts_cross_node(&self) -> bool {
-        self.endpoints()
-            .is_some_and(|e| !e.is_empty() && e.iter().all(|a| !a.ip().is_unspecified()))
     }
 }
 
@@ -296,11 +370,13 @@ mod tests {
                 "ferry_udp_relay_session_events_total{event=\"reused\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"repeat_unanswered\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"refused_limit\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"refused_link\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"evicted\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"challenged\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"bound\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"freed_bind_timeout\"} 0",
                 "ferry_udp_relay_session_events_total{event=\"freed_idle\"} 0",
+                "ferry_udp_relay_session_events_total{event=\"freed_mesh\"} 0",
                 "ferry_udp_relay_session_forwarded_total 0",
                 "ferry_udp_relay_session_forwarded_bytes_total 0",
                 "ferry_udp_relay_session_drops_total{reason=\"bad_header\"} 0",
@@ -321,25 +397,34 @@ mod tests {
         assert_eq!(SessionService::port(&Sessions::new(Limits::default())), 0);
     }
 
+    /// The endpoints of the asker's offer when the key `[b; 32]` asks for
+    /// `[b + 1; 32]`, a key behind mesh link 0 if `split`.
+    fn endpoints_offered(s: &Sessions, b: u8, split: bool) -> Vec<SocketAddr> {
+        let key = |b| ferry_proto::key::NodePublic::from_bytes([b; 32]);
+        let r = AllocateRequest {
+            asker: key(b),
+            peer: key(b + 1),
+            ip: "192.0.2.9".parse().unwrap(),
+            request_id: 1,
+            conns: [1, 2],
+        };
+        let offers = if split {
+            let via = Via {
+                link: 0,
+                key: key(b + 1),
+            };
+            s.allocate_via(&r, via, Instant::now())
+        } else {
+            s.allocate(&r, Instant::now())
+        };
+        offers.unwrap().asker.unwrap().endpoints
+    }
+
     /// Offers name the advertised endpoints when set, else the bound
     /// address; only specific ones make sessions usable across nodes.
     #[test]
     fn offers_name_the_advertised_endpoints_and_only_specific_ones_cross_nodes() {
-        let key = |b| ferry_proto::key::NodePublic::from_bytes([b; 32]);
-        let ask = |s: &Sessions, b| {
-            let r = AllocateRequest {
-                asker: key(b),
-                peer: key(b + 1),
-                ip: "192.0.2.9".parse().unwrap(),
-                request_id: 1,
-                conns: [1, 2],
-            };
-            s.allocate(&r, Instant::now())
-                .unwrap()
-                .asker
-                .unwrap()
-                .endpoints
-        };
+        let ask = |s: &Sessions, b| endpoints_offered(s, b, false);
         let s = Sessions::new(Limits::default());
         assert!(!s.hosts_cross_node(), "not started");
         s.set_bound("0.0.0.0:3479".parse().unwrap());
@@ -357,5 +442,24 @@ mod tests {
         let s = Sessions::new(Limits::default());
         s.set_bound("192.0.2.1:3479".parse().unwrap());
         assert!(s.hosts_cross_node(), "bound to a specific address");
+    }
+
+    /// A node bound to an unspecified address hosts split pairs with the
+    /// default set at start (its interface addresses), named only in
+    /// offers of split pairs; advertised endpoints win over it.
+    #[test]
+    fn split_pairs_get_the_default_endpoints_and_local_pairs_the_bound_one() {
+        let ask = endpoints_offered;
+        let s = Sessions::new(Limits::default());
+        s.set_bound("0.0.0.0:3479".parse().unwrap());
+        let default: Vec<SocketAddr> = vec!["10.0.0.7:3479".parse().unwrap()];
+        s.set_cross_node_default(default.clone());
+        assert!(s.hosts_cross_node());
+        assert_eq!(ask(&s, 1, false), ["0.0.0.0:3479".parse().unwrap()]);
+        assert_eq!(ask(&s, 3, true), default);
+        let advertised: Vec<SocketAddr> = vec!["198.51.100.1:3479".parse().unwrap()];
+        s.set_advertised(advertised.clone());
+        assert_eq!(ask(&s, 5, true), advertised);
+        assert_eq!(ask(&s, 7, false), advertised);
     }
 }

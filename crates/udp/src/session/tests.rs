@@ -1,5 +1,7 @@
 use super::*;
-use ferry_proto::relay_session::{BindKind, BindMsg, Binder, RefuseReason, SessionOffer, BIND_LEN};
+use ferry_proto::relay_session::{
+    BindKind, BindMsg, Binder, RefuseReason, SessionOffer, Via, BIND_LEN,
+};
 use ferry_proto::udp_header;
 use ferry_proto::udp_header::Protocol;
 
@@ -618,4 +620,77 @@ fn an_answer_proven_for_a_session_freed_meanwhile_binds_nothing() {
     t.expire(t0 + Duration::from_secs(30));
     assert_eq!(t.bind_proven(t0, &c, &token), Err(Drop::UnknownVni));
     assert_eq!(t.counters().binds, 0);
+}
+
+/// Sessions with a key behind one mesh link are capped per link: past
+/// the cap that link's are refused (and counted), another link's and
+/// local pairs' are not, and a freed session makes room again.
+#[test]
+fn sessions_behind_one_mesh_link_are_capped_per_link() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_link: 2,
+        ..Limits::default()
+    };
+    let mut t = SessionTable::with_seed(limits, 4, t0);
+    let ip = |b: u8| IpAddr::from([192, 0, 2, b]);
+    let ask = |t: &mut SessionTable, a: u8, link: Option<u16>| {
+        let via = link.map(|link| Via {
+            link,
+            key: key(a + 100),
+        });
+        t.allocate_via(&key(a), &key(a + 100), ip(a), [0, 0], via, t0)
+    };
+    assert!(ask(&mut t, 1, Some(3)).is_ok());
+    assert!(ask(&mut t, 2, Some(3)).is_ok());
+    assert_eq!(ask(&mut t, 3, Some(3)), Err(RefuseReason::Limit));
+    assert_eq!(t.counters().refused_link, 1);
+    assert!(ask(&mut t, 1, Some(3)).unwrap().existing, "its own again");
+    assert!(ask(&mut t, 4, Some(4)).is_ok(), "another link");
+    assert!(ask(&mut t, 5, None).is_ok(), "a local pair");
+    assert_eq!((t.via_link(3), t.via_link(4), t.len()), (2, 1, 4));
+    // Unbound past the bind lifetime: freed, and the link has room.
+    t.expire(t0 + limits.bind_lifetime);
+    assert_eq!((t.via_link(3), t.len()), (0, 0));
+    assert!(ask(&mut t, 3, Some(3)).is_ok());
+}
+
+/// A mesh link going down frees the sessions whose key behind it has
+/// not bound its slot (their local keys returned), never one it bound;
+/// an end or decline frees a session only for the key behind the
+/// sender's link, a decline only while that key has not bound.
+#[test]
+fn sessions_behind_a_link_are_freed_by_what_happens_on_it() {
+    let t0 = Instant::now();
+    let mut t = table(t0);
+    let ip: IpAddr = IP.parse().unwrap();
+    let via = |link, k| Some(Via { link, key: key(k) });
+    // 1 local, 2 behind link 5 (unbound); 3 local, 4 behind link 5
+    // (bound); 6 local, 7 behind link 6.
+    t.allocate_via(&key(1), &key(2), ip, [0, 0], via(5, 2), t0)
+        .unwrap();
+    let bound = t
+        .allocate_via(&key(3), &key(4), ip, [0, 0], via(5, 4), t0)
+        .unwrap();
+    let mut b = Binder::new(&offer(&bound, 1, key(3)), addr(RELAY), 1, t0);
+    bind(&mut t, &mut b, addr("198.51.100.4:4000"), t0);
+    assert!(b.is_bound());
+    let other = t
+        .allocate_via(&key(6), &key(7), ip, [0, 0], via(6, 7), t0)
+        .unwrap();
+
+    let gone = t.link_down(5);
+    assert_eq!(gone.len(), 1);
+    assert_eq!((gone[0].local, gone[0].remote), (key(1), key(2)));
+    assert_eq!((t.len(), t.via_link(5), t.counters().freed_mesh), (2, 1, 1));
+
+    // Only link 6's key, on link 6, ends link 6's session.
+    let v = |link, k| Via { link, key: key(k) };
+    assert_eq!(t.end_remote(other.vni, v(5, 7), true), None);
+    assert_eq!(t.end_remote(other.vni, v(6, 6), true), None);
+    // A decline does not free a session its key bound; an end does.
+    assert_eq!(t.end_remote(bound.vni, v(5, 4), false), None);
+    assert!(t.end_remote(bound.vni, v(5, 4), true).is_some());
+    assert!(t.end_remote(other.vni, v(6, 7), false).is_some());
+    assert_eq!((t.len(), t.counters().freed_mesh), (0, 3));
 }

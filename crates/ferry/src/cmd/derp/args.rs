@@ -122,7 +122,9 @@ pub(crate) struct DerpArgs {
     /// separated, at most 16; the port defaults to --relay-port's). Offers
     /// name these instead of the bound address. Without it, a node whose
     /// session socket is bound to an unspecified address (`-a :443`)
-    /// hosts no session for a pair split across the region's nodes.
+    /// names its interface addresses (not loopback, not IPv6 link-local)
+    /// in the offers of pairs split across nodes, and the bound address
+    /// in the others.
     #[arg(
         long = "relay-advertise",
         value_delimiter = ',',

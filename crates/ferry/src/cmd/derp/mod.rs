@@ -140,10 +140,18 @@ fn serve(args: &DerpArgs, origins: &Origins) -> Result<()> {
                 .map(|&(ip, port)| std::net::SocketAddr::new(ip, port.unwrap_or(bound.port())))
                 .collect(),
         );
+        if plan.relay_advertise.is_empty() && bound.ip().is_unspecified() {
+            // Offers of pairs split across nodes cannot say "where you
+            // reached DERP": they name this host's interface addresses.
+            let mut own = tailnet::offered_addrs(bound);
+            own.truncate(ferry_proto::relay_session::MAX_ENDPOINTS);
+            sessions.set_cross_node_default(own);
+        }
         let endpoints = sessions.endpoints().unwrap_or_default();
-        tracing::info!(addr = %bound, ?endpoints, per_key = limits.per_key, idle = ?limits.idle_lifetime, "relay sessions on");
+        let cross_node = sessions.cross_node_endpoints().unwrap_or_default();
+        tracing::info!(addr = %bound, ?endpoints, ?cross_node, per_key = limits.per_key, idle = ?limits.idle_lifetime, "relay sessions on");
         if !ferry_proto::relay_session::SessionService::hosts_cross_node(&*sessions) {
-            tracing::info!("relay sessions: the session socket is bound to an unspecified address and --relay-advertise is not set; this node hosts no session for a pair split across the region's nodes");
+            tracing::info!("relay sessions: the session socket is bound to an unspecified address, --relay-advertise is not set and the host has no interface address to offer; this node hosts no session for a pair split across the region's nodes");
         }
         config.relay_sessions = Some(sessions.clone());
         session_relay = Some((relay, sessions));
