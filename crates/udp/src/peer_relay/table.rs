@@ -38,7 +38,7 @@ use ferry_proto::udp_header::{self, Header};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::forward::{self, Route};
+use crate::forward::{self, Route, Train};
 use crate::session::{Binding, Rotation};
 
 /// Attempts at a random unused VNI before an allocation is refused.
@@ -245,6 +245,10 @@ pub struct Counters {
     pub forwarded_packets: u64,
     /// Bytes forwarded.
     pub forwarded_bytes: u64,
+    /// Data datagrams looked up in the table: the first of each run of
+    /// one endpoint's datagrams in a received train (the rest go where it
+    /// went).
+    pub lookups: u64,
     /// Drops, indexed like [`Drop::ALL`].
     pub drops: [u64; Drop::ALL.len()],
 }
@@ -567,21 +571,54 @@ impl PeerRelayTable {
     /// Decides what happens to `datagram`, received from `src` at `now`.
     /// A challenge is written over the datagram ([`Verdict::Reply`]).
     pub fn handle(&mut self, now: Instant, src: SocketAddr, datagram: &mut [u8]) -> Verdict {
+        self.handle_in_train(now, src, datagram, &mut Train::default())
+    }
+
+    /// [`PeerRelayTable::handle`] for one datagram of a received train
+    /// (`train` starts empty for each): every header is checked, but a data
+    /// datagram for the endpoint of the one before it, which was
+    /// forwarded, goes the same way without a lookup (see [`Train`]).
+    pub(crate) fn handle_in_train(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        datagram: &mut [u8],
+        train: &mut Train,
+    ) -> Verdict {
         let Ok(h) = Header::parse(datagram) else {
+            train.note(0, None);
             return self.drop(Drop::BadHeader);
         };
-        let src = ferry_proto::frame::canonical_addr(src);
-        if h.control {
-            return self.control(now, src, datagram);
+        if let Some(to) = train.hit(&h) {
+            self.counters.forwarded_packets += 1;
+            self.counters.forwarded_bytes += datagram.len() as u64;
+            return Verdict::Forward(to);
         }
-        let Some(e) = self.endpoints.get_mut(&h.vni) else {
+        let src = ferry_proto::frame::canonical_addr(src);
+        let v = if h.control {
+            self.control(now, src, datagram)
+        } else {
+            self.data(now, src, h.vni, datagram.len())
+        };
+        let to = match v {
+            Verdict::Forward(to) => Some(to),
+            Verdict::Reply(_) | Verdict::Bound | Verdict::Drop(_) => None,
+        };
+        train.note(h.vni, to);
+        v
+    }
+
+    /// A data datagram of `len` bytes for endpoint `vni` from `src`.
+    fn data(&mut self, now: Instant, src: SocketAddr, vni: u32, len: usize) -> Verdict {
+        self.counters.lookups += 1;
+        let Some(e) = self.endpoints.get_mut(&vni) else {
             return self.drop(Drop::UnknownVni);
         };
         match forward::between(e.addrs(), src) {
             Route::To { from, to } => {
                 e.last_seen[from] = now;
                 self.counters.forwarded_packets += 1;
-                self.counters.forwarded_bytes += datagram.len() as u64;
+                self.counters.forwarded_bytes += len as u64;
                 Verdict::Forward(to)
             }
             Route::Unbound => self.drop(Drop::Unbound),

@@ -6,15 +6,18 @@
 //! Control datagrams (binds, answers) are limited per source (an IPv4
 //! address or an IPv6 /64) before they reach the table: over the rate,
 //! they are dropped and counted without any crypto. A STUN answer to the
-//! port's own address probe goes to [`StunProbe`] instead. What relay sessions
-//! do and this does not yet: binds are opened under the lock here (one
-//! box open each), and every datagram is looked up (no train fast path).
+//! port's own address probe goes to [`StunProbe`] instead. Within a GRO
+//! train, the data datagrams of one endpoint are looked up once
+//! ([`Train`]) and leave as one GSO message. What relay sessions do and
+//! this does not yet: binds are opened under the lock here (one box open
+//! each).
 
 use std::os::fd::AsFd;
 
-use super::recv::{each_datagram, each_train};
-use super::send::{Out, Run};
+use super::recv::each_train;
+use super::send::{route_train, Out};
 use super::{Shard, ROUNDS};
+use crate::forward::Train;
 use crate::peer_relay::{Drop, StunProbe, Verdict};
 use crate::session::allocate::source_key;
 
@@ -41,34 +44,29 @@ impl Shard {
                 self.slot,
                 &self.metrics,
                 |src, start, len, seg| {
-                    let mut run = None;
-                    each_datagram(start, len, seg, |at, n| {
+                    let mut train = Train::default();
+                    route_train(out, gso, (start, len, seg), |at, n| {
                         let datagram = &mut buf[at..at + n];
                         if StunProbe::is_answer(datagram) {
                             if let Some(a) = relays.stun().answer(src, datagram, now) {
                                 tracing::info!(addr = %a, "peer relay: STUN names the port's public address");
                             }
-                            return;
+                            return None;
                         }
                         let control = datagram.get(1).is_some_and(|b| b & 0x80 != 0);
                         if control && !limiter.allow(source_key(src.ip()), now) {
                             table.count_drop(Drop::RateLimited);
-                            return;
+                            return None;
                         }
-                        match table.handle(now, src, datagram) {
-                            Verdict::Forward(to) => Run::add(&mut run, to, at, n, |r| {
-                                out.push(Some(r.to), r.start, r.len, seg, gso)
-                            }),
+                        match table.handle_in_train(now, src, datagram, &mut train) {
+                            Verdict::Forward(to) => Some((to, n)),
                             // A challenge, no longer than the bind it
-                            // was written over: back to the source alone.
-                            Verdict::Reply(len) => out.push(Some(src), at, len, len, gso),
+                            // was written over: back to the source.
+                            Verdict::Reply(len) => Some((src, len)),
                             // Bound, or dropped: counted by the table.
-                            Verdict::Bound | Verdict::Drop(_) => {}
+                            Verdict::Bound | Verdict::Drop(_) => None,
                         }
                     });
-                    if let Some(r) = run {
-                        out.push(Some(r.to), r.start, r.len, seg, gso);
-                    }
                 },
             );
             drop(table);
