@@ -308,3 +308,71 @@ fn a_train_is_forwarded_with_one_lookup_per_endpoint_run() {
 fn relays_socket_probe() -> UdpSocket {
     UdpSocket::bind("127.0.0.1:0").unwrap()
 }
+
+/// A flood of binds that never open (sealed by someone without the
+/// client's key) on one endpoint does not hold up another endpoint's
+/// data: after every burst of 64, a datagram through the other endpoint
+/// still arrives, and every forged bind is counted, none challenged.
+#[test]
+fn a_bind_flood_does_not_hold_up_other_endpoints() {
+    let limits = Limits {
+        bind_rate: 1_000_000,
+        bind_burst: 1_000_000,
+        ..Limits::default()
+    };
+    let (relay, relays, port) = start(limits);
+    let (a, b, c, d) = (Client::new(), Client::new(), Client::new(), Client::new());
+    let ab = allocate_for(&relays, &a, &b, 5);
+    let cd = allocate_for(&relays, &c, &d, 6);
+    c.bind(port, &cd.server_disco, cd.vni, &d.key.public());
+    d.bind(port, &cd.server_disco, cd.vni, &c.key.public());
+    assert!(
+        eventually(Duration::from_secs(10), || relays.lock().states().open == 1),
+        "cd open"
+    );
+    // The flooder claims a's key but seals with its own.
+    let flooder = Client::new();
+    let mut forged = Vec::new();
+    let body = BindBody {
+        vni: ab.vni,
+        generation: 1,
+        remote_key: b.key.public(),
+        challenge: [0; 32],
+    };
+    pr::put_control(
+        &mut forged,
+        ab.vni,
+        &flooder.key.shared(&ab.server_disco),
+        &a.key.public(),
+        &ferry_proto::nacl::random_nonce(),
+        &Message::Bind(body),
+    );
+    const ROUNDS: u64 = 50;
+    const BURST: u64 = 64;
+    for round in 0..ROUNDS {
+        for _ in 0..BURST {
+            flooder.sock.send_to(&forged, port).unwrap();
+        }
+        let t = train(cd.vni, round as u8, 1, 64);
+        c.sock.send_to(&t, port).unwrap();
+        assert_eq!(
+            receive(&d, 1),
+            vec![t],
+            "round {round}: c → d through the relay"
+        );
+    }
+    let bad = || {
+        relays
+            .lock()
+            .counters()
+            .dropped(ferry_udp::peer_relay::Drop::BadBox)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || bad() == ROUNDS * BURST),
+        "{} of {} forged binds counted",
+        bad(),
+        ROUNDS * BURST
+    );
+    assert_eq!(relays.lock().counters().challenges, 2, "only cd's binds");
+    relay.shutdown();
+}
