@@ -128,7 +128,7 @@ func (b *Bed) StartTailscaledPeerRelay(hostname string) (*Node, error) {
 	if b.Cfg.Relay.TLS {
 		env = []string{"SSL_CERT_FILE=" + b.Relay.CertFile}
 	}
-	n, err := startNode(b.Cfg.Bins, hostname, b.Netns.Relay, dir, "fe-ts-pr", env, Placement{})
+	n, err := startNode(b.Cfg.Bins, hostname, b.Netns.Relay, dir, "fe-ts-pr", env, b.Cfg.PeerRelayPlace)
 	if n != nil {
 		b.procs = append(b.procs, n.Proc)
 	}
@@ -169,7 +169,7 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 		"--pin=false",
 		"--metrics-addr", peerRelayMetricsAddr,
 	}, flags...)
-	p, err := startProc("ferry peer relay", b.Netns.Relay, env, argv...)
+	p, err := startProc("ferry peer relay", b.Netns.Relay, env, b.Cfg.PeerRelayPlace.wrap(argv)...)
 	if p != nil {
 		b.procs = append(b.procs, p)
 	}
@@ -250,6 +250,11 @@ func (b *Bed) PeerRelayBytes() (in, out int64, err error) {
 		return 0, 0, fmt.Errorf("fe_pr: %d byte counters, want 2:\n%s", len(seen), text)
 	}
 	return seen[0], seen[1], nil
+}
+
+// CPUSeconds is the process's user+system CPU time so far (all threads).
+func (p *Proc) CPUSeconds() (float64, error) {
+	return procCPUSeconds(p.Pid())
 }
 
 // PeerRelayMetrics reads the peer-relay Ferry's /metrics (from inside the
