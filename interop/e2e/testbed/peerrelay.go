@@ -302,3 +302,35 @@ func (b *Bed) BlockPeerRelay(block bool) error {
 func (b *Bed) PeerRelayStatus() (string, error) {
 	return run(b.Netns.Relay, 20*time.Second, nil, b.Cfg.Bins.Ferry, "status", peerRelayMetricsAddr)
 }
+
+// UDPCounters reads the kernel's UDP counters (/proc/net/snmp, "Udp:")
+// in namespace ns: RcvbufErrors, SndbufErrors and the rest by name.
+func UDPCounters(ns string) (map[string]int64, error) {
+	text, err := run(ns, 10*time.Second, nil, "cat", "/proc/net/snmp")
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = f[1:]
+			continue
+		}
+		out := make(map[string]int64, len(names))
+		for i, v := range f[1:] {
+			if i < len(names) {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return nil, fmt.Errorf("/proc/net/snmp: %q: %v", line, err)
+				}
+				out[names[i]] = n
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("/proc/net/snmp in %s: no Udp: lines", ns)
+}

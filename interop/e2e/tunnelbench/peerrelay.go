@@ -13,6 +13,7 @@ package main
 // -node-cpus.
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -50,7 +51,19 @@ type FlowSample struct {
 	// CoresPerGbps is the peer relay's CPU seconds per Gbit its port
 	// sent: cores busy per Gbit/s relayed.
 	CoresPerGbps float64
+	// UDP receive-buffer overflows (RcvbufErrors) during the run in the
+	// namespaces of the relay and of the receiving node B: datagrams lost
+	// before anyone read them.
+	RelayRcvbufErrors, NodeBRcvbufErrors int64
+	// RelayDrops: Ferry's drop counters that moved during the run
+	// (ferry_udp_drops_total by reason, socket drops, the peer relay's
+	// drops); tailscaled has none to read.
+	RelayDrops []string
 }
+
+// ferryDropSeries are the Ferry series whose growth during a run
+// FlowSample.RelayDrops lists.
+var ferryDropSeries = []string{"ferry_udp_drops_total", "ferry_udp_socket_drops_total", "ferry_udp_peer_relay_drops_total"}
 
 func runPeerRelay(bins testbed.Binaries) error {
 	relays := strings.Split(*flagPeerRelays, ",")
@@ -128,6 +141,17 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 		if err != nil {
 			return s, err
 		}
+		relayUDP0, err1 := testbed.UDPCounters(bed.Netns.Relay)
+		nodeUDP0, err2 := testbed.UDPCounters(b.NS)
+		if err := errors.Join(err1, err2); err != nil {
+			return s, err
+		}
+		var m0 testbed.Metrics
+		if kind == "ferry" {
+			if m0, err = bed.PeerRelayMetrics(); err != nil {
+				return s, err
+			}
+		}
 		t0 := time.Now()
 		r, err := testbed.Iperf(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams})
 		if err != nil {
@@ -156,9 +180,25 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 		if gbit := float64(out1-out0) * 8 / 1e9; gbit > 0 {
 			f.CoresPerGbps = (cpu1 - cpu0) / gbit
 		}
+		relayUDP1, err1 := testbed.UDPCounters(bed.Netns.Relay)
+		nodeUDP1, err2 := testbed.UDPCounters(b.NS)
+		if err := errors.Join(err1, err2); err != nil {
+			return s, err
+		}
+		f.RelayRcvbufErrors = relayUDP1["RcvbufErrors"] - relayUDP0["RcvbufErrors"]
+		f.NodeBRcvbufErrors = nodeUDP1["RcvbufErrors"] - nodeUDP0["RcvbufErrors"]
+		if kind == "ferry" {
+			m1, err := bed.PeerRelayMetrics()
+			if err != nil {
+				return s, err
+			}
+			for _, name := range ferryDropSeries {
+				f.RelayDrops = append(f.RelayDrops, testbed.NonZero(m0, m1, name)...)
+			}
+		}
 		s.Flows = append(s.Flows, f)
-		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s",
-			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps)
+		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, relay drops %v, UDP receive-buffer overflows: relay %d, B %d",
+			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.RelayDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
 	}
 	return s, nil
 }
@@ -211,6 +251,8 @@ func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
 		{"TCP retransmits", func(f FlowSample) float64 { return float64(f.Retransmits) }, "", 0},
 		{"peer relay CPU", func(f FlowSample) float64 { return 100 * f.RelayCPU }, "% of a core", 0},
 		{"peer relay cores per Gbit/s sent", func(f FlowSample) float64 { return f.CoresPerGbps }, "", 3},
+		{"UDP receive-buffer overflows, relay", func(f FlowSample) float64 { return float64(f.RelayRcvbufErrors) }, "", 0},
+		{"UDP receive-buffer overflows, node B", func(f FlowSample) float64 { return float64(f.NodeBRcvbufErrors) }, "", 0},
 	}
 	values := func(relay string, flow int, get func(FlowSample) float64) []float64 {
 		var xs []float64
