@@ -280,25 +280,9 @@ func measure(bins testbed.Binaries, kind string, rep int, rates []string) (s Sam
 		return s, err
 	}
 	t0 := time.Now()
-	var (
-		wg      sync.WaitGroup
-		loaded  testbed.PingResult
-		pingErr error
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		time.Sleep(time.Second) // let TCP ramp up
-		n := int((*flagDuration - 2*time.Second) / (100 * time.Millisecond))
-		loaded, pingErr = testbed.Ping(a, b.IP, max(n, 5), 100*time.Millisecond)
-	}()
-	tcp, err := testbed.Iperf(a, b, testbed.IperfOptions{Duration: *flagDuration})
-	wg.Wait()
+	tcp, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration})
 	if err != nil {
 		return s, fmt.Errorf("TCP: %w", err)
-	}
-	if pingErr != nil {
-		return s, fmt.Errorf("ping under load: %w", pingErr)
 	}
 	cpu1, _ := bed.Relay.CPUSeconds()
 	elapsed := time.Since(t0).Seconds()
@@ -370,6 +354,29 @@ func machineBefore() (busy float64, loadAvg string) {
 		loadAvg = strings.TrimSpace(string(b))
 	}
 	return busy, loadAvg
+}
+
+// iperfWithPing runs iperf3 from a to b with ICMP pings every 100 ms
+// alongside (from a second into the run to a second before its end).
+func iperfWithPing(a, b *testbed.Node, o testbed.IperfOptions) (testbed.IperfResult, testbed.PingResult, error) {
+	var (
+		wg      sync.WaitGroup
+		loaded  testbed.PingResult
+		pingErr error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		time.Sleep(time.Second) // let TCP ramp up
+		n := int((o.Duration - 2*time.Second) / (100 * time.Millisecond))
+		loaded, pingErr = testbed.Ping(a, b.IP, max(n, 5), 100*time.Millisecond)
+	}()
+	r, err := testbed.Iperf(a, b, o)
+	wg.Wait()
+	if err == nil && pingErr != nil {
+		err = fmt.Errorf("ping under load: %w", pingErr)
+	}
+	return r, loaded, err
 }
 
 // waitIdle waits until the machine's CPUs, sampled over 2 s, are less

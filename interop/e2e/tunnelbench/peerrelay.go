@@ -51,6 +51,8 @@ type FlowSample struct {
 	// CoresPerGbps is the peer relay's CPU seconds per Gbit its port
 	// sent: cores busy per Gbit/s relayed.
 	CoresPerGbps float64
+	// ICMP RTT through the tunnel during the run: median and p99, ms.
+	LoadedRTTms, LoadedRTTp99ms float64
 	// UDP receive-buffer overflows (RcvbufErrors) during the run in the
 	// namespaces of the relay and of the receiving node B: datagrams lost
 	// before anyone read them.
@@ -153,7 +155,7 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 			}
 		}
 		t0 := time.Now()
-		r, err := testbed.Iperf(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams})
+		r, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams})
 		if err != nil {
 			return s, fmt.Errorf("TCP ×%d: %w", streams, err)
 		}
@@ -185,6 +187,7 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 		if err := errors.Join(err1, err2); err != nil {
 			return s, err
 		}
+		f.LoadedRTTms, f.LoadedRTTp99ms = loaded.Percentile(0.5), loaded.Percentile(0.99)
 		f.RelayRcvbufErrors = relayUDP1["RcvbufErrors"] - relayUDP0["RcvbufErrors"]
 		f.NodeBRcvbufErrors = nodeUDP1["RcvbufErrors"] - nodeUDP0["RcvbufErrors"]
 		if kind == "ferry" {
@@ -197,8 +200,8 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 			}
 		}
 		s.Flows = append(s.Flows, f)
-		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, relay drops %v, UDP receive-buffer overflows: relay %d, B %d",
-			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.RelayDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
+		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, UDP receive-buffer overflows: relay %d, B %d",
+			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
 	}
 	return s, nil
 }
@@ -251,6 +254,8 @@ func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
 		{"TCP retransmits", func(f FlowSample) float64 { return float64(f.Retransmits) }, "", 0},
 		{"peer relay CPU", func(f FlowSample) float64 { return 100 * f.RelayCPU }, "% of a core", 0},
 		{"peer relay cores per Gbit/s sent", func(f FlowSample) float64 { return f.CoresPerGbps }, "", 3},
+		{"ping RTT under load (median)", func(f FlowSample) float64 { return f.LoadedRTTms }, "ms", 2},
+		{"ping RTT under load (p99)", func(f FlowSample) float64 { return f.LoadedRTTp99ms }, "ms", 2},
 		{"UDP receive-buffer overflows, relay", func(f FlowSample) float64 { return float64(f.RelayRcvbufErrors) }, "", 0},
 		{"UDP receive-buffer overflows, node B", func(f FlowSample) float64 { return float64(f.NodeBRcvbufErrors) }, "", 0},
 	}
