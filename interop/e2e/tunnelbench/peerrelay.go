@@ -9,8 +9,8 @@ package main
 // bed: the path is checked to be the peer relay, then iperf3 TCP A→B with
 // one flow and with four, each with the peer relay's CPU time
 // (/proc/<pid>/stat, all threads) and the bytes its port sent (nftables)
-// around it. The relay runs alone on -relay-cpus; everything else on
-// -node-cpus.
+// around it. The peer relay runs alone on -relay-cpus; the nodes, iperf3,
+// ping and the DERP server on -node-cpus (Headscale unpinned).
 
 import (
 	"errors"
