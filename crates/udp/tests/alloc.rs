@@ -1,6 +1,7 @@
-//! "No per-packet allocation": once a bounce session, a hub session or a
-//! relay session is set up, relaying more datagrams (and, for a relay
-//! session, answering repeated bind messages) must not allocate at all. A counting
+//! "No per-packet allocation": once a bounce session, a hub session, a
+//! relay session or a peer-relay endpoint is set up, relaying more
+//! datagrams (and, for the last two, answering repeated bind messages)
+//! must not allocate at all. A counting
 //! global allocator (from ferry-sys, where unsafe code lives) watches every
 //! thread of this test process, the relay's shards included, while traffic
 //! flows; the test's own sockets use pre-allocated buffers. Counting starts
@@ -61,6 +62,7 @@ fn relaying_does_not_allocate_per_packet() {
     bounce_steady_state();
     hub_steady_state();
     session_steady_state();
+    peer_relay_steady_state();
 }
 
 fn bounce_steady_state() {
@@ -185,7 +187,6 @@ fn hub_steady_state() {
 fn session_steady_state() {
     use ferry_proto::key::NodePublic;
     use ferry_proto::relay_session::{BindMsg, Binder, SessionOffer};
-    use ferry_proto::udp_header::{Header, Protocol};
     use ferry_udp::session::{Limits, Sessions};
     use std::sync::Arc;
     use std::time::Instant;
@@ -238,34 +239,160 @@ fn session_steady_state() {
     }
     let mut forged = answers[0];
     forged[20] ^= 1;
-    let mut to_b = Header::data(Protocol::Payload, al.vni).to_bytes().to_vec();
+    pair_rounds(
+        "a relay session",
+        [&a, &b],
+        port,
+        al.vni,
+        [&forged, &answers[0]],
+        answers[0].len(),
+    );
+    relay.shutdown();
+}
+
+/// A peer-relay endpoint bound on both sides: data both ways, and every
+/// tenth round a repeated bind (challenged again, outside the table's
+/// lock) and a forged one (dropped).
+fn peer_relay_steady_state() {
+    use ferry_proto::disco::{self, AllocateRequest, BindBody, Message};
+    use ferry_proto::key::{DiscoPrivate, NodePublic};
+    use ferry_proto::peer_relay as pr;
+    use ferry_udp::peer_relay::{Limits, PeerRelays};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    // One source sends all the binds here: no per-source limit.
+    let relays = Arc::new(PeerRelays::new(
+        DiscoPrivate::generate(),
+        Limits {
+            bind_rate: 1_000_000,
+            bind_burst: 1_000_000,
+            ..Limits::default()
+        },
+    ));
+    let relay = Relay::start_peer_relay(
+        "--peer-relay-port",
+        "127.0.0.1:0".parse().unwrap(),
+        relays.clone(),
+        tuning(),
+    )
+    .unwrap();
+    let port = relays.bound().unwrap();
+    relays.set_addrs(vec![port]);
+    let (ka, kb) = (DiscoPrivate::generate(), DiscoPrivate::generate());
+    let e = relays
+        .allocate(
+            &NodePublic([1; 32]),
+            &AllocateRequest {
+                client_disco: [ka.public(), kb.public()],
+                generation: 1,
+            },
+            Instant::now(),
+        )
+        .unwrap()
+        .response
+        .endpoint;
+    let server = e.server_disco;
+    let (a, b) = (socket(), socket());
+    let control = |from: &DiscoPrivate, msg: &Message| {
+        let mut d = Vec::new();
+        let nonce = ferry_proto::nacl::random_nonce();
+        pr::put_control(
+            &mut d,
+            e.vni,
+            &from.shared(&server),
+            &from.public(),
+            &nonce,
+            msg,
+        );
+        d
+    };
+    let mut binds = Vec::new();
+    for (k, sock, remote) in [(&ka, &a, &kb), (&kb, &b, &ka)] {
+        let bind = control(
+            k,
+            &Message::Bind(BindBody {
+                vni: e.vni,
+                generation: 1,
+                remote_key: remote.public(),
+                challenge: [0; 32],
+            }),
+        );
+        sock.send_to(&bind, port).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = sock.recv_from(&mut buf).expect("a challenge");
+        let Message::BindChallenge(c) = disco::open(&k.shared(&server), &buf[8..n]).unwrap() else {
+            panic!("not a challenge");
+        };
+        sock.send_to(&control(k, &Message::BindAnswer(c)), port)
+            .unwrap();
+        binds.push(bind);
+    }
+    let open = std::time::Instant::now() + Duration::from_secs(10);
+    while relays.lock().states().open != 1 {
+        assert!(
+            std::time::Instant::now() < open,
+            "the endpoint never opened"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut forged = binds[0].clone();
+    forged[100] ^= 1;
+    pair_rounds(
+        "a peer-relay endpoint",
+        [&a, &b],
+        port,
+        e.vni,
+        [&forged, &binds[0]],
+        pr::CONTROL_LEN,
+    );
+    let c = *relays.lock().counters();
+    assert!(c.forwarded_packets >= 2400, "{c:?}");
+    assert!(c.challenges >= 122, "{c:?}");
+    relay.shutdown();
+}
+
+/// Data both ways between `a` and `b` through `vni` at `port`, and every
+/// tenth round a forged control message and a repeated one, the repeat
+/// answered with `reply_len` bytes: 200 rounds to warm up, then 1000 that
+/// must not allocate.
+fn pair_rounds(
+    what: &str,
+    [a, b]: [&UdpSocket; 2],
+    port: SocketAddr,
+    vni: u32,
+    [forged, repeat]: [&[u8]; 2],
+    reply_len: usize,
+) {
+    use ferry_proto::udp_header::{Header, Protocol};
+
+    let mut to_b = Header::data(Protocol::Payload, vni).to_bytes().to_vec();
     to_b.resize(1452, 7);
     let mut to_a = to_b.clone();
-    let round = |a_to_b: &mut Vec<u8>, b_to_a: &mut Vec<u8>, i: u32| {
-        pump(&a, port, &b, a_to_b, 1, None);
-        pump(&b, port, &a, b_to_a, 1, None);
+    let mut round = |i: u32| {
+        pump(a, port, b, &mut to_b, 1, None);
+        pump(b, port, a, &mut to_a, 1, None);
         if i.is_multiple_of(10) {
-            // A repeat is answered (bound, again); a forgery is not.
-            let mut buf = [0u8; 128];
-            a.send_to(&forged, port).unwrap();
-            a.send_to(&answers[0], port).unwrap();
-            let (n, _) = a.recv_from(&mut buf).expect("bound again");
-            assert_eq!(n, answers[0].len());
+            // A repeat is answered again; a forgery is not.
+            let mut buf = [0u8; 512];
+            a.send_to(forged, port).unwrap();
+            a.send_to(repeat, port).unwrap();
+            let (n, _) = a.recv_from(&mut buf).expect("answered again");
+            assert_eq!(n, reply_len);
         }
     };
     for i in 0..200 {
-        round(&mut to_b, &mut to_a, i);
+        round(i);
     }
     let before = ferry_sys::alloc_count::allocations();
     for i in 0..1000 {
-        round(&mut to_b, &mut to_a, i);
+        round(i);
     }
     let allocated = ferry_sys::alloc_count::allocations() - before;
     assert_eq!(
         allocated,
         0,
-        "2000 datagrams and 200 bind messages through a relay session made {allocated} allocations (last of {} bytes)",
+        "2000 datagrams and 200 control messages through {what} made {allocated} allocations (last of {} bytes)",
         ferry_sys::alloc_count::last_size()
     );
-    relay.shutdown();
 }

@@ -39,7 +39,10 @@ type Config struct {
 	// Policy, when set, is Headscale's policy file (HuJSON); without it
 	// every node may reach every other.
 	Policy string
-	Logf   Logf
+	// PeerRelayPlace places the peer relay that StartFerryPeerRelay or
+	// StartTailscaledPeerRelay starts (CPUs, nice value).
+	PeerRelayPlace Placement
+	Logf           Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.

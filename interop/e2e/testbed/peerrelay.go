@@ -128,7 +128,7 @@ func (b *Bed) StartTailscaledPeerRelay(hostname string) (*Node, error) {
 	if b.Cfg.Relay.TLS {
 		env = []string{"SSL_CERT_FILE=" + b.Relay.CertFile}
 	}
-	n, err := startNode(b.Cfg.Bins, hostname, b.Netns.Relay, dir, "fe-ts-pr", env, Placement{})
+	n, err := startNode(b.Cfg.Bins, hostname, b.Netns.Relay, dir, "fe-ts-pr", env, b.Cfg.PeerRelayPlace)
 	if n != nil {
 		b.procs = append(b.procs, n.Proc)
 	}
@@ -169,7 +169,7 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 		"--pin=false",
 		"--metrics-addr", peerRelayMetricsAddr,
 	}, flags...)
-	p, err := startProc("ferry peer relay", b.Netns.Relay, env, argv...)
+	p, err := startProc("ferry peer relay", b.Netns.Relay, env, b.Cfg.PeerRelayPlace.wrap(argv)...)
 	if p != nil {
 		b.procs = append(b.procs, p)
 	}
@@ -252,6 +252,11 @@ func (b *Bed) PeerRelayBytes() (in, out int64, err error) {
 	return seen[0], seen[1], nil
 }
 
+// CPUSeconds is the process's user+system CPU time so far (all threads).
+func (p *Proc) CPUSeconds() (float64, error) {
+	return procCPUSeconds(p.Pid())
+}
+
 // PeerRelayMetrics reads the peer-relay Ferry's /metrics (from inside the
 // relay's namespace).
 func (b *Bed) PeerRelayMetrics() (Metrics, error) {
@@ -296,4 +301,36 @@ func (b *Bed) BlockPeerRelay(block bool) error {
 // metrics (from inside the relay's namespace) and returns its text.
 func (b *Bed) PeerRelayStatus() (string, error) {
 	return run(b.Netns.Relay, 20*time.Second, nil, b.Cfg.Bins.Ferry, "status", peerRelayMetricsAddr)
+}
+
+// UDPCounters reads the kernel's UDP counters (/proc/net/snmp, "Udp:")
+// in namespace ns: RcvbufErrors, SndbufErrors and the rest by name.
+func UDPCounters(ns string) (map[string]int64, error) {
+	text, err := run(ns, 10*time.Second, nil, "cat", "/proc/net/snmp")
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if names == nil {
+			names = f[1:]
+			continue
+		}
+		out := make(map[string]int64, len(names))
+		for i, v := range f[1:] {
+			if i < len(names) {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return nil, fmt.Errorf("/proc/net/snmp: %q: %v", line, err)
+				}
+				out[names[i]] = n
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("/proc/net/snmp in %s: no Udp: lines", ns)
 }

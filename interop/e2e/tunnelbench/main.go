@@ -3,7 +3,8 @@
 // Command tunnelbench measures the quality of a Tailscale tunnel carried by
 // a DERP relay: two real tailscaled nodes whose direct UDP is blocked talk
 // through ferry or derper (package testbed builds the network), and iperf3
-// and ping measure what an application sees.
+// and ping measure what an application sees. With -peer-relay it compares
+// peer relays instead (Ferry's and tailscaled's, see peerrelay.go).
 //
 // Per relay and repetition, on a fresh network:
 //
@@ -120,6 +121,13 @@ func run() error {
 	if *flagFerry != "" {
 		os.Setenv("FERRY_BIN", *flagFerry)
 	}
+	if *flagPeerRelay {
+		if bins.Ferry, err = testbed.LocateFerry(moduleDir); err != nil {
+			return err
+		}
+		log.Printf("ferry: %s", bins.Ferry)
+		return runPeerRelay(bins)
+	}
 	relays := strings.Split(*flagRelays, ",")
 	for _, k := range relays {
 		if k != testbed.Ferry && k != testbed.Derper && k != direct {
@@ -137,16 +145,30 @@ func run() error {
 		rates = strings.Split(*flagRates, ",")
 	}
 
-	var samples []Sample
+	samples, err := interleaved(relays, func(kind string, rep int) (Sample, error) {
+		return measure(bins, kind, rep, rates)
+	})
+	if err != nil {
+		return err
+	}
+	printTable(relays, rates, samples)
+	return nil
+}
+
+// interleaved measures every relay -repeats times, the relays alternating
+// within a repetition and their order flipped every repetition (so that
+// drift on the machine hits all of them), and writes the samples to -out.
+func interleaved[S any](relays []string, measure func(kind string, rep int) (S, error)) ([]S, error) {
+	var samples []S
 	for rep := range *flagRepeats {
 		order := slices.Clone(relays)
 		if rep%2 == 1 {
 			slices.Reverse(order)
 		}
 		for _, kind := range order {
-			s, err := measure(bins, kind, rep, rates)
+			s, err := measure(kind, rep)
 			if err != nil {
-				return fmt.Errorf("%s, repetition %d: %w", kind, rep+1, err)
+				return nil, fmt.Errorf("%s, repetition %d: %w", kind, rep+1, err)
 			}
 			samples = append(samples, s)
 		}
@@ -154,11 +176,10 @@ func run() error {
 	if *flagOut != "" {
 		b, _ := json.MarshalIndent(samples, "", "  ")
 		if err := os.WriteFile(*flagOut, append(b, '\n'), 0o644); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	printTable(relays, rates, samples)
-	return nil
+	return samples, nil
 }
 
 // moduleRoot finds the interop module directory (holding go.mod) from the
@@ -204,10 +225,7 @@ func measure(bins testbed.Binaries, kind string, rep int, rates []string) (s Sam
 		opts.ExtraArgs = strings.Fields(*flagFerryArg)
 	}
 	s = Sample{Relay: columnName(kind), Repeat: rep + 1}
-	s.BusyBefore = waitIdle(*flagIdle, *flagIdleMax)
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		s.LoadAvg = strings.TrimSpace(string(b))
-	}
+	s.BusyBefore, s.LoadAvg = machineBefore()
 	log.Printf("== %s, repetition %d", s.Relay, rep+1)
 	bed := testbed.New(testbed.Config{Bins: bins, Relay: opts, NodePlace: testbed.Placement{CPUs: *flagNodeCPU, Nice: *flagNice}, AllowDirectUDP: kind == direct, Logf: log.Printf})
 	defer bed.Close()
@@ -262,25 +280,9 @@ func measure(bins testbed.Binaries, kind string, rep int, rates []string) (s Sam
 		return s, err
 	}
 	t0 := time.Now()
-	var (
-		wg      sync.WaitGroup
-		loaded  testbed.PingResult
-		pingErr error
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		time.Sleep(time.Second) // let TCP ramp up
-		n := int((*flagDuration - 2*time.Second) / (100 * time.Millisecond))
-		loaded, pingErr = testbed.Ping(a, b.IP, max(n, 5), 100*time.Millisecond)
-	}()
-	tcp, err := testbed.Iperf(a, b, testbed.IperfOptions{Duration: *flagDuration})
-	wg.Wait()
+	tcp, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration})
 	if err != nil {
 		return s, fmt.Errorf("TCP: %w", err)
-	}
-	if pingErr != nil {
-		return s, fmt.Errorf("ping under load: %w", pingErr)
 	}
 	cpu1, _ := bed.Relay.CPUSeconds()
 	elapsed := time.Since(t0).Seconds()
@@ -342,6 +344,39 @@ func measure(bins testbed.Binaries, kind string, rep int, rates []string) (s Sam
 			rate, us.Mbps, us.LossPercent, u.LostPackets, u.Packets, us.RelayDrops, us.SenderDrops)
 	}
 	return s, nil
+}
+
+// machineBefore waits for the machine to be idle enough (waitIdle) and
+// returns how busy it was and /proc/loadavg.
+func machineBefore() (busy float64, loadAvg string) {
+	busy = waitIdle(*flagIdle, *flagIdleMax)
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		loadAvg = strings.TrimSpace(string(b))
+	}
+	return busy, loadAvg
+}
+
+// iperfWithPing runs iperf3 from a to b with ICMP pings every 100 ms
+// alongside (from a second into the run to a second before its end).
+func iperfWithPing(a, b *testbed.Node, o testbed.IperfOptions) (testbed.IperfResult, testbed.PingResult, error) {
+	var (
+		wg      sync.WaitGroup
+		loaded  testbed.PingResult
+		pingErr error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		time.Sleep(time.Second) // let TCP ramp up
+		n := int((o.Duration - 2*time.Second) / (100 * time.Millisecond))
+		loaded, pingErr = testbed.Ping(a, b.IP, max(n, 5), 100*time.Millisecond)
+	}()
+	r, err := testbed.Iperf(a, b, o)
+	wg.Wait()
+	if err == nil && pingErr != nil {
+		err = fmt.Errorf("ping under load: %w", pingErr)
+	}
+	return r, loaded, err
 }
 
 // waitIdle waits until the machine's CPUs, sampled over 2 s, are less
@@ -474,12 +509,7 @@ func summarize(xs []float64, prec int, unit string) string {
 	if len(xs) == 0 {
 		return "–"
 	}
-	med := testbed.Percentile(xs, 0.5)
-	if len(xs)%2 == 0 {
-		s := slices.Clone(xs)
-		slices.Sort(s)
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
+	med := median(xs)
 	lo, hi := slices.Min(xs), slices.Max(xs)
 	f := fmt.Sprintf("%%.%df", prec)
 	out := fmt.Sprintf(f, med)

@@ -14,6 +14,7 @@
 //!
 //! [`RelayEndpoint`]: ferry_proto::disco::RelayEndpoint
 
+pub(crate) mod port;
 mod service;
 mod stun;
 mod table;

@@ -28,9 +28,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::disco::{AllocateRequest, AllocateResponse, RelayEndpoint};
+use ferry_proto::disco::{AllocateRequest, AllocateResponse, BindBody, RelayEndpoint};
 use ferry_proto::key::{DiscoPrivate, DiscoPublic, NodePublic};
 use ferry_proto::nacl::SharedKey;
 use ferry_proto::peer_relay::{self as pr, BindError, BindStep};
@@ -38,8 +39,8 @@ use ferry_proto::udp_header::{self, Header};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::forward::{self, Route};
-use crate::session::{Binding, Rotation};
+use crate::forward::{self, Route, Train};
+use crate::session::{Binding, Rotation, Secrets};
 
 /// Attempts at a random unused VNI before an allocation is refused.
 const VNI_TRIES: usize = 64;
@@ -245,6 +246,10 @@ pub struct Counters {
     pub forwarded_packets: u64,
     /// Bytes forwarded.
     pub forwarded_bytes: u64,
+    /// Data datagrams looked up in the table: the first of each run of
+    /// one endpoint's datagrams in a received train (the rest go where it
+    /// went).
+    pub lookups: u64,
     /// Drops, indexed like [`Drop::ALL`].
     pub drops: [u64; Drop::ALL.len()],
 }
@@ -258,8 +263,9 @@ impl Counters {
 
 struct Endpoint {
     pair: [DiscoPublic; 2],
-    /// Box keys between the relay and each slot's client.
-    keys: [SharedKey; 2],
+    /// Box keys between the relay and each slot's client (shared with
+    /// the ports' [`Opener`]s).
+    keys: Arc<[SharedKey; 2]>,
     lamport_id: u64,
     requester: NodePublic,
     allocated_at: Instant,
@@ -449,7 +455,7 @@ impl PeerRelayTable {
             vni,
             Endpoint {
                 pair,
-                keys: pair.map(|k| self.server.shared(&k)),
+                keys: Arc::new(pair.map(|k| self.server.shared(&k))),
                 lamport_id: lamport,
                 requester: *requester,
                 allocated_at: now,
@@ -555,33 +561,61 @@ impl PeerRelayTable {
     }
 
     fn drop(&mut self, why: Drop) -> Verdict {
-        self.count_drop(why);
-        Verdict::Drop(why)
-    }
-
-    /// Counts a drop decided outside the table (by the port).
-    pub fn count_drop(&mut self, why: Drop) {
         self.counters.drops[why.index()] += 1;
+        Verdict::Drop(why)
     }
 
     /// Decides what happens to `datagram`, received from `src` at `now`.
     /// A challenge is written over the datagram ([`Verdict::Reply`]).
     pub fn handle(&mut self, now: Instant, src: SocketAddr, datagram: &mut [u8]) -> Verdict {
+        self.handle_in_train(now, src, datagram, &mut Train::default())
+    }
+
+    /// [`PeerRelayTable::handle`] for one datagram of a received train
+    /// (`train` starts empty for each): every header is checked, but a data
+    /// datagram for the endpoint of the one before it, which was
+    /// forwarded, goes the same way without a lookup (see [`Train`]).
+    pub(crate) fn handle_in_train(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        datagram: &mut [u8],
+        train: &mut Train,
+    ) -> Verdict {
         let Ok(h) = Header::parse(datagram) else {
+            train.note(0, None);
             return self.drop(Drop::BadHeader);
         };
-        let src = ferry_proto::frame::canonical_addr(src);
-        if h.control {
-            return self.control(now, src, datagram);
+        if let Some(to) = train.hit(&h) {
+            self.counters.forwarded_packets += 1;
+            self.counters.forwarded_bytes += datagram.len() as u64;
+            return Verdict::Forward(to);
         }
-        let Some(e) = self.endpoints.get_mut(&h.vni) else {
+        let src = ferry_proto::frame::canonical_addr(src);
+        let v = if h.control {
+            self.control(now, src, datagram)
+        } else {
+            self.data(now, src, h.vni, datagram.len())
+        };
+        let to = match v {
+            Verdict::Forward(to) => Some(to),
+            Verdict::Reply(_) | Verdict::Bound | Verdict::Drop(_) => None,
+        };
+        train.note(h.vni, to);
+        v
+    }
+
+    /// A data datagram of `len` bytes for endpoint `vni` from `src`.
+    fn data(&mut self, now: Instant, src: SocketAddr, vni: u32, len: usize) -> Verdict {
+        self.counters.lookups += 1;
+        let Some(e) = self.endpoints.get_mut(&vni) else {
             return self.drop(Drop::UnknownVni);
         };
         match forward::between(e.addrs(), src) {
             Route::To { from, to } => {
                 e.last_seen[from] = now;
                 self.counters.forwarded_packets += 1;
-                self.counters.forwarded_bytes += datagram.len() as u64;
+                self.counters.forwarded_bytes += len as u64;
                 Verdict::Forward(to)
             }
             Route::Unbound => self.drop(Drop::Unbound),
@@ -589,73 +623,167 @@ impl PeerRelayTable {
         }
     }
 
+    /// A control datagram from `src` (canonical), opened and applied in
+    /// one go (the sans-IO path; the port splits the same steps around
+    /// its lock, see [`super::port`]).
     fn control(&mut self, now: Instant, src: SocketAddr, datagram: &mut [u8]) -> Verdict {
-        let c = match pr::parse_control(datagram) {
-            Ok(c) => c,
-            Err(_) => return self.drop(Drop::BadControl),
+        let Ok(c) = pr::parse_control(datagram) else {
+            return self.drop(Drop::BadControl);
         };
-        let Some(e) = self.endpoints.get_mut(&c.vni) else {
-            return self.drop(Drop::UnknownVni);
+        let opened = self
+            .opener(&c)
+            .and_then(|o| o.open(datagram).map(|step| (o, step)));
+        let (o, step) = match opened {
+            Ok(x) => x,
+            Err(why) => return self.drop(why),
         };
-        let Some(slot) = e.pair.iter().position(|k| *k == c.sender) else {
-            return self.drop(Drop::UnknownSender);
-        };
-        let remote = e.pair[1 - slot];
-        let step = match pr::open_bind(&e.keys[slot], datagram, c.vni, &remote) {
-            Ok(step) => step,
-            Err(err) => {
-                let why = match err {
-                    BindError::BadBox => Drop::BadBox,
-                    BindError::WrongType => Drop::UnexpectedType,
-                    BindError::VniMismatch => Drop::VniMismatch,
-                    BindError::WrongRemoteKey => Drop::WrongRemoteKey,
-                    BindError::ZeroGeneration => Drop::ZeroGeneration,
-                    _ => Drop::BadControl,
-                };
-                return self.drop(why);
-            }
-        };
-        let slot_u8 = slot as u8;
+        let secrets = self.secrets.secrets();
         match step {
             BindStep::Bind(body) => {
-                let current = self.secrets.secrets().current;
-                let cookie = pr::challenge(&current, body.vni, slot_u8, body.generation, src);
                 let nonce: [u8; 24] = self.rng.gen();
-                let n = pr::write_challenge(
-                    datagram,
-                    &e.keys[slot],
-                    &self.server.public(),
-                    &nonce,
-                    &body,
-                    cookie,
-                );
+                let server = self.server.public();
+                let n = o.challenge(&secrets, &server, &body, src, &nonce, datagram);
                 self.counters.challenges += 1;
                 Verdict::Reply(n)
             }
             BindStep::Answer(body) => {
-                let s = self.secrets.secrets();
-                if !pr::answer_is_valid(&s.current, s.previous.as_ref(), slot_u8, &body, src) {
+                if !o.answer_is_valid(&secrets, &body, src) {
                     return self.drop(Drop::BadChallenge);
                 }
-                match e.bound[slot] {
-                    Some(b) if !pr::generation_is_current(body.generation, b.generation) => {
-                        return self.drop(Drop::StaleGeneration);
-                    }
-                    Some(b) if b.generation == body.generation && b.addr == src => {
-                        // A repeated answer: still bound, nothing changes.
-                    }
-                    _ => {
-                        e.bound[slot] = Some(Binding {
-                            addr: src,
-                            generation: body.generation,
-                        });
-                        e.last_seen[slot] = now;
-                        self.counters.binds += 1;
-                    }
-                }
-                Verdict::Bound
+                self.bind(now, &o, &body, src)
             }
         }
+    }
+
+    /// What opening a control datagram (through [`pr::parse_control`]:
+    /// `c`) needs of its endpoint, looked up (no crypto).
+    pub(crate) fn opener(&self, c: &pr::Control) -> Result<Opener, Drop> {
+        let e = self.endpoints.get(&c.vni).ok_or(Drop::UnknownVni)?;
+        let slot = e
+            .pair
+            .iter()
+            .position(|k| *k == c.sender)
+            .ok_or(Drop::UnknownSender)?;
+        Ok(Opener {
+            vni: c.vni,
+            slot,
+            lamport_id: e.lamport_id,
+            keys: Arc::clone(&e.keys),
+            remote: e.pair[1 - slot],
+        })
+    }
+
+    /// The cookie secrets now (current and previous).
+    pub(crate) fn secrets(&self) -> Secrets {
+        self.secrets.secrets()
+    }
+
+    /// Binds `o`'s slot to `src` (canonical) for a valid answer carrying
+    /// `body`: unless the endpoint is gone (or is another one by now) or
+    /// the slot is bound at a newer generation.
+    pub(crate) fn bind(
+        &mut self,
+        now: Instant,
+        o: &Opener,
+        body: &BindBody,
+        src: SocketAddr,
+    ) -> Verdict {
+        let Some(e) = self
+            .endpoints
+            .get_mut(&o.vni)
+            .filter(|e| e.lamport_id == o.lamport_id)
+        else {
+            return self.drop(Drop::UnknownVni);
+        };
+        match e.bound[o.slot] {
+            Some(b) if !pr::generation_is_current(body.generation, b.generation) => {
+                return self.drop(Drop::StaleGeneration);
+            }
+            Some(b) if b.generation == body.generation && b.addr == src => {
+                // A repeated answer: still bound, nothing changes.
+            }
+            _ => {
+                e.bound[o.slot] = Some(Binding {
+                    addr: src,
+                    generation: body.generation,
+                });
+                e.last_seen[o.slot] = now;
+                self.counters.binds += 1;
+            }
+        }
+        Verdict::Bound
+    }
+
+    /// Adds drops (by [`Drop`] index) and challenges counted by the port
+    /// outside the lock, and zeroes them there.
+    pub(crate) fn add_from_port(
+        &mut self,
+        drops: &mut [u64; Drop::ALL.len()],
+        challenges: &mut u64,
+    ) {
+        for (total, n) in self.counters.drops.iter_mut().zip(drops.iter_mut()) {
+            *total += std::mem::take(n);
+        }
+        self.counters.challenges += std::mem::take(challenges);
+    }
+}
+
+/// What opening a control datagram needs of its endpoint, taken from the
+/// table ([`PeerRelayTable::opener`]) so that the box is opened, checked
+/// and the challenge sealed without holding it.
+pub(crate) struct Opener {
+    vni: u32,
+    /// The sender's slot.
+    slot: usize,
+    /// Which endpoint of this VNI it was: an answer binds only that one.
+    lamport_id: u64,
+    keys: Arc<[SharedKey; 2]>,
+    /// The other client's key.
+    remote: DiscoPublic,
+}
+
+impl Opener {
+    /// Opens `datagram` in place and checks it against the endpoint.
+    pub(crate) fn open(&self, datagram: &mut [u8]) -> Result<BindStep, Drop> {
+        pr::open_bind(&self.keys[self.slot], datagram, self.vni, &self.remote).map_err(|err| {
+            match err {
+                BindError::BadBox => Drop::BadBox,
+                BindError::WrongType => Drop::UnexpectedType,
+                BindError::VniMismatch => Drop::VniMismatch,
+                BindError::WrongRemoteKey => Drop::WrongRemoteKey,
+                BindError::ZeroGeneration => Drop::ZeroGeneration,
+                _ => Drop::BadControl,
+            }
+        })
+    }
+
+    /// Writes the challenge to a bind carrying `body` from `src` over
+    /// `datagram`, from `server` under `secrets`' current one, sealed with
+    /// `nonce`; its length.
+    pub(crate) fn challenge(
+        &self,
+        secrets: &Secrets,
+        server: &DiscoPublic,
+        body: &BindBody,
+        src: SocketAddr,
+        nonce: &[u8; 24],
+        datagram: &mut [u8],
+    ) -> usize {
+        let slot = self.slot as u8;
+        let cookie = pr::challenge(&secrets.current, body.vni, slot, body.generation, src);
+        pr::write_challenge(datagram, &self.keys[self.slot], server, nonce, body, cookie)
+    }
+
+    /// Whether an answer carrying `body` from `src` echoes its challenge
+    /// under either secret.
+    pub(crate) fn answer_is_valid(
+        &self,
+        secrets: &Secrets,
+        body: &BindBody,
+        src: SocketAddr,
+    ) -> bool {
+        let slot = self.slot as u8;
+        pr::answer_is_valid(&secrets.current, secrets.previous.as_ref(), slot, body, src)
     }
 }
 

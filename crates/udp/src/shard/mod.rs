@@ -138,7 +138,7 @@ pub struct Shard {
     /// table's lock.
     relay_session_binds: Option<session::port::Binds>,
     /// The peer-relay port's per-source limit on control datagrams.
-    peer_relay_limiter: Option<SourceLimiter>,
+    peer_relay_controls: Option<crate::peer_relay::port::Controls>,
     socket_options: SocketOptions,
     gso: bool,
     client_limiter: SourceLimiter,
@@ -224,10 +224,10 @@ impl Shard {
                 .as_ref()
                 .map(|s| session::port::Binds::new(s.limits())),
             relay_sessions: setup.relay_sessions,
-            peer_relay_limiter: setup.peer_relays.as_ref().map(|p| {
-                let l = p.limits();
-                SourceLimiter::new(4096, f64::from(l.bind_rate), f64::from(l.bind_burst))
-            }),
+            peer_relay_controls: setup
+                .peer_relays
+                .as_ref()
+                .map(|p| crate::peer_relay::port::Controls::new(&p.limits())),
             peer_relays: setup.peer_relays,
             socket_options: setup.socket_options,
             gso: setup.gso,

@@ -1,28 +1,26 @@
-//! The peer-relay port on a shard: every datagram of a batch goes through
-//! the shared table ([`crate::peer_relay`]), locked once per batch:
-//! data forwarded between an endpoint's two bound addresses, binds
-//! answered in place with their challenge, answers binding their slot.
-//!
-//! Control datagrams (binds, answers) are limited per source (an IPv4
-//! address or an IPv6 /64) before they reach the table: over the rate,
-//! they are dropped and counted without any crypto. A STUN answer to the
-//! port's own address probe goes to [`StunProbe`] instead. What relay sessions
-//! do and this does not yet: binds are opened under the lock here (one
-//! box open each), and every datagram is looked up (no train fast path).
+//! The peer-relay port on a shard: a batch's data datagrams go through
+//! the shared table ([`crate::peer_relay`]), locked once per batch (and
+//! only for a batch with data), forwarded between an endpoint's two bound
+//! addresses; within a GRO train, the data of one endpoint is looked up
+//! once ([`Train`]) and leaves as one GSO message. Control datagrams
+//! (binds, answers) are set aside and handled after it, their boxes opened
+//! and challenges sealed without the lock ([`Controls`]); a STUN answer to
+//! the port's own address probe goes to [`StunProbe`].
 
 use std::os::fd::AsFd;
 
-use super::recv::{each_datagram, each_train};
-use super::send::{Out, Run};
+use super::recv::each_train;
+use super::send::{route_train, Out};
 use super::{Shard, ROUNDS};
-use crate::peer_relay::{Drop, StunProbe, Verdict};
-use crate::session::allocate::source_key;
+use crate::forward::Train;
+use crate::peer_relay::port::Controls;
+use crate::peer_relay::{StunProbe, Verdict};
 
 impl Shard {
     /// Datagrams on the peer-relay port (see the module doc).
     pub(super) fn peer_relay_in(&mut self, li: usize) -> bool {
-        let (Some(relays), Some(mut limiter)) =
-            (self.peer_relays.clone(), self.peer_relay_limiter.take())
+        let (Some(relays), Some(mut controls)) =
+            (self.peer_relays.clone(), self.peer_relay_controls.take())
         else {
             return false;
         };
@@ -33,7 +31,7 @@ impl Shard {
                 more = false;
                 break;
             }
-            let mut table = relays.lock();
+            let mut table = None;
             let out = &mut self.listeners[li].outbox;
             let (buf, now, gso) = (&mut self.buf, self.now, self.gso);
             each_train(
@@ -41,37 +39,33 @@ impl Shard {
                 self.slot,
                 &self.metrics,
                 |src, start, len, seg| {
-                    let mut run = None;
-                    each_datagram(start, len, seg, |at, n| {
+                    let mut train = Train::default();
+                    route_train(out, gso, (start, len, seg), |at, n| {
                         let datagram = &mut buf[at..at + n];
                         if StunProbe::is_answer(datagram) {
                             if let Some(a) = relays.stun().answer(src, datagram, now) {
                                 tracing::info!(addr = %a, "peer relay: STUN names the port's public address");
                             }
-                            return;
+                            return None;
                         }
-                        let control = datagram.get(1).is_some_and(|b| b & 0x80 != 0);
-                        if control && !limiter.allow(source_key(src.ip()), now) {
-                            table.count_drop(Drop::RateLimited);
-                            return;
+                        if Controls::is_control(datagram) {
+                            controls.defer(src, at, datagram, now);
+                            return None;
                         }
-                        match table.handle(now, src, datagram) {
-                            Verdict::Forward(to) => Run::add(&mut run, to, at, n, |r| {
-                                out.push(Some(r.to), r.start, r.len, seg, gso)
-                            }),
-                            // A challenge, no longer than the bind it
-                            // was written over: back to the source alone.
-                            Verdict::Reply(len) => out.push(Some(src), at, len, len, gso),
-                            // Bound, or dropped: counted by the table.
-                            Verdict::Bound | Verdict::Drop(_) => {}
+                        let table = table.get_or_insert_with(|| relays.lock());
+                        match table.handle_in_train(now, src, datagram, &mut train) {
+                            Verdict::Forward(to) => Some((to, n)),
+                            // Dropped, counted by the table (control
+                            // datagrams do not come here).
+                            Verdict::Reply(_) | Verdict::Bound | Verdict::Drop(_) => None,
                         }
                     });
-                    if let Some(r) = run {
-                        out.push(Some(r.to), r.start, r.len, seg, gso);
-                    }
                 },
             );
             drop(table);
+            controls.run(&relays, now, buf, |to, at, n| {
+                out.push(Some(to), at, n, n, gso)
+            });
             let l = &mut self.listeners[li];
             let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
             self.account(&f, Out::PeerRelay);
@@ -80,7 +74,7 @@ impl Shard {
                 break;
             }
         }
-        self.peer_relay_limiter = Some(limiter);
+        self.peer_relay_controls = Some(controls);
         more
     }
 }

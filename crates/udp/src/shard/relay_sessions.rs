@@ -5,8 +5,8 @@
 
 use std::os::fd::AsFd;
 
-use super::recv::{each_datagram, each_train};
-use super::send::{Out, Run};
+use super::recv::each_train;
+use super::send::{route_train, Out};
 use super::{Shard, ROUNDS};
 use crate::session::{self, port::Binds};
 
@@ -41,27 +41,20 @@ impl Shard {
                         .relay_session_in
                         .add(len.div_ceil(seg) as u64, len as u64);
                     let mut train = session::Train::default();
-                    let mut run = None;
-                    each_datagram(start, len, seg, |at, n| {
+                    route_train(out, gso, (start, len, seg), |at, n| {
                         let datagram = &mut buf[at..at + n];
                         if Binds::is_bind(datagram) {
                             binds.defer(src, at, n);
-                            return;
+                            return None;
                         }
                         let table = table.get_or_insert_with(|| sessions.lock());
-                        let to = match table.handle_in_train(now, src, datagram, &mut train) {
-                            session::Verdict::Forward(to) => to,
-                            session::Verdict::Reply => src,
+                        match table.handle_in_train(now, src, datagram, &mut train) {
+                            session::Verdict::Forward(to) => Some((to, n)),
+                            session::Verdict::Reply => Some((src, n)),
                             // Counted by the table, by reason.
-                            session::Verdict::Drop(_) => return,
-                        };
-                        Run::add(&mut run, to, at, n, |r| {
-                            out.push(Some(r.to), r.start, r.len, seg, gso)
-                        });
+                            session::Verdict::Drop(_) => None,
+                        }
                     });
-                    if let Some(r) = run {
-                        out.push(Some(r.to), r.start, r.len, seg, gso);
-                    }
                 },
             );
             drop(table);

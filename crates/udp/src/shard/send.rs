@@ -1,8 +1,11 @@
 //! The send side of a shard: datagrams bound for one place gathered into
 //! runs (one GSO message each), and what a flush of an outbox counts.
 
-use ferry_sys::train::Sent;
+use std::net::SocketAddr;
 
+use ferry_sys::train::{Sent, Trains};
+
+use super::recv::each_datagram;
 use super::Shard;
 use crate::metrics::Drop;
 
@@ -36,6 +39,32 @@ impl<K: Copy + PartialEq> Run<K> {
         if let Some(done) = run.replace(Run { to, start, len }) {
             queue(done);
         }
+    }
+}
+
+/// Queues the datagrams of a received train (`len` bytes at `start`,
+/// `seg` bytes each but the last) on `out` where `route(offset, length)`
+/// sends each: a destination and how many of its bytes (a reply written
+/// over it may be shorter), or `None`. Consecutive datagrams for one
+/// destination leave as one run (one GSO message). The relay-session and
+/// peer-relay ports share it; the table behind `route` skips its lookup
+/// within a run of one endpoint ([`Train`](crate::forward::Train)).
+pub(super) fn route_train(
+    out: &mut Trains,
+    gso: bool,
+    (start, len, seg): (usize, usize, usize),
+    mut route: impl FnMut(usize, usize) -> Option<(SocketAddr, usize)>,
+) {
+    let mut run = None;
+    each_datagram(start, len, seg, |at, n| {
+        if let Some((to, sent)) = route(at, n) {
+            Run::add(&mut run, to, at, sent, |r| {
+                out.push(Some(r.to), r.start, r.len, seg, gso)
+            });
+        }
+    });
+    if let Some(r) = run {
+        out.push(Some(r.to), r.start, r.len, seg, gso);
     }
 }
 

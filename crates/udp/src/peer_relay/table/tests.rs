@@ -499,3 +499,62 @@ fn revoked_requesters_lose_their_endpoints() {
     assert_eq!(t.len(), 1);
     assert_eq!(t.counters().freed_revoked, 1);
 }
+
+/// The datagrams of one received train from one source: a run of one
+/// endpoint's data is looked up once and forwarded whole; another
+/// endpoint's data, a bind or a bad datagram in between ends the run, and
+/// each goes where it would alone.
+#[test]
+fn a_train_is_looked_up_once_per_run_of_one_endpoint() {
+    let now = t0();
+    let mut t = table(now);
+    let (a, b, c) = (Client::new(1), Client::new(2), Client::new(3));
+    let (pa, pb, pc) = (
+        addr("192.0.2.1:1"),
+        addr("192.0.2.2:2"),
+        addr("192.0.2.3:3"),
+    );
+    let ab = open_endpoint(&mut t, &a, &b, now);
+    // a is in a second endpoint, with c, from the same socket.
+    let ac = allocate(&mut t, &a, &c, now);
+    a.bind(&mut t, now, ac, 1, &c, pa);
+    c.bind(&mut t, now, ac, 1, &a, pc);
+    let before = *t.counters();
+    let mut train = Train::default();
+    let mut send =
+        |t: &mut PeerRelayTable, d: &mut Vec<u8>| t.handle_in_train(now, pa, d, &mut train);
+    for _ in 0..16 {
+        assert_eq!(send(&mut t, &mut data(ab)), Verdict::Forward(pb));
+    }
+    let c1 = *t.counters();
+    assert_eq!(c1.lookups - before.lookups, 1, "16 datagrams, one lookup");
+    assert_eq!(c1.forwarded_packets - before.forwarded_packets, 16);
+    // Mixed: the other endpoint, back, a bind, data, a bad header, data.
+    assert_eq!(send(&mut t, &mut data(ac)), Verdict::Forward(pc));
+    assert_eq!(send(&mut t, &mut data(ac)), Verdict::Forward(pc));
+    assert_eq!(send(&mut t, &mut data(ab)), Verdict::Forward(pb));
+    let mut bind = a.control(&t, ab, &Message::Bind(a.body(ab, 2, &b)));
+    assert!(matches!(send(&mut t, &mut bind), Verdict::Reply(160)));
+    assert_eq!(send(&mut t, &mut data(ab)), Verdict::Forward(pb));
+    assert_eq!(
+        send(&mut t, &mut vec![0xff; 4]),
+        Verdict::Drop(Drop::BadHeader)
+    );
+    assert_eq!(send(&mut t, &mut data(ab)), Verdict::Forward(pb));
+    // Data for an unknown endpoint is never forwarded on the run's word.
+    assert_eq!(
+        send(&mut t, &mut data(ab ^ ac ^ 1)),
+        Verdict::Drop(Drop::UnknownVni)
+    );
+    let c2 = *t.counters();
+    assert_eq!(c2.lookups - c1.lookups, 5);
+    assert_eq!(c2.forwarded_packets - c1.forwarded_packets, 5);
+    // A new train starts with a lookup, even for the same endpoint.
+    let mut train = Train::default();
+    let mut d = data(ab);
+    assert_eq!(
+        t.handle_in_train(now, pb, &mut d, &mut train),
+        Verdict::Forward(pa)
+    );
+    assert_eq!(t.counters().lookups - c2.lookups, 1);
+}

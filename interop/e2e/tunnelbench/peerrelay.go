@@ -1,0 +1,307 @@
+//go:build linux
+
+package main
+
+// The peer-relay comparison (-peer-relay): Ferry's peer relay against
+// tailscaled's own on the e2e test's peer-relay bed (Headscale with the
+// cap/relay grant, two tailscaled nodes whose direct UDP is blocked, the
+// bed's Ferry as their DERP server). Per relay and repetition, on a fresh
+// bed: the path is checked to be the peer relay, then iperf3 TCP A→B with
+// one flow and with four, each with the peer relay's CPU time
+// (/proc/<pid>/stat, all threads) and the bytes its port sent (nftables)
+// around it. The peer relay runs alone on -relay-cpus; the nodes, iperf3,
+// ping and the DERP server on -node-cpus (Headscale unpinned).
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"ferry.invalid/interop/e2e/testbed"
+)
+
+var (
+	flagPeerRelay  = flag.Bool("peer-relay", false, "compare peer relays instead of DERP relays: -peer-relays on the peer-relay bed, iperf3 TCP with 1 and 4 flows, the peer relay's CPU per Gbit/s")
+	flagPeerRelays = flag.String("peer-relays", "ferry,tailscaled", "with -peer-relay: peer relays to compare, in order")
+)
+
+// PeerRelaySample is one peer relay's measurements in one repetition.
+type PeerRelaySample struct {
+	Relay  string
+	Repeat int
+	Path   string // `tailscale ping` A→B's last line
+	Flows  []FlowSample
+	// LoadAvg and BusyBefore as in Sample.
+	LoadAvg    string
+	BusyBefore float64
+}
+
+// FlowSample is one iperf3 TCP run through the peer relay.
+type FlowSample struct {
+	Streams     int
+	Mbps        float64 // iperf3 receiver
+	Retransmits int64
+	PortOutMB   float64 // bytes the peer relay's port sent, in MB
+	RelayCPU    float64 // the peer relay's CPU seconds per second
+	// CoresPerGbps is the peer relay's CPU seconds per Gbit its port
+	// sent: cores busy per Gbit/s relayed.
+	CoresPerGbps float64
+	// ICMP RTT through the tunnel during the run: median and p99, ms.
+	LoadedRTTms, LoadedRTTp99ms float64
+	// UDP receive-buffer overflows (RcvbufErrors) during the run in the
+	// namespaces of the relay and of the receiving node B: datagrams lost
+	// before anyone read them.
+	RelayRcvbufErrors, NodeBRcvbufErrors int64
+	// RelayDrops: Ferry's drop counters that moved during the run
+	// (ferry_udp_drops_total by reason, socket drops, the peer relay's
+	// drops); tailscaled has none to read.
+	RelayDrops []string
+}
+
+// ferryDropSeries are the Ferry series whose growth during a run
+// FlowSample.RelayDrops lists.
+var ferryDropSeries = []string{"ferry_udp_drops_total", "ferry_udp_socket_drops_total", "ferry_udp_peer_relay_drops_total"}
+
+func runPeerRelay(bins testbed.Binaries) error {
+	relays := strings.Split(*flagPeerRelays, ",")
+	for _, k := range relays {
+		if k != "ferry" && k != "tailscaled" {
+			return fmt.Errorf("-peer-relays: unknown %q (want ferry, tailscaled)", k)
+		}
+	}
+	samples, err := interleaved(relays, func(kind string, rep int) (PeerRelaySample, error) {
+		s, err := measurePeerRelay(bins, kind, rep)
+		if err != nil {
+			err = fmt.Errorf("peer relay: %w", err)
+		}
+		return s, err
+	})
+	if err != nil {
+		return err
+	}
+	printPeerRelayTable(relays, samples)
+	return nil
+}
+
+func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelaySample, err error) {
+	s = PeerRelaySample{Relay: kind, Repeat: rep + 1}
+	s.BusyBefore, s.LoadAvg = machineBefore()
+	log.Printf("== %s peer relay, repetition %d", kind, rep+1)
+	bed := testbed.New(testbed.Config{
+		Bins: bins,
+		// The DERP server only carries disco and the first packets; it
+		// shares the nodes' CPUs.
+		Relay:          testbed.DerpServerOptions{Kind: testbed.Ferry, Place: testbed.Placement{CPUs: *flagNodeCPU}},
+		Policy:         testbed.PeerRelayPolicy,
+		NodePlace:      testbed.Placement{CPUs: *flagNodeCPU, Nice: *flagNice},
+		PeerRelayPlace: testbed.Placement{CPUs: *flagRelayCPU, Nice: *flagNice},
+		Logf:           log.Printf,
+	})
+	defer bed.Close()
+	defer func() {
+		if err != nil {
+			log.Printf("process output:\n%s", bed.Logs(40))
+		}
+	}()
+	if err := bed.Up(); err != nil {
+		return s, err
+	}
+	var proc *testbed.Proc
+	if kind == "ferry" {
+		proc, err = bed.StartFerryPeerRelay("fe-relay")
+	} else {
+		var n *testbed.Node
+		n, err = bed.StartTailscaledPeerRelay("fe-ref")
+		if n != nil {
+			proc = n.Proc
+		}
+	}
+	if err != nil {
+		return s, fmt.Errorf("starting the peer relay: %w", err)
+	}
+	a, b := bed.A, bed.B
+	if s.Path, err = waitPeerRelayPath(bed); err != nil {
+		return s, err
+	}
+	log.Printf("   %s", s.Path)
+	srv, err := testbed.StartIperfServer(b)
+	if err != nil {
+		return s, err
+	}
+	bed.AddProc(srv)
+	for _, streams := range []int{1, 4} {
+		cpu0, err := proc.CPUSeconds()
+		if err != nil {
+			return s, err
+		}
+		_, out0, err := bed.PeerRelayBytes()
+		if err != nil {
+			return s, err
+		}
+		relayUDP0, err1 := testbed.UDPCounters(bed.Netns.Relay)
+		nodeUDP0, err2 := testbed.UDPCounters(b.NS)
+		if err := errors.Join(err1, err2); err != nil {
+			return s, err
+		}
+		var m0 testbed.Metrics
+		if kind == "ferry" {
+			if m0, err = bed.PeerRelayMetrics(); err != nil {
+				return s, err
+			}
+		}
+		t0 := time.Now()
+		r, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams})
+		if err != nil {
+			return s, fmt.Errorf("TCP ×%d: %w", streams, err)
+		}
+		elapsed := time.Since(t0).Seconds()
+		cpu1, err := proc.CPUSeconds()
+		if err != nil {
+			return s, err
+		}
+		_, out1, err := bed.PeerRelayBytes()
+		if err != nil {
+			return s, err
+		}
+		// The bytes must have crossed the peer relay, not DERP.
+		if out1-out0 < r.ReceivedBytes {
+			return s, fmt.Errorf("TCP ×%d: iperf3 moved %d bytes but the peer relay's port sent %d: not on the peer relay", streams, r.ReceivedBytes, out1-out0)
+		}
+		f := FlowSample{
+			Streams:     streams,
+			Mbps:        r.ReceivedBps / 1e6,
+			Retransmits: r.Retransmits,
+			PortOutMB:   float64(out1-out0) / 1e6,
+			RelayCPU:    (cpu1 - cpu0) / elapsed,
+		}
+		if gbit := float64(out1-out0) * 8 / 1e9; gbit > 0 {
+			f.CoresPerGbps = (cpu1 - cpu0) / gbit
+		}
+		relayUDP1, err1 := testbed.UDPCounters(bed.Netns.Relay)
+		nodeUDP1, err2 := testbed.UDPCounters(b.NS)
+		if err := errors.Join(err1, err2); err != nil {
+			return s, err
+		}
+		f.LoadedRTTms, f.LoadedRTTp99ms = loaded.Percentile(0.5), loaded.Percentile(0.99)
+		f.RelayRcvbufErrors = relayUDP1["RcvbufErrors"] - relayUDP0["RcvbufErrors"]
+		f.NodeBRcvbufErrors = nodeUDP1["RcvbufErrors"] - nodeUDP0["RcvbufErrors"]
+		if kind == "ferry" {
+			m1, err := bed.PeerRelayMetrics()
+			if err != nil {
+				return s, err
+			}
+			for _, name := range ferryDropSeries {
+				f.RelayDrops = append(f.RelayDrops, testbed.NonZero(m0, m1, name)...)
+			}
+		}
+		s.Flows = append(s.Flows, f)
+		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, UDP receive-buffer overflows: relay %d, B %d",
+			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
+	}
+	return s, nil
+}
+
+// waitPeerRelayPath waits (90 s at most) until `tailscale ping` goes via
+// the peer relay both ways; it returns A→B's answer.
+func waitPeerRelayPath(bed *testbed.Bed) (string, error) {
+	want := "via peer-relay(" + bed.PeerRelayAddr + ":vni:"
+	var last string
+	for _, pair := range [][2]*testbed.Node{{bed.A, bed.B}, {bed.B, bed.A}} {
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			out, _ := pair[0].TailscalePing(pair[1].IP, 3)
+			if strings.Contains(out, want) {
+				if pair[0] == bed.A {
+					last = lastLineWith(out, "via peer-relay")
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				return "", fmt.Errorf("tailscale ping %s→%s never went %s…):\n%s", pair[0].Name, pair[1].Name, want, out)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	return last, nil
+}
+
+func lastLineWith(text, substr string) string {
+	lines := strings.Split(text, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], substr) {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
+}
+
+// printPeerRelayTable prints medians and ranges per peer relay, and
+// Ferry's cores per Gbit/s as a fraction of tailscaled's.
+func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
+	type row struct {
+		label string
+		get   func(FlowSample) float64
+		unit  string
+		prec  int
+	}
+	rows := []row{
+		{"TCP", func(f FlowSample) float64 { return f.Mbps }, "Mbit/s", 0},
+		{"TCP retransmits", func(f FlowSample) float64 { return float64(f.Retransmits) }, "", 0},
+		{"peer relay CPU", func(f FlowSample) float64 { return 100 * f.RelayCPU }, "% of a core", 0},
+		{"peer relay cores per Gbit/s sent", func(f FlowSample) float64 { return f.CoresPerGbps }, "", 3},
+		{"ping RTT under load (median)", func(f FlowSample) float64 { return f.LoadedRTTms }, "ms", 2},
+		{"ping RTT under load (p99)", func(f FlowSample) float64 { return f.LoadedRTTp99ms }, "ms", 2},
+		{"UDP receive-buffer overflows, relay", func(f FlowSample) float64 { return float64(f.RelayRcvbufErrors) }, "", 0},
+		{"UDP receive-buffer overflows, node B", func(f FlowSample) float64 { return float64(f.NodeBRcvbufErrors) }, "", 0},
+	}
+	values := func(relay string, flow int, get func(FlowSample) float64) []float64 {
+		var xs []float64
+		for _, s := range samples {
+			if s.Relay == relay && flow < len(s.Flows) {
+				xs = append(xs, get(s.Flows[flow]))
+			}
+		}
+		return xs
+	}
+	fmt.Printf("\nPeer relays: %d repetitions, %v per iperf3 run, peer relay CPUs %q, node CPUs %q, nice %d, %s, %d CPUs.\n",
+		*flagRepeats, *flagDuration, *flagRelayCPU, *flagNodeCPU, *flagNice, time.Now().Format("2006-01-02"), runtime.NumCPU())
+	fmt.Printf("Median (min–max) over the repetitions.\n\n")
+	fmt.Printf("| Metric | %s |\n|---|%s\n", strings.Join(relays, " | "), strings.Repeat("---|", len(relays)))
+	for flow, streams := range []int{1, 4} {
+		for _, r := range rows {
+			cells := make([]string, len(relays))
+			for i, relay := range relays {
+				cells[i] = summarize(values(relay, flow, r.get), r.prec, r.unit)
+			}
+			fmt.Printf("| %s, %d flow(s) | %s |\n", r.label, streams, strings.Join(cells, " | "))
+		}
+	}
+	if slices.Contains(relays, "ferry") && slices.Contains(relays, "tailscaled") {
+		fmt.Println()
+		for flow, streams := range []int{1, 4} {
+			get := func(f FlowSample) float64 { return f.CoresPerGbps }
+			fe, ts := values("ferry", flow, get), values("tailscaled", flow, get)
+			if len(fe) == 0 || len(ts) == 0 {
+				continue
+			}
+			mt := median(ts)
+			if mt > 0 {
+				fmt.Printf("%d flow(s): Ferry's cores per Gbit/s are %.2f× tailscaled's (medians).\n", streams, median(fe)/mt)
+			}
+		}
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
