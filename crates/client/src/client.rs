@@ -164,6 +164,16 @@ pub enum Event {
     /// [`ferry_proto::relay_session::Binder`] at
     /// [`DerpSender::relay_endpoint`].
     RelaySession(SessionOffer),
+    /// A relay session ends (relaySessionEnd): its host is draining, or
+    /// freed it. Ask again for the peer's session now.
+    RelaySessionEnd {
+        /// The session.
+        vni: u32,
+        /// The other client of the session.
+        peer: NodePublic,
+        /// Whether its host is draining (it still forwards for a while).
+        draining: bool,
+    },
     /// The relay refused an allocation.
     RelayRefused {
         /// The id [`DerpSender::allocate`] returned.
@@ -644,10 +654,15 @@ impl Driver {
     }
 
     /// The delay before the next attempt: what a fresh `restarting` frame
-    /// said, or the backoff schedule.
+    /// said (none when there is another node to go to: the restarting one
+    /// is not waited for), or the backoff schedule.
     fn next_delay(&mut self) -> Duration {
         let now = Instant::now();
         match self.restart.take() {
+            Some(_) if self.rotate && self.targets.len() > 1 => {
+                self.backoff.reset();
+                Duration::ZERO
+            }
             Some(r) if now < r.until => {
                 self.backoff.reset();
                 r.at.saturating_duration_since(now)
@@ -827,9 +842,11 @@ impl Driver {
                 tracing::debug!(vni = offer.offer.vni, host = %offer.host, "cross-node session offer without a usable endpoint: dropped");
                 return true;
             }
-            // A session that ends goes silent; the endpoint notices that
-            // on its path and asks again.
-            derp::Event::RelaySessionEnd(_) => return true,
+            derp::Event::RelaySessionEnd(end) => Event::RelaySessionEnd {
+                vni: end.vni,
+                peer: end.peer,
+                draining: end.reason == ferry_proto::relay_session::v2::EndReason::Draining,
+            },
             derp::Event::RelayRefused(r) => Event::RelayRefused {
                 request_id: r.request_id,
                 peer: r.peer,
