@@ -50,6 +50,13 @@ pub struct Options {
     pub websocket: bool,
     /// Limit on one whole connect: resolve, TCP, TLS, upgrade, handshake.
     pub connect_timeout: Duration,
+    /// Limit on opening the TCP connection to one address when there are
+    /// others to try (several targets, or a name with several
+    /// addresses): a node that does not answer (blackholed, or its
+    /// listener's queue full) costs this, not the whole
+    /// [`connect_timeout`](Self::connect_timeout), before the next one is
+    /// tried.
+    pub target_connect_timeout: Duration,
     /// Longest silence from the server before the connection is presumed
     /// dead and replaced (servers send `keepAlive` about every 60 s).
     pub keepalive_timeout: Duration,
@@ -81,6 +88,7 @@ impl Default for Options {
             fast_start: true,
             websocket: false,
             connect_timeout: derp::DEFAULT_HANDSHAKE_TIMEOUT,
+            target_connect_timeout: Duration::from_secs(1),
             keepalive_timeout: derp::DEFAULT_KEEPALIVE_TIMEOUT,
             ping_timeout: Duration::from_secs(5),
             backoff: BackoffOptions::default(),
@@ -620,6 +628,7 @@ impl Driver {
                 &self.key,
                 &self.options,
                 self.box_key.clone(),
+                n > 1,
             )
             .await
             {
