@@ -217,11 +217,15 @@ impl RelaySessions {
 
     /// The peer's circumstances changed (it came back to its relay, the
     /// relay reconnected): forget the failures, and if waiting to ask
-    /// again, ask now.
+    /// again, or for the answer to an ask (which may have gone out on a
+    /// connection that is gone, as when a draining node's end of a
+    /// session is answered at once), ask now.
     pub fn reset(&mut self, now: Instant, peer: &NodePublic) {
         self.failures.remove(peer);
-        if let Some(State::Idle { at }) = self.peers.get_mut(peer) {
-            *at = (*at).min(now);
+        match self.peers.get_mut(peer) {
+            Some(State::Idle { at }) => *at = (*at).min(now),
+            Some(state @ State::Asked { .. }) => *state = State::Idle { at: now },
+            _ => {}
         }
     }
 
@@ -953,6 +957,15 @@ mod tests {
         s.ended(now, &peer, 9, true);
         assert_eq!(s.poll_change(), Some((peer, None)));
         assert_eq!(s.poll_allocate(now), Some(peer), "not asked again at once");
+        // That ask went out on the draining node's connection; the relay
+        // reconnects: asked again, not after the answer timeout.
+        assert_eq!(s.poll_allocate(now), None);
+        s.reset(now, &peer);
+        assert_eq!(
+            s.poll_allocate(now),
+            Some(peer),
+            "the lost ask not repeated"
+        );
         // A session freed (not drained) and never confirmed: the wait.
         s.handle_offer(now, &offer(peer, 10), RELAY.parse().unwrap());
         assert!(relay_answers(&mut s, now).is_some());
