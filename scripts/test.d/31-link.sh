@@ -14,7 +14,8 @@ fi
 cargo build --locked -q -p ferry
 FERRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ferry" timeout 420 bash crates/ferry/tests/netns/link.sh
 # The same over a region of two meshed nodes, one link on each
-# (crates/ferry/tests/netns/fleet.sh, about 25 s): the cross-node relay
+# (crates/ferry/tests/netns/fleet.sh, about 30 s): the cross-node relay
 # session, counted at the hosting node's relay port with nftables; the
-# hosting node killed during a transfer; a region of Ferry and derper.
+# hosting node killed during a transfer, then the other drained
+# (SIGTERM); a region of Ferry and derper.
 FERRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/ferry" timeout 180 bash crates/ferry/tests/netns/fleet.sh

@@ -50,6 +50,13 @@ pub struct Options {
     pub websocket: bool,
     /// Limit on one whole connect: resolve, TCP, TLS, upgrade, handshake.
     pub connect_timeout: Duration,
+    /// Limit on opening the TCP connection to one address when there are
+    /// others to try (several targets, or a name with several
+    /// addresses): a node that does not answer (blackholed, or its
+    /// listener's queue full) costs this, not the whole
+    /// [`connect_timeout`](Self::connect_timeout), before the next one is
+    /// tried.
+    pub target_connect_timeout: Duration,
     /// Longest silence from the server before the connection is presumed
     /// dead and replaced (servers send `keepAlive` about every 60 s).
     pub keepalive_timeout: Duration,
@@ -81,6 +88,7 @@ impl Default for Options {
             fast_start: true,
             websocket: false,
             connect_timeout: derp::DEFAULT_HANDSHAKE_TIMEOUT,
+            target_connect_timeout: Duration::from_secs(1),
             keepalive_timeout: derp::DEFAULT_KEEPALIVE_TIMEOUT,
             ping_timeout: Duration::from_secs(5),
             backoff: BackoffOptions::default(),
@@ -164,6 +172,16 @@ pub enum Event {
     /// [`ferry_proto::relay_session::Binder`] at
     /// [`DerpSender::relay_endpoint`].
     RelaySession(SessionOffer),
+    /// A relay session ends (relaySessionEnd): its host is draining, or
+    /// freed it. Ask again for the peer's session now.
+    RelaySessionEnd {
+        /// The session.
+        vni: u32,
+        /// The other client of the session.
+        peer: NodePublic,
+        /// Whether its host is draining (it still forwards for a while).
+        draining: bool,
+    },
     /// The relay refused an allocation.
     RelayRefused {
         /// The id [`DerpSender::allocate`] returned.
@@ -610,6 +628,7 @@ impl Driver {
                 &self.key,
                 &self.options,
                 self.box_key.clone(),
+                n > 1,
             )
             .await
             {
@@ -644,10 +663,15 @@ impl Driver {
     }
 
     /// The delay before the next attempt: what a fresh `restarting` frame
-    /// said, or the backoff schedule.
+    /// said (none when there is another node to go to: the restarting one
+    /// is not waited for), or the backoff schedule.
     fn next_delay(&mut self) -> Duration {
         let now = Instant::now();
         match self.restart.take() {
+            Some(_) if self.rotate && self.targets.len() > 1 => {
+                self.backoff.reset();
+                Duration::ZERO
+            }
             Some(r) if now < r.until => {
                 self.backoff.reset();
                 r.at.saturating_duration_since(now)
@@ -827,9 +851,11 @@ impl Driver {
                 tracing::debug!(vni = offer.offer.vni, host = %offer.host, "cross-node session offer without a usable endpoint: dropped");
                 return true;
             }
-            // A session that ends goes silent; the endpoint notices that
-            // on its path and asks again.
-            derp::Event::RelaySessionEnd(_) => return true,
+            derp::Event::RelaySessionEnd(end) => Event::RelaySessionEnd {
+                vni: end.vni,
+                peer: end.peer,
+                draining: end.reason == ferry_proto::relay_session::v2::EndReason::Draining,
+            },
             derp::Event::RelayRefused(r) => Event::RelayRefused {
                 request_id: r.request_id,
                 peer: r.peer,

@@ -169,18 +169,21 @@ impl Conn {
 }
 
 /// Opens a connection to `target` and completes the DERP handshake, all
-/// within `options.connect_timeout`.
+/// within `options.connect_timeout`; with `others` (other targets to try
+/// after this one), each address's TCP connect within
+/// `options.target_connect_timeout`.
 pub(crate) async fn dial(
     target: &Target,
     tls: Option<&TlsParams>,
     key: &NodePrivate,
     options: &Options,
     box_key: Option<BoxKey>,
+    others: bool,
 ) -> Result<Conn, Error> {
     let limit = options.connect_timeout;
     let within = async {
         let label = target.label();
-        let tcp = connect_tcp(target).await?;
+        let tcp = connect_tcp(target, others, options.target_connect_timeout).await?;
         let server_addr = tcp.peer_addr().ok();
         // Small frames (pings, short packets) must not wait for Nagle.
         tcp.set_nodelay(true).map_err(|e| Error::io(&label, e))?;
@@ -250,10 +253,31 @@ pub(crate) async fn dial(
         })
 }
 
-async fn connect_tcp(target: &Target) -> Result<TcpStream, Error> {
+/// The TCP connection to the first of `target`'s addresses that takes
+/// it; each address gets `each` when there is another to try (another
+/// address, or `others`: other targets).
+async fn connect_tcp(
+    target: &Target,
+    others: bool,
+    each: std::time::Duration,
+) -> Result<TcpStream, Error> {
     let mut last = None;
-    for addr in target.resolve().await? {
-        match TcpStream::connect(addr).await {
+    let addrs = target.resolve().await?;
+    let bounded = others || addrs.len() > 1;
+    for addr in addrs {
+        let tried = if bounded {
+            tokio::time::timeout(each, TcpStream::connect(addr))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {each:?}"),
+                    ))
+                })
+        } else {
+            TcpStream::connect(addr).await
+        };
+        match tried {
             Ok(s) => return Ok(s),
             Err(e) => {
                 last = Some(Error::Connect {

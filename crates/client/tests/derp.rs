@@ -527,3 +527,39 @@ async fn a_lost_connection_tries_the_next_node_of_the_region_first() {
     };
     assert_eq!(server, second.addr.to_string(), "after {seen:?}");
 }
+
+/// A client given the nodes of one region whose first node does not
+/// answer at all (its listener's queue is full: the kernel drops the
+/// SYNs, as for a blackholed address) reaches the second within about the
+/// per-target deadline (1 s), not the 10 s connect timeout.
+#[tokio::test]
+async fn a_node_that_never_answers_costs_the_per_target_deadline() {
+    use socket2::{Domain, Socket, Type};
+    let full = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    full.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    full.listen(0).unwrap();
+    let dead = full.local_addr().unwrap().as_socket().unwrap();
+    // Never accepted: it fills the queue of one.
+    let _filler = std::net::TcpStream::connect(dead).unwrap();
+    let second = TestServer::start(Kind::Ferry, None);
+    let o = options(None);
+    assert_eq!(o.connect_timeout, Duration::from_secs(10), "the default");
+    let targets = [format!("http://{dead}/derp"), second.url()]
+        .map(|u| ferry_client::Target::from_url(&u).unwrap());
+    let started = std::time::Instant::now();
+    let mut c = DerpClient::start_to(targets.to_vec(), NodePrivate::generate(), o)
+        .await
+        .expect("start");
+    let took = started.elapsed();
+    let (e, _) = wait_for(&mut c, QUICK, "Connected", |_| true).await;
+    let Event::Connected { server, .. } = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(server, second.addr.to_string());
+    eprintln!("connected to the second node after {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the silent first node cost {took:?}"
+    );
+}

@@ -683,6 +683,33 @@ async fn two_homes_make_one_session_for_the_pair() {
     }
 }
 
+/// Two relays (two regions), each endpoint at home on its own and
+/// connected to both: a reaches b over DERP through b's home, not its
+/// own. With a's home gone, a's datagrams still reach b (b's to a, sent
+/// through a's home, cannot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_at_home_on_another_relay_is_reached_through_that_relay() {
+    let (r0, r1) = (SessionRelay::start(), SessionRelay::start());
+    let mut oa = options(&r0.url);
+    oa.relays.push(relay(r1.url.clone()));
+    let mut ob = options(&r1.url);
+    ob.relays.push(relay(r0.url.clone()));
+    let derp = PeerOptions::new().only(PathKind::Derp).relay(1);
+    let (a, b) = pair(oa, ob, derp).await;
+    let (ka, kb) = (a.public_key(), b.public_key());
+    b.add_peer(ka, derp).unwrap();
+    a.try_send(&kb, b"to b").unwrap();
+    assert_eq!(recv_on(&b, &ka).await, (b"to b".to_vec(), PathAddr::Derp));
+    drop(r0);
+    let deadline = tokio::time::Instant::now() + QUICK;
+    while a.relay_status()[0].connected {
+        assert!(tokio::time::Instant::now() < deadline, "a's home still up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.try_send(&kb, b"still").unwrap();
+    assert_eq!(recv_from(&b, &ka).await, b"still");
+}
+
 /// Sends forged challenges (a cookie of its own) and bounds for session
 /// `vni`, slot `slot`, generations 1–4, to `to` from a socket of its own,
 /// burst after burst until `stop` (at most 30 s), so that some arrive

@@ -14,9 +14,10 @@ use ferry_derp::Placement;
 use ferry_proto::client::Event;
 use ferry_proto::handshake::ClientInfo;
 use ferry_proto::key::{NodePrivate, NodePublic};
+use ferry_proto::relay_session::v2::{EndReason, SessionEnd};
 use ferry_proto::relay_session::SessionService;
 use ferry_proto::relay_session::{
-    put_allocate, Allocate, AllocateRequest, Offers, RefuseReason, Refused, SessionOffer,
+    put_allocate, Allocate, AllocateRequest, Hosted, Offers, RefuseReason, Refused, SessionOffer,
 };
 use support::{start, stop, Client};
 
@@ -231,7 +232,85 @@ fn without_a_service_nobody_gets_the_frame_read() {
     stop(server);
 }
 
+/// Hosts two sessions that it names: 7 (A and B) and 8 (A and C).
+struct Hosting([NodePublic; 3]);
+
+impl SessionService for Hosting {
+    fn port(&self) -> u16 {
+        4242
+    }
+
+    fn allocate(&self, _: &AllocateRequest, _: Instant) -> Result<Offers, RefuseReason> {
+        Err(RefuseReason::Off)
+    }
+
+    fn hosted(&self) -> Vec<Hosted> {
+        let [a, b, c] = self.0;
+        vec![
+            Hosted {
+                vni: 7,
+                keys: [a, b],
+                via: None,
+            },
+            Hosted {
+                vni: 8,
+                keys: [c, a],
+                via: None,
+            },
+        ]
+    }
+}
+
+/// A graceful stop tells every version-2 key of each hosted session that
+/// it ends (draining, the shutdown grace), on whichever shard the key
+/// is, before `restarting`; a version-1 key gets only `restarting`.
+fn a_graceful_stop_ends_hosted_sessions_before_restarting() {
+    let (ka, kb, kc) = (
+        Placement::key_for(0, 2),
+        Placement::key_for(1, 2),
+        Placement::key_for(1, 2),
+    );
+    let keys = [ka.public(), kb.public(), kc.public()];
+    let [pa, pb, pc] = keys;
+    let (server, addr) = start(2, move |cfg| {
+        cfg.placement = Placement::FirstByte;
+        cfg.shutdown_grace = Duration::from_millis(1500);
+        cfg.relay_sessions = Some(Arc::new(Hosting(keys)));
+    });
+    let mut a = Client::connect_as(addr, ka, info(2));
+    let mut b = Client::connect_as(addr, kb, info(2));
+    let mut c = Client::connect_as(addr, kc, info(1));
+    let host = a.server_key;
+    server.shutdown();
+    let until_restart = |cl: &mut Client| {
+        let mut ends = Vec::new();
+        loop {
+            match cl.next_meaningful(T).expect("an event") {
+                Event::RelaySessionEnd(e) => ends.push(e),
+                Event::Restarting { .. } => return ends,
+                _ => {}
+            }
+        }
+    };
+    let end = |vni, peer| SessionEnd {
+        vni,
+        peer,
+        host,
+        reason: EndReason::Draining,
+        grace: Duration::from_millis(1500),
+    };
+    assert_eq!(until_restart(&mut a), vec![end(7, pb), end(8, pc)]);
+    assert_eq!(until_restart(&mut b), vec![end(7, pa)]);
+    assert_eq!(
+        until_restart(&mut c),
+        vec![],
+        "version 1: no relaySessionEnd"
+    );
+    server.wait().expect("a clean stop");
+}
+
 ferry_testkit::per_backend!(
+    a_graceful_stop_ends_hosted_sessions_before_restarting,
     offers_cross_shards_to_both_peers_and_refusals_name_the_reason,
     version_2_clients_get_offers_naming_this_node,
     the_mesh_extension_is_answered_to_mesh_peers_that_asked,

@@ -593,6 +593,19 @@ pub struct Ended {
     pub remote: NodePublic,
 }
 
+/// A session this relay hosts, as a graceful stop tells its keys
+/// ([`SessionService::hosted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hosted {
+    /// The session.
+    pub vni: u32,
+    /// Its two keys.
+    pub keys: [NodePublic; 2],
+    /// For a pair split across the region's nodes: the mesh link one key
+    /// is behind, and that key's index in `keys`.
+    pub via: Option<(u16, usize)>,
+}
+
 /// Who hears of a session after a relayAllocate (`docs/relay-sessions.md` §2):
 /// the asker at most once per answer interval, the peer once per connection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -648,6 +661,12 @@ pub trait SessionService: Send + Sync {
     fn end_remote(&self, vni: u32, via: Via, bound_too: bool) -> Option<Ended> {
         let _ = (vni, via, bound_too);
         None
+    }
+
+    /// Every session hosted now (a draining relay tells both keys of each
+    /// that it ends; the sessions keep forwarding meanwhile).
+    fn hosted(&self) -> Vec<Hosted> {
+        Vec::new()
     }
 
     /// Whether every endpoint an offer names is a specific address, so

@@ -365,6 +365,11 @@ impl Driver {
                     self.not_there.entry(peer).or_insert(true);
                 }
             }
+            FromRelay::End(peer, vni, draining) => {
+                self.inner
+                    .lock_sessions()
+                    .ended(now(), &peer, vni, draining)
+            }
             FromRelay::Up => self.on_relay_up(relay),
             FromRelay::Down { error, retry_in } => self.on_relay_down(relay, error, retry_in),
             FromRelay::Gone(peer, reason) => {
@@ -614,6 +619,11 @@ pub(super) async fn derp_reader(
             crate::Event::Packet { src, data } => FromRelay::Packet(src, data),
             crate::Event::RelaySession(offer) => FromRelay::Offer(offer),
             crate::Event::RelayRefused { peer, reason, .. } => FromRelay::Refused(peer, reason),
+            crate::Event::RelaySessionEnd {
+                peer,
+                vni,
+                draining,
+            } => FromRelay::End(peer, vni, draining),
             crate::Event::Connected { .. } => FromRelay::Up,
             crate::Event::Disconnected { error, retry_in } => FromRelay::Down {
                 error: error.to_string(),

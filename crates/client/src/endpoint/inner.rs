@@ -37,8 +37,14 @@ pub(super) enum FromRelay {
     Packet(NodePublic, Vec<u8>),
     Offer(SessionOffer),
     Refused(NodePublic, RefuseReason),
+    /// Session `u32` with the peer ended (relaySessionEnd); whether its
+    /// host is draining.
+    End(NodePublic, u32, bool),
     Up,
-    Down { error: String, retry_in: Duration },
+    Down {
+        error: String,
+        retry_in: Duration,
+    },
     Gone(NodePublic, PeerGoneReason),
     Present(NodePublic),
 }

@@ -20,7 +20,7 @@
 //!
 //! Inputs: [`RelaySessions::want`], [`RelaySessions::handle_offer`],
 //! [`RelaySessions::handle_refused`], [`RelaySessions::handle_datagram`],
-//! [`RelaySessions::lost`], [`RelaySessions::check_path`] (the path manager's view of
+//! [`RelaySessions::lost`], [`RelaySessions::ended`], [`RelaySessions::check_path`] (the path manager's view of
 //! the session's path), [`RelaySessions::reset`], [`RelaySessions::handle_timeout`]. Outputs:
 //! [`RelaySessions::poll_allocate`] (ask the relay, over DERP),
 //! [`RelaySessions::poll_transmit`] (bind messages to send on the UDP socket),
@@ -217,11 +217,15 @@ impl RelaySessions {
 
     /// The peer's circumstances changed (it came back to its relay, the
     /// relay reconnected): forget the failures, and if waiting to ask
-    /// again, ask now.
+    /// again, or for the answer to an ask (which may have gone out on a
+    /// connection that is gone, as when a draining node's end of a
+    /// session is answered at once), ask now.
     pub fn reset(&mut self, now: Instant, peer: &NodePublic) {
         self.failures.remove(peer);
-        if let Some(State::Idle { at }) = self.peers.get_mut(peer) {
-            *at = (*at).min(now);
+        match self.peers.get_mut(peer) {
+            Some(State::Idle { at }) => *at = (*at).min(now),
+            Some(state @ State::Asked { .. }) => *state = State::Idle { at: now },
+            _ => {}
         }
     }
 
@@ -305,6 +309,33 @@ impl RelaySessions {
             self.timing.next_try(&mut self.failures, peer, now)
         };
         *state = State::Idle { at };
+    }
+
+    /// The relay says session `vni` with `peer` ends; any other session
+    /// is left alone. A draining host's session is given up and asked for
+    /// again at once, whatever its state (nothing failed: its host is
+    /// going, another node can host the pair); one the host freed (its
+    /// peer could not be told of it) is [lost](Self::lost).
+    pub fn ended(&mut self, now: Instant, peer: &NodePublic, vni: u32, draining: bool) {
+        let Some(state) = self.peers.get_mut(peer) else {
+            return;
+        };
+        let (State::Binding(b) | State::Bound(b, ..)) = state else {
+            return;
+        };
+        if b.vni() != vni {
+            return;
+        }
+        tracing::debug!(%peer, vni, draining, "session ended by its relay");
+        if !draining {
+            return self.lost(now, peer);
+        }
+        unindex(&mut self.by_vni, vni, peer);
+        if matches!(state, State::Bound(..)) {
+            self.changes.push_back((*peer, None));
+        }
+        *state = State::Idle { at: now };
+        self.failures.remove(peer);
     }
 
     /// How the path manager sees the peer's relay path: a bound session
@@ -909,5 +940,37 @@ mod tests {
         assert!(relay_answers(&mut s, bound_at).is_some());
         s.check_path(bound_at, &peer, Some(PathState::Dead));
         assert_eq!(s.poll_allocate(bound_at + Duration::from_secs(1)), None);
+    }
+
+    #[test]
+    fn a_draining_host_s_end_asks_again_at_once_and_only_for_its_session() {
+        let now = Instant::now();
+        let peer = NodePrivate::generate().public();
+        let mut s = RelaySessions::new(SessionTiming::default());
+        s.want(now, peer);
+        s.poll_allocate(now).unwrap();
+        s.handle_offer(now, &offer(peer, 9), RELAY.parse().unwrap());
+        assert!(relay_answers(&mut s, now).is_some());
+        s.ended(now, &peer, 8, true);
+        assert!(s.is_bound(&peer), "another session's end is ignored");
+        // Never confirmed: a loss would wait; a drain does not.
+        s.ended(now, &peer, 9, true);
+        assert_eq!(s.poll_change(), Some((peer, None)));
+        assert_eq!(s.poll_allocate(now), Some(peer), "not asked again at once");
+        // That ask went out on the draining node's connection; the relay
+        // reconnects: asked again, not after the answer timeout.
+        assert_eq!(s.poll_allocate(now), None);
+        s.reset(now, &peer);
+        assert_eq!(
+            s.poll_allocate(now),
+            Some(peer),
+            "the lost ask not repeated"
+        );
+        // A session freed (not drained) and never confirmed: the wait.
+        s.handle_offer(now, &offer(peer, 10), RELAY.parse().unwrap());
+        assert!(relay_answers(&mut s, now).is_some());
+        s.ended(now, &peer, 10, false);
+        assert!(!s.is_bound(&peer));
+        assert_eq!(s.poll_allocate(now + Duration::from_secs(1)), None);
     }
 }

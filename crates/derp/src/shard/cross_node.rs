@@ -384,6 +384,53 @@ impl Shard {
         self.relay_mail_to(owner, RelayMail::End(ended.local, end));
     }
 
+    /// A graceful stop, on every shard before its clients hear
+    /// `restarting`: each session hosted here ends (relaySessionEnd,
+    /// draining, with the shutdown grace as the time it still forwards)
+    /// for its keys this shard owns, so that they ask again at once on a
+    /// node that stays; shard 0 also tells the keys behind mesh links
+    /// (meshSession end, which their nodes pass on) and says on every
+    /// Ferry mesh link that this node is draining (it hosts nothing new).
+    pub(super) fn end_hosted_sessions(&mut self) {
+        let Some(service) = self.shared.config.relay_sessions.clone() else {
+            return;
+        };
+        let host = self.shared.config.public_key;
+        let grace = self.shared.config.shutdown_grace;
+        for h in service.hosted() {
+            for (i, key) in h.keys.into_iter().enumerate() {
+                let end = SessionEnd {
+                    vni: h.vni,
+                    peer: h.keys[1 - i],
+                    host,
+                    reason: EndReason::Draining,
+                    grace,
+                };
+                match h.via {
+                    Some((link, slot)) if slot == i && self.id == 0 => {
+                        let msg = MeshSession {
+                            dst: key,
+                            msg: MeshMsg::End(end),
+                        };
+                        self.send_mesh_session(usize::from(link), &msg);
+                    }
+                    Some((_, slot)) if slot == i => {}
+                    _ if self.shared.owner_of(&key, self.shards) == self.id => {
+                        self.end_to(key, end);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if self.id == 0 {
+            for link in 0..self.mesh.links.len() {
+                if self.speaks_ferry_mesh(link) {
+                    self.send_state(link);
+                }
+            }
+        }
+    }
+
     /// On `key`'s owner shard: relaySessionEnd to its active connection,
     /// if it speaks version 2.
     pub(super) fn end_to(&mut self, key: NodePublic, end: SessionEnd) {

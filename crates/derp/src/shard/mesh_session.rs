@@ -38,11 +38,17 @@ impl Shard {
     /// hosts sessions for pairs split across nodes only with endpoints
     /// their clients can reach.
     fn own_state(&self) -> u8 {
-        if self.here_can_host() {
+        let sessions = if self.here_can_host() {
             ms::STATE_SESSIONS_ON
         } else {
             0
-        }
+        };
+        let draining = if self.draining.is_some() {
+            ms::STATE_DRAINING
+        } else {
+            0
+        };
+        sessions | draining
     }
 
     /// Sends this relay's state on link `link`.

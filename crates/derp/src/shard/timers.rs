@@ -63,6 +63,7 @@ impl Shard {
 
     pub(super) fn start_drain(&mut self) {
         self.draining = Some(self.now + self.shared.config.shutdown_grace);
+        self.end_hosted_sessions();
         let reconnect = self.shared.config.restart_reconnect_in.as_millis() as u32;
         let try_for = self.shared.config.restart_try_for.as_millis() as u32;
         let slots: Vec<Slot> = self.conns.iter().map(|(s, _)| s).collect();

@@ -32,7 +32,13 @@
 #                  in urls), the tunnel carries on over DERP and then a new
 #                  relay session on the survivor; the longest gap between
 #                  ping answers and the transfer's longest stall under 2 s,
-#                  no reset
+#                  no reset. Then the killed node comes back and the
+#                  survivor, now hosting, is stopped gracefully (SIGTERM,
+#                  the drain) during a ping every 50 ms: the pair is on a
+#                  new session on the node that came back, and the
+#                  longest gap between ping answers is under 1 s (the
+#                  drain tells both links at once; without it they wait
+#                  for the dead path and the restarting delay)
 #
 # Needs root, ip, nft, wg, wireguard-go, iperf3, ping, jq, openssl and
 # derper (FERRY_DERPER_BIN, interop/bin/derper or ~/go/bin/derper);
@@ -182,9 +188,9 @@ results=()
 # ------------------------------------------------------------ one setup
 declare -A node_pid=()
 node_ip() { echo "10.77.120.${1#n}"; }
-node_start() { # node_start NAME: Ferry node NAME (n1, n2) in $FR, meshed with both
+node_start() { # node_start NAME [LOG]: Ferry node NAME (n1, n2) in $FR, meshed with both
   local ip; ip=$(node_ip "$1")
-  fu_bg $FR "$T/node-$1-$CASE.log" env SSL_CERT_FILE="$T/ca.pem" "$ferry" -a "$ip:3340" --http-port -1 \
+  fu_bg $FR "${2:-$T/node-$1-$CASE.log}" env SSL_CERT_FILE="$T/ca.pem" "$ferry" -a "$ip:3340" --http-port -1 \
     --certmode manual --certdir "$T/certs" --hostname "$1.fleet.test" -c "$T/node-$1.key" \
     --stun-port 3478 --relay-port 3479 --relay-advertise "$ip" --metrics-addr "127.0.0.1:92${1#n}0" \
     --mesh-psk-file "$T/mesh.key" --mesh-with "n1.fleet.test:3340/10.77.120.1,n2.fleet.test:3340/10.77.120.2"
@@ -344,6 +350,25 @@ case_fleet_kill_host() {
   check "$CASE: both links reconnected to $other" test "$(grep -c 'relay connected' "$T/link-a-$CASE.log")$(grep -c 'relay connected' "$T/link-b-$CASE.log")" = "$([ $host = n1 ] && echo 21 || echo 12)"
   record ping_gap_s "$pgap"; record tcp_stall_s "$gap"; record relay_again_s "$back"
   results+=("$CASE: $host killed: longest ping gap $pgap s, TCP stall $gap s, no reset; relay session on $other again $back s after the kill")
+
+  step "$CASE: $host back; SIGTERM to $other, which hosts the session now (the drain)"
+  node_start $host "$T/node-$host-$CASE-back.log"
+  check "$CASE: the nodes' mesh links are up again" wait_until 20 mesh_up
+  ip netns exec $FA ping -D -n -i 0.05 -W 1 -w 4 10.77.121.2 >"$T/ping-$CASE-drain.txt" 2>&1 &
+  ping_pid=$!
+  sleep 1
+  local stopped_at
+  stopped_at=$EPOCHREALTIME
+  { kill -TERM "${node_pid[$other]}"; wait "${node_pid[$other]}"; } 2>/dev/null || true
+  wait "$ping_pid" || true
+  read -r pgap plast < <(ping_gap "$T/ping-$CASE-drain.txt")
+  check "$CASE: the longest gap between ping answers across the drain was $pgap s (< 1 s)" awk -v g="$pgap" 'BEGIN { exit !(g < 1) }'
+  check "$CASE: pings answered until the end (last $(since "$stopped_at" "$plast") s after the stop)" awk -v a="$stopped_at" -v b="$plast" 'BEGIN { exit !(b - a > 2) }'
+  check "$CASE: A on a relay session within 5 s after the drain" on_path $FA "$T/link-a.toml" b relay 5
+  check "$CASE: B too" on_path $FB "$T/link-b.toml" a relay 5
+  check "$CASE: the new session is on $host" test "$(node_metric $host 'ferry_udp_relay_sessions{state="bound"}')" = 1
+  record drain_ping_gap_s "$pgap"
+  results+=("$CASE: $other drained (SIGTERM): longest ping gap $pgap s, relay session on $host")
   all_stop
 }
 

@@ -436,6 +436,19 @@ impl SessionTable {
         Some(ended)
     }
 
+    /// Every session now, with its keys and the mesh link one of them is
+    /// behind, if any.
+    pub fn hosted(&self) -> Vec<ferry_proto::relay_session::Hosted> {
+        self.sessions
+            .iter()
+            .map(|(&vni, s)| ferry_proto::relay_session::Hosted {
+                vni,
+                keys: s.keys,
+                via: s.via,
+            })
+            .collect()
+    }
+
     /// Sessions `key` is in (whether or not it took part).
     pub fn sessions_of(&self, key: &NodePublic) -> usize {
         self.by_key.get(key).map_or(0, Vec::len)

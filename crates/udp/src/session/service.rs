@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use ferry_engine::stat::exposition::{Exposition, Family, Kind};
 use ferry_proto::relay_session::{
-    AllocateRequest, Ended, Offers, RefuseReason, SessionOffer, SessionService, Via,
+    AllocateRequest, Ended, Hosted, Offers, RefuseReason, SessionOffer, SessionService, Via,
 };
 
 use super::{Drop, Limits, Secrets, SessionTable};
@@ -304,6 +304,11 @@ impl SessionService for Sessions {
     /// [`SessionTable::end_remote`].
     fn end_remote(&self, vni: u32, via: Via, bound_too: bool) -> Option<Ended> {
         self.lock().end_remote(vni, via, bound_too)
+    }
+
+    /// [`SessionTable::hosted`].
+    fn hosted(&self) -> Vec<Hosted> {
+        self.lock().hosted()
     }
 
     /// Whether the endpoints of cross-node offers are all specific
