@@ -38,6 +38,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+pub(crate) use crate::forward::Train;
 use crate::forward::{self, Route};
 use ferry_proto::key::NodePublic;
 use ferry_proto::udp_header::Header;
@@ -178,15 +179,6 @@ pub enum Verdict {
     Reply,
     /// Drop it.
     Drop(Drop),
-}
-
-/// Where the last datagram of a received train went, so the next one of
-/// the same session skips the lookup ([`SessionTable::handle_in_train`]).
-/// Start a new one for every train: it holds for one source only.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Train {
-    /// The VNI and destination of the last datagram, if it was forwarded.
-    last: Option<(u32, SocketAddr)>,
 }
 
 /// A session as [`SessionTable::allocate`] returns it.
@@ -546,7 +538,7 @@ impl SessionTable {
     /// goes the same way without another table lookup: the table cannot
     /// have changed in between, since anything else a datagram can do
     /// (a bind, a drop) ends the run.
-    pub fn handle_in_train(
+    pub(crate) fn handle_in_train(
         &mut self,
         now: Instant,
         src: SocketAddr,
@@ -554,15 +546,13 @@ impl SessionTable {
         train: &mut Train,
     ) -> Verdict {
         let Ok(h) = Header::parse(datagram) else {
-            train.last = None;
+            train.note(0, None);
             return self.drop(Drop::BadHeader);
         };
-        if let Some((vni, to)) = train.last {
-            if !h.control && h.vni == vni {
-                self.counters.forwarded_packets += 1;
-                self.counters.forwarded_bytes += datagram.len() as u64;
-                return Verdict::Forward(to);
-            }
+        if let Some(to) = train.hit(&h) {
+            self.counters.forwarded_packets += 1;
+            self.counters.forwarded_bytes += datagram.len() as u64;
+            return Verdict::Forward(to);
         }
         let src = ferry_proto::frame::canonical_addr(src);
         let v = if h.control {
@@ -570,10 +560,13 @@ impl SessionTable {
         } else {
             self.data(now, src, h.vni, datagram.len())
         };
-        train.last = match v {
-            Verdict::Forward(to) => Some((h.vni, to)),
-            Verdict::Reply | Verdict::Drop(_) => None,
-        };
+        train.note(
+            h.vni,
+            match v {
+                Verdict::Forward(to) => Some(to),
+                Verdict::Reply | Verdict::Drop(_) => None,
+            },
+        );
         v
     }
 
