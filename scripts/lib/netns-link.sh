@@ -116,3 +116,20 @@ table inet emulate {
 }
 NFT
 }
+# link_prereqs WHAT [TOOL...]: what a namespace test of `ferry link` needs
+# (wg, nft, iperf3, ping, timeout, jq, the TOOLs, wireguard-go unless
+# FU_WG=kernel, and derper), or skip WHAT saying why (fails under
+# CI=true: fu_skip_or_fail). Sets derper to derper's path
+# (FERRY_DERPER_BIN, interop/bin/derper or ~/go/bin/derper).
+link_prereqs() {
+  local what=$1 why c
+  shift
+  derper=""
+  for c in "${FERRY_DERPER_BIN:-}" "$root/interop/bin/derper" "$HOME/go/bin/derper"; do
+    [ -n "$c" ] && [ -x "$c" ] && { derper=$c; break; }
+  done
+  why=$(fu_why_not wg nft iperf3 ping timeout jq "$@")
+  if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
+  if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/10-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
+  fu_skip_or_fail "$what" "$why"
+}

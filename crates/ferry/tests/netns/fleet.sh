@@ -51,14 +51,7 @@ root=$(cd "$here/../../../.." && pwd)
 . "$root/scripts/lib/netns.sh"
 . "$root/scripts/lib/netns-link.sh"
 
-derper=""
-for c in "${FERRY_DERPER_BIN:-}" "$root/interop/bin/derper" "$HOME/go/bin/derper"; do
-  [ -n "$c" ] && [ -x "$c" ] && { derper=$c; break; }
-done
-why=$(fu_why_not wg nft iperf3 ping timeout jq openssl)
-if [ -z "$why" ] && [ "${FU_WG:-}" != kernel ] && ! fu_wireguard_go >/dev/null; then why="wireguard-go not found (go install golang.zx2c4.com/wireguard@latest)"; fi
-if [ -z "$why" ] && [ -z "$derper" ]; then why="derper not found (.ci/setup.d/10-derper.sh builds interop/bin/derper, or set FERRY_DERPER_BIN)"; fi
-fu_skip_or_fail "ferry link fleet namespace tests" "$why"
+link_prereqs "ferry link fleet namespace tests" openssl
 ferry=$(fu_ferry_bin "$root")
 
 all_cases="fleet-session fleet-kill-host fleet-mixed"
