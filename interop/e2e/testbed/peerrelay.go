@@ -144,6 +144,10 @@ func (b *Bed) StartTailscaledPeerRelay(hostname string) (*Node, error) {
 	return n, nil
 }
 
+// PeerRelayIdleKnob is Ferry's test-only environment variable that
+// shortens its peer relay's steady-state lifetime (Config.PeerRelayIdle).
+const PeerRelayIdleKnob = "FERRY_TEST_PEER_RELAY_STEADY_STATE_SECS"
+
 // StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
 // the tailnet as a node tagged PeerRelayTag (pre-auth key of the user fe)
 // and serves the peer relay on PeerRelayPort; its DERP client reaches the
@@ -160,6 +164,9 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
 	} else {
 		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
+	}
+	if idle := b.Cfg.PeerRelayIdle; idle > 0 {
+		env = append(env, fmt.Sprintf("%s=%d", PeerRelayIdleKnob, int64(idle/time.Second)))
 	}
 	argv := append([]string{b.Cfg.Bins.Ferry,
 		"-a", fmt.Sprintf("%s:%d", RelayIP, peerRelayHTTPPort),
