@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 	bed := upBed(t, cfg, 80)
 	relayName := "fe-relay"
 	metrics := bed.PeerRelayMetrics
+	var ferryLogs func() string // the second Ferry's log
 	switch kind {
 	case derpFerry:
 		relayName = "fe-derp"
@@ -77,6 +79,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 		if err != nil {
 			t.Fatalf("starting Ferry's peer relay: %v", err)
 		}
+		ferryLogs = p.Logs
 		// No --peer-relay-endpoints: Ferry asks the home region's STUN
 		// server (the bed's relay) from the peer-relay port.
 		const learned = "STUN names the port's public address"
@@ -124,7 +127,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 	if !ownDERP {
 		in, out = checkIperf(t, bed, in, out, prefix)
 		freedVNI := checkFallback(t, bed, metrics)
-		checkClientRestart(t, bed, metrics, prefix, freedVNI)
+		checkClientRestart(t, bed, metrics, ferryLogs, prefix, freedVNI)
 		checkFerryStatus(t, bed, relayName)
 	}
 
@@ -314,7 +317,7 @@ func peerRelayVNI(p *testbed.PeerStatus, prefix string) string {
 // disco key) right after checkFallback unblocked the port: Ferry
 // allocates for the new pair of disco keys and the path through the peer
 // relay comes back, its bytes on the port.
-func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error), prefix, freedVNI string) {
+func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error), ferryLogs func() string, prefix, freedVNI string) {
 	before, err := metrics()
 	if err != nil {
 		t.Fatal(err)
@@ -338,6 +341,24 @@ func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.
 	}
 	if newDisco == oldDisco {
 		t.Fatalf("%s kept its disco key %s over the restart", bed.A.Name, oldDisco)
+	}
+	// Ferry's allocations name A's new key, whichever node asked: the
+	// endpoint A used was freed while blocked, so the path that is back
+	// runs through a new one (Ferry logs the first allocation naming each
+	// peer's current disco key).
+	const firstSeen = "peer relay: endpoint allocated for a disco key first seen"
+	var line string
+	if err := waitFor(10*time.Second, func() (bool, string) {
+		line = ""
+		for _, l := range strings.Split(ferryLogs(), "\n") {
+			if strings.Contains(l, firstSeen) && strings.Contains(l, newDisco) {
+				line = l
+			}
+		}
+		return line != "", "Ferry's log has no line " + strconv.Quote(firstSeen) + " naming " + newDisco
+	}); err != nil {
+		t.Fatalf("after %s's restart (disco key %s → %s) Ferry allocated no endpoint naming the new key: %v",
+			bed.A.Name, oldDisco, newDisco, err)
 	}
 	after, err := metrics()
 	if err != nil {
@@ -367,8 +388,8 @@ func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.
 		t.Fatalf("back via the peer relay, %s's status of %s: %q, want a VNI other than the freed %s",
 			bed.A.Name, bed.B.Name, peerRelayOf(st.PeerNamed(bed.B.Name)), freedVNI)
 	}
-	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations, VNI %s (was %s)",
-		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs], vni, freedVNI)
+	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations, VNI %s (was %s); Ferry: %s",
+		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs], vni, freedVNI, line)
 }
 
 // checkFerryStatus: `ferry status` shows the tailnet node registered,
