@@ -82,7 +82,9 @@ func (b *Bed) peerRelayFlags(dir, hostname string, publicPort int) ([]string, er
 
 // countPeerRelayPort sets up the relay namespace's nftables table fe_pr:
 // counters of the bytes into and out of PeerRelayPort (PeerRelayBytes),
-// and publicPort redirected to it when it differs.
+// and publicPort redirected to it when it differs. Ferry's own STUN
+// probes from the port to the bed's STUN server (once a minute) are not
+// counted: they are not the nodes' traffic.
 func (b *Bed) countPeerRelayPort(publicPort int) error {
 	forward := ""
 	if publicPort != PeerRelayPort {
@@ -95,14 +97,14 @@ func (b *Bed) countPeerRelayPort(publicPort int) error {
 	rules := fmt.Sprintf(`table inet fe_pr {%[2]s
 	chain input {
 		type filter hook input priority 0; policy accept;
-		udp dport %[1]d counter
+		udp dport %[1]d udp sport != %[3]d counter
 	}
 	chain output {
 		type filter hook output priority 0; policy accept;
-		udp sport %[1]d counter
+		udp sport %[1]d udp dport != %[3]d counter
 	}
 }
-`, PeerRelayPort, forward)
+`, PeerRelayPort, forward, STUNPort)
 	_, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
 	return err
 }
