@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,14 +48,20 @@ const (
 func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 	ownDERP := kind == derpFerry
 	start := time.Now()
-	bed := upBed(t, testbed.Config{
+	cfg := testbed.Config{
 		Bins:   bins,
 		Relay:  testbed.DerpServerOptions{Kind: testbed.Ferry},
 		Policy: testbed.PeerRelayPolicy,
 		Logf:   t.Logf,
-	}, 80)
+	}
+	if kind == secondFerry {
+		// Short enough that the fallback phase's block outlives it.
+		cfg.PeerRelayIdle = peerRelayIdle
+	}
+	bed := upBed(t, cfg, 80)
 	relayName := "fe-relay"
 	metrics := bed.PeerRelayMetrics
+	var ferryLogs func() string // the second Ferry's log
 	switch kind {
 	case derpFerry:
 		relayName = "fe-derp"
@@ -72,6 +79,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 		if err != nil {
 			t.Fatalf("starting Ferry's peer relay: %v", err)
 		}
+		ferryLogs = p.Logs
 		// No --peer-relay-endpoints: Ferry asks the home region's STUN
 		// server (the bed's relay) from the peer-relay port.
 		const learned = "STUN names the port's public address"
@@ -85,7 +93,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 	a, b := bed.A, bed.B
 
 	waitRelayNode(t, bed, relayName)
-	pingViaPeerRelay(t, bed)
+	pingViaPeerRelay(t, bed, 90*time.Second)
 
 	// status --json agrees, both ways.
 	// derp-ferry offers a forwarded port (--peer-relay-endpoints): the
@@ -118,8 +126,8 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 	}
 	if !ownDERP {
 		in, out = checkIperf(t, bed, in, out, prefix)
-		checkFallback(t, bed)
-		checkClientRestart(t, bed, metrics)
+		freedVNI := checkFallback(t, bed, metrics)
+		checkClientRestart(t, bed, metrics, ferryLogs, prefix, freedVNI)
 		checkFerryStatus(t, bed, relayName)
 	}
 
@@ -148,7 +156,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 			t.Fatalf("restarting the relay: %v", err)
 		}
 		waitRelayNode(t, bed, relayName)
-		pingViaPeerRelay(t, bed)
+		pingViaPeerRelay(t, bed, 90*time.Second)
 		if strings.Contains(bed.Relay.Proc.Logs(), "tailnet: registered") {
 			t.Fatalf("after the restart Ferry registered a new node instead of polling with its saved state")
 		}
@@ -194,14 +202,46 @@ func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (i
 	return in2, out2
 }
 
+// peerRelayIdle is the second Ferry's steady-state lifetime in
+// TestPeerRelay (Ferry's test knob). tailscaled heartbeats an active path
+// every 3 s, so only a blocked path goes silent this long; but it must
+// outlast tailscaled's 30 s between relay path discoveries: the first
+// handshake often loses its pings to the side not yet bound, and the next
+// discovery reuses the endpoint (5 s and 15 s here freed it first, and
+// the path never came).
+const peerRelayIdle = 40 * time.Second
+
 // checkFallback blocks the nodes' UDP to the peer relay's port: the path
 // falls back to DERP (tailscale ping answers via DERP, ICMP still
-// crosses the tunnel, the port's counters stand still). It unblocks the
-// port before returning; the path's return is checked by
-// checkClientRestart, which follows (waiting here for tailscaled to find
-// the unblocked port on its own takes about 22 s of CI time).
-func checkFallback(t *testing.T, bed *testbed.Bed) {
+// crosses the tunnel, the port's counters stand still), and both sides
+// of the endpoint in use are silent at Ferry: it frees the endpoint
+// (freed_idle grows) within the lifetime the bed set. It unblocks the
+// port before returning and returns the freed endpoint's VNI; the path's
+// return (with another VNI) is checked by checkClientRestart, which
+// follows (waiting here for tailscaled to find the unblocked port on its
+// own takes about 22 s of CI time).
+func checkFallback(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error)) string {
 	a, b := bed.A, bed.B
+	const freed = `ferry_udp_peer_relay_events_total{event="freed_idle"}`
+	freedBefore := func() float64 {
+		m, err := metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := m[freed]
+		if !ok {
+			t.Fatalf("peer relay metrics: no %s", freed)
+		}
+		return v
+	}()
+	st, err := a.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vni := peerRelayVNI(st.PeerNamed(b.Name), bed.PeerRelayAddr+":vni:")
+	if vni == "" {
+		t.Fatalf("before the block, %s's status of %s names no peer relay VNI: %q", a.Name, b.Name, peerRelayOf(st.PeerNamed(b.Name)))
+	}
 	start := time.Now()
 	if err := bed.BlockPeerRelay(true); err != nil {
 		t.Fatalf("blocking the peer relay's port: %v", err)
@@ -237,18 +277,47 @@ func checkFallback(t *testing.T, bed *testbed.Bed) {
 	if in1 != in0 || out1 != out0 {
 		t.Fatalf("the peer relay's port counted bytes while blocked: %d in, %d out", in1-in0, out1-out0)
 	}
+	// Still blocked: both sides silent for longer than the lifetime.
+	var freedAfter float64
+	if err := waitFor(bed.Cfg.PeerRelayIdle+10*time.Second, func() (bool, string) {
+		m, err := metrics()
+		if err != nil {
+			return false, err.Error()
+		}
+		v, ok := m[freed]
+		if !ok {
+			t.Fatalf("peer relay metrics: no %s", freed)
+		}
+		freedAfter = v
+		return v > freedBefore, fmt.Sprintf("%s %v → %v", freed, freedBefore, v)
+	}); err != nil {
+		t.Fatalf("with both sides silent %.1f s (lifetime %v), Ferry freed no endpoint: %v",
+			time.Since(start).Seconds(), bed.Cfg.PeerRelayIdle, err)
+	}
+	idleFreed := time.Since(start)
 
 	if err := bed.BlockPeerRelay(false); err != nil {
 		t.Fatalf("unblocking the peer relay's port: %v", err)
 	}
-	t.Logf("blocked: via DERP after %.1f s (%d of %d ICMP replies)", fellBack.Seconds(), pr.Received, pr.Sent)
+	t.Logf("blocked: via DERP after %.1f s (%d of %d ICMP replies); %v endpoint(s) freed idle after %.1f s (lifetime %v); the path had VNI %s",
+		fellBack.Seconds(), pr.Received, pr.Sent, freedAfter-freedBefore, idleFreed.Seconds(), bed.Cfg.PeerRelayIdle, vni)
+	return vni
+}
+
+// peerRelayVNI is the VNI in p's peer relay path (prefix then the VNI),
+// or "".
+func peerRelayVNI(p *testbed.PeerStatus, prefix string) string {
+	if p == nil || !strings.HasPrefix(p.PeerRelay, prefix) {
+		return ""
+	}
+	return strings.TrimPrefix(p.PeerRelay, prefix)
 }
 
 // checkClientRestart restarts node A's tailscaled (same node key, a new
 // disco key) right after checkFallback unblocked the port: Ferry
 // allocates for the new pair of disco keys and the path through the peer
 // relay comes back, its bytes on the port.
-func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error)) {
+func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.Metrics, error), ferryLogs func() string, prefix, freedVNI string) {
 	before, err := metrics()
 	if err != nil {
 		t.Fatal(err)
@@ -265,13 +334,35 @@ func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.
 	if err := bed.RestartNode(bed.A); err != nil {
 		t.Fatal(err)
 	}
-	pingViaPeerRelay(t, bed)
+	// The endpoint A used is gone (freed idle): the path needs a new one,
+	// found at one of tailscaled's relay path discoveries (30 s apart; the
+	// first handshake on a fresh endpoint often loses its pings). Seen
+	// back after 7-68 s.
+	pingViaPeerRelay(t, bed, 150*time.Second)
 	newDisco, err := bed.B.PeerDiscoKey(bed.A.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if newDisco == oldDisco {
 		t.Fatalf("%s kept its disco key %s over the restart", bed.A.Name, oldDisco)
+	}
+	// Ferry's allocations name A's new key, whichever node asked: the
+	// endpoint A used was freed while blocked, so the path that is back
+	// runs through a new one (Ferry logs the first allocation naming each
+	// peer's current disco key).
+	const firstSeen = "peer relay: endpoint allocated for a disco key first seen"
+	var line string
+	if err := waitFor(10*time.Second, func() (bool, string) {
+		line = ""
+		for _, l := range strings.Split(ferryLogs(), "\n") {
+			if strings.Contains(l, firstSeen) && strings.Contains(l, newDisco) {
+				line = l
+			}
+		}
+		return line != "", "Ferry's log has no line " + strconv.Quote(firstSeen) + " naming " + newDisco
+	}); err != nil {
+		t.Fatalf("after %s's restart (disco key %s → %s) Ferry allocated no endpoint naming the new key: %v",
+			bed.A.Name, oldDisco, newDisco, err)
 	}
 	after, err := metrics()
 	if err != nil {
@@ -292,8 +383,17 @@ func checkClientRestart(t *testing.T, bed *testbed.Bed, metrics func() (testbed.
 	if in1 == in0 || out1 == out0 {
 		t.Fatalf("after %s's restart the port counted %d bytes in, %d out", bed.A.Name, in1-in0, out1-out0)
 	}
-	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations",
-		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs])
+	st, err := bed.A.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vni := peerRelayVNI(st.PeerNamed(bed.B.Name), prefix)
+	if vni == "" || vni == freedVNI {
+		t.Fatalf("back via the peer relay, %s's status of %s: %q, want a VNI other than the freed %s",
+			bed.A.Name, bed.B.Name, peerRelayOf(st.PeerNamed(bed.B.Name)), freedVNI)
+	}
+	t.Logf("%s restarted (new disco key): via the peer relay again after %.1f s, %v new allocations, VNI %s (was %s); Ferry: %s",
+		bed.A.Name, time.Since(start).Seconds(), after[allocs]-before[allocs], vni, freedVNI, line)
 }
 
 // checkFerryStatus: `ferry status` shows the tailnet node registered,
@@ -356,14 +456,14 @@ func waitRelayNode(t *testing.T, bed *testbed.Bed, relayName string) {
 // pingViaPeerRelay runs tailscale ping both ways until the path is the
 // peer relay (the clients look for one in their path discovery, driven
 // by traffic), never direct.
-func pingViaPeerRelay(t *testing.T, bed *testbed.Bed) {
+func pingViaPeerRelay(t *testing.T, bed *testbed.Bed, within time.Duration) {
 	t.Helper()
 	a, b := bed.A, bed.B
 	want := "via peer-relay(" + bed.PeerRelayAddr + ":vni:"
 	for _, pair := range [][2]*testbed.Node{{a, b}, {b, a}} {
 		from, to := pair[0], pair[1]
 		var out string
-		if err := waitFor(90*time.Second, func() (bool, string) {
+		if err := waitFor(within, func() (bool, string) {
 			out, _ = from.TailscalePing(to.IP, 3)
 			if strings.Contains(out, "via 10.78.") {
 				t.Fatalf("tailscale ping %s→%s went direct, the UDP block failed:\n%s", from.Name, to.Name, out)

@@ -42,7 +42,12 @@ type Config struct {
 	// PeerRelayPlace places the peer relay that StartFerryPeerRelay or
 	// StartTailscaledPeerRelay starts (CPUs, nice value).
 	PeerRelayPlace Placement
-	Logf           Logf
+	// PeerRelayIdle, when set, is the steady-state lifetime (whole
+	// seconds) of the Ferry peer relay that StartFerryPeerRelay starts,
+	// through Ferry's test-only environment knob; zero keeps Ferry's
+	// default (5 minutes).
+	PeerRelayIdle time.Duration
+	Logf          Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.

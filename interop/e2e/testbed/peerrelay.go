@@ -82,7 +82,9 @@ func (b *Bed) peerRelayFlags(dir, hostname string, publicPort int) ([]string, er
 
 // countPeerRelayPort sets up the relay namespace's nftables table fe_pr:
 // counters of the bytes into and out of PeerRelayPort (PeerRelayBytes),
-// and publicPort redirected to it when it differs.
+// and publicPort redirected to it when it differs. Ferry's own STUN
+// probes from the port to the bed's STUN server (once a minute) are not
+// counted: they are not the nodes' traffic.
 func (b *Bed) countPeerRelayPort(publicPort int) error {
 	forward := ""
 	if publicPort != PeerRelayPort {
@@ -95,14 +97,14 @@ func (b *Bed) countPeerRelayPort(publicPort int) error {
 	rules := fmt.Sprintf(`table inet fe_pr {%[2]s
 	chain input {
 		type filter hook input priority 0; policy accept;
-		udp dport %[1]d counter
+		udp dport %[1]d udp sport != %[3]d counter
 	}
 	chain output {
 		type filter hook output priority 0; policy accept;
-		udp sport %[1]d counter
+		udp sport %[1]d udp dport != %[3]d counter
 	}
 }
-`, PeerRelayPort, forward)
+`, PeerRelayPort, forward, STUNPort)
 	_, err := runInput(b.Netns.Relay, 10*time.Second, nil, strings.NewReader(rules), "nft", "-f", "-")
 	return err
 }
@@ -144,6 +146,10 @@ func (b *Bed) StartTailscaledPeerRelay(hostname string) (*Node, error) {
 	return n, nil
 }
 
+// PeerRelayIdleKnob is Ferry's test-only environment variable that
+// shortens its peer relay's steady-state lifetime (Config.PeerRelayIdle).
+const PeerRelayIdleKnob = "FERRY_TEST_PEER_RELAY_STEADY_STATE_SECS"
+
 // StartFerryPeerRelay starts a Ferry in the relay's namespace that joins
 // the tailnet as a node tagged PeerRelayTag (pre-auth key of the user fe)
 // and serves the peer relay on PeerRelayPort; its DERP client reaches the
@@ -160,6 +166,9 @@ func (b *Bed) StartFerryPeerRelay(hostname string) (*Proc, error) {
 		env = append(env, "SSL_CERT_FILE="+b.Relay.CertFile)
 	} else {
 		env = append(env, "TS_DEBUG_USE_DERP_HTTP=1")
+	}
+	if idle := b.Cfg.PeerRelayIdle; idle > 0 {
+		env = append(env, fmt.Sprintf("%s=%d", PeerRelayIdleKnob, int64(idle/time.Second)))
 	}
 	argv := append([]string{b.Cfg.Bins.Ferry,
 		"-a", fmt.Sprintf("%s:%d", RelayIP, peerRelayHTTPPort),

@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use ferry_proto::disco::{self, Message};
-use ferry_proto::key::{DiscoPrivate, NodePublic};
+use ferry_proto::key::{DiscoPrivate, DiscoPublic, NodePublic};
 use ferry_proto::nacl::NONCE_LEN;
 use ferry_proto::tailnet::filter;
 use ferry_proto::tailnet::tailcfg::{Node, Prefix};
@@ -137,6 +137,46 @@ pub struct Answer {
     pub packet: Vec<u8>,
     /// Whether the pair already had this endpoint.
     pub existing: bool,
+    /// The endpoint's VNI.
+    pub vni: u32,
+    /// The pair of disco keys the endpoint serves.
+    pub client_disco: [DiscoPublic; 2],
+}
+
+/// Disco keys of netmap peers that allocations have named, so that the
+/// first allocation naming a peer's key (a new node, or a node restarted
+/// with a new disco key) is logged once. A key counts only while it is a
+/// peer's current disco key in the netmap (which the control server
+/// vouches for), and the set is cleared when full: a requester naming
+/// keys of its own choosing cannot make lines.
+#[derive(Debug, Default)]
+pub struct FirstSeen {
+    seen: HashSet<DiscoPublic>,
+}
+
+impl FirstSeen {
+    /// Keys remembered before the set starts over.
+    pub const CAP: usize = 4096;
+
+    /// The peers (node key, disco key) among `answer`'s pair whose
+    /// current disco key no allocation named before.
+    pub fn note(&mut self, netmap: &Netmap, answer: &Answer) -> Vec<(NodePublic, DiscoPublic)> {
+        let mut new = Vec::new();
+        for key in answer.client_disco {
+            let Some(peer) = netmap.peer_by_disco_key(&key) else {
+                continue;
+            };
+            if self.seen.contains(&key) {
+                continue;
+            }
+            if self.seen.len() >= Self::CAP {
+                self.seen.clear();
+            }
+            self.seen.insert(key);
+            new.push((peer.key, key));
+        }
+        new
+    }
 }
 
 /// The node's own address of one family (a /32 or /128 prefix).
@@ -222,6 +262,10 @@ pub fn answer(
         return Err(Drop::NoGrant);
     }
     let allocated = relays.allocate(src, &request, now).map_err(Drop::Refused)?;
+    let (vni, client_disco) = (
+        allocated.response.endpoint.vni,
+        allocated.response.endpoint.client_disco,
+    );
     let mut out = Vec::with_capacity(256);
     disco::seal(
         &mut out,
@@ -233,6 +277,8 @@ pub fn answer(
     Ok(Answer {
         packet: out,
         existing: allocated.existing,
+        vni,
+        client_disco,
     })
 }
 

@@ -292,3 +292,36 @@ fn every_reason_has_its_own_label() {
         assert_eq!(d.index(), i);
     }
 }
+
+#[test]
+fn a_peers_disco_key_is_first_seen_once_whoever_asks() {
+    let bed = bed();
+    let mut seen = FirstSeen::default();
+    // b asks for the pair: a's key is named there too, and a is a peer.
+    let pair = [bed.a.1.public(), bed.b.1.public()];
+    let got = ask(&bed, &bed.b.0, &request(&bed, &bed.b.1, pair, 1)).expect("answered");
+    assert_eq!(got.client_disco, {
+        let mut s = pair;
+        s.sort_by(|x, y| x.as_bytes().cmp(y.as_bytes()));
+        s
+    });
+    let mut first = seen.note(&bed.netmap, &got);
+    first.sort_by(|x, y| x.1.as_bytes().cmp(y.1.as_bytes()));
+    let mut want = vec![(bed.a.0, bed.a.1.public()), (bed.b.0, bed.b.1.public())];
+    want.sort_by(|x, y| x.1.as_bytes().cmp(y.1.as_bytes()));
+    assert_eq!(first, want);
+    // Named again (another endpoint, either asker): nothing new.
+    let pair_ac = [bed.a.1.public(), bed.c.1.public()];
+    let got = ask(&bed, &bed.a.0, &request(&bed, &bed.a.1, pair_ac, 1)).expect("answered");
+    assert_eq!(seen.note(&bed.netmap, &got), [(bed.c.0, bed.c.1.public())]);
+    assert_eq!(seen.note(&bed.netmap, &got), []);
+    // A key of the requester's choosing, no peer's: never a line.
+    let stranger = DiscoPrivate::generate().public();
+    let got = ask(
+        &bed,
+        &bed.a.0,
+        &request(&bed, &bed.a.1, [bed.a.1.public(), stranger], 1),
+    )
+    .expect("answered");
+    assert_eq!(seen.note(&bed.netmap, &got), []);
+}

@@ -104,6 +104,7 @@ impl Node {
         let mut logged: [Option<Instant>; Drop::ALL.len()] = [None; Drop::ALL.len()];
         let mut suppressed = [0u64; Drop::ALL.len()];
         let mut limiter = answer::limiter();
+        let mut first_seen = answer::FirstSeen::default();
         loop {
             // A region of the current DERP map.
             let region = loop {
@@ -173,6 +174,11 @@ impl Node {
                                 Ok(a) => {
                                     let counter = if a.existing { &self.stats.existing } else { &self.stats.allocated };
                                     counter.fetch_add(1, Ordering::Relaxed);
+                                    if !a.existing {
+                                        for (node, disco) in first_seen.note(&netmap, &a) {
+                                            tracing::info!(peer = %node, %disco, vni = a.vni, "peer relay: endpoint allocated for a disco key first seen");
+                                        }
+                                    }
                                     if let Err(e) = client.send(&src, a.packet).await {
                                         tracing::debug!(error = %e, "peer relay: answer not sent");
                                     }

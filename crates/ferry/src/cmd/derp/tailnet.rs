@@ -264,6 +264,33 @@ pub(crate) fn render_stats(stats: &Stats, o: &mut String) {
     w.single(&HOME_REGION, u64::from(stats.home_region()));
 }
 
+/// The environment variable that shortens the peer relay's steady-state
+/// lifetime (whole seconds), for end-to-end tests of idle expiry only: the
+/// lifetime is also what allocation answers tell clients. Not a flag, so
+/// that no configuration file or `--help` offers it.
+pub(crate) const STEADY_STATE_TEST_KNOB: &str = "FERRY_TEST_PEER_RELAY_STEADY_STATE_SECS";
+
+/// The peer relay's limits: the defaults, but for the test knob's
+/// steady-state lifetime when `env` has it (a bad value is an error).
+fn peer_relay_limits(env: impl Fn(&str) -> Option<String>) -> Result<Limits> {
+    let mut limits = Limits::default();
+    if let Some(v) = env(STEADY_STATE_TEST_KNOB) {
+        let secs: u64 = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|s| (1..=limits.steady_state_lifetime.as_secs()).contains(s))
+            .with_context(|| {
+                format!(
+                    "{STEADY_STATE_TEST_KNOB}={v:?}: want whole seconds, 1 to {}",
+                    limits.steady_state_lifetime.as_secs()
+                )
+            })?;
+        limits.steady_state_lifetime = std::time::Duration::from_secs(secs);
+    }
+    Ok(limits)
+}
+
 /// The peer relay's port and its endpoint table.
 pub(crate) struct PeerRelayPort {
     /// The UDP port.
@@ -276,7 +303,14 @@ pub(crate) struct PeerRelayPort {
 /// sessions' port), offering its addresses.
 pub(crate) fn start_port(plan: &PeerRelayPlan, workers: usize) -> Result<PeerRelayPort> {
     // ServerDisco is fresh per process, as Tailscale's relay server's.
-    let relays = Arc::new(PeerRelays::new(DiscoPrivate::generate(), Limits::default()));
+    let limits = peer_relay_limits(|k| std::env::var(k).ok())?;
+    if limits.steady_state_lifetime != Limits::default().steady_state_lifetime {
+        tracing::warn!(
+            lifetime = ?limits.steady_state_lifetime,
+            "peer relay: steady-state lifetime shortened by {STEADY_STATE_TEST_KNOB} (for tests only)"
+        );
+    }
+    let relays = Arc::new(PeerRelays::new(DiscoPrivate::generate(), limits));
     let tuning = ferry_udp::config::Tuning {
         workers,
         pin: false,
@@ -466,6 +500,30 @@ mod tests {
             "{page}"
         );
         assert!(page.len() < 600, "the error is cut: {page}");
+    }
+
+    #[test]
+    fn the_test_knob_alone_shortens_the_steady_state_lifetime() {
+        let with = |v: Option<&str>| {
+            peer_relay_limits(|k| {
+                assert_eq!(k, STEADY_STATE_TEST_KNOB);
+                v.map(str::to_owned)
+            })
+        };
+        assert_eq!(with(None).unwrap(), Limits::default());
+        let l = with(Some("5")).unwrap();
+        assert_eq!(l.steady_state_lifetime, std::time::Duration::from_secs(5));
+        assert_eq!(
+            Limits {
+                steady_state_lifetime: Limits::default().steady_state_lifetime,
+                ..l
+            },
+            Limits::default()
+        );
+        for bad in ["", "0", "5s", "-1", "301"] {
+            let e = with(Some(bad)).unwrap_err().to_string();
+            assert!(e.starts_with(STEADY_STATE_TEST_KNOB), "{bad:?}: {e}");
+        }
     }
 
     #[test]
