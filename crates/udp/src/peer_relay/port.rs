@@ -135,7 +135,7 @@ impl Controls {
         relays: &PeerRelays,
         now: Instant,
         buf: &mut [u8],
-        mut reply: impl FnMut(SocketAddr, usize, usize),
+        reply: impl FnMut(SocketAddr, usize, usize),
     ) {
         if self.shaped.is_empty() && self.drops.iter().all(|&n| n == 0) {
             return;
@@ -147,6 +147,12 @@ impl Controls {
             self.log_drops(now);
             self.apply(&mut relays.lock(), now);
         }
+        self.finish(reply);
+    }
+
+    /// Hands the replies step 4 wrote to `reply` (destination, offset,
+    /// length) and forgets the batch.
+    pub(crate) fn finish(&mut self, mut reply: impl FnMut(SocketAddr, usize, usize)) {
         for item in &self.items {
             if let Step::Reply(n) = item.step {
                 reply(item.src, item.at, n);
