@@ -62,6 +62,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 	relayName := "fe-relay"
 	metrics := bed.PeerRelayMetrics
 	var ferryLogs func() string // the second Ferry's log
+	var ferryProc *testbed.Proc // the second Ferry
 	switch kind {
 	case derpFerry:
 		relayName = "fe-derp"
@@ -80,6 +81,7 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 			t.Fatalf("starting Ferry's peer relay: %v", err)
 		}
 		ferryLogs = p.Logs
+		ferryProc = p
 		// No --peer-relay-endpoints: Ferry asks the home region's STUN
 		// server (the bed's relay) from the peer-relay port.
 		const learned = "STUN names the port's public address"
@@ -125,7 +127,13 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 		return
 	}
 	if !ownDERP {
-		in, out = checkIperf(t, bed, in, out, prefix)
+		var bps float64
+		in, out, bps = checkIperf(t, bed, in, out, prefix)
+		checkBadInput(t, bed, relayName, ferryProc, metrics, bps, prefix)
+		in, out, err = bed.PeerRelayBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
 		freedVNI := checkFallback(t, bed, metrics)
 		checkClientRestart(t, bed, metrics, ferryLogs, prefix, freedVNI)
 		checkFerryStatus(t, bed, relayName)
@@ -168,8 +176,8 @@ func checkPeerRelay(t *testing.T, kind peerRelayKind) {
 // checkIperf runs iperf3 TCP A→B through the tunnel: its bytes cross the
 // peer relay's port (in from A, out to B), WireGuard and header overhead
 // on top. in and out are the port's counters before; it returns them
-// after.
-func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (int64, int64) {
+// after, and iperf3's rate (bit/s).
+func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (int64, int64, float64) {
 	a, b := bed.A, bed.B
 	srv, err := testbed.StartIperfServer(b)
 	if err != nil {
@@ -199,7 +207,7 @@ func checkIperf(t *testing.T, bed *testbed.Bed, in, out int64, prefix string) (i
 	}
 	t.Logf("iperf3 A→B through the peer relay: %.0f Mbit/s (%d bytes; port %d bytes in, %d out)",
 		ir.ReceivedBps/1e6, ir.ReceivedBytes, in2-in, out2-out)
-	return in2, out2
+	return in2, out2, ir.ReceivedBps
 }
 
 // peerRelayIdle is the second Ferry's steady-state lifetime in

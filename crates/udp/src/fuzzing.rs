@@ -36,7 +36,9 @@ use crate::hub::{
 };
 
 mod peer_relay;
+mod peer_relay_controls;
 pub use peer_relay::peer_relay_port;
+pub use peer_relay_controls::peer_relay_controls;
 
 /// Configured peers.
 const PEERS: usize = 3;

@@ -1,4 +1,5 @@
-//! Replays the `hub`, `sessions` and `peer_relay_port` fuzz corpora through
+//! Replays the `hub`, `sessions`, `peer_relay_port` and `peer_relay_controls`
+//! fuzz corpora through
 //! `ferry_udp::fuzzing`, then a bounded number of mutated seeds and random
 //! operation sequences (from a fixed seed, so a failure reproduces), so the
 //! ordinary test suite catches regressions the fuzzer would.
@@ -12,6 +13,7 @@ fn replay_corpora() {
     corpus::replay("hub", fuzzing::hub);
     corpus::replay("sessions", fuzzing::sessions);
     corpus::replay("peer_relay_port", fuzzing::peer_relay_port);
+    corpus::replay("peer_relay_controls", fuzzing::peer_relay_controls);
 }
 
 #[test]
@@ -32,6 +34,17 @@ fn mutated_and_random_peer_relay_port_inputs() {
         fuzzing::peer_relay_port,
         0x5052_4c59,
         400,
+        0,
+    );
+}
+
+#[test]
+fn mutated_and_random_peer_relay_controls_inputs() {
+    corpus::mutate_ops(
+        "peer_relay_controls",
+        fuzzing::peer_relay_controls,
+        0x5052_4354,
+        300,
         0,
     );
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +31,8 @@ const nsPrefix = "fe-"
 // Netns is the set of namespaces of one bed.
 type Netns struct {
 	Relay, A, B string
+	// Extra are namespaces added to the bed later (AddHost).
+	Extra []string
 }
 
 // Preflight reports why the machine cannot run a bed, or nil if it can:
@@ -188,7 +189,7 @@ func createTopology(n Netns, allowDirect bool) error {
 // deleteTopology removes the namespaces of a bed, killing anything left
 // inside them.
 func deleteTopology(n Netns) {
-	for _, ns := range []string{n.A, n.B, n.Relay} {
+	for _, ns := range append(append([]string(nil), n.Extra...), n.A, n.B, n.Relay) {
 		if ns != "" {
 			deleteNamespace(ns)
 		}
@@ -220,44 +221,14 @@ func BlockedUDP(ns string) (int64, error) {
 // calling goroutine's thread switches into ns for the socket() call and
 // back. The socket stays in ns afterwards, whichever thread uses it.
 func dialInNamespace(ctx context.Context, ns, addr string) (net.Conn, error) {
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", syscall.Gettid()))
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{nil, err}
-			return
-		}
-		defer self.Close()
-		if err := setns(target.Fd()); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
+	var c net.Conn
+	err := inNamespace(ns, func() error {
 		var d net.Dialer
-		c, dialErr := d.DialContext(ctx, "tcp4", addr)
-		if err := setns(self.Fd()); err != nil {
-			// This thread is stuck in ns: leave it locked so that the
-			// runtime discards it when the goroutine ends.
-			ch <- result{c, dialErr}
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{c, dialErr}
-	}()
-	r := <-ch
-	return r.c, r.err
+		var err error
+		c, err = d.DialContext(ctx, "tcp4", addr)
+		return err
+	})
+	return c, err
 }
 
 func setns(fd uintptr) error {

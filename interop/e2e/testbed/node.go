@@ -157,6 +157,7 @@ type Status struct {
 // PeerStatus describes one node in Status.
 type PeerStatus struct {
 	HostName     string
+	PublicKey    string // node key ("nodekey:…")
 	TailscaleIPs []string
 	Online       bool
 	Relay        string // DERP region code of the peer's home

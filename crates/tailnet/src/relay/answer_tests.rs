@@ -92,6 +92,10 @@ fn request(bed: &Bed, from: &DiscoPrivate, pair: [DiscoPublic; 2], generation: u
 }
 
 fn ask(bed: &Bed, src: &NodePublic, packet: &[u8]) -> Result<Answer, Drop> {
+    ask_at(bed, src, packet, Instant::now())
+}
+
+fn ask_at(bed: &Bed, src: &NodePublic, packet: &[u8], now: Instant) -> Result<Answer, Drop> {
     answer(
         &bed.netmap,
         &mut bed.limiter.borrow_mut(),
@@ -99,7 +103,7 @@ fn ask(bed: &Bed, src: &NodePublic, packet: &[u8]) -> Result<Answer, Drop> {
         &bed.relays,
         src,
         packet,
-        Instant::now(),
+        now,
         &ferry_proto::nacl::random_nonce(),
     )
 }
@@ -262,24 +266,32 @@ fn a_peer_past_its_rate_is_dropped_before_any_crypto() {
     let pair = [bed.a.1.public(), bed.b.1.public()];
     let packet = request(&bed, &bed.a.1, pair, 1);
     let burst = REQUEST_BURST as usize;
+    // One instant throughout: the buckets do not refill.
+    let now = Instant::now();
     for i in 0..burst {
-        assert!(ask(&bed, &bed.a.0, &packet).is_ok(), "request {i}");
+        assert!(ask_at(&bed, &bed.a.0, &packet, now).is_ok(), "request {i}");
     }
-    assert_eq!(ask(&bed, &bed.a.0, &packet).unwrap_err(), Drop::RateLimited);
+    assert_eq!(
+        ask_at(&bed, &bed.a.0, &packet, now).unwrap_err(),
+        Drop::RateLimited
+    );
     // Garbage counts too: it costs a box open.
     let mut flipped = request(&bed, &bed.b.1, pair, 1);
     *flipped.last_mut().unwrap() ^= 1;
     for _ in 0..burst {
-        assert_eq!(ask(&bed, &bed.b.0, &flipped).unwrap_err(), Drop::BadBox);
+        assert_eq!(
+            ask_at(&bed, &bed.b.0, &flipped, now).unwrap_err(),
+            Drop::BadBox
+        );
     }
     assert_eq!(
-        ask(&bed, &bed.b.0, &flipped).unwrap_err(),
+        ask_at(&bed, &bed.b.0, &flipped, now).unwrap_err(),
         Drop::RateLimited
     );
     // Another peer is not held back.
     let c_pair = [bed.c.1.public(), bed.a.1.public()];
     assert_eq!(
-        ask(&bed, &bed.c.0, &request(&bed, &bed.c.1, c_pair, 1)).unwrap_err(),
+        ask_at(&bed, &bed.c.0, &request(&bed, &bed.c.1, c_pair, 1), now).unwrap_err(),
         Drop::NoGrant
     );
 }
@@ -324,4 +336,86 @@ fn a_peers_disco_key_is_first_seen_once_whoever_asks() {
     )
     .expect("answered");
     assert_eq!(seen.note(&bed.netmap, &got), []);
+}
+
+/// Forged disco over DERP: a box truncated anywhere (down to the header)
+/// or grown past the largest disco message is dropped by its reason,
+/// answered by nothing, and allocates nothing.
+#[test]
+fn truncated_and_oversize_boxes_get_nothing() {
+    let bed = bed();
+    let pair = [bed.a.1.public(), bed.b.1.public()];
+    let good = request(&bed, &bed.a.1, pair, 1);
+    let header = disco::MAGIC.len() + 32;
+    for len in [0, 5, header - 1] {
+        assert_eq!(
+            ask(&bed, &bed.a.0, &good[..len]).unwrap_err(),
+            Drop::NotDisco,
+            "{len} bytes"
+        );
+    }
+    // Up to the header, the sender is read and the peer looked up: the
+    // box then does not open.
+    for len in (header..good.len()).step_by(7) {
+        let r = ask(&bed, &bed.a.0, &good[..len]).unwrap_err();
+        assert!(
+            matches!(r, Drop::BadBox | Drop::NotDisco),
+            "{len} bytes: {r:?}"
+        );
+    }
+    // The largest message a peer sends is far below MAX_DISCO; a packet
+    // past it is dropped before the node key is looked up, even from a
+    // stranger.
+    let mut big = good.clone();
+    big.resize(MAX_DISCO + 1, 0);
+    let stranger = NodePrivate::generate().public();
+    assert_eq!(ask(&bed, &stranger, &big).unwrap_err(), Drop::Oversize);
+    assert!(bed.relays.lock().is_empty());
+    assert_eq!(bed.relays.lock().counters().allocated, 0);
+}
+
+/// A granted peer asking for endpoint after endpoint (each with another
+/// made-up partner) gets its per-requester limit and no more, then its
+/// rate; another granted peer still gets its endpoint.
+#[test]
+fn an_allocation_flood_from_one_peer_leaves_room_for_others() {
+    let mut bed = bed();
+    let per_requester = 8;
+    bed.relays = PeerRelays::new(
+        DiscoPrivate::generate(),
+        Limits {
+            per_requester,
+            ..Limits::default()
+        },
+    );
+    bed.relays.set_addrs(vec![addr()]);
+    // All at one instant: the rate's bucket does not refill meanwhile.
+    let now = Instant::now();
+    let (mut new, mut limit, mut rate) = (0, 0, 0);
+    for _ in 0..200 {
+        let partner = DiscoPrivate::generate().public();
+        let packet = request(&bed, &bed.a.1, [bed.a.1.public(), partner], 1);
+        match ask_at(&bed, &bed.a.0, &packet, now) {
+            Ok(a) => {
+                assert!(!a.existing);
+                new += 1;
+            }
+            Err(Drop::Refused(Refusal::RequesterLimit)) => limit += 1,
+            Err(Drop::RateLimited) => rate += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let cap = per_requester;
+    assert_eq!(new, cap, "endpoints for one flooding peer");
+    assert_eq!(
+        new + limit,
+        REQUEST_BURST as usize,
+        "the burst, then the rate"
+    );
+    assert_eq!(rate, 200 - REQUEST_BURST as usize);
+    assert_eq!(bed.relays.lock().len(), cap);
+    let b_pair = [bed.b.1.public(), bed.c.1.public()];
+    let b = ask_at(&bed, &bed.b.0, &request(&bed, &bed.b.1, b_pair, 1), now).unwrap();
+    assert!(!b.existing);
+    assert_eq!(bed.relays.lock().len(), cap + 1);
 }

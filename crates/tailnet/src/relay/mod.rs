@@ -18,14 +18,12 @@ use std::time::{Duration, Instant};
 use ferry_client::{DerpClient, Event, Options};
 use ferry_proto::derp_map::{DerpMap, Region};
 use ferry_proto::key::{DiscoPrivate, NodePrivate};
-use ferry_udp::peer_relay::PeerRelays;
+use ferry_udp::peer_relay::{DropLog, PeerRelays, DROP_LOG_EVERY};
 use tokio::sync::watch;
 
 use crate::Shared;
 use answer::Drop;
 
-/// Refusals and drops are logged at most once per reason this often.
-const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Wait before trying a region again after a failed first connection.
 const RETRY: Duration = Duration::from_secs(5);
 /// How often the peer-relay port asks the home region's STUN server for
@@ -71,6 +69,20 @@ impl Stats {
         self.drops[why.index()].load(Ordering::Relaxed)
     }
 
+    /// Counts a packet dropped for `why` at `now`; `Some(n)` if a line
+    /// is to be logged about it (`n`: the drops of that reason not logged
+    /// since the last line), at most once per reason per
+    /// [`DROP_LOG_EVERY`] as `log` keeps track.
+    pub fn count_drop(
+        &self,
+        why: Drop,
+        log: &mut DropLog<{ Drop::ALL.len() }>,
+        now: Instant,
+    ) -> Option<u64> {
+        self.drops[why.index()].fetch_add(1, Ordering::Relaxed);
+        log.note(why.index(), 1, now)
+    }
+
     /// The DERP region the node is connected to (0: none yet).
     pub fn home_region(&self) -> u32 {
         self.home_region.load(Ordering::Relaxed)
@@ -101,8 +113,7 @@ fn pick_region(map: &DerpMap, current: u32) -> Option<&Region> {
 impl Node {
     pub(crate) async fn run(self) {
         let mut versions = self.shared.versions.subscribe();
-        let mut logged: [Option<Instant>; Drop::ALL.len()] = [None; Drop::ALL.len()];
-        let mut suppressed = [0u64; Drop::ALL.len()];
+        let mut log = DropLog::new(DROP_LOG_EVERY);
         let mut limiter = answer::limiter();
         let mut first_seen = answer::FirstSeen::default();
         loop {
@@ -184,15 +195,8 @@ impl Node {
                                     }
                                 }
                                 Err(why) => {
-                                    let i = why.index();
-                                    self.stats.drops[i].fetch_add(1, Ordering::Relaxed);
-                                    let now = Instant::now();
-                                    if logged[i].is_none_or(|t| now.duration_since(t) >= LOG_EVERY) {
-                                        tracing::info!(peer = %src, reason = why.label(), suppressed = suppressed[i], "peer relay: disco packet dropped");
-                                        logged[i] = Some(now);
-                                        suppressed[i] = 0;
-                                    } else {
-                                        suppressed[i] += 1;
+                                    if let Some(suppressed) = self.stats.count_drop(why, &mut log, Instant::now()) {
+                                        tracing::info!(peer = %src, reason = why.label(), suppressed, "peer relay: disco packet dropped");
                                     }
                                 }
                             }
@@ -229,6 +233,36 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flood of dropped packets is counted packet by packet but logged
+    /// once per reason per interval, the next line naming how many were
+    /// not logged.
+    #[test]
+    fn drops_are_counted_each_and_logged_once_per_interval() {
+        let stats = Stats::default();
+        let mut log = DropLog::new(DROP_LOG_EVERY);
+        let t0 = Instant::now();
+        let mut lines = Vec::new();
+        for i in 0..1_000u64 {
+            let now = t0 + Duration::from_millis(i * 15);
+            for why in [Drop::BadBox, Drop::UnknownPeer] {
+                if let Some(n) = stats.count_drop(why, &mut log, now) {
+                    lines.push((why, now.duration_since(t0).as_millis(), n));
+                }
+            }
+        }
+        assert_eq!(stats.dropped(Drop::BadBox), 1_000);
+        assert_eq!(stats.dropped(Drop::UnknownPeer), 1_000);
+        assert_eq!(
+            lines,
+            [
+                (Drop::BadBox, 0, 0),
+                (Drop::UnknownPeer, 0, 0),
+                (Drop::BadBox, 10_005, 666),
+                (Drop::UnknownPeer, 10_005, 666),
+            ]
+        );
+    }
 
     #[test]
     fn the_home_is_kept_while_the_map_has_it() {

@@ -17,13 +17,13 @@ use crate::peer_relay::{Drop, Limits, PeerRelayTable, Verdict};
 
 /// The clients' and the relay's keys, and each client's box key with the
 /// relay, made once (X25519 is slow in unoptimised builds).
-struct Keys {
-    clients: Vec<DiscoPrivate>,
-    server: DiscoPrivate,
-    boxes: Vec<SharedKey>,
+pub(super) struct Keys {
+    pub(super) clients: Vec<DiscoPrivate>,
+    pub(super) server: DiscoPrivate,
+    pub(super) boxes: Vec<SharedKey>,
 }
 
-fn keys() -> &'static Keys {
+pub(super) fn keys() -> &'static Keys {
     static KEYS: OnceLock<Keys> = OnceLock::new();
     KEYS.get_or_init(|| {
         let clients: Vec<DiscoPrivate> = (1u8..=4)

@@ -14,11 +14,13 @@
 //!
 //! [`RelayEndpoint`]: ferry_proto::disco::RelayEndpoint
 
+mod drop_log;
 pub(crate) mod port;
 mod service;
 mod stun;
 mod table;
 
+pub use drop_log::{DropLog, DROP_LOG_EVERY};
 pub use service::PeerRelays;
 pub use stun::StunProbe;
 pub use table::{

@@ -22,7 +22,10 @@
 //!    touched) and the counts added.
 //!
 //! So the table is held for hash lookups only, however many boxes a
-//! batch brings; other endpoints' data is forwarded in between.
+//! batch brings; other endpoints' data is forwarded in between. Every
+//! drop is counted; a line is logged at most once per reason per
+//! [`DROP_LOG_EVERY`] per shard ([`DropLog`]), naming how many drops of
+//! that reason it did not log.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -34,7 +37,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::table::Opener;
-use super::{Drop, Limits, PeerRelayTable, PeerRelays};
+use super::{Drop, DropLog, Limits, PeerRelayTable, PeerRelays, DROP_LOG_EVERY};
 use crate::ratelimit::SourceLimiter;
 use crate::session::allocate::source_key;
 use crate::session::Secrets;
@@ -79,6 +82,9 @@ pub(crate) struct Controls {
     /// Counted outside the lock, added to the table's counters in step 5.
     drops: [u64; Drop::ALL.len()],
     challenges: u64,
+    log: DropLog<{ Drop::ALL.len() }>,
+    /// Lines logged about drops (for tests).
+    lines: u64,
 }
 
 impl Controls {
@@ -96,6 +102,8 @@ impl Controls {
             secrets: None,
             drops: [0; Drop::ALL.len()],
             challenges: 0,
+            log: DropLog::new(DROP_LOG_EVERY),
+            lines: 0,
         }
     }
 
@@ -127,7 +135,7 @@ impl Controls {
         relays: &PeerRelays,
         now: Instant,
         buf: &mut [u8],
-        mut reply: impl FnMut(SocketAddr, usize, usize),
+        reply: impl FnMut(SocketAddr, usize, usize),
     ) {
         if self.shaped.is_empty() && self.drops.iter().all(|&n| n == 0) {
             return;
@@ -136,8 +144,15 @@ impl Controls {
             self.look_up(&relays.lock());
         }
         if self.open(buf) {
+            self.log_drops(now);
             self.apply(&mut relays.lock(), now);
         }
+        self.finish(reply);
+    }
+
+    /// Hands the replies step 4 wrote to `reply` (destination, offset,
+    /// length) and forgets the batch.
+    pub(crate) fn finish(&mut self, mut reply: impl FnMut(SocketAddr, usize, usize)) {
         for item in &self.items {
             if let Step::Reply(n) = item.step {
                 reply(item.src, item.at, n);
@@ -200,6 +215,21 @@ impl Controls {
             }
         }
         bind || self.challenges > 0 || self.drops.iter().any(|&n| n > 0)
+    }
+
+    /// A line per reason with drops counted in this batch, unless one was
+    /// logged less than [`DROP_LOG_EVERY`] ago.
+    fn log_drops(&mut self, now: Instant) {
+        for (why, &n) in Drop::ALL.iter().zip(&self.drops) {
+            if let Some(suppressed) = self.log.note(why.index(), n, now) {
+                self.lines += 1;
+                tracing::info!(
+                    reason = why.label(),
+                    suppressed,
+                    "peer relay: control datagram dropped"
+                );
+            }
+        }
     }
 
     /// Step 5, under the lock: binds the answers that proved themselves

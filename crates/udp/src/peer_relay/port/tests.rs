@@ -2,6 +2,8 @@
 //! one by one with the table used by others in between.
 
 use super::*;
+use std::time::Duration;
+
 use ferry_proto::disco::{self, AllocateRequest, Message};
 use ferry_proto::key::{DiscoPrivate, NodePublic};
 use ferry_proto::udp_header::{Header, Protocol};
@@ -210,4 +212,74 @@ fn controls_are_opened_between_two_short_holds_of_the_table() {
         "answers get no reply"
     );
     assert_eq!(t.handle(now, pa, &mut data(ab)), Verdict::Forward(pb));
+}
+
+/// A flood of forged binds, garbage and oversize control datagrams from
+/// many sources: every one is counted by its reason, none is answered,
+/// and each reason makes one log line per interval, not one per
+/// datagram or per batch.
+#[test]
+fn a_flood_of_bad_controls_is_counted_and_logged_once_per_interval() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        bind_rate: 1,
+        bind_burst: 4,
+        ..Limits::default()
+    };
+    let relays = PeerRelays::new(key(0x41), limits);
+    relays.set_addrs(vec![addr("192.0.2.10:40000")]);
+    let (a, b, stranger) = (key(1), key(2), key(3));
+    let req = AllocateRequest {
+        client_disco: [a.public(), b.public()],
+        generation: 1,
+    };
+    let vni = relays
+        .allocate(&NodePublic([1; 32]), &req, t0)
+        .unwrap()
+        .response
+        .endpoint
+        .vni;
+    let forged = control(
+        &relays.lock(),
+        &stranger,
+        vni,
+        &Message::Bind(bind(vni, 1, &a)),
+    );
+    let mut oversize = control(&relays.lock(), &a, vni, &Message::Bind(bind(vni, 1, &b)));
+    oversize.resize(1400, 0);
+    let mut garbage = Header::bind(vni).to_bytes().to_vec();
+    garbage.extend_from_slice(&[0x55; 60]);
+    let mut ctl = Controls::new(&limits);
+    let mut replies = 0;
+    // 100 batches of 30 over 10 s, each datagram from its own source (so
+    // that the per-source limit lets them through), then 100 more over
+    // the next 10 s from one source.
+    for round in 0..200u32 {
+        let now = t0 + Duration::from_millis(u64::from(round) * 100);
+        let mut batch = Batch::default();
+        for i in 0..30u32 {
+            let n = if round < 100 { round * 30 + i } else { 0 };
+            let src = SocketAddr::from(([10, (n >> 16) as u8, (n >> 8) as u8, n as u8], 9));
+            batch.add(src, [&forged, &oversize, &garbage][i as usize % 3]);
+        }
+        batch.defer(&mut ctl, now);
+        ctl.run(&relays, now, &mut batch.buf, |_, _, _| replies += 1);
+    }
+    let cn = *relays.lock().counters();
+    assert_eq!(replies, 0, "bad input was answered");
+    let [sender, shape, limited] =
+        [Drop::UnknownSender, Drop::BadControl, Drop::RateLimited].map(|d| cn.dropped(d));
+    assert_eq!(sender + shape + limited, 6_000, "every datagram counted");
+    assert!(sender >= 1_000 && shape >= 2_000, "{sender} {shape}");
+    // One source: its burst of 4, then one a second.
+    assert!(limited >= 3_000 - 4 - 10, "{limited}");
+    assert_eq!(cn.binds + cn.challenges, 0);
+    // Lines: UnknownSender and BadControl at 0 s, again at 10 s (the
+    // single source's first datagrams), RateLimited at 10 s; nothing
+    // else in the 20 s.
+    assert_eq!(
+        ctl.lines,
+        2 + 2 + 1,
+        "log lines for 6 000 dropped datagrams"
+    );
 }

@@ -393,6 +393,57 @@ fn answers_must_carry_this_sources_challenge() {
     );
 }
 
+/// Replays: the exact datagram of a's answer that bound it, sent again
+/// from another address (a spoofed source), and a's older answer sent
+/// again after a newer one bound it elsewhere, are dropped by reason and
+/// answered by nothing; the endpoint keeps forwarding to where a bound
+/// last.
+#[test]
+fn replayed_answers_move_nothing() {
+    let now = t0();
+    let mut t = table(now);
+    let (a, b) = (Client::new(1), Client::new(2));
+    let vni = open_endpoint(&mut t, &a, &b, now);
+    let (pa, pb, spoofed, moved) = (
+        addr("192.0.2.1:1"),
+        addr("192.0.2.2:2"),
+        addr("198.51.100.7:1"),
+        addr("203.0.113.1:5"),
+    );
+    // a's handshake 2 from pa, its answer's bytes kept as on the wire.
+    let c2 = a.challenge(&mut t, now, vni, 2, &b, pa);
+    let wire = a.control(&t, vni, &Message::BindAnswer(c2));
+    assert_eq!(t.handle(now, pa, &mut wire.clone()), Verdict::Bound);
+    let before = *t.counters();
+    for _ in 0..100 {
+        assert_eq!(
+            t.handle(now, spoofed, &mut wire.clone()),
+            Verdict::Drop(Drop::BadChallenge)
+        );
+    }
+    assert_eq!(t.handle(now, pb, &mut data(vni)), Verdict::Forward(pa));
+    // Handshake 3 from a new address; the old answer replayed from the
+    // old one (where it was valid) is stale.
+    a.bind(&mut t, now, vni, 3, &b, moved);
+    for _ in 0..100 {
+        assert_eq!(
+            t.handle(now, pa, &mut wire.clone()),
+            Verdict::Drop(Drop::StaleGeneration)
+        );
+    }
+    assert_eq!(t.handle(now, pb, &mut data(vni)), Verdict::Forward(moved));
+    let after = *t.counters();
+    assert_eq!(
+        after.dropped(Drop::BadChallenge) - before.dropped(Drop::BadChallenge),
+        100
+    );
+    assert_eq!(
+        after.dropped(Drop::StaleGeneration) - before.dropped(Drop::StaleGeneration),
+        100
+    );
+    assert_eq!(after.binds - before.binds, 1, "only handshake 3 bound");
+}
+
 #[test]
 fn bad_control_datagrams_are_dropped_by_reason() {
     let now = t0();
