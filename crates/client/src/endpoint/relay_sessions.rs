@@ -76,9 +76,13 @@ enum State {
         until: Instant,
     },
     Binding(Binder),
-    /// Bound at the instant; `true` once its relay path has been seen
-    /// working.
-    Bound(Binder, Instant, bool),
+    Bound {
+        binder: Binder,
+        /// When it bound.
+        at: Instant,
+        /// Its relay path has been seen working since.
+        confirmed: bool,
+    },
 }
 
 /// The relay sessions of one endpoint.
@@ -146,10 +150,10 @@ impl RelaySessions {
     pub fn remove(&mut self, peer: &NodePublic) {
         self.failures.remove(peer);
         let gone = self.peers.remove(peer);
-        if let Some(State::Binding(b) | State::Bound(b, ..)) = &gone {
+        if let Some(State::Binding(b) | State::Bound { binder: b, .. }) = &gone {
             unindex(&mut self.by_vni, b.vni(), peer);
         }
-        if let Some(State::Bound(..)) = gone {
+        if let Some(State::Bound { .. }) = gone {
             self.changes.push_back((*peer, None));
         }
     }
@@ -174,7 +178,7 @@ impl RelaySessions {
         let Some(state) = self.peers.get_mut(&offer.peer) else {
             return;
         };
-        if let State::Binding(b) | State::Bound(b, ..) = state {
+        if let State::Binding(b) | State::Bound { binder: b, .. } = state {
             if b.vni() == offer.vni && b.slot() == offer.slot {
                 // The same session offered again (both peers asked).
                 tracing::debug!(
@@ -186,7 +190,7 @@ impl RelaySessions {
                 return;
             }
         }
-        let was_bound = matches!(state, State::Bound(..));
+        let was_bound = matches!(state, State::Bound { .. });
         tracing::debug!(
             peer = %offer.peer,
             vni = offer.vni,
@@ -195,7 +199,7 @@ impl RelaySessions {
             was_bound,
             "session offered: binding"
         );
-        if let State::Binding(b) | State::Bound(b, ..) = state {
+        if let State::Binding(b) | State::Bound { binder: b, .. } = state {
             unindex(&mut self.by_vni, b.vni(), &offer.peer);
         }
         self.generation = self.generation.wrapping_add(1).max(1);
@@ -249,7 +253,7 @@ impl RelaySessions {
             let Some(state) = self.peers.get_mut(peer) else {
                 continue;
             };
-            let (State::Binding(b) | State::Bound(b, ..)) = state else {
+            let (State::Binding(b) | State::Bound { binder: b, .. }) = state else {
                 continue;
             };
             if b.vni() != header.vni {
@@ -267,7 +271,11 @@ impl RelaySessions {
                     let path = (b.vni(), b.relay());
                     let bound = b.clone();
                     tracing::debug!(%peer, vni = b.vni(), "session bound");
-                    *state = State::Bound(bound, now, false);
+                    *state = State::Bound {
+                        binder: bound,
+                        at: now,
+                        confirmed: false,
+                    };
                     self.changes.push_back((*peer, Some(path)));
                 }
             }
@@ -295,12 +303,18 @@ impl RelaySessions {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
         };
-        let confirmed = matches!(state, State::Bound(_, _, true));
+        let confirmed = matches!(
+            state,
+            State::Bound {
+                confirmed: true,
+                ..
+            }
+        );
         tracing::debug!(%peer, confirmed, "session lost");
-        if let State::Binding(b) | State::Bound(b, ..) = state {
+        if let State::Binding(b) | State::Bound { binder: b, .. } = state {
             unindex(&mut self.by_vni, b.vni(), peer);
         }
-        if matches!(state, State::Bound(..)) {
+        if matches!(state, State::Bound { .. }) {
             self.changes.push_back((*peer, None));
         }
         let at = if confirmed {
@@ -320,7 +334,7 @@ impl RelaySessions {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
         };
-        let (State::Binding(b) | State::Bound(b, ..)) = state else {
+        let (State::Binding(b) | State::Bound { binder: b, .. }) = state else {
             return;
         };
         if b.vni() != vni {
@@ -331,7 +345,7 @@ impl RelaySessions {
             return self.lost(now, peer);
         }
         unindex(&mut self.by_vni, vni, peer);
-        if matches!(state, State::Bound(..)) {
+        if matches!(state, State::Bound { .. }) {
             self.changes.push_back((*peer, None));
         }
         *state = State::Idle { at: now };
@@ -342,13 +356,13 @@ impl RelaySessions {
     /// whose path died, or that no pong confirmed within
     /// [`SessionTiming::confirm_within`] of binding, is lost.
     pub fn check_path(&mut self, now: Instant, peer: &NodePublic, state: Option<PathState>) {
-        let Some(State::Bound(_, at, seen)) = self.peers.get_mut(peer) else {
+        let Some(State::Bound { at, confirmed, .. }) = self.peers.get_mut(peer) else {
             return;
         };
         let unconfirmed = now.saturating_duration_since(*at) >= self.timing.confirm_within;
         match state {
             Some(PathState::Working) => {
-                *seen = true;
+                *confirmed = true;
                 self.failures.remove(peer);
             }
             Some(PathState::Unconfirmed) if !unconfirmed => {}
@@ -363,7 +377,7 @@ impl RelaySessions {
     pub fn bound(&self) -> Vec<NodePublic> {
         self.peers
             .iter()
-            .filter(|(_, s)| matches!(s, State::Bound(..)))
+            .filter(|(_, s)| matches!(s, State::Bound { .. }))
             .map(|(k, _)| *k)
             .collect()
     }
@@ -379,7 +393,7 @@ impl RelaySessions {
                     b.handle_timeout(now);
                     b.is_failed()
                 }
-                State::Idle { .. } | State::Bound(..) => false,
+                State::Idle { .. } | State::Bound { .. } => false,
             };
             if expired {
                 let what = if matches!(state, State::Asked { .. }) {
@@ -419,14 +433,14 @@ impl RelaySessions {
                 State::Idle { at } => Some(*at),
                 State::Asked { until } => Some(*until),
                 State::Binding(b) => b.poll_timeout(),
-                State::Bound(..) => None,
+                State::Bound { .. } => None,
             })
             .min()
     }
 
     /// Whether `peer` has a bound session.
     pub fn is_bound(&self, peer: &NodePublic) -> bool {
-        matches!(self.peers.get(peer), Some(State::Bound(..)))
+        matches!(self.peers.get(peer), Some(State::Bound { .. }))
     }
 }
 
