@@ -40,8 +40,12 @@ const FRAME: u64 = 5 + 32 + PACKET as u64;
 /// How long the sender sends.
 const RUN: Duration = Duration::from_secs(2);
 /// The receive buffer a limited sender's socket gets, as the kernel counts
-/// it: a second of its rate, or twice its burst if more.
-const CAP: u64 = if 2 * BURST > RATE { 2 * BURST } else { RATE };
+/// it: a tenth of a second of its rate, or twice its burst if more.
+const CAP: u64 = if 2 * BURST > RATE / 10 {
+    2 * BURST
+} else {
+    RATE / 10
+};
 /// What one turn of the relay reads from a socket before a pause lands:
 /// epoll's read budget per turn; io_uring's multishot receive fills
 /// provided buffers until the pause cancels it, at most the ring's

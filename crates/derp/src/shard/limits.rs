@@ -14,12 +14,14 @@
 //! client's traffic. So a limited client's socket, from its registration
 //! (or from new limits), gets a fixed receive buffer of [`recv_cap`]: what
 //! waits on the relay's side is then at most that in the kernel plus what
-//! one turn read before the hold landed. The buffer is a second of the
-//! rate, not less: it is also what carries the client through the times
-//! the relay or the client itself is late (a busy turn, a descheduled
-//! thread), and a bucket that sits full while the buffer is empty loses
-//! what it would have refilled. Reading is not slowed further. Lifting
-//! the limits leaves the buffer as it is until the client reconnects.
+//! one turn read before the hold landed. A tenth of a second of the
+//! rate, at least twice the burst, is enough for the client to reach its
+//! rate: a relay that comes late to the socket costs the client whatever
+//! refill its bucket could not keep (past the burst), whatever the buffer,
+//! and the buffer holds more than the burst; a client late to refill the
+//! buffer has its own send buffer to draw on. A larger buffer only adds
+//! to its packets' latency. Reading is not slowed further. Lifting the
+//! limits leaves the buffer as it is until the client reconnects.
 
 use super::*;
 
@@ -28,7 +30,7 @@ const FRAME_HEADER: usize = 5;
 
 /// How much of a limited client's traffic its socket's receive buffer
 /// holds, in time at its rate.
-const RECV_TIME: Duration = Duration::from_secs(1);
+const RECV_TIME: Duration = Duration::from_millis(100);
 
 /// The receive buffer (as the kernel counts it, with its bookkeeping) of a
 /// limited client's socket: [`RECV_TIME`] of its rate, and room for its
