@@ -161,6 +161,16 @@ pub trait Driver {
         None
     }
 
+    /// Bounds what waits for `slot` in the kernel when its handler reads it
+    /// slowly on purpose (a receive limit): fixes its receive buffer at
+    /// about `bytes` as the kernel counts it (`SO_RCVBUF`, which also stops
+    /// the kernel from growing it; see `ferry_sys::sockopt::cap_recv_buffer`).
+    /// Reading goes on as before. Returns the buffer the kernel reports; `None` where
+    /// the back end does not do this.
+    fn limit_recv(&mut self, _slot: Slot, _bytes: usize) -> Option<usize> {
+        None
+    }
+
     /// The receive buffers this back end owns, for metrics. Back ends
     /// whose sockets are read into the caller's memory by the kernel on
     /// demand (epoll) own none and report zeros.

@@ -435,6 +435,12 @@ impl Driver for EpollDriver {
         ferry_sys::sockopt::tcp_bytes_acked(sock.stream.as_fd()).ok()
     }
 
+    fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {
+        use std::os::fd::AsFd;
+        let sock = self.sock(slot)?;
+        ferry_sys::sockopt::cap_recv_buffer(sock.stream.as_fd(), bytes).ok()
+    }
+
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()> {
         let sock = self
             .sock(slot)

@@ -56,6 +56,8 @@ struct Sock {
     output: Vec<u8>,
     /// Bytes the peer took over the socket's life (its `bytes_acked`).
     acked: u64,
+    /// What [`Driver::limit_recv`] capped its receive buffer at.
+    recv_limit: Option<usize>,
 }
 
 /// A driver whose I/O a test scripts. See the module docs.
@@ -188,6 +190,12 @@ impl SimDriver {
         self.accepts.iter().filter(|a| a.0 == listener).count()
     }
 
+    /// What the handler capped `slot`'s receive buffer at
+    /// ([`Driver::limit_recv`]), if it did.
+    pub fn recv_limit(&self, slot: Slot) -> Option<usize> {
+        self.socks.get(&slot)?.recv_limit
+    }
+
     /// Whether the handler has receiving on for `slot`.
     pub fn receiving(&self, slot: Slot) -> bool {
         self.socks.get(&slot).is_some_and(|s| s.recv_enabled)
@@ -284,6 +292,7 @@ impl Driver for SimDriver {
                 reader: self.default_reader,
                 output: Vec::new(),
                 acked: 0,
+                recv_limit: None,
             },
         );
         Ok(())
@@ -396,5 +405,11 @@ impl Driver for SimDriver {
 
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {
         self.socks.get(&slot).map(|s| s.acked)
+    }
+
+    fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {
+        let sock = self.socks.get_mut(&slot)?;
+        sock.recv_limit = Some(bytes);
+        Some(bytes)
     }
 }

@@ -131,6 +131,18 @@ pub fn set_buffer(fd: BorrowedFd<'_>, which: Buffer, bytes: usize) -> io::Result
     })
 }
 
+/// Caps a TCP socket's receive buffer at about `bytes` as the kernel
+/// counts it (data and the kernel's bookkeeping for it), which also stops
+/// the kernel from growing it: asks `SO_RCVBUF` for half, which the kernel
+/// doubles. Data in large segments fills up to about `bytes`, in small
+/// ones about half of it. Returns the buffer the socket reports afterwards.
+pub fn cap_recv_buffer(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
+    let ask = i32::try_from(bytes / 2).unwrap_or(i32::MAX);
+    set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, ask)?;
+    let now = get_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
+    Ok(usize::try_from(now).unwrap_or(0))
+}
+
 /// Turns on `SO_RXQ_OVFL`: every received datagram then carries the
 /// socket's cumulative count of datagrams dropped for lack of buffer
 /// (see [`crate::mmsg::RecvMeta::drops`]).

@@ -7,11 +7,38 @@
 //! with its header, as derper counts it; mesh peers are exempt. New limits
 //! (SIGHUP) reach every shard through its inbox and give every client a
 //! full bucket of the new size.
+//!
+//! Holding input alone would leave the waiting to the kernel's receive
+//! buffer, which grows (up to `tcp_rmem`'s max, megabytes) whenever the
+//! relay takes a large read at once, and then holds seconds of the
+//! client's traffic. So a limited client's socket, from its registration
+//! (or from new limits), gets a fixed receive buffer of [`recv_cap`]: what
+//! waits on the relay's side is then at most that in the kernel plus what
+//! one turn read before the hold landed. A tenth of a second of the
+//! rate, at least twice the burst, is enough for the client to reach its
+//! rate: a relay that comes late to the socket costs the client whatever
+//! refill its bucket could not keep (past the burst), whatever the buffer,
+//! and the buffer holds more than the burst; a client late to refill the
+//! buffer has its own send buffer to draw on. A larger buffer only adds
+//! to its packets' latency. Reading is not slowed further. Lifting the
+//! limits leaves the buffer as it is until the client reconnects.
 
 use super::*;
 
 /// Bytes of a DERP frame header, counted with its payload.
 const FRAME_HEADER: usize = 5;
+
+/// How much of a limited client's traffic its socket's receive buffer
+/// holds, in time at its rate.
+const RECV_TIME: Duration = Duration::from_millis(100);
+
+/// The receive buffer (as the kernel counts it, with its bookkeeping) of a
+/// limited client's socket: [`RECV_TIME`] of its rate, and room for its
+/// burst even in small segments (twice the burst) when that is more.
+pub(super) fn recv_cap(rate: &RateConfig) -> usize {
+    let time = (rate.bytes_per_sec as f64 * RECV_TIME.as_secs_f64()) as usize;
+    time.max(2 * rate.burst_bytes as usize)
+}
 
 /// The bucket a client gets under `rate`.
 pub(super) fn bucket_for(rate: &RateConfig, mesh: bool) -> Option<Bucket> {
@@ -73,7 +100,11 @@ impl Shard {
         let mut held = Vec::new();
         for (slot, conn) in self.conns.iter_mut() {
             if conn.phase() == Phase::Active {
-                conn.set_rate(bucket_for(&rate, conn.is_mesh()));
+                let bucket = bucket_for(&rate, conn.is_mesh());
+                if bucket.is_some() {
+                    self.ops.push(Op::LimitRecv(slot));
+                }
+                conn.set_rate(bucket);
                 if conn.holds(Hold::RateLimit) {
                     held.push(slot);
                 }

@@ -277,6 +277,8 @@ struct KeyEntry {
 enum Op {
     Attach(Slot, TcpStream),
     SetRecv(Slot, bool),
+    /// Bound what waits for a rate-limited client (see `limits`).
+    LimitRecv(Slot),
     /// Read this socket in kernel-TLS mode (after a move between shards).
     KtlsRx(Slot),
 }
@@ -528,6 +530,11 @@ impl Shard {
                         driver.set_recv(slot, on);
                     }
                 }
+                Op::LimitRecv(slot) => {
+                    if self.conns.get(slot).is_some_and(|c| c.closed().is_none()) {
+                        driver.limit_recv(slot, limits::recv_cap(&self.rate));
+                    }
+                }
                 Op::KtlsRx(slot) => {
                     if let Err(e) = driver.set_ktls_rx(slot) {
                         // The session is in the kernel already: without
@@ -571,6 +578,7 @@ trait DriverOps {
     fn fd(&self, slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>>;
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()>;
     fn bytes_acked(&self, slot: Slot) -> Option<u64>;
+    fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize>;
     fn stop_accepting(&mut self, listener: usize);
     fn accepting(&self, listener: usize) -> bool;
 }
@@ -599,6 +607,9 @@ impl<D: Driver> DriverOps for D {
     }
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {
         Driver::bytes_acked(self, slot)
+    }
+    fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {
+        Driver::limit_recv(self, slot, bytes)
     }
     fn stop_accepting(&mut self, listener: usize) {
         Driver::stop_accepting(self, listener)

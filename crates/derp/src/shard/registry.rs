@@ -93,6 +93,9 @@ impl Shard {
             write_timeout,
             rate,
         );
+        if rate.is_some() {
+            self.ops.push(Op::LimitRecv(slot));
+        }
         conn.note_active(activity);
         let key = conn.key();
         let nonce = nacl::random_nonce();

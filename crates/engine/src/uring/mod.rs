@@ -512,6 +512,12 @@ impl Driver for UringDriver {
         ferry_sys::sockopt::tcp_bytes_acked(sock.stream.as_fd()).ok()
     }
 
+    fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {
+        use std::os::fd::AsFd;
+        let sock = self.live(slot)?;
+        ferry_sys::sockopt::cap_recv_buffer(sock.stream.as_fd(), bytes).ok()
+    }
+
     fn recv_buffers(&self) -> crate::RecvBuffers {
         let s = self.stats();
         crate::RecvBuffers {
