@@ -14,7 +14,8 @@ ferry-bench places the
 peers (`throughput --cross-shard PCT`) and fails a run whose measured
 share is more than 5 points off, so every recorded point has the share it
 names. The per-packet cost of the cross-shard path is the slope of a
-straight line through the two-worker points (cost against measured share),
+straight line through the two-worker points' medians (cost against
+measured share),
 the same-shard cost its value at share 0; docs/scaling.md turns them into
 a model for 16 cores.
 """
@@ -67,6 +68,8 @@ def figures(report):
     cross = res.get("cross_shard") or {}
     if not packets or busy is None or cpu is None or "measured" not in cross:
         return None
+    if (report.get("machine") or {}).get("lost", 0.0) >= 0.5:
+        return None  # the machine stood still: no CPU figure (see sanity.py)
     gbit = res["delivered_mbps"] / 1000.0
     return {
         "share": cross["measured"],
@@ -106,7 +109,7 @@ def summarize(records):
             continue
         f = figures(r["report"])
         if f is None:
-            log(f"scaling: {r['point']} r{r['repeat']}: a figure is missing; left out")
+            log(f"scaling: {r['point']} r{r['repeat']}: a figure is missing or the machine stood still; left out")
             continue
         runs.setdefault(r["point"], []).append(f)
     if not runs:
@@ -114,10 +117,12 @@ def summarize(records):
     out = {"points": {}}
     for point, fs in runs.items():
         out["points"][point] = {k: stat([f[k] for f in fs]) for k in fs[0]}
-    two = [f for point, fs in runs.items() if point.startswith("w2-") for f in fs]
+    # The lines go through the points' medians, so one disturbed run moves
+    # them no more than it moves a median.
+    two = [d for point, d in out["points"].items() if point.startswith("w2-")]
     one = runs.get(point_name(1, 0), [])
     for cost in ("cpu_ns_per_packet", "busy_ns_per_packet"):
-        line = fit([f["share"] for f in two], [f[cost] for f in two])
+        line = fit([d["share"]["median"] for d in two], [d[cost]["median"] for d in two])
         entry = {"one_worker": stat([f[cost] for f in one])}
         if line:
             a, b = line
@@ -142,7 +147,11 @@ def section(s):
              "| Point | measured share % | delivered Mbit/s | loss % | server CPU ns/packet | shards busy ns/packet "
              "| server cores per Gbit/s |",
              "|---|---|---|---|---|---|---|"]
-    for point, d in s["points"].items():
+    def order(item):
+        workers, pct = item[0].split("-")
+        return int(workers[1:]), float(pct.rstrip("%"))
+
+    for point, d in sorted(s["points"].items(), key=order):
         share = d["share"] and {k: v * 100 if k != "n" else v for k, v in d["share"].items()}
         loss = d["loss"] and {k: v * 100 if k != "n" else v for k, v in d["loss"].items()}
         lines.append(f"| {point} | {cell(share, 1)} | {cell(d['delivered_mbps'])} | {cell(loss, 3)} "
@@ -152,7 +161,7 @@ def section(s):
     for cost, what in (("cpu_ns_per_packet", "process CPU"), ("busy_ns_per_packet", "shards' busy time")):
         e = s.get(cost) or {}
         if "same_shard" in e:
-            lines.append(f"- {what}, two workers, fitted over every run: same-shard {e['same_shard']:.0f} ns/packet, "
+            lines.append(f"- {what}, two workers, fitted through the points' medians: same-shard {e['same_shard']:.0f} ns/packet, "
                          f"cross-shard {e['cross_shard']:.0f} ns/packet (+{e['cross_extra']:.0f}); one worker "
                          f"{cell(e.get('one_worker'))} ns/packet.")
     lines.append("")

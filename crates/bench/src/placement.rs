@@ -125,9 +125,14 @@ pub fn per_shard(samples: &BTreeMap<String, f64>, prefix: &str) -> Option<Vec<f6
 
 /// Connects fresh keys one at a time, each held until the server shows
 /// which shard registered it, until shard `k` has `need[k]` keys; then
-/// closes them all and waits until the server has let them go. Fails if the
-/// server's shard count is not `need.len()`, its metrics lack the gauge, or
-/// a deadline passes.
+/// closes them all and waits until the server has let them go. It starts
+/// once the counts have settled (an earlier run's connections may still be
+/// leaving); others that leave later are mostly tolerated too: a probe is
+/// the one rise of a shard's count above the lowest it showed since the
+/// probe started, which a departure from the same shard at the same moment
+/// can hide (the probe then times out). Fails if the server's shard count is not
+/// `need.len()`, its metrics lack the gauge, other connections arrive, or a
+/// deadline passes.
 pub fn learn(
     target: &Target,
     need: &[usize],
@@ -142,7 +147,7 @@ pub fn learn(
             "--cross-shard: the server publishes no ferry_shard_connections (not Ferry?)"
         })
     };
-    let base = read()?;
+    let base = settled(&read, timeout)?;
     if base.len() != need.len() {
         bail!(
             "--cross-shard: the server has {} shard(s), the layout was made for {}",
@@ -150,10 +155,12 @@ pub fn learn(
             need.len()
         );
     }
-    let base_total: f64 = base.iter().sum();
     let mut pool = Pool::new(timeout)?;
     let mut by_shard: Vec<Vec<Arc<PeerKey>>> = vec![Vec::new(); need.len()];
-    let mut last = base;
+    // The lowest count each shard has shown since the current probe was
+    // started: connections of others that leave only lower it, so the
+    // probe's registration is the one rise above it.
+    let mut floor = base;
     let mut events = Vec::new();
     let max_probes = 64 + 8 * need.iter().sum::<usize>();
     let mut probes = 0;
@@ -181,20 +188,32 @@ pub fn learn(
                 continue;
             }
             let now = read()?;
-            if now.iter().sum::<f64>() < base_total + pool.open() as f64 {
-                continue;
+            let rises: Vec<usize> = (0..now.len()).filter(|&k| now[k] > floor[k]).collect();
+            for (f, n) in floor.iter_mut().zip(&now) {
+                *f = f.min(*n);
             }
-            let rose = (0..now.len()).find(|&k| now[k] > last.get(k).copied().unwrap_or(0.0));
-            last = now;
-            break rose.context("--cross-shard: the connection count rose on no shard")?;
+            match rises.as_slice() {
+                [] => continue,
+                [k] if now[*k] == floor[*k] + 1.0 => {
+                    let k = *k;
+                    floor = now;
+                    break k;
+                }
+                _ => bail!(
+                    "--cross-shard: connections other than the probe's arrived \
+                     (per shard: {floor:?} → {now:?})"
+                ),
+            }
         };
         if by_shard[shard].len() < need[shard] {
             by_shard[shard].push(key);
         }
     }
+    let before_close: f64 = read()?.iter().sum();
+    let probes_open = pool.open() as f64;
     pool.close_all();
     let deadline = Instant::now() + timeout;
-    while read()?.iter().sum::<f64>() > base_total {
+    while read()?.iter().sum::<f64>() > before_close - probes_open {
         if Instant::now() > deadline {
             bail!("--cross-shard: the probe connections were not released within {timeout:?}");
         }
@@ -202,6 +221,28 @@ pub fn learn(
     }
     Ok((by_shard, probes))
 }
+
+/// The per-shard connection counts once they have stopped moving: the
+/// same in two readings [`SETTLE`] apart (connections of an earlier run
+/// may still be leaving). Fails if they keep moving for `timeout`.
+fn settled(read: &impl Fn() -> Result<Vec<f64>>, timeout: Duration) -> Result<Vec<f64>> {
+    let deadline = Instant::now() + timeout;
+    let mut last = read()?;
+    loop {
+        std::thread::sleep(SETTLE);
+        let now = read()?;
+        if now == last {
+            return Ok(now);
+        }
+        if Instant::now() > deadline {
+            bail!("--cross-shard: the server's connection counts kept changing for {timeout:?}");
+        }
+        last = now;
+    }
+}
+
+/// How long the connection counts must stay the same before probing.
+const SETTLE: Duration = Duration::from_millis(200);
 
 /// What a `--cross-shard` run asked for and got.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
