@@ -26,25 +26,32 @@ from .common import SIZE, log
 from .servers import Server
 
 
-def point_name(workers, pct):
-    return f"w{workers}-{pct}%"
+def point_name(workers, pct, half=False):
+    return f"w{workers}-{pct}%" + ("-half" if half else "")
+
+
+# One worker at half the rate: each of two shards carries half the load,
+# so its turns are as full as one worker's at half the rate, and that is the
+# comparison that leaves batching out of the cost of a second shard.
+HALF = "w1-0%-half"
 
 
 def suite_scaling(ctx):
     p = ctx.plan["scaling"]
-    points = [(1, 0)] + [(2, pct) for pct in p["shares"]]
+    points = [(1, 0, True), (1, 0, False)] + [(2, pct, False) for pct in p["shares"]]
     window = p.get("window", ctx.plan["window"])
     repeats = ctx.args.repeats or p.get("repeats", ctx.plan["repeats"])
     for rep in range(repeats):
         # Interleaved: every repeat runs every point, with a fresh server
         # per worker count and repeat.
-        for workers in sorted({w for w, _ in points}):
+        for workers in sorted({w for w, _, _ in points}):
             with Server(ctx, "ferry", False, workers=workers, cpus=p["cpus"]) as srv:
-                for w, pct in points:
+                for w, pct, half in points:
                     if w != workers:
                         continue
-                    ctx.bench(srv, "scaling", point_name(w, pct), rep, "throughput",
-                              ["-n", str(p["peers"]), "--size", str(SIZE), "--total-rate", f"{p['rate']}M",
+                    rate = p["rate"] / 2 if half else p["rate"]
+                    ctx.bench(srv, "scaling", point_name(w, pct, half), rep, "throughput",
+                              ["-n", str(p["peers"]), "--size", str(SIZE), "--total-rate", f"{rate:g}M",
                                "--metrics", "--cross-shard", str(pct), "--no-spin", "--warmup", ctx.plan["warmup"],
                                "-d", window, "--drain", ctx.plan["drain"]],
                               client_cpus=p["cpus"])
@@ -123,7 +130,8 @@ def summarize(records):
     one = runs.get(point_name(1, 0), [])
     for cost in ("cpu_ns_per_packet", "busy_ns_per_packet"):
         line = fit([d["share"]["median"] for d in two], [d[cost]["median"] for d in two])
-        entry = {"one_worker": stat([f[cost] for f in one])}
+        entry = {"one_worker": stat([f[cost] for f in one]),
+                 "one_worker_half_rate": stat([f[cost] for f in runs.get(HALF, [])])}
         if line:
             a, b = line
             entry.update({"same_shard": a, "cross_shard": a + b, "cross_extra": b})
@@ -148,8 +156,8 @@ def section(s):
              "| server cores per Gbit/s |",
              "|---|---|---|---|---|---|---|"]
     def order(item):
-        workers, pct = item[0].split("-")
-        return int(workers[1:]), float(pct.rstrip("%"))
+        workers, pct = item[0].split("-")[:2]
+        return int(workers[1:]), float(pct.rstrip("%")), item[0] != HALF
 
     for point, d in sorted(s["points"].items(), key=order):
         share = d["share"] and {k: v * 100 if k != "n" else v for k, v in d["share"].items()}
@@ -163,6 +171,7 @@ def section(s):
         if "same_shard" in e:
             lines.append(f"- {what}, two workers, fitted through the points' medians: same-shard {e['same_shard']:.0f} ns/packet, "
                          f"cross-shard {e['cross_shard']:.0f} ns/packet (+{e['cross_extra']:.0f}); one worker "
-                         f"{cell(e.get('one_worker'))} ns/packet.")
+                         f"{cell(e.get('one_worker'))} ns/packet at the same rate, "
+                         f"{cell(e.get('one_worker_half_rate'))} at half of it.")
     lines.append("")
     return lines
