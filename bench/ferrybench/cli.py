@@ -32,7 +32,7 @@ from .layout import RESULTS, run_dir
 from .outputs import load_records, machine_info, rerender, write_outputs
 from .plans import PLANS, plan_for
 from .sanity import sanity
-from .suites import SUITES, peak_delivered
+from .suites import OPT_IN, SUITES, peak_delivered
 
 
 def parse_args():
@@ -42,7 +42,9 @@ def parse_args():
     ap.add_argument("--out", type=Path,
                     help="output directory (full: bench/results/<date>-derp-<tag>; quick: that name in a temporary directory)")
     ap.add_argument("--tag", help="the last part of the output directory's name (default: the mode, quick or full)")
-    ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated subset of " + ",".join(SUITES))
+    ap.add_argument("--suites", default=",".join(x for x in SUITES if x not in OPT_IN),
+                    help="comma-separated subset of " + ",".join(SUITES) + " (default: all but "
+                         + ",".join(OPT_IN) + ", which run only when named)")
     ap.add_argument("--profile", choices=["release", "dev"], default="release", help="cargo profile to build and measure")
     ap.add_argument("--server-cpus", default="0", help="taskset CPU list for the servers")
     ap.add_argument("--client-cpus", default="1", help="taskset CPU list for ferry-bench")

@@ -33,8 +33,9 @@ class Context:
             prefix += ["taskset", "-c", cpus]
         return prefix
 
-    def bench(self, server, suite, point, repeat, mode, extra):
-        """Runs ferry-bench once (retrying disturbed runs) and records it."""
+    def bench(self, server, suite, point, repeat, mode, extra, client_cpus=None):
+        """Runs ferry-bench once (retrying disturbed runs) and records it;
+        pinned to `client_cpus` (default --client-cpus)."""
         name = f"{suite}/{server.name}-{'tls' if server.tls else 'plain'}-{point}-r{repeat}"
         raw = self.out / "raw" / f"{name}.json"
         raw.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,8 @@ class Context:
                 # A retry on the same process would start from the memory
                 # the last attempt left behind (freed, not returned).
                 server.restart()
-            cmd = self.pin(self.args.client_cpus) + [str(self.bins["ferry-bench"]), mode, "-q", "-o", str(raw)]
+            cmd = self.pin(client_cpus or self.args.client_cpus) + [str(self.bins["ferry-bench"]), mode, "-q", "-o",
+                                                                   str(raw)]
             cmd += server.client_args() + extra
             started = time.time()
             p = subprocess.run(cmd, capture_output=True, text=True)

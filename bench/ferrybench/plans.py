@@ -24,6 +24,13 @@ MESH_PACED = 500
 # socket buffer first, so the window starts once that is full.
 LIMITED_PLAN = {"servers": ["ferry", "derper"], "rate": 2_000_000, "burst": 131072, "offered": 40}
 
+# Ferry with one worker and with two (the scaling suite, run only when
+# named): 16 peers in 8 one-way flows offering `rate` Mbit/s in all, which
+# neither the server nor the generator saturates while they share `cpus`;
+# the share of flows across shards swept over `shares` percent with two
+# workers (one worker has share 0 only).
+SCALING_PLAN = {"cpus": "0,1", "peers": 16, "rate": 2000, "shares": [0, 25, 50, 75, 100]}
+
 # The two modes. Rates are total offered Mbit/s over all flows (None = unpaced).
 PLANS = {
     "quick": {
@@ -48,6 +55,7 @@ PLANS = {
         # A higher limit: the sender's backlog (its socket buffer) drains in
         # well under a second after the window.
         "limited": LIMITED_PLAN | {"rate": 8_000_000, "offered": 160, "warmup": "500ms", "window": "1s"},
+        "scaling": SCALING_PLAN | {"rate": 500, "shares": [0, 50, 100]},
     },
     "full": {
         "repeats": 3,
@@ -72,6 +80,8 @@ PLANS = {
         "mesh": {"servers": ["ferry", "derper"], "rates": [MESH_PACED, None], "ping_loads": [0]},
         "clients": {"servers": ["ferry", "derper"]},
         "limited": LIMITED_PLAN | {"warmup": "3s", "window": "4s"},
+        # Five interleaved repeats, as every per-packet cost needs.
+        "scaling": SCALING_PLAN | {"repeats": 5},
     },
 }
 

@@ -1,5 +1,6 @@
 """results.md and headline.md from a summary."""
 
+from . import scaling
 from .common import DERPER_VERSION, PEERS, SERVERS, SIZE, TUNED_QUEUE
 from .plans import LIMITED_PLAN, STUCK_PLAN
 from .summary import offered_of, points_of
@@ -222,6 +223,7 @@ def markdown(ctx, s, machine):
                   f"{fmt(v['core_s_per_gbit'], 3)} |")
         w("")
     out += limited_section(ctx, s.get("limited") or {})
+    out += scaling.section(s.get("scaling") or {})
     return "\n".join(out)
 
 

@@ -14,6 +14,12 @@ def insane(report):
         gap = res.get("gap_us")
         if gap is not None and not (gap["count"] > 0 and gap["min"] <= gap["p99"] <= gap["max"] <= res["window_s"] * 1e6):
             return f"gaps not measured or out of range ({gap})"
+        lost = (report.get("machine") or {}).get("lost", 0.0)
+        if res.get("cross_shard") and lost >= 0.5:
+            # A per-packet cost needs the server's CPU over the window; a
+            # machine that stood still for most of it (the VM paused) has
+            # none to give.
+            return f"the machine stood still for {lost * 100:.0f} % of the window"
         stuck, asked = res.get("stuck"), (report.get("config") or {}).get("stuck") or 0
         if asked and not stuck:
             return f"{asked} stuck receivers asked for, none reported"

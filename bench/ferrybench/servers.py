@@ -18,9 +18,12 @@ class Server:
     region (the mesh suite) has its CA-signed certificate in `certdir`, the
     CA in `ca` and `mesh` = (mesh key file, --mesh-with list)."""
 
-    def __init__(self, ctx, name, tls, certdir=None, rate=None):
-        """`rate`: (bytes per second, burst bytes) for --rate-config."""
+    def __init__(self, ctx, name, tls, certdir=None, rate=None, workers=None, cpus=None):
+        """`rate`: (bytes per second, burst bytes) for --rate-config;
+        `workers` and `cpus` override --workers and --server-cpus."""
         self.ctx, self.name, self.tls, self.rate = ctx, name, tls, rate
+        self.workers = workers or ctx.args.workers
+        self.cpus = cpus or ctx.args.server_cpus
         self.port = free_port()
         self.proc = None
         self.certdir = certdir or ctx.certdir
@@ -35,7 +38,7 @@ class Server:
         env = dict(os.environ)
         if self.name in ("ferry", "ferry-base"):
             cmd = [str(c.bins[self.name]), "-a", addr, "--stun=false", "-c", str(state / "ferry.key"),
-                   "--workers", str(c.args.workers), "--log", "warn"]
+                   "--workers", str(self.workers), "--log", "warn"]
             cmd += shlex.split(c.args.ferry_args if self.name == "ferry" else c.args.baseline_args)
             if self.tls:
                 cmd += ["--certmode", "manual", "--certdir", str(self.certdir), "--hostname", "localhost", "--http-port", "-1"]
@@ -55,7 +58,7 @@ class Server:
             # the others' (their key files are new per run). The workers
             # count is Ferry's; taskset confines all its threads, as for the
             # others, so --pin-workers would add nothing on one CPU.
-            cmd = [str(c.bins["hyperderp"]), "--port", str(self.port), "--workers", str(c.args.workers),
+            cmd = [str(c.bins["hyperderp"]), "--port", str(self.port), "--workers", str(self.workers),
                    "--log-level", "warn"]
         else:
             raise ValueError(self.name)
@@ -70,7 +73,7 @@ class Server:
             # The same flags for both servers (derper takes either dash).
             cmd += ["--mesh-psk-file", str(psk), "--mesh-with", peers]
             env["SSL_CERT_FILE"] = str(self.ca)
-        return c.pin(c.args.server_cpus) + cmd, env
+        return c.pin(self.cpus) + cmd, env
 
     def __enter__(self):
         cmd, env = self.command()

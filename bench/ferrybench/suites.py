@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 
+from . import scaling
 from .common import PEERS, SERVERS, SIZE, log
 from .servers import Region, Server
 from .summary import values
@@ -235,4 +236,9 @@ SUITES = {
     "mesh": suite_mesh,
     "clients": suite_clients,
     "limited": suite_limited,
+    "scaling": scaling.suite_scaling,
 }
+
+# Suites a run leaves out unless --suites names them: the scaling suite
+# needs both CPUs for the server and would add some 20 s to CI's quick run.
+OPT_IN = ("scaling",)

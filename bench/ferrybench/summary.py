@@ -3,6 +3,7 @@ transport and point (summary.json), and the headline rows with their bars."""
 
 import statistics
 
+from . import scaling
 from .common import SERVERS
 
 def values(records, suite, server, transport, point, get):
@@ -137,6 +138,7 @@ def summarize(ctx):
                     "recv_queue_mean": stat(values(rec, "limited", name, "plain", point, lambda r: rq(r, "mean_bytes"))),
                     "recv_queue_max": stat(values(rec, "limited", name, "plain", point, lambda r: rq(r, "max_bytes"))),
                 }
+    s["scaling"] = scaling.summarize(rec)
     s["headline"] = headline_rows(ctx, s)
     return s
 

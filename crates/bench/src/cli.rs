@@ -140,6 +140,15 @@ pub struct ThroughputArgs {
     /// Offered rate over all flows, split evenly (overrides --rate).
     #[arg(long, value_parser = parse_rate)]
     pub total_rate: Option<Rate>,
+    /// Ferry with several workers: put this percentage of the --peers/2
+    /// one-way flows across shards and the rest within one, every shard
+    /// sending and receiving alike. Learns each key's shard from the
+    /// server's ferry_shard_connections first; fails when the measured
+    /// share (ferry_shard_cross_packets_total over packets read) is more
+    /// than 5 points off.
+    #[arg(long, value_name = "PCT", requires = "metrics",
+          conflicts_with_all = ["pairs_file", "bidirectional", "peer_url", "stuck"])]
+    pub cross_shard: Option<f64>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub stuck: StuckArgs,
@@ -340,6 +349,22 @@ mod tests {
         assert!(
             Cli::try_parse_from(["ferry-bench", "throughput", "--pairs-file", "f", "-n", "4"])
                 .is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "ferry-bench",
+            "throughput",
+            "--cross-shard",
+            "25",
+            "--metrics",
+        ])
+        .unwrap();
+        let Command::Throughput(t) = cli.command else {
+            panic!()
+        };
+        assert_eq!(t.cross_shard, Some(25.0));
+        assert!(
+            Cli::try_parse_from(["ferry-bench", "throughput", "--cross-shard", "25"]).is_err(),
+            "the share is proved by the server's metrics"
         );
     }
 }

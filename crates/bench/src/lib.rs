@@ -22,6 +22,8 @@
 //!   loss and latency accounting over a measured window ([`histogram`]).
 //! - [`pool`]: a single-threaded set of handshake-only connections, behind
 //!   [`idle`] and [`churn`].
+//! - [`placement`]: peers put on a Ferry server's shards, for runs with a
+//!   chosen share of cross-shard traffic.
 //! - [`ceiling`]: the minimal forwarder, for "how close to the machine".
 //! - [`report`]: the JSON schema; [`procstat`] and [`varz`] observe the
 //!   server; [`runs`] ties a command line to a report.
@@ -44,6 +46,7 @@ pub mod histogram;
 pub mod idle;
 pub mod pacing;
 pub mod pairs;
+pub mod placement;
 pub mod pool;
 pub mod procstat;
 pub mod progress;

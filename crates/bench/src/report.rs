@@ -248,6 +248,10 @@ pub struct Throughput {
     /// then those of the healthy pairs alone.
     #[serde(default)]
     pub stuck: Option<Stuck>,
+    /// `--cross-shard`: the share of packets across shards asked for and
+    /// measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_shard: Option<crate::placement::CrossShard>,
 }
 
 /// Receivers that completed their handshake and then stopped reading.
@@ -419,6 +423,7 @@ mod tests {
                 cut_off: 3,
                 held: 0,
             }),
+            cross_shard: None,
         }
     }
 

@@ -22,6 +22,8 @@ pub const INTERESTING: &[&str] = &[
     "ferry_shard_busy_seconds_total",
     "ferry_shard_turns_total",
     "ferry_shard_cross_packets_total",
+    "ferry_shard_packets_received_total",
+    "ferry_shard_packets_sent_total",
     "ferry_ring_stalls_total",
     "ferry_queued_bytes",
     "ferry_io_backend",

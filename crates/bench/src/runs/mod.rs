@@ -54,6 +54,13 @@ fn finish(common: &CommonArgs, report: Result<Report>) -> Result<()> {
             eprintln!("warning: {w}");
         }
     }
+    if let ModeResult::Throughput(Throughput {
+        cross_shard: Some(c),
+        ..
+    }) = &report.result
+    {
+        c.check()?;
+    }
     Ok(())
 }
 

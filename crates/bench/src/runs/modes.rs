@@ -6,8 +6,10 @@ use super::{base_report, check_size, servers, target};
 use crate::ceiling::CeilingServer;
 use crate::churn::{self, ChurnPlan};
 use crate::cli::{CeilingArgs, ChurnArgs, IdleArgs, LatencyArgs, StuckArgs, ThroughputArgs};
+use crate::conn::PeerKey;
 use crate::idle::{self, IdlePlan};
 use crate::pairs::Topology;
+use crate::placement::{self, CrossShard};
 use crate::procstat;
 use crate::progress::Progress;
 use crate::report::{self, ModeResult, Report, ServerUsage, Stuck, Throughput};
@@ -15,6 +17,7 @@ use crate::stamp::{Kind, STAMP_LEN};
 use crate::traffic::{FlowPlan, FlowStats, StuckPeers, TrafficOutcome};
 use anyhow::{bail, Context, Result};
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// The throughput figures of one kind of flow.
 #[allow(clippy::too_many_arguments)]
@@ -63,6 +66,7 @@ pub(super) fn throughput_result(
         other_frames: outcome.other_frames,
         gap_us: outcome.gaps.percentiles(),
         stuck: None,
+        cross_shard: None,
     }
 }
 
@@ -128,13 +132,22 @@ pub(super) fn stuck_result(a: &StuckArgs, flows: usize, outcome: &TrafficOutcome
 
 pub(super) fn throughput(a: ThroughputArgs) -> Result<Report> {
     check_size(a.size, "--size")?;
-    let topo = match &a.pairs_file {
-        Some(path) => {
+    let mut keys = Vec::new();
+    let mut layout = None;
+    let topo = match (&a.pairs_file, a.cross_shard) {
+        (None, Some(pct)) => {
+            let l = cross_shard_layout(&a, pct)?;
+            let (topo, k) = placement::topology(&l.flows, l.keys)?;
+            keys = k;
+            layout = Some(l.result);
+            topo
+        }
+        (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read pair file {}", path.display()))?;
             Topology::parse(&path.display().to_string(), &text)?
         }
-        None => Topology::pairs(a.peers, a.bidirectional)?,
+        (None, None) => Topology::pairs(a.peers, a.bidirectional)?,
     };
     let per_flow = match a.total_rate {
         Some(total) => total.split(topo.flows.len()),
@@ -162,6 +175,7 @@ pub(super) fn throughput(a: ThroughputArgs) -> Result<Report> {
     let peers = topo.peers + a.stuck.stuck;
     let mut plan = engine_plan(&a.engine, peers, flows, a.common.timeout)?;
     plan.stuck = stuck;
+    plan.keys = keys;
     let obs = run_engine(
         &servers,
         a.peer.peer_server_pid,
@@ -181,11 +195,16 @@ pub(super) fn throughput(a: ThroughputArgs) -> Result<Report> {
         let flows = obs.outcome.per_flow_delivered.len() - healthy;
         t.stuck = Some(stuck_result(&a.stuck, flows, &obs.outcome));
     }
+    if let Some(mut c) = layout {
+        c.measured = placement::measured_share(&obs.metrics)?;
+        t.cross_shard = Some(c);
+    }
     let config = serde_json::json!({
         "label": a.common.label,
         "peers": topo.peers,
         "flows": topo.flows.len(),
         "pairs_file": a.pairs_file,
+        "cross_shard_pct": a.cross_shard,
         "bidirectional": a.bidirectional,
         "size": a.size,
         "rate_per_flow": per_flow.to_string(),
@@ -205,6 +224,44 @@ pub(super) fn throughput(a: ThroughputArgs) -> Result<Report> {
         obs,
         ModeResult::Throughput(t),
     ))
+}
+
+/// A `--cross-shard` run's flows, shards and keys, learned from the server.
+struct CrossLayout {
+    flows: Vec<(usize, usize)>,
+    keys: Vec<Vec<Arc<PeerKey>>>,
+    result: CrossShard,
+}
+
+fn cross_shard_layout(a: &ThroughputArgs, pct: f64) -> Result<CrossLayout> {
+    if a.peers < 2 || !a.peers.is_multiple_of(2) {
+        bail!(
+            "--peers {}: pairs need an even number of peers, at least 2",
+            a.peers
+        );
+    }
+    let target = target(&a.common)?;
+    let shards = placement::per_shard(
+        &crate::varz::scrape(&target, "/debug/varz")?,
+        "ferry_shard_connections{",
+    )
+    .context("--cross-shard: the server publishes no ferry_shard_connections (not Ferry?)")?
+    .len();
+    let share = pct / 100.0;
+    let flows = placement::layout(a.peers / 2, shards, share)?;
+    let need = placement::needed(&flows, shards);
+    let (keys, probes) = placement::learn(&target, &need, a.common.timeout)?;
+    Ok(CrossLayout {
+        result: CrossShard {
+            shards,
+            requested: share,
+            flows_across: flows.iter().filter(|(s, d)| s != d).count(),
+            measured: f64::NAN,
+            probes,
+        },
+        flows,
+        keys,
+    })
 }
 
 pub(super) fn latency(a: LatencyArgs) -> Result<Report> {

@@ -23,7 +23,7 @@ pub(super) struct Observed {
     client_cpu_s: f64,
     machine: Option<(procstat::MachineCpu, procstat::MachineCpu)>,
     server: Option<ServerUsage>,
-    metrics: BTreeMap<String, f64>,
+    pub(super) metrics: BTreeMap<String, f64>,
     /// The receivers' server, with `--peer-url`.
     peer: Option<PeerServer>,
     /// Over time, with `--sample-every`.
@@ -115,6 +115,7 @@ pub(super) fn engine_plan(
         batch_ns: crate::clock::ns(engine.batch),
         stuck: StuckPeers::default(),
         sample_every: engine.sample_every,
+        keys: Vec::new(),
     })
 }
 

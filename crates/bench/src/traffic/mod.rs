@@ -115,6 +115,8 @@ pub struct TrafficPlan {
     pub stuck: StuckPeers,
     /// Sample the server and the traffic this often (soak runs).
     pub sample_every: Option<Duration>,
+    /// The peers' keys, one per peer; empty: fresh keys.
+    pub keys: Vec<Arc<PeerKey>>,
 }
 
 /// The stuck receivers of a run (see the module docs).
@@ -257,8 +259,11 @@ pub struct Running {
 /// Generates the peers' keys and starts the workers, which connect at once.
 pub fn spawn(servers: Servers, plan: TrafficPlan) -> Running {
     let shared = Arc::new(Shared::default());
-    let keys: Arc<Vec<Arc<PeerKey>>> =
-        Arc::new((0..plan.peers).map(|_| PeerKey::generate()).collect());
+    let keys: Arc<Vec<Arc<PeerKey>>> = Arc::new(
+        (0..plan.peers)
+            .map(|p| plan.keys.get(p).cloned().unwrap_or_else(PeerKey::generate))
+            .collect(),
+    );
     let threads = plan.threads.clamp(1, plan.peers.max(1));
     let mut workers = Vec::with_capacity(threads);
     for w in 0..threads {

@@ -31,7 +31,17 @@ impl Drop for Scratch {
 /// An in-process Ferry relay with one shard and one DERP listener on
 /// `addr` (`127.0.0.1:0` for any port), on the back end `FERRY_TEST_IO`
 /// names (else the default), which it must report.
+#[allow(dead_code)]
 pub(crate) fn relay(config: ferry_derp::DerpConfig, addr: &str) -> ferry_derp::Server {
+    relay_with_workers(config, addr, 1)
+}
+
+/// [`relay`] with `workers` shards (not pinned).
+pub(crate) fn relay_with_workers(
+    config: ferry_derp::DerpConfig,
+    addr: &str,
+    workers: usize,
+) -> ferry_derp::Server {
     let io = ferry_testkit::backend::mode();
     let server = ferry_derp::Server::start(ferry_derp::ServerOptions {
         config,
@@ -39,7 +49,7 @@ pub(crate) fn relay(config: ferry_derp::DerpConfig, addr: &str) -> ferry_derp::S
             addr: addr.parse().unwrap(),
             kind: ferry_derp::ListenerKind::Derp,
         }],
-        workers: 1,
+        workers,
         pin: false,
         stun: None,
         metrics_addr: None,
