@@ -103,6 +103,9 @@ type IperfOptions struct {
 	UDPRate  string // if set, UDP at this target rate (iperf3 -b, e.g. "200M")
 	UDPLen   int    // UDP datagram size (0: 1200, below the tunnel's 1280 MTU)
 	Reverse  bool   // server sends
+	// Congestion is TCP's congestion control for the run (iperf3 -C,
+	// e.g. "cubic"); empty: the namespace's default.
+	Congestion string
 }
 
 // IperfResult is the summary of one run.
@@ -128,6 +131,9 @@ func Iperf(from, to *Node, o IperfOptions) (IperfResult, error) {
 	}
 	if o.Reverse {
 		args = append(args, "-R")
+	}
+	if o.Congestion != "" {
+		args = append(args, "-C", o.Congestion)
 	}
 	if o.UDPRate != "" {
 		l := o.UDPLen
