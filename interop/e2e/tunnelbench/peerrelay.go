@@ -19,6 +19,7 @@ import (
 	"log"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ var (
 	flagPeerRelay  = flag.Bool("peer-relay", false, "compare peer relays instead of DERP relays: -peer-relays on the peer-relay bed, iperf3 TCP with 1 and 4 flows, the peer relay's CPU per Gbit/s")
 	flagPeerRelays = flag.String("peer-relays", "ferry,tailscaled", "with -peer-relay: peer relays to compare, in order; derp-derper and derp-ferry are no peer relay at all (DERP only, through that DERP server, which then runs on -relay-cpus; they need -rtt)")
 	flagFlows      = flag.String("flows", "1,4", "with -peer-relay: iperf3 TCP runs, by number of parallel flows")
+	flagRetries    = flag.Int("retries", 1, "with -peer-relay: how often a failed sample is tried again on a fresh bed before the run fails")
 )
 
 // PeerRelaySample is one peer relay's measurements in one repetition.
@@ -37,6 +39,8 @@ type PeerRelaySample struct {
 	Repeat int
 	Path   string // `tailscale ping` A→B's last line
 	Flows  []FlowSample
+	// Failed: the errors of the attempts before this sample (-retries).
+	Failed []string `json:",omitempty"`
 	// LongHaul: the delay and loss on the path (with -rtt).
 	LongHaul *LongHaulSample `json:",omitempty"`
 	// LoadAvg and BusyBefore as in Sample.
@@ -94,11 +98,22 @@ func runPeerRelay(bins testbed.Binaries) error {
 		return err
 	}
 	samples, err := interleaved(relays, func(kind string, rep int) (PeerRelaySample, error) {
-		s, err := measurePeerRelay(bins, kind, rep, flows, script)
-		if err != nil {
-			err = fmt.Errorf("peer relay: %w", err)
+		// A failed attempt (a path that is not the one named, a stalled
+		// tunnel) is no sample: it is logged, kept in the JSON and the
+		// table, and tried again on a fresh bed up to -retries times.
+		var failed []string
+		for attempt := 0; ; attempt++ {
+			s, err := measurePeerRelay(bins, kind, rep, flows, script)
+			s.Failed = failed
+			if err == nil {
+				return s, nil
+			}
+			if attempt >= *flagRetries {
+				return s, fmt.Errorf("peer relay: %w", err)
+			}
+			failed = append(failed, err.Error())
+			log.Printf("   FAILED (%v): trying %s, repetition %d again on a fresh bed", err, kind, rep+1)
 		}
-		return s, err
 	})
 	if err != nil {
 		return err
@@ -361,6 +376,17 @@ func printPeerRelayTable(relays []string, flows []int, samples []PeerRelaySample
 	}
 	fmt.Printf("Median (min–max) over the repetitions.\n\n")
 	fmt.Printf("| Metric | %s |\n|---|%s\n", strings.Join(relays, " | "), strings.Repeat("---|", len(relays)))
+	failedCells := make([]string, len(relays))
+	for i, relay := range relays {
+		n := 0
+		for _, s := range samples {
+			if s.Relay == relay {
+				n += len(s.Failed)
+			}
+		}
+		failedCells[i] = strconv.Itoa(n)
+	}
+	fmt.Printf("| attempts failed and tried again (all repetitions) | %s |\n", strings.Join(failedCells, " | "))
 	if *flagRTT > 0 {
 		perSample := []struct {
 			label string
