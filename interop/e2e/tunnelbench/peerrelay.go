@@ -68,6 +68,11 @@ type FlowSample struct {
 	// (ferry_udp_drops_total by reason, socket drops, the peer relay's
 	// drops); tailscaled has none to read.
 	RelayDrops []string
+	// DerpDrops: the DERP server's derp_packets_dropped during the run
+	// (DERP-only kinds). SenderDERPDrops: packets node A's tailscaled
+	// dropped because its queue towards DERP was full (as Sample's
+	// SenderDrops).
+	DerpDrops, SenderDERPDrops float64
 	// Line: what the long-haul delay line carried during the run (-rtt).
 	Line *LineSample `json:",omitempty"`
 }
@@ -218,10 +223,18 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int, flows []int, 
 			return s, err
 		}
 		var m0 testbed.Metrics
-		if kind == "ferry" {
-			if m0, err = bed.PeerRelayMetrics(); err != nil {
-				return s, err
-			}
+		switch {
+		case kind == "ferry":
+			m0, err = bed.PeerRelayMetrics()
+		case derpOnly != "":
+			m0, err = bed.Relay.Metrics()
+		}
+		if err != nil {
+			return s, err
+		}
+		ca0, err := a.ClientMetrics()
+		if err != nil {
+			return s, err
 		}
 		t0 := time.Now()
 		r, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams, Congestion: *flagCC})
@@ -275,7 +288,8 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int, flows []int, 
 		f.LoadedRTTms, f.LoadedRTTp99ms = loaded.Percentile(0.5), loaded.Percentile(0.99)
 		f.RelayRcvbufErrors = relayUDP1["RcvbufErrors"] - relayUDP0["RcvbufErrors"]
 		f.NodeBRcvbufErrors = nodeUDP1["RcvbufErrors"] - nodeUDP0["RcvbufErrors"]
-		if kind == "ferry" {
+		switch {
+		case kind == "ferry":
 			m1, err := bed.PeerRelayMetrics()
 			if err != nil {
 				return s, err
@@ -283,14 +297,26 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int, flows []int, 
 			for _, name := range ferryDropSeries {
 				f.RelayDrops = append(f.RelayDrops, testbed.NonZero(m0, m1, name)...)
 			}
+		case derpOnly != "":
+			m1, err := bed.Relay.Metrics()
+			if err != nil {
+				return s, err
+			}
+			f.RelayDrops = testbed.NonZero(m0, m1, "derp_packets_dropped")
+			f.DerpDrops = testbed.Delta(m0, m1, "derp_packets_dropped")
 		}
+		ca1, err := a.ClientMetrics()
+		if err != nil {
+			return s, err
+		}
+		f.SenderDERPDrops = clientDrops(ca0, ca1)
 		s.Flows = append(s.Flows, f)
 		if line != nil {
 			log.Printf("   delay line: %.0f packets/s, %.1f Mbit/s out of it, loss %.2f%% (%d of %d)",
 				line.PacketsPerSec, line.Mbps, line.LossPercent, line.LostPackets, line.LostPackets+line.PassedPackets)
 		}
-		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, UDP receive-buffer overflows: relay %d, B %d",
-			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
+		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, A's drops towards DERP %.0f, UDP receive-buffer overflows: relay %d, B %d",
+			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.SenderDERPDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
 	}
 	return s, nil
 }
@@ -347,6 +373,8 @@ func printPeerRelayTable(relays []string, flows []int, samples []PeerRelaySample
 		{"ping RTT under load (p99)", func(f FlowSample) float64 { return f.LoadedRTTp99ms }, "ms", 2},
 		{"UDP receive-buffer overflows, relay", func(f FlowSample) float64 { return float64(f.RelayRcvbufErrors) }, "", 0},
 		{"UDP receive-buffer overflows, node B", func(f FlowSample) float64 { return float64(f.NodeBRcvbufErrors) }, "", 0},
+		{"DERP server drops", func(f FlowSample) float64 { return f.DerpDrops }, "packets", 0},
+		{"A's tailscaled drops towards DERP (queue full)", func(f FlowSample) float64 { return f.SenderDERPDrops }, "packets", 0},
 	}
 	if *flagRTT > 0 {
 		rows = append(rows,
