@@ -53,7 +53,9 @@ var (
 // Ping sends count ICMP echo requests from node `from` to address ip
 // through the tunnel, one every interval.
 func Ping(from *Node, ip string, count int, interval time.Duration) (PingResult, error) {
-	timeout := time.Duration(count)*interval + 15*time.Second
+	// ping sends more slowly than interval when replies come late (a
+	// loaded path): give it twice its nominal time.
+	timeout := 2*time.Duration(count)*interval + 15*time.Second
 	argv := from.place.wrap([]string{"ping", "-n", "-c", strconv.Itoa(count),
 		"-i", fmt.Sprintf("%.3f", interval.Seconds()), "-W", "2", ip})
 	out, err := run(from.NS, timeout, nil, argv...)
