@@ -47,12 +47,7 @@ type Config struct {
 	// through Ferry's test-only environment knob; zero keeps Ferry's
 	// default (5 minutes).
 	PeerRelayIdle time.Duration
-	// Congestion, when set, is the TCP congestion control of every
-	// namespace of the bed (net.ipv4.tcp_congestion_control, set before
-	// any process starts): the nodes' TCP to DERP and to Headscale, the
-	// relays' and iperf3's.
-	Congestion string
-	Logf       Logf
+	Logf          Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.
@@ -109,13 +104,6 @@ func (b *Bed) Up() error {
 	}
 	if err := createTopology(b.Netns, b.Cfg.AllowDirectUDP); err != nil {
 		return fmt.Errorf("network namespaces: %w", err)
-	}
-	if cc := b.Cfg.Congestion; cc != "" {
-		for _, ns := range []string{b.Netns.Relay, b.Netns.A, b.Netns.B} {
-			if _, err := run(ns, 10*time.Second, nil, "sysctl", "-qw", "net.ipv4.tcp_congestion_control="+cc); err != nil {
-				return fmt.Errorf("congestion control %s: %w", cc, err)
-			}
-		}
 	}
 
 	binOf := func(kind string) string {
