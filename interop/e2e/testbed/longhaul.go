@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -206,9 +207,37 @@ func (b *Bed) RelayNode() *Node {
 	return &Node{Name: "relay namespace", NS: b.Netns.Relay, IP: RelayIP}
 }
 
-// Congestion is the default TCP congestion control in namespace ns (what
-// iperf3 and the nodes' own TCP connections to DERP use unless told).
+// Congestion is the TCP congestion control of namespace ns's connections
+// on the bed's network: its route's `congctl` (Config.Congestion), else
+// the namespace's default.
 func Congestion(ns string) (string, error) {
+	route, err := run(ns, 10*time.Second, nil, "ip", "route", "show", bedSubnet)
+	if err != nil {
+		return "", err
+	}
+	if f := strings.Fields(route); slices.Contains(f, "congctl") {
+		return f[slices.Index(f, "congctl")+1], nil
+	}
 	out, err := run(ns, 10*time.Second, nil, "cat", "/proc/sys/net/ipv4/tcp_congestion_control")
 	return strings.TrimSpace(out), err
+}
+
+// bedSubnet is the bed's network.
+var bedSubnet = "10.78.0.0/" + strconv.Itoa(subnet)
+
+// setCongestion gives the bed's network route in every namespace the
+// congestion control cc (nothing when cc is empty).
+func setCongestion(n Netns, cc string) error {
+	if cc == "" {
+		return nil
+	}
+	for _, x := range []struct{ ns, dev, ip string }{
+		{n.Relay, "br0", RelayIP}, {n.A, "eth0", NodeAIP}, {n.B, "eth0", NodeBIP},
+	} {
+		if _, err := run(x.ns, 10*time.Second, nil, "ip", "route", "replace", bedSubnet, "dev", x.dev,
+			"proto", "kernel", "scope", "link", "src", x.ip, "congctl", cc); err != nil {
+			return fmt.Errorf("congestion control %s: %w", cc, err)
+		}
+	}
+	return nil
 }

@@ -31,7 +31,7 @@ var (
 	flagLongHaul = flag.Bool("longhaul", false, "the lossy long-haul comparison: -peer-relay with, unless given, -rtt 150ms -loss 1 -flows 1 -peer-relays ferry,tailscaled,derp-derper,derp-ferry")
 	flagRTT      = flag.Duration("rtt", 0, "with -peer-relay: round trip added between the nodes, half on each node's uplink (scripts/lib/link-delay.py); 0: none")
 	flagLoss     = flag.Float64("loss", 0, "with -rtt: loss on each node's uplink, percent of packets (steps of 0.1)")
-	flagCC       = flag.String("congestion", "", "with -peer-relay: iperf3's TCP congestion control (-C, e.g. cubic); empty: the namespace's default (recorded)")
+	flagCC       = flag.String("congestion", "", "with -peer-relay: TCP congestion control (e.g. cubic) of iperf3's flow (-C) and of every connection on the bed's network (the nodes' TCP to DERP); empty: the machine's default (recorded)")
 )
 
 // The DERP-only kinds of -peer-relays: no peer relay, DERP through derper

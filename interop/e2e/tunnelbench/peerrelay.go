@@ -148,6 +148,7 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int, flows []int, 
 		Policy:         testbed.PeerRelayPolicy,
 		NodePlace:      testbed.Placement{CPUs: *flagNodeCPU, Nice: *flagNice},
 		PeerRelayPlace: testbed.Placement{CPUs: *flagRelayCPU, Nice: *flagNice},
+		Congestion:     *flagCC,
 		Logf:           log.Printf,
 	})
 	defer bed.Close()
