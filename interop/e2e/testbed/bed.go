@@ -47,7 +47,13 @@ type Config struct {
 	// through Ferry's test-only environment knob; zero keeps Ferry's
 	// default (5 minutes).
 	PeerRelayIdle time.Duration
-	Logf          Logf
+	// Congestion, when set, is the TCP congestion control of every
+	// connection on the bed's network (the nodes' TCP to DERP and to
+	// Headscale, the servers' side of it): the routes of 10.78.0.0/24 in
+	// every namespace get `congctl` (a namespace's sysctl may only pick
+	// what the host allows; a route may pick any).
+	Congestion string
+	Logf       Logf
 }
 
 // Bed is a running network: relay, Headscale and two logged-in nodes.
@@ -104,6 +110,9 @@ func (b *Bed) Up() error {
 	}
 	if err := createTopology(b.Netns, b.Cfg.AllowDirectUDP); err != nil {
 		return fmt.Errorf("network namespaces: %w", err)
+	}
+	if err := setCongestion(b.Netns, b.Cfg.Congestion); err != nil {
+		return err
 	}
 
 	binOf := func(kind string) string {

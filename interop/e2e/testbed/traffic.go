@@ -53,7 +53,9 @@ var (
 // Ping sends count ICMP echo requests from node `from` to address ip
 // through the tunnel, one every interval.
 func Ping(from *Node, ip string, count int, interval time.Duration) (PingResult, error) {
-	timeout := time.Duration(count)*interval + 15*time.Second
+	// ping sends more slowly than interval when replies come late (a
+	// loaded path): give it twice its nominal time.
+	timeout := 2*time.Duration(count)*interval + 15*time.Second
 	argv := from.place.wrap([]string{"ping", "-n", "-c", strconv.Itoa(count),
 		"-i", fmt.Sprintf("%.3f", interval.Seconds()), "-W", "2", ip})
 	out, err := run(from.NS, timeout, nil, argv...)
@@ -103,6 +105,9 @@ type IperfOptions struct {
 	UDPRate  string // if set, UDP at this target rate (iperf3 -b, e.g. "200M")
 	UDPLen   int    // UDP datagram size (0: 1200, below the tunnel's 1280 MTU)
 	Reverse  bool   // server sends
+	// Congestion is TCP's congestion control for the run (iperf3 -C,
+	// e.g. "cubic"); empty: the namespace's default.
+	Congestion string
 }
 
 // IperfResult is the summary of one run.
@@ -128,6 +133,9 @@ func Iperf(from, to *Node, o IperfOptions) (IperfResult, error) {
 	}
 	if o.Reverse {
 		args = append(args, "-R")
+	}
+	if o.Congestion != "" {
+		args = append(args, "-C", o.Congestion)
 	}
 	if o.UDPRate != "" {
 		l := o.UDPLen

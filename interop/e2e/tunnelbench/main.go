@@ -97,6 +97,7 @@ type UDPSample struct {
 
 func main() {
 	flag.Parse()
+	applyLongHaul()
 	log.SetFlags(log.Ltime)
 	if err := run(); err != nil {
 		log.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"log"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,7 +28,9 @@ import (
 
 var (
 	flagPeerRelay  = flag.Bool("peer-relay", false, "compare peer relays instead of DERP relays: -peer-relays on the peer-relay bed, iperf3 TCP with 1 and 4 flows, the peer relay's CPU per Gbit/s")
-	flagPeerRelays = flag.String("peer-relays", "ferry,tailscaled", "with -peer-relay: peer relays to compare, in order")
+	flagPeerRelays = flag.String("peer-relays", "ferry,tailscaled", "with -peer-relay: peer relays to compare, in order; derp-derper and derp-ferry are no peer relay at all (DERP only, through that DERP server, which then runs on -relay-cpus; they need -rtt)")
+	flagFlows      = flag.String("flows", "1,4", "with -peer-relay: iperf3 TCP runs, by number of parallel flows")
+	flagRetries    = flag.Int("retries", 1, "with -peer-relay: how often a failed sample is tried again on a fresh bed before the run fails")
 )
 
 // PeerRelaySample is one peer relay's measurements in one repetition.
@@ -36,6 +39,10 @@ type PeerRelaySample struct {
 	Repeat int
 	Path   string // `tailscale ping` A→B's last line
 	Flows  []FlowSample
+	// Failed: the errors of the attempts before this sample (-retries).
+	Failed []string `json:",omitempty"`
+	// LongHaul: the delay and loss on the path (with -rtt).
+	LongHaul *LongHaulSample `json:",omitempty"`
 	// LoadAvg and BusyBefore as in Sample.
 	LoadAvg    string
 	BusyBefore float64
@@ -61,6 +68,13 @@ type FlowSample struct {
 	// (ferry_udp_drops_total by reason, socket drops, the peer relay's
 	// drops); tailscaled has none to read.
 	RelayDrops []string
+	// DerpDrops: the DERP server's derp_packets_dropped during the run
+	// (DERP-only kinds). SenderDERPDrops: packets node A's tailscaled
+	// dropped because its queue towards DERP was full (as Sample's
+	// SenderDrops).
+	DerpDrops, SenderDERPDrops float64
+	// Line: what the long-haul delay line carried during the run (-rtt).
+	Line *LineSample `json:",omitempty"`
 }
 
 // ferryDropSeries are the Ferry series whose growth during a run
@@ -70,36 +84,71 @@ var ferryDropSeries = []string{"ferry_udp_drops_total", "ferry_udp_socket_drops_
 func runPeerRelay(bins testbed.Binaries) error {
 	relays := strings.Split(*flagPeerRelays, ",")
 	for _, k := range relays {
-		if k != "ferry" && k != "tailscaled" {
-			return fmt.Errorf("-peer-relays: unknown %q (want ferry, tailscaled)", k)
+		switch k {
+		case "ferry", "tailscaled":
+		case derpOnlyDerper, derpOnlyFerry:
+			if *flagRTT <= 0 {
+				return fmt.Errorf("-peer-relays %s needs -rtt (its path check counts the DERP port's bytes in the long-haul table)", k)
+			}
+		default:
+			return fmt.Errorf("-peer-relays: unknown %q (want ferry, tailscaled, %s, %s)", k, derpOnlyDerper, derpOnlyFerry)
 		}
 	}
+	flows, err := parseFlows(*flagFlows)
+	if err != nil {
+		return err
+	}
+	script, err := delayLineScript()
+	if err != nil {
+		return err
+	}
 	samples, err := interleaved(relays, func(kind string, rep int) (PeerRelaySample, error) {
-		s, err := measurePeerRelay(bins, kind, rep)
-		if err != nil {
-			err = fmt.Errorf("peer relay: %w", err)
+		// A failed attempt (a path that is not the one named, a stalled
+		// tunnel) is no sample: it is logged, kept in the JSON and the
+		// table, and tried again on a fresh bed up to -retries times.
+		var failed []string
+		for attempt := 0; ; attempt++ {
+			s, err := measurePeerRelay(bins, kind, rep, flows, script)
+			s.Failed = failed
+			if err == nil {
+				return s, nil
+			}
+			if attempt >= *flagRetries {
+				return s, fmt.Errorf("peer relay: %w", err)
+			}
+			failed = append(failed, err.Error())
+			log.Printf("   FAILED (%v): trying %s, repetition %d again on a fresh bed", err, kind, rep+1)
 		}
-		return s, err
 	})
 	if err != nil {
 		return err
 	}
-	printPeerRelayTable(relays, samples)
+	printPeerRelayTable(relays, flows, samples)
 	return nil
 }
 
-func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelaySample, err error) {
+func measurePeerRelay(bins testbed.Binaries, kind string, rep int, flows []int, script string) (s PeerRelaySample, err error) {
 	s = PeerRelaySample{Relay: kind, Repeat: rep + 1}
 	s.BusyBefore, s.LoadAvg = machineBefore()
-	log.Printf("== %s peer relay, repetition %d", kind, rep+1)
+	log.Printf("== %s, repetition %d", kind, rep+1)
+	// The DERP server only carries disco and the first packets; it
+	// shares the nodes' CPUs. Without a peer relay it carries everything
+	// and takes the peer relay's place.
+	derp := testbed.DerpServerOptions{Kind: testbed.Ferry, Place: testbed.Placement{CPUs: *flagNodeCPU}}
+	derpOnly := derpOnlyKind(kind)
+	if derpOnly != "" {
+		derp = testbed.DerpServerOptions{Kind: derpOnly, Place: testbed.Placement{CPUs: *flagRelayCPU, Nice: *flagNice}}
+		if derpOnly == testbed.Ferry {
+			derp.Workers = 1
+		}
+	}
 	bed := testbed.New(testbed.Config{
-		Bins: bins,
-		// The DERP server only carries disco and the first packets; it
-		// shares the nodes' CPUs.
-		Relay:          testbed.DerpServerOptions{Kind: testbed.Ferry, Place: testbed.Placement{CPUs: *flagNodeCPU}},
+		Bins:           bins,
+		Relay:          derp,
 		Policy:         testbed.PeerRelayPolicy,
 		NodePlace:      testbed.Placement{CPUs: *flagNodeCPU, Nice: *flagNice},
 		PeerRelayPlace: testbed.Placement{CPUs: *flagRelayCPU, Nice: *flagNice},
+		Congestion:     *flagCC,
 		Logf:           log.Printf,
 	})
 	defer bed.Close()
@@ -111,10 +160,19 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 	if err := bed.Up(); err != nil {
 		return s, err
 	}
+	var lh *testbed.LongHaul
+	if *flagRTT > 0 {
+		if lh, s.LongHaul, err = longHaul(bed, script); err != nil {
+			return s, err
+		}
+	}
 	var proc *testbed.Proc
-	if kind == "ferry" {
+	switch {
+	case derpOnly != "":
+		proc = bed.Relay.Proc
+	case kind == "ferry":
 		proc, err = bed.StartFerryPeerRelay("fe-relay")
-	} else {
+	default:
 		var n *testbed.Node
 		n, err = bed.StartTailscaledPeerRelay("fe-ref")
 		if n != nil {
@@ -125,23 +183,40 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 		return s, fmt.Errorf("starting the peer relay: %w", err)
 	}
 	a, b := bed.A, bed.B
-	if s.Path, err = waitPeerRelayPath(bed); err != nil {
+	want, label := "via peer-relay("+bed.PeerRelayAddr+":vni:", "via peer-relay"
+	if derpOnly != "" {
+		want, label = "via DERP(", "via DERP("
+	}
+	if s.Path, err = waitPath(bed, want, label); err != nil {
 		return s, err
 	}
 	log.Printf("   %s", s.Path)
+	if lh != nil {
+		if err := checkRTT(bed, s.LongHaul); err != nil {
+			return s, err
+		}
+	}
 	srv, err := testbed.StartIperfServer(b)
 	if err != nil {
 		return s, err
 	}
 	bed.AddProc(srv)
-	for _, streams := range []int{1, 4} {
+	for _, streams := range flows {
 		cpu0, err := proc.CPUSeconds()
 		if err != nil {
 			return s, err
 		}
-		_, out0, err := bed.PeerRelayBytes()
-		if err != nil {
-			return s, err
+		var lc0 testbed.LongHaulCounters
+		if lh != nil {
+			if lc0, err = lh.Counters(); err != nil {
+				return s, err
+			}
+		}
+		var out0 int64
+		if derpOnly == "" {
+			if _, out0, err = bed.PeerRelayBytes(); err != nil {
+				return s, err
+			}
 		}
 		relayUDP0, err1 := testbed.UDPCounters(bed.Netns.Relay)
 		nodeUDP0, err2 := testbed.UDPCounters(b.NS)
@@ -149,13 +224,21 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 			return s, err
 		}
 		var m0 testbed.Metrics
-		if kind == "ferry" {
-			if m0, err = bed.PeerRelayMetrics(); err != nil {
-				return s, err
-			}
+		switch {
+		case kind == "ferry":
+			m0, err = bed.PeerRelayMetrics()
+		case derpOnly != "":
+			m0, err = bed.Relay.Metrics()
+		}
+		if err != nil {
+			return s, err
+		}
+		ca0, err := a.ClientMetrics()
+		if err != nil {
+			return s, err
 		}
 		t0 := time.Now()
-		r, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams})
+		r, loaded, err := iperfWithPing(a, b, testbed.IperfOptions{Duration: *flagDuration, Streams: streams, Congestion: *flagCC})
 		if err != nil {
 			return s, fmt.Errorf("TCP ×%d: %w", streams, err)
 		}
@@ -164,13 +247,28 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 		if err != nil {
 			return s, err
 		}
-		_, out1, err := bed.PeerRelayBytes()
-		if err != nil {
-			return s, err
+		var line *LineSample
+		var out1 int64
+		if lh != nil {
+			lc1, err := lh.Counters()
+			if err != nil {
+				return s, err
+			}
+			d := lc1.Sub(lc0)
+			line = lineSample(d, elapsed)
+			if derpOnly != "" {
+				out0, out1 = 0, d.DerpOutBytes
+			}
 		}
-		// The bytes must have crossed the peer relay, not DERP.
+		if derpOnly == "" {
+			if _, out1, err = bed.PeerRelayBytes(); err != nil {
+				return s, err
+			}
+		}
+		// The bytes must have crossed the port named: the peer relay's,
+		// or with DERP only the DERP server's.
 		if out1-out0 < r.ReceivedBytes {
-			return s, fmt.Errorf("TCP ×%d: iperf3 moved %d bytes but the peer relay's port sent %d: not on the peer relay", streams, r.ReceivedBytes, out1-out0)
+			return s, fmt.Errorf("TCP ×%d: iperf3 moved %d bytes but the %s port sent %d: not on that path", streams, r.ReceivedBytes, kind, out1-out0)
 		}
 		f := FlowSample{
 			Streams:     streams,
@@ -178,6 +276,7 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 			Retransmits: r.Retransmits,
 			PortOutMB:   float64(out1-out0) / 1e6,
 			RelayCPU:    (cpu1 - cpu0) / elapsed,
+			Line:        line,
 		}
 		if gbit := float64(out1-out0) * 8 / 1e9; gbit > 0 {
 			f.CoresPerGbps = (cpu1 - cpu0) / gbit
@@ -190,7 +289,8 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 		f.LoadedRTTms, f.LoadedRTTp99ms = loaded.Percentile(0.5), loaded.Percentile(0.99)
 		f.RelayRcvbufErrors = relayUDP1["RcvbufErrors"] - relayUDP0["RcvbufErrors"]
 		f.NodeBRcvbufErrors = nodeUDP1["RcvbufErrors"] - nodeUDP0["RcvbufErrors"]
-		if kind == "ferry" {
+		switch {
+		case kind == "ferry":
 			m1, err := bed.PeerRelayMetrics()
 			if err != nil {
 				return s, err
@@ -198,18 +298,33 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int) (s PeerRelayS
 			for _, name := range ferryDropSeries {
 				f.RelayDrops = append(f.RelayDrops, testbed.NonZero(m0, m1, name)...)
 			}
+		case derpOnly != "":
+			m1, err := bed.Relay.Metrics()
+			if err != nil {
+				return s, err
+			}
+			f.RelayDrops = testbed.NonZero(m0, m1, "derp_packets_dropped")
+			f.DerpDrops = testbed.Delta(m0, m1, "derp_packets_dropped")
 		}
+		ca1, err := a.ClientMetrics()
+		if err != nil {
+			return s, err
+		}
+		f.SenderDERPDrops = clientDrops(ca0, ca1)
 		s.Flows = append(s.Flows, f)
-		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, UDP receive-buffer overflows: relay %d, B %d",
-			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
+		if line != nil {
+			log.Printf("   delay line: %.0f packets/s, %.1f Mbit/s out of it, loss %.2f%% (%d of %d)",
+				line.PacketsPerSec, line.Mbps, line.LossPercent, line.LostPackets, line.LostPackets+line.PassedPackets)
+		}
+		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, A's drops towards DERP %.0f, UDP receive-buffer overflows: relay %d, B %d",
+			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.SenderDERPDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
 	}
 	return s, nil
 }
 
-// waitPeerRelayPath waits (90 s at most) until `tailscale ping` goes via
-// the peer relay both ways; it returns A→B's answer.
-func waitPeerRelayPath(bed *testbed.Bed) (string, error) {
-	want := "via peer-relay(" + bed.PeerRelayAddr + ":vni:"
+// waitPath waits (90 s at most) until `tailscale ping` says want both
+// ways; it returns A→B's last line holding label.
+func waitPath(bed *testbed.Bed, want, label string) (string, error) {
 	var last string
 	for _, pair := range [][2]*testbed.Node{{bed.A, bed.B}, {bed.B, bed.A}} {
 		deadline := time.Now().Add(90 * time.Second)
@@ -217,7 +332,7 @@ func waitPeerRelayPath(bed *testbed.Bed) (string, error) {
 			out, _ := pair[0].TailscalePing(pair[1].IP, 3)
 			if strings.Contains(out, want) {
 				if pair[0] == bed.A {
-					last = lastLineWith(out, "via peer-relay")
+					last = lastLineWith(out, label)
 				}
 				break
 			}
@@ -241,8 +356,9 @@ func lastLineWith(text, substr string) string {
 }
 
 // printPeerRelayTable prints medians and ranges per peer relay, and
-// Ferry's cores per Gbit/s as a fraction of tailscaled's.
-func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
+// Ferry's cores per Gbit/s as a fraction of tailscaled's; with -rtt also
+// the path's figures and each path's throughput as a multiple of DERP's.
+func printPeerRelayTable(relays []string, flows []int, samples []PeerRelaySample) {
 	type row struct {
 		label string
 		get   func(FlowSample) float64
@@ -252,12 +368,20 @@ func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
 	rows := []row{
 		{"TCP", func(f FlowSample) float64 { return f.Mbps }, "Mbit/s", 0},
 		{"TCP retransmits", func(f FlowSample) float64 { return float64(f.Retransmits) }, "", 0},
-		{"peer relay CPU", func(f FlowSample) float64 { return 100 * f.RelayCPU }, "% of a core", 0},
-		{"peer relay cores per Gbit/s sent", func(f FlowSample) float64 { return f.CoresPerGbps }, "", 3},
+		{"relay CPU", func(f FlowSample) float64 { return 100 * f.RelayCPU }, "% of a core", 0},
+		{"relay cores per Gbit/s sent", func(f FlowSample) float64 { return f.CoresPerGbps }, "", 3},
 		{"ping RTT under load (median)", func(f FlowSample) float64 { return f.LoadedRTTms }, "ms", 2},
 		{"ping RTT under load (p99)", func(f FlowSample) float64 { return f.LoadedRTTp99ms }, "ms", 2},
 		{"UDP receive-buffer overflows, relay", func(f FlowSample) float64 { return float64(f.RelayRcvbufErrors) }, "", 0},
 		{"UDP receive-buffer overflows, node B", func(f FlowSample) float64 { return float64(f.NodeBRcvbufErrors) }, "", 0},
+		{"DERP server drops", func(f FlowSample) float64 { return f.DerpDrops }, "packets", 0},
+		{"A's tailscaled drops towards DERP (queue full)", func(f FlowSample) float64 { return f.SenderDERPDrops }, "packets", 0},
+	}
+	if *flagRTT > 0 {
+		rows = append(rows,
+			row{"uplink loss achieved", func(f FlowSample) float64 { return lineOf(f).LossPercent }, "%", 2},
+			row{"delay line carried", func(f FlowSample) float64 { return lineOf(f).PacketsPerSec }, "packets/s", 0},
+		)
 	}
 	values := func(relay string, flow int, get func(FlowSample) float64) []float64 {
 		var xs []float64
@@ -268,11 +392,56 @@ func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
 		}
 		return xs
 	}
-	fmt.Printf("\nPeer relays: %d repetitions, %v per iperf3 run, peer relay CPUs %q, node CPUs %q, nice %d, %s, %d CPUs.\n",
+	fmt.Printf("\nPeer relays: %d repetitions, %v per iperf3 run, relay CPUs %q, node CPUs %q, nice %d, %s, %d CPUs.\n",
 		*flagRepeats, *flagDuration, *flagRelayCPU, *flagNodeCPU, *flagNice, time.Now().Format("2006-01-02"), runtime.NumCPU())
+	if *flagRTT > 0 {
+		cc := "?"
+		for _, s := range samples {
+			if s.LongHaul != nil {
+				cc = fmt.Sprintf("%s (outer TCP to DERP: %s)", s.LongHaul.Congestion, s.LongHaul.OuterCongestion)
+			}
+		}
+		fmt.Printf("Long haul: %v round trip added between the nodes, %.1f%% loss on each node's uplink; iperf3 TCP congestion control %s.\n", *flagRTT, *flagLoss, cc)
+	}
 	fmt.Printf("Median (min–max) over the repetitions.\n\n")
 	fmt.Printf("| Metric | %s |\n|---|%s\n", strings.Join(relays, " | "), strings.Repeat("---|", len(relays)))
-	for flow, streams := range []int{1, 4} {
+	failedCells := make([]string, len(relays))
+	for i, relay := range relays {
+		n := 0
+		for _, s := range samples {
+			if s.Relay == relay {
+				n += len(s.Failed)
+			}
+		}
+		failedCells[i] = strconv.Itoa(n)
+	}
+	fmt.Printf("| attempts failed and tried again (all repetitions) | %s |\n", strings.Join(failedCells, " | "))
+	if *flagRTT > 0 {
+		perSample := []struct {
+			label string
+			get   func(*LongHaulSample) float64
+			unit  string
+			prec  int
+		}{
+			{"ping RTT through the tunnel, idle (median)", func(l *LongHaulSample) float64 { return l.IdleRTTms }, "ms", 1},
+			{"delay line ceiling (UDP blast, no tunnel)", func(l *LongHaulSample) float64 { return l.CeilingPps }, "packets/s", 0},
+			{"delay line ceiling (UDP blast, no tunnel)", func(l *LongHaulSample) float64 { return l.CeilingMbps }, "Mbit/s", 0},
+		}
+		for _, r := range perSample {
+			cells := make([]string, len(relays))
+			for i, relay := range relays {
+				var xs []float64
+				for _, s := range samples {
+					if s.Relay == relay && s.LongHaul != nil {
+						xs = append(xs, r.get(s.LongHaul))
+					}
+				}
+				cells[i] = summarize(xs, r.prec, r.unit)
+			}
+			fmt.Printf("| %s | %s |\n", r.label, strings.Join(cells, " | "))
+		}
+	}
+	for flow, streams := range flows {
 		for _, r := range rows {
 			cells := make([]string, len(relays))
 			for i, relay := range relays {
@@ -281,9 +450,9 @@ func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
 			fmt.Printf("| %s, %d flow(s) | %s |\n", r.label, streams, strings.Join(cells, " | "))
 		}
 	}
+	fmt.Println()
 	if slices.Contains(relays, "ferry") && slices.Contains(relays, "tailscaled") {
-		fmt.Println()
-		for flow, streams := range []int{1, 4} {
+		for flow, streams := range flows {
 			get := func(f FlowSample) float64 { return f.CoresPerGbps }
 			fe, ts := values("ferry", flow, get), values("tailscaled", flow, get)
 			if len(fe) == 0 || len(ts) == 0 {
@@ -292,6 +461,23 @@ func printPeerRelayTable(relays []string, samples []PeerRelaySample) {
 			mt := median(ts)
 			if mt > 0 {
 				fmt.Printf("%d flow(s): Ferry's cores per Gbit/s are %.2f× tailscaled's (medians).\n", streams, median(fe)/mt)
+			}
+		}
+	}
+	for _, base := range []string{derpOnlyDerper, derpOnlyFerry} {
+		if !slices.Contains(relays, base) {
+			continue
+		}
+		for flow, streams := range flows {
+			get := func(f FlowSample) float64 { return f.Mbps }
+			b := values(base, flow, get)
+			if len(b) == 0 || median(b) <= 0 {
+				continue
+			}
+			for _, relay := range relays {
+				if xs := values(relay, flow, get); derpOnlyKind(relay) == "" && len(xs) > 0 {
+					fmt.Printf("%d flow(s): %s's TCP throughput is %.1f× %s's (medians).\n", streams, relay, median(xs)/median(b), base)
+				}
 			}
 		}
 	}
