@@ -35,7 +35,8 @@ impl Client {
         }
     }
 
-    fn send_control(&self, relay: SocketAddr, server: &DiscoPublic, vni: u32, msg: &Message) {
+    /// A control datagram carrying `msg`, sealed for the relay.
+    fn control(&self, server: &DiscoPublic, vni: u32, msg: &Message) -> Vec<u8> {
         let mut d = Vec::new();
         let nonce = ferry_proto::nacl::random_nonce();
         pr::put_control(
@@ -46,12 +47,29 @@ impl Client {
             &nonce,
             msg,
         );
+        d
+    }
+
+    fn send_control(&self, relay: SocketAddr, server: &DiscoPublic, vni: u32, msg: &Message) {
+        let d = self.control(server, vni, msg);
         self.sock.send_to(&d, relay).unwrap();
     }
 
     /// Binds its slot (bind, challenge, answer), retrying the bind until
     /// the challenge comes, within a bounded time.
     fn bind(&self, relay: SocketAddr, server: &DiscoPublic, vni: u32, remote: &DiscoPublic) {
+        let challenge = self.challenge(relay, server, vni, remote);
+        self.send_control(relay, server, vni, &Message::BindAnswer(challenge));
+    }
+
+    /// The first two steps of [`Client::bind`]: the challenge to answer.
+    fn challenge(
+        &self,
+        relay: SocketAddr,
+        server: &DiscoPublic,
+        vni: u32,
+        remote: &DiscoPublic,
+    ) -> BindBody {
         let body = BindBody {
             vni,
             generation: 1,
@@ -74,7 +92,7 @@ impl Client {
                 m => panic!("not a challenge: {m:?}"),
             }
         };
-        self.send_control(relay, server, vni, &Message::BindAnswer(challenge));
+        challenge
     }
 }
 
@@ -374,5 +392,40 @@ fn a_bind_flood_does_not_hold_up_other_endpoints() {
         ROUNDS * BURST
     );
     assert_eq!(relays.lock().counters().challenges, 2, "only cd's binds");
+    relay.shutdown();
+}
+
+/// A client's answer and the data it sends right after it can arrive in
+/// one receive (here one GRO train: the answer, then a shorter data
+/// datagram): the answer binds first, and the data goes through.
+#[test]
+fn data_right_after_an_answer_in_one_receive_finds_the_side_bound() {
+    let (relay, relays, port) = start(Limits::default());
+    let offloads = ferry_sys::gso::probe(relays_socket_probe().as_fd());
+    if !(offloads.gro && offloads.gso) {
+        return ferry_testkit::skip!("this kernel lacks UDP GRO or GSO ({offloads:?})");
+    }
+    let (a, b) = (Client::new(), Client::new());
+    let e = allocate(&relays, &a, &b);
+    let server = e.server_disco;
+    b.bind(port, &server, e.vni, &a.key.public());
+    assert!(
+        eventually(Duration::from_secs(10), || relays.lock().counters().binds
+            == 1),
+        "b bound"
+    );
+    let challenge = a.challenge(port, &server, e.vni, &b.key.public());
+    let answer = a.control(&server, e.vni, &Message::BindAnswer(challenge));
+    let mut data = Header::data(Protocol::Payload, e.vni).to_bytes().to_vec();
+    data.extend_from_slice(&[4, 0, 0, 0, 7, 1, 2, 3]);
+    assert!(data.len() < answer.len());
+    let mut t = answer.clone();
+    t.extend_from_slice(&data);
+    support::send_gso_train(&a.sock, port, &t, answer.len() as u16);
+    let got = receive(&b, 1);
+    assert_eq!(got, vec![data], "the data after the answer reached b");
+    let c = *relays.lock().counters();
+    assert_eq!(c.binds, 2);
+    assert_eq!(c.forwarded_packets, 1);
     relay.shutdown();
 }

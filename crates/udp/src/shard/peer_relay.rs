@@ -3,13 +3,14 @@
 //! only for a batch with data), forwarded between an endpoint's two bound
 //! addresses; within a GRO train, the data of one endpoint is looked up
 //! once ([`Train`]) and leaves as one GSO message. Control datagrams
-//! (binds, answers) are set aside and handled after it, their boxes opened
+//! (binds, answers) are handled before the batch's data, so that data a
+//! client sends right after its answer finds it bound, their boxes opened
 //! and challenges sealed without the lock ([`Controls`]); a STUN answer to
 //! the port's own address probe goes to [`StunProbe`].
 
 use std::os::fd::AsFd;
 
-use super::recv::each_train;
+use super::recv::{each_datagram, each_train};
 use super::send::{route_train, Out};
 use super::{Shard, ROUNDS};
 use crate::forward::Train;
@@ -34,6 +35,23 @@ impl Shard {
             let mut table = None;
             let out = &mut self.listeners[li].outbox;
             let (buf, now, gso) = (&mut self.buf, self.now, self.gso);
+            // Control datagrams first: a client's answer and the data it
+            // sends right after it often arrive in one batch (one GRO
+            // train, even), and the data must find the side bound.
+            for (i, m) in self.meta[..n].iter().enumerate() {
+                let Some(src) = m.src.filter(|_| !m.truncated) else {
+                    continue;
+                };
+                each_datagram(i * self.slot, m.len, m.segment.max(1), |at, n| {
+                    let datagram = &buf[at..at + n];
+                    if Controls::is_control(datagram) {
+                        controls.defer(src, at, datagram, now);
+                    }
+                });
+            }
+            controls.run(&relays, now, buf, |to, at, n| {
+                out.push(Some(to), at, n, n, gso)
+            });
             each_train(
                 &self.meta[..n],
                 self.slot,
@@ -49,7 +67,8 @@ impl Shard {
                             return None;
                         }
                         if Controls::is_control(datagram) {
-                            controls.defer(src, at, datagram, now);
+                            // Handled above (its reply, if any, is
+                            // written over it: a control datagram too).
                             return None;
                         }
                         let table = table.get_or_insert_with(|| relays.lock());
@@ -63,9 +82,6 @@ impl Shard {
                 },
             );
             drop(table);
-            controls.run(&relays, now, buf, |to, at, n| {
-                out.push(Some(to), at, n, n, gso)
-            });
             let l = &mut self.listeners[li];
             let f = l.outbox.flush(l.sock.as_fd(), &self.buf, &mut self.tx);
             self.account(&f, Out::PeerRelay);
