@@ -43,6 +43,8 @@ type PeerRelaySample struct {
 	Failed []string `json:",omitempty"`
 	// LongHaul: the delay and loss on the path (with -rtt).
 	LongHaul *LongHaulSample `json:",omitempty"`
+	// AfterIdle: with -after-idle, the path after the idle spell.
+	AfterIdle *IdleSample `json:",omitempty"`
 	// LoadAvg and BusyBefore as in Sample.
 	LoadAvg    string
 	BusyBefore float64
@@ -318,6 +320,11 @@ func measurePeerRelay(bins testbed.Binaries, kind string, rep int, flows []int, 
 		}
 		log.Printf("   TCP ×%d: %.0f Mbit/s, %d retransmits, port sent %.1f MB, peer relay CPU %.0f%% of a core, %.3f cores per Gbit/s, RTT under load %.2f ms (p99 %.2f), relay drops %v, A's drops towards DERP %.0f, UDP receive-buffer overflows: relay %d, B %d",
 			streams, f.Mbps, f.Retransmits, f.PortOutMB, 100*f.RelayCPU, f.CoresPerGbps, f.LoadedRTTms, f.LoadedRTTp99ms, f.RelayDrops, f.SenderDERPDrops, f.RelayRcvbufErrors, f.NodeBRcvbufErrors)
+	}
+	if *flagAfterIdle > 0 && derpOnly == "" {
+		if s.AfterIdle, err = afterIdle(bed, want, s.Path); err != nil {
+			return s, err
+		}
 	}
 	return s, nil
 }
