@@ -177,6 +177,16 @@ fn only_limited_clients_get_a_bounded_receive_buffer() {
     assert_eq!(s.d.recv_limit(limited), Some(CAP as usize));
     assert_eq!(s.d.recv_limit(peer), None, "mesh peers are exempt");
 
+    // A distant client gets two of its round trips of its rate more: a
+    // buffer of a tenth of a second alone would advertise a window that
+    // holds it under its rate (a window per round trip).
+    let mut s = Sim::new(|cfg| cfg.rate = limit);
+    s.d.set_rtt(Duration::from_millis(200));
+    let distant = s.client(&NodePrivate::generate());
+    let want = RATE as usize / 10 + 2 * RATE as usize * 200 / 1000;
+    assert!(want > 2 * BURST as usize);
+    assert_eq!(s.d.recv_limit(distant), Some(want));
+
     let mut s = Sim::new(|_| {});
     let free = s.client(&NodePrivate::generate());
     assert_eq!(s.d.recv_limit(free), None, "no limits, no cap");

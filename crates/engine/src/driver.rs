@@ -161,6 +161,12 @@ pub trait Driver {
         None
     }
 
+    /// The kernel's smoothed round-trip time of `slot`'s connection;
+    /// `None` for an unknown slot or where the kernel does not say.
+    fn rtt(&self, _slot: Slot) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Bounds what waits for `slot` in the kernel when its handler reads it
     /// slowly on purpose (a receive limit): fixes its receive buffer at
     /// about `bytes` as the kernel counts it (`SO_RCVBUF`, which also stops

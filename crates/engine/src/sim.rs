@@ -78,6 +78,8 @@ pub struct SimDriver {
     stopped: Vec<usize>,
     /// How each newly attached socket's peer behaves.
     default_reader: Reader,
+    /// Every socket's round trip ([`Driver::rtt`]); none by default.
+    rtt: Option<std::time::Duration>,
     /// What peers of closed sockets read and the test has not collected.
     closed_output: HashMap<Slot, Vec<u8>>,
     /// The doorbell [`SimDriver::run_turn`] parks on; ringing it does
@@ -98,6 +100,7 @@ impl SimDriver {
             listeners: 0,
             stopped: Vec::new(),
             default_reader: Reader::Reads,
+            rtt: None,
             closed_output: HashMap::new(),
             bell: Doorbell::new(Arc::new(|| {})),
         })
@@ -139,6 +142,11 @@ impl SimDriver {
                 self.completing.push(slot);
             }
         }
+    }
+
+    /// The round trip every socket reports from now on ([`Driver::rtt`]).
+    pub fn set_rtt(&mut self, rtt: std::time::Duration) {
+        self.rtt = Some(rtt);
     }
 
     /// How peers of sockets attached from now on treat sends.
@@ -405,6 +413,10 @@ impl Driver for SimDriver {
 
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {
         self.socks.get(&slot).map(|s| s.acked)
+    }
+
+    fn rtt(&self, slot: Slot) -> Option<std::time::Duration> {
+        self.socks.get(&slot).and(self.rtt)
     }
 
     fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {

@@ -46,13 +46,9 @@ pub fn get_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
     }
 }
 
-/// Bytes of a TCP connection's outgoing stream that the peer has
-/// acknowledged (`tcpi_bytes_acked` from `TCP_INFO`, Linux 4.1 and later).
-///
-/// A receiver that stops reading fills its window, and the count stands
-/// still; one that reads slowly keeps moving it. That is what tells the two
-/// apart while a large send is in flight for a long time either way.
-pub fn tcp_bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
+/// The kernel's `TCP_INFO` of a TCP socket and how many of its bytes the
+/// kernel filled.
+fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<(libc::tcp_info, usize)> {
     // SAFETY: `tcp_info` is a plain C struct of integers, for which all
     // zero bytes are a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
@@ -71,8 +67,25 @@ pub fn tcp_bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok((info, len as usize))
+}
+
+/// The kernel's smoothed round-trip time of a TCP connection (`tcpi_rtt`).
+pub fn tcp_rtt(fd: BorrowedFd<'_>) -> io::Result<std::time::Duration> {
+    let (info, _) = tcp_info(fd)?;
+    Ok(std::time::Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
+/// Bytes of a TCP connection's outgoing stream that the peer has
+/// acknowledged (`tcpi_bytes_acked` from `TCP_INFO`, Linux 4.1 and later).
+///
+/// A receiver that stops reading fills its window, and the count stands
+/// still; one that reads slowly keeps moving it. That is what tells the two
+/// apart while a large send is in flight for a long time either way.
+pub fn tcp_bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let (info, len) = tcp_info(fd)?;
     let end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + std::mem::size_of::<u64>();
-    if (len as usize) < end {
+    if len < end {
         // A kernel older than the field.
         return Err(io::ErrorKind::Unsupported.into());
     }

@@ -15,8 +15,10 @@
 //! (or from new limits), gets a fixed receive buffer of [`recv_cap`]: what
 //! waits on the relay's side is then at most that in the kernel plus what
 //! one turn read before the hold landed. A tenth of a second of the
-//! rate, at least twice the burst, is enough for the client to reach its
-//! rate: a relay that comes late to the socket costs the client whatever
+//! rate beyond what its round trips need (TCP advertises about half the
+//! buffer as its window, and a window smaller than the rate times the
+//! round trip would hold a distant client under its rate), at least twice
+//! the burst, is enough for the client to reach its rate: a relay that comes late to the socket costs the client whatever
 //! refill its bucket could not keep (past the burst), whatever the buffer,
 //! and the buffer holds more than the burst; a client late to refill the
 //! buffer has its own send buffer to draw on. A larger buffer only adds
@@ -33,11 +35,13 @@ const FRAME_HEADER: usize = 5;
 const RECV_TIME: Duration = Duration::from_millis(100);
 
 /// The receive buffer (as the kernel counts it, with its bookkeeping) of a
-/// limited client's socket: [`RECV_TIME`] of its rate, and room for its
-/// burst even in small segments (twice the burst) when that is more.
-pub(super) fn recv_cap(rate: &RateConfig) -> usize {
-    let time = (rate.bytes_per_sec as f64 * RECV_TIME.as_secs_f64()) as usize;
-    time.max(2 * rate.burst_bytes as usize)
+/// limited client's socket whose connection has round trip `rtt`: its
+/// rate over two round trips (a window of one) and [`RECV_TIME`], and room
+/// for its burst even in small segments (twice the burst) when that is
+/// more.
+pub(super) fn recv_cap(rate: &RateConfig, rtt: Duration) -> usize {
+    let time = 2.0 * rtt.as_secs_f64() + RECV_TIME.as_secs_f64();
+    ((rate.bytes_per_sec as f64 * time) as usize).max(2 * rate.burst_bytes as usize)
 }
 
 /// The bucket a client gets under `rate`.

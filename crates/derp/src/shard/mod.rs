@@ -532,7 +532,8 @@ impl Shard {
                 }
                 Op::LimitRecv(slot) => {
                     if self.conns.get(slot).is_some_and(|c| c.closed().is_none()) {
-                        driver.limit_recv(slot, limits::recv_cap(&self.rate));
+                        let rtt = driver.rtt(slot).unwrap_or_default();
+                        driver.limit_recv(slot, limits::recv_cap(&self.rate, rtt));
                     }
                 }
                 Op::KtlsRx(slot) => {
@@ -578,6 +579,7 @@ trait DriverOps {
     fn fd(&self, slot: Slot) -> Option<std::os::fd::BorrowedFd<'_>>;
     fn set_ktls_rx(&mut self, slot: Slot) -> io::Result<()>;
     fn bytes_acked(&self, slot: Slot) -> Option<u64>;
+    fn rtt(&self, slot: Slot) -> Option<Duration>;
     fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize>;
     fn stop_accepting(&mut self, listener: usize);
     fn accepting(&self, listener: usize) -> bool;
@@ -607,6 +609,9 @@ impl<D: Driver> DriverOps for D {
     }
     fn bytes_acked(&self, slot: Slot) -> Option<u64> {
         Driver::bytes_acked(self, slot)
+    }
+    fn rtt(&self, slot: Slot) -> Option<Duration> {
+        Driver::rtt(self, slot)
     }
     fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {
         Driver::limit_recv(self, slot, bytes)

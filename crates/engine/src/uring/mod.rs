@@ -512,6 +512,12 @@ impl Driver for UringDriver {
         ferry_sys::sockopt::tcp_bytes_acked(sock.stream.as_fd()).ok()
     }
 
+    fn rtt(&self, slot: Slot) -> Option<std::time::Duration> {
+        use std::os::fd::AsFd;
+        let sock = self.st.socks.get(slot)?.as_ref()?;
+        ferry_sys::sockopt::tcp_rtt(sock.stream.as_fd()).ok()
+    }
+
     fn limit_recv(&mut self, slot: Slot, bytes: usize) -> Option<usize> {
         use std::os::fd::AsFd;
         let sock = self.live(slot)?;
