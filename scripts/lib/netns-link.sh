@@ -49,6 +49,11 @@ link_path() {
   ip netns exec "$1" "$ferry" link status --json --config "$2" |
     jq -r --arg p "$3" '.peers[] | select(.name == $p) | .path // "none"'
 }
+# link_node NS CONFIG: the URL of the node the link's first relay is
+# connected to ("none" while it is down), from `ferry link status --json`.
+link_node() {
+  ip netns exec "$1" "$ferry" link status --json --config "$2" | jq -r '.relays[0].node // "none"'
+}
 # wait_path NS CONFIG PEER PATH SECONDS: until the peer's path is PATH;
 # prints how long it took (seconds, 0.1 s resolution).
 wait_path() {

@@ -112,6 +112,9 @@ pub enum Event {
         server: String,
         /// Whether the handshake used fast start.
         fast_start: bool,
+        /// Which target the connection is up to: an index into the ones
+        /// the client was given, in their order (0 with one target).
+        target: usize,
     },
     /// The connection was lost, or a reconnect attempt failed; the next
     /// attempt comes after `retry_in`.
@@ -654,6 +657,7 @@ impl Driver {
             server_key: conn.server_key,
             server: conn.label.clone(),
             fast_start: conn.fast_start,
+            target: self.last,
         })
         .await
     }

@@ -152,6 +152,13 @@ async fn hosted_pair(ca: &TestCa) -> (RegionNode, RegionNode, Endpoint, Endpoint
 async fn when_the_hosting_node_stops_the_pair_moves_to_the_other_node() {
     let (host, survivor, a, b, first) = hosted_pair(ca()).await;
     let (pa, pb) = (a.public_key(), b.public_key());
+    // Each endpoint is on the first node it lists, and says which.
+    let node = |e: &Endpoint| e.relay_status()[0].node.clone();
+    let mut nodes = [node(&a), node(&b)];
+    nodes.sort();
+    let mut want = [Some(host.url.clone()), Some(survivor.url.clone())];
+    want.sort();
+    assert_eq!(nodes, want, "one endpoint on each node");
     // The anchor's node hosts; stop it.
     assert_eq!(host.sessions.lock().len(), 1, "the anchor's node hosts");
     let old = host.sessions.bound().unwrap();
@@ -176,6 +183,12 @@ async fn when_the_hosting_node_stops_the_pair_moves_to_the_other_node() {
     };
     eprintln!("a new session {:?} after the stop", stopped.elapsed());
     assert_eq!(va, vb, "one session for the pair");
+    let on = Some(survivor.url.clone());
+    assert_eq!(
+        [node(&a), node(&b)],
+        [on.clone(), on],
+        "both on the survivor"
+    );
     assert_eq!(survivor.sessions.lock().len(), 1, "hosted by the survivor");
     a.try_send(&pb, b"after").unwrap();
     let d = tokio::time::timeout(QUICK, b.recv())

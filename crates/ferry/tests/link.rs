@@ -259,7 +259,11 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
     assert!(status.success(), "{what}: status failed: {out}");
     let text = link_stdout("status", &a_cfg);
     assert!(text.contains("relay r ("), "{what}: {text}");
-    assert!(text.contains(": connected;"), "{what}: {text}");
+    let url = server.url();
+    assert!(
+        text.contains(&format!("relay r ({url}): connected to {url};")),
+        "{what}: {text}"
+    );
     assert!(text.contains("peer b (endpoint"), "{what}: {text}");
     assert!(text.contains("path DERP via r"), "{what}: {text}");
     assert!(text.contains("not_wireguard 1"), "{what}: {text}");
@@ -268,6 +272,7 @@ fn two_links(mut server: derp::TestServer, ca_file: Option<&str>) {
         serde_json::from_str(&link_stdout("status --json", &a_cfg)).unwrap();
     assert_eq!(json["relays"][0]["name"], "r", "{what}: {json}");
     assert_eq!(json["relays"][0]["connected"], true, "{what}: {json}");
+    assert_eq!(json["relays"][0]["node"], url.as_str(), "{what}: {json}");
     let peer = &json["peers"][0];
     assert_eq!(peer["name"], "b", "{what}: {json}");
     assert_eq!(peer["path"], "derp", "{what}: {json}");

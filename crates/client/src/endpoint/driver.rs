@@ -370,7 +370,7 @@ impl Driver {
                     .lock_sessions()
                     .ended(now(), &peer, vni, draining)
             }
-            FromRelay::Up => self.on_relay_up(relay),
+            FromRelay::Up(node) => self.on_relay_up(relay, node),
             FromRelay::Down { error, retry_in } => self.on_relay_down(relay, error, retry_in),
             FromRelay::Gone(peer, reason) => {
                 let ours = self.inner.relay_index_of(&peer) == Some(relay);
@@ -383,17 +383,18 @@ impl Driver {
         }
     }
 
-    fn on_relay_up(&mut self, relay: usize) {
+    fn on_relay_up(&mut self, relay: usize, node: usize) {
         let r = &self.inner.relays[relay];
         {
             let mut h = r.health.lock().expect("not poisoned");
             h.connected = true;
+            h.node = Some(node);
             h.connects += 1;
             h.last_error = None;
             h.next_attempt = None;
         }
         let relay_port = r.sender.relay_port();
-        tracing::info!(relay = %r.name, url = %r.url, stun = ?r.stun, ?relay_port, "relay connected");
+        tracing::info!(relay = %r.name, url = %r.urls[node], stun = ?r.stun, ?relay_port, "relay connected");
         self.inner.publish(EventKind::RelayUp { relay, relay_port });
         // Its sessions offer may have changed (or come for the first time):
         // the peers whose sessions are asked of it.
@@ -414,18 +415,18 @@ impl Driver {
 
     fn on_relay_down(&mut self, relay: usize, error: String, retry_in: Duration) {
         let r = &self.inner.relays[relay];
-        let was_up = {
+        let (was_up, node) = {
             let mut h = r.health.lock().expect("not poisoned");
             h.failures += 1;
             h.last_error = Some(error.clone());
             h.next_attempt = Some(now() + retry_in);
-            std::mem::replace(&mut h.connected, false)
+            (std::mem::replace(&mut h.connected, false), h.node.take())
         };
         let next = format!("{:.1} s", retry_in.as_secs_f64());
         if was_up {
-            tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay connection lost; reconnecting in {next}");
+            tracing::warn!(relay = %r.name, url = %r.urls[node.unwrap_or(0)], %error, retry_in = ?retry_in, "relay connection lost; reconnecting in {next}");
         } else {
-            tracing::warn!(relay = %r.name, url = %r.url, %error, retry_in = ?retry_in, "relay unreachable; retrying in {next}");
+            tracing::warn!(relay = %r.name, url = %r.urls[0], %error, retry_in = ?retry_in, "relay unreachable; retrying in {next}");
         }
         self.inner.publish(EventKind::RelayDown {
             relay,
@@ -624,7 +625,7 @@ pub(super) async fn derp_reader(
                 vni,
                 draining,
             } => FromRelay::End(peer, vni, draining),
-            crate::Event::Connected { .. } => FromRelay::Up,
+            crate::Event::Connected { target, .. } => FromRelay::Up(target),
             crate::Event::Disconnected { error, retry_in } => FromRelay::Down {
                 error: error.to_string(),
                 retry_in,

@@ -40,7 +40,8 @@ pub(super) enum FromRelay {
     /// Session `u32` with the peer ended (relaySessionEnd); whether its
     /// host is draining.
     End(NodePublic, u32, bool),
-    Up,
+    /// Connected to the node of this index in [`DerpServer::urls`].
+    Up(usize),
     Down {
         error: String,
         retry_in: Duration,
@@ -51,7 +52,8 @@ pub(super) enum FromRelay {
 
 pub(super) struct DerpServer {
     pub(super) name: String,
-    pub(super) url: String,
+    /// Its URL, then the URLs of its region's other nodes.
+    pub(super) urls: Vec<String>,
     pub(super) stun: Option<SocketAddr>,
     pub(super) sender: DerpSender,
     pub(super) out: mpsc::Sender<ToRelay>,
@@ -63,6 +65,8 @@ pub(super) struct DerpServer {
 #[derive(Default)]
 pub(super) struct RelayHealth {
     pub(super) connected: bool,
+    /// While connected: the index in [`DerpServer::urls`] of the node.
+    pub(super) node: Option<usize>,
     pub(super) connects: u64,
     pub(super) failures: u64,
     pub(super) last_error: Option<String>,

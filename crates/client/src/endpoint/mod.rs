@@ -197,7 +197,10 @@ impl Endpoint {
             tasks.push(tokio::spawn(derp_reader(i, client, derp_tx.clone())));
             relays.push(DerpServer {
                 name: r.name.clone(),
-                url: r.url.clone(),
+                urls: std::iter::once(&r.url)
+                    .chain(&r.fallback_urls)
+                    .cloned()
+                    .collect(),
                 stun,
                 sender: client_sender,
                 out: out_tx,
@@ -374,7 +377,8 @@ impl Endpoint {
                 let h = r.health.lock().expect("not poisoned");
                 RelayStatus {
                     name: r.name.clone(),
-                    url: r.url.clone(),
+                    url: r.urls[0].clone(),
+                    node: h.node.map(|i| r.urls[i].clone()),
                     connected: h.connected,
                     connects: h.connects,
                     failures: h.failures,

@@ -13,6 +13,10 @@ pub struct RelayStatus {
     pub name: String,
     /// Its URL.
     pub url: String,
+    /// While the connection is up, the URL of the node it is up to: `url`,
+    /// or one of the region's other nodes
+    /// ([`super::DerpServerOptions::fallback_urls`]).
+    pub node: Option<String>,
     /// Whether the DERP connection is up.
     pub connected: bool,
     /// Connections established so far.

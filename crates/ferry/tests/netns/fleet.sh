@@ -341,6 +341,7 @@ case_fleet_kill_host() {
   check "$CASE: A and B on a relay session now" test "$(link_path $FA "$T/link-a.toml" b) $(link_path $FB "$T/link-b.toml" a)" = "relay relay"
   check "$CASE: the new session is on $other" test "$(node_metric $other 'ferry_udp_relay_sessions{state="bound"}')" = 1
   check "$CASE: both links reconnected to $other" test "$(grep -c 'relay connected' "$T/link-a-$CASE.log")$(grep -c 'relay connected' "$T/link-b-$CASE.log")" = "$([ $host = n1 ] && echo 21 || echo 12)"
+  check "$CASE: ferry link status names $other as both links' node" test "$(link_node $FA "$T/link-a.toml") $(link_node $FB "$T/link-b.toml")" = "https://$other.fleet.test:3340/derp https://$other.fleet.test:3340/derp"
   record ping_gap_s "$pgap"; record tcp_stall_s "$gap"; record relay_again_s "$back"
   results+=("$CASE: $host killed: longest ping gap $pgap s, TCP stall $gap s, no reset; relay session on $other again $back s after the kill")
 

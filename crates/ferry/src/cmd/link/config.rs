@@ -83,6 +83,13 @@ pub(crate) struct Relay {
     pub field: String,
 }
 
+impl Relay {
+    /// Its nodes' URLs in order: `url`, then the region's other nodes.
+    pub(crate) fn urls(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.url).chain(&self.fallback_urls)
+    }
+}
+
 /// One remote `ferry link`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Peer {

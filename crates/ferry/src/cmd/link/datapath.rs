@@ -551,6 +551,8 @@ fn relays_changed(ep: &Endpoint, metrics: &Metrics) {
     for (i, r) in ep.relay_status().into_iter().enumerate() {
         let s = metrics.relay(i);
         s.connected.store(r.connected, Relaxed);
+        let node = r.node.and_then(|u| s.nodes.iter().position(|n| *n == u));
+        s.node.store(node.map_or(0, |i| i as u64 + 1), Relaxed);
         s.connects.store(r.connects, Relaxed);
         s.disconnects.store(r.failures, Relaxed);
     }

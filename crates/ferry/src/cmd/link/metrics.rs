@@ -161,7 +161,12 @@ const NO_PATH: u8 = u8::MAX;
 /// event about it left them.
 #[derive(Debug, Default)]
 pub(crate) struct RelayStats {
+    /// The relay's URLs from the configuration: `url`, or `urls` in order.
+    pub nodes: Vec<String>,
     pub connected: AtomicBool,
+    /// Which of `nodes` the connection is up to: its index plus one; 0
+    /// while down.
+    pub node: AtomicU64,
     pub connects: AtomicU64,
     pub disconnects: AtomicU64,
 }
@@ -192,7 +197,16 @@ impl Metrics {
             relays: cfg
                 .relays
                 .iter()
-                .map(|r| (r.name.clone(), Arc::default()))
+                .map(|r| {
+                    let nodes = r.urls().cloned().collect();
+                    (
+                        r.name.clone(),
+                        Arc::new(RelayStats {
+                            nodes,
+                            ..RelayStats::default()
+                        }),
+                    )
+                })
                 .collect(),
             endpoint: OnceLock::new(),
         }
@@ -312,8 +326,9 @@ impl Metrics {
             .sample(&["to_peer"], stats.gso_fallbacks)
             .sample(&["from_peer"], delivered);
         type RelayRead = fn(&RelayStats) -> u64;
-        let relay_families: [(&Family, RelayRead); 3] = [
+        let relay_families: [(&Family, RelayRead); 4] = [
             (&RELAY_CONNECTED, |s| u64::from(s.connected.load(Relaxed))),
+            (&RELAY_NODE, |s| s.node.load(Relaxed)),
             (&RELAY_CONNECTS, |s| s.connects.load(Relaxed)),
             (&RELAY_DISCONNECTS, |s| s.disconnects.load(Relaxed)),
         ];
@@ -386,6 +401,11 @@ const GSO_FALLBACKS: Family = Family::counter(
 const RELAY_CONNECTED: Family = Family::gauge(
     "ferry_link_relay_connected",
     "1 while the DERP connection to the relay is up.",
+)
+.labels(&["relay"]);
+const RELAY_NODE: Family = Family::gauge(
+    "ferry_link_relay_node",
+    "Which of the relay's URLs the DERP connection is up to: 1 for url (or the first of urls), 2 for the second of urls, and so on; 0 while it is down.",
 )
 .labels(&["relay"]);
 const RELAY_CONNECTS: Family = Family::counter(
@@ -496,6 +516,7 @@ mod tests {
         let m = Metrics::new(&cfg);
         m.peer(0).count_drops(DropReason::QueueFull, 1);
         m.relay(0).connected.store(true, Relaxed);
+        m.relay(0).node.store(1, Relaxed);
         let text = m.render();
         assert_eq!(
             ferry_engine::stat::exposition::check(&text),
@@ -525,6 +546,7 @@ mod tests {
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"queue_full\"} 1",
             "ferry_link_peer_drops_total{peer=\"p\",reason=\"relay_down\"} 0",
             "ferry_link_relay_connected{relay=\"r\"} 1",
+            "ferry_link_relay_node{relay=\"r\"} 1",
         ] {
             assert!(text.lines().any(|l| l == sample), "no {sample} in\n{text}");
         }

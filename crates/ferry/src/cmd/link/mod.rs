@@ -218,10 +218,11 @@ fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
     let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0);
     for r in &cfg.relays {
         let l = [("relay", r.name.as_str())];
-        let state = if v("ferry_link_relay_connected", &l) > 0.0 {
-            "connected"
-        } else {
-            "down"
+        let state = match relay_node(r, s) {
+            Some(node) if v("ferry_link_relay_connected", &l) > 0.0 => {
+                format!("connected to {node}")
+            }
+            _ => "down".to_owned(),
         };
         let _ = writeln!(
             out,
@@ -313,6 +314,14 @@ fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
     out
 }
 
+/// The URL of the node the relay's connection is up to (from
+/// `ferry_link_relay_node`), or `None` while it is down.
+fn relay_node<'a>(r: &'a config::Relay, s: &crate::cmd::status::Scrape) -> Option<&'a str> {
+    let n = s.sum("ferry_link_relay_node", &[("relay", r.name.as_str())])? as usize;
+    let i = n.checked_sub(1)?;
+    r.urls().nth(i).map(String::as_str)
+}
+
 /// Seconds since the Unix epoch, now.
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
@@ -355,6 +364,7 @@ fn status_json(cfg: &Config, s: &crate::cmd::status::Scrape) -> serde_json::Valu
                 "name": r.name,
                 "url": r.url.to_string(),
                 "connected": n("ferry_link_relay_connected", &l) > 0,
+                "node": relay_node(r, s),
                 "connects": n("ferry_link_relay_connects_total", &l),
                 "disconnects": n("ferry_link_relay_disconnects_total", &l),
             })
