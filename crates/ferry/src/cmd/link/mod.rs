@@ -218,11 +218,11 @@ fn status_text(cfg: &Config, s: &crate::cmd::status::Scrape) -> String {
     let v = |name: &str, with: &[(&str, &str)]| s.sum(name, with).unwrap_or(0.0);
     for r in &cfg.relays {
         let l = [("relay", r.name.as_str())];
-        let state = match relay_node(r, s) {
-            Some(node) if v("ferry_link_relay_connected", &l) > 0.0 => {
-                format!("connected to {node}")
-            }
-            _ => "down".to_owned(),
+        let state = match (v("ferry_link_relay_connected", &l) > 0.0, relay_node(r, s)) {
+            (true, Some(node)) => format!("connected to {node}"),
+            // A link that exports no node (an older version) is still up.
+            (true, None) => "connected".to_owned(),
+            (false, _) => "down".to_owned(),
         };
         let _ = writeln!(
             out,
