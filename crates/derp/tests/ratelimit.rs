@@ -187,6 +187,14 @@ fn only_limited_clients_get_a_bounded_receive_buffer() {
     assert!(want > 2 * BURST as usize);
     assert_eq!(s.d.recv_limit(distant), Some(want));
 
+    // A client that delays its acknowledgements to look 30 s away is
+    // sized as if half a second away, no more.
+    let mut s = Sim::new(|cfg| cfg.rate = limit);
+    s.d.set_rtt(Duration::from_secs(30));
+    let slow_acks = s.client(&NodePrivate::generate());
+    let most = RATE as usize / 10 + 2 * RATE as usize * 500 / 1000;
+    assert_eq!(s.d.recv_limit(slow_acks), Some(most));
+
     let mut s = Sim::new(|_| {});
     let free = s.client(&NodePrivate::generate());
     assert_eq!(s.d.recv_limit(free), None, "no limits, no cap");

@@ -18,12 +18,16 @@
 //! rate beyond what its round trips need (TCP advertises about half the
 //! buffer as its window, and a window smaller than the rate times the
 //! round trip would hold a distant client under its rate), at least twice
-//! the burst, is enough for the client to reach its rate: a relay that comes late to the socket costs the client whatever
-//! refill its bucket could not keep (past the burst), whatever the buffer,
-//! and the buffer holds more than the burst; a client late to refill the
-//! buffer has its own send buffer to draw on. A larger buffer only adds
-//! to its packets' latency. Reading is not slowed further. Lifting the
-//! limits leaves the buffer as it is until the client reconnects.
+//! the burst, is enough for the client to reach its rate: a relay that
+//! comes late to the socket costs the client whatever refill its bucket
+//! could not keep (past the burst), whatever the buffer, and the buffer
+//! holds more than the burst; a client late to refill the buffer has its
+//! own send buffer to draw on. A larger buffer only adds to its packets'
+//! latency. The round trip counted is at most [`MAX_RTT`]: a client that
+//! delays its acknowledgements to look distant gets no more than that
+//! (and never more than the kernel's `rmem_max`). Reading is not slowed
+//! further. Lifting the limits leaves the buffer as it is until the
+//! client reconnects.
 
 use super::*;
 
@@ -34,13 +38,17 @@ const FRAME_HEADER: usize = 5;
 /// holds, in time at its rate.
 const RECV_TIME: Duration = Duration::from_millis(100);
 
+/// The longest round trip [`recv_cap`] sizes a buffer for (farther than
+/// any path on Earth).
+const MAX_RTT: Duration = Duration::from_millis(500);
+
 /// The receive buffer (as the kernel counts it, with its bookkeeping) of a
-/// limited client's socket whose connection has round trip `rtt`: its
-/// rate over two round trips (a window of one) and [`RECV_TIME`], and room
-/// for its burst even in small segments (twice the burst) when that is
-/// more.
+/// limited client's socket whose connection has round trip `rtt` (at most
+/// [`MAX_RTT`] counted): its rate over two round trips (a window of one)
+/// and [`RECV_TIME`], and room for its burst even in small segments (twice
+/// the burst) when that is more.
 pub(super) fn recv_cap(rate: &RateConfig, rtt: Duration) -> usize {
-    let time = 2.0 * rtt.as_secs_f64() + RECV_TIME.as_secs_f64();
+    let time = 2.0 * rtt.min(MAX_RTT).as_secs_f64() + RECV_TIME.as_secs_f64();
     ((rate.bytes_per_sec as f64 * time) as usize).max(2 * rate.burst_bytes as usize)
 }
 
